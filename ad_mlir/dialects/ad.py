@@ -1,0 +1,1129 @@
+"""The `ad` dialect: tensor ops of LLM inference graphs, one per PyTorch op family.
+
+Values are builtin ranked tensors (dynamic dims are `?`), Python-scalar operands are
+`f64`/`i64`/`i1` values made by `ad.constant`, and symbolic sizes are `index` values
+made by `ad.sym_size`. Operand and property names follow the ATen schema of the op's
+canonical overload (`self` is spelled `input`), so that `frontends/op_table.py` can map
+between FX nodes and `ad` ops generically. Any FX target without an op here is carried
+by `ad.torch_op`.
+
+This module must not import torch: `ad-opt` parses and prints IR without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    ArrayAttr,
+    BFloat16Type,
+    DenseArrayBase,
+    DictionaryAttr,
+    Float8E4M3FNType,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IndexType,
+    IntAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    UnitAttr,
+    I64,
+    i64,
+)
+from xdsl.dialects.utils.dynamic_index_list import DynamicIndexList, verify_dynamic_index_list
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
+from xdsl.irdl import (
+    AnyAttr,
+    AnyOf,
+    AttrSetConstraint,
+    AttrSizedOperandSegments,
+    IRDLOperation,
+    base,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    param_def,
+    prop_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
+
+# --------------------------------------------------------------------------- types
+
+ELEMENT_TYPES = (
+    Float32Type(),
+    Float16Type(),
+    BFloat16Type(),
+    Float8E4M3FNType(),
+    Float64Type(),
+    IntegerType(64),
+    IntegerType(32),
+    IntegerType(8),
+    IntegerType(1),
+)
+"""Element types the typed ops accept (the issue's list plus f64 and i8, which HF graphs
+produce in rotary-embedding and mask code). Other dtypes are carried by `ad.torch_op`."""
+
+AdTensor = base(TensorType)
+"""Any ranked tensor; `verify_element_types` restricts typed ops to ELEMENT_TYPES."""
+_SCALAR_TYPES = (Float64Type(), IntegerType(64), IntegerType(1), IndexType())
+ScalarType = AttrSetConstraint(frozenset(_SCALAR_TYPES))
+"""A Python scalar operand: float (f64), int (i64), bool (i1) or SymInt (index)."""
+TensorOrScalar = AnyOf((base(TensorType), ScalarType))
+
+
+def _shape(t: Attribute) -> tuple[int, ...] | None:
+    return tuple(t.get_shape()) if isinstance(t, TensorType) else None
+
+
+def _dims_compatible(a: int, b: int) -> bool:
+    return a == b or a == DYNAMIC_INDEX or b == DYNAMIC_INDEX
+
+
+def broadcast_shapes(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """NumPy broadcasting over static/dynamic (DYNAMIC_INDEX) dims; None if incompatible."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[int] = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        static = {d for d in dims if d not in (1, DYNAMIC_INDEX)}
+        if len(static) > 1:
+            return None
+        if static:
+            out.append(static.pop())
+        elif DYNAMIC_INDEX in dims:
+            out.append(DYNAMIC_INDEX)
+        else:
+            out.append(1)
+    return tuple(out)
+
+
+def shapes_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(_dims_compatible(x, y) for x, y in zip(a, b))
+
+
+def _fmt_shape(shape: Sequence[int]) -> str:
+    return "x".join("?" if d == DYNAMIC_INDEX else str(d) for d in shape) or "scalar"
+
+
+def normalize_dim(dim: int, rank: int, what: str = "dim") -> int:
+    if not -max(rank, 1) <= dim < max(rank, 1):
+        raise VerifyException(f"{what} {dim} is out of range for rank {rank}")
+    return dim % max(rank, 1)
+
+
+# ---------------------------------------------------------------------- attributes
+
+
+@irdl_attr_definition
+class OperandRefAttr(ParametrizedAttribute):
+    """`#ad.ref<N>`: inside an `ad.torch_op` argument template, the op's N-th operand."""
+
+    name = "ad.ref"
+    index: IntAttr = param_def()
+
+    def __init__(self, index: int):
+        super().__init__(IntAttr(index))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            return (IntAttr(parser.parse_integer(allow_boolean=False, allow_negative=False)),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.index.data}>")
+
+
+@irdl_attr_definition
+class TorchValueAttr(ParametrizedAttribute):
+    """`#ad.torch<device "cpu">`: a torch enum-like value (device, layout, memory_format,
+    dtype without a builtin type) used as a non-tensor argument."""
+
+    name = "ad.torch"
+    kind: StringAttr = param_def()
+    value: StringAttr = param_def()
+
+    def __init__(self, kind: str, value: str):
+        super().__init__(StringAttr(kind), StringAttr(value))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            kind = parser.parse_identifier()
+            value = parser.parse_str_literal()
+        return (StringAttr(kind), StringAttr(value))
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.kind.data} ")
+        printer.print_string_literal(self.value.data)
+        printer.print_string(">")
+
+
+# ------------------------------------------------------------------ verifier helpers
+
+
+def verify_element_types(op: IRDLOperation) -> None:
+    """Typed ops take tensors of ELEMENT_TYPES only; anything else is `ad.torch_op`'s job."""
+    for v in (*op.operands, *op.results):
+        if isinstance(v.type, TensorType) and v.type.element_type not in ELEMENT_TYPES:
+            raise VerifyException(
+                f"'{op.name}' does not support element type {v.type.element_type} "
+                "(carry the op as ad.torch_op)"
+            )
+
+
+class AdOp(IRDLOperation):
+    """Base of every typed `ad` op."""
+
+    def verify_(self) -> None:
+        verify_element_types(self)
+        self.verify_op()
+
+    def verify_op(self) -> None:
+        """Op-specific checks the constraints cannot express."""
+
+
+# ------------------------------------------------------------------------ elementwise
+
+
+class ElementwiseOp(AdOp):
+    """Result shape is the broadcast of the tensor operand shapes."""
+
+    traits = traits_def(Pure())
+
+    def verify_op(self) -> None:
+        shapes = [s for v in self.operands if (s := _shape(v.type)) is not None]
+        expected = broadcast_shapes(shapes)
+        if expected is None:
+            raise VerifyException(
+                f"operand shapes {', '.join(_fmt_shape(s) for s in shapes)} do not broadcast"
+            )
+        got = _shape(self.results[0].type)
+        if got is None or not shapes_compatible(expected, got):
+            raise VerifyException(
+                f"result shape {_fmt_shape(got or ())} does not match the broadcast "
+                f"operand shape {_fmt_shape(expected)}"
+            )
+
+
+class UnaryOp(ElementwiseOp):
+    input = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, result_type: Attribute | None = None):
+        super().__init__(operands=[input], result_types=[result_type or input.type])
+
+
+@irdl_op_definition
+class NegOp(UnaryOp):
+    name = "ad.neg"
+
+
+@irdl_op_definition
+class AbsOp(UnaryOp):
+    name = "ad.abs"
+
+
+@irdl_op_definition
+class ExpOp(UnaryOp):
+    name = "ad.exp"
+
+
+@irdl_op_definition
+class LogOp(UnaryOp):
+    name = "ad.log"
+
+
+@irdl_op_definition
+class SqrtOp(UnaryOp):
+    name = "ad.sqrt"
+
+
+@irdl_op_definition
+class RsqrtOp(UnaryOp):
+    name = "ad.rsqrt"
+
+
+@irdl_op_definition
+class ReciprocalOp(UnaryOp):
+    name = "ad.reciprocal"
+
+
+@irdl_op_definition
+class SinOp(UnaryOp):
+    name = "ad.sin"
+
+
+@irdl_op_definition
+class CosOp(UnaryOp):
+    name = "ad.cos"
+
+
+@irdl_op_definition
+class TanhOp(UnaryOp):
+    name = "ad.tanh"
+
+
+@irdl_op_definition
+class ErfOp(UnaryOp):
+    name = "ad.erf"
+
+
+@irdl_op_definition
+class SigmoidOp(UnaryOp):
+    name = "ad.sigmoid"
+
+
+@irdl_op_definition
+class SiluOp(UnaryOp):
+    name = "ad.silu"
+
+
+@irdl_op_definition
+class ReluOp(UnaryOp):
+    name = "ad.relu"
+
+
+@irdl_op_definition
+class LogicalNotOp(UnaryOp):
+    name = "ad.logical_not"
+
+
+@irdl_op_definition
+class BitwiseNotOp(UnaryOp):
+    name = "ad.bitwise_not"
+
+
+@irdl_op_definition
+class GeluOp(UnaryOp):
+    """`approximate` is "none" (erf) when absent, or "tanh"."""
+
+    name = "ad.gelu"
+    approximate = opt_prop_def(StringAttr)
+    assembly_format = (
+        "$input (`approximate` $approximate^)? attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        super().verify_op()
+        if self.approximate is not None and self.approximate.data not in ("none", "tanh"):
+            raise VerifyException(f"approximate must be 'none' or 'tanh', got '{self.approximate.data}'")
+
+
+@irdl_op_definition
+class CastOp(AdOp):
+    """Element type conversion (round to nearest even); the target dtype is the result's."""
+
+    name = "ad.cast"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, result_type: Attribute):
+        super().__init__(operands=[input], result_types=[result_type])
+
+    def verify_op(self) -> None:
+        if not shapes_compatible(_shape(self.input.type), _shape(self.result.type)):
+            raise VerifyException("ad.cast must not change the shape")
+
+
+class BinaryOp(ElementwiseOp):
+    """`input` and `other` are tensors or Python scalars (f64/i64/i1/index values)."""
+
+    input = operand_def(TensorOrScalar)
+    other = operand_def(TensorOrScalar)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $other attr-dict `:` type($input) `,` type($other) `->` type($result)"
+    )
+
+    def __init__(self, input: SSAValue, other: SSAValue, result_type: Attribute):
+        super().__init__(operands=[input, other], result_types=[result_type])
+
+
+class AlphaBinaryOp(BinaryOp):
+    """add/sub: `input op alpha * other`; alpha absent means 1."""
+
+    alpha = opt_prop_def(AnyOf((base(IntegerAttr), base(FloatAttr))))
+    assembly_format = (
+        "$input `,` $other (`alpha` $alpha^)? attr-dict "
+        "`:` type($input) `,` type($other) `->` type($result)"
+    )
+
+
+@irdl_op_definition
+class AddOp(AlphaBinaryOp):
+    name = "ad.add"
+
+
+@irdl_op_definition
+class SubOp(AlphaBinaryOp):
+    name = "ad.sub"
+
+
+@irdl_op_definition
+class MulOp(BinaryOp):
+    name = "ad.mul"
+
+
+@irdl_op_definition
+class DivOp(BinaryOp):
+    """True division, or "trunc"/"floor" rounding when `rounding_mode` is set."""
+
+    name = "ad.div"
+    rounding_mode = opt_prop_def(StringAttr)
+    assembly_format = (
+        "$input `,` $other (`rounding_mode` $rounding_mode^)? attr-dict "
+        "`:` type($input) `,` type($other) `->` type($result)"
+    )
+
+
+@irdl_op_definition
+class PowOp(BinaryOp):
+    """`input ** exponent` (the exponent is the `other` operand)."""
+
+    name = "ad.pow"
+
+
+@irdl_op_definition
+class MaximumOp(BinaryOp):
+    name = "ad.maximum"
+
+
+@irdl_op_definition
+class MinimumOp(BinaryOp):
+    name = "ad.minimum"
+
+
+@irdl_op_definition
+class BitwiseAndOp(BinaryOp):
+    name = "ad.bitwise_and"
+
+
+@irdl_op_definition
+class BitwiseOrOp(BinaryOp):
+    name = "ad.bitwise_or"
+
+
+@irdl_op_definition
+class LogicalAndOp(BinaryOp):
+    name = "ad.logical_and"
+
+
+@irdl_op_definition
+class LogicalOrOp(BinaryOp):
+    name = "ad.logical_or"
+
+
+class CompareOp(BinaryOp):
+    """Comparisons produce i1 tensors."""
+
+    def verify_op(self) -> None:
+        super().verify_op()
+        if self.result.type.element_type != IntegerType(1):
+            raise VerifyException(f"'{self.name}' must produce an i1 tensor")
+
+
+@irdl_op_definition
+class EqOp(CompareOp):
+    name = "ad.eq"
+
+
+@irdl_op_definition
+class NeOp(CompareOp):
+    name = "ad.ne"
+
+
+@irdl_op_definition
+class LtOp(CompareOp):
+    name = "ad.lt"
+
+
+@irdl_op_definition
+class LeOp(CompareOp):
+    name = "ad.le"
+
+
+@irdl_op_definition
+class GtOp(CompareOp):
+    name = "ad.gt"
+
+
+@irdl_op_definition
+class GeOp(CompareOp):
+    name = "ad.ge"
+
+
+@irdl_op_definition
+class WhereOp(ElementwiseOp):
+    """`condition ? input : other`, broadcasting all three."""
+
+    name = "ad.where"
+    condition = operand_def(AdTensor)
+    input = operand_def(TensorOrScalar)
+    other = operand_def(TensorOrScalar)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$condition `,` $input `,` $other attr-dict `:` type($condition) `,` type($input) "
+        "`,` type($other) `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        super().verify_op()
+        if self.condition.type.element_type != IntegerType(1):
+            raise VerifyException("ad.where condition must be an i1 tensor")
+
+
+# ------------------------------------------------------------------------ reductions
+
+
+class ReductionOp(AdOp):
+    """Reduce `input` over `dim` (all dims when absent); `keepdim` keeps them as size 1."""
+
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    dim = opt_prop_def(DenseArrayBase.constr(i64))
+    keepdim = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input (`dim` $dim^)? (`keepdim` $keepdim^)? attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def reduced_dims(self) -> tuple[int, ...]:
+        rank = len(_shape(self.input.type))
+        if self.dim is None or not self.dim.get_values():
+            return tuple(range(rank))
+        return tuple(sorted(normalize_dim(d, rank) for d in self.dim.get_values()))
+
+    def verify_op(self) -> None:
+        in_shape = _shape(self.input.type)
+        reduced = self.reduced_dims()
+        if len(set(reduced)) != len(reduced):
+            raise VerifyException(f"'{self.name}' reduces a dim twice: {list(reduced)}")
+        if self.keepdim is not None:
+            expected = tuple(1 if i in reduced else d for i, d in enumerate(in_shape))
+        else:
+            expected = tuple(d for i, d in enumerate(in_shape) if i not in reduced)
+        got = _shape(self.result.type)
+        if not shapes_compatible(expected, got):
+            raise VerifyException(
+                f"result shape {_fmt_shape(got)} does not match the reduced shape {_fmt_shape(expected)}"
+            )
+
+
+class AccumulatingReductionOp(ReductionOp):
+    """sum/mean with an optional accumulation `dtype` (the result type then has it too)."""
+
+    dtype = opt_prop_def(TypeAttribute)
+    assembly_format = (
+        "$input (`dim` $dim^)? (`keepdim` $keepdim^)? (`dtype` $dtype^)? attr-dict "
+        "`:` type($input) `->` type($result)"
+    )
+
+
+@irdl_op_definition
+class SumOp(AccumulatingReductionOp):
+    name = "ad.sum"
+
+
+@irdl_op_definition
+class MeanOp(AccumulatingReductionOp):
+    name = "ad.mean"
+
+
+@irdl_op_definition
+class AmaxOp(ReductionOp):
+    name = "ad.amax"
+
+
+@irdl_op_definition
+class AminOp(ReductionOp):
+    name = "ad.amin"
+
+
+@irdl_op_definition
+class SoftmaxOp(AdOp):
+    """Softmax along `dim`, computed in `dtype` (the input is cast to it first) or else
+    in the input dtype."""
+
+    name = "ad.softmax"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    dim = prop_def(IntegerAttr[I64])
+    dtype = opt_prop_def(TypeAttribute)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `dim` $dim (`dtype` $dtype^)? attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        normalize_dim(self.dim.value.data, len(_shape(self.input.type)))
+        expected = self.input.type.element_type if self.dtype is None else self.dtype
+        if self.result.type != TensorType(expected, self.input.type.get_shape()):
+            raise VerifyException(
+                f"ad.softmax result must be the input shape with element type {expected}"
+            )
+
+
+# ----------------------------------------------------------------------------- views
+
+
+class ShapedViewOp(AdOp):
+    """A view whose target sizes are a mix of static ints and `index` values."""
+
+    traits = traits_def(Pure())
+    custom_directives = (DynamicIndexList,)
+    input = operand_def(AdTensor)
+    sizes = var_operand_def(IndexType())
+    static_sizes = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input custom<DynamicIndexList>($sizes, $static_sizes) attr-dict "
+        "`:` type($input) `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        verify_dynamic_index_list(self.static_sizes.get_values(), self.sizes, DYNAMIC_INDEX)
+        if len(self.static_sizes.get_values()) != len(_shape(self.result.type)):
+            raise VerifyException(
+                f"'{self.name}' has {len(self.static_sizes.get_values())} sizes for a "
+                f"result of rank {len(_shape(self.result.type))}"
+            )
+
+
+@irdl_op_definition
+class ReshapeOp(ShapedViewOp):
+    """view/reshape: `-1` in the sizes is inferred, as in torch."""
+
+    name = "ad.reshape"
+
+    def verify_op(self) -> None:
+        super().verify_op()
+        static = self.static_sizes.get_values()
+        if static.count(-1) > 1:
+            raise VerifyException("ad.reshape sizes may hold at most one -1")
+        in_shape, out_shape = _shape(self.input.type), _shape(self.result.type)
+        if DYNAMIC_INDEX not in in_shape + out_shape:
+            in_n = _numel(in_shape)
+            out_n = _numel(out_shape)
+            if in_n != out_n:
+                raise VerifyException(
+                    f"ad.reshape changes the element count: {_fmt_shape(in_shape)} "
+                    f"({in_n}) -> {_fmt_shape(out_shape)} ({out_n})"
+                )
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@irdl_op_definition
+class ExpandOp(ShapedViewOp):
+    """Broadcast `input` to `sizes` (-1 keeps a dim); `implicit` is torch's flag."""
+
+    name = "ad.expand"
+    implicit = opt_prop_def(UnitAttr)
+    assembly_format = (
+        "$input custom<DynamicIndexList>($sizes, $static_sizes) (`implicit` $implicit^)? "
+        "attr-dict `:` type($input) `->` type($result)"
+    )
+
+
+@irdl_op_definition
+class PermuteOp(AdOp):
+    name = "ad.permute"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    dims = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(AdTensor)
+    assembly_format = "$input $dims attr-dict `:` type($input) `->` type($result)"
+
+    def verify_op(self) -> None:
+        in_shape = _shape(self.input.type)
+        dims = [normalize_dim(d, len(in_shape)) for d in self.dims.get_values()]
+        if sorted(dims) != list(range(len(in_shape))):
+            raise VerifyException(f"ad.permute dims {list(self.dims.get_values())} are not a permutation")
+        expected = tuple(in_shape[d] for d in dims)
+        if not shapes_compatible(expected, _shape(self.result.type)):
+            raise VerifyException(
+                f"ad.permute result shape {_fmt_shape(_shape(self.result.type))} should be {_fmt_shape(expected)}"
+            )
+
+
+@irdl_op_definition
+class TransposeOp(AdOp):
+    name = "ad.transpose"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    dim0 = prop_def(IntegerAttr[I64])
+    dim1 = prop_def(IntegerAttr[I64])
+    result = result_def(AdTensor)
+    assembly_format = "$input $dim0 `,` $dim1 attr-dict `:` type($input) `->` type($result)"
+
+    def verify_op(self) -> None:
+        in_shape = list(_shape(self.input.type))
+        a = normalize_dim(self.dim0.value.data, len(in_shape))
+        b = normalize_dim(self.dim1.value.data, len(in_shape))
+        in_shape[a], in_shape[b] = in_shape[b], in_shape[a]
+        if not shapes_compatible(tuple(in_shape), _shape(self.result.type)):
+            raise VerifyException(f"ad.transpose result shape should be {_fmt_shape(in_shape)}")
+
+
+@irdl_op_definition
+class UnsqueezeOp(AdOp):
+    name = "ad.unsqueeze"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    dim = prop_def(IntegerAttr[I64])
+    result = result_def(AdTensor)
+    assembly_format = "$input `dim` $dim attr-dict `:` type($input) `->` type($result)"
+
+    def verify_op(self) -> None:
+        in_shape = list(_shape(self.input.type))
+        d = normalize_dim(self.dim.value.data, len(in_shape) + 1)
+        expected = tuple(in_shape[:d] + [1] + in_shape[d:])
+        if not shapes_compatible(expected, _shape(self.result.type)):
+            raise VerifyException(f"ad.unsqueeze result shape should be {_fmt_shape(expected)}")
+
+
+@irdl_op_definition
+class SqueezeOp(AdOp):
+    """Remove the size-1 dims among `dim`."""
+
+    name = "ad.squeeze"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    dim = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(AdTensor)
+    assembly_format = "$input `dim` $dim attr-dict `:` type($input) `->` type($result)"
+
+
+@irdl_op_definition
+class SliceOp(AdOp):
+    """`input[..., start:end:step, ...]` on `dim`; bounds are `[start, end, step]`, each an
+    int or an `index` value (torch clamps `end`, so INT64_MAX means "to the end")."""
+
+    name = "ad.slice"
+    traits = traits_def(Pure())
+    custom_directives = (DynamicIndexList,)
+    input = operand_def(AdTensor)
+    dim = prop_def(IntegerAttr[I64])
+    bounds = var_operand_def(IndexType())
+    static_bounds = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `dim` $dim custom<DynamicIndexList>($bounds, $static_bounds) attr-dict "
+        "`:` type($input) `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        verify_dynamic_index_list(self.static_bounds.get_values(), self.bounds, DYNAMIC_INDEX)
+        if len(self.static_bounds.get_values()) != 3:
+            raise VerifyException("ad.slice bounds must be [start, end, step]")
+        step = self.static_bounds.get_values()[2]
+        if step != DYNAMIC_INDEX and step <= 0:
+            raise VerifyException(f"ad.slice step must be positive, got {step}")
+        in_shape = _shape(self.input.type)
+        d = normalize_dim(self.dim.value.data, len(in_shape))
+        out_shape = _shape(self.result.type)
+        if len(out_shape) != len(in_shape) or any(
+            not _dims_compatible(a, b) for i, (a, b) in enumerate(zip(in_shape, out_shape)) if i != d
+        ):
+            raise VerifyException("ad.slice may only change the size of the sliced dim")
+
+
+@irdl_op_definition
+class CatOp(AdOp):
+    name = "ad.cat"
+    traits = traits_def(Pure())
+    tensors = var_operand_def(AdTensor)
+    dim = opt_prop_def(IntegerAttr[I64])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$tensors (`dim` $dim^)? attr-dict `:` `(` type($tensors) `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        if not self.tensors:
+            raise VerifyException("ad.cat needs at least one tensor")
+
+
+@irdl_op_definition
+class SplitOp(AdOp):
+    """Split `input` along `dim` into pieces of `split_sizes`."""
+
+    name = "ad.split"
+    traits = traits_def(Pure())
+    custom_directives = (DynamicIndexList,)
+    input = operand_def(AdTensor)
+    split_sizes = var_operand_def(IndexType())
+    static_split_sizes = prop_def(DenseArrayBase.constr(i64))
+    dim = opt_prop_def(IntegerAttr[I64])
+    outputs = var_result_def(AdTensor)
+    assembly_format = (
+        "$input custom<DynamicIndexList>($split_sizes, $static_split_sizes) (`dim` $dim^)? "
+        "attr-dict `:` type($input) `->` type($outputs)"
+    )
+
+    def verify_op(self) -> None:
+        n = len(self.static_split_sizes.get_values())
+        if n != len(self.outputs):
+            raise VerifyException(f"ad.split has {n} sizes but {len(self.outputs)} results")
+
+
+@irdl_op_definition
+class AliasOp(AdOp):
+    name = "ad.alias"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+
+@irdl_op_definition
+class CloneOp(AdOp):
+    """A copy; `memory_format` (a `#ad.torch<memory_format ...>`) as in torch."""
+
+    name = "ad.clone"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    memory_format = opt_prop_def(TorchValueAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input (`memory_format` $memory_format^)? attr-dict `:` type($input) `->` type($result)"
+    )
+
+
+# -------------------------------------------------------------------- linear algebra
+
+
+@irdl_op_definition
+class LinearOp(AdOp):
+    """`input @ weight.T + bias` (weight is [out, in])."""
+
+    name = "ad.linear"
+    traits = traits_def(Pure())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    weight = operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $weight (`bias` $bias^)? attr-dict `:` `(` type($input) `,` type($weight) "
+        "(`,` type($bias)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        in_shape, w_shape, out_shape = (_shape(v.type) for v in (self.input, self.weight, self.result))
+        if len(w_shape) != 2:
+            raise VerifyException(f"ad.linear weight must be 2-D, got {_fmt_shape(w_shape)}")
+        if not _dims_compatible(in_shape[-1], w_shape[1]):
+            raise VerifyException(
+                f"ad.linear input features {in_shape[-1]} do not match weight {_fmt_shape(w_shape)}"
+            )
+        expected = (*in_shape[:-1], w_shape[0])
+        if not shapes_compatible(expected, out_shape):
+            raise VerifyException(f"ad.linear result shape should be {_fmt_shape(expected)}")
+
+
+class TwoOperandMatmulOp(AdOp):
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    mat2 = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $mat2 attr-dict `:` `(` type($input) `,` type($mat2) `)` `->` type($result)"
+    )
+
+
+@irdl_op_definition
+class MmOp(TwoOperandMatmulOp):
+    name = "ad.mm"
+
+    def verify_op(self) -> None:
+        a, b = _shape(self.input.type), _shape(self.mat2.type)
+        if len(a) != 2 or len(b) != 2 or not _dims_compatible(a[1], b[0]):
+            raise VerifyException(f"ad.mm shapes {_fmt_shape(a)} and {_fmt_shape(b)} do not chain")
+
+
+@irdl_op_definition
+class BmmOp(TwoOperandMatmulOp):
+    name = "ad.bmm"
+
+    def verify_op(self) -> None:
+        a, b = _shape(self.input.type), _shape(self.mat2.type)
+        if len(a) != 3 or len(b) != 3 or not _dims_compatible(a[2], b[1]):
+            raise VerifyException(f"ad.bmm shapes {_fmt_shape(a)} and {_fmt_shape(b)} do not chain")
+
+
+@irdl_op_definition
+class MatmulOp(AdOp):
+    """torch.matmul: batched, broadcasting."""
+
+    name = "ad.matmul"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    other = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $other attr-dict `:` `(` type($input) `,` type($other) `)` `->` type($result)"
+    )
+
+
+@irdl_op_definition
+class AddmmOp(AdOp):
+    """`beta * input + alpha * (mat1 @ mat2)`."""
+
+    name = "ad.addmm"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    mat1 = operand_def(AdTensor)
+    mat2 = operand_def(AdTensor)
+    beta = opt_prop_def(AnyOf((base(IntegerAttr), base(FloatAttr))))
+    alpha = opt_prop_def(AnyOf((base(IntegerAttr), base(FloatAttr))))
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $mat1 `,` $mat2 (`beta` $beta^)? (`alpha` $alpha^)? attr-dict `:` `(` "
+        "type($input) `,` type($mat1) `,` type($mat2) `)` `->` type($result)"
+    )
+
+
+@irdl_op_definition
+class EmbeddingOp(AdOp):
+    """Row gather `weight[indices]`; the other args are torch's, kept for the round trip."""
+
+    name = "ad.embedding"
+    traits = traits_def(Pure())
+    weight = operand_def(AdTensor)
+    indices = operand_def(AdTensor)
+    padding_idx = opt_prop_def(IntegerAttr[I64])
+    scale_grad_by_freq = opt_prop_def(UnitAttr)
+    sparse = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$weight `,` $indices (`padding_idx` $padding_idx^)? "
+        "(`scale_grad_by_freq` $scale_grad_by_freq^)? (`sparse` $sparse^)? attr-dict "
+        "`:` `(` type($weight) `,` type($indices) `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        w, idx, out = (_shape(v.type) for v in (self.weight, self.indices, self.result))
+        if len(w) != 2:
+            raise VerifyException("ad.embedding weight must be 2-D")
+        if self.indices.type.element_type not in (IntegerType(64), IntegerType(32)):
+            raise VerifyException("ad.embedding indices must be i64 or i32")
+        if not shapes_compatible((*idx, w[1]), out):
+            raise VerifyException(f"ad.embedding result shape should be {_fmt_shape((*idx, w[1]))}")
+
+
+@irdl_op_definition
+class AttentionOp(AdOp):
+    """Scaled dot-product attention over [batch, heads, seq, head_dim] tensors; with
+    `enable_gqa`, key/value may have fewer heads (grouped-query attention)."""
+
+    name = "ad.attention"
+    traits = traits_def(Pure())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    query = operand_def(AdTensor)
+    key = operand_def(AdTensor)
+    value = operand_def(AdTensor)
+    attn_mask = opt_operand_def(AdTensor)
+    dropout_p = opt_prop_def(FloatAttr)
+    is_causal = opt_prop_def(UnitAttr)
+    scale = opt_prop_def(FloatAttr)
+    enable_gqa = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$query `,` $key `,` $value (`mask` $attn_mask^)? (`dropout_p` $dropout_p^)? "
+        "(`causal` $is_causal^)? (`scale` $scale^)? (`gqa` $enable_gqa^)? attr-dict `:` `(` "
+        "type($query) `,` type($key) `,` type($value) (`,` type($attn_mask)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        q, k, v = (_shape(x.type) for x in (self.query, self.key, self.value))
+        if not len(q) == len(k) == len(v) or len(q) < 2:
+            raise VerifyException("ad.attention query/key/value must have the same rank >= 2")
+        if not _dims_compatible(q[-1], k[-1]):
+            raise VerifyException(f"ad.attention head_dim differs: query {q[-1]}, key {k[-1]}")
+
+
+# ----------------------------------------------------------------- factories, sizes
+
+
+@irdl_op_definition
+class ConstantOp(AdOp):
+    """A Python scalar (float f64, int i64, bool i1, or a static `index`)."""
+
+    name = "ad.constant"
+    traits = traits_def(Pure())
+    value = prop_def(AnyOf((base(IntegerAttr), base(FloatAttr))))
+    result = result_def(ScalarType)
+
+    def __init__(self, value: IntegerAttr | FloatAttr):
+        super().__init__(properties={"value": value}, result_types=[value.type])
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ConstantOp:
+        value = parser.parse_attribute()
+        if not isinstance(value, IntegerAttr | FloatAttr):
+            parser.raise_error(f"ad.constant expects a typed integer or float, got {value}")
+        attrs = parser.parse_optional_attr_dict()
+        op = cls(value)
+        op.attributes.update(attrs)
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_attribute(self.value)
+        printer.print_op_attributes(self.attributes)
+
+    def verify_op(self) -> None:
+        if self.value.type != self.result.type:
+            raise VerifyException("ad.constant value type must be its result type")
+
+
+class FactoryOp(AdOp):
+    """Creates a tensor; `device`/`layout`/`pin_memory` are torch's, the dtype is the
+    result's element type."""
+
+    traits = traits_def(Pure())
+    device = opt_prop_def(TorchValueAttr)
+    layout = opt_prop_def(TorchValueAttr)
+    pin_memory = opt_prop_def(UnitAttr)
+
+
+@irdl_op_definition
+class ArangeOp(FactoryOp):
+    """`[start, start + step, ...)` below `end`; bounds are scalar values."""
+
+    name = "ad.arange"
+    start = operand_def(ScalarType)
+    end = operand_def(ScalarType)
+    step = operand_def(ScalarType)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$start `,` $end `,` $step (`device` $device^)? (`layout` $layout^)? "
+        "(`pin_memory` $pin_memory^)? attr-dict `:` type($start) `,` type($end) `,` type($step) "
+        "`->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        if len(_shape(self.result.type)) != 1:
+            raise VerifyException("ad.arange produces a 1-D tensor")
+
+
+@irdl_op_definition
+class FullOp(FactoryOp):
+    """A tensor of `size` filled with `fill_value`."""
+
+    name = "ad.full"
+    custom_directives = (DynamicIndexList,)
+    size = var_operand_def(IndexType())
+    static_size = prop_def(DenseArrayBase.constr(i64))
+    fill_value = operand_def(ScalarType)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "custom<DynamicIndexList>($size, $static_size) `,` $fill_value (`device` $device^)? "
+        "(`layout` $layout^)? (`pin_memory` $pin_memory^)? attr-dict `:` type($fill_value) "
+        "`->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        verify_dynamic_index_list(self.static_size.get_values(), self.size, DYNAMIC_INDEX)
+        if len(self.static_size.get_values()) != len(_shape(self.result.type)):
+            raise VerifyException("ad.full size does not match the result rank")
+
+
+@irdl_op_definition
+class SymSizeOp(AdOp):
+    """The size of `input` along `dim`, as an `index` value."""
+
+    name = "ad.sym_size"
+    traits = traits_def(Pure())
+    input = operand_def(AdTensor)
+    dim = prop_def(IntegerAttr[I64])
+    result = result_def(IndexType())
+    assembly_format = "$input `dim` $dim attr-dict `:` type($input)"
+
+    def verify_op(self) -> None:
+        normalize_dim(self.dim.value.data, len(_shape(self.input.type)))
+
+
+# ---------------------------------------------------------------- opaque carrier
+
+
+@irdl_op_definition
+class TorchOp(IRDLOperation):
+    """Any FX call target without an `ad` op: `target` names it ("aten.index.Tensor",
+    "operator.mul"), `args`/`kwargs` rebuild its arguments, with `#ad.ref<N>` for the N-th
+    operand. `unpack` marks a target that returns a sequence (results are its items)."""
+
+    name = "ad.torch_op"
+    target = prop_def(StringAttr)
+    args = prop_def(ArrayAttr)
+    kwargs = prop_def(DictionaryAttr)
+    unpack = opt_prop_def(UnitAttr)
+    inputs = var_operand_def(AnyAttr())
+    outputs = var_result_def(AnyAttr())
+    assembly_format = (
+        "$target `(` $inputs `)` $args $kwargs (`unpack` $unpack^)? attr-dict "
+        "`:` functional-type($inputs, $outputs)"
+    )
+
+    def verify_(self) -> None:
+        refs = _collect_refs(self.args) + _collect_refs(self.kwargs)
+        for r in refs:
+            if not 0 <= r < len(self.inputs):
+                raise VerifyException(
+                    f"ad.torch_op '{self.target.data}' refers to operand #{r} but has "
+                    f"{len(self.inputs)} operands"
+                )
+        if sorted(set(refs)) != list(range(len(self.inputs))):
+            raise VerifyException(
+                f"ad.torch_op '{self.target.data}': every operand must be referenced by "
+                "#ad.ref in args or kwargs"
+            )
+
+
+def _collect_refs(attr: Attribute) -> list[int]:
+    if isinstance(attr, OperandRefAttr):
+        return [attr.index.data]
+    if isinstance(attr, ArrayAttr):
+        return [r for a in attr.data for r in _collect_refs(a)]
+    if isinstance(attr, DictionaryAttr):
+        return [r for a in attr.data.values() for r in _collect_refs(a)]
+    return []
+
+
+Ad = Dialect(
+    "ad",
+    [
+        NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, SinOp, CosOp, TanhOp,
+        ErfOp, SigmoidOp, SiluOp, ReluOp, LogicalNotOp, BitwiseNotOp, GeluOp, CastOp,
+        AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, BitwiseAndOp, BitwiseOrOp,
+        LogicalAndOp, LogicalOrOp, EqOp, NeOp, LtOp, LeOp, GtOp, GeOp, WhereOp,
+        SumOp, MeanOp, AmaxOp, AminOp, SoftmaxOp,
+        ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
+        CatOp, SplitOp, AliasOp, CloneOp,
+        LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
+        ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
+    ],
+    [OperandRefAttr, TorchValueAttr],
+)

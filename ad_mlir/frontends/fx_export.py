@@ -1,0 +1,82 @@
+"""`ad` module -> runnable `torch.fx.GraphModule` holding the same weights.
+
+Every op becomes the torch call `op_table.build_call` gives, so the exported graph
+computes exactly what the reference evaluator computes.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from xdsl.dialects import func
+from xdsl.dialects.builtin import NameLoc
+from xdsl.ir import Operation, SSAValue
+
+from ad_mlir.dialects import ad
+from ad_mlir.frontends import op_table as T
+from ad_mlir.frontends.fx_import import INPUT_ATTR, WEIGHT_ATTRS, ImportedProgram
+
+
+def export_program(program: ImportedProgram) -> torch.fx.GraphModule:
+    """The GraphModule takes the user inputs, in order, and returns a tuple of outputs."""
+    fn = program.function
+    graph = torch.fx.Graph()
+    root = torch.nn.Module()
+    env: dict[SSAValue, Any] = {}
+    for arg, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True):
+        env[arg] = _argument_node(graph, root, program, arg, attrs.data)
+    for op in fn.body.block.ops:
+        if isinstance(op, func.ReturnOp):
+            graph.output(tuple(env[v] for v in op.operands))
+        elif isinstance(op, ad.ConstantOp):
+            env[op.result] = T.attr_to_value(op.value)
+        else:
+            _emit_call(graph, op, env)
+    graph.lint()
+    return torch.fx.GraphModule(root, graph, class_name="AdGraphModule")
+
+
+def _argument_node(graph: torch.fx.Graph, root: torch.nn.Module, program: ImportedProgram, arg: SSAValue, attrs: dict) -> torch.fx.Node:
+    if INPUT_ATTR in attrs:
+        return graph.placeholder(attrs[INPUT_ATTR].data)
+    for kind, name in WEIGHT_ATTRS.items():
+        if name in attrs:
+            fqn = attrs[name].data
+            if fqn not in program.weights:
+                raise KeyError(f"weight '{fqn}' of argument %{arg.name_hint} is missing")
+            _register(root, fqn, program.weights[fqn], name)
+            return graph.get_attr(fqn)
+    raise ValueError(f"argument %{arg.name_hint} has neither {INPUT_ATTR} nor a weight attribute")
+
+
+def _register(root: torch.nn.Module, fqn: str, tensor: torch.Tensor, kind: str) -> None:
+    *path, leaf = fqn.split(".")
+    module = root
+    for part in path:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    if kind == "ad.param":
+        module.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=tensor.requires_grad))
+    elif kind == "ad.buffer":
+        module.register_buffer(leaf, tensor)
+    else:
+        setattr(module, leaf, tensor)
+
+
+def _emit_call(graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any]) -> None:
+    fn, args, kwargs = T.build_call(op, [env[v] for v in op.operands])
+    node = graph.call_function(fn, args, kwargs)
+    if isinstance(op.location, NameLoc):
+        node.meta["ad_source"] = op.location.desc.data
+    if len(op.results) == 1 and not _unpacks(op):
+        env[op.results[0]] = node
+        return
+    for i, r in enumerate(op.results):
+        env[r] = graph.call_function(operator.getitem, (node, i))
+
+
+def _unpacks(op: Operation) -> bool:
+    return isinstance(op, ad.SplitOp) or (isinstance(op, ad.TorchOp) and op.unpack is not None)

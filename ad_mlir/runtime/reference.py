@@ -1,0 +1,68 @@
+"""Reference semantics: run a `func.func` of the `ad` dialect on torch tensors.
+
+Built on xDSL's interpreter; every `ad` op runs the torch call that
+`op_table.build_call` gives, the same one the exporter emits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.interpreters.func import FuncFunctions
+from xdsl.ir import Operation
+
+from ad_mlir.dialects import ad
+from ad_mlir.frontends import op_table as T
+from ad_mlir.frontends.fx_import import INPUT_ATTR
+
+
+def run_op(op: Operation, values: Sequence[Any]) -> tuple[Any, ...]:
+    """One op on concrete values; returns one value per result."""
+    if isinstance(op, ad.ConstantOp):
+        return (T.attr_to_value(op.value),)
+    fn, args, kwargs = T.build_call(op, values)
+    out = fn(*args, **kwargs)
+    if len(op.results) == 1 and not (isinstance(op, ad.SplitOp) or getattr(op, "unpack", None) is not None):
+        return (out,)
+    return tuple(out) if out is not None else ()
+
+
+def _ad_functions() -> type[InterpreterFunctions]:
+    def run(self: Any, interpreter: Interpreter, op: Operation, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        return run_op(op, values)
+
+    methods = {f"run_{op.name.replace('.', '_')}": impl(op)(run) for op in ad.Ad.operations}
+    return register_impls(type("AdFunctions", (InterpreterFunctions,), methods))
+
+
+AdFunctions = _ad_functions()
+
+
+def evaluate(
+    module: ModuleOp,
+    weights: Mapping[str, torch.Tensor],
+    inputs: Sequence[Any],
+    function: str = "forward",
+) -> tuple[Any, ...]:
+    """Run `function` with weight arguments taken from `weights` (by FQN) and the user
+    inputs in order."""
+    fn = next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == function)
+    user = iter(inputs)
+    args = []
+    for attrs in fn.arg_attrs or []:
+        d = attrs.data
+        if INPUT_ATTR in d:
+            args.append(next(user))
+        else:
+            (fqn,) = (a.data for k, a in d.items() if k.startswith("ad."))
+            args.append(weights[fqn])
+    interpreter = Interpreter(module)
+    interpreter.register_implementations(FuncFunctions())
+    interpreter.register_implementations(AdFunctions())
+    with torch.no_grad():
+        return tuple(interpreter.call_op(function, tuple(args)))

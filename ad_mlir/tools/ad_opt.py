@@ -1,0 +1,203 @@
+"""`ad-opt`: the mlir-opt of ad-mlir (a thin subclass of xDSL's `xDSLOptMain`).
+
+    ad-opt in.mlir -p 'canonicalize,dce'        parse, verify, run passes, print
+    ad-opt --model llama --layers 1             export a tiny HF model, print its `ad` IR
+    ad-opt --model llama | ad-opt -p canonicalize
+
+User errors (bad IR, unknown pass or op, unreadable file) print one line,
+`file:line:col: error: message`, and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import IO
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+from xdsl.parser import Parser
+from xdsl.passes import ModulePass, PassPipeline
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+from xdsl.utils.lexer import Span
+from xdsl.xdsl_opt_main import xDSLOptMain
+
+from ad_mlir.passes import get_all_passes
+
+
+def _package_version() -> str:
+    try:
+        return version("ad-mlir")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class UserError(DiagnosticException):
+    """An error in the user's input, printed as one located line."""
+
+
+class LocatingParser(Parser):
+    """Records where each op starts, so verifier errors can name file:line:col."""
+
+    def __init__(self, ctx: Context, input: str | bytes, name: str, spans: dict[Operation, Span]):
+        super().__init__(ctx, input, name)
+        self.spans = spans
+
+    def parse_operation(self) -> Operation:
+        start = self._current_token.span
+        op = super().parse_operation()
+        self.spans[op] = start
+        return op
+
+
+def one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def format_parse_error(e: ParseError) -> str:
+    return f"{e.span.get_location()}: error: {one_line(e.msg)}"
+
+
+def verify_located(module: ModuleOp, spans: dict[Operation, Span], source: str) -> None:
+    """Verify each op on its own, innermost first, and raise a located UserError."""
+    for op in module.walk(reverse=True):
+        try:
+            op.verify(verify_nested_ops=False)
+        except VerifyException as e:
+            span = spans.get(op)
+            where = str(span.get_location()) if span is not None else source
+            raise UserError(f"{where}: error: '{op.name}' {one_line(str(e))}") from None
+
+
+class AdOptMain(xDSLOptMain):
+    version_format = f"ad-opt {_package_version()} (xDSL {{xdsl_version}})"
+
+    def __init__(self, args: Sequence[str] | None = None):
+        self.spans: dict[Operation, Span] = {}
+        super().__init__(description=__doc__.split("\n\n")[0], args=args)
+
+    # registries --------------------------------------------------------------------
+
+    def register_all_dialects(self) -> None:
+        from xdsl.dialects import get_all_dialects
+
+        from ad_mlir.universe import AD_UNIVERSE
+
+        for name, factory in {**get_all_dialects(), **AD_UNIVERSE.all_dialects}.items():
+            self.ctx.register_dialect(name, factory)
+
+    def register_all_passes(self) -> None:
+        for name, factory in get_all_passes().items():
+            self.register_pass(name, factory)
+
+    def register_all_frontends(self) -> None:
+        def parse_mlir(io: IO[bytes]) -> ModuleOp:
+            return LocatingParser(self.ctx, io.read(), self.get_input_name(), self.spans).parse_module(
+                not self.args.no_implicit_module
+            )
+
+        self.available_frontends["mlir"] = parse_mlir
+
+    # arguments ---------------------------------------------------------------------
+
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(arg_parser)
+        arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        arg_parser.epilog = (
+            "examples:\n"
+            "  ad-opt model.mlir -p 'canonicalize,dce'\n"
+            "  ad-opt --model llama --layers 1 --dtype bfloat16\n"
+            "  ad-opt --model qwen2 | ad-opt -p canonicalize --print-op-generic\n"
+        )
+        from ad_mlir.models import DTYPES, FAMILIES
+
+        group = arg_parser.add_argument_group("model input (instead of an .mlir file)")
+        group.add_argument("--model", choices=sorted(FAMILIES), help="build a tiny HF model of this family (random weights) and import its torch.export graph")
+        group.add_argument("--layers", type=int, default=1, help="decoder layers (default 1)")
+        group.add_argument("--hidden-size", type=int, default=64, help="hidden size (default 64)")
+        group.add_argument("--head-dim", type=int, default=16, help="head dim (default 16)")
+        group.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weight dtype (default float32)")
+        group.add_argument("--decompose", action="store_true", help="import the graph after run_decompositions() (core ATen)")
+        arg_parser.add_argument(
+            "--print-ir-after-all", action="store_true", help="print the IR to stderr after every pass"
+        )
+
+    # pipeline ----------------------------------------------------------------------
+
+    def setup_pipeline(self) -> None:
+        def after_pass(previous: ModulePass | None, module: ModuleOp, next_pass: ModulePass | None) -> None:
+            now = time.perf_counter()
+            if previous is not None:
+                if self.args.time_passes:
+                    print(f"Pass {previous.name} took {now - self._started:.4f} s", file=sys.stderr)
+                if not self.args.disable_verify:
+                    module.verify()
+                if self.args.print_ir_after_all:
+                    print(f"// -----// IR Dump After {previous.name} //----- //", file=sys.stderr)
+                    Printer(stream=sys.stderr).print_op(module)
+                    print(file=sys.stderr)
+            self._started = time.perf_counter()
+
+        self._started = time.perf_counter()
+        self.pipeline = PassPipeline.parse_spec(self.available_passes, self.args.passes, after_pass)
+
+    def apply_passes(self, prog: ModuleOp) -> None:
+        if not self.args.disable_verify:
+            verify_located(prog, self.spans, self.get_input_name())
+        super().apply_passes(prog)
+
+    # running -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        if self.args.model is None:
+            super().run()
+            return
+        module = self.model_module()
+        self.apply_passes(module)
+        out = self.prepare_output()
+        out.write(self.output_resulting_program(module))
+        if out is not sys.stdout:
+            out.close()
+
+    def model_module(self) -> ModuleOp:
+        from ad_mlir.frontends.fx_import import import_program
+        from ad_mlir.models import TinyConfig, build_model, export_model
+
+        cfg = TinyConfig(
+            family=self.args.model,
+            layers=self.args.layers,
+            hidden_size=self.args.hidden_size,
+            head_dim=self.args.head_dim,
+            dtype=self.args.dtype,
+        )
+        ep = export_model(build_model(cfg), cfg, decompose=self.args.decompose)
+        return import_program(ep).module
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        AdOptMain(args=argv).run()
+    except ParseError as e:
+        _fail(format_parse_error(e))
+    except UserError as e:
+        _fail(str(e))
+    except DiagnosticException as e:
+        _fail(f"error: {one_line(str(e))}")
+    except (OSError, ValueError) as e:
+        _fail(f"ad-opt: error: {e}")
+    except KeyboardInterrupt:
+        _fail("ad-opt: interrupted")
+
+
+def _fail(message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
