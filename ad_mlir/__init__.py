@@ -1,0 +1,19 @@
+"""ad-mlir: a fusion compiler for LLM inference graphs (PyTorch FX -> xDSL `ad` -> Triton)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ad_mlir.compiler import compile
+
+__all__ = ["compile"]
+
+
+def __getattr__(name: str) -> Any:
+    # torch is imported only when compile() is used, so `ad-opt` on .mlir starts fast.
+    if name == "compile":
+        from ad_mlir.compiler import compile
+
+        return compile
+    raise AttributeError(name)

@@ -13,8 +13,10 @@ This module must not import torch: `ad-opt` parses and prints IR without it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
+    I64,
     ArrayAttr,
     BFloat16Type,
     DenseArrayBase,
@@ -31,7 +33,6 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
     UnitAttr,
-    I64,
     i64,
 )
 from xdsl.dialects.utils.dynamic_index_list import DynamicIndexList, verify_dynamic_index_list
@@ -111,7 +112,7 @@ def broadcast_shapes(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | Non
 
 
 def shapes_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return len(a) == len(b) and all(_dims_compatible(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(_dims_compatible(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _fmt_shape(shape: Sequence[int]) -> str:
@@ -744,7 +745,7 @@ class SliceOp(AdOp):
         d = normalize_dim(self.dim.value.data, len(in_shape))
         out_shape = _shape(self.result.type)
         if len(out_shape) != len(in_shape) or any(
-            not _dims_compatible(a, b) for i, (a, b) in enumerate(zip(in_shape, out_shape)) if i != d
+            not _dims_compatible(a, b) for i, (a, b) in enumerate(zip(in_shape, out_shape, strict=True)) if i != d
         ):
             raise VerifyException("ad.slice may only change the size of the sliced dim")
 

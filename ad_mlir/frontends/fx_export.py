@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import NameLoc
+from xdsl.dialects.builtin import DictionaryAttr, NameLoc
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
-from ad_mlir.frontends.fx_import import INPUT_ATTR, WEIGHT_ATTRS, ImportedProgram
+from ad_mlir.frontends.fx_import import INPUT_ATTR, ImportedProgram, weight_of
 
 
 def export_program(program: ImportedProgram) -> torch.fx.GraphModule:
@@ -26,7 +26,7 @@ def export_program(program: ImportedProgram) -> torch.fx.GraphModule:
     root = torch.nn.Module()
     env: dict[SSAValue, Any] = {}
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True):
-        env[arg] = _argument_node(graph, root, program, arg, attrs.data)
+        env[arg] = _argument_node(graph, root, program, arg, attrs)
     for op in fn.body.block.ops:
         if isinstance(op, func.ReturnOp):
             graph.output(tuple(env[v] for v in op.operands))
@@ -38,17 +38,19 @@ def export_program(program: ImportedProgram) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(root, graph, class_name="AdGraphModule")
 
 
-def _argument_node(graph: torch.fx.Graph, root: torch.nn.Module, program: ImportedProgram, arg: SSAValue, attrs: dict) -> torch.fx.Node:
-    if INPUT_ATTR in attrs:
-        return graph.placeholder(attrs[INPUT_ATTR].data)
-    for kind, name in WEIGHT_ATTRS.items():
-        if name in attrs:
-            fqn = attrs[name].data
-            if fqn not in program.weights:
-                raise KeyError(f"weight '{fqn}' of argument %{arg.name_hint} is missing")
-            _register(root, fqn, program.weights[fqn], name)
-            return graph.get_attr(fqn)
-    raise ValueError(f"argument %{arg.name_hint} has neither {INPUT_ATTR} nor a weight attribute")
+def _argument_node(
+    graph: torch.fx.Graph, root: torch.nn.Module, program: ImportedProgram, arg: SSAValue, attrs: DictionaryAttr
+) -> torch.fx.Node:
+    if INPUT_ATTR in attrs.data:
+        return graph.placeholder(attrs.data[INPUT_ATTR].data)
+    weight = weight_of(attrs)
+    if weight is None:
+        raise ValueError(f"argument %{arg.name_hint} has neither {INPUT_ATTR} nor a weight attribute")
+    kind, fqn = weight
+    if fqn not in program.weights:
+        raise KeyError(f"weight '{fqn}' of argument %{arg.name_hint} is missing")
+    _register(root, fqn, program.weights[fqn], kind)
+    return graph.get_attr(fqn)
 
 
 def _register(root: torch.nn.Module, fqn: str, tensor: torch.Tensor, kind: str) -> None:

@@ -45,6 +45,16 @@ WEIGHT_ATTRS = {
     InputKind.CONSTANT_TENSOR: "ad.constant_tensor",
 }
 INPUT_ATTR = "ad.input"
+
+
+def weight_of(arg_attrs: DictionaryAttr) -> tuple[str, str] | None:
+    """(attribute name, FQN) of a weight argument, None for a user input."""
+    for name in WEIGHT_ATTRS.values():
+        if name in arg_attrs.data:
+            return name, arg_attrs.data[name].data
+    return None
+
+
 INLINED_HIGHER_ORDER_OPS = ("higher_order.wrap_with_set_grad_enabled",)
 """Grad mode does not change inference values, so these are inlined."""
 

@@ -35,7 +35,6 @@ from xdsl.dialects.builtin import (
     Float32Type,
     Float64Type,
     FloatAttr,
-    IndexType,
     IntegerAttr,
     IntegerType,
     NoneAttr,
@@ -45,7 +44,7 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     i64,
 )
-from xdsl.ir import Attribute, Operation, SSAValue, TypeAttribute
+from xdsl.ir import Attribute, Operation, TypeAttribute
 from xdsl.irdl import IRDLOperation, OptionalDef, VarOperandDef
 
 from ad_mlir.dialects import ad
@@ -250,7 +249,7 @@ def _bind(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: Mapping[
     positional = [a for a in schema.arguments if not a.kwarg_only]
     if len(args) > len(positional):
         raise UnsupportedError(f"too many arguments for {schema.name}")
-    for a, v in zip(positional, args):
+    for a, v in zip(positional, args, strict=False):
         bound[a.name] = v
     for a in schema.arguments:
         if a.name in kwargs:
@@ -333,10 +332,6 @@ SPECS: tuple[OpSpec, ...] = (
             (ad.PowOp, "pow", ("Tensor_Tensor", "Tensor_Scalar", "Scalar"), {"exponent": "other"}),
             (ad.MaximumOp, "maximum", ("default",), {}),
             (ad.MinimumOp, "minimum", ("default",), {}),
-            (ad.BitwiseAndOp, "bitwise_and", ("Tensor", "Scalar"), {}),
-            (ad.BitwiseAndOp, "__and__", ("Tensor", "Scalar"), {}),
-            (ad.BitwiseOrOp, "bitwise_or", ("Tensor", "Scalar"), {}),
-            (ad.BitwiseOrOp, "__or__", ("Tensor", "Scalar"), {}),
             (ad.LogicalAndOp, "logical_and", ("default",), {}),
             (ad.LogicalOrOp, "logical_or", ("default",), {}),
             (ad.EqOp, "eq", ("Tensor", "Scalar"), {}),
@@ -347,6 +342,18 @@ SPECS: tuple[OpSpec, ...] = (
             (ad.GeOp, "ge", ("Tensor", "Scalar"), {}),
             (ad.WhereOp, "where", ("self", "ScalarOther", "ScalarSelf", "Scalar"), {}),
         )
+    ),
+    *(
+        OpSpec(
+            cls,
+            (
+                Overload(f"aten.{name}.Tensor"),
+                Overload(f"aten.{name}.Scalar"),
+                Overload(f"aten.__{short}__.Tensor", exportable=False),
+                Overload(f"aten.__{short}__.Scalar", exportable=False),
+            ),
+        )
+        for cls, name, short in ((ad.BitwiseAndOp, "bitwise_and", "and"), (ad.BitwiseOrOp, "bitwise_or", "or"))
     ),
     OpSpec(ad.SumOp, (Overload("aten.sum.dim_IntList"),)),
     OpSpec(ad.MeanOp, (Overload("aten.mean.dim"),)),
@@ -407,6 +414,7 @@ SPECS: tuple[OpSpec, ...] = (
 )
 
 SPEC_BY_OP: dict[type[Operation], OpSpec] = {s.op: s for s in SPECS}
+assert len(SPEC_BY_OP) == len(SPECS), "one OpSpec per ad op"
 """`ad` op class -> its spec (export and reference semantics)."""
 
 OVERLOAD_BY_TARGET: dict[str, tuple[OpSpec, Overload]] = {
@@ -512,7 +520,7 @@ def _accepts(overload: Overload, kinds: Mapping[str, bool | None], fields: Mappi
 
 def _op_fields(op: Operation, operand_values: Sequence[Any]) -> dict[str, Any]:
     """Field name -> Python value (or FX node), for every operand and property held."""
-    values_of = dict(zip(op.operands, operand_values))
+    values_of = dict(zip(op.operands, operand_values, strict=True))
     fields: dict[str, Any] = {}
     props = _property_defs(type(op))
     for name, odef in _operand_defs(type(op)).items():

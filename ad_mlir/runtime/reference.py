@@ -18,7 +18,7 @@ from xdsl.ir import Operation
 
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
-from ad_mlir.frontends.fx_import import INPUT_ATTR
+from ad_mlir.frontends.fx_import import weight_of
 
 
 def run_op(op: Operation, values: Sequence[Any]) -> tuple[Any, ...]:
@@ -52,15 +52,12 @@ def evaluate(
     """Run `function` with weight arguments taken from `weights` (by FQN) and the user
     inputs in order."""
     fn = next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == function)
+    arg_weights = [weight_of(attrs) for attrs in fn.arg_attrs or []]
+    n_inputs = sum(w is None for w in arg_weights)
+    if len(inputs) != n_inputs:
+        raise ValueError(f"@{function} takes {n_inputs} inputs, got {len(inputs)}")
     user = iter(inputs)
-    args = []
-    for attrs in fn.arg_attrs or []:
-        d = attrs.data
-        if INPUT_ATTR in d:
-            args.append(next(user))
-        else:
-            (fqn,) = (a.data for k, a in d.items() if k.startswith("ad."))
-            args.append(weights[fqn])
+    args = [next(user) if w is None else weights[w[1]] for w in arg_weights]
     interpreter = Interpreter(module)
     interpreter.register_implementations(FuncFunctions())
     interpreter.register_implementations(AdFunctions())

@@ -1,0 +1,3 @@
+from ad_mlir.report import main
+
+main()

@@ -1,0 +1,1 @@
+"""Triton code generation for `ad.fused` regions (the codegen issue builds it)."""
