@@ -4,8 +4,10 @@ download), and their `torch.export` with a dynamic sequence length."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads lazily: `ad-opt file.mlir` should not pay 1.7 s for it
+    import torch
 
 FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -14,7 +16,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class TinyConfig:
 
 
 def build_model(cfg: TinyConfig) -> torch.nn.Module:
+    import torch
     import transformers
 
     config_name, model_name = FAMILIES[cfg.family]
@@ -55,10 +58,12 @@ def build_model(cfg: TinyConfig) -> torch.nn.Module:
         use_cache=False,
     )
     torch.manual_seed(cfg.seed)
-    return getattr(transformers, model_name)(config).eval().to(DTYPES[cfg.dtype])
+    return getattr(transformers, model_name)(config).eval().to(getattr(torch, cfg.dtype))
 
 
 def example_input_ids(cfg: TinyConfig, seq_len: int, seed: int = 1) -> torch.Tensor:
+    import torch
+
     return torch.randint(0, cfg.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(seed))
 
 
@@ -67,6 +72,8 @@ def export_model(
 ) -> torch.export.ExportedProgram:
     """Export `model(input_ids=...)` with a dynamic sequence length, under no_grad
     (inference graphs; no grad-mode wrappers)."""
+    import torch
+
     seq = torch.export.Dim("seq", min=2, max=4096)
     with torch.no_grad():
         ep = torch.export.export(

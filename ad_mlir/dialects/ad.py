@@ -227,6 +227,14 @@ class UnaryOp(ElementwiseOp):
     def __init__(self, input: SSAValue, result_type: Attribute | None = None):
         super().__init__(operands=[input], result_types=[result_type or input.type])
 
+    def verify_op(self) -> None:
+        super().verify_op()
+        source = self.input.type.element_type
+        target = self.result.type.element_type
+        # torch keeps the dtype, except that integer/bool inputs of float math promote.
+        if target != source and not (isinstance(source, IntegerType) and not isinstance(target, IntegerType)):
+            raise VerifyException(f"result element type {target} differs from the input's {source}")
+
 
 @irdl_op_definition
 class NegOp(UnaryOp):
@@ -301,6 +309,11 @@ class ReluOp(UnaryOp):
 @irdl_op_definition
 class LogicalNotOp(UnaryOp):
     name = "ad.logical_not"
+
+    def verify_op(self) -> None:
+        ElementwiseOp.verify_op(self)
+        if self.result.type.element_type != IntegerType(1):
+            raise VerifyException("result must be an i1 tensor")
 
 
 @irdl_op_definition

@@ -11,6 +11,7 @@ User errors (bad IR, unknown pass or op, unreadable file) print one line,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -19,8 +20,9 @@ from typing import IO
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation
-from xdsl.parser import Parser
+from xdsl.ir import Operation, SSAValue
+from xdsl.irdl import AttributeInvT
+from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.passes import ModulePass, PassPipeline
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
@@ -44,14 +46,34 @@ class UserError(DiagnosticException):
 class LocatingParser(Parser):
     """Records where each op starts, so verifier errors can name file:line:col."""
 
-    def __init__(self, ctx: Context, input: str | bytes, name: str, spans: dict[Operation, Span]):
+    def __init__(
+        self, ctx: Context, input: str | bytes, name: str, spans: dict[Operation, Span], line_offset: int
+    ):
         super().__init__(ctx, input, name)
         self.spans = spans
+        self.line_offset = line_offset  # of this chunk in the file, with --split-input-file
+        self._first_forward_use: dict[str, Span] = {}
+
+    def resolve_operand(self, operand: UnresolvedOperand, type: AttributeInvT) -> SSAValue[AttributeInvT]:
+        if operand.operand_name not in self.ssa_values:
+            self._first_forward_use.setdefault(operand.operand_name, operand.span)
+        return super().resolve_operand(operand, type)
+
+    def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
+        try:
+            return super().parse_module(allow_implicit_module)
+        except ParseError as e:
+            # xDSL reports never-defined values at the end of the input; point at the first use.
+            undefined = [n for n in self.forward_ssa_references if n in self._first_forward_use]
+            if not undefined or not e.msg.startswith("values used but not defined"):
+                raise
+            span = self._first_forward_use[undefined[0]]
+            raise ParseError(span, f"use of undefined value %{undefined[0]}") from None
 
     def parse_operation(self) -> Operation:
         start = self._current_token.span
         op = super().parse_operation()
-        self.spans[op] = start
+        self.spans[op] = dataclasses.replace(start, line_offset=self.line_offset)
         return op
 
 
@@ -71,7 +93,8 @@ def verify_located(module: ModuleOp, spans: dict[Operation, Span], source: str) 
         except VerifyException as e:
             span = spans.get(op)
             where = str(span.get_location()) if span is not None else source
-            raise UserError(f"{where}: error: '{op.name}' {one_line(str(e))}") from None
+            message = one_line(str(e)).removeprefix(f"{op.name} ").removeprefix(f"'{op.name}' ")
+            raise UserError(f"{where}: error: '{op.name}' {message}") from None
 
 
 class AdOptMain(xDSLOptMain):
@@ -79,6 +102,7 @@ class AdOptMain(xDSLOptMain):
 
     def __init__(self, args: Sequence[str] | None = None):
         self.spans: dict[Operation, Span] = {}
+        self._line_offset = 0
         super().__init__(description=__doc__.split("\n\n")[0], args=args)
 
     # registries --------------------------------------------------------------------
@@ -91,15 +115,18 @@ class AdOptMain(xDSLOptMain):
         for name, factory in {**get_all_dialects(), **AD_UNIVERSE.all_dialects}.items():
             self.ctx.register_dialect(name, factory)
 
+    def parse_chunk(self, chunk: IO[str], file_extension: str, offset: int = 0) -> ModuleOp | None:
+        self._line_offset = offset
+        return super().parse_chunk(chunk, file_extension, offset)
+
     def register_all_passes(self) -> None:
         for name, factory in get_all_passes().items():
             self.register_pass(name, factory)
 
     def register_all_frontends(self) -> None:
         def parse_mlir(io: IO[bytes]) -> ModuleOp:
-            return LocatingParser(self.ctx, io.read(), self.get_input_name(), self.spans).parse_module(
-                not self.args.no_implicit_module
-            )
+            parser = LocatingParser(self.ctx, io.read(), self.get_input_name(), self.spans, self._line_offset)
+            return parser.parse_module(not self.args.no_implicit_module)
 
         self.available_frontends["mlir"] = parse_mlir
 

@@ -1,0 +1,146 @@
+// Verifier errors: each names the file, line and column of the op and what is wrong.
+// RUN: ad-opt %s --split-input-file --verify-diagnostics | filecheck %s
+
+func.func @bad_broadcast(%x: tensor<2x3xf32>, %y: tensor<4x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.add' operand shapes 2x3, 4x3 do not broadcast
+  %0 = ad.add %x, %y : tensor<2x3xf32>, tensor<4x3xf32> -> tensor<2x3xf32>
+  func.return
+}
+
+// -----
+
+func.func @bad_result_shape(%x: tensor<2x3xf32>, %y: tensor<1x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.mul' result shape 3x3 does not match the broadcast operand shape 2x3
+  %0 = ad.mul %x, %y : tensor<2x3xf32>, tensor<1x3xf32> -> tensor<3x3xf32>
+  func.return
+}
+
+// -----
+
+func.func @unary_changes_dtype(%x: tensor<2x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.neg' result element type f16 differs from the input's f32
+  %0 = ad.neg %x : tensor<2x3xf32> -> tensor<2x3xf16>
+  func.return
+}
+
+// -----
+
+func.func @compare_not_i1(%x: tensor<2x3xf32>, %s: f64) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.lt' must produce an i1 tensor
+  %0 = ad.lt %x, %s : tensor<2x3xf32>, f64 -> tensor<2x3xf32>
+  func.return
+}
+
+// -----
+
+func.func @where_condition(%c: tensor<2x3xf32>, %x: tensor<2x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.where' condition must be an i1 tensor
+  %0 = ad.where %c, %x, %x : tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32> -> tensor<2x3xf32>
+  func.return
+}
+
+// -----
+
+func.func @unsupported_element_type(%x: tensor<2x3xi16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.exp' does not support element type i16 (carry the op as ad.torch_op)
+  %0 = ad.exp %x : tensor<2x3xi16> -> tensor<2x3xi16>
+  func.return
+}
+
+// -----
+
+func.func @cast_shape(%x: tensor<2x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cast' must not change the shape
+  %0 = ad.cast %x : tensor<2x3xf32> -> tensor<3x2xbf16>
+  func.return
+}
+
+// -----
+
+func.func @reshape_count(%x: tensor<2x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.reshape' changes the element count: 2x3 (6) -> 7 (7)
+  %0 = ad.reshape %x [7] : tensor<2x3xf32> -> tensor<7xf32>
+  func.return
+}
+
+// -----
+
+func.func @permute_not_permutation(%x: tensor<2x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.permute' dims [0, 0] are not a permutation
+  %0 = ad.permute %x [0, 0] : tensor<2x3xf32> -> tensor<2x2xf32>
+  func.return
+}
+
+// -----
+
+func.func @transpose_shape(%x: tensor<2x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.transpose' result shape should be 3x2
+  %0 = ad.transpose %x 0, 1 : tensor<2x3xf32> -> tensor<2x3xf32>
+  func.return
+}
+
+// -----
+
+func.func @slice_step(%x: tensor<2x8xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.slice' step must be positive, got 0
+  %0 = ad.slice %x dim 1 [0, 4, 0] : tensor<2x8xf32> -> tensor<2x4xf32>
+  func.return
+}
+
+// -----
+
+func.func @split_count(%x: tensor<2x8xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.split' has 3 sizes but 2 results
+  %0, %1 = ad.split %x [2, 2, 4] dim 1 : tensor<2x8xf32> -> tensor<2x2xf32>, tensor<2x6xf32>
+  func.return
+}
+
+// -----
+
+func.func @linear_weight_rank(%x: tensor<2x8xf32>, %w: tensor<8xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear' weight must be 2-D, got 8
+  %0 = ad.linear %x, %w : (tensor<2x8xf32>, tensor<8xf32>) -> tensor<2xf32>
+  func.return
+}
+
+// -----
+
+func.func @mm_chain(%a: tensor<2x8xf32>, %b: tensor<4x3xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.mm' shapes 2x8 and 4x3 do not chain
+  %0 = ad.mm %a, %b : (tensor<2x8xf32>, tensor<4x3xf32>) -> tensor<2x3xf32>
+  func.return
+}
+
+// -----
+
+func.func @embedding_indices(%w: tensor<16x8xf32>, %i: tensor<4xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.embedding' indices must be i64 or i32
+  %0 = ad.embedding %w, %i : (tensor<16x8xf32>, tensor<4xf32>) -> tensor<4x8xf32>
+  func.return
+}
+
+// -----
+
+func.func @attention_head_dim(%q: tensor<1x4x?x16xf32>, %k: tensor<1x4x?x8xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.attention' head_dim differs: query 16, key 8
+  %0 = ad.attention %q, %k, %k : (tensor<1x4x?x16xf32>, tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  func.return
+}
+
+// -----
+
+func.func @arange_rank(%n: index) {
+  %0 = ad.constant 0 : i64
+  %1 = ad.constant 1 : i64
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.arange' produces a 1-D tensor
+  %2 = ad.arange %0, %n, %1 : i64, index, i64 -> tensor<1x?xi64>
+  func.return
+}
+
+// -----
+
+func.func @full_rank(%n: index, %v: f64) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.full' size does not match the result rank
+  %0 = ad.full [1, %n], %v : f64 -> tensor<?xf32>
+  func.return
+}

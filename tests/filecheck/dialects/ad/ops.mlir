@@ -1,0 +1,186 @@
+// Every `ad` op parses, verifies and prints back in its custom form; the generic form
+// re-parses to the same custom form.
+// RUN: ad-opt %s | filecheck %s
+// RUN: ad-opt %s --print-op-generic | ad-opt | filecheck %s
+
+func.func @elementwise(%x: tensor<2x?xf32>, %y: tensor<1x?xf32>, %r: tensor<2x1xbf16>, %c: tensor<2x?xi1>, %i: tensor<2x?xi64>) {
+  // CHECK-LABEL: func.func @elementwise
+  %0 = ad.neg %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: %{{.*}} = ad.neg %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  %1 = ad.abs %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.abs %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  %2 = ad.exp %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.exp %x
+  %3 = ad.log %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.log %x
+  %4 = ad.sqrt %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.sqrt %x
+  %5 = ad.rsqrt %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.rsqrt %x
+  %6 = ad.reciprocal %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.reciprocal %x
+  %7 = ad.sin %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.sin %x
+  %8 = ad.cos %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.cos %x
+  %9 = ad.tanh %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.tanh %x
+  %10 = ad.erf %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.erf %x
+  %11 = ad.sigmoid %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.sigmoid %x
+  %12 = ad.silu %r : tensor<2x1xbf16> -> tensor<2x1xbf16>
+  // CHECK-NEXT: ad.silu %r : tensor<2x1xbf16> -> tensor<2x1xbf16>
+  %13 = ad.relu %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.relu %x
+  %14 = ad.logical_not %c : tensor<2x?xi1> -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.logical_not %c : tensor<2x?xi1> -> tensor<2x?xi1>
+  %15 = ad.bitwise_not %i : tensor<2x?xi64> -> tensor<2x?xi64>
+  // CHECK-NEXT: ad.bitwise_not %i : tensor<2x?xi64> -> tensor<2x?xi64>
+  %16 = ad.gelu %x approximate "tanh" : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.gelu %x approximate "tanh" : tensor<2x?xf32> -> tensor<2x?xf32>
+  %17 = ad.gelu %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.gelu %x : tensor<2x?xf32> -> tensor<2x?xf32>
+  %18 = ad.cast %x : tensor<2x?xf32> -> tensor<2x?xbf16>
+  // CHECK-NEXT: ad.cast %x : tensor<2x?xf32> -> tensor<2x?xbf16>
+  %19 = ad.cast %r : tensor<2x1xbf16> -> tensor<2x1xf8E4M3FN>
+  // CHECK-NEXT: ad.cast %r : tensor<2x1xbf16> -> tensor<2x1xf8E4M3FN>
+  %s = ad.constant 2.500000e-01 : f64
+  // CHECK-NEXT: %s = ad.constant 2.500000e-01 : f64
+  %n = ad.constant 3 : i64
+  // CHECK-NEXT: %n = ad.constant 3 : i64
+  %20 = ad.add %x, %y alpha 2.000000e+00 : f64 : tensor<2x?xf32>, tensor<1x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.add %x, %y alpha 2.000000e+00 : f64 : tensor<2x?xf32>, tensor<1x?xf32> -> tensor<2x?xf32>
+  %21 = ad.sub %x, %s : tensor<2x?xf32>, f64 -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.sub %x, %s : tensor<2x?xf32>, f64 -> tensor<2x?xf32>
+  %22 = ad.mul %x, %r : tensor<2x?xf32>, tensor<2x1xbf16> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.mul %x, %r : tensor<2x?xf32>, tensor<2x1xbf16> -> tensor<2x?xf32>
+  %23 = ad.div %x, %y rounding_mode "floor" : tensor<2x?xf32>, tensor<1x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.div %x, %y rounding_mode "floor" : tensor<2x?xf32>, tensor<1x?xf32> -> tensor<2x?xf32>
+  %24 = ad.pow %x, %n : tensor<2x?xf32>, i64 -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.pow %x, %n : tensor<2x?xf32>, i64 -> tensor<2x?xf32>
+  %25 = ad.maximum %x, %y : tensor<2x?xf32>, tensor<1x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.maximum %x, %y
+  %26 = ad.minimum %x, %y : tensor<2x?xf32>, tensor<1x?xf32> -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.minimum %x, %y
+  %27 = ad.bitwise_and %i, %n : tensor<2x?xi64>, i64 -> tensor<2x?xi64>
+  // CHECK-NEXT: ad.bitwise_and %i, %n
+  %28 = ad.bitwise_or %i, %i : tensor<2x?xi64>, tensor<2x?xi64> -> tensor<2x?xi64>
+  // CHECK-NEXT: ad.bitwise_or %i, %i
+  %29 = ad.logical_and %c, %c : tensor<2x?xi1>, tensor<2x?xi1> -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.logical_and %c, %c
+  %30 = ad.logical_or %c, %c : tensor<2x?xi1>, tensor<2x?xi1> -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.logical_or %c, %c
+  %31 = ad.eq %x, %y : tensor<2x?xf32>, tensor<1x?xf32> -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.eq %x, %y : tensor<2x?xf32>, tensor<1x?xf32> -> tensor<2x?xi1>
+  %32 = ad.ne %i, %n : tensor<2x?xi64>, i64 -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.ne %i, %n
+  %33 = ad.lt %x, %s : tensor<2x?xf32>, f64 -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.lt %x, %s
+  %34 = ad.le %x, %s : tensor<2x?xf32>, f64 -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.le %x, %s
+  %35 = ad.gt %x, %s : tensor<2x?xf32>, f64 -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.gt %x, %s
+  %36 = ad.ge %x, %s : tensor<2x?xf32>, f64 -> tensor<2x?xi1>
+  // CHECK-NEXT: ad.ge %x, %s
+  %37 = ad.where %c, %x, %s : tensor<2x?xi1>, tensor<2x?xf32>, f64 -> tensor<2x?xf32>
+  // CHECK-NEXT: ad.where %c, %x, %s : tensor<2x?xi1>, tensor<2x?xf32>, f64 -> tensor<2x?xf32>
+  func.return
+}
+
+func.func @reductions(%x: tensor<2x?x8xbf16>) {
+  // CHECK-LABEL: func.func @reductions
+  %0 = ad.sum %x dim [-1] keepdim dtype f32 : tensor<2x?x8xbf16> -> tensor<2x?x1xf32>
+  // CHECK-NEXT: ad.sum %x dim [-1] keepdim dtype f32 : tensor<2x?x8xbf16> -> tensor<2x?x1xf32>
+  %1 = ad.mean %x dim [0, 2] : tensor<2x?x8xbf16> -> tensor<?xbf16>
+  // CHECK-NEXT: ad.mean %x dim [0, 2] : tensor<2x?x8xbf16> -> tensor<?xbf16>
+  %2 = ad.sum %x : tensor<2x?x8xbf16> -> tensor<bf16>
+  // CHECK-NEXT: ad.sum %x : tensor<2x?x8xbf16> -> tensor<bf16>
+  %3 = ad.amax %x dim [-1] keepdim : tensor<2x?x8xbf16> -> tensor<2x?x1xbf16>
+  // CHECK-NEXT: ad.amax %x dim [-1] keepdim : tensor<2x?x8xbf16> -> tensor<2x?x1xbf16>
+  %4 = ad.amin %x dim [1] : tensor<2x?x8xbf16> -> tensor<2x8xbf16>
+  // CHECK-NEXT: ad.amin %x dim [1] : tensor<2x?x8xbf16> -> tensor<2x8xbf16>
+  %5 = ad.softmax %x dim -1 dtype f32 : tensor<2x?x8xbf16> -> tensor<2x?x8xf32>
+  // CHECK-NEXT: ad.softmax %x dim -1 dtype f32 : tensor<2x?x8xbf16> -> tensor<2x?x8xf32>
+  func.return
+}
+
+func.func @views(%x: tensor<2x?x8xf32>, %s: index) {
+  // CHECK-LABEL: func.func @views
+  %0 = ad.reshape %x [2, %s, 2, 4] : tensor<2x?x8xf32> -> tensor<2x?x2x4xf32>
+  // CHECK-NEXT: ad.reshape %x [2, %s, 2, 4] : tensor<2x?x8xf32> -> tensor<2x?x2x4xf32>
+  %1 = ad.expand %0 [2, -1, 2, 4] : tensor<2x?x2x4xf32> -> tensor<2x?x2x4xf32>
+  // CHECK-NEXT: ad.expand %{{.*}} [2, -1, 2, 4] : tensor<2x?x2x4xf32> -> tensor<2x?x2x4xf32>
+  %2 = ad.permute %x [2, 0, 1] : tensor<2x?x8xf32> -> tensor<8x2x?xf32>
+  // CHECK-NEXT: ad.permute %x [2, 0, 1] : tensor<2x?x8xf32> -> tensor<8x2x?xf32>
+  %3 = ad.transpose %x 1, 2 : tensor<2x?x8xf32> -> tensor<2x8x?xf32>
+  // CHECK-NEXT: ad.transpose %x 1, 2 : tensor<2x?x8xf32> -> tensor<2x8x?xf32>
+  %4 = ad.unsqueeze %x dim 1 : tensor<2x?x8xf32> -> tensor<2x1x?x8xf32>
+  // CHECK-NEXT: ad.unsqueeze %x dim 1 : tensor<2x?x8xf32> -> tensor<2x1x?x8xf32>
+  %5 = ad.squeeze %4 dim [1] : tensor<2x1x?x8xf32> -> tensor<2x?x8xf32>
+  // CHECK-NEXT: ad.squeeze %{{.*}} dim [1] : tensor<2x1x?x8xf32> -> tensor<2x?x8xf32>
+  %6 = ad.slice %x dim 2 [4, 9223372036854775807, 1] : tensor<2x?x8xf32> -> tensor<2x?x4xf32>
+  // CHECK-NEXT: ad.slice %x dim 2 [4, 9223372036854775807, 1] : tensor<2x?x8xf32> -> tensor<2x?x4xf32>
+  %7 = ad.cat %6, %6 dim -1 : (tensor<2x?x4xf32>, tensor<2x?x4xf32>) -> tensor<2x?x8xf32>
+  // CHECK-NEXT: ad.cat %{{.*}}, %{{.*}} dim -1 : (tensor<2x?x4xf32>, tensor<2x?x4xf32>) -> tensor<2x?x8xf32>
+  %8, %9 = ad.split %x [3, 5] dim 2 : tensor<2x?x8xf32> -> tensor<2x?x3xf32>, tensor<2x?x5xf32>
+  // CHECK-NEXT: ad.split %x [3, 5] dim 2 : tensor<2x?x8xf32> -> tensor<2x?x3xf32>, tensor<2x?x5xf32>
+  %10 = ad.alias %x : tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+  // CHECK-NEXT: ad.alias %x : tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+  %11 = ad.clone %x : tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+  // CHECK-NEXT: ad.clone %x : tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+  %12 = ad.sym_size %x dim 1 : tensor<2x?x8xf32>
+  // CHECK-NEXT: ad.sym_size %x dim 1 : tensor<2x?x8xf32>
+  func.return
+}
+
+func.func @linalg(%x: tensor<?x8xf32>, %w: tensor<16x8xf32>, %b: tensor<16xf32>, %m: tensor<8x16xf32>, %bx: tensor<4x?x8xf32>, %bw: tensor<4x8x3xf32>) {
+  // CHECK-LABEL: func.func @linalg
+  %0 = ad.linear %x, %w : (tensor<?x8xf32>, tensor<16x8xf32>) -> tensor<?x16xf32>
+  // CHECK-NEXT: ad.linear %x, %w : (tensor<?x8xf32>, tensor<16x8xf32>) -> tensor<?x16xf32>
+  %1 = ad.linear %x, %w bias %b : (tensor<?x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<?x16xf32>
+  // CHECK-NEXT: ad.linear %x, %w bias %b : (tensor<?x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<?x16xf32>
+  %2 = ad.mm %x, %m : (tensor<?x8xf32>, tensor<8x16xf32>) -> tensor<?x16xf32>
+  // CHECK-NEXT: ad.mm %x, %m : (tensor<?x8xf32>, tensor<8x16xf32>) -> tensor<?x16xf32>
+  %3 = ad.bmm %bx, %bw : (tensor<4x?x8xf32>, tensor<4x8x3xf32>) -> tensor<4x?x3xf32>
+  // CHECK-NEXT: ad.bmm %bx, %bw : (tensor<4x?x8xf32>, tensor<4x8x3xf32>) -> tensor<4x?x3xf32>
+  %4 = ad.matmul %bx, %m : (tensor<4x?x8xf32>, tensor<8x16xf32>) -> tensor<4x?x16xf32>
+  // CHECK-NEXT: ad.matmul %bx, %m : (tensor<4x?x8xf32>, tensor<8x16xf32>) -> tensor<4x?x16xf32>
+  %5 = ad.addmm %b, %x, %m : (tensor<16xf32>, tensor<?x8xf32>, tensor<8x16xf32>) -> tensor<?x16xf32>
+  // CHECK-NEXT: ad.addmm %b, %x, %m : (tensor<16xf32>, tensor<?x8xf32>, tensor<8x16xf32>) -> tensor<?x16xf32>
+  func.return
+}
+
+func.func @llm(%ids: tensor<1x?xi64>, %table: tensor<128x64xbf16>, %q: tensor<1x4x?x16xbf16>, %k: tensor<1x2x?x16xbf16>, %mask: tensor<1x1x?x?xi1>) {
+  // CHECK-LABEL: func.func @llm
+  %0 = ad.embedding %table, %ids : (tensor<128x64xbf16>, tensor<1x?xi64>) -> tensor<1x?x64xbf16>
+  // CHECK-NEXT: ad.embedding %table, %ids : (tensor<128x64xbf16>, tensor<1x?xi64>) -> tensor<1x?x64xbf16>
+  %1 = ad.attention %q, %k, %k mask %mask scale 2.500000e-01 : f64 gqa : (tensor<1x4x?x16xbf16>, tensor<1x2x?x16xbf16>, tensor<1x2x?x16xbf16>, tensor<1x1x?x?xi1>) -> tensor<1x4x?x16xbf16>
+  // CHECK-NEXT: ad.attention %q, %k, %k mask %mask scale 2.500000e-01 : f64 gqa : (tensor<1x4x?x16xbf16>, tensor<1x2x?x16xbf16>, tensor<1x2x?x16xbf16>, tensor<1x1x?x?xi1>) -> tensor<1x4x?x16xbf16>
+  %2 = ad.attention %q, %q, %q causal : (tensor<1x4x?x16xbf16>, tensor<1x4x?x16xbf16>, tensor<1x4x?x16xbf16>) -> tensor<1x4x?x16xbf16>
+  // CHECK-NEXT: ad.attention %q, %q, %q causal : (tensor<1x4x?x16xbf16>, tensor<1x4x?x16xbf16>, tensor<1x4x?x16xbf16>) -> tensor<1x4x?x16xbf16>
+  func.return
+}
+
+func.func @factories(%n: index) {
+  // CHECK-LABEL: func.func @factories
+  %zero = ad.constant 0 : i64
+  %one = ad.constant 1 : i64
+  %0 = ad.arange %zero, %n, %one device <device "cpu"> : i64, index, i64 -> tensor<?xi64>
+  // CHECK: ad.arange %zero, %n, %one device <device "cpu"> : i64, index, i64 -> tensor<?xi64>
+  %f = ad.constant -1.500000e+00 : f64
+  %1 = ad.full [1, %n], %f : f64 -> tensor<1x?xf32>
+  // CHECK: ad.full [1, %n], %{{.*}} : f64 -> tensor<1x?xf32>
+  func.return
+}
+
+func.func @opaque(%x: tensor<1x?xi64>, %y: tensor<1x?x8xf32>) -> tensor<1x?xi64> {
+  // CHECK-LABEL: func.func @opaque
+  %0 = ad.torch_op "aten.cumsum.default"(%x) [#ad.ref<0>, -1 : i64] {} : (tensor<1x?xi64>) -> tensor<1x?xi64>
+  // CHECK-NEXT: ad.torch_op "aten.cumsum.default"(%x) [#ad.ref<0>, -1 : i64] {} : (tensor<1x?xi64>) -> tensor<1x?xi64>
+  %1 = ad.torch_op "aten.to.device"(%y) [#ad.ref<0>, #ad.torch<device "cpu">, f32] {} : (tensor<1x?x8xf32>) -> tensor<1x?x8xf32>
+  // CHECK-NEXT: ad.torch_op "aten.to.device"(%y) [#ad.ref<0>, #ad.torch<device "cpu">, f32] {} : (tensor<1x?x8xf32>) -> tensor<1x?x8xf32>
+  ad.torch_op "aten._assert_tensor_metadata.default"(%y) [#ad.ref<0>] {dtype = f32, layout = #ad.torch<layout "strided">} : (tensor<1x?x8xf32>) -> ()
+  // CHECK-NEXT: ad.torch_op "aten._assert_tensor_metadata.default"(%y) [#ad.ref<0>] {dtype = f32, layout = #ad.torch<layout "strided">} : (tensor<1x?x8xf32>) -> ()
+  func.return %0 : tensor<1x?xi64>
+}

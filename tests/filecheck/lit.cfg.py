@@ -1,0 +1,24 @@
+"""lit configuration for the ad-mlir FileCheck suite (run from pytest: tests/test_filecheck.py)."""
+
+import os
+import shutil
+import sys
+
+import lit.formats
+
+config.name = "ad-mlir"  # noqa: F821 (lit injects `config`)
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".mlir"]
+config.test_source_root = os.path.dirname(__file__)
+config.excludes = ["lit.cfg.py", "Inputs"]
+
+# Tools come from the interpreter running lit, so a venv need not be activated.
+bin_dir = os.path.dirname(sys.executable)
+config.environment["PATH"] = bin_dir + os.pathsep + config.environment.get("PATH", "")
+for var in ("HOME", "TMPDIR", "PYTHONHASHSEED"):
+    if var in os.environ:
+        config.environment[var] = os.environ[var]
+for tool in ("ad-opt", "filecheck", "xdsl-opt"):
+    if shutil.which(tool, path=config.environment["PATH"]) is None:
+        lit_config.fatal(f"{tool} not found next to {sys.executable}")  # noqa: F821
+config.substitutions.append(("%python", sys.executable))

@@ -1,0 +1,4 @@
+func.func @f(%x: tensor<2x3xf32>) {
+  %0 = ad.add %x : tensor<2x3xf32> -> tensor<2x3xf32>
+  func.return
+}
