@@ -6,7 +6,8 @@ import sys
 
 import lit.formats
 
-config.name = "ad-mlir"  # noqa: F821 (lit injects `config`)
+# ruff: noqa: F821  (lit injects `config` and `lit_config`)
+config.name = "ad-mlir"
 config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".mlir"]
 config.test_source_root = os.path.dirname(__file__)
@@ -20,5 +21,5 @@ for var in ("HOME", "TMPDIR", "PYTHONHASHSEED"):
         config.environment[var] = os.environ[var]
 for tool in ("ad-opt", "filecheck", "xdsl-opt"):
     if shutil.which(tool, path=config.environment["PATH"]) is None:
-        lit_config.fatal(f"{tool} not found next to {sys.executable}")  # noqa: F821
+        lit_config.fatal(f"{tool} not found next to {sys.executable}")
 config.substitutions.append(("%python", sys.executable))

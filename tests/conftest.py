@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny HF models and their torch.export programs, built once per worker."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from ad_mlir.models import TinyConfig, build_model, export_model
+
+
+@functools.cache
+def _exported(family: str, dtype: str, decompose: bool) -> tuple[TinyConfig, torch.export.ExportedProgram]:
+    """One decoder layer is enough to hit every op a family produces (layers repeat)."""
+    cfg = TinyConfig(family=family, layers=1, dtype=dtype)
+    return cfg, export_model(build_model(cfg), cfg, decompose=decompose)
+
+
+@pytest.fixture(scope="session")
+def exported():  # noqa: ANN201 (returns the cached builder)
+    """`exported(family, dtype, decompose) -> (cfg, ExportedProgram)`, cached per worker."""
+    return _exported
+
+
+@pytest.fixture(autouse=True)
+def _deterministic() -> None:
+    torch.manual_seed(0)
