@@ -12,4 +12,11 @@ def _ad_dialect() -> Dialect:
     return Ad
 
 
-AD_UNIVERSE = Universe(all_dialects={"ad": _ad_dialect}, all_passes=get_ad_passes())
+def _passes_xdsl_lacks() -> dict:
+    from xdsl.transforms import get_all_passes
+
+    taken = get_all_passes()
+    return {name: getter for name, getter in get_ad_passes().items() if name not in taken}
+
+
+AD_UNIVERSE = Universe(all_dialects={"ad": _ad_dialect}, all_passes=_passes_xdsl_lacks())

@@ -13,6 +13,8 @@ This module must not import torch: `ad-opt` parses and prints IR without it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
@@ -36,13 +38,14 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.utils.dynamic_index_list import DynamicIndexList, verify_dynamic_index_list
-from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
+from xdsl.ir import Attribute, Dialect, Operation, ParametrizedAttribute, SSAValue, TypeAttribute
 from xdsl.irdl import (
     AnyAttr,
     AnyOf,
     AttrSetConstraint,
     AttrSizedOperandSegments,
     IRDLOperation,
+    OpTraits,
     base,
     irdl_attr_definition,
     irdl_op_definition,
@@ -58,8 +61,11 @@ from xdsl.irdl import (
 )
 from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
-from xdsl.traits import Pure
+from xdsl.traits import HasCanonicalizationPatternsTrait, Pure
 from xdsl.utils.exceptions import VerifyException
+
+if TYPE_CHECKING:
+    from xdsl.pattern_rewriter import RewritePattern
 
 # --------------------------------------------------------------------------- types
 
@@ -185,6 +191,27 @@ def verify_element_types(op: IRDLOperation) -> None:
             )
 
 
+@dataclass(frozen=True)
+class CanonicalizedBy(HasCanonicalizationPatternsTrait):
+    """The op's canonicalization patterns, by class name in `canonicalization_patterns`
+    (imported on first use, so loading the dialect stays cheap)."""
+
+    pattern_names: tuple[str, ...] = ()
+
+    def get_patterns(self, op: type[Operation]) -> tuple[RewritePattern, ...]:
+        from ad_mlir.dialects import canonicalization_patterns
+
+        return tuple(getattr(canonicalization_patterns, name)() for name in self.pattern_names)
+
+    @classmethod
+    def get_canonicalization_patterns(cls) -> tuple[RewritePattern, ...]:
+        return ()
+
+
+def _pure_canonicalized_by(*pattern_names: str) -> OpTraits:
+    return traits_def(Pure(), CanonicalizedBy(pattern_names))
+
+
 class AdOp(IRDLOperation):
     """Base of every typed `ad` op."""
 
@@ -239,6 +266,7 @@ class UnaryOp(ElementwiseOp):
 @irdl_op_definition
 class NegOp(UnaryOp):
     name = "ad.neg"
+    traits = _pure_canonicalized_by("RemoveDoubleNeg")
 
 
 @irdl_op_definition
@@ -342,7 +370,7 @@ class CastOp(AdOp):
     """Element type conversion (round to nearest even); the target dtype is the result's."""
 
     name = "ad.cast"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveIdentityCast", "FoldCastAfterExactCast")
     input = operand_def(AdTensor)
     result = result_def(AdTensor)
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
@@ -382,16 +410,19 @@ class AlphaBinaryOp(BinaryOp):
 @irdl_op_definition
 class AddOp(AlphaBinaryOp):
     name = "ad.add"
+    traits = _pure_canonicalized_by("RemoveAddZero")
 
 
 @irdl_op_definition
 class SubOp(AlphaBinaryOp):
     name = "ad.sub"
+    traits = _pure_canonicalized_by("RemoveAddZero")
 
 
 @irdl_op_definition
 class MulOp(BinaryOp):
     name = "ad.mul"
+    traits = _pure_canonicalized_by("RemoveMulOne")
 
 
 @irdl_op_definition
@@ -399,6 +430,7 @@ class DivOp(BinaryOp):
     """True division, or "trunc"/"floor" rounding when `rounding_mode` is set."""
 
     name = "ad.div"
+    traits = _pure_canonicalized_by("RemoveDivOne")
     rounding_mode = opt_prop_def(StringAttr)
     assembly_format = (
         "$input `,` $other (`rounding_mode` $rounding_mode^)? attr-dict "
@@ -624,6 +656,7 @@ class ReshapeOp(ShapedViewOp):
     """view/reshape: `-1` in the sizes is inferred, as in torch."""
 
     name = "ad.reshape"
+    traits = _pure_canonicalized_by("RemoveNoOpReshape", "FoldReshapeOfReshape")
 
     def verify_op(self) -> None:
         super().verify_op()
@@ -653,6 +686,7 @@ class ExpandOp(ShapedViewOp):
     """Broadcast `input` to `sizes` (-1 keeps a dim); `implicit` is torch's flag."""
 
     name = "ad.expand"
+    traits = _pure_canonicalized_by("RemoveNoOpExpand")
     implicit = opt_prop_def(UnitAttr)
     assembly_format = (
         "$input custom<DynamicIndexList>($sizes, $static_sizes) (`implicit` $implicit^)? "
@@ -663,7 +697,7 @@ class ExpandOp(ShapedViewOp):
 @irdl_op_definition
 class PermuteOp(AdOp):
     name = "ad.permute"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveIdentityPermute")
     input = operand_def(AdTensor)
     dims = prop_def(DenseArrayBase.constr(i64))
     result = result_def(AdTensor)
@@ -684,7 +718,7 @@ class PermuteOp(AdOp):
 @irdl_op_definition
 class TransposeOp(AdOp):
     name = "ad.transpose"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveIdentityTranspose")
     input = operand_def(AdTensor)
     dim0 = prop_def(IntegerAttr[I64])
     dim1 = prop_def(IntegerAttr[I64])
@@ -722,7 +756,7 @@ class SqueezeOp(AdOp):
     """Remove the size-1 dims among `dim`."""
 
     name = "ad.squeeze"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveNoOpSqueeze")
     input = operand_def(AdTensor)
     dim = prop_def(DenseArrayBase.constr(i64))
     result = result_def(AdTensor)
@@ -735,7 +769,7 @@ class SliceOp(AdOp):
     int or an `index` value (torch clamps `end`, so INT64_MAX means "to the end")."""
 
     name = "ad.slice"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveFullSlice")
     custom_directives = (DynamicIndexList,)
     input = operand_def(AdTensor)
     dim = prop_def(IntegerAttr[I64])
@@ -805,7 +839,7 @@ class SplitOp(AdOp):
 @irdl_op_definition
 class AliasOp(AdOp):
     name = "ad.alias"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveAlias")
     input = operand_def(AdTensor)
     result = result_def(AdTensor)
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
@@ -1090,6 +1124,7 @@ class TorchOp(IRDLOperation):
     operand. `unpack` marks a target that returns a sequence (results are its items)."""
 
     name = "ad.torch_op"
+    traits = traits_def(CanonicalizedBy(("RemoveNoValueTorchOp", "RemoveEvalDropout")))
     target = prop_def(StringAttr)
     args = prop_def(ArrayAttr)
     kwargs = prop_def(DictionaryAttr)

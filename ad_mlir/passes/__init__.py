@@ -8,10 +8,10 @@ from collections.abc import Callable
 from xdsl.passes import ModulePass
 
 
-def _canonicalize() -> type[ModulePass]:
-    from xdsl.transforms.canonicalize import CanonicalizePass
+def _cse() -> type[ModulePass]:
+    from xdsl.transforms.common_subexpression_elimination import CommonSubexpressionElimination
 
-    return CanonicalizePass
+    return CommonSubexpressionElimination
 
 
 def _dce() -> type[ModulePass]:
@@ -20,14 +20,23 @@ def _dce() -> type[ModulePass]:
     return DeadCodeElimination
 
 
+def _canonicalize() -> type[ModulePass]:
+    from ad_mlir.passes.canonicalize import CanonicalizePass
+
+    return CanonicalizePass
+
+
 _XDSL_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
-    "canonicalize": _canonicalize,
+    "cse": _cse,
     "dce": _dce,
 }
 """xDSL's own passes that our pipelines use (xdsl-opt already knows them)."""
 
-_AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {}
-"""Passes defined by ad-mlir (also registered with xdsl-opt through the universe)."""
+_AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "canonicalize": _canonicalize,
+}
+"""Passes defined by ad-mlir. Those whose name xDSL does not use are registered with xdsl-opt
+through the universe; xdsl-opt's own `canonicalize` still applies the `ad` patterns (traits)."""
 
 
 def get_ad_passes() -> dict[str, Callable[[], type[ModulePass]]]:

@@ -1,0 +1,248 @@
+"""Canonicalization patterns of the `ad` dialect, attached to the ops through
+`HasCanonicalizationPatternsTrait` (so xDSL's `canonicalize`, in ad-opt or xdsl-opt, applies
+them). Each pattern removes an op whose result equals one of its operands, or shortens a chain,
+and never changes a value (bit for bit, up to the sign of a zero)."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    BFloat16Type,
+    Float8E4M3FNType,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    TensorType,
+)
+from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
+
+from ad_mlir.dialects import ad
+
+INT64_MAX = 2**63 - 1
+
+# Element types each type converts into exactly (every value, including inf/nan).
+_EXACT_WIDENINGS: dict[Attribute, tuple[Attribute, ...]] = {
+    Float8E4M3FNType(): (Float16Type(), BFloat16Type(), Float32Type(), Float64Type()),
+    Float16Type(): (Float32Type(), Float64Type()),
+    BFloat16Type(): (Float32Type(), Float64Type()),
+    Float32Type(): (Float64Type(),),
+    IntegerType(1): (IntegerType(8), IntegerType(32), IntegerType(64)),
+    IntegerType(8): (IntegerType(32), IntegerType(64)),
+    IntegerType(32): (IntegerType(64), Float64Type()),
+}
+
+NO_VALUE_TARGETS = frozenset({"aten._assert_tensor_metadata.default"})
+"""Opaque ops that compute nothing (metadata checks torch.export inserts)."""
+
+
+def _element(value: SSAValue) -> Attribute:
+    assert isinstance(value.type, TensorType)
+    return value.type.element_type
+
+
+def _replace_by(rewriter: PatternRewriter, op: Operation, value: SSAValue) -> None:
+    """Drop `op`, whose single result is known to equal `value` (same type)."""
+    if op.results[0].type != value.type:
+        return
+    rewriter.replace(op, [], [value])
+
+
+def _located_like(old: Operation, new: Operation) -> Operation:
+    new.location = old.location
+    return new
+
+
+# ------------------------------------------------------------------------- casts
+
+
+class RemoveIdentityCast(RewritePattern):
+    """cast to the same dtype (every spelling: to.dtype, _to_copy, convert_element_type)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.CastOp, rewriter: PatternRewriter) -> None:
+        _replace_by(rewriter, op, op.input)
+
+
+class FoldCastAfterExactCast(RewritePattern):
+    """cast(cast(x: A -> B) -> C) with A -> B exact is cast(x -> C): both round the same
+    value once. With C == A the pair disappears (f16 -> f32 -> f16)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.CastOp, rewriter: PatternRewriter) -> None:
+        inner = op.input.owner
+        if not isinstance(inner, ad.CastOp):
+            return
+        if _element(inner.result) not in _EXACT_WIDENINGS.get(_element(inner.input), ()):
+            return
+        if inner.input.type == op.result.type:
+            rewriter.replace(op, [], [inner.input])
+        else:
+            rewriter.replace(op, _located_like(op, ad.CastOp(inner.input, op.result.type)))
+
+
+# -------------------------------------------------------------------- arithmetic
+
+
+def _scalar_constant(value: SSAValue) -> int | float | None:
+    if isinstance(value.owner, ad.ConstantOp) and isinstance(value.owner.value, IntegerAttr | FloatAttr):
+        return value.owner.value.value.data
+    return None
+
+
+def _has_unit_alpha(op: ad.AlphaBinaryOp) -> bool:
+    return op.alpha is None or op.alpha.value.data == 1
+
+
+class RemoveAddZero(RewritePattern):
+    """x + 0, x - 0 (any alpha), 0 + x (alpha 1), when the result keeps x's type."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.AddOp | ad.SubOp, rewriter: PatternRewriter) -> None:
+        if _scalar_constant(op.other) == 0:
+            _replace_by(rewriter, op, op.input)
+        elif isinstance(op, ad.AddOp) and _scalar_constant(op.input) == 0 and _has_unit_alpha(op):
+            _replace_by(rewriter, op, op.other)
+
+
+class RemoveMulOne(RewritePattern):
+    """x * 1 and 1 * x, when the result keeps x's type."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.MulOp, rewriter: PatternRewriter) -> None:
+        if _scalar_constant(op.other) == 1:
+            _replace_by(rewriter, op, op.input)
+        elif _scalar_constant(op.input) == 1:
+            _replace_by(rewriter, op, op.other)
+
+
+class RemoveDivOne(RewritePattern):
+    """x / 1 (any rounding mode), when the result keeps x's type (true division of an
+    integer tensor is float and stays)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.DivOp, rewriter: PatternRewriter) -> None:
+        if _scalar_constant(op.other) == 1:
+            _replace_by(rewriter, op, op.input)
+
+
+class RemoveDoubleNeg(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.NegOp, rewriter: PatternRewriter) -> None:
+        if isinstance(op.input.owner, ad.NegOp):
+            _replace_by(rewriter, op, op.input.owner.input)
+
+
+# ------------------------------------------------------------------------- views
+
+
+def _static_shape_known_equal(op: Operation, value: SSAValue) -> bool:
+    """Same type with at most one dynamic dim: element counts match, so shapes do too."""
+    return op.results[0].type == value.type and value.type.get_shape().count(DYNAMIC_INDEX) <= 1
+
+
+class RemoveNoOpReshape(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.ReshapeOp, rewriter: PatternRewriter) -> None:
+        if _static_shape_known_equal(op, op.input):
+            _replace_by(rewriter, op, op.input)
+
+
+class FoldReshapeOfReshape(RewritePattern):
+    """reshape(reshape(x)) is one reshape of x."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.ReshapeOp, rewriter: PatternRewriter) -> None:
+        inner = op.input.owner
+        if isinstance(inner, ad.ReshapeOp):
+            reshape = ad.ReshapeOp.build(
+                operands=[inner.input, op.sizes],
+                properties={"static_sizes": op.static_sizes},
+                result_types=[op.result.type],
+            )
+            rewriter.replace(op, _located_like(op, reshape))
+
+
+class RemoveNoOpExpand(RewritePattern):
+    """expand keeping every dim: each size is -1 or the input's static size."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.ExpandOp, rewriter: PatternRewriter) -> None:
+        shape = op.input.type.get_shape()
+        sizes = op.static_sizes.get_values()
+        if len(sizes) == len(shape) and all(s == -1 or (s == d and d != DYNAMIC_INDEX) for s, d in zip(sizes, shape, strict=True)):
+            _replace_by(rewriter, op, op.input)
+
+
+class RemoveIdentityPermute(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.PermuteOp, rewriter: PatternRewriter) -> None:
+        rank = len(op.input.type.get_shape())
+        if [d % max(rank, 1) for d in op.dims.get_values()] == list(range(rank)):
+            _replace_by(rewriter, op, op.input)
+
+
+class RemoveIdentityTranspose(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TransposeOp, rewriter: PatternRewriter) -> None:
+        rank = max(len(op.input.type.get_shape()), 1)
+        if op.dim0.value.data % rank == op.dim1.value.data % rank:
+            _replace_by(rewriter, op, op.input)
+
+
+class RemoveFullSlice(RewritePattern):
+    """x[..., 0:end:1, ...] with end past the dim's size (INT64_MAX, or >= a static size)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.SliceOp, rewriter: PatternRewriter) -> None:
+        start, end, step = op.static_bounds.get_values()
+        shape = op.input.type.get_shape()
+        size = shape[op.dim.value.data % len(shape)]
+        covers = end == INT64_MAX or (size != DYNAMIC_INDEX and end != DYNAMIC_INDEX and end >= size)
+        if start == 0 and step == 1 and covers:
+            _replace_by(rewriter, op, op.input)
+
+
+class RemoveNoOpSqueeze(RewritePattern):
+    """squeeze of dims that are not 1 (the type is unchanged)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.SqueezeOp, rewriter: PatternRewriter) -> None:
+        if _static_shape_known_equal(op, op.input):
+            _replace_by(rewriter, op, op.input)
+
+
+class RemoveAlias(RewritePattern):
+    """aten.alias: in a functional graph a value and its alias are the same value."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.AliasOp, rewriter: PatternRewriter) -> None:
+        _replace_by(rewriter, op, op.input)
+
+
+# --------------------------------------------------------------------- opaque ops
+
+
+class RemoveNoValueTorchOp(RewritePattern):
+    """Metadata assertions (`_assert_tensor_metadata`) compute nothing at inference."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        if op.target.data in NO_VALUE_TARGETS and not op.results:
+            rewriter.erase(op)
+
+
+class RemoveEvalDropout(RewritePattern):
+    """`aten.dropout(x, p, train=False)` is x."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        if op.target.data != "aten.dropout.default" or len(op.results) != 1 or len(op.operands) != 1:
+            return
+        args = op.args.data
+        train = args[2] if len(args) == 3 else op.kwargs.data.get("train")
+        if isinstance(args[0], ad.OperandRefAttr) and isinstance(train, IntegerAttr) and train.value.data == 0:
+            _replace_by(rewriter, op, op.operands[0])

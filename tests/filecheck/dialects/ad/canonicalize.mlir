@@ -1,0 +1,169 @@
+// The `ad` canonicalization patterns, CSE and DCE; each case also shows what must stay.
+// RUN: ad-opt %s -p canonicalize --split-input-file | filecheck %s
+
+// CHECK-LABEL: func.func @identity_cast
+// CHECK-NEXT: %[[C:.*]] = ad.cast %x : tensor<4x?xf32> -> tensor<4x?xbf16>
+// CHECK-NEXT: func.return %x, %[[C]]
+func.func @identity_cast(%x: tensor<4x?xf32>) -> (tensor<4x?xf32>, tensor<4x?xbf16>) {
+  %0 = ad.cast %x : tensor<4x?xf32> -> tensor<4x?xf32>
+  %1 = ad.cast %0 : tensor<4x?xf32> -> tensor<4x?xbf16>
+  func.return %0, %1 : tensor<4x?xf32>, tensor<4x?xbf16>
+}
+
+// -----
+
+// bf16 -> f32 -> bf16 is exact both ways: gone. f32 -> bf16 -> f32 rounds: stays.
+// bf16 -> f32 -> f16 is one bf16 -> f16 cast.
+// CHECK-LABEL: func.func @cast_chains
+// CHECK-NEXT: %[[DOWN:.*]] = ad.cast %y : tensor<8xf32> -> tensor<8xbf16>
+// CHECK-NEXT: %[[UP:.*]] = ad.cast %[[DOWN]] : tensor<8xbf16> -> tensor<8xf32>
+// CHECK-NEXT: %[[DIRECT:.*]] = ad.cast %x : tensor<8xbf16> -> tensor<8xf16>
+// CHECK-NEXT: func.return %x, %[[UP]], %[[DIRECT]]
+func.func @cast_chains(%x: tensor<8xbf16>, %y: tensor<8xf32>) -> (tensor<8xbf16>, tensor<8xf32>, tensor<8xf16>) {
+  %0 = ad.cast %x : tensor<8xbf16> -> tensor<8xf32>
+  %1 = ad.cast %0 : tensor<8xf32> -> tensor<8xbf16>
+  %2 = ad.cast %y : tensor<8xf32> -> tensor<8xbf16>
+  %3 = ad.cast %2 : tensor<8xbf16> -> tensor<8xf32>
+  %4 = ad.cast %0 : tensor<8xf32> -> tensor<8xf16>
+  func.return %1, %3, %4 : tensor<8xbf16>, tensor<8xf32>, tensor<8xf16>
+}
+
+// -----
+
+// x*1, 1*x, x+0, x-0, x/1 go when the result keeps x's type; an integer tensor times 1.0
+// is float, and 0 + x with alpha 2 is 2x: those stay.
+// CHECK-LABEL: func.func @neutral_scalars
+// CHECK-NEXT: %[[ONE:.*]] = ad.constant 1.000000e+00 : f64
+// CHECK-NEXT: %[[ZERO:.*]] = ad.constant 0 : i64
+// CHECK-NEXT: %[[PROMOTED:.*]] = ad.mul %i, %[[ONE]] : tensor<4xi64>, f64 -> tensor<4xf32>
+// CHECK-NEXT: %[[SCALED:.*]] = ad.add %[[ZERO]], %x alpha 2 : i64 : i64, tensor<4xf32> -> tensor<4xf32>
+// CHECK-NEXT: func.return %x, %x, %x, %x, %x, %[[PROMOTED]], %[[SCALED]]
+func.func @neutral_scalars(%x: tensor<4xf32>, %i: tensor<4xi64>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %one = ad.constant 1.000000e+00 : f64
+  %zero = ad.constant 0 : i64
+  %0 = ad.mul %x, %one : tensor<4xf32>, f64 -> tensor<4xf32>
+  %1 = ad.mul %one, %x : f64, tensor<4xf32> -> tensor<4xf32>
+  %2 = ad.add %x, %zero alpha 3 : i64 : tensor<4xf32>, i64 -> tensor<4xf32>
+  %3 = ad.sub %x, %zero : tensor<4xf32>, i64 -> tensor<4xf32>
+  %4 = ad.div %x, %one : tensor<4xf32>, f64 -> tensor<4xf32>
+  %5 = ad.mul %i, %one : tensor<4xi64>, f64 -> tensor<4xf32>
+  %6 = ad.add %zero, %x alpha 2 : i64 : i64, tensor<4xf32> -> tensor<4xf32>
+  func.return %0, %1, %2, %3, %4, %5, %6 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// A broadcasting x + 0 changes the shape: it stays.
+// CHECK-LABEL: func.func @broadcasting_add_zero
+// CHECK: ad.add %x, %{{.*}} : tensor<1x4xf32>, tensor<3x4xf32> -> tensor<3x4xf32>
+func.func @broadcasting_add_zero(%x: tensor<1x4xf32>) -> tensor<3x4xf32> {
+  %zero = ad.constant 0.000000e+00 : f64
+  %z = ad.constant 0 : i64
+  %3 = ad.constant 3 : i64
+  %zeros = ad.full [3, 4], %zero : f64 -> tensor<3x4xf32>
+  %0 = ad.add %x, %zeros : tensor<1x4xf32>, tensor<3x4xf32> -> tensor<3x4xf32>
+  func.return %0 : tensor<3x4xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @double_neg
+// CHECK-NEXT: %[[N:.*]] = ad.neg %x
+// CHECK-NEXT: func.return %x, %[[N]]
+func.func @double_neg(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %0 = ad.neg %x : tensor<4xf32> -> tensor<4xf32>
+  %1 = ad.neg %0 : tensor<4xf32> -> tensor<4xf32>
+  %2 = ad.neg %1 : tensor<4xf32> -> tensor<4xf32>
+  func.return %1, %2 : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// No-op views go; real ones stay. A reshape between two types with two dynamic dims may
+// move elements between them: it stays.
+// CHECK-LABEL: func.func @views
+// CHECK-NEXT: %[[R:.*]] = ad.reshape %x [%s, 8] : tensor<2x?x4xf32> -> tensor<?x8xf32>
+// CHECK-NEXT: %[[T:.*]] = ad.transpose %x 0, 1
+// CHECK-NEXT: %[[S:.*]] = ad.slice %x dim 2 [0, 3, 1]
+// CHECK-NEXT: %[[E:.*]] = ad.expand %y [2, %s, 4] : tensor<2x1x4xf32> -> tensor<2x?x4xf32>
+// CHECK-NEXT: %[[D:.*]] = ad.reshape %z [%s, %t] : tensor<?x?xf32> -> tensor<?x?xf32>
+// CHECK-NEXT: func.return %x, %x, %x, %x, %x, %x, %x, %[[R]], %[[T]], %[[S]], %[[E]], %[[D]]
+func.func @views(%x: tensor<2x?x4xf32>, %y: tensor<2x1x4xf32>, %z: tensor<?x?xf32>, %s: index, %t: index) -> (tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<?x8xf32>, tensor<?x2x4xf32>, tensor<2x?x3xf32>, tensor<2x?x4xf32>, tensor<?x?xf32>) {
+  %0 = ad.reshape %x [2, %s, 4] : tensor<2x?x4xf32> -> tensor<2x?x4xf32>
+  %1 = ad.permute %x [0, 1, 2] : tensor<2x?x4xf32> -> tensor<2x?x4xf32>
+  %2 = ad.transpose %x -1, 2 : tensor<2x?x4xf32> -> tensor<2x?x4xf32>
+  %3 = ad.expand %x [-1, -1, 4] : tensor<2x?x4xf32> -> tensor<2x?x4xf32>
+  %4 = ad.slice %x dim 2 [0, 9223372036854775807, 1] : tensor<2x?x4xf32> -> tensor<2x?x4xf32>
+  %5 = ad.slice %x dim 0 [0, 2, 1] : tensor<2x?x4xf32> -> tensor<2x?x4xf32>
+  %6 = ad.alias %x : tensor<2x?x4xf32> -> tensor<2x?x4xf32>
+  %7 = ad.reshape %x [%s, 8] : tensor<2x?x4xf32> -> tensor<?x8xf32>
+  %8 = ad.transpose %x 0, 1 : tensor<2x?x4xf32> -> tensor<?x2x4xf32>
+  %9 = ad.slice %x dim 2 [0, 3, 1] : tensor<2x?x4xf32> -> tensor<2x?x3xf32>
+  %10 = ad.expand %y [2, %s, 4] : tensor<2x1x4xf32> -> tensor<2x?x4xf32>
+  %11 = ad.reshape %z [%s, %t] : tensor<?x?xf32> -> tensor<?x?xf32>
+  func.return %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11 : tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<2x?x4xf32>, tensor<?x8xf32>, tensor<?x2x4xf32>, tensor<2x?x3xf32>, tensor<2x?x4xf32>, tensor<?x?xf32>
+}
+
+// -----
+
+// An expand to a dynamic size may broadcast a dynamic dim of size 1: it stays.
+// CHECK-LABEL: func.func @dynamic_expand
+// CHECK-NEXT: ad.expand %x [%s, 4]
+func.func @dynamic_expand(%x: tensor<?x4xf32>, %s: index) -> tensor<?x4xf32> {
+  %0 = ad.expand %x [%s, 4] : tensor<?x4xf32> -> tensor<?x4xf32>
+  func.return %0 : tensor<?x4xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @reshape_chain
+// CHECK-NEXT: %[[R:.*]] = ad.reshape %x [4, 6] : tensor<2x3x4xf32> -> tensor<4x6xf32>
+// CHECK-NEXT: func.return %[[R]]
+func.func @reshape_chain(%x: tensor<2x3x4xf32>) -> tensor<4x6xf32> {
+  %0 = ad.reshape %x [6, 4] : tensor<2x3x4xf32> -> tensor<6x4xf32>
+  %1 = ad.reshape %0 [4, 6] : tensor<6x4xf32> -> tensor<4x6xf32>
+  func.return %1 : tensor<4x6xf32>
+}
+
+// -----
+
+// Metadata assertions and eval-mode dropout compute nothing; other opaque ops stay.
+// CHECK-LABEL: func.func @opaque
+// CHECK-NOT: _assert_tensor_metadata
+// CHECK-NOT: aten.dropout
+// CHECK: %[[C:.*]] = ad.torch_op "aten.cumsum.default"(%x)
+// CHECK-NEXT: func.return %x, %[[C]]
+func.func @opaque(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  ad.torch_op "aten._assert_tensor_metadata.default"(%x) [#ad.ref<0>] {dtype = f32} : (tensor<4xf32>) -> ()
+  %0 = ad.torch_op "aten.dropout.default"(%x) [#ad.ref<0>, 1.000000e-01 : f64, false] {} : (tensor<4xf32>) -> tensor<4xf32>
+  %1 = ad.torch_op "aten.cumsum.default"(%x) [#ad.ref<0>, 0 : i64] {} : (tensor<4xf32>) -> tensor<4xf32>
+  func.return %0, %1 : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// Training-mode dropout is random: it stays.
+// CHECK-LABEL: func.func @train_dropout
+// CHECK-NEXT: ad.torch_op "aten.dropout.default"
+func.func @train_dropout(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = ad.torch_op "aten.dropout.default"(%x) [#ad.ref<0>, 1.000000e-01 : f64, true] {} : (tensor<4xf32>) -> tensor<4xf32>
+  func.return %0 : tensor<4xf32>
+}
+
+// -----
+
+// CSE merges equal pure ops (and constants); DCE drops unused pure ops.
+// CHECK-LABEL: func.func @cse_dce
+// CHECK-NEXT: %[[C:.*]] = ad.constant 2.000000e+00 : f64
+// CHECK-NEXT: %[[M:.*]] = ad.mul %x, %[[C]]
+// CHECK-NEXT: %[[S:.*]] = ad.add %[[M]], %[[M]]
+// CHECK-NEXT: func.return %[[S]]
+func.func @cse_dce(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %c0 = ad.constant 2.000000e+00 : f64
+  %c1 = ad.constant 2.000000e+00 : f64
+  %0 = ad.mul %x, %c0 : tensor<4xf32>, f64 -> tensor<4xf32>
+  %1 = ad.mul %x, %c1 : tensor<4xf32>, f64 -> tensor<4xf32>
+  %dead = ad.exp %x : tensor<4xf32> -> tensor<4xf32>
+  %2 = ad.add %0, %1 : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+  func.return %2 : tensor<4xf32>
+}
