@@ -36,8 +36,10 @@ def _timed(times: dict[str, float], stage: str, fn: Callable[[], R]) -> R:
 
 
 def op_kinds(module: Any) -> Counter[str]:
+    """Top-level ops by kind (an ad.fused region counts once: it is one kernel)."""
     kinds: Counter[str] = Counter()
-    for op in module.walk():
+    top_level = (op for fn in module.ops for op in fn.regions[0].block.ops)
+    for op in top_level:
         if isinstance(op, ad.TorchOp):
             kinds[f"ad.torch_op {op.target.data}"] += 1
         elif op.name.startswith("ad."):
@@ -47,6 +49,19 @@ def op_kinds(module: Any) -> Counter[str]:
 
 def max_abs_error(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def verdict(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor]) -> str:
+    """'bit-exact', 'within tolerance' (torch.testing's defaults for the dtype: rewrites such
+    as the softmax decomposition reorder float math), or 'OUT OF TOLERANCE'."""
+    if all(torch.equal(e, g) for e, g in zip(expected, got, strict=True)):
+        return "bit-exact"
+    try:
+        for e, g in zip(expected, got, strict=True):
+            torch.testing.assert_close(g, e)
+    except AssertionError:
+        return "OUT OF TOLERANCE"
+    return "within tolerance"
 
 
 def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]) -> bool:
@@ -73,22 +88,21 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
     if dropped:
         print(f"  removed entirely: {', '.join(dropped)}")
 
-    print("\nround trip against the original torch.export graph (same inputs):")
-    exact = True
+    print("\ncompiled graph against the original torch.export graph (same inputs):")
+    ok = True
     for seq in seq_lens:
         ids = example_input_ids(cfg, seq, seed=seq)
         with torch.no_grad():
             ref = torch.utils._pytree.tree_leaves(ep.module()(input_ids=ids))
             out = gm(ids)
             ev = evaluate(program.module, program.weights, [ids])
-        same = all(torch.equal(a, b) for a, b in zip(ref, out, strict=True))
-        exact &= same
+        result = verdict(ref, out)
+        ok &= result != "OUT OF TOLERANCE"
         print(
-            f"  seq {seq:3d}: exported graph max |err| {max_abs_error(ref, out):.3g} "
-            f"({'bit-exact' if same else 'NOT bit-exact'}), reference evaluator max |err| "
-            f"{max_abs_error(ref, ev):.3g}"
+            f"  seq {seq:3d}: exported graph max |err| {max_abs_error(ref, out):.3g} ({result}), "
+            f"reference evaluator max |err| {max_abs_error(ref, ev):.3g}"
         )
-    return exact
+    return ok
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -54,6 +54,7 @@ from xdsl.irdl import (
     opt_prop_def,
     param_def,
     prop_def,
+    region_def,
     result_def,
     traits_def,
     var_operand_def,
@@ -61,7 +62,7 @@ from xdsl.irdl import (
 )
 from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
-from xdsl.traits import HasCanonicalizationPatternsTrait, Pure
+from xdsl.traits import HasCanonicalizationPatternsTrait, HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
 if TYPE_CHECKING:
@@ -1012,6 +1013,44 @@ class AttentionOp(AdOp):
             raise VerifyException(f"ad.attention head_dim differs: query {q[-1]}, key {k[-1]}")
 
 
+# ----------------------------------------------------------------------- fusion
+
+
+@irdl_op_definition
+class FusedOp(AdOp):
+    """A fused region: the body computes `outputs` from `inputs` (its block arguments) with
+    elementwise and last-dim row-reduction ops, and ends in `ad.yield`. Codegen makes one
+    kernel of it; its meaning is the body's ops run in order."""
+
+    name = "ad.fused"
+    traits = traits_def(Pure(), IsolatedFromAbove())
+    inputs = var_operand_def(TensorOrScalar)
+    outputs = var_result_def(AdTensor)
+    body = region_def("single_block")
+    assembly_format = "`(` $inputs `)` attr-dict `:` functional-type($inputs, $outputs) $body"
+
+    def verify_op(self) -> None:
+        block = self.body.block
+        if [a.type for a in block.args] != [v.type for v in self.inputs]:
+            raise VerifyException("block argument types must be the input types")
+        terminator = block.last_op
+        if not isinstance(terminator, YieldOp):
+            raise VerifyException("the body must end in ad.yield")
+        if [v.type for v in terminator.values] != [r.type for r in self.outputs]:
+            raise VerifyException("ad.yield types must be the output types")
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    name = "ad.yield"
+    traits = traits_def(IsTerminator(), HasParent(FusedOp), Pure())
+    values = var_operand_def(AdTensor)
+    assembly_format = "$values attr-dict `:` type($values)"
+
+    def __init__(self, *values: SSAValue):
+        super().__init__(operands=[values])
+
+
 # ----------------------------------------------------------------- factories, sizes
 
 
@@ -1172,7 +1211,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
+        FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],
     [OperandRefAttr, TorchValueAttr],
 )

@@ -30,10 +30,8 @@ def export_program(program: ImportedProgram) -> torch.fx.GraphModule:
     for op in fn.body.block.ops:
         if isinstance(op, func.ReturnOp):
             graph.output(tuple(env[v] for v in op.operands))
-        elif isinstance(op, ad.ConstantOp):
-            env[op.result] = T.attr_to_value(op.value)
         else:
-            _emit_call(graph, op, env)
+            _emit_op(graph, op, env)
     graph.lint()
     return torch.fx.GraphModule(root, graph, class_name="AdGraphModule")
 
@@ -66,6 +64,26 @@ def _register(root: torch.nn.Module, fqn: str, tensor: torch.Tensor, kind: str) 
         module.register_buffer(leaf, tensor)
     else:
         setattr(module, leaf, tensor)
+
+
+def _emit_op(graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any]) -> None:
+    if isinstance(op, ad.ConstantOp):
+        env[op.result] = T.attr_to_value(op.value)
+    elif isinstance(op, ad.FusedOp):
+        _emit_fused_inline(graph, op, env)
+    else:
+        _emit_call(graph, op, env)
+
+
+def _emit_fused_inline(graph: torch.fx.Graph, op: ad.FusedOp, env: dict[SSAValue, Any]) -> None:
+    """The region's ops as plain torch calls (until the region has a kernel)."""
+    block = op.body.block
+    env.update(zip(block.args, (env[v] for v in op.inputs), strict=True))
+    for inner in block.ops:
+        if isinstance(inner, ad.YieldOp):
+            env.update(zip(op.outputs, (env[v] for v in inner.values), strict=True))
+        else:
+            _emit_op(graph, inner, env)
 
 
 def _emit_call(graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any]) -> None:

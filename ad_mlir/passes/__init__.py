@@ -26,6 +26,18 @@ def _canonicalize() -> type[ModulePass]:
     return CanonicalizePass
 
 
+def _fuse_elementwise() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_elementwise import FuseElementwisePass
+
+    return FuseElementwisePass
+
+
+def _decompose() -> type[ModulePass]:
+    from ad_mlir.passes.decompose import DecomposePass
+
+    return DecomposePass
+
+
 _XDSL_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "cse": _cse,
     "dce": _dce,
@@ -34,6 +46,8 @@ _XDSL_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
 
 _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "canonicalize": _canonicalize,
+    "decompose": _decompose,
+    "fuse-elementwise": _fuse_elementwise,
 }
 """Passes defined by ad-mlir. Those whose name xDSL does not use are registered with xdsl-opt
 through the universe; xdsl-opt's own `canonicalize` still applies the `ad` patterns (traits)."""

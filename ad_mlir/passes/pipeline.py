@@ -15,7 +15,7 @@ from ad_mlir.passes import get_all_passes
 log = logging.getLogger(__name__)
 
 PIPELINES: dict[str, str] = {
-    "default": "canonicalize",
+    "default": "canonicalize,decompose,fuse-elementwise",
     "none": "",
 }
 """Pipelines by name; anything else is an xDSL pipeline string ("pass{opt=v},pass")."""

@@ -14,7 +14,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 from xdsl.interpreters.func import FuncFunctions
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
@@ -25,6 +25,8 @@ def run_op(op: Operation, values: Sequence[Any]) -> tuple[Any, ...]:
     """One op on concrete values; returns one value per result."""
     if isinstance(op, ad.ConstantOp):
         return (T.attr_to_value(op.value),)
+    if isinstance(op, ad.FusedOp):
+        return run_fused(op, values)
     fn, args, kwargs = T.build_call(op, values)
     out = fn(*args, **kwargs)
     if len(op.results) == 1 and not (isinstance(op, ad.SplitOp) or getattr(op, "unpack", None) is not None):
@@ -32,11 +34,23 @@ def run_op(op: Operation, values: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out) if out is not None else ()
 
 
+def run_fused(op: ad.FusedOp, values: Sequence[Any]) -> tuple[Any, ...]:
+    """A fused region's meaning: its body's ops, in order."""
+    env: dict[SSAValue, Any] = dict(zip(op.body.block.args, values, strict=True))
+    for inner in op.body.block.ops:
+        if isinstance(inner, ad.YieldOp):
+            return tuple(env[v] for v in inner.values)
+        env.update(zip(inner.results, run_op(inner, [env[v] for v in inner.operands]), strict=True))
+    raise ValueError("ad.fused body has no ad.yield")
+
+
 def _ad_functions() -> type[InterpreterFunctions]:
     def run(self: Any, interpreter: Interpreter, op: Operation, values: tuple[Any, ...]) -> tuple[Any, ...]:
         return run_op(op, values)
 
-    methods = {f"run_{op.name.replace('.', '_')}": impl(op)(run) for op in ad.Ad.operations}
+    methods = {
+        f"run_{op.name.replace('.', '_')}": impl(op)(run) for op in ad.Ad.operations if op is not ad.YieldOp
+    }
     return register_impls(type("AdFunctions", (InterpreterFunctions,), methods))
 
 

@@ -40,9 +40,10 @@ def test_keyword_arguments_round_trip(kwargs: dict[str, object]) -> None:
 
 
 def test_every_typed_op_has_one_table_entry() -> None:
+    """Constants are values, torch_op carries its own target, fused/yield are structure."""
     covered = [spec.op for spec in T.SPECS]
     assert len(covered) == len(set(covered))
     untabled = {
-        op.name for op in ad.Ad.operations if op not in covered and op not in (ad.ConstantOp, ad.TorchOp)
+        op.name for op in ad.Ad.operations if op not in covered and op not in (ad.ConstantOp, ad.TorchOp, ad.FusedOp, ad.YieldOp)
     }
     assert untabled == set()

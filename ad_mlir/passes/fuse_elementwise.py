@@ -1,0 +1,271 @@
+"""`fuse-elementwise`: wrap maximal fusible subgraphs in `ad.fused` regions.
+
+A region iterates over one domain D (the shape of its element-level ops). Ops in it are
+pointwise ops of shape D, and, with `allow-reductions`, last-dim `keepdim` reductions of a
+shape-D value plus pointwise ops on the per-row shape R = D[:-1] + [1] ("row regions":
+RMSNorm, softmax). Inputs may broadcast to D (scalars, per-row, per-column vectors); a value
+used both inside and outside becomes an extra output. Two groups never merge when a path
+between them leaves the group (that would make the fused op depend on itself).
+
+Groups are formed greedily in block order: each fusible op merges with the groups of its
+operands' producers when the shapes, `max-ops` and the cycle rule allow it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float8E4M3FNType,
+    Float16Type,
+    Float32Type,
+    IntegerType,
+    ModuleOp,
+    TensorType,
+)
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+
+from ad_mlir.dialects import ad
+
+log = logging.getLogger(__name__)
+
+Shape = tuple[int, ...]
+
+FUSIBLE_ELEMENT_TYPES = frozenset(
+    {Float32Type(), Float16Type(), BFloat16Type(), Float8E4M3FNType(), IntegerType(64), IntegerType(32), IntegerType(1)}
+)
+"""Element types the Triton codegen computes with (f64 and i8 math stays unfused)."""
+
+POINTWISE_OPS = (ad.ElementwiseOp, ad.CastOp)
+ROW_REDUCTION_OPS = (ad.SumOp, ad.MeanOp, ad.AmaxOp, ad.AminOp)
+
+
+# ------------------------------------------------------------------ what may fuse
+
+
+def _shape(value: SSAValue) -> Shape:
+    assert isinstance(value.type, TensorType)
+    return tuple(value.type.get_shape())
+
+
+def _types_fusible(op: Operation) -> bool:
+    tensors = [v.type for v in (*op.operands, *op.results) if isinstance(v.type, TensorType)]
+    return all(t.element_type in FUSIBLE_ELEMENT_TYPES for t in tensors)
+
+
+def is_row_reduction(op: Operation) -> bool:
+    """A reduction of the last dim only, keeping it (the result broadcasts back over rows)."""
+    if not isinstance(op, ROW_REDUCTION_OPS) or op.keepdim is None:
+        return False
+    rank = len(_shape(op.input))
+    return rank >= 1 and op.reduced_dims() == (rank - 1,)
+
+
+def level_shapes(op: Operation) -> frozenset[Shape]:
+    """The iteration shapes an op occupies: its result's, and for a reduction its input's."""
+    if is_row_reduction(op):
+        return frozenset({_shape(op.input), _shape(op.results[0])})
+    return frozenset({_shape(op.results[0])})
+
+
+def is_fusible(op: Operation, allow_reductions: bool) -> bool:
+    if isinstance(op, POINTWISE_OPS):
+        return _types_fusible(op)
+    return allow_reductions and is_row_reduction(op) and _types_fusible(op)
+
+
+def shapes_form_a_region(shapes: Iterable[Shape]) -> bool:
+    """One domain D, or D and its row shape D[:-1] + [1]."""
+    distinct = set(shapes)
+    if len(distinct) <= 1:
+        return True
+    if len(distinct) != 2:
+        return False
+    a, b = distinct
+    return any(d and d[-1] != 1 and r == d[:-1] + (1,) for d, r in ((a, b), (b, a)))
+
+
+# ------------------------------------------------------------------------ groups
+
+
+@dataclass(eq=False)
+class _Group:
+    ops: list[Operation]
+    shapes: frozenset[Shape]
+    parent: _Group | None = field(default=None, repr=False)
+
+    def root(self) -> _Group:
+        g = self
+        while g.parent is not None:
+            g = g.parent
+        return g
+
+
+@dataclass
+class _Fuser:
+    max_ops: int
+    allow_reductions: bool
+    group_of: dict[Operation, _Group] = field(default_factory=dict)
+    ancestors: dict[Operation, frozenset[_Group]] = field(default_factory=dict)
+    """Groups (as created; map through root()) of every op an op depends on."""
+
+    def visit(self, op: Operation) -> None:
+        producers = [v.owner for v in op.operands if isinstance(v.owner, Operation)]
+        ancestors: set[_Group] = set()
+        for p in producers:
+            ancestors |= self.ancestors.get(p, frozenset())
+            if p in self.group_of:
+                ancestors.add(self.group_of[p])
+        self.ancestors[op] = frozenset(ancestors)
+        if not is_fusible(op, self.allow_reductions):
+            return
+        group = _Group([op], level_shapes(op))
+        for p in producers:
+            candidate = self.group_of[p].root() if p in self.group_of else None
+            if candidate is not None and candidate is not group and self._can_merge(group, candidate):
+                group = self._merge(group, candidate)
+        self.group_of[op] = group
+
+    def _can_merge(self, a: _Group, b: _Group) -> bool:
+        if len(a.ops) + len(b.ops) > self.max_ops or not shapes_form_a_region(a.shapes | b.shapes):
+            return False
+        members = set(a.ops) | set(b.ops)
+        for m in members:
+            for v in m.operands:
+                p = v.owner
+                if isinstance(p, Operation) and p not in members:
+                    # A path a/b -> ... -> p -> m would make the fused op its own ancestor.
+                    if any(g.root() in (a, b) for g in self.ancestors.get(p, ())):
+                        return False
+        return True
+
+    def _merge(self, a: _Group, b: _Group) -> _Group:
+        b.ops.extend(a.ops)
+        b.shapes = b.shapes | a.shapes
+        a.parent = b
+        for op in a.ops:
+            self.group_of[op] = b
+        return b
+
+    def groups(self) -> list[list[Operation]]:
+        roots = {id(g.root()): g.root() for g in self.group_of.values()}
+        return [g.ops for g in roots.values()]
+
+
+# ----------------------------------------------------------------------- outlining
+
+
+def outline(members: Sequence[Operation], order: dict[Operation, int]) -> ad.FusedOp:
+    """Replace `members` (ops of one block) by one `ad.fused` whose body holds copies of
+    them; scalar constants are copied in, other outside values become inputs."""
+    members = sorted(members, key=order.__getitem__)
+    member_set = set(members)
+    inputs: list[SSAValue] = []
+    constants: list[ad.ConstantOp] = []
+    for m in members:
+        for v in m.operands:
+            owner = v.owner
+            if owner in member_set or v in inputs or owner in constants:
+                continue
+            if isinstance(owner, ad.ConstantOp):
+                constants.append(owner)
+            else:
+                inputs.append(v)
+    outputs = [r for m in members for r in m.results if any(u.operation not in member_set for u in r.uses)]
+
+    block = Block(arg_types=[v.type for v in inputs])
+    mapping: dict[SSAValue, SSAValue] = {}
+    for v, arg in zip(inputs, block.args, strict=True):
+        mapping[v] = arg
+        arg.name_hint = v.name_hint
+    for c in constants:
+        clone = c.clone(value_mapper=mapping)
+        block.add_op(clone)
+        mapping[c.result] = clone.result
+    for m in members:
+        block.add_op(m.clone(value_mapper=mapping))
+    block.add_op(ad.YieldOp(*(mapping[r] for r in outputs)))
+
+    fused = ad.FusedOp.build(operands=[inputs], result_types=[[r.type for r in outputs]], regions=[Region(block)])
+    fused.location = members[0].location
+    last = members[-1]
+    last.parent_block().insert_op_after(fused, last)
+    for old, new in zip(outputs, fused.outputs, strict=True):
+        new.name_hint = old.name_hint
+        old.replace_uses_with_if(new, lambda use: use.operation not in member_set)
+    for m in reversed(members):
+        m.detach()
+        m.erase()
+    for c in constants:  # copied into the region; drop the outside one if nothing else uses it
+        if not c.result.uses:
+            c.detach()
+            c.erase()
+    return fused
+
+
+def sort_topologically(block: Block) -> None:
+    """Stable topological order (outlining at the last member can put a user of an early
+    member's value before the fused op)."""
+    ops = list(block.ops)
+    index = {op: i for i, op in enumerate(ops)}
+    users: dict[Operation, list[Operation]] = {op: [] for op in ops}
+    waiting = dict.fromkeys(ops, 0)
+    for op in ops:
+        for p in {v.owner for v in op.operands if v.owner in index}:
+            users[p].append(op)
+            waiting[op] += 1
+    ready = [index[op] for op in ops if waiting[op] == 0]
+    heapq.heapify(ready)
+    ordered: list[Operation] = []
+    while ready:
+        op = ops[heapq.heappop(ready)]
+        ordered.append(op)
+        for u in users[op]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, index[u])
+    if ordered == ops:
+        return
+    for op in ops:
+        op.detach()
+    for op in ordered:
+        block.add_op(op)
+
+
+# --------------------------------------------------------------------------- pass
+
+
+@dataclass(frozen=True)
+class FuseElementwisePass(ModulePass):
+    """Wrap maximal elementwise (and, with allow-reductions, last-dim row) subgraphs in
+    `ad.fused` regions; `max-ops` bounds a region's size."""
+
+    name = "fuse-elementwise"
+
+    max_ops: int = 64
+    allow_reductions: bool = True
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for fn in op.walk():
+            if isinstance(fn, func.FuncOp) and fn.body.blocks:
+                self.fuse_block(fn.body.block)
+
+    def fuse_block(self, block: Block) -> None:
+        fuser = _Fuser(self.max_ops, self.allow_reductions)
+        ops = list(block.ops)
+        for op in ops:
+            fuser.visit(op)
+        order = {op: i for i, op in enumerate(ops)}
+        groups = fuser.groups()
+        for members in groups:
+            outline(members, order)
+        if groups:
+            sort_topologically(block)
+        log.info("fuse-elementwise: %d regions from %d ops", len(groups), sum(map(len, groups)))
