@@ -67,6 +67,11 @@ class RemoveIdentityCast(RewritePattern):
         _replace_by(rewriter, op, op.input)
 
 
+def _int_to_float_to_other_int(source: Attribute, middle: Attribute, target: Attribute) -> bool:
+    ints = (isinstance(source, IntegerType), isinstance(middle, IntegerType), isinstance(target, IntegerType))
+    return ints == (True, False, True) and source != target
+
+
 class FoldCastAfterExactCast(RewritePattern):
     """cast(cast(x: A -> B) -> C) with A -> B exact is cast(x -> C): both round the same
     value once. With C == A the pair disappears (f16 -> f32 -> f16)."""
@@ -76,8 +81,11 @@ class FoldCastAfterExactCast(RewritePattern):
         inner = op.input.owner
         if not isinstance(inner, ad.CastOp):
             return
-        if _element(inner.result) not in _EXACT_WIDENINGS.get(_element(inner.input), ()):
+        source, middle, target = _element(inner.input), _element(inner.result), _element(op.result)
+        if middle not in _EXACT_WIDENINGS.get(source, ()):
             return
+        if _int_to_float_to_other_int(source, middle, target):
+            return  # float -> int of an out-of-range value is not int -> int wrap-around
         if inner.input.type == op.result.type:
             rewriter.replace(op, [], [inner.input])
         else:

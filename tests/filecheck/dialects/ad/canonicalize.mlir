@@ -167,3 +167,20 @@ func.func @cse_dce(%x: tensor<4xf32>) -> tensor<4xf32> {
   %2 = ad.add %0, %1 : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
   func.return %2 : tensor<4xf32>
 }
+
+// -----
+
+// i32 -> f64 is exact, but f64 -> i8 of an out-of-range value is not i32 -> i8 wrap-around:
+// that chain stays; i32 -> f64 -> i32 and i32 -> f64 -> f32 fold.
+// CHECK-LABEL: func.func @int_float_int
+// CHECK-NEXT: %[[W:.*]] = ad.cast %x : tensor<4xi32> -> tensor<4xf64>
+// CHECK-NEXT: %[[N:.*]] = ad.cast %[[W]] : tensor<4xf64> -> tensor<4xi8>
+// CHECK-NEXT: %[[F:.*]] = ad.cast %x : tensor<4xi32> -> tensor<4xf32>
+// CHECK-NEXT: func.return %x, %[[N]], %[[F]]
+func.func @int_float_int(%x: tensor<4xi32>) -> (tensor<4xi32>, tensor<4xi8>, tensor<4xf32>) {
+  %0 = ad.cast %x : tensor<4xi32> -> tensor<4xf64>
+  %1 = ad.cast %0 : tensor<4xf64> -> tensor<4xi32>
+  %2 = ad.cast %0 : tensor<4xf64> -> tensor<4xi8>
+  %3 = ad.cast %0 : tensor<4xf64> -> tensor<4xf32>
+  func.return %1, %2, %3 : tensor<4xi32>, tensor<4xi8>, tensor<4xf32>
+}
