@@ -189,15 +189,15 @@ class RemoveIdentityPermute(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.PermuteOp, rewriter: PatternRewriter) -> None:
         rank = len(op.input.type.get_shape())
-        if [d % max(rank, 1) for d in op.dims.get_values()] == list(range(rank)):
+        if [ad.normalize_dim(d, rank) for d in op.dims.get_values()] == list(range(rank)):
             _replace_by(rewriter, op, op.input)
 
 
 class RemoveIdentityTranspose(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.TransposeOp, rewriter: PatternRewriter) -> None:
-        rank = max(len(op.input.type.get_shape()), 1)
-        if op.dim0.value.data % rank == op.dim1.value.data % rank:
+        rank = len(op.input.type.get_shape())
+        if ad.normalize_dim(op.dim0.value.data, rank) == ad.normalize_dim(op.dim1.value.data, rank):
             _replace_by(rewriter, op, op.input)
 
 
@@ -208,7 +208,7 @@ class RemoveFullSlice(RewritePattern):
     def match_and_rewrite(self, op: ad.SliceOp, rewriter: PatternRewriter) -> None:
         start, end, step = op.static_bounds.get_values()
         shape = op.input.type.get_shape()
-        size = shape[op.dim.value.data % len(shape)]
+        size = shape[ad.normalize_dim(op.dim.value.data, len(shape))]
         covers = end == INT64_MAX or (size != DYNAMIC_INDEX and end != DYNAMIC_INDEX and end >= size)
         if start == 0 and step == 1 and covers:
             _replace_by(rewriter, op, op.input)

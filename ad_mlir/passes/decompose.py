@@ -53,7 +53,7 @@ class DecomposeLastDimSoftmax(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.SoftmaxOp, rewriter: PatternRewriter) -> None:
         rank = len(op.input.type.get_shape())
-        if op.dim.value.data % max(rank, 1) != rank - 1:
+        if ad.normalize_dim(op.dim.value.data, rank) != rank - 1:
             return
         compute = op.dtype or op.input.type.element_type
         if compute in _COMPUTED_IN_F32:
