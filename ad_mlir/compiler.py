@@ -1,4 +1,4 @@
-"""`compile(gm)`: import -> pass pipeline -> export."""
+"""`compile(gm)`: import -> pass pipeline -> Triton kernels for the fused regions -> export."""
 
 from __future__ import annotations
 
@@ -7,19 +7,24 @@ from typing import Any
 
 import torch
 
+from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.fx_export import export_program
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.runtime.kernels import build_kernels
 
 
 def compile(
     gm: torch.fx.GraphModule | torch.export.ExportedProgram,
     example_inputs: Sequence[Any] | None = None,
     pipeline: str = "default",
+    cache: KernelCache | None = None,
 ) -> torch.fx.GraphModule:
     """Compile an FX graph (an ExportedProgram, or a GraphModule with `meta["val"]` or
-    `example_inputs`) through `pipeline` ("default", "none" or "pass,pass").
-    The result takes the graph's user inputs in order and returns a tuple."""
+    `example_inputs`) through `pipeline` ("default", "none", "pass,pass" or a YAML file).
+    Each fused region becomes a Triton kernel called as `torch.ops.ad_mlir.<name>`
+    (kernels are cached on disk, see `codegen/cache.py`). The result takes the graph's user
+    inputs in order and returns a tuple."""
     program = import_program(gm, example_inputs)
     run_pipeline(program.module, pipeline)
-    return export_program(program)
+    return export_program(program, build_kernels(program.module, cache))

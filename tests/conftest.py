@@ -1,11 +1,20 @@
-"""Shared fixtures: tiny HF models and their torch.export programs, built once per worker."""
+"""Shared fixtures: tiny HF models and their torch.export programs, built once per worker.
+
+Without CUDA, generated Triton kernels run in the Triton interpreter (TRITON_INTERPRET=1 must
+be set before any kernel is imported), and every session writes kernels to its own cache."""
 
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_kernels_"))
 
 from ad_mlir.models import TinyConfig, build_model, export_model
 

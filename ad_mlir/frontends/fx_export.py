@@ -7,7 +7,8 @@ computes exactly what the reference evaluator computes.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from xdsl.dialects import func
@@ -18,9 +19,17 @@ from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
 from ad_mlir.frontends.fx_import import INPUT_ATTR, ImportedProgram, weight_of
 
+if TYPE_CHECKING:
+    from ad_mlir.runtime.kernels import RegionKernel
 
-def export_program(program: ImportedProgram) -> torch.fx.GraphModule:
-    """The GraphModule takes the user inputs, in order, and returns a tuple of outputs."""
+
+def export_program(
+    program: ImportedProgram, kernels: Mapping[ad.FusedOp, RegionKernel] | None = None
+) -> torch.fx.GraphModule:
+    """The GraphModule takes the user inputs, in order, and returns a tuple of outputs.
+    A region with a kernel in `kernels` becomes one call of its `torch.ops.ad_mlir` op; one
+    without is emitted inline, as its ops' torch calls."""
+    kernels = kernels or {}
     fn = program.function
     graph = torch.fx.Graph()
     root = torch.nn.Module()
@@ -31,7 +40,7 @@ def export_program(program: ImportedProgram) -> torch.fx.GraphModule:
         if isinstance(op, func.ReturnOp):
             graph.output(tuple(env[v] for v in op.operands))
         else:
-            _emit_op(graph, op, env)
+            _emit_op(graph, op, env, kernels)
     graph.lint()
     return torch.fx.GraphModule(root, graph, class_name="AdGraphModule")
 
@@ -66,13 +75,24 @@ def _register(root: torch.nn.Module, fqn: str, tensor: torch.Tensor, kind: str) 
         setattr(module, leaf, tensor)
 
 
-def _emit_op(graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any]) -> None:
+def _emit_op(
+    graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any], kernels: Mapping[ad.FusedOp, RegionKernel]
+) -> None:
     if isinstance(op, ad.ConstantOp):
         env[op.result] = T.attr_to_value(op.value)
+    elif isinstance(op, ad.FusedOp) and op in kernels:
+        _emit_kernel_call(graph, op, env, kernels[op])
     elif isinstance(op, ad.FusedOp):
         _emit_fused_inline(graph, op, env)
     else:
         _emit_call(graph, op, env)
+
+
+def _emit_kernel_call(graph: torch.fx.Graph, op: ad.FusedOp, env: dict[SSAValue, Any], kernel: RegionKernel) -> None:
+    node = graph.call_function(kernel.op, tuple(kernel.split_inputs([env[v] for v in op.inputs])))
+    _record_source(node, op)
+    for i, r in enumerate(op.outputs):
+        env[r] = graph.call_function(operator.getitem, (node, i))
 
 
 def _emit_fused_inline(graph: torch.fx.Graph, op: ad.FusedOp, env: dict[SSAValue, Any]) -> None:
@@ -83,19 +103,23 @@ def _emit_fused_inline(graph: torch.fx.Graph, op: ad.FusedOp, env: dict[SSAValue
         if isinstance(inner, ad.YieldOp):
             env.update(zip(op.outputs, (env[v] for v in inner.values), strict=True))
         else:
-            _emit_op(graph, inner, env)
+            _emit_op(graph, inner, env, {})
 
 
 def _emit_call(graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any]) -> None:
     fn, args, kwargs = T.build_call(op, [env[v] for v in op.operands])
     node = graph.call_function(fn, args, kwargs)
-    if isinstance(op.location, NameLoc):
-        node.meta["ad_source"] = op.location.desc.data
+    _record_source(node, op)
     if len(op.results) == 1 and not _unpacks(op):
         env[op.results[0]] = node
         return
     for i, r in enumerate(op.results):
         env[r] = graph.call_function(operator.getitem, (node, i))
+
+
+def _record_source(node: torch.fx.Node, op: Operation) -> None:
+    if isinstance(op.location, NameLoc):
+        node.meta["ad_source"] = op.location.desc.data
 
 
 def _unpacks(op: Operation) -> bool:

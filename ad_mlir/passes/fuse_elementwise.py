@@ -32,6 +32,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
+from ad_mlir.codegen import region_kernel
 from ad_mlir.dialects import ad
 
 log = logging.getLogger(__name__)
@@ -76,9 +77,11 @@ def level_shapes(op: Operation) -> frozenset[Shape]:
 
 
 def is_fusible(op: Operation, allow_reductions: bool) -> bool:
-    if isinstance(op, POINTWISE_OPS):
-        return _types_fusible(op)
-    return allow_reductions and is_row_reduction(op) and _types_fusible(op)
+    """Pointwise ops (and row reductions when allowed) of fusible types that the Triton
+    codegen can emit."""
+    if not (isinstance(op, POINTWISE_OPS) or (allow_reductions and is_row_reduction(op))):
+        return False
+    return _types_fusible(op) and region_kernel.supports(op)
 
 
 def shapes_form_a_region(shapes: Iterable[Shape]) -> bool:

@@ -14,7 +14,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 from xdsl.interpreters.func import FuncFunctions
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
@@ -36,8 +36,13 @@ def run_op(op: Operation, values: Sequence[Any]) -> tuple[Any, ...]:
 
 def run_fused(op: ad.FusedOp, values: Sequence[Any]) -> tuple[Any, ...]:
     """A fused region's meaning: its body's ops, in order."""
-    env: dict[SSAValue, Any] = dict(zip(op.body.block.args, values, strict=True))
-    for inner in op.body.block.ops:
+    return run_block(op.body.block, values)
+
+
+def run_block(block: Block, values: Sequence[Any]) -> tuple[Any, ...]:
+    """Run a region body ending in `ad.yield` on `values` (its arguments)."""
+    env: dict[SSAValue, Any] = dict(zip(block.args, values, strict=True))
+    for inner in block.ops:
         if isinstance(inner, ad.YieldOp):
             return tuple(env[v] for v in inner.values)
         env.update(zip(inner.results, run_op(inner, [env[v] for v in inner.operands]), strict=True))

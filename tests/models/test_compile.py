@@ -1,10 +1,15 @@
-"""`ad_mlir.compile` with the default pipeline (canonicalize, decompose, fuse-elementwise)
-on the five HF families matches eager within the dtype's tolerance.
+"""`ad_mlir.compile` with the default pipeline on the five HF families matches eager, with
+every fused region run as its generated Triton kernel (in the Triton interpreter on CPU).
 
-Tolerances are torch.testing's defaults for the dtype (fp32: rtol 1.3e-6, atol 1e-5; bf16:
-rtol 1.6e-2, atol 1e-5): the pipeline only reorders float math where it decomposes softmax
-(exp(x - max) / sum instead of torch's fused kernel), so fp32 results stay within a few ulp.
-Fused regions run as their ops' torch calls until Triton codegen lands."""
+fp32: torch.testing's defaults (rtol 1.3e-6, atol 1e-5). The kernels compute in fp32 like
+eager and only reorder sums (row reductions, the softmax decomposition), a few ulp.
+
+bf16: eager rounds every op's result to bf16, the kernels keep fp32 between ops and round
+once at each store (the interpreter even truncates there), so the two disagree by a few bf16
+ulps that the following GEMMs spread over the logits. Elementwise closeness to eager is not
+the right measure; closeness to the truth is. Both are compared with the same model in fp32:
+the compiled graph's error must be at most twice eager bf16's own error, plus one bf16 ulp
+(2^-8) of the logits' largest magnitude."""
 
 from __future__ import annotations
 
@@ -14,21 +19,47 @@ import torch
 import ad_mlir
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import FAMILIES, example_input_ids
+from ad_mlir.models import FAMILIES, TinyConfig, build_model, example_input_ids
 from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.runtime import kernels
 
 
+def _kernel_calls(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("ad_mlir."))
+
+
+@pytest.fixture
+def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail if a region runs as its torch reference instead of its Triton kernel."""
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("a region ran its reference semantics, not its kernel")
+
+    monkeypatch.setattr(kernels, "run_block", refuse)
+
+
+@pytest.mark.usefixtures("no_reference_fallback")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_default_pipeline_matches_eager(exported, family: str, dtype: str) -> None:
+def test_compiled_kernels_match_eager(exported, family: str, dtype: str) -> None:
     cfg, ep = exported(family, dtype, False)
     gm = ad_mlir.compile(ep)
+    assert _kernel_calls(gm) >= 4  # two norms, the MLP activation, the final norm at least
+    truth_model = build_model(TinyConfig(family=family, layers=1, dtype="float32"))
     for seq in (6, 13):
         ids = example_input_ids(cfg, seq, seed=seq)
         with torch.no_grad():
             expected = ep.module()(input_ids=ids).logits
             got = gm(ids)[0]
-        torch.testing.assert_close(got, expected)
+            truth = truth_model(input_ids=ids).logits
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        if dtype == "float32":
+            torch.testing.assert_close(got, expected)
+            continue
+        eager_error = (expected.float() - truth).abs().max().item()
+        our_error = (got.float() - truth).abs().max().item()
+        bound = 2 * eager_error + 2**-8 * truth.abs().max().item()
+        assert our_error <= bound, f"bf16 error {our_error:.3g} vs eager's {eager_error:.3g} (bound {bound:.3g})"
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

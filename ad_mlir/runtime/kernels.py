@@ -1,0 +1,128 @@
+"""Region kernels as `torch.ops.ad_mlir.<name>` ops.
+
+Every op has one schema, `(Tensor[] tensors, SymInt[] ints, float[] floats) -> Tensor[]`
+(the region's tensor inputs, then its int and float scalar inputs, each in block-argument
+order), so a region of any size fits one schema. With CUDA the op is a
+`torch.library.triton_op` (graphs stay `torch.export`-able and `torch.compile` traces into
+the kernel); without CUDA it is an opaque `torch.library.custom_op`, because Inductor cannot
+trace a Triton kernel on a machine without a GPU driver. On CUDA tensors the Triton kernel
+runs; on CPU tensors the kernel runs in the Triton interpreter when it was loaded with
+`TRITON_INTERPRET=1`, else the region's reference semantics run (its ops' torch calls).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from xdsl.dialects.builtin import Float64Type, ModuleOp, TensorType
+from xdsl.ir import Region
+
+from ad_mlir.codegen.cache import CachedKernel, KernelCache
+from ad_mlir.dialects import ad
+from ad_mlir.runtime.reference import run_block
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "ad_mlir"
+
+
+@dataclass(frozen=True)
+class RegionKernel:
+    """A region's kernel and the torch op that calls it."""
+
+    cached: CachedKernel
+    body: Region
+    """A detached copy of the region's body (its reference semantics for the CPU path)."""
+    arg_kinds: tuple[str, ...]
+    """Per block argument: "tensor", "int" or "float"."""
+
+    @property
+    def name(self) -> str:
+        return self.cached.name
+
+    @property
+    def op(self) -> torch._ops.OpOverload:
+        return getattr(getattr(torch.ops, NAMESPACE), self.name).default
+
+    def split_inputs(self, values: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+        """Region inputs in block order -> the op's (tensors, ints, floats) arguments."""
+        groups: dict[str, list[Any]] = {"tensor": [], "int": [], "float": []}
+        for kind, v in zip(self.arg_kinds, values, strict=True):
+            groups[kind].append(v)
+        return groups["tensor"], groups["int"], groups["float"]
+
+    def join_inputs(self, tensors: Iterable[Any], ints: Iterable[Any], floats: Iterable[Any]) -> list[Any]:
+        groups = {"tensor": iter(tensors), "int": iter(ints), "float": iter(floats)}
+        return [next(groups[kind]) for kind in self.arg_kinds]
+
+    def scalars(self, ints: Iterable[Any], floats: Iterable[Any]) -> list[Any]:
+        """The scalar inputs in block order (the launcher's `scalars`)."""
+        groups = {"int": iter(ints), "float": iter(floats)}
+        return [next(groups[kind]) for kind in self.arg_kinds if kind != "tensor"]
+
+    def run(self, tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
+        fn = self.cached.jit_function
+        interpreted = type(fn).__name__ == "InterpretedFunction"
+        if tensors[0].is_cuda or interpreted:
+            if not interpreted and _USE_TRITON_OP:
+                fn = torch.library.wrap_triton(fn)
+            return self.cached.module.launch(fn, tensors, self.scalars(ints, floats))
+        return list(run_block(self.body.block, self.join_inputs(tensors, ints, floats)))
+
+    def fake(self, tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
+        module = self.cached.module
+        device = tensors[0].device
+        return [
+            tensors[0].new_empty(shape, dtype=dtype, device=device)
+            for shape, dtype in zip(module.output_shapes(tensors), module.OUTPUT_DTYPES, strict=True)
+        ]
+
+
+_USE_TRITON_OP = torch.cuda.is_available()
+_REGISTERED: dict[str, RegionKernel] = {}
+
+
+def _arg_kind(t: Any) -> str:
+    if isinstance(t, TensorType):
+        return "tensor"
+    return "float" if isinstance(t, Float64Type) else "int"
+
+
+def _define_op(kernel: RegionKernel) -> None:
+    def op(tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
+        return kernel.run(tensors, ints, floats)
+
+    qualname = f"{NAMESPACE}::{kernel.name}"
+    define = torch.library.triton_op if _USE_TRITON_OP else torch.library.custom_op
+    library_op = define(qualname, op, mutates_args=())
+    library_op.register_fake(kernel.fake)
+
+
+def region_kernel(op: ad.FusedOp, cache: KernelCache) -> RegionKernel:
+    """The kernel of `op` (from the cache), registered as a torch op once per process."""
+    cached = cache.get(op)
+    if cached.name in _REGISTERED:
+        return _REGISTERED[cached.name]
+    kernel = RegionKernel(cached, op.body.clone(), tuple(_arg_kind(a.type) for a in op.body.block.args))
+    _define_op(kernel)
+    _REGISTERED[cached.name] = kernel
+    return kernel
+
+
+def build_kernels(module: ModuleOp, cache: KernelCache | None = None) -> dict[ad.FusedOp, RegionKernel]:
+    """A kernel for every `ad.fused` region of `module` (generated, or loaded from the cache)."""
+    cache = cache or KernelCache()
+    start = time.perf_counter()
+    hits, generated = cache.hits, cache.generated
+    kernels = {op: region_kernel(op, cache) for op in module.walk() if isinstance(op, ad.FusedOp)}
+    log.info(
+        "codegen: %d regions -> %d kernels (%d generated, %d from the cache %s) in %.3f s",
+        len(kernels), len({k.name for k in kernels.values()}), cache.generated - generated,
+        cache.hits - hits, cache.directory, time.perf_counter() - start,
+    )
+    return kernels
