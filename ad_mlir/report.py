@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
+from xdsl.dialects.builtin import NameLoc
 
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_export import export_program
@@ -45,6 +47,29 @@ def op_kinds(module: Any) -> Counter[str]:
         elif op.name.startswith("ad."):
             kinds[op.name] += 1
     return kinds
+
+
+VIEW_OPS = (
+    ad.ReshapeOp, ad.ExpandOp, ad.PermuteOp, ad.TransposeOp, ad.UnsqueezeOp, ad.SqueezeOp, ad.SliceOp,
+    ad.SplitOp, ad.AliasOp,
+)
+GEMM_AND_ATTENTION = (ad.LinearOp, ad.MmOp, ad.BmmOp, ad.MatmulOp, ad.AddmmOp, ad.AttentionOp)
+_NO_KERNEL = (*VIEW_OPS, ad.ConstantOp, ad.SymSizeOp)
+_LAYER = re.compile(r"\blayers\.(\d+)\b")
+
+
+def kernels_per_layer(module: Any) -> dict[int, int]:
+    """Kernels (non-view ops and fused regions) outside GEMMs and attention, per decoder layer
+    (by the HF module path in each op's location; a region is located at its first op)."""
+    counts: Counter[int] = Counter()
+    for fn in module.ops:
+        for op in fn.regions[0].block.ops:
+            if isinstance(op, _NO_KERNEL + GEMM_AND_ATTENTION) or not op.name.startswith("ad."):
+                continue
+            match = _LAYER.search(op.location.desc.data) if isinstance(op.location, NameLoc) else None
+            if match:
+                counts[int(match.group(1))] += 1
+    return dict(sorted(counts.items()))
 
 
 def max_abs_error(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:

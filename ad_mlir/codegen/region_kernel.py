@@ -154,8 +154,42 @@ def _pow_exponent(op: ad.PowOp) -> float | None:
     return None
 
 
+def _static_width(t: Attribute) -> int | None:
+    """The last dim of a tensor type when it is static and more than 1 (a column op's width)."""
+    shape = _shape(t)
+    return shape[-1] if shape and shape[-1] not in (DYNAMIC_INDEX, 0, 1) else None
+
+
+def is_last_dim(op: ad.SliceOp | ad.CatOp) -> bool:
+    rank = len(_shape(op.results[0].type))
+    dim = -1 if isinstance(op, ad.CatOp) and op.dim is None else op.dim.value.data
+    return ad.normalize_dim(dim, rank) == rank - 1
+
+
+def is_column_op(op: Operation) -> bool:
+    """A slice or concatenation of the last dim with static widths above 1: columns map to
+    columns of its operands, so it is index math inside a row (RoPE's rotate_half)."""
+    if isinstance(op, ad.SliceOp):
+        return (
+            is_last_dim(op)
+            and not op.bounds
+            and _static_width(op.input.type) is not None
+            and _static_width(op.result.type) is not None
+        )
+    if isinstance(op, ad.CatOp):
+        ranks = {len(_shape(t.type)) for t in op.tensors}
+        return (
+            is_last_dim(op)
+            and ranks == {len(_shape(op.result.type))}
+            and all(_static_width(t.type) is not None for t in (*op.tensors, op.result))
+        )
+    return False
+
+
 def supports(op: Operation) -> bool:
     """Whether the codegen can emit `op` inside a region (the fuser leaves other ops out)."""
+    if isinstance(op, ad.SliceOp | ad.CatOp):
+        return is_column_op(op)
     if isinstance(op, ad.PowOp):
         return _pow_exponent(op) in _POW_BY_EXPONENT
     if isinstance(op, ad.DivOp) and op.rounding_mode is not None:
@@ -179,14 +213,20 @@ def _shape(t: Attribute) -> Shape:
 
 
 def region_domain(op: ad.FusedOp) -> Shape:
-    """The widest shape of the body's ops (a reduction counts its input's shape)."""
-    shapes = [_shape(r.type) for inner in op.body.block.ops for r in inner.results]
-    shapes += [_shape(inner.input.type) for inner in op.body.block.ops if isinstance(inner, REDUCTIONS)]
+    """The iteration shape: the broadcast of the outputs and the row reductions' inputs (the
+    kernel computes every other value per tile, at the columns it feeds). With column ops,
+    the widest of those shapes; narrower outputs store their first columns."""
+    body = op.body.block.ops
+    shapes = [_shape(r.type) for r in op.outputs]
+    shapes += [_shape(inner.input.type) for inner in body if isinstance(inner, REDUCTIONS)]
     if not shapes:
-        raise CodegenError("ad.fused body computes nothing")
-    rank = max(len(s) for s in shapes)
-    full = [s for s in shapes if len(s) == rank]
-    return max(full, key=lambda s: (s and s[-1] != 1, s))
+        raise CodegenError("ad.fused has no outputs")
+    if any(is_column_op(inner) for inner in body):
+        return max(shapes, key=lambda s: s[-1])
+    domain = ad.broadcast_shapes(shapes)
+    if domain is None:
+        raise CodegenError(f"output shapes {shapes} do not broadcast")
+    return domain
 
 
 @dataclass(frozen=True)
@@ -249,7 +289,18 @@ class KernelPlan:
         return self.size(self.rank - 1)
 
     def is_row_level_output(self, t: TensorType) -> bool:
-        return self.domain[-1] != 1 and _shape(t) == (*self.domain[:-1], 1)
+        """An output that does not vary along the row (its last dim is broadcast)."""
+        shape = _shape(t)
+        return self.domain[-1] != 1 and (not shape or shape[-1] == 1)
+
+    def aligned(self, t: TensorType) -> list[tuple[int, int]]:
+        """(domain dim, its size in `t` or 1 where `t` broadcasts) for every domain dim."""
+        shape = _shape(t)
+        offset = self.rank - len(shape)
+        return [(d, shape[d - offset] if d >= offset else 1) for d in range(self.rank)]
+
+    def dim_size(self, d: int, size: int) -> str:
+        return self.size(d) if size == DYNAMIC_INDEX else str(size)
 
 
 def plan_kernel(op: ad.FusedOp) -> KernelPlan:
@@ -259,9 +310,6 @@ def plan_kernel(op: ad.FusedOp) -> KernelPlan:
             raise CodegenError(f"'{inner.name}' is not supported in a Triton region")
     inputs = tuple(_kernel_input(i, a, domain) for i, a in enumerate(op.body.block.args))
     outputs = tuple(r.type for r in op.outputs)
-    for t in outputs:
-        if _shape(t) not in (domain, (*domain[:-1], 1)) and _shape(t) != () and domain != (1,):
-            raise CodegenError(f"output shape {_shape(t)} is neither the domain {domain} nor its rows")
     has_reductions = any(isinstance(inner, REDUCTIONS) for inner in op.body.block.ops)
     looped = has_reductions and (domain[-1] == DYNAMIC_INDEX or not row_fits_one_tile(domain[-1]))
     return KernelPlan(domain, inputs, outputs, has_reductions, looped)
@@ -290,12 +338,26 @@ def _literal(op: ad.ConstantOp) -> Value:
     return Value(str(bool(v)) if ctype == "i1" else str(v), ctype, literal=True)
 
 
+@dataclass(frozen=True)
+class Columns:
+    """Where in its row a value is being computed: `cols` the column expression, `mask` the
+    lanes where that column exists. Column ops (last-dim slice, cat) compute their operands
+    at other columns; every other op keeps its consumer's columns."""
+
+    cols: str = "cols"
+    mask: str = "col_mask"
+
+
+BASE_COLUMNS = Columns()
+_Key = tuple[SSAValue, Columns | None]
+
+
 @dataclass
 class _Scope:
-    values: dict[SSAValue, Value] = field(default_factory=dict)
+    values: dict[_Key, Value] = field(default_factory=dict)
     parent: _Scope | None = None
 
-    def get(self, v: SSAValue) -> Value | None:
+    def get(self, v: _Key) -> Value | None:
         s: _Scope | None = self
         while s is not None:
             if v in s.values:
@@ -313,6 +375,7 @@ class KernelEmitter:
         self.name = name
         self.w = IndentedWriter()
         self.scope = _Scope()
+        self.columns = BASE_COLUMNS
         self._tmp = 0
         self.block = op.body.block
         self.arg_input = {a: plan.inputs[i] for i, a in enumerate(self.block.args)}
@@ -320,6 +383,9 @@ class KernelEmitter:
     # -- names -----------------------------------------------------------------
 
     def tmp(self, expr: str, ctype: str) -> Value:
+        """`expr` as a named value (a name is not copied into another)."""
+        if expr.isidentifier():
+            return Value(expr, ctype)
         name = f"t{self._tmp}"
         self._tmp += 1
         self.w.line(f"{name} = {expr}")
@@ -345,8 +411,15 @@ class KernelEmitter:
             return f"({v.expr} != 0)"
         return f"{v.expr}.to({_TL_COMPUTE[ctype]})"
 
+    def key(self, v: SSAValue) -> _Key:
+        """Values that vary along the row are kept per column expression."""
+        shape = _shape(v.type)
+        varies = bool(shape) and shape[-1] != 1 and self.plan.domain[-1] != 1
+        return (v, self.columns if varies else None)
+
     def value(self, v: SSAValue) -> Value:
-        known = self.scope.get(v)
+        key = self.key(v)
+        known = self.scope.get(key)
         if known is not None:
             return known
         if v in self.arg_input:
@@ -355,8 +428,21 @@ class KernelEmitter:
             owner = v.owner
             assert isinstance(owner, Operation)
             result = self.emit_op(owner)
-        self.scope.values[v] = result
+        self.scope.values[key] = result
         return result
+
+    def value_at(self, v: SSAValue, columns: Columns) -> Value:
+        outer, self.columns = self.columns, columns
+        try:
+            return self.value(v)
+        finally:
+            self.columns = outer
+
+    def column_mask(self, width: int) -> str:
+        """The lanes of the current columns that exist in a value `width` wide."""
+        if self.columns == BASE_COLUMNS and str(width) == self.plan.n_cols:
+            return self.columns.mask
+        return f"{self.columns.mask} & ({self.columns.cols} < {width})"
 
     def load(self, inp: KernelInput) -> Value:
         ctype = compute_type(inp.type)
@@ -364,15 +450,15 @@ class KernelEmitter:
             return Value(inp.name, ctype)
         last = self.plan.rank - 1
         terms = [f"i{d} * {inp.stride_arg(d)}" for d in inp.stride_dims if d != last]
-        uses_rows = bool(terms)
-        uses_cols = last in inp.stride_dims
-        if uses_cols:
-            terms.append(f"cols * {inp.stride_arg(last)}")
+        masks = ["row_mask"] if terms else []
+        if last in inp.stride_dims:
+            width = _shape(inp.type)[-1]
+            terms.append(f"{self.columns.cols} * {inp.stride_arg(last)}")
+            masks.append(self.column_mask(self.plan.n_cols if width == DYNAMIC_INDEX else width))
         if not terms:
             loaded = f"tl.load({inp.name})"
         else:
-            mask = "mask" if uses_rows and uses_cols else "row_mask" if uses_rows else "col_mask"
-            loaded = f"tl.load({inp.name} + {' + '.join(terms)}, mask={mask}, other=0)"
+            loaded = f"tl.load({inp.name} + {' + '.join(terms)}, mask={' & '.join(masks)}, other=0)"
         if ctype == "f32" and inp.type.element_type != Float32Type():
             loaded += ".to(tl.float32)"
         return self.tmp(loaded, ctype)
@@ -407,7 +493,7 @@ class KernelEmitter:
     def reduction_terms(self, op: Operation) -> tuple[str, str]:
         """(masked tile, its partial reduction) for `op` over the current column tile."""
         ctype = compute_type(op.result.type)
-        x = self.operand(op.input, ctype)
+        x = self.convert(self.value_at(op.input, BASE_COLUMNS), ctype)
         masked = self.tmp(f"tl.where(col_mask, {x}, {_NEUTRAL[(type(op), ctype)]})", ctype).expr
         if isinstance(op, ad.SumOp | ad.MeanOp):
             return masked, f"tl.sum({masked}, axis=1, keep_dims=True)"
@@ -484,11 +570,31 @@ class KernelEmitter:
         for j in outputs:
             t = self.plan.output_types[j]
             v = self.convert(self.value(yielded[j]), compute_type(t))
-            if self.plan.is_row_level_output(t):
-                mask = "row_mask" if first_column_block is None else f"row_mask & ({first_column_block})"
-                self.w.line(f"tl.store(out{j} + rows, {self.stored(v, t)}, mask={mask})")
-            else:
-                self.w.line(f"tl.store(out{j} + rows * {self.plan.n_cols} + cols, {self.stored(v, t)}, mask=mask)")
+            offset, masks = self.store_address(t)
+            if self.plan.is_row_level_output(t) and first_column_block is not None:
+                masks.append(f"({first_column_block})")
+            self.w.line(f"tl.store(out{j} + {offset}, {self.stored(v, t)}, mask={' & '.join(masks)})")
+
+    def store_address(self, t: TensorType) -> tuple[str, list[str]]:
+        """(offset, masks) of the tile in a contiguous output of type `t`. An output that
+        broadcasts over a dim is written by the lanes whose index there is 0 only."""
+        p = self.plan
+        dims = p.aligned(t)
+        if all(size == p.domain[d] for d, size in dims):
+            return f"rows * {p.n_cols} + cols", ["mask"]
+        terms, masks, stride = [], ["row_mask"], "1"
+        for d, size in reversed(dims):
+            if size == 1:
+                if p.domain[d] != 1 and d != p.rank - 1:
+                    masks.append(f"(i{d} == 0)")
+                continue
+            index = "cols" if d == p.rank - 1 else f"i{d}"
+            terms.append(index if stride == "1" else f"{index} * {stride}")
+            extent = p.dim_size(d, size)
+            stride = extent if stride == "1" else f"{stride} * {extent}"
+            if d == p.rank - 1:
+                masks.append("col_mask" if extent == p.n_cols else f"(cols < {extent})")
+        return " + ".join(reversed(terms)) or "0", masks
 
     def stored(self, v: str, t: TensorType) -> str:
         element = t.element_type
@@ -514,7 +620,7 @@ class KernelEmitter:
                     w.line(f"{acc.expr} = {_combine(red, acc.expr, partial)}")
                 self.scope = self.scope.parent
             for red, acc in zip(reductions, accs, strict=True):
-                self.scope.values[red.result] = self.finish_reduction(red, acc)
+                self.scope.values[self.key(red.result)] = self.finish_reduction(red, acc)
         row_outputs = [j for j, t in enumerate(self.plan.output_types) if self.plan.is_row_level_output(t)]
         elem_outputs = [j for j in self.all_outputs() if j not in row_outputs]
         if row_outputs:
@@ -634,7 +740,32 @@ def _emit_gelu(e: KernelEmitter, op: ad.GeluOp, ctype: str) -> Value:
     return e.tmp(f"0.5 * {a} * (1.0 + tl.erf({a} * 0.7071067811865476))", "f32")
 
 
+def _emit_slice(e: KernelEmitter, op: ad.SliceOp, ctype: str) -> Value:
+    start, _, step = op.static_bounds.get_values()
+    cols = e.columns.cols
+    shifted = cols if step == 1 else f"{cols} * {step}"
+    shifted = shifted if start == 0 else f"{start} + {shifted}"
+    return e.value_at(op.input, Columns(f"({shifted})" if shifted != cols else cols, e.columns.mask))
+
+
+def _emit_cat(e: KernelEmitter, op: ad.CatOp, ctype: str) -> Value:
+    """Each operand is computed at the columns it covers, the others' lanes masked off."""
+    cols, pieces, offset = e.columns.cols, [], 0
+    for t in op.tensors:
+        width = _shape(t.type)[-1]
+        inside = f"({cols} >= {offset}) & ({cols} < {offset + width})"
+        columns = Columns(f"({cols} - {offset})" if offset else cols, f"{e.columns.mask} & {inside}")
+        pieces.append((offset, e.convert(e.value_at(t, columns), ctype)))
+        offset += width
+    expr = pieces[-1][1]
+    for (_, piece), (next_offset, _) in zip(reversed(pieces[:-1]), reversed(pieces[1:]), strict=True):
+        expr = f"tl.where({cols} < {next_offset}, {piece}, {expr})"
+    return e.tmp(expr, ctype)
+
+
 _EMITTERS: dict[type[Operation], Callable[[KernelEmitter, Operation, str], Value]] = {
+    ad.SliceOp: _emit_slice,
+    ad.CatOp: _emit_cat,
     ad.CastOp: _emit_cast,
     ad.AddOp: _emit_add_sub,
     ad.SubOp: _emit_add_sub,
@@ -678,9 +809,8 @@ class LauncherEmitter:
 
     def output_shape(self, t: TensorType) -> str:
         p = self.plan
-        dims = list(range(p.rank)) if len(_shape(t)) == p.rank else []
-        sizes = [p.size(d) if not (p.is_row_level_output(t) and d == p.rank - 1) else "1" for d in dims]
-        return "(" + "".join(f"{s}, " for s in sizes) + ")"
+        offset = p.rank - len(_shape(t))
+        return "(" + "".join(f"{p.dim_size(j + offset, n)}, " for j, n in enumerate(_shape(t))) + ")"
 
     def emit(self) -> str:
         p, w = self.plan, self.w

@@ -65,8 +65,8 @@ def is_row_reduction(op: Operation) -> bool:
     """A reduction of the last dim only, keeping it (the result broadcasts back over rows)."""
     if not isinstance(op, ROW_REDUCTION_OPS) or op.keepdim is None:
         return False
-    rank = len(_shape(op.input))
-    return rank >= 1 and op.reduced_dims() == (rank - 1,)
+    shape = _shape(op.input)
+    return len(shape) >= 1 and shape[-1] != 1 and op.reduced_dims() == (len(shape) - 1,)
 
 
 def level_shapes(op: Operation) -> frozenset[Shape]:
@@ -77,22 +77,34 @@ def level_shapes(op: Operation) -> frozenset[Shape]:
 
 
 def is_fusible(op: Operation, allow_reductions: bool) -> bool:
-    """Pointwise ops (and row reductions when allowed) of fusible types that the Triton
-    codegen can emit."""
-    if not (isinstance(op, POINTWISE_OPS) or (allow_reductions and is_row_reduction(op))):
+    """Pointwise ops, last-dim slices and cats (and row reductions when allowed) of fusible
+    types that the Triton codegen can emit."""
+    kinds_ok = isinstance(op, POINTWISE_OPS) or region_kernel.is_column_op(op)
+    if not (kinds_ok or (allow_reductions and is_row_reduction(op))):
         return False
     return _types_fusible(op) and region_kernel.supports(op)
 
 
-def shapes_form_a_region(shapes: Iterable[Shape]) -> bool:
-    """One domain D, or D and its row shape D[:-1] + [1]."""
+def computes(op: Operation) -> bool:
+    """Whether `op` costs a kernel when left alone (a slice is a view: a region of slices only
+    would turn free views into copies)."""
+    return not isinstance(op, ad.SliceOp)
+
+
+def broadcasts_to(shape: Shape, domain: Shape) -> bool:
+    return len(shape) <= len(domain) and all(
+        a == b or a == 1 for a, b in zip(reversed(shape), reversed(domain), strict=False)
+    )
+
+
+def shapes_form_a_region(shapes: Iterable[Shape], column_ops: bool = False) -> bool:
+    """One domain D that every other shape broadcasts to (D's rows D[:-1] + [1], a weight
+    [D[-1]], a scalar: the kernel computes those per tile); with column ops (last-dim slices
+    and cats, never beside a row reduction), shapes of one rank that share D's rows."""
     distinct = set(shapes)
-    if len(distinct) <= 1:
-        return True
-    if len(distinct) != 2:
-        return False
-    a, b = distinct
-    return any(d and d[-1] != 1 and r == d[:-1] + (1,) for d, r in ((a, b), (b, a)))
+    if column_ops:
+        return len({s[:-1] for s in distinct}) == 1 and all(s for s in distinct)
+    return any(all(broadcasts_to(s, d) for s in distinct) for d in distinct)
 
 
 # ------------------------------------------------------------------------ groups
@@ -103,6 +115,14 @@ class _Group:
     ops: list[Operation]
     shapes: frozenset[Shape]
     parent: _Group | None = field(default=None, repr=False)
+
+    @property
+    def column_ops(self) -> bool:
+        return any(region_kernel.is_column_op(op) for op in self.ops)
+
+    @property
+    def reductions(self) -> bool:
+        return any(is_row_reduction(op) for op in self.ops)
 
     def root(self) -> _Group:
         g = self
@@ -137,7 +157,10 @@ class _Fuser:
         self.group_of[op] = group
 
     def _can_merge(self, a: _Group, b: _Group) -> bool:
-        if len(a.ops) + len(b.ops) > self.max_ops or not shapes_form_a_region(a.shapes | b.shapes):
+        column_ops = a.column_ops or b.column_ops
+        if column_ops and (a.reductions or b.reductions):
+            return False
+        if len(a.ops) + len(b.ops) > self.max_ops or not shapes_form_a_region(a.shapes | b.shapes, column_ops):
             return False
         members = set(a.ops) | set(b.ops)
         for m in members:
@@ -159,7 +182,7 @@ class _Fuser:
 
     def groups(self) -> list[list[Operation]]:
         roots = {id(g.root()): g.root() for g in self.group_of.values()}
-        return [g.ops for g in roots.values()]
+        return [g.ops for g in roots.values() if any(computes(op) for op in g.ops)]
 
 
 # ----------------------------------------------------------------------- outlining
