@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from ad_mlir.runtime.kernels import build_kernels
 def compile(
     gm: torch.fx.GraphModule | torch.export.ExportedProgram,
     example_inputs: Sequence[Any] | None = None,
-    pipeline: str = "default",
+    pipeline: str | Path = "default",
     cache: KernelCache | None = None,
 ) -> torch.fx.GraphModule:
     """Compile an FX graph (an ExportedProgram, or a GraphModule with `meta["val"]` or

@@ -1,5 +1,7 @@
-"""The main job: a tiny HF model through export -> import -> pipeline -> export back,
-with a report (ops by kind, round-trip error against the original graph, time per stage).
+"""The main job: a tiny HF model through export -> import -> pipeline -> Triton kernels ->
+export back, with a report (time per stage, ops by kind, kernels per decoder layer, the
+generated kernels and the cache, error against the original graph). Without CUDA the
+kernels run in the Triton interpreter.
 
     python -m ad_mlir                       # tiny Llama, 2 layers, fp32
     python -m ad_mlir --model gemma2 --dtype bfloat16 --pipeline none
@@ -8,7 +10,9 @@ with a report (ops by kind, round-trip error against the original graph, time pe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import re
 import sys
 import time
@@ -19,11 +23,13 @@ from typing import Any, TypeVar
 import torch
 from xdsl.dialects.builtin import NameLoc
 
+from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_export import export_program
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.models import DTYPES, FAMILIES, TinyConfig, build_model, example_input_ids, export_model
 from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.runtime.kernels import build_kernels
 from ad_mlir.runtime.reference import evaluate
 
 R = TypeVar("R")
@@ -76,17 +82,42 @@ def max_abs_error(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float
     return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
-def verdict(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor]) -> str:
-    """'bit-exact', 'within tolerance' (torch.testing's defaults for the dtype: rewrites such
-    as the softmax decomposition reorder float math), or 'OUT OF TOLERANCE'."""
+def low_precision_bound(expected: torch.Tensor, truth: torch.Tensor) -> float:
+    """The error against the fp32 model (`truth`) a bf16/fp16 result may have: twice eager's
+    own error in that dtype plus one bf16 ulp (2^-8) of the largest magnitude. Eager rounds
+    every op's result, the kernels keep fp32 between ops and round once at each store, so they
+    differ from eager by a few ulps that later GEMMs spread; closeness to the truth is the fair
+    measure, and eager's own error is the yardstick."""
+    eager_error = (expected.double() - truth.double()).abs().max().item()
+    return 2 * eager_error + 2**-8 * truth.abs().max().item()
+
+
+def verdict(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], truth: Sequence[torch.Tensor]) -> str:
+    """'bit-exact'; 'within tolerance': fp32 within torch.testing's defaults (the kernels
+    reorder sums), lower precision within `low_precision_bound` of the fp32 model `truth`;
+    or 'OUT OF TOLERANCE'."""
     if all(torch.equal(e, g) for e, g in zip(expected, got, strict=True)):
         return "bit-exact"
-    try:
-        for e, g in zip(expected, got, strict=True):
+    for e, g, t in zip(expected, got, truth, strict=True):
+        if e.dtype in (torch.bfloat16, torch.float16):
+            if (g.double() - t.double()).abs().max().item() > low_precision_bound(e, t):
+                return "OUT OF TOLERANCE"
+            continue
+        try:
             torch.testing.assert_close(g, e)
-    except AssertionError:
-        return "OUT OF TOLERANCE"
+        except AssertionError:
+            return "OUT OF TOLERANCE"
     return "within tolerance"
+
+
+def _print_kernels(kernels: dict[Any, Any], cache: KernelCache) -> None:
+    names = sorted({k.name for k in kernels.values()})
+    print(
+        f"\nTriton kernels: {len(kernels)} regions -> {len(names)} kernels "
+        f"({cache.generated} generated, {cache.hits} read from the cache in {cache.directory})"
+    )
+    for name in names:
+        print(f"  {name}")
 
 
 def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]) -> bool:
@@ -98,9 +129,11 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
     model = _timed(times, "build model", lambda: build_model(cfg))
     ep = _timed(times, "torch.export", lambda: export_model(model, cfg, decompose=decompose))
     program = _timed(times, "import to ad", lambda: import_program(ep))
-    before = op_kinds(program.module)
+    before, layers_before = op_kinds(program.module), kernels_per_layer(program.module)
     records = _timed(times, "pipeline", lambda: run_pipeline(program.module, pipeline))
-    gm = _timed(times, "export to FX", lambda: export_program(program))
+    cache = KernelCache()
+    kernels = _timed(times, "Triton codegen", lambda: build_kernels(program.module, cache))
+    gm = _timed(times, "export to FX", lambda: export_program(program, kernels))
     print(f"  {'total':<22} {sum(times.values()):8.3f} s")
     for r in records:
         print(f"    pass {r.name}: {r.ops_before} -> {r.ops_after} ops, {r.seconds:.3f} s")
@@ -112,19 +145,34 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
     dropped = sorted(set(before) - set(after))
     if dropped:
         print(f"  removed entirely: {', '.join(dropped)}")
+    print(
+        "\nkernels per decoder layer outside GEMMs/attention (non-view ops + fused regions; a region "
+        "counts in the layer of its first op):"
+    )
+    for layer, n in layers_before.items():
+        print(f"  layer {layer}: {n:3d} imported -> {kernels_per_layer(program.module).get(layer, 0):3d} compiled")
 
-    print("\ncompiled graph against the original torch.export graph (same inputs):")
+    _print_kernels(kernels, cache)
+    again = KernelCache(cache.directory)
+    build_kernels(program.module, again)
+    print(f"  compiled again: {again.generated} kernels generated, {again.hits} read from the cache")
+
+    interpreted = any(type(k.cached.jit_function).__name__ == "InterpretedFunction" for k in kernels.values())
+    runs_on = "Triton interpreter (TRITON_INTERPRET=1)" if interpreted else "torch reference semantics (no CUDA)"
+    print(f"\ncompiled graph against the original torch.export graph (same inputs; kernels run in the {runs_on}):")
+    truth_model = build_model(dataclasses.replace(cfg, dtype="float32"))
     ok = True
     for seq in seq_lens:
         ids = example_input_ids(cfg, seq, seed=seq)
         with torch.no_grad():
             ref = torch.utils._pytree.tree_leaves(ep.module()(input_ids=ids))
             out = gm(ids)
+            truth = torch.utils._pytree.tree_leaves(truth_model(input_ids=ids))[: len(ref)]
             ev = evaluate(program.module, program.weights, [ids])
-        result = verdict(ref, out)
+        result = verdict(ref, out, truth)
         ok &= result != "OUT OF TOLERANCE"
         print(
-            f"  seq {seq:3d}: exported graph max |err| {max_abs_error(ref, out):.3g} ({result}), "
+            f"  seq {seq:3d}: compiled graph max |err| {max_abs_error(ref, out):.3g} ({result}), "
             f"reference evaluator max |err| {max_abs_error(ref, ev):.3g}"
         )
     return ok
@@ -139,8 +187,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--pipeline", default="default", help="'default', 'none' or a pass list like 'canonicalize,dce'")
     p.add_argument("--decompose", action="store_true", help="run torch.export's core ATen decompositions first")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[7, 19], help="sequence lengths to check (dynamic dim)")
+    p.add_argument(
+        "--no-interpret",
+        action="store_true",
+        help="on a machine without CUDA, run fused regions as their torch reference instead of "
+        "the Triton kernels in the Triton interpreter",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log each pass")
     args = p.parse_args(argv)
+    if not args.no_interpret and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel module is imported
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         cfg = TinyConfig(family=args.model, layers=args.layers, hidden_size=args.hidden_size, dtype=args.dtype)

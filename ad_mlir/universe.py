@@ -19,4 +19,12 @@ def _passes_xdsl_lacks() -> dict:
     return {name: getter for name, getter in get_ad_passes().items() if name not in taken}
 
 
-AD_UNIVERSE = Universe(all_dialects={"ad": _ad_dialect}, all_passes=_passes_xdsl_lacks())
+def _triton_target() -> type:
+    from ad_mlir.codegen.target import TritonTarget
+
+    return TritonTarget
+
+
+AD_UNIVERSE = Universe(
+    all_dialects={"ad": _ad_dialect}, all_passes=_passes_xdsl_lacks(), all_targets={"triton": _triton_target}
+)

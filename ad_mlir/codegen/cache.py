@@ -121,15 +121,19 @@ class CachedKernel:
 @dataclass
 class KernelCache:
     directory: Path = field(default_factory=default_cache_dir)
-    hits: int = 0
     generated: int = 0
+    """Kernels written now."""
+    hits: int = 0
+    """Kernels read from a valid file in the directory."""
+    shared: int = 0
+    """Regions whose kernel this cache had already loaded (equal regions share a kernel)."""
     _loaded: dict[str, CachedKernel] = field(default_factory=dict)
 
     def get(self, op: ad.FusedOp) -> CachedKernel:
         """The region's kernel: from memory, from disk, or generated now and written."""
         key = kernel_key(op)
         if key in self._loaded:
-            self.hits += 1
+            self.shared += 1
             return self._loaded[key]
         name = kernel_name(op, key)
         path = self.directory / f"{name}.py"

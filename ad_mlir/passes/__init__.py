@@ -38,6 +38,12 @@ def _decompose() -> type[ModulePass]:
     return DecomposePass
 
 
+def _default() -> type[ModulePass]:
+    from ad_mlir.passes.default import DefaultPipelinePass
+
+    return DefaultPipelinePass
+
+
 _XDSL_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "cse": _cse,
     "dce": _dce,
@@ -48,6 +54,7 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "canonicalize": _canonicalize,
     "decompose": _decompose,
     "fuse-elementwise": _fuse_elementwise,
+    "default": _default,
 }
 """Passes defined by ad-mlir. Those whose name xDSL does not use are registered with xdsl-opt
 through the universe; xdsl-opt's own `canonicalize` still applies the `ad` patterns (traits)."""

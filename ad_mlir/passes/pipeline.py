@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -18,7 +19,54 @@ PIPELINES: dict[str, str] = {
     "default": "canonicalize,decompose,fuse-elementwise",
     "none": "",
 }
-"""Pipelines by name; anything else is an xDSL pipeline string ("pass{opt=v},pass")."""
+"""Pipelines by name; anything else is a YAML file or an xDSL pipeline string ("pass{opt=v},pass")."""
+
+
+class PipelineConfigError(ValueError):
+    """A pipeline YAML file that does not describe passes we have."""
+
+
+def resolve_pipeline(pipeline: str | Path) -> str:
+    """A pipeline name, a YAML file (`.yaml`/`.yml`) or a pass string -> an xDSL pass string."""
+    if isinstance(pipeline, Path) or str(pipeline).endswith((".yaml", ".yml")):
+        return pipeline_from_yaml(Path(pipeline))
+    return PIPELINES.get(pipeline, pipeline)
+
+
+def pipeline_from_yaml(path: Path) -> str:
+    """The AutoDeploy shape: `transforms: {fuse_elementwise: {enabled: true, max_ops: 32}}`,
+    in order; names and options may use `_` for `-`; `enabled` defaults to true."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise PipelineConfigError(f"{path}: {e}") from None
+    transforms = config.get("transforms") if isinstance(config, dict) else None
+    if not isinstance(transforms, dict):
+        raise PipelineConfigError(f"{path}: expected 'transforms:' mapping pass names to their options")
+    known = get_all_passes()
+    specs = []
+    for key, options in transforms.items():
+        name = str(key).replace("_", "-")
+        if name not in known:
+            raise PipelineConfigError(f"{path}: unknown transform '{key}' (known: {', '.join(sorted(known))})")
+        if options is not None and not isinstance(options, dict):
+            raise PipelineConfigError(f"{path}: options of '{key}' must be a mapping, got {options!r}")
+        options = dict(options or {})
+        if not options.pop("enabled", True):
+            continue
+        args = " ".join(f"{k.replace('_', '-')}={_spec_value(v)}" for k, v in options.items())
+        specs.append(f"{name}{{{args}}}" if args else name)
+    return ",".join(specs)
+
+
+def _spec_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -45,10 +93,10 @@ def count_ops(module: ModuleOp) -> int:
     return sum(1 for _ in module.walk()) - 1
 
 
-def run_pipeline(module: ModuleOp, pipeline: str = "default", verify: bool = True) -> list[PassRecord]:
-    """Apply `pipeline` (a name in PIPELINES or a pass string) to `module` in place,
-    verifying after each pass; returns what each pass did."""
-    spec = PIPELINES.get(pipeline, pipeline)
+def run_pipeline(module: ModuleOp, pipeline: str | Path = "default", verify: bool = True) -> list[PassRecord]:
+    """Apply `pipeline` (a name in PIPELINES, a YAML file or a pass string) to `module` in
+    place, verifying after each pass; returns what each pass did."""
+    spec = resolve_pipeline(pipeline)
     records: list[PassRecord] = []
     state = {"ops": count_ops(module), "t": time.perf_counter()}
 

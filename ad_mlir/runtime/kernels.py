@@ -121,7 +121,7 @@ def build_kernels(module: ModuleOp, cache: KernelCache | None = None) -> dict[ad
     hits, generated = cache.hits, cache.generated
     kernels = {op: region_kernel(op, cache) for op in module.walk() if isinstance(op, ad.FusedOp)}
     log.info(
-        "codegen: %d regions -> %d kernels (%d generated, %d from the cache %s) in %.3f s",
+        "codegen: %d regions -> %d kernels (%d generated, %d read from the cache %s) in %.3f s",
         len(kernels), len({k.name for k in kernels.values()}), cache.generated - generated,
         cache.hits - hits, cache.directory, time.perf_counter() - start,
     )

@@ -3,6 +3,7 @@
     ad-opt in.mlir -p 'canonicalize,dce'        parse, verify, run passes, print
     ad-opt --model llama --layers 1             export a tiny HF model, print its `ad` IR
     ad-opt --model llama | ad-opt -p canonicalize
+    ad-opt in.mlir -p default -t triton         print the Triton kernel of every fused region
 
 User errors (bad IR, unknown pass or op, unreadable file) print one line,
 `file:line:col: error: message`, and exit with status 1.
@@ -123,6 +124,12 @@ class AdOptMain(xDSLOptMain):
         for name, factory in get_all_passes().items():
             self.register_pass(name, factory)
 
+    def register_all_targets(self) -> None:
+        from ad_mlir.universe import AD_UNIVERSE
+
+        super().register_all_targets()
+        self.available_targets.update(AD_UNIVERSE.all_targets)
+
     def register_all_frontends(self) -> None:
         def parse_mlir(io: IO[bytes]) -> ModuleOp:
             parser = LocatingParser(self.ctx, io.read(), self.get_input_name(), self.spans, self._line_offset)
@@ -140,6 +147,7 @@ class AdOptMain(xDSLOptMain):
             "  ad-opt model.mlir -p 'canonicalize,dce'\n"
             "  ad-opt --model llama --layers 1 --dtype bfloat16\n"
             "  ad-opt --model qwen2 | ad-opt -p canonicalize --print-op-generic\n"
+            "  ad-opt --model llama -p default -t triton      # the Triton kernel of every fused region\n"
         )
         from ad_mlir.models import DTYPES, FAMILIES
 
