@@ -1,0 +1,111 @@
+"""Generated kernels against eager on the cases that break naive codegen: rows longer than one
+tile, odd row lengths (padding lanes must not reach a reduction), NaN in a max, strided and
+broadcast inputs, integer and boolean math, and empty inputs. Kernels run in the Triton
+interpreter (tests/conftest.py); the `no_reference_fallback` guard proves they ran.
+
+fp32 tolerances are torch.testing's defaults: the kernels compute in fp32 like eager and only
+change the order of a row's sum."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import ad_mlir
+from ad_mlir.runtime import kernels
+
+
+@pytest.fixture(autouse=True)
+def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("a region ran its reference semantics, not its kernel")
+
+    monkeypatch.setattr(kernels, "run_block", refuse)
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn: Callable[..., torch.Tensor]):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.fn(*args)
+
+
+def _compiled(fn: Callable[..., torch.Tensor], *args: torch.Tensor, dynamic_rows: bool = False):
+    # forward(*args) takes one tuple: its dynamic shapes are one tuple too.
+    shapes = ((({0: torch.export.Dim("rows")},) + (None,) * (len(args) - 1)),) if dynamic_rows else None
+    ep = torch.export.export(Fn(fn), args, dynamic_shapes=shapes)
+    gm = ad_mlir.compile(ep)
+    assert any(str(n.target).startswith("ad_mlir.") for n in gm.graph.nodes), gm.code
+    return gm
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def test_softmax_over_rows_longer_than_one_tile() -> None:
+    x = torch.randn(3, 10000) * 4
+    gm = _compiled(lambda t: torch.softmax(t, -1), x)
+    torch.testing.assert_close(gm(x)[0], torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("hidden", [1, 5, 96, 100, 2688])
+def test_rmsnorm_at_odd_row_lengths(hidden: int) -> None:
+    """exp/rsqrt/+eps map a padding lane's 0 to non-zero: only a masked reduction is right."""
+    x, w = torch.randn(7, hidden) + 0.5, torch.randn(hidden)
+    gm = _compiled(_rmsnorm, x, w)
+    torch.testing.assert_close(gm(x, w)[0], _rmsnorm(x, w))
+    s = torch.randn(7, hidden)
+    sm = _compiled(lambda t: torch.softmax(t, -1), s)
+    torch.testing.assert_close(sm(s)[0], torch.softmax(s, -1))
+
+
+def test_amax_keeps_nan_like_torch() -> None:
+    x = torch.randn(4, 33)
+    x[1, 7] = float("nan")
+    fn = lambda t: t - t.amax(-1, keepdim=True)  # noqa: E731
+    got = _compiled(fn, x)(x)[0]
+    torch.testing.assert_close(got, fn(x), equal_nan=True)
+    assert got[1].isnan().all() and not got[0].isnan().any()
+
+
+def test_strided_and_broadcast_inputs_are_read_in_place() -> None:
+    """A transposed graph input, a per-row and a per-column input, a scalar tensor."""
+    x = torch.randn(16, 12).t()  # 12 x 16, column-major
+    row, col, s = torch.randn(12, 1), torch.randn(16), torch.tensor(0.5)
+    fn = lambda a, r, c, k: (a * r + c).sigmoid() - k  # noqa: E731
+    gm = _compiled(fn, torch.randn(12, 16), row, col, s)
+    assert not x.is_contiguous()
+    torch.testing.assert_close(gm(x, row, col, s)[0], fn(x, row, col, s))
+
+
+def test_integer_and_boolean_math() -> None:
+    a, b = torch.randint(-50, 50, (5, 9)), torch.randn(5, 9)
+    fn = lambda i, f: torch.where((i > 0) & (f < 0.5), i * 3 - 1, (f * 10).to(torch.int64))  # noqa: E731
+    got = _compiled(fn, a, b)(a, b)[0]
+    assert got.dtype == torch.int64
+    torch.testing.assert_close(got, fn(a, b), rtol=0, atol=0)
+
+
+def test_bf16_output_is_cast_at_the_store() -> None:
+    """bf16 in and out: fp32 inside, one rounding at the store (the interpreter's truncates),
+    so at most one bf16 ulp (2^-7 relative) from eager, which rounds after every op."""
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    fn = lambda t: torch.nn.functional.gelu(t, approximate="tanh") * 1.5 + t  # noqa: E731
+    got = _compiled(fn, x)(x)[0]
+    assert got.dtype == torch.bfloat16
+    exact = fn(x.float())
+    torch.testing.assert_close(got.float(), exact, rtol=2**-7, atol=1e-5)
+
+
+def test_zero_rows_launch_nothing() -> None:
+    x, w = torch.randn(4, 32), torch.randn(32)
+    gm = _compiled(_rmsnorm, x, w, dynamic_rows=True)
+    empty = torch.randn(0, 32)
+    out = gm(empty, w)[0]
+    assert out.shape == (0, 32)
+    torch.testing.assert_close(gm(x, w)[0], _rmsnorm(x, w))

@@ -1,0 +1,67 @@
+"""Pipelines by name, as pass strings and as AutoDeploy-shaped YAML, all onto one registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import ad_mlir
+from ad_mlir.passes.pipeline import PIPELINES, PipelineConfigError, resolve_pipeline
+
+
+def _yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_names_and_pass_strings() -> None:
+    assert resolve_pipeline("default") == PIPELINES["default"] == "canonicalize,decompose,fuse-elementwise"
+    assert resolve_pipeline("none") == ""
+    assert resolve_pipeline("canonicalize,fuse-elementwise{max-ops=4}") == "canonicalize,fuse-elementwise{max-ops=4}"
+
+
+def test_yaml_in_order_with_options_and_disabled_passes(tmp_path: Path) -> None:
+    path = _yaml(
+        tmp_path,
+        "transforms:\n"
+        "  canonicalize: {enabled: true}\n"
+        "  decompose: {enabled: false}\n"
+        "  fuse_elementwise:\n"
+        "    max_ops: 2\n"
+        "    allow_reductions: false\n",
+    )
+    assert resolve_pipeline(path) == "canonicalize,fuse-elementwise{max-ops=2 allow-reductions=false}"
+    assert resolve_pipeline(str(path)) == resolve_pipeline(path)
+
+
+def test_compile_takes_a_yaml_file(tmp_path: Path) -> None:
+    class Chain(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.exp(-x).sin().cos() * 2.0
+
+    x = torch.randn(4, 8)
+    ep = torch.export.export(Chain(), (x,))
+    path = _yaml(tmp_path, "transforms:\n  fuse_elementwise: {max_ops: 2}\n")
+    gm = ad_mlir.compile(ep, pipeline=path)
+    kernels = [n for n in gm.graph.nodes if str(n.target).startswith("ad_mlir.")]
+    assert len(kernels) == 3  # neg+exp, sin+cos, mul: two ops per region at most
+    torch.testing.assert_close(gm(x)[0], Chain()(x))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("transforms:\n  fuse_everything: {}\n", "unknown transform 'fuse_everything' (known: canonicalize"),
+        ("passes: [canonicalize]\n", "expected 'transforms:' mapping pass names to their options"),
+        ("transforms:\n  canonicalize: yes please\n", "options of 'canonicalize' must be a mapping"),
+        ("transforms: {canonicalize: [\n", "while parsing a flow"),
+    ],
+)
+def test_bad_yaml_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    path = _yaml(tmp_path, text)
+    with pytest.raises(PipelineConfigError, match=None) as info:
+        resolve_pipeline(path)
+    assert str(info.value).startswith(str(path)) and message in str(info.value)
