@@ -1,1 +1,1 @@
-"""Triton code generation for `ad.fused` regions (the codegen issue builds it)."""
+"""Triton code generation for `ad.fused` regions: kernel source, cache, PTX, `-t triton`."""

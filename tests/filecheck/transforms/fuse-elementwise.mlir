@@ -133,3 +133,101 @@ func.func @two_domains(%x: tensor<8x4xf32>, %y: tensor<3xf32>) -> (tensor<8x4xf3
   %3 = ad.neg %1 : tensor<3xf32> -> tensor<3xf32>
   func.return %2, %3 : tensor<8x4xf32>, tensor<3xf32>
 }
+
+// -----
+
+// RoPE's rotate_half: the last-dim slices of q, the neg and the cat join the multiply-adds in
+// one region whose only tensor inputs are q, cos and sin; nothing of it is left outside.
+// CHECK-LABEL: func.func @rope
+// CHECK-NEXT:    %[[F:.*]] = ad.fused(%q, %cos, %sin) : (tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32>, tensor<1x1x?x16xf32>) -> tensor<1x4x?x16xf32> {
+// CHECK:           ad.slice %{{.*}} dim 3 [0, 8, 1]
+// CHECK:           ad.slice %{{.*}} dim 3 [8, 9223372036854775807, 1]
+// CHECK:           ad.neg
+// CHECK:           ad.cat
+// CHECK:           ad.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    func.return %[[F]]
+func.func @rope(%q: tensor<1x4x?x16xf32>, %cos: tensor<1x1x?x16xf32>, %sin: tensor<1x1x?x16xf32>) -> tensor<1x4x?x16xf32> {
+  %a = ad.mul %q, %cos : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %lo = ad.slice %q dim 3 [0, 8, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %hi = ad.slice %q dim 3 [8, 9223372036854775807, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %n = ad.neg %hi : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %rot = ad.cat %n, %lo dim -1 : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  %b = ad.mul %rot, %sin : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %y = ad.add %a, %b : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  func.return %y : tensor<1x4x?x16xf32>
+}
+
+// -----
+
+// A slice alone is a view: a region of it would copy for nothing. A slice of a dim other than
+// the last, or with dynamic bounds, is not column math and stays out of regions.
+// CHECK-LABEL: func.func @views_stay_views
+// CHECK-NOT:     ad.fused
+// CHECK:         %[[S:.*]] = ad.slice %x dim 1 [0, 4, 1]
+// CHECK-NEXT:    %[[R:.*]] = ad.slice %x dim 0 [0, 2, 1]
+// CHECK-NEXT:    %[[E:.*]] = ad.fused(%[[R]])
+// CHECK:           ad.exp
+// CHECK:         func.return %[[S]], %[[E]]
+func.func @views_stay_views(%x: tensor<4x8xf32>) -> (tensor<4x4xf32>, tensor<2x8xf32>) {
+  %0 = ad.slice %x dim 1 [0, 4, 1] : tensor<4x8xf32> -> tensor<4x4xf32>
+  %1 = ad.slice %x dim 0 [0, 2, 1] : tensor<4x8xf32> -> tensor<2x8xf32>
+  %2 = ad.exp %1 : tensor<2x8xf32> -> tensor<2x8xf32>
+  func.return %0, %2 : tensor<4x4xf32>, tensor<2x8xf32>
+}
+
+// -----
+
+// Column ops and row reductions do not share a region (a reduction runs over the region's
+// columns, which a cat changes): the cat is one region, the softmax over it another.
+// CHECK-LABEL: func.func @cat_then_softmax
+// CHECK:         %[[C:.*]] = ad.fused(%a, %b)
+// CHECK:           ad.cat
+// CHECK-NOT:       ad.amax
+// CHECK:         ad.fused(%[[C]])
+// CHECK:           ad.amax
+func.func @cat_then_softmax(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<4x16xf32> {
+  %n = ad.neg %a : tensor<4x8xf32> -> tensor<4x8xf32>
+  %c = ad.cat %n, %b dim 1 : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
+  %m = ad.amax %c dim [-1] keepdim : tensor<4x16xf32> -> tensor<4x1xf32>
+  %d = ad.sub %c, %m : tensor<4x16xf32>, tensor<4x1xf32> -> tensor<4x16xf32>
+  func.return %d : tensor<4x16xf32>
+}
+
+// -----
+
+// Gemma's `1 + w` on the weight alone broadcasts into the norm's domain: it joins the row
+// region (computed per tile), whose input is then the weight itself.
+// CHECK-LABEL: func.func @one_plus_weight
+// CHECK-NEXT:    %[[F:.*]] = ad.fused(%w, %x) : (tensor<64xf32>, tensor<?x64xf32>) -> tensor<?x64xf32>
+// CHECK:           ad.add %{{.*}}, %{{.*}} : tensor<64xf32>, f64 -> tensor<64xf32>
+// CHECK:           ad.mean
+// CHECK:         func.return %[[F]]
+func.func @one_plus_weight(%x: tensor<?x64xf32>, %w: tensor<64xf32>) -> tensor<?x64xf32> {
+  %one = ad.constant 1.000000e+00 : f64
+  %eps = ad.constant 1.000000e-06 : f64
+  %w1 = ad.add %w, %one : tensor<64xf32>, f64 -> tensor<64xf32>
+  %sq = ad.mul %x, %x : tensor<?x64xf32>, tensor<?x64xf32> -> tensor<?x64xf32>
+  %m = ad.mean %sq dim [-1] keepdim : tensor<?x64xf32> -> tensor<?x1xf32>
+  %e = ad.add %m, %eps : tensor<?x1xf32>, f64 -> tensor<?x1xf32>
+  %r = ad.rsqrt %e : tensor<?x1xf32> -> tensor<?x1xf32>
+  %n = ad.mul %x, %r : tensor<?x64xf32>, tensor<?x1xf32> -> tensor<?x64xf32>
+  %y = ad.mul %n, %w1 : tensor<?x64xf32>, tensor<64xf32> -> tensor<?x64xf32>
+  func.return %y : tensor<?x64xf32>
+}
+
+// -----
+
+// Ops the Triton codegen has no exact form for stay out: pow with an exponent other than
+// 1, 2, 3, +-0.5, -1, -2, and integer division with a rounding mode.
+// CHECK-LABEL: func.func @no_kernel_form
+// CHECK:         ad.pow %x, %{{.*}} : tensor<4x4xf32>, f64
+// CHECK:         ad.div %i, %{{.*}} rounding_mode "floor"
+// CHECK-NOT:     ad.fused
+func.func @no_kernel_form(%x: tensor<4x4xf32>, %i: tensor<4x4xi64>) -> (tensor<4x4xf32>, tensor<4x4xi64>) {
+  %e = ad.constant 1.700000e+00 : f64
+  %k = ad.constant 3 : i64
+  %0 = ad.pow %x, %e : tensor<4x4xf32>, f64 -> tensor<4x4xf32>
+  %1 = ad.div %i, %k rounding_mode "floor" : tensor<4x4xi64>, i64 -> tensor<4x4xi64>
+  func.return %0, %1 : tensor<4x4xf32>, tensor<4x4xi64>
+}
