@@ -1,0 +1,287 @@
+"""Region kernels compiled to PTX and cubin for sm_90 without a GPU, and what they show:
+registers, spills, shared memory, and whether global loads and stores are vectorized.
+
+A kernel is specialized as the runtime would specialize it: its own launcher runs on meta
+tensors of the region's input types (dynamic dims bound to an example token count) with a
+recorder in place of the kernel, and the recorded arguments get Triton's runtime types:
+tensors are 16-byte-aligned pointers, an int equal to 1 is a constexpr, other ints are i32/i64
+marked divisible by 16 when they are, floats are fp32. Without the divisibility marks the PTX
+shows scalar loads where the real kernel loads vectors.
+
+Triton's library functions (`tl.sum`, `tl.max`...) are themselves `@triton.jit` functions, and
+under TRITON_INTERPRET=1 they were built as interpreter functions when triton was imported:
+no kernel with a reduction can be compiled in that process. There the compilation runs in a
+child process (`python -m ad_mlir.codegen.ptx`) that imports triton without the interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction, mangle_type
+from xdsl.dialects.builtin import DYNAMIC_INDEX
+
+from ad_mlir.frontends.op_table import torch_dtype
+
+if TYPE_CHECKING:
+    from ad_mlir.runtime.kernels import RegionKernel
+
+TARGET = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+DIVISIBILITY = 16
+
+_VECTOR_LOAD = re.compile(r"\bld\.global(?:\.[\w:]+)*\.v[248]\b")
+_VECTOR_STORE = re.compile(r"\bst\.global(?:\.[\w:]+)*\.v[248]\b")
+
+
+class PtxCompileError(Exception):
+    """A kernel that Triton cannot compile for sm_90 (usually a codegen bug: the kernel text is wrong)."""
+
+    def __init__(self, kernel: str, message: str):
+        super().__init__(f"kernel {kernel} does not compile to PTX for sm_90: {message}")
+        self.kernel = kernel
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PtxReport:
+    name: str
+    registers: int
+    spills: int
+    """Bytes of local memory per thread: ptxas puts spilled registers in the stack frame."""
+    shared_memory: int
+    vectorized_loads: bool
+    """Some global load is a vector load (`ld.global.v2`/`.v4`)."""
+    vectorized_stores: bool
+    num_warps: int
+    block_r: int
+    block_c: int
+    grid: tuple[int, ...]
+    seconds: float
+    """Wall time of the compilation (a hit in Triton's own cache is fast)."""
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """What Triton compiles for one launch: the kernel's types, constexprs and options."""
+
+    name: str
+    path: str
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    divisible: tuple[str, ...]
+    """Parameters Triton marks `tt.divisibility` 16."""
+    options: dict[str, Any]
+    grid: tuple[int, ...]
+
+
+# ------------------------------------------------------------ the specialization
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One `kernel[grid](*args, **kwargs)` call of a launcher."""
+
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class _Recorder:
+    """Stands for the kernel in `launch(kernel, tensors, scalars)`: records, launches nothing."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+        return lambda *args, **kwargs: self.launches.append(Launch(tuple(grid), args, kwargs))
+
+
+def example_inputs(kernel: RegionKernel, tokens: int) -> tuple[list[torch.Tensor], list[Any]]:
+    """Contiguous meta tensors of the region's input types, every dynamic dim `tokens` long; int
+    scalars are `tokens` too (the scalars a region takes are symbolic sizes), floats 1.0 (Triton
+    types every float fp32, whatever its value)."""
+    tensors, scalars = [], []
+    for arg, kind in zip(kernel.body.block.args, kernel.arg_kinds, strict=True):
+        if kind == "tensor":
+            shape = [tokens if d == DYNAMIC_INDEX else d for d in arg.type.get_shape()]
+            tensors.append(torch.empty(shape, dtype=torch_dtype(arg.type), device="meta"))
+        else:
+            scalars.append(tokens if kind == "int" else 1.0)
+    return tensors, scalars
+
+
+def capture_launch(kernel: RegionKernel, tokens: int = 256) -> Launch:
+    """The launch the kernel's own launcher makes for inputs of `tokens` tokens (on meta tensors:
+    the launcher allocates its outputs on its inputs' device)."""
+    recorder = _Recorder()
+    kernel.cached.module.launch(recorder, *example_inputs(kernel, tokens))
+    if len(recorder.launches) != 1:
+        raise PtxCompileError(kernel.name, f"its launcher makes {len(recorder.launches)} launches for "
+                                           f"{tokens} tokens, not one")
+    return recorder.launches[0]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def specialize(kernel: RegionKernel, tokens: int = 256) -> Specialization:
+    """The kernel as the runtime compiles it for inputs of `tokens` tokens, by Triton's rules.
+    Torch allocates at 256-byte boundaries, so every tensor counts as 16-byte aligned (a view
+    at an odd offset would not be)."""
+    launch = capture_launch(kernel, tokens)
+    kernel_signature = inspect.signature(kernel.cached.jit_function.fn)
+    params = kernel_signature.parameters
+    keywords = {k: v for k, v in launch.kwargs.items() if k in params}
+    bound = kernel_signature.bind(*launch.args, **keywords).arguments
+    signature, constexprs, divisible = {}, {}, []
+    for name, value in bound.items():
+        if "constexpr" in str(params[name].annotation) or (_is_int(value) and value == 1):
+            signature[name], constexprs[name] = "constexpr", value
+            continue
+        signature[name] = mangle_type(value)
+        if isinstance(value, torch.Tensor) or (_is_int(value) and value % DIVISIBILITY == 0):
+            divisible.append(name)
+    options = {k: v for k, v in launch.kwargs.items() if k not in params}
+    return Specialization(kernel.name, str(kernel.cached.path), signature, constexprs, tuple(divisible),
+                          options, launch.grid)
+
+
+# ------------------------------------------------------------------ compilation
+
+
+def _resource_usage(cubin: bytes, name: str) -> dict[str, int]:
+    """cuobjdump's `REG:31 STACK:0 SHARED:0 LOCAL:0 ...` line for `name` (no driver needed)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        dump = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    match = re.search(rf"Function {re.escape(name)}:\s*\n(.*)", dump)
+    if match is None:
+        raise PtxCompileError(name, f"cuobjdump shows no resource usage for it:\n{dump}")
+    return {k: int(v) for k, v in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", match.group(1))}
+
+
+def compile_specialization(spec: Specialization, fn: JITFunction) -> PtxReport:
+    """Compile in this process (triton must not be interpreting) and read the PTX and cubin."""
+    start = time.perf_counter()
+    index = {name: i for i, name in enumerate(fn.arg_names)}
+    attrs = {(index[name],): [["tt.divisibility", DIVISIBILITY]] for name in spec.divisible}
+    source = ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs, attrs=attrs)
+    try:
+        compiled = triton.compile(source, target=TARGET, options=spec.options)
+    except Exception as e:  # any failure of Triton's pipeline (frontend, MLIR passes, ptxas)
+        raise PtxCompileError(spec.name, f"{type(e).__name__}: {e}") from e
+    ptx = compiled.asm["ptx"]
+    usage = _resource_usage(compiled.asm["cubin"], compiled.metadata.name)
+    return PtxReport(
+        name=spec.name,
+        registers=usage["REG"],
+        spills=usage["STACK"] + usage["LOCAL"],
+        shared_memory=usage["SHARED"],
+        vectorized_loads=bool(_VECTOR_LOAD.search(ptx)),
+        vectorized_stores=bool(_VECTOR_STORE.search(ptx)),
+        num_warps=compiled.metadata.num_warps,
+        block_r=spec.constexprs["BLOCK_R"],
+        block_c=spec.constexprs["BLOCK_C"],
+        grid=spec.grid,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _load_jit_function(spec: Specialization) -> JITFunction:
+    module_spec = importlib.util.spec_from_file_location(f"ad_mlir_ptx_kernels.{spec.name}", spec.path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return getattr(module, spec.name)
+
+
+def _compile_in_child(specs: Sequence[Specialization]) -> list[PtxReport]:
+    """One child process for all `specs`; it answers one JSON line per kernel, in order, so a
+    child that dies is blamed on the first kernel it did not answer for."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    request = json.dumps([dataclasses.asdict(s) for s in specs])
+    child = subprocess.run([sys.executable, "-m", __name__], input=request, capture_output=True, text=True,
+                           env=env)
+    reports = []
+    for spec, line in zip(specs, child.stdout.splitlines(), strict=False):
+        answer = json.loads(line)
+        if "error" in answer:
+            raise PtxCompileError(spec.name, answer["error"])
+        reports.append(PtxReport(**answer | {"grid": tuple(answer["grid"])}))
+    if len(reports) < len(specs):
+        raise PtxCompileError(specs[len(reports)].name,
+                              f"the compiler process died (exit {child.returncode}):\n{child.stderr[-4000:]}")
+    return reports
+
+
+def _child_main() -> None:
+    # Triton prints a failing kernel's PTX to stdout: keep stdout for the answers alone.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    for fields in json.load(sys.stdin):
+        spec = Specialization(**fields | {"divisible": tuple(fields["divisible"]), "grid": tuple(fields["grid"])})
+        try:
+            answer = dataclasses.asdict(compile_specialization(spec, _load_jit_function(spec)))
+        except PtxCompileError as e:
+            answer = {"error": e.message}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+
+
+# ---------------------------------------------------------------------- reports
+
+
+def ptx_reports(kernels: Iterable[RegionKernel], tokens: int = 256) -> list[PtxReport]:
+    """One report per distinct kernel (by name, in first-seen order), e.g. for
+    `build_kernels(module).values()`."""
+    distinct = {k.name: k for k in kernels}
+    specs = [specialize(k, tokens) for k in distinct.values()]
+    if not specs:
+        return []
+    if triton.knobs.runtime.interpret:
+        return _compile_in_child(specs)
+    return [compile_specialization(s, distinct[s.name].cached.jit_function) for s in specs]
+
+
+def format_table(reports: Iterable[PtxReport]) -> str:
+    """A markdown table, one row per kernel."""
+    header = ["kernel", "regs", "spill B", "smem B", "ld.v", "st.v", "warps", "block", "grid", "s"]
+    rows = [
+        [r.name, str(r.registers), str(r.spills), str(r.shared_memory), _yes(r.vectorized_loads),
+         _yes(r.vectorized_stores), str(r.num_warps), f"{r.block_r}x{r.block_c}",
+         "x".join(map(str, r.grid)), f"{r.seconds:.2f}"]
+        for r in reports
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [header, ["-" * w for w in widths], *rows]
+    return "\n".join("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + " |"
+                     for line in lines)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+if __name__ == "__main__":
+    _child_main()
