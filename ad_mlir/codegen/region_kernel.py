@@ -840,7 +840,7 @@ class LauncherEmitter:
             with w.indent():
                 w.line("return outs")
             blocks = "row_blocks" if p.has_reductions else "pointwise_blocks"
-            w.line(f"block_r, block_c, num_warps = {blocks}({p.n_cols})")
+            w.line(f"block_r, block_c, num_warps = {blocks}(n_rows, {p.n_cols})")
             grid = "triton.cdiv(n_rows, block_r)"
             if not p.has_reductions:
                 grid += f", triton.cdiv({p.n_cols}, block_c)"

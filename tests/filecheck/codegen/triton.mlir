@@ -27,7 +27,7 @@
 // CHECK:         size0 = in0.shape[0]
 // CHECK:         if n_rows == 0 or 96 == 0:
 // CHECK-NEXT:      return outs
-// CHECK-NEXT:    block_r, block_c, num_warps = row_blocks(96)
+// CHECK-NEXT:    block_r, block_c, num_warps = row_blocks(n_rows, 96)
 // CHECK-NEXT:    kernel[(triton.cdiv(n_rows, block_r),)](
 // CHECK-NEXT:      in0, in1, outs[0], size0, n_rows, in0.stride(0), in0.stride(1), in1.stride(0),
 func.func @rmsnorm(%x: tensor<?x96xbf16>, %w: tensor<96xbf16>) -> tensor<?x96xbf16> {
@@ -62,7 +62,7 @@ func.func @rmsnorm(%x: tensor<?x96xbf16>, %w: tensor<96xbf16>) -> tensor<?x96xbf
 // CHECK:             {{t[0-9]+}} = {{t[0-9]+}} / [[SUM]]
 // CHECK-NEXT:        tl.store(out0 + rows * 10000 + cols
 // CHECK-NOT:     for c0
-// CHECK:         block_r, block_c, num_warps = row_blocks(10000)
+// CHECK:         block_r, block_c, num_warps = row_blocks(n_rows, 10000)
 func.func @long_softmax(%x: tensor<2x10000xf32>) -> tensor<2x10000xf32> {
   %m = ad.amax %x dim [-1] keepdim : tensor<2x10000xf32> -> tensor<2x1xf32>
   %d = ad.sub %x, %m : tensor<2x10000xf32>, tensor<2x1xf32> -> tensor<2x10000xf32>
@@ -90,7 +90,7 @@ func.func @long_softmax(%x: tensor<2x10000xf32>) -> tensor<2x10000xf32> {
 // CHECK-NEXT:    [[ROT:t[0-9]+]] = tl.where(cols < 8, [[NEG]], [[LO]])
 // CHECK-NEXT:    {{t[0-9]+}} = tl.load(in2 + i2 * in2_st2 + cols * in2_st3
 // CHECK:         tl.store(out0 + rows * 16 + cols, {{t[0-9]+}}, mask=mask)
-// CHECK:         block_r, block_c, num_warps = pointwise_blocks(16)
+// CHECK:         block_r, block_c, num_warps = pointwise_blocks(n_rows, 16)
 // CHECK-NEXT:    kernel[(triton.cdiv(n_rows, block_r), triton.cdiv(16, block_c),)](
 func.func @rope(%q: tensor<1x4x?x16xf32>, %cos: tensor<1x1x?x16xf32>, %sin: tensor<1x1x?x16xf32>) -> tensor<1x4x?x16xf32> {
   %a = ad.mul %q, %cos : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
