@@ -109,3 +109,15 @@ def test_zero_rows_launch_nothing() -> None:
     out = gm(empty, w)[0]
     assert out.shape == (0, 32)
     torch.testing.assert_close(gm(x, w)[0], _rmsnorm(x, w))
+
+
+def test_compiled_graph_exports_again() -> None:
+    """The kernel ops have fake implementations: a compiled graph is itself `torch.export`-able
+    (dynamic rows included) and the re-exported program runs the same kernels."""
+    x, w = torch.randn(6, 48), torch.randn(48)
+    gm = _compiled(_rmsnorm, x, w, dynamic_rows=True)
+    again = torch.export.export(gm, (x, w), dynamic_shapes=({0: torch.export.Dim("rows")}, None))
+    targets = {str(n.target) for n in again.graph.nodes if n.op == "call_function"}
+    assert any(t.startswith("ad_mlir.") for t in targets), targets
+    longer = torch.randn(11, 48)
+    torch.testing.assert_close(again.module()(longer, w)[0], _rmsnorm(longer, w))
