@@ -1,11 +1,16 @@
 """`fuse-elementwise`: wrap maximal fusible subgraphs in `ad.fused` regions.
 
-A region iterates over one domain D (the shape of its element-level ops). Ops in it are
-pointwise ops of shape D, and, with `allow-reductions`, last-dim `keepdim` reductions of a
-shape-D value plus pointwise ops on the per-row shape R = D[:-1] + [1] ("row regions":
-RMSNorm, softmax). Inputs may broadcast to D (scalars, per-row, per-column vectors); a value
-used both inside and outside becomes an extra output. Two groups never merge when a path
-between them leaves the group (that would make the fused op depend on itself).
+A region iterates over one domain D. Ops in it are pointwise ops (and casts) whose shapes
+broadcast into D: D itself, the per-row shape R = D[:-1] + [1], a per-column weight, a scalar
+(the kernel recomputes the small ones per tile, e.g. Gemma's `1 + w`); with
+`allow-reductions`, last-dim `keepdim` reductions ("row regions": RMSNorm, softmax); and
+last-dim slices and cats of static widths ("column ops": RoPE's rotate_half), which the kernel
+turns into column index math. Column ops and reductions never share a region (a reduction
+runs over the region's columns). Only ops the Triton codegen can emit join
+(`codegen/region_kernel.supports`), and a group of slices alone stays views. Inputs may
+broadcast to D; a value used both inside and outside becomes an extra output. Two groups
+never merge when a path between them leaves the group (that would make the fused op depend
+on itself).
 
 Groups are formed greedily in block order: each fusible op merges with the groups of its
 operands' producers when the shapes, `max-ops` and the cycle rule allow it.
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
     BFloat16Type,
     Float8E4M3FNType,
     Float16Type,
@@ -100,10 +106,11 @@ def broadcasts_to(shape: Shape, domain: Shape) -> bool:
 def shapes_form_a_region(shapes: Iterable[Shape], column_ops: bool = False) -> bool:
     """One domain D that every other shape broadcasts to (D's rows D[:-1] + [1], a weight
     [D[-1]], a scalar: the kernel computes those per tile); with column ops (last-dim slices
-    and cats, never beside a row reduction), shapes of one rank that share D's rows."""
+    and cats, never beside a row reduction), shapes of one rank that share D's rows and have
+    static row lengths."""
     distinct = set(shapes)
     if column_ops:
-        return len({s[:-1] for s in distinct}) == 1 and all(s for s in distinct)
+        return len({s[:-1] for s in distinct}) == 1 and all(s and s[-1] != DYNAMIC_INDEX for s in distinct)
     return any(all(broadcasts_to(s, d) for s in distinct) for d in distinct)
 
 
