@@ -120,7 +120,7 @@ def _print_kernels(kernels: dict[Any, Any], cache: KernelCache) -> None:
         print(f"  {name}")
 
 
-def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]) -> bool:
+def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int], ptx: bool = False) -> bool:
     print(
         f"ad-mlir: {cfg.family}, {cfg.layers} layers, hidden {cfg.hidden_size}, {cfg.dtype}, "
         f"pipeline '{pipeline}'{', decomposed' if decompose else ''}"
@@ -156,6 +156,11 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
     again = KernelCache(cache.directory)
     build_kernels(program.module, again)
     print(f"  compiled again: {again.generated} kernels generated, {again.hits} read from the cache")
+    if ptx:
+        from ad_mlir.codegen.ptx import format_table, ptx_reports
+
+        print("\nPTX for sm_90 (no GPU needed), specialized as the runtime launches them at 256 tokens:")
+        print(format_table(ptx_reports(kernels.values())))
 
     interpreted = any(type(k.cached.jit_function).__name__ == "InterpretedFunction" for k in kernels.values())
     runs_on = "Triton interpreter (TRITON_INTERPRET=1)" if interpreted else "torch reference semantics (no CUDA)"
@@ -193,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="on a machine without CUDA, run fused regions as their torch reference instead of "
         "the Triton kernels in the Triton interpreter",
     )
+    p.add_argument("--ptx", action="store_true", help="compile every kernel to PTX for sm_90 and report "
+                   "registers, spills, shared memory and vectorized loads/stores")
     p.add_argument("-v", "--verbose", action="store_true", help="log each pass")
     args = p.parse_args(argv)
     if not args.no_interpret and not torch.cuda.is_available():
@@ -202,5 +209,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         cfg = TinyConfig(family=args.model, layers=args.layers, hidden_size=args.hidden_size, dtype=args.dtype)
     except ValueError as e:
         p.error(str(e))
-    ok = run(cfg, args.pipeline, args.decompose, args.seq_lens)
+    ok = run(cfg, args.pipeline, args.decompose, args.seq_lens, args.ptx)
     sys.exit(0 if ok else 1)
