@@ -851,7 +851,8 @@ class LauncherEmitter:
             w.line(f"kernel[({grid},)](")
             with w.indent():
                 w.line(", ".join(args) + ",")
-                w.line("BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps,")
+                # FMA contraction on, as Triton 3.9 defaults (3.10 turns it off unless asked).
+                w.line("BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps, enable_fp_fusion=True,")
             w.line(")")
             w.line("return outs")
         return w.text()
