@@ -407,6 +407,8 @@ class KernelEmitter:
             return v.expr
         if v.literal and ctype == "f32":
             return repr(float(v.expr)) if v.expr not in ("True", "False") else repr(float(v.expr == "True"))
+        if v.literal and ctype in ("i64", "i32") and v.ctype != "f32":
+            return str(int(v.expr == "True")) if v.expr in ("True", "False") else v.expr
         if ctype == "i1":
             return f"({v.expr} != 0)"
         return f"{v.expr}.to({_TL_COMPUTE[ctype]})"
@@ -456,7 +458,8 @@ class KernelEmitter:
             terms.append(f"{self.columns.cols} * {inp.stride_arg(last)}")
             masks.append(self.column_mask(self.plan.n_cols if width == DYNAMIC_INDEX else width))
         if not terms:
-            loaded = f"tl.load({inp.name})"
+            # A [1, 1] block, not a scalar: the interpreter's scalar bools break `&` with blocks.
+            loaded = f"tl.load({inp.name} + tl.zeros([1, 1], tl.int32))"
         else:
             loaded = f"tl.load({inp.name} + {' + '.join(terms)}, mask={' & '.join(masks)}, other=0)"
         if ctype == "f32" and inp.type.element_type != Float32Type():
@@ -560,19 +563,21 @@ class KernelEmitter:
 
     def emit_pointwise_body(self) -> None:
         self.emit_columns("tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]")
-        self.emit_stores(self.all_outputs(), first_column_block="tl.program_id(1) == 0")
+        self.emit_stores(self.all_outputs(), column_blocks=True)
 
     def all_outputs(self) -> list[int]:
         return list(range(len(self.plan.output_types)))
 
-    def emit_stores(self, outputs: Sequence[int], first_column_block: str | None = None) -> None:
+    def emit_stores(self, outputs: Sequence[int], column_blocks: bool = False) -> None:
+        """Store `outputs`; with `column_blocks` (pointwise tiles), an output that does not vary
+        along the row is written by column 0 only."""
         yielded = self.block.last_op.operands
         for j in outputs:
             t = self.plan.output_types[j]
             v = self.convert(self.value(yielded[j]), compute_type(t))
             offset, masks = self.store_address(t)
-            if self.plan.is_row_level_output(t) and first_column_block is not None:
-                masks.append(f"({first_column_block})")
+            if self.plan.is_row_level_output(t) and column_blocks:
+                offset, masks = f"{offset} + cols * 0", [*masks, "(cols == 0)"]
             self.w.line(f"tl.store(out{j} + {offset}, {self.stored(v, t)}, mask={' & '.join(masks)})")
 
     def store_address(self, t: TensorType) -> tuple[str, list[str]]:
@@ -594,7 +599,11 @@ class KernelEmitter:
             stride = extent if stride == "1" else f"{stride} * {extent}"
             if d == p.rank - 1:
                 masks.append("col_mask" if extent == p.n_cols else f"(cols < {extent})")
-        return " + ".join(reversed(terms)) or "0", masks
+        if not any(t.startswith("i") for t in terms):
+            # The pointer must span the tile's rows (a value or mask of the tile never
+            # broadcasts to a smaller pointer); the row masks keep one writer per element.
+            terms.append("rows * 0")
+        return " + ".join(reversed(terms)), masks
 
     def stored(self, v: str, t: TensorType) -> str:
         element = t.element_type

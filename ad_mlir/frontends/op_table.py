@@ -290,6 +290,28 @@ def _type_as_in(f: dict[str, Any], _: Any) -> dict[str, Any]:
     return f
 
 
+def _square_in(f: dict[str, Any], node: Any) -> dict[str, Any]:
+    """`square(x)` is `x * x`, except for bool (square promotes it to int64, mul does not)."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if val is not None and val.dtype == torch.bool:
+        raise UnsupportedError("square of a bool tensor promotes; carried as is")
+    f["other"] = f["input"]
+    return f
+
+
+_REVERSED = {"self": "other", "other": "input"}
+"""`rsub(self, other, alpha)` is `other - alpha * self`: `sub` with the operands swapped."""
+
+_SPELLINGS: dict[type[Operation], tuple[Overload, ...]] = {
+    ad.SubOp: (
+        Overload("aten.rsub.Scalar", _REVERSED),
+        Overload("aten.rsub.Tensor", _REVERSED, exportable=False),
+    ),
+    ad.MulOp: (Overload("aten.square.default", to_fields=_square_in, exportable=False),),
+}
+"""Other ATen spellings of the generic binary ops (a scalar-first `sub` exports as `rsub`)."""
+
+
 def _to_same_device_in(f: dict[str, Any], node: Any) -> dict[str, Any]:
     """`x.to(dtype=d, layout=strided, device=<x's device>)` is a dtype cast."""
     src = node.args[0].meta.get("val") if isinstance(node, torch.fx.Node) else None
@@ -323,7 +345,7 @@ SPECS: tuple[OpSpec, ...] = (
         derived_dtype="dtype",
     ),
     *(
-        OpSpec(cls, tuple(Overload(f"aten.{name}.{o}", renames) for o in overloads))
+        OpSpec(cls, tuple(Overload(f"aten.{name}.{o}", renames) for o in overloads) + _SPELLINGS.get(cls, ()))
         for cls, name, overloads, renames in (
             (ad.AddOp, "add", ("Tensor", "Scalar"), {}),
             (ad.SubOp, "sub", ("Tensor", "Scalar"), {}),

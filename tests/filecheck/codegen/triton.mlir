@@ -108,7 +108,7 @@ func.func @rope(%q: tensor<1x4x?x16xf32>, %cos: tensor<1x1x?x16xf32>, %sin: tens
 // An output that broadcasts over the domain is written once: the per-column `1 + w` (also
 // used outside) by the rows with index 0. A comparison's boolean result is stored as is.
 // CHECK-LABEL: kernel 1 of 1: poi_add_mul_gt_
-// CHECK:         tl.store(out0 + cols, {{t[0-9]+}}, mask=row_mask & col_mask & (i0 == 0))
+// CHECK:         tl.store(out0 + rows * 0 + cols, {{t[0-9]+}}, mask=row_mask & col_mask & (i0 == 0))
 // CHECK:         [[Y:t[0-9]+]] = {{t[0-9]+}} * {{t[0-9]+}}
 // CHECK-NEXT:    tl.store(out1 + rows * 32 + cols, [[Y]], mask=mask)
 // CHECK-NEXT:    [[P:t[0-9]+]] = [[Y]] > 0.0
