@@ -164,5 +164,9 @@ def _import(path: Path, name: str) -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]  # a half-made module must not stand in for a later, good file
+        raise
     return module

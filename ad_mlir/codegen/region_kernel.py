@@ -668,11 +668,21 @@ def _reductions_by_depth(block) -> list[list[Operation]]:
 # ------------------------------------------------------- ops with their own form
 
 
+def _narrow_float(t: Attribute) -> str | None:
+    element = t.element_type if isinstance(t, TensorType) else t
+    return _TL_FLOAT[element] if element in _TL_FLOAT and element != Float32Type() else None
+
+
 def _emit_cast(e: KernelEmitter, op: ad.CastOp, ctype: str) -> Value:
+    """Casts are where the program states a precision: a value computed in a narrow float type
+    (held in fp32 until here) is rounded to it before it is cast, and a cast to a narrow float
+    rounds. A loaded value already has its type's precision."""
     x = e.value(op.input)
+    source = _narrow_float(op.input.type)
+    if source is not None and op.input not in e.arg_input:
+        x = e.tmp(f"{x.expr}.to({source}).to(tl.float32)", x.ctype)
     target = op.result.type.element_type
-    if ctype == "f32" and target in _TL_FLOAT and target != Float32Type():
-        # An explicit cast to a narrower float rounds there, as the program says.
+    if ctype == "f32" and _narrow_float(target) is not None:
         return e.tmp(f"{e.convert(x, 'f32')}.to({_TL_FLOAT[target]}).to(tl.float32)", ctype)
     if x.ctype == "f32" and ctype in ("i64", "i32"):
         return e.tmp(f"{x.expr}.to({_TL_COMPUTE[ctype]})", ctype)  # truncates, like torch
