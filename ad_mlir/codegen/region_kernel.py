@@ -107,9 +107,6 @@ UNARY: dict[type[Operation], str] = {
 }
 """Unary ops computed in their result's kernel type, `{a}` the operand."""
 
-_FLOAT_ONLY_UNARY = (ad.ExpOp, ad.LogOp, ad.SqrtOp, ad.RsqrtOp, ad.ReciprocalOp, ad.SinOp,
-                     ad.CosOp, ad.ErfOp, ad.SigmoidOp, ad.SiluOp, ad.TanhOp, ad.GeluOp)
-
 BINARY: dict[type[Operation], str] = {
     ad.MulOp: "{a} * {b}",
     ad.BitwiseAndOp: "{a} & {b}",
@@ -370,7 +367,6 @@ class KernelEmitter:
     """Writes the `@triton.jit` function for one region."""
 
     def __init__(self, op: ad.FusedOp, plan: KernelPlan, name: str):
-        self.op = op
         self.plan = plan
         self.name = name
         self.w = IndentedWriter()
@@ -809,9 +805,8 @@ class LauncherEmitter:
     """Writes the host side: output shapes, and `launch(kernel, tensors, scalars)`, which
     allocates the outputs and starts the kernel (skipped when there is nothing to compute)."""
 
-    def __init__(self, plan: KernelPlan, name: str):
+    def __init__(self, plan: KernelPlan):
         self.plan = plan
-        self.name = name
         self.w = IndentedWriter()
 
     def size_lines(self) -> None:
@@ -891,6 +886,6 @@ def emit_kernel_module(op: ad.FusedOp, name: str, header: str) -> str:
         "",
         KernelEmitter(op, plan, name).emit(),
         "",
-        LauncherEmitter(plan, name).emit(),
+        LauncherEmitter(plan).emit(),
     ]
     return "\n".join(parts)
