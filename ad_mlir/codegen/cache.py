@@ -76,8 +76,11 @@ def kernel_key(op: ad.FusedOp) -> str:
 _ROLE_OPS = 3
 
 
-def kernel_name(op: ad.FusedOp, key: str) -> str:
-    """Role (`poi` pointwise, `red` row reduction), the first distinct compute ops, a short hash."""
+def kernel_name(op: ad.FusedOp, key: str, label: str | None = None) -> str:
+    """`label` or else the role (`poi` pointwise, `red` row reduction) and the first distinct
+    compute ops; then a short hash."""
+    if label is not None:
+        return f"{label}_{key[:10]}"
     inner = [o for o in op.body.block.ops if not isinstance(o, ad.ConstantOp | ad.YieldOp)]
     role = "red" if any(isinstance(o, region_kernel.REDUCTIONS) for o in inner) else "poi"
     names = list(dict.fromkeys(o.name.removeprefix("ad.") for o in inner))[:_ROLE_OPS]
@@ -129,13 +132,14 @@ class KernelCache:
     """Regions whose kernel this cache had already loaded (equal regions share a kernel)."""
     _loaded: dict[str, CachedKernel] = field(default_factory=dict)
 
-    def get(self, op: ad.FusedOp) -> CachedKernel:
-        """The region's kernel: from memory, from disk, or generated now and written."""
+    def get(self, op: ad.FusedOp, label: str | None = None) -> CachedKernel:
+        """The region's kernel: from memory, from disk, or generated now and written. `label`
+        names it in place of its role and first ops (a kernel op's name)."""
         key = kernel_key(op)
         if key in self._loaded:
             self.shared += 1
             return self._loaded[key]
-        name = kernel_name(op, key)
+        name = kernel_name(op, key, label)
         path = self.directory / f"{name}.py"
         if path.exists() and _valid(path.read_text(), key):
             self.hits += 1

@@ -1013,6 +1013,116 @@ class AttentionOp(AdOp):
             raise VerifyException(f"ad.attention head_dim differs: query {q[-1]}, key {k[-1]}")
 
 
+# ------------------------------------------------------------------ LLM-level ops
+
+
+class KernelOp(AdOp):
+    """An op the LLM fusions make: codegen turns each into one kernel (or it joins the
+    kernel of the `ad.fused` region that holds it). Its meaning is a torch reference op
+    (`frontends/torch_ops.py`) and, for codegen, a decomposition into elementwise and
+    row-reduction ops (`dialects/decompositions.py`) that computes the same thing."""
+
+    traits = traits_def(Pure())
+
+
+_FLOAT_PROMOTION = {
+    frozenset((BFloat16Type(), Float16Type())): Float32Type(),
+    frozenset((BFloat16Type(), Float32Type())): Float32Type(),
+    frozenset((Float16Type(), Float32Type())): Float32Type(),
+}
+"""torch's promotion of two different float dtypes of tensors (f64 does not occur in models)."""
+
+
+class NormOp(KernelOp):
+    """RMSNorm of `input` over its last dim, in fp32: `n = x / sqrt(mean(x^2) + eps)`, then
+    the weight. With `weight_in_fp32` (Gemma) the result is `(n * (float(weight) + offset))`
+    cast to the result type; without it (Llama) `n` is first cast to the input's dtype and
+    then multiplied by `weight + offset` in torch's type promotion."""
+
+    weight = opt_operand_def(AdTensor)
+    eps = prop_def(FloatAttr[Float64Type])
+    offset = opt_prop_def(FloatAttr[Float64Type])
+    weight_in_fp32 = opt_prop_def(UnitAttr)
+
+    def normed_element_type(self, x: SSAValue) -> Attribute:
+        """The input's, except that a Llama-style weight multiply promotes (bf16 x, f32 weight)."""
+        element = x.type.element_type
+        if self.weight is None or self.weight_in_fp32 is not None:
+            return element
+        return _FLOAT_PROMOTION.get(frozenset((element, self.weight.type.element_type)), element)
+
+    def verify_norm(self, x: SSAValue, normed: SSAValue) -> None:
+        x_shape = _shape(x.type)
+        if not shapes_compatible(x_shape, _shape(normed.type)):
+            raise VerifyException(f"'{self.name}' result shape must be the input shape {_fmt_shape(x_shape)}")
+        if normed.type.element_type != (expected := self.normed_element_type(x)):
+            raise VerifyException(f"'{self.name}' result element type must be {expected}")
+        if self.weight is not None:
+            w_shape = _shape(self.weight.type)
+            if len(w_shape) != 1 or not _dims_compatible(w_shape[0], x_shape[-1]):
+                raise VerifyException(
+                    f"'{self.name}' weight must be 1-D of the normalized size {x_shape[-1]}, "
+                    f"got {_fmt_shape(w_shape)}"
+                )
+
+
+_NORM_FORMAT = (
+    "(`weight` $weight^)? `eps` $eps (`offset` $offset^)? (`weight_in_fp32` $weight_in_fp32^)? attr-dict "
+)
+
+
+@irdl_op_definition
+class RmsNormOp(NormOp):
+    name = "ad.rms_norm"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input " + _NORM_FORMAT + "`:` `(` type($input) (`,` type($weight)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        self.verify_norm(self.input, self.result)
+
+
+@irdl_op_definition
+class AddRmsNormOp(NormOp):
+    """`sum = input + residual` (same type), then RMSNorm of `sum`; both are results (the sum
+    feeds the next residual connection)."""
+
+    name = "ad.add_rms_norm"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    residual = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    sum = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $residual " + _NORM_FORMAT
+        + "`:` `(` type($input) `,` type($residual) (`,` type($weight)^)? `)` `->` `(` type($result) `,` "
+        "type($sum) `)`"
+    )
+
+    def verify_op(self) -> None:
+        if not self.input.type == self.residual.type == self.sum.type:
+            raise VerifyException("ad.add_rms_norm input, residual and sum must have one type")
+        self.verify_norm(self.input, self.result)
+
+
+@irdl_op_definition
+class SiluAndMulOp(KernelOp):
+    """`silu(gate) * up`, each op in the operands' dtype (as HF's MLP computes it)."""
+
+    name = "ad.silu_and_mul"
+    gate = operand_def(AdTensor)
+    up = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$gate `,` $up attr-dict `:` `(` type($gate) `,` type($up) `)` `->` type($result)"
+
+    def verify_op(self) -> None:
+        if not self.gate.type == self.up.type == self.result.type:
+            raise VerifyException("ad.silu_and_mul gate, up and result must have one type")
+
+
 # ----------------------------------------------------------------------- fusion
 
 
@@ -1211,6 +1321,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],
     [OperandRefAttr, TorchValueAttr],

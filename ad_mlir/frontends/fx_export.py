@@ -15,6 +15,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import DictionaryAttr, NameLoc
 from xdsl.ir import Operation, SSAValue
 
+from ad_mlir.codegen.lowering import kernel_inputs, kernel_outputs
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
 from ad_mlir.frontends.fx_import import INPUT_ATTR, ImportedProgram, weight_of
@@ -24,11 +25,11 @@ if TYPE_CHECKING:
 
 
 def export_program(
-    program: ImportedProgram, kernels: Mapping[ad.FusedOp, RegionKernel] | None = None
+    program: ImportedProgram, kernels: Mapping[Operation, RegionKernel] | None = None
 ) -> torch.fx.GraphModule:
     """The GraphModule takes the user inputs, in order, and returns a tuple of outputs.
-    A region with a kernel in `kernels` becomes one call of its `torch.ops.ad_mlir` op; one
-    without is emitted inline, as its ops' torch calls."""
+    An op with a kernel in `kernels` (a region or an LLM-level op) becomes one call of its
+    `torch.ops.ad_mlir` op; a region without one is emitted inline, as its ops' torch calls."""
     kernels = kernels or {}
     fn = program.function
     graph = torch.fx.Graph()
@@ -76,11 +77,11 @@ def _register(root: torch.nn.Module, fqn: str, tensor: torch.Tensor, kind: str) 
 
 
 def _emit_op(
-    graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any], kernels: Mapping[ad.FusedOp, RegionKernel]
+    graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any], kernels: Mapping[Operation, RegionKernel]
 ) -> None:
     if isinstance(op, ad.ConstantOp):
         env[op.result] = T.attr_to_value(op.value)
-    elif isinstance(op, ad.FusedOp) and op in kernels:
+    elif op in kernels:
         _emit_kernel_call(graph, op, env, kernels[op])
     elif isinstance(op, ad.FusedOp):
         _emit_fused_inline(graph, op, env)
@@ -88,10 +89,10 @@ def _emit_op(
         _emit_call(graph, op, env)
 
 
-def _emit_kernel_call(graph: torch.fx.Graph, op: ad.FusedOp, env: dict[SSAValue, Any], kernel: RegionKernel) -> None:
-    node = graph.call_function(kernel.op, tuple(kernel.split_inputs([env[v] for v in op.inputs])))
+def _emit_kernel_call(graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any], kernel: RegionKernel) -> None:
+    node = graph.call_function(kernel.op, tuple(kernel.split_inputs([env[v] for v in kernel_inputs(op)])))
     _record_source(node, op)
-    for i, r in enumerate(op.outputs):
+    for i, r in enumerate(kernel_outputs(op)):
         env[r] = graph.call_function(operator.getitem, (node, i))
 
 

@@ -48,6 +48,7 @@ from xdsl.ir import Attribute, Operation, TypeAttribute
 from xdsl.irdl import IRDLOperation, OptionalDef, VarOperandDef
 
 from ad_mlir.dialects import ad
+from ad_mlir.frontends import torch_ops
 
 # ----------------------------------------------------------------------- dtypes
 
@@ -422,6 +423,10 @@ SPECS: tuple[OpSpec, ...] = (
     OpSpec(ad.AddmmOp, (Overload("aten.addmm.default"),)),
     OpSpec(ad.EmbeddingOp, (Overload("aten.embedding.default"),)),
     OpSpec(ad.AttentionOp, (Overload("aten.scaled_dot_product_attention.default"),)),
+    *(
+        OpSpec(cls, (Overload(f"{torch_ops.NAMESPACE}.{cls.name.removeprefix('ad.')}.default"),))
+        for cls in (ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp)
+    ),
     OpSpec(
         ad.ArangeOp,
         (

@@ -38,6 +38,24 @@ def _decompose() -> type[ModulePass]:
     return DecomposePass
 
 
+def _match_rmsnorm() -> type[ModulePass]:
+    from ad_mlir.passes.match_rmsnorm import MatchRmsNormPass
+
+    return MatchRmsNormPass
+
+
+def _fuse_add_rmsnorm() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_add_rmsnorm import FuseAddRmsNormPass
+
+    return FuseAddRmsNormPass
+
+
+def _fuse_silu_mul() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_silu_mul import FuseSiluMulPass
+
+    return FuseSiluMulPass
+
+
 def _default() -> type[ModulePass]:
     from ad_mlir.passes.default import DefaultPipelinePass
 
@@ -54,6 +72,9 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "canonicalize": _canonicalize,
     "decompose": _decompose,
     "fuse-elementwise": _fuse_elementwise,
+    "match-rmsnorm": _match_rmsnorm,
+    "fuse-add-rmsnorm": _fuse_add_rmsnorm,
+    "fuse-silu-mul": _fuse_silu_mul,
     "default": _default,
 }
 """Passes defined by ad-mlir. Those whose name xDSL does not use are registered with xdsl-opt

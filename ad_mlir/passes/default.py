@@ -13,7 +13,7 @@ from ad_mlir.passes import get_all_passes
 
 @dataclass(frozen=True)
 class DefaultPipelinePass(ModulePass):
-    """canonicalize, decompose, fuse-elementwise (`passes/pipeline.py` PIPELINES["default"])."""
+    """The LLM fusions, then decompose and fuse-elementwise (`passes/pipeline.py` PIPELINES["default"])."""
 
     name = "default"
 

@@ -1,4 +1,4 @@
-"""Region kernels as `torch.ops.ad_mlir.<name>` ops.
+"""Kernels (of `ad.fused` regions and LLM-level ops) as `torch.ops.ad_mlir.<name>` ops.
 
 Every op has one schema, `(Tensor[] tensors, SymInt[] ints, float[] floats) -> Tensor[]`
 (the region's tensor inputs, then its int and float scalar inputs, each in block-argument
@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 from xdsl.dialects.builtin import Float64Type, ModuleOp, TensorType
-from xdsl.ir import Region
+from xdsl.ir import Operation, Region
 
 from ad_mlir.codegen.cache import CachedKernel, KernelCache
+from ad_mlir.codegen.lowering import is_kernel, kernel_region
 from ad_mlir.dialects import ad
 from ad_mlir.runtime.reference import run_block
 
@@ -103,23 +104,26 @@ def _define_op(kernel: RegionKernel) -> None:
     library_op.register_fake(kernel.fake)
 
 
-def region_kernel(op: ad.FusedOp, cache: KernelCache) -> RegionKernel:
+def region_kernel(op: ad.FusedOp | ad.KernelOp, cache: KernelCache) -> RegionKernel:
     """The kernel of `op` (from the cache), registered as a torch op once per process."""
-    cached = cache.get(op)
+    lowered = kernel_region(op)
+    cached = cache.get(lowered.region, lowered.label)
     if cached.name in _REGISTERED:
         return _REGISTERED[cached.name]
-    kernel = RegionKernel(cached, op.body.clone(), tuple(_arg_kind(a.type) for a in op.body.block.args))
+    body = lowered.region.body
+    kernel = RegionKernel(cached, body.clone(), tuple(_arg_kind(a.type) for a in body.block.args))
     _define_op(kernel)
     _REGISTERED[cached.name] = kernel
     return kernel
 
 
-def build_kernels(module: ModuleOp, cache: KernelCache | None = None) -> dict[ad.FusedOp, RegionKernel]:
-    """A kernel for every `ad.fused` region of `module` (generated, or loaded from the cache)."""
+def build_kernels(module: ModuleOp, cache: KernelCache | None = None) -> dict[Operation, RegionKernel]:
+    """A kernel for every `ad.fused` region and LLM-level op of `module` (generated, or loaded
+    from the cache)."""
     cache = cache or KernelCache()
     start = time.perf_counter()
     hits, generated = cache.hits, cache.generated
-    kernels = {op: region_kernel(op, cache) for op in module.walk() if isinstance(op, ad.FusedOp)}
+    kernels = {op: region_kernel(op, cache) for op in module.walk() if is_kernel(op)}
     log.info(
         "codegen: %d regions -> %d kernels (%d generated, %d read from the cache %s) in %.3f s",
         len(kernels), len({k.name for k in kernels.values()}), cache.generated - generated,

@@ -1,0 +1,65 @@
+"""What codegen emits for a kernel: the `ad.fused` region of an op, with kernel ops expanded.
+
+A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`) on its own. Either way
+codegen works on a detached region whose body holds only elementwise and row-reduction ops:
+a kernel op is wrapped in a region of its own, and every kernel op in a body is replaced by
+its decomposition (`dialects/decompositions.py`). The IR the passes made is left as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.ir import Block, Operation, Region
+from xdsl.rewriter import Rewriter
+
+from ad_mlir.dialects import ad
+from ad_mlir.dialects.decompositions import DECOMPOSITIONS
+
+
+@dataclass(frozen=True)
+class KernelRegion:
+    region: ad.FusedOp
+    """Detached; its inputs are arguments of a block of its own (the real IR gains no uses)."""
+    label: str | None
+    """Names the kernel after its LLM-level ops ("add_rms_norm"); None for a generic region."""
+
+
+def is_kernel(op: Operation) -> bool:
+    """A top-level op that becomes one kernel (not one inside an `ad.fused` region)."""
+    return isinstance(op, ad.FusedOp | ad.KernelOp) and not isinstance(op.parent_op(), ad.FusedOp)
+
+
+def kernel_inputs(op: Operation) -> tuple:
+    return tuple(op.inputs) if isinstance(op, ad.FusedOp) else tuple(op.operands)
+
+
+def kernel_outputs(op: Operation) -> tuple:
+    return tuple(op.outputs) if isinstance(op, ad.FusedOp) else tuple(op.results)
+
+
+def kernel_region(op: ad.FusedOp | ad.KernelOp) -> KernelRegion:
+    fused = _wrapped(op) if isinstance(op, ad.KernelOp) else _detached(op)
+    kernel_ops = [o for o in fused.body.block.ops if isinstance(o, ad.KernelOp)]
+    label = "_".join(dict.fromkeys(o.name.removeprefix("ad.") for o in kernel_ops)) or None
+    for inner in kernel_ops:
+        new_ops, values = DECOMPOSITIONS[type(inner)](inner)
+        Rewriter.replace_op(inner, new_ops, values)
+    return KernelRegion(fused, label)
+
+
+def _detached(op: ad.FusedOp) -> ad.FusedOp:
+    inputs = Block(arg_types=[v.type for v in op.inputs]).args
+    return ad.FusedOp.build(
+        operands=[inputs], result_types=[[r.type for r in op.outputs]], regions=[op.body.clone()]
+    )
+
+
+def _wrapped(op: ad.KernelOp) -> ad.FusedOp:
+    block = Block(arg_types=[v.type for v in op.operands])
+    inner = op.clone(value_mapper=dict(zip(op.operands, block.args, strict=True)))
+    block.add_ops([inner, ad.YieldOp(*inner.results)])
+    inputs = Block(arg_types=[v.type for v in op.operands]).args
+    return ad.FusedOp.build(
+        operands=[inputs], result_types=[[r.type for r in op.results]], regions=[Region(block)]
+    )

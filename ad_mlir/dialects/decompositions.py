@@ -1,0 +1,115 @@
+"""The LLM-level ops (`ad.KernelOp`) spelled as elementwise and last-dim row-reduction ops.
+
+Codegen emits a kernel op through its decomposition: the generic region emitter then reads
+each input once, keeps the math in fp32, and rounds where a step's IR type is narrower, so
+the kernel rounds where the torch reference (`frontends/torch_ops.py`) rounds. Each function
+takes the op and returns the new ops (to insert before it) and the values that replace its
+results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import (
+    DenseArrayBase,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IntegerAttr,
+    TensorType,
+    UnitAttr,
+    i64,
+)
+from xdsl.ir import Attribute, Operation, SSAValue
+
+from ad_mlir.dialects import ad
+
+Decomposition = tuple[list[Operation], list[SSAValue]]
+
+
+class _Builder:
+    """Collects new ops; each method returns the value it made."""
+
+    def __init__(self, location: Attribute) -> None:
+        self.ops: list[Operation] = []
+        self.location = location
+
+    def add(self, op: Operation) -> SSAValue:
+        op.location = self.location
+        self.ops.append(op)
+        return op.results[0]
+
+    def constant(self, value: float | int) -> SSAValue:
+        if isinstance(value, int):
+            return self.add(ad.ConstantOp(IntegerAttr(value, i64)))
+        return self.add(ad.ConstantOp(FloatAttr(value, Float64Type())))
+
+    def cast(self, x: SSAValue, element: Attribute) -> SSAValue:
+        if x.type.element_type == element:
+            return x
+        return self.add(ad.CastOp(x, _with_element(x.type, element)))
+
+    def row_mean(self, x: SSAValue) -> SSAValue:
+        shape = list(x.type.get_shape())
+        return self.add(
+            ad.MeanOp.build(
+                operands=[x],
+                properties={"dim": DenseArrayBase.from_list(i64, [-1]), "keepdim": UnitAttr()},
+                result_types=[TensorType(x.type.element_type, [*shape[:-1], 1])],
+            )
+        )
+
+
+def _with_element(t: TensorType, element: Attribute) -> TensorType:
+    return TensorType(element, t.get_shape())
+
+
+def _normalized(b: _Builder, x: SSAValue, eps: float) -> SSAValue:
+    """`xf * rsqrt(mean(xf^2) + eps)` with `xf` the input in fp32."""
+    xf = b.cast(x, Float32Type())
+    square = b.add(ad.PowOp(xf, b.constant(2), xf.type))
+    mean = b.row_mean(square)
+    shifted = b.add(ad.AddOp(mean, b.constant(eps), mean.type))
+    return b.add(ad.MulOp(xf, b.add(ad.RsqrtOp(shifted)), xf.type))
+
+
+def _weighted(b: _Builder, op: ad.NormOp, x: SSAValue, normed: SSAValue, result_type: Attribute) -> SSAValue:
+    offset = op.offset.value.data if op.offset is not None else 0.0
+    weight = op.weight
+    if weight is None:
+        return b.cast(normed, x.type.element_type)
+    if op.weight_in_fp32 is not None:
+        w = b.cast(weight, Float32Type())
+        if offset:
+            w = b.add(ad.AddOp(w, b.constant(offset), w.type))
+        return b.cast(b.add(ad.MulOp(normed, w, normed.type)), result_type.element_type)
+    if offset:
+        weight = b.add(ad.AddOp(weight, b.constant(offset), weight.type))
+    return b.add(ad.MulOp(weight, b.cast(normed, x.type.element_type), result_type))
+
+
+def decompose_rms_norm(op: ad.RmsNormOp) -> Decomposition:
+    b = _Builder(op.location)
+    normed = _normalized(b, op.input, op.eps.value.data)
+    return b.ops, [_weighted(b, op, op.input, normed, op.result.type)]
+
+
+def decompose_add_rms_norm(op: ad.AddRmsNormOp) -> Decomposition:
+    b = _Builder(op.location)
+    total = b.add(ad.AddOp(op.input, op.residual, op.sum.type))
+    normed = _normalized(b, total, op.eps.value.data)
+    return b.ops, [_weighted(b, op, total, normed, op.result.type), total]
+
+
+def decompose_silu_and_mul(op: ad.SiluAndMulOp) -> Decomposition:
+    b = _Builder(op.location)
+    return b.ops, [b.add(ad.MulOp(b.add(ad.SiluOp(op.gate)), op.up, op.result.type))]
+
+
+DECOMPOSITIONS: dict[type[Operation], Callable[..., Decomposition]] = {
+    ad.RmsNormOp: decompose_rms_norm,
+    ad.AddRmsNormOp: decompose_add_rms_norm,
+    ad.SiluAndMulOp: decompose_silu_and_mul,
+}
+"""Kernel op class -> its decomposition."""

@@ -1,0 +1,74 @@
+"""Torch meaning of the `ad` ops that have no ATen op: `torch.ops.ad_mlir.<op>`.
+
+The LLM fusions make these ops (`ad.rms_norm`, `ad.silu_and_mul`...). Registered as
+`torch.library` custom ops, they give the op table an overload like any ATen op, so the
+exporter can emit an unfused one, the reference evaluator can run it, and a compiled graph
+that calls one still imports. Each computes step by step what HF's module computes, with the
+same roundings; `dialects/decompositions.py` spells the same steps as `ad` ops for codegen
+(a unit test checks that both agree bit for bit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAMESPACE = "ad_mlir"
+
+
+def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.to(torch.float32)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _apply_weight(
+    x: torch.Tensor, normed: torch.Tensor, weight: torch.Tensor | None, offset: float, weight_in_fp32: bool
+) -> torch.Tensor:
+    if weight is None:
+        return normed.to(x.dtype)
+    if weight_in_fp32:
+        return (normed * (weight.to(torch.float32) + offset)).to(x.dtype)
+    w = weight + offset if offset else weight
+    return w * normed.to(x.dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rms_norm", mutates_args=())
+def rms_norm(
+    input: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0, weight_in_fp32: bool = False
+) -> torch.Tensor:
+    return _apply_weight(input, _normalize(input, eps), weight, offset, weight_in_fp32)
+
+
+@rms_norm.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0,
+      weight_in_fp32: bool = False) -> torch.Tensor:
+    return _apply_weight(input, torch.empty_like(input, dtype=torch.float32), weight, offset, weight_in_fp32)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::add_rms_norm", mutates_args=())
+def add_rms_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    offset: float = 0.0,
+    weight_in_fp32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    total = input + residual
+    return _apply_weight(total, _normalize(total, eps), weight, offset, weight_in_fp32), total
+
+
+@add_rms_norm.register_fake
+def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0,
+      weight_in_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    normed = _apply_weight(input, torch.empty_like(input, dtype=torch.float32), weight, offset, weight_in_fp32)
+    return normed, torch.empty_like(input)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::silu_and_mul", mutates_args=())
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+@silu_and_mul.register_fake
+def _(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(gate)

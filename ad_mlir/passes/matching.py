@@ -1,0 +1,72 @@
+"""Small helpers the LLM fusion patterns share to read a def-use chain."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypeVar
+
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, TensorType
+from xdsl.ir import Block, Operation, SSAValue
+
+from ad_mlir.dialects import ad
+
+OpT = TypeVar("OpT", bound=Operation)
+
+
+def producer(value: SSAValue, op_type: type[OpT]) -> OpT | None:
+    """The op of type `op_type` that defines `value`, if that is what defines it."""
+    owner = value.owner
+    return owner if isinstance(owner, op_type) else None
+
+
+def sole_user(value: SSAValue, op_type: type[OpT]) -> OpT | None:
+    """The only user of `value`, if it has one use and it is an `op_type`."""
+    if not value.has_one_use():
+        return None
+    user = value.get_user_of_unique_use()
+    return user if isinstance(user, op_type) else None
+
+
+def constant(value: SSAValue) -> float | None:
+    """The number an `ad.constant` holds, or None for anything else."""
+    op = producer(value, ad.ConstantOp)
+    if op is None or not isinstance(op.value, IntegerAttr | FloatAttr):
+        return None
+    return float(op.value.value.data)
+
+
+def other_operand(op: Operation, value: SSAValue) -> SSAValue | None:
+    """For a two-operand op with `value` as one operand: the other one."""
+    a, b = op.operands
+    if a == value:
+        return b
+    return a if b == value else None
+
+
+def plain_binary(op: Operation, op_type: type[ad.BinaryOp]) -> bool:
+    """`op` is an `op_type` without alpha (add/sub with alpha 1 only)."""
+    return isinstance(op, op_type) and getattr(op, "alpha", None) is None
+
+
+def is_last_dim_row_reduction(op: ad.ReductionOp) -> bool:
+    rank = len(op.input.type.get_shape())
+    return op.reduced_dims() == (rank - 1,) and op.keepdim is not None and getattr(op, "dtype", None) is None
+
+
+def tensor_rank(value: SSAValue) -> int | None:
+    return len(value.type.get_shape()) if isinstance(value.type, TensorType) else None
+
+
+def dominates_op(value: SSAValue, op: Operation) -> bool:
+    """`value` is defined before `op` in `op`'s block (or is an argument of an enclosing block)."""
+    owner = value.owner
+    if isinstance(owner, Block):
+        return True
+    return owner.parent_block() is op.parent_block() and owner.is_before_in_block(op)
+
+
+def erase_dead(rewriter, ops: Iterable[Operation]) -> None:  # noqa: ANN001 (a PatternRewriter)
+    """Erase the ops of a matched chain that lost their last use, users first."""
+    for op in ops:
+        if op.parent is not None and all(not r.uses for r in op.results):
+            rewriter.erase(op)
