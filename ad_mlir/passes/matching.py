@@ -66,7 +66,13 @@ def dominates_op(value: SSAValue, op: Operation) -> bool:
 
 
 def erase_dead(rewriter, ops: Iterable[Operation]) -> None:  # noqa: ANN001 (a PatternRewriter)
-    """Erase the ops of a matched chain that lost their last use, users first."""
+    """Erase the ops of a matched chain that lost their last use, users first, and then the
+    constants only they used."""
+    constants: dict[Operation, None] = {}
     for op in ops:
         if op.parent is not None and all(not r.uses for r in op.results):
+            constants.update((v.owner, None) for v in op.operands if isinstance(v.owner, ad.ConstantOp))
             rewriter.erase(op)
+    for const in constants:
+        if const.parent is not None and not const.result.uses:
+            rewriter.erase(const)

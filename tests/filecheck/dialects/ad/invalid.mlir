@@ -144,3 +144,35 @@ func.func @full_rank(%n: index, %v: f64) {
   %0 = ad.full [1, %n], %v : f64 -> tensor<?xf32>
   func.return
 }
+
+// -----
+
+func.func @rms_norm_weight(%x: tensor<2x64xf32>, %w: tensor<32xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rms_norm' weight must be 1-D of the normalized size 64, got 32
+  %0 = ad.rms_norm %x weight %w eps 1.0e-06 : (tensor<2x64xf32>, tensor<32xf32>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
+func.func @rms_norm_result_type(%x: tensor<2x64xbf16>, %w: tensor<64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rms_norm' result element type must be bf16
+  %0 = ad.rms_norm %x weight %w eps 1.0e-06 weight_in_fp32 : (tensor<2x64xbf16>, tensor<64xbf16>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
+func.func @add_rms_norm_types(%x: tensor<2x64xbf16>, %r: tensor<2x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.add_rms_norm' input, residual and sum must have one type
+  %0, %1 = ad.add_rms_norm %x, %r eps 1.0e-06 : (tensor<2x64xbf16>, tensor<2x64xf32>) -> (tensor<2x64xbf16>, tensor<2x64xbf16>)
+  func.return
+}
+
+// -----
+
+func.func @silu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.silu_and_mul' gate, up and result must have one type
+  %0 = ad.silu_and_mul %g, %u : (tensor<2x64xbf16>, tensor<2x32xbf16>) -> tensor<2x64xbf16>
+  func.return
+}

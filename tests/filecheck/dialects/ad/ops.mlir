@@ -184,3 +184,18 @@ func.func @opaque(%x: tensor<1x?xi64>, %y: tensor<1x?x8xf32>) -> tensor<1x?xi64>
   // CHECK-NEXT: ad.torch_op "aten._assert_tensor_metadata.default"(%y) [#ad.ref<0>] {dtype = f32, layout = #ad.torch<layout "strided">} : (tensor<1x?x8xf32>) -> ()
   func.return %0 : tensor<1x?xi64>
 }
+
+func.func @llm_ops(%x: tensor<2x?x64xbf16>, %r: tensor<2x?x64xbf16>, %w: tensor<64xbf16>, %wf: tensor<64xf32>, %g: tensor<2x?x128xbf16>) {
+  // CHECK-LABEL: func.func @llm_ops
+  %0 = ad.rms_norm %x weight %w eps 1.000000e-06 : (tensor<2x?x64xbf16>, tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.rms_norm %x weight %w eps 1.000000e-06 : (tensor<2x?x64xbf16>, tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  %1 = ad.rms_norm %x eps 1.000000e-05 : (tensor<2x?x64xbf16>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.rms_norm %x eps 1.000000e-05 : (tensor<2x?x64xbf16>) -> tensor<2x?x64xbf16>
+  %2 = ad.rms_norm %x weight %wf eps 1.000000e-06 : (tensor<2x?x64xbf16>, tensor<64xf32>) -> tensor<2x?x64xf32>
+  // CHECK-NEXT: ad.rms_norm %x weight %wf eps 1.000000e-06 : (tensor<2x?x64xbf16>, tensor<64xf32>) -> tensor<2x?x64xf32>
+  %3, %4 = ad.add_rms_norm %x, %r weight %w eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>, tensor<64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  // CHECK-NEXT: ad.add_rms_norm %x, %r weight %w eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>, tensor<64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  %5 = ad.silu_and_mul %g, %g : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  // CHECK-NEXT: ad.silu_and_mul %g, %g : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  func.return
+}

@@ -1,0 +1,38 @@
+// fuse-silu-mul: HF's gated MLP activation silu(gate) * up becomes ad.silu_and_mul.
+// RUN: ad-opt %s --split-input-file -p fuse-silu-mul | filecheck %s
+
+// Either operand order; gate and up may be last-dim slices of one fused gate/up GEMM output
+// (the kernel reads them through their strides).
+// CHECK-LABEL: func.func @gated
+// CHECK-NEXT:    %[[A:.*]] = ad.silu_and_mul %g, %u : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+// CHECK-NEXT:    %[[G:.*]] = ad.slice %gu dim 2 [0, 128, 1]
+// CHECK-NEXT:    %[[U:.*]] = ad.slice %gu dim 2 [128, 256, 1]
+// CHECK-NEXT:    %[[B:.*]] = ad.silu_and_mul %[[G]], %[[U]]
+// CHECK-NEXT:    func.return %[[A]], %[[B]]
+// CHECK-NOT:     ad.silu
+func.func @gated(%g: tensor<2x?x128xbf16>, %u: tensor<2x?x128xbf16>, %gu: tensor<2x?x256xbf16>) -> (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) {
+  %s = ad.silu %g : tensor<2x?x128xbf16> -> tensor<2x?x128xbf16>
+  %y = ad.mul %s, %u : tensor<2x?x128xbf16>, tensor<2x?x128xbf16> -> tensor<2x?x128xbf16>
+  %gate = ad.slice %gu dim 2 [0, 128, 1] : tensor<2x?x256xbf16> -> tensor<2x?x128xbf16>
+  %up = ad.slice %gu dim 2 [128, 256, 1] : tensor<2x?x256xbf16> -> tensor<2x?x128xbf16>
+  %s2 = ad.silu %gate : tensor<2x?x128xbf16> -> tensor<2x?x128xbf16>
+  %y2 = ad.mul %up, %s2 : tensor<2x?x128xbf16>, tensor<2x?x128xbf16> -> tensor<2x?x128xbf16>
+  func.return %y, %y2 : tensor<2x?x128xbf16>, tensor<2x?x128xbf16>
+}
+
+// -----
+
+// The silu is used elsewhere too, or the product promotes (bf16 gate, f32 up): both stay.
+// CHECK-LABEL: func.func @not_fused
+// CHECK-NOT:     ad.silu_and_mul
+// CHECK:         ad.silu %g
+// CHECK:         ad.mul
+// CHECK:         ad.silu %h
+// CHECK:         ad.mul
+func.func @not_fused(%g: tensor<4x8xf32>, %u: tensor<4x8xf32>, %h: tensor<4x8xbf16>) -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) {
+  %s = ad.silu %g : tensor<4x8xf32> -> tensor<4x8xf32>
+  %y = ad.mul %s, %u : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  %s2 = ad.silu %h : tensor<4x8xbf16> -> tensor<4x8xbf16>
+  %y2 = ad.mul %s2, %u : tensor<4x8xbf16>, tensor<4x8xf32> -> tensor<4x8xf32>
+  func.return %y, %s, %y2 : tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>
+}

@@ -1,0 +1,121 @@
+"""The LLM-level ops (`ad.rms_norm`, `ad.add_rms_norm`, `ad.silu_and_mul`): their decomposition
+computes exactly what their torch reference computes, and their Triton kernel (run in the
+interpreter on CPU) matches the reference.
+
+Decomposition vs reference: both are eager torch on CPU doing the same steps in the same
+dtypes, so they must agree bit for bit. Kernel vs reference: the kernel rounds at the same
+points (the decomposition's types) and keeps fp32 in between, so with fp32 all the way it
+differs only by the order of the row sum (torch.testing's fp32 tolerance). Each conversion to
+bf16, though, truncates in the interpreter (DESIGN.md) where eager rounds to nearest: at most
+one bf16 ulp, which is at most 2^-7 of the value (8 significant bits), and the steps after it
+(products, the normalization) carry that relative error on. So a case allows 2^-7 relative
+error per bf16 rounding on the way from the fp32 math to an output (an explicit cast, a bf16
+intermediate, the store): `roundings` in CASES."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from xdsl.context import Context
+from xdsl.dialects.builtin import Builtin, ModuleOp
+from xdsl.dialects.func import Func
+from xdsl.parser import Parser
+
+from ad_mlir.codegen.cache import KernelCache
+from ad_mlir.codegen.lowering import kernel_region
+from ad_mlir.dialects import ad
+from ad_mlir.frontends.op_table import torch_dtype
+from ad_mlir.runtime.kernels import region_kernel
+from ad_mlir.runtime.reference import run_block, run_op
+
+X_BF16, X_F32 = "%x: tensor<5x96xbf16>", "%x: tensor<5x96xf32>"
+CASES = {
+    # name: (the function's arguments, the op on them, bf16 roundings on the way to an output)
+    "llama_bf16": (
+        f"{X_BF16}, %w: tensor<96xbf16>",
+        "ad.rms_norm %x weight %w eps 1.0e-05 : (tensor<5x96xbf16>, tensor<96xbf16>) -> tensor<5x96xbf16>",
+        2,
+    ),
+    "llama_promotes": (
+        f"{X_BF16}, %w: tensor<96xf32>",
+        "ad.rms_norm %x weight %w eps 1.0e-06 : (tensor<5x96xbf16>, tensor<96xf32>) -> tensor<5x96xf32>",
+        1,
+    ),
+    "gemma_bf16": (
+        f"{X_BF16}, %w: tensor<96xbf16>",
+        "ad.rms_norm %x weight %w eps 1.0e-06 offset 1.0 weight_in_fp32 : "
+        "(tensor<5x96xbf16>, tensor<96xbf16>) -> tensor<5x96xbf16>",
+        1,
+    ),
+    "no_weight_f32": (X_F32, "ad.rms_norm %x eps 1.0e-06 : (tensor<5x96xf32>) -> tensor<5x96xf32>", 0),
+    "long_row_f32": (
+        "%x: tensor<3x8200xf32>, %w: tensor<8200xf32>",
+        "ad.rms_norm %x weight %w eps 1.0e-06 : (tensor<3x8200xf32>, tensor<8200xf32>) -> tensor<3x8200xf32>",
+        0,
+    ),
+    "add_llama_bf16": (
+        f"{X_BF16}, %r: tensor<5x96xbf16>, %w: tensor<96xbf16>",
+        "ad.add_rms_norm %x, %r weight %w eps 1.0e-06 : (tensor<5x96xbf16>, tensor<5x96xbf16>, "
+        "tensor<96xbf16>) -> (tensor<5x96xbf16>, tensor<5x96xbf16>)",
+        3,
+    ),
+    "add_gemma_f32": (
+        f"{X_F32}, %r: tensor<5x96xf32>, %w: tensor<96xf32>",
+        "ad.add_rms_norm %x, %r weight %w eps 1.0e-06 offset 1.0 weight_in_fp32 : (tensor<5x96xf32>, "
+        "tensor<5x96xf32>, tensor<96xf32>) -> (tensor<5x96xf32>, tensor<5x96xf32>)",
+        0,
+    ),
+    "silu_and_mul_bf16": (
+        f"{X_BF16}, %u: tensor<5x96xbf16>",
+        "ad.silu_and_mul %x, %u : (tensor<5x96xbf16>, tensor<5x96xbf16>) -> tensor<5x96xbf16>",
+        2,
+    ),
+    "silu_and_mul_f32": (
+        "%x: tensor<5x7xf32>, %u: tensor<5x7xf32>",
+        "ad.silu_and_mul %x, %u : (tensor<5x7xf32>, tensor<5x7xf32>) -> tensor<5x7xf32>",
+        0,
+    ),
+}
+
+
+def _op(case: str) -> ad.KernelOp:
+    """The op, parsed inside a function whose arguments are its operands."""
+    args, text, _ = CASES[case]
+    ctx = Context()
+    for dialect in (Builtin, Func, ad.Ad):
+        ctx.load_dialect(dialect)
+    module: ModuleOp = Parser(ctx, f"func.func @f({args}) {{\n  {text}\n  func.return\n}}").parse_module()
+    return next(op for op in module.walk() if isinstance(op, ad.KernelOp))
+
+
+def _inputs(op: ad.KernelOp) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [
+        torch.randn(v.type.get_shape(), generator=generator).to(torch_dtype(v.type)) * 2 for v in op.operands
+    ]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_decomposition_is_the_reference(case: str) -> None:
+    op = _op(case)
+    inputs = _inputs(op)
+    reference = run_op(op, inputs)
+    region = kernel_region(op).region
+    decomposed = run_block(region.body.block, inputs)
+    assert len(decomposed) == len(reference)
+    for got, expected in zip(decomposed, reference, strict=True):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_matches_the_reference(case: str, tmp_path) -> None:
+    op = _op(case)
+    inputs = _inputs(op)
+    kernel = region_kernel(op, KernelCache(tmp_path))
+    assert kernel.name.startswith(op.name.removeprefix("ad.") + "_")
+    assert type(kernel.cached.jit_function).__name__ == "InterpretedFunction", "the real kernel must run"
+    got = kernel.run(*kernel.split_inputs(inputs))
+    roundings = CASES[case][2]
+    for out, expected in zip(got, run_op(op, inputs), strict=True):
+        assert out.dtype == expected.dtype and out.shape == expected.shape
+        torch.testing.assert_close(out.float(), expected.float(), rtol=1.3e-6 + roundings * 2.0**-7, atol=1e-5)
