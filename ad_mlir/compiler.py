@@ -25,7 +25,8 @@ def compile(
     `example_inputs`) through `pipeline` ("default", "none", "pass,pass" or a YAML file).
     Each fused region becomes a Triton kernel called as `torch.ops.ad_mlir.<name>`
     (kernels are cached on disk, see `codegen/cache.py`). The result takes the graph's user
-    inputs in order and returns a tuple."""
+    inputs in order and returns a tuple. Ops on weights alone (e.g. the weight concatenation of
+    `fuse-gemms`) run once, here: the result holds their outputs in place of those weights."""
     program = import_program(gm, example_inputs)
     run_pipeline(program.module, pipeline)
-    return export_program(program, build_kernels(program.module, cache))
+    return export_program(program, build_kernels(program.module, cache), fold_weights=True)

@@ -132,6 +132,16 @@ def normalize_dim(dim: int, rank: int, what: str = "dim") -> int:
     return dim % max(rank, 1)
 
 
+# ------------------------------------------------------------- function arguments
+
+PARAM_ATTR, BUFFER_ATTR, CONSTANT_TENSOR_ATTR = "ad.param", "ad.buffer", "ad.constant_tensor"
+WEIGHT_ATTRS = (PARAM_ATTR, BUFFER_ATTR, CONSTANT_TENSOR_ATTR)
+"""Argument attributes naming the weight (FX FQN) an argument of `@forward` stands for."""
+INPUT_ATTR = "ad.input"
+"""Argument attribute naming a user input."""
+
+
+
 # ---------------------------------------------------------------------- attributes
 
 

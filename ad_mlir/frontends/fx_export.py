@@ -1,7 +1,9 @@
 """`ad` module -> runnable `torch.fx.GraphModule` holding the same weights.
 
 Every op becomes the torch call `op_table.build_call` gives, so the exported graph
-computes exactly what the reference evaluator computes.
+computes exactly what the reference evaluator computes. When compiling, pure ops on weights
+alone (the concatenated weights of `fuse-gemms`, a cast of a weight) are computed once, here,
+and the graph holds their results instead of the weights they read.
 """
 
 from __future__ import annotations
@@ -17,33 +19,70 @@ from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.codegen.lowering import kernel_inputs, kernel_outputs
 from ad_mlir.dialects import ad
+from ad_mlir.dialects.weights import computes_from_weights_only
 from ad_mlir.frontends import op_table as T
 from ad_mlir.frontends.fx_import import INPUT_ATTR, ImportedProgram, weight_of
+from ad_mlir.runtime.reference import run_op
 
 if TYPE_CHECKING:
     from ad_mlir.runtime.kernels import RegionKernel
 
 
 def export_program(
-    program: ImportedProgram, kernels: Mapping[Operation, RegionKernel] | None = None
+    program: ImportedProgram, kernels: Mapping[Operation, RegionKernel] | None = None, fold_weights: bool = False
 ) -> torch.fx.GraphModule:
     """The GraphModule takes the user inputs, in order, and returns a tuple of outputs.
     An op with a kernel in `kernels` (a region or an LLM-level op) becomes one call of its
-    `torch.ops.ad_mlir` op; a region without one is emitted inline, as its ops' torch calls."""
+    `torch.ops.ad_mlir` op; a region without one is emitted inline, as its ops' torch calls.
+    With `fold_weights`, pure ops on weights alone are computed now and the graph holds their
+    results instead of the weights only they read (else the graph keeps every weight)."""
     kernels = kernels or {}
     fn = program.function
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     env: dict[SSAValue, Any] = {}
+    folded: dict[SSAValue, torch.Tensor] = {}
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True):
         env[arg] = _argument_node(graph, root, program, arg, attrs)
+        if fold_weights and (weight := weight_of(attrs)) is not None:
+            folded[arg] = program.weights[weight[1]]
     for op in fn.body.block.ops:
         if isinstance(op, func.ReturnOp):
             graph.output(tuple(env[v] for v in op.operands))
+        elif op not in kernels and computes_from_weights_only(op, folded):
+            _emit_folded(graph, root, op, env, folded)
         else:
             _emit_op(graph, op, env, kernels)
+    if fold_weights:
+        graph.eliminate_dead_code()
+        _drop_unused_weights(root, graph)
     graph.lint()
     return torch.fx.GraphModule(root, graph, class_name="AdGraphModule")
+
+
+def _emit_folded(
+    graph: torch.fx.Graph, root: torch.nn.Module, op: Operation, env: dict[SSAValue, Any],
+    folded: dict[SSAValue, torch.Tensor],
+) -> None:
+    """Compute the op now, once (e.g. the weight concatenation of `fuse-gemms`), and hold its
+    result as a buffer of the graph module."""
+    with torch.no_grad():
+        values = run_op(op, [folded[v] if v in folded else env[v] for v in op.operands])
+    for result, value in zip(op.results, values, strict=True):
+        name = f"_folded_{len(folded)}"
+        root.register_buffer(name, value)
+        folded[result] = value
+        env[result] = graph.get_attr(name)
+        _record_source(env[result], op)
+
+
+def _drop_unused_weights(root: torch.nn.Module, graph: torch.fx.Graph) -> None:
+    """Weights only folded ops read are not needed at run time (nor kept in memory)."""
+    used = {n.target for n in graph.nodes if n.op == "get_attr"}
+    for name, _ in [*root.named_parameters(), *root.named_buffers()]:
+        if name not in used:
+            *path, leaf = name.split(".")
+            delattr(root.get_submodule(".".join(path)), leaf)
 
 
 def _argument_node(

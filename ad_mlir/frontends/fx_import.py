@@ -40,11 +40,11 @@ from ad_mlir.frontends import op_table as T
 log = logging.getLogger(__name__)
 
 WEIGHT_ATTRS = {
-    InputKind.PARAMETER: "ad.param",
-    InputKind.BUFFER: "ad.buffer",
-    InputKind.CONSTANT_TENSOR: "ad.constant_tensor",
+    InputKind.PARAMETER: ad.PARAM_ATTR,
+    InputKind.BUFFER: ad.BUFFER_ATTR,
+    InputKind.CONSTANT_TENSOR: ad.CONSTANT_TENSOR_ATTR,
 }
-INPUT_ATTR = "ad.input"
+INPUT_ATTR = ad.INPUT_ATTR
 
 
 def weight_of(arg_attrs: DictionaryAttr) -> tuple[str, str] | None:

@@ -50,6 +50,12 @@ def _fuse_add_rmsnorm() -> type[ModulePass]:
     return FuseAddRmsNormPass
 
 
+def _fuse_gemms() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_gemms import FuseGemmsPass
+
+    return FuseGemmsPass
+
+
 def _fuse_silu_mul() -> type[ModulePass]:
     from ad_mlir.passes.fuse_silu_mul import FuseSiluMulPass
 
@@ -74,6 +80,7 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-elementwise": _fuse_elementwise,
     "match-rmsnorm": _match_rmsnorm,
     "fuse-add-rmsnorm": _fuse_add_rmsnorm,
+    "fuse-gemms": _fuse_gemms,
     "fuse-silu-mul": _fuse_silu_mul,
     "default": _default,
 }

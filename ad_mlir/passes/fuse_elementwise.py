@@ -13,7 +13,8 @@ never merge when a path between them leaves the group (that would make the fused
 on itself).
 
 Groups are formed greedily in block order: each fusible op merges with the groups of its
-operands' producers when the shapes, `max-ops` and the cycle rule allow it.
+operands' producers when the shapes, `max-ops` and the cycle rule allow it. Ops on weights
+alone (a concatenation of weights, a cast of one) stay out: the exporter computes them once.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from xdsl.passes import ModulePass
 
 from ad_mlir.codegen import region_kernel
 from ad_mlir.dialects import ad
+from ad_mlir.dialects.weights import weight_only_values
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,12 @@ class _Fuser:
     ancestors: dict[Operation, frozenset[_Group]] = field(default_factory=dict)
     """Groups (as created; map through root()) of every op an op depends on."""
 
+    weight_only: set[SSAValue] = field(default_factory=set)
+    """Weights and values computed from weights alone (the exporter computes those once)."""
+
     def visit(self, op: Operation) -> None:
+        if any(r in self.weight_only for r in op.results):
+            return
         producers = [v.owner for v in op.operands if isinstance(v.owner, Operation)]
         ancestors: set[_Group] = set()
         for p in producers:
@@ -288,10 +295,10 @@ class FuseElementwisePass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in op.walk():
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
-                self.fuse_block(fn.body.block)
+                self.fuse_block(fn.body.block, weight_only_values(fn))
 
-    def fuse_block(self, block: Block) -> None:
-        fuser = _Fuser(self.max_ops, self.allow_reductions)
+    def fuse_block(self, block: Block, weight_only: set[SSAValue]) -> None:
+        fuser = _Fuser(self.max_ops, self.allow_reductions, weight_only=weight_only)
         ops = list(block.ops)
         for op in ops:
             fuser.visit(op)

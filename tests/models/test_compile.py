@@ -90,3 +90,21 @@ def test_default_pipeline_matches_every_norm_and_gated_mlp(exported, family: str
     assert {name: names.count(name) for name in LLM_OPS_PER_FAMILY[family]} == LLM_OPS_PER_FAMILY[family]
     # nothing of an RMSNorm spelling or of a silu * up is left anywhere (regions included)
     assert not {"ad.rsqrt", "ad.mean", "ad.silu"} & set(names)
+
+
+def test_fused_gemm_weights_are_concatenated_once(exported) -> None:
+    """fuse-gemms concatenates Q/K/V and gate/up weights at compile time: the compiled graph
+    holds the concatenations as buffers, not the parts, and concatenates nothing per call."""
+    _, ep = exported("qwen2", "float32", False)
+    gm = ad_mlir.compile(ep)
+    state = {**dict(gm.named_parameters()), **dict(gm.named_buffers())}
+    layer = "model.layers.0"
+    for part in ("self_attn.q_proj.weight", "self_attn.q_proj.bias", "mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        assert f"{layer}.{part}" not in state
+    weights = ep.state_dict
+    qkv = torch.cat([weights[f"{layer}.self_attn.{p}_proj.weight"] for p in "qkv"])
+    gate_up = torch.cat([weights[f"{layer}.mlp.{p}_proj.weight"] for p in ("gate", "up")])
+    assert any(torch.equal(t, qkv) for t in state.values())
+    assert any(torch.equal(t, gate_up) for t in state.values())
+    cats = [n for n in gm.graph.nodes if n.target is torch.ops.aten.cat.default]
+    assert not [n for n in cats if any(a.op == "get_attr" for a in n.args[0])]

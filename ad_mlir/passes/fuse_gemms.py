@@ -1,0 +1,109 @@
+"""`fuse-gemms`: linears that share their input -> one linear over concatenated weights.
+
+Q/K/V projections read the same normalized activation, and so do an MLP's gate and up
+projections: one GEMM over `cat([w_q, w_k, w_v])` reads the activation once and launches once.
+Each old result becomes a last-dim `ad.slice` of the fused output (a zero-copy narrow: the
+consumers read it through its strides, `fuse-silu-mul` and the fused regions included).
+
+Only weights (and biases) that are function arguments are concatenated: their `ad.cat`
+depends on weights alone, so the exporter computes it once, at compile time, and the compiled
+graph holds the concatenated weight instead of the parts. Linears with a bias join only
+linears with a bias, and all must share the weight dtype and input features.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp, TensorType, i64
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from ad_mlir.dialects import ad
+from ad_mlir.dialects.weights import weight_arguments
+
+log = logging.getLogger(__name__)
+
+
+def fusible_groups(entry: Block, weights: set[SSAValue]) -> list[list[ad.LinearOp]]:
+    """Linears of `entry` grouped by (input, weight dtype, in-features, has bias, result
+    dtype), in program order, each with weights from `weights`; groups of one are dropped."""
+    groups: dict[tuple, list[ad.LinearOp]] = {}
+    for op in entry.ops:
+        if not isinstance(op, ad.LinearOp) or op.weight not in weights:
+            continue
+        if op.bias is not None and op.bias not in weights:
+            continue
+        w = op.weight.type
+        key = (op.input, w.element_type, w.get_shape()[1], op.bias is not None, op.result.type.element_type)
+        groups.setdefault(key, []).append(op)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _cat(values: Sequence[SSAValue]) -> ad.CatOp:
+    types = [v.type for v in values]
+    rows = sum(t.get_shape()[0] for t in types)
+    shape = [rows, *types[0].get_shape()[1:]]
+    return ad.CatOp.build(
+        operands=[list(values)],
+        properties={"dim": IntegerAttr(0, i64)},
+        result_types=[TensorType(types[0].element_type, shape)],
+    )
+
+
+def _narrow(value: SSAValue, start: int, end: int, result_type: TensorType) -> ad.SliceOp:
+    rank = len(result_type.get_shape())
+    return ad.SliceOp.build(
+        operands=[value, []],
+        properties={"dim": IntegerAttr(rank - 1, i64), "static_bounds": DenseArrayBase.from_list(i64, [start, end, 1])},
+        result_types=[result_type],
+    )
+
+
+def fuse_group(group: list[ad.LinearOp]) -> None:
+    """Rewrite the linears of `group` into one, placed where the first one was."""
+    first = group[0]
+    new_ops: list[Operation] = [weight := _cat([op.weight for op in group])]
+    bias = None
+    if first.bias is not None:
+        new_ops.append(bias := _cat([op.bias for op in group]))
+    out_shape = [*first.result.type.get_shape()[:-1], weight.result.type.get_shape()[0]]
+    fused = ad.LinearOp.build(
+        operands=[first.input, weight.result, [bias.result] if bias else []],
+        result_types=[TensorType(first.result.type.element_type, out_shape)],
+    )
+    new_ops.append(fused)
+    start = 0
+    narrows = []
+    for op in group:
+        width = op.weight.type.get_shape()[0]
+        narrows.append(_narrow(fused.result, start, start + width, op.result.type))
+        start += width
+    for new in (*new_ops, *narrows):
+        new.location = first.location
+    Rewriter.insert_op([*new_ops, *narrows], InsertPoint.before(first))
+    for op, narrow in zip(group, narrows, strict=True):
+        op.result.replace_all_uses_with(narrow.result)
+        Rewriter.erase_op(op)
+
+
+@dataclass(frozen=True)
+class FuseGemmsPass(ModulePass):
+    """Linears sharing an input -> one linear + slices (see the module docstring)."""
+
+    name = "fuse-gemms"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        fused = 0
+        for fn in op.walk():
+            if isinstance(fn, func.FuncOp) and fn.body.blocks:
+                weights = weight_arguments(fn)
+                for group in fusible_groups(fn.body.block, weights):
+                    fuse_group(group)
+                    fused += len(group)
+        log.info("fuse-gemms: %d linears fused", fused)
