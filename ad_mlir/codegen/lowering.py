@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, Region
 from xdsl.rewriter import Rewriter
 
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.decompositions import DECOMPOSITIONS
+from ad_mlir.dialects.weights import weight_only_values
 
 
 @dataclass(frozen=True)
@@ -25,9 +28,18 @@ class KernelRegion:
     """Names the kernel after its LLM-level ops ("add_rms_norm"); None for a generic region."""
 
 
-def is_kernel(op: Operation) -> bool:
-    """A top-level op that becomes one kernel (not one inside an `ad.fused` region)."""
-    return isinstance(op, ad.FusedOp | ad.KernelOp) and not isinstance(op.parent_op(), ad.FusedOp)
+def kernel_ops(module: ModuleOp) -> list[Operation]:
+    """The ops that become kernels: `ad.fused` regions and LLM-level ops of each function's
+    body, except those on weights alone (the exporter computes them once, at compile time)."""
+    ops: list[Operation] = []
+    for fn in module.ops:
+        if isinstance(fn, func.FuncOp) and fn.body.blocks:
+            once = weight_only_values(fn)
+            ops += [
+                op for op in fn.body.block.ops
+                if isinstance(op, ad.FusedOp | ad.KernelOp) and not any(r in once for r in op.results)
+            ]
+    return ops
 
 
 def kernel_inputs(op: Operation) -> tuple:
@@ -39,6 +51,7 @@ def kernel_outputs(op: Operation) -> tuple:
 
 
 def kernel_region(op: ad.FusedOp | ad.KernelOp) -> KernelRegion:
+    """Raises `NoKernelForm` for an op that has no kernel (it runs as its torch reference)."""
     fused = _wrapped(op) if isinstance(op, ad.KernelOp) else _detached(op)
     kernel_ops = [o for o in fused.body.block.ops if isinstance(o, ad.KernelOp)]
     label = "_".join(dict.fromkeys(o.name.removeprefix("ad.") for o in kernel_ops)) or None

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -67,12 +68,16 @@ class PtxReport:
     spills: int
     """Bytes of local memory per thread: ptxas puts spilled registers in the stack frame."""
     shared_memory: int
+    """Bytes per program: the cubin's static shared memory and the dynamic shared memory Triton
+    asks for at launch (pipelined loads and layout conversions live there)."""
     vectorized_loads: bool
     """Some global load is a vector load (`ld.global.v2`/`.v4`)."""
     vectorized_stores: bool
     num_warps: int
     block_r: int
+    """Rows of a program's tile: BLOCK_R of a region kernel, BLOCK_M (queries) of attention."""
     block_c: int
+    """Columns of a program's tile: BLOCK_C of a region kernel, BLOCK_N (keys) of attention."""
     grid: tuple[int, ...]
     seconds: float
     """Wall time of the compilation (a hit in Triton's own cache is fast)."""
@@ -128,15 +133,20 @@ def example_inputs(kernel: RegionKernel, tokens: int) -> tuple[list[torch.Tensor
     return tensors, scalars
 
 
-def capture_launch(kernel: RegionKernel, tokens: int = 256) -> Launch:
-    """The launch the kernel's own launcher makes for inputs of `tokens` tokens (on meta tensors:
-    the launcher allocates its outputs on its inputs' device)."""
+def record_launch(module: ModuleType, name: str, tensors: Sequence[torch.Tensor], scalars: Sequence[Any],
+                  inputs: str = "these inputs") -> Launch:
+    """The launch that a kernel module's `launch` makes for `tensors` and `scalars` (meta tensors
+    do: a launcher allocates its outputs on its inputs' device). `inputs` names them in errors."""
     recorder = _Recorder()
-    kernel.cached.module.launch(recorder, *example_inputs(kernel, tokens))
+    module.launch(recorder, list(tensors), list(scalars))
     if len(recorder.launches) != 1:
-        raise PtxCompileError(kernel.name, f"its launcher makes {len(recorder.launches)} launches for "
-                                           f"{tokens} tokens, not one")
+        raise PtxCompileError(name, f"its launcher makes {len(recorder.launches)} launches for {inputs}, not one")
     return recorder.launches[0]
+
+
+def capture_launch(kernel: RegionKernel, tokens: int = 256) -> Launch:
+    """The launch the kernel's own launcher makes for inputs of `tokens` tokens."""
+    return record_launch(kernel.cached.module, kernel.name, *example_inputs(kernel, tokens), inputs=f"{tokens} tokens")
 
 
 def _is_int(value: Any) -> bool:
@@ -144,25 +154,36 @@ def _is_int(value: Any) -> bool:
 
 
 def specialize(kernel: RegionKernel, tokens: int = 256) -> Specialization:
-    """The kernel as the runtime compiles it for inputs of `tokens` tokens, by Triton's rules.
-    Torch allocates at 256-byte boundaries, so every tensor counts as 16-byte aligned (a view
-    at an odd offset would not be)."""
-    launch = capture_launch(kernel, tokens)
-    kernel_signature = inspect.signature(kernel.cached.jit_function.fn)
+    """The region kernel as the runtime compiles it for inputs of `tokens` tokens."""
+    return specialize_launch(kernel.name, kernel.cached.path, kernel.cached.jit_function, capture_launch(kernel, tokens))
+
+
+def specialize_module(module: ModuleType, name: str, tensors: Sequence[torch.Tensor],
+                      scalars: Sequence[Any] = ()) -> Specialization:
+    """Any kernel module (a region kernel, a kernel template such as attention) as the runtime
+    compiles it for `tensors` (meta tensors will do) and `scalars`."""
+    launch = record_launch(module, name, tensors, scalars)
+    return specialize_launch(name, Path(module.__file__), getattr(module, name), launch)
+
+
+def specialize_launch(name: str, path: Path, fn: JITFunction, launch: Launch) -> Specialization:
+    """`launch` of the kernel `fn` (defined in the file `path`) by Triton's rules. Torch
+    allocates at 256-byte boundaries, so every tensor counts as 16-byte aligned (a view at an
+    odd offset would not be)."""
+    kernel_signature = inspect.signature(fn.fn)
     params = kernel_signature.parameters
     keywords = {k: v for k, v in launch.kwargs.items() if k in params}
     bound = kernel_signature.bind(*launch.args, **keywords).arguments
     signature, constexprs, divisible = {}, {}, []
-    for name, value in bound.items():
-        if "constexpr" in str(params[name].annotation) or (_is_int(value) and value == 1):
-            signature[name], constexprs[name] = "constexpr", value
+    for param, value in bound.items():
+        if "constexpr" in str(params[param].annotation) or (_is_int(value) and value == 1):
+            signature[param], constexprs[param] = "constexpr", value
             continue
-        signature[name] = mangle_type(value)
+        signature[param] = mangle_type(value)
         if isinstance(value, torch.Tensor) or (_is_int(value) and value % DIVISIBILITY == 0):
-            divisible.append(name)
+            divisible.append(param)
     options = {k: v for k, v in launch.kwargs.items() if k not in params}
-    return Specialization(kernel.name, str(kernel.cached.path), signature, constexprs, tuple(divisible),
-                          options, launch.grid)
+    return Specialization(name, str(path), signature, constexprs, tuple(divisible), options, launch.grid)
 
 
 # ------------------------------------------------------------------ compilation
@@ -181,6 +202,12 @@ def _resource_usage(cubin: bytes, name: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", match.group(1))}
 
 
+def _block(spec: Specialization, *names: str) -> int:
+    """The first of the block constexprs `names` the kernel has (region kernels tile rows x
+    columns with BLOCK_R x BLOCK_C, attention tiles queries x keys with BLOCK_M x BLOCK_N)."""
+    return next(spec.constexprs[n] for n in names if n in spec.constexprs)
+
+
 def compile_specialization(spec: Specialization, fn: JITFunction) -> PtxReport:
     """Compile in this process (triton must not be interpreting) and read the PTX and cubin."""
     start = time.perf_counter()
@@ -197,12 +224,12 @@ def compile_specialization(spec: Specialization, fn: JITFunction) -> PtxReport:
         name=spec.name,
         registers=usage["REG"],
         spills=usage["STACK"] + usage["LOCAL"],
-        shared_memory=usage["SHARED"],
+        shared_memory=usage["SHARED"] + compiled.metadata.shared,
         vectorized_loads=bool(_VECTOR_LOAD.search(ptx)),
         vectorized_stores=bool(_VECTOR_STORE.search(ptx)),
         num_warps=compiled.metadata.num_warps,
-        block_r=spec.constexprs["BLOCK_R"],
-        block_c=spec.constexprs["BLOCK_C"],
+        block_r=_block(spec, "BLOCK_R", "BLOCK_M"),
+        block_c=_block(spec, "BLOCK_C", "BLOCK_N"),
         grid=spec.grid,
         seconds=time.perf_counter() - start,
     )

@@ -17,14 +17,19 @@ class TritonTarget(Target):
 
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
         from ad_mlir.codegen.cache import kernel_key, kernel_name
-        from ad_mlir.codegen.lowering import is_kernel, kernel_region
+        from ad_mlir.codegen.lowering import kernel_ops, kernel_region
         from ad_mlir.codegen.region_kernel import emit_kernel_module
+        from ad_mlir.dialects.decompositions import NoKernelForm
 
-        kernels = [op for op in module.walk() if is_kernel(op)]
+        kernels = kernel_ops(module)
         if not kernels:
             output.write("# no ad.fused regions or LLM-level ops: run the fusions first (-p default)\n")
         for i, op in enumerate(kernels):
-            lowered = kernel_region(op)
+            try:
+                lowered = kernel_region(op)
+            except NoKernelForm as e:
+                output.write(f"# ----- {op.name} at {op.location}: no kernel, runs as its torch reference ({e})\n")
+                continue
             key = kernel_key(lowered.region)
             name = kernel_name(lowered.region, key, lowered.label)
             header = f"# ----- kernel {i + 1} of {len(kernels)}: {name} (at {op.location})\n"

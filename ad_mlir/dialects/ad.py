@@ -1133,6 +1133,100 @@ class SiluAndMulOp(KernelOp):
             raise VerifyException("ad.silu_and_mul gate, up and result must have one type")
 
 
+FP8_MAX = 448.0
+"""The largest finite float8_e4m3fn value."""
+
+
+def _is_fp8(t: Attribute) -> bool:
+    return isinstance(t, TensorType) and t.element_type == Float8E4M3FNType()
+
+
+@irdl_op_definition
+class QuantizeFp8Op(KernelOp):
+    """Static FP8 quantization: `clamp(float(input) / scale, -448, 448)` to float8_e4m3fn, with
+    `scale` an f32 tensor that broadcasts to the input (per tensor: 0-d)."""
+
+    name = "ad.quantize_fp8"
+    input = operand_def(AdTensor)
+    scale = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$input `,` $scale attr-dict `:` `(` type($input) `,` type($scale) `)` `->` type($result)"
+
+    def verify_op(self) -> None:
+        if not _is_fp8(self.result.type) or not shapes_compatible(_shape(self.input.type), _shape(self.result.type)):
+            raise VerifyException("ad.quantize_fp8 result must be the input shape in f8E4M3FN")
+        if self.scale.type.element_type != Float32Type():
+            raise VerifyException("ad.quantize_fp8 scale must be f32")
+
+
+@irdl_op_definition
+class QuantizeFp8DynamicOp(KernelOp):
+    """Dynamic FP8 quantization: the scale is `max(amax(|input|), 1e-12) / 448`, per row of the
+    last dim with `per_token` (scale shape [..., 1]), else over the whole tensor (0-d); the
+    values are quantized with it as by `ad.quantize_fp8`. Results: the fp8 values, the f32 scale."""
+
+    name = "ad.quantize_fp8_dynamic"
+    input = operand_def(AdTensor)
+    per_token = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    scale = result_def(AdTensor)
+    assembly_format = (
+        "$input (`per_token` $per_token^)? attr-dict `:` type($input) `->` `(` type($result) `,` type($scale) `)`"
+    )
+
+    def verify_op(self) -> None:
+        shape = _shape(self.input.type)
+        if not _is_fp8(self.result.type) or not shapes_compatible(shape, _shape(self.result.type)):
+            raise VerifyException("ad.quantize_fp8_dynamic result must be the input shape in f8E4M3FN")
+        expected = (*shape[:-1], 1) if self.per_token is not None else ()
+        if self.scale.type.element_type != Float32Type() or not shapes_compatible(expected, _shape(self.scale.type)):
+            raise VerifyException(f"ad.quantize_fp8_dynamic scale must be f32 of shape {_fmt_shape(expected)}")
+
+
+@irdl_op_definition
+class DequantizeFp8Op(KernelOp):
+    """`float(input) * scale`, cast to the result's element type."""
+
+    name = "ad.dequantize_fp8"
+    input = operand_def(AdTensor)
+    scale = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$input `,` $scale attr-dict `:` `(` type($input) `,` type($scale) `)` `->` type($result)"
+
+    def verify_op(self) -> None:
+        if not _is_fp8(self.input.type):
+            raise VerifyException("ad.dequantize_fp8 input must be f8E4M3FN")
+
+
+@irdl_op_definition
+class LinearFp8Op(AdOp):
+    """An FP8 linear: `(float(input) * input_scale) @ (float(weight) * weight_scale).T + bias`,
+    cast to the result type. Scales are f32: per tensor (0-d) or, for the input, per token
+    ([..., 1])."""
+
+    name = "ad.linear_fp8"
+    traits = traits_def(Pure())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    weight = operand_def(AdTensor)
+    input_scale = operand_def(AdTensor)
+    weight_scale = operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $weight `,` $input_scale `,` $weight_scale (`bias` $bias^)? attr-dict `:` `(` type($input) `,` "
+        "type($weight) `,` type($input_scale) `,` type($weight_scale) (`,` type($bias)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        if not (_is_fp8(self.input.type) and _is_fp8(self.weight.type)):
+            raise VerifyException("ad.linear_fp8 input and weight must be f8E4M3FN")
+        in_shape, w_shape = _shape(self.input.type), _shape(self.weight.type)
+        expected = (*in_shape[:-1], w_shape[0])
+        if len(w_shape) != 2 or not shapes_compatible(expected, _shape(self.result.type)):
+            raise VerifyException(f"ad.linear_fp8 result shape should be {_fmt_shape(expected)}")
+
+
 # ----------------------------------------------------------------------- fusion
 
 
@@ -1331,7 +1425,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],
     [OperandRefAttr, TorchValueAttr],

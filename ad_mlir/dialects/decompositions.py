@@ -13,10 +13,12 @@ from collections.abc import Callable
 
 from xdsl.dialects.builtin import (
     DenseArrayBase,
+    Float8E4M3FNType,
     Float32Type,
     Float64Type,
     FloatAttr,
     IntegerAttr,
+    IntegerType,
     TensorType,
     UnitAttr,
     i64,
@@ -26,6 +28,10 @@ from xdsl.ir import Attribute, Operation, SSAValue
 from ad_mlir.dialects import ad
 
 Decomposition = tuple[list[Operation], list[SSAValue]]
+
+
+class NoKernelForm(Exception):
+    """An op instance without a row-kernel decomposition (it runs as its torch reference)."""
 
 
 class _Builder:
@@ -50,15 +56,21 @@ class _Builder:
             return x
         return self.add(ad.CastOp(x, _with_element(x.type, element)))
 
-    def row_mean(self, x: SSAValue) -> SSAValue:
+    def row_reduction(self, op_type: type[ad.ReductionOp], x: SSAValue) -> SSAValue:
         shape = list(x.type.get_shape())
         return self.add(
-            ad.MeanOp.build(
+            op_type.build(
                 operands=[x],
                 properties={"dim": DenseArrayBase.from_list(i64, [-1]), "keepdim": UnitAttr()},
                 result_types=[TensorType(x.type.element_type, [*shape[:-1], 1])],
             )
         )
+
+    def replace_where(self, compare: type[ad.CompareOp], x: SSAValue, bound: float) -> SSAValue:
+        """`bound` where `x compare bound`, else `x` (NaN compares false and stays NaN)."""
+        limit = self.constant(bound)
+        condition = self.add(compare(x, limit, _with_element(x.type, IntegerType(1))))
+        return self.add(ad.WhereOp.build(operands=[condition, limit, x], result_types=[x.type]))
 
 
 def _with_element(t: TensorType, element: Attribute) -> TensorType:
@@ -69,7 +81,7 @@ def _normalized(b: _Builder, x: SSAValue, eps: float) -> SSAValue:
     """`xf * rsqrt(mean(xf^2) + eps)` with `xf` the input in fp32."""
     xf = b.cast(x, Float32Type())
     square = b.add(ad.PowOp(xf, b.constant(2), xf.type))
-    mean = b.row_mean(square)
+    mean = b.row_reduction(ad.MeanOp, square)
     shifted = b.add(ad.AddOp(mean, b.constant(eps), mean.type))
     return b.add(ad.MulOp(xf, b.add(ad.RsqrtOp(shifted)), xf.type))
 
@@ -107,9 +119,48 @@ def decompose_silu_and_mul(op: ad.SiluAndMulOp) -> Decomposition:
     return b.ops, [b.add(ad.MulOp(b.add(ad.SiluOp(op.gate)), op.up, op.result.type))]
 
 
+MIN_AMAX = 1e-12
+"""As `frontends/torch_ops.MIN_AMAX`: keeps an all-zero row's scale positive."""
+
+
+def _quantized(b: _Builder, x: SSAValue, scale: SSAValue) -> SSAValue:
+    """`clamp(float(x) / scale, -448, 448)` as float8_e4m3fn (out of range would be NaN)."""
+    xf = b.cast(x, Float32Type())
+    scaled = b.add(ad.DivOp(xf, scale, xf.type))
+    clamped = b.replace_where(ad.LtOp, b.replace_where(ad.GtOp, scaled, ad.FP8_MAX), -ad.FP8_MAX)
+    return b.cast(clamped, Float8E4M3FNType())
+
+
+def decompose_quantize_fp8(op: ad.QuantizeFp8Op) -> Decomposition:
+    b = _Builder(op.location)
+    return b.ops, [_quantized(b, op.input, op.scale)]
+
+
+def decompose_quantize_fp8_dynamic(op: ad.QuantizeFp8DynamicOp) -> Decomposition:
+    """Per token only: a per-tensor scale needs a reduction over every row, which no row
+    kernel does (weights are quantized per tensor, once, at compile time)."""
+    if op.per_token is None:
+        raise NoKernelForm("per-tensor dynamic FP8 quantization has no kernel (only per token)")
+    b = _Builder(op.location)
+    magnitude = b.add(ad.AbsOp(b.cast(op.input, Float32Type())))
+    amax = b.replace_where(ad.LtOp, b.row_reduction(ad.AmaxOp, magnitude), MIN_AMAX)
+    scale = b.add(ad.DivOp(amax, b.constant(ad.FP8_MAX), amax.type))
+    return b.ops, [_quantized(b, op.input, scale), scale]
+
+
+def decompose_dequantize_fp8(op: ad.DequantizeFp8Op) -> Decomposition:
+    b = _Builder(op.location)
+    xf = b.cast(op.input, Float32Type())
+    product = b.add(ad.MulOp(xf, op.scale, _with_element(op.result.type, Float32Type())))
+    return b.ops, [b.cast(product, op.result.type.element_type)]
+
+
 DECOMPOSITIONS: dict[type[Operation], Callable[..., Decomposition]] = {
     ad.RmsNormOp: decompose_rms_norm,
     ad.AddRmsNormOp: decompose_add_rms_norm,
     ad.SiluAndMulOp: decompose_silu_and_mul,
+    ad.QuantizeFp8Op: decompose_quantize_fp8,
+    ad.QuantizeFp8DynamicOp: decompose_quantize_fp8_dynamic,
+    ad.DequantizeFp8Op: decompose_dequantize_fp8,
 }
 """Kernel op class -> its decomposition."""

@@ -72,3 +72,73 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 @silu_and_mul.register_fake
 def _(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(gate)
+
+
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+MIN_AMAX = 1e-12
+"""Keeps an all-zero row's scale positive (its values quantize to 0)."""
+
+
+def _quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x.to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::quantize_fp8", mutates_args=())
+def quantize_fp8(input: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return _quantize(input, scale)
+
+
+@quantize_fp8.register_fake
+def _(input: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(input, dtype=torch.float8_e4m3fn)
+
+
+def _dynamic_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:
+    magnitude = x.to(torch.float32).abs()
+    amax = magnitude.amax(-1, keepdim=True) if per_token else magnitude.amax()
+    return amax.clamp_min(MIN_AMAX) / FP8_MAX
+
+
+@torch.library.custom_op(f"{NAMESPACE}::quantize_fp8_dynamic", mutates_args=())
+def quantize_fp8_dynamic(input: torch.Tensor, per_token: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = _dynamic_scale(input, per_token)
+    return _quantize(input, scale), scale
+
+
+@quantize_fp8_dynamic.register_fake
+def _(input: torch.Tensor, per_token: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    scale_shape = (*input.shape[:-1], 1) if per_token else ()
+    return torch.empty_like(input, dtype=torch.float8_e4m3fn), input.new_empty(scale_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::dequantize_fp8", mutates_args=())
+def dequantize_fp8(input: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (input.to(torch.float32) * scale).to(dtype)
+
+
+@dequantize_fp8.register_fake
+def _(input: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_like(input, dtype=dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_fp8", mutates_args=())
+def linear_fp8(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    input_scale: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The reference: dequantize both operands and multiply in fp32 (what a scaled FP8 GEMM
+    computes, up to its accumulation order)."""
+    x = input.to(torch.float32) * input_scale
+    w = weight.to(torch.float32) * weight_scale
+    out = torch.nn.functional.linear(x, w, None if bias is None else bias.to(torch.float32))
+    return out.to(dtype)
+
+
+@linear_fp8.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor, weight_scale: torch.Tensor,
+      bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=dtype)

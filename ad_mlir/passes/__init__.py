@@ -62,6 +62,18 @@ def _fuse_silu_mul() -> type[ModulePass]:
     return FuseSiluMulPass
 
 
+def _quantize_linear_fp8() -> type[ModulePass]:
+    from ad_mlir.passes.quantize_linear_fp8 import QuantizeLinearFp8Pass
+
+    return QuantizeLinearFp8Pass
+
+
+def _fuse_rmsnorm_quant() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_rmsnorm_quant import FuseRmsNormQuantPass
+
+    return FuseRmsNormQuantPass
+
+
 def _default() -> type[ModulePass]:
     from ad_mlir.passes.default import DefaultPipelinePass
 
@@ -82,6 +94,8 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-add-rmsnorm": _fuse_add_rmsnorm,
     "fuse-gemms": _fuse_gemms,
     "fuse-silu-mul": _fuse_silu_mul,
+    "quantize-linear-fp8": _quantize_linear_fp8,
+    "fuse-rmsnorm-quant": _fuse_rmsnorm_quant,
     "default": _default,
 }
 """Passes defined by ad-mlir. Those whose name xDSL does not use are registered with xdsl-opt

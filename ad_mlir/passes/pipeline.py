@@ -16,7 +16,10 @@ from ad_mlir.passes import get_all_passes
 log = logging.getLogger(__name__)
 
 PIPELINES: dict[str, str] = {
-    "default": "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,decompose,fuse-elementwise",
+    "default": (
+        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,decompose,"
+        "fuse-elementwise"
+    ),
     "none": "",
 }
 """Pipelines by name; anything else is a YAML file or an xDSL pipeline string ("pass{opt=v},pass")."""

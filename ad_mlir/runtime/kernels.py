@@ -23,8 +23,9 @@ from xdsl.dialects.builtin import Float64Type, ModuleOp, TensorType
 from xdsl.ir import Operation, Region
 
 from ad_mlir.codegen.cache import CachedKernel, KernelCache
-from ad_mlir.codegen.lowering import is_kernel, kernel_region
+from ad_mlir.codegen.lowering import kernel_ops, kernel_region
 from ad_mlir.dialects import ad
+from ad_mlir.dialects.decompositions import NoKernelForm
 from ad_mlir.runtime.reference import run_block
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,12 @@ def build_kernels(module: ModuleOp, cache: KernelCache | None = None) -> dict[Op
     cache = cache or KernelCache()
     start = time.perf_counter()
     hits, generated = cache.hits, cache.generated
-    kernels = {op: region_kernel(op, cache) for op in module.walk() if is_kernel(op)}
+    kernels: dict[Operation, RegionKernel] = {}
+    for op in kernel_ops(module):
+        try:
+            kernels[op] = region_kernel(op, cache)
+        except NoKernelForm as e:
+            log.info("codegen: %s at %s runs as its torch reference: %s", op.name, op.location, e)
     log.info(
         "codegen: %d regions -> %d kernels (%d generated, %d read from the cache %s) in %.3f s",
         len(kernels), len({k.name for k in kernels.values()}), cache.generated - generated,

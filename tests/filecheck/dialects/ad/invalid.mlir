@@ -176,3 +176,19 @@ func.func @silu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x32xbf16>) {
   %0 = ad.silu_and_mul %g, %u : (tensor<2x64xbf16>, tensor<2x32xbf16>) -> tensor<2x64xbf16>
   func.return
 }
+
+// -----
+
+func.func @dynamic_scale_shape(%x: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.quantize_fp8_dynamic' scale must be f32 of shape 2x1
+  %0, %1 = ad.quantize_fp8_dynamic %x per_token : tensor<2x64xbf16> -> (tensor<2x64xf8E4M3FN>, tensor<f32>)
+  func.return
+}
+
+// -----
+
+func.func @linear_fp8_operands(%x: tensor<2x64xbf16>, %w: tensor<8x64xf8E4M3FN>, %s: tensor<f32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear_fp8' input and weight must be f8E4M3FN
+  %0 = ad.linear_fp8 %x, %w, %s, %s : (tensor<2x64xbf16>, tensor<8x64xf8E4M3FN>, tensor<f32>, tensor<f32>) -> tensor<2x8xbf16>
+  func.return
+}

@@ -199,3 +199,18 @@ func.func @llm_ops(%x: tensor<2x?x64xbf16>, %r: tensor<2x?x64xbf16>, %w: tensor<
   // CHECK-NEXT: ad.silu_and_mul %g, %g : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
   func.return
 }
+
+func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f32>) {
+  // CHECK-LABEL: func.func @fp8_ops
+  %q = ad.quantize_fp8 %x, %s : (tensor<4x?x64xbf16>, tensor<f32>) -> tensor<4x?x64xf8E4M3FN>
+  // CHECK-NEXT: ad.quantize_fp8 %x, %s : (tensor<4x?x64xbf16>, tensor<f32>) -> tensor<4x?x64xf8E4M3FN>
+  %qd, %sd = ad.quantize_fp8_dynamic %x per_token : tensor<4x?x64xbf16> -> (tensor<4x?x64xf8E4M3FN>, tensor<4x?x1xf32>)
+  // CHECK-NEXT: ad.quantize_fp8_dynamic %x per_token : tensor<4x?x64xbf16> -> (tensor<4x?x64xf8E4M3FN>, tensor<4x?x1xf32>)
+  %wq, %ws = ad.quantize_fp8_dynamic %w : tensor<32x64xbf16> -> (tensor<32x64xf8E4M3FN>, tensor<f32>)
+  // CHECK-NEXT: ad.quantize_fp8_dynamic %w : tensor<32x64xbf16> -> (tensor<32x64xf8E4M3FN>, tensor<f32>)
+  %y = ad.linear_fp8 %qd, %wq, %sd, %ws : (tensor<4x?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<4x?x1xf32>, tensor<f32>) -> tensor<4x?x32xbf16>
+  // CHECK-NEXT: ad.linear_fp8 %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : (tensor<4x?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<4x?x1xf32>, tensor<f32>) -> tensor<4x?x32xbf16>
+  %d = ad.dequantize_fp8 %q, %s : (tensor<4x?x64xf8E4M3FN>, tensor<f32>) -> tensor<4x?x64xf32>
+  // CHECK-NEXT: ad.dequantize_fp8 %{{.*}}, %s : (tensor<4x?x64xf8E4M3FN>, tensor<f32>) -> tensor<4x?x64xf32>
+  func.return
+}

@@ -1,0 +1,52 @@
+// fuse-rmsnorm-quant: an FP8 quantization joins the norm / SiLU-mul kernel that produces its
+// input, as one ad.fused region.
+// RUN: ad-opt %s --split-input-file -p fuse-rmsnorm-quant | filecheck %s
+// RUN: ad-opt %s --split-input-file -p fuse-rmsnorm-quant -t triton | filecheck %s --check-prefix=KERNEL
+
+// add + RMSNorm + per-token quantization: the region writes the residual sum (the next
+// residual reads it), the fp8 values and the scales; the bf16 normed value is not written.
+// CHECK-LABEL: func.func @add_norm_dynamic
+// CHECK-NEXT:    %[[H:.*]], %[[Q:.*]], %[[S:.*]] = ad.fused(%x, %r, %w) : (tensor<4x64xbf16>, tensor<4x64xbf16>, tensor<64xbf16>) -> (tensor<4x64xbf16>, tensor<4x64xf8E4M3FN>, tensor<4x1xf32>) {
+// CHECK-NEXT:    ^{{.*}}(%[[X:.*]]: tensor<4x64xbf16>, %[[R:.*]]: tensor<4x64xbf16>, %[[W:.*]]: tensor<64xbf16>):
+// CHECK-NEXT:      %[[N:.*]], %[[SUM:.*]] = ad.add_rms_norm %[[X]], %[[R]] weight %[[W]] eps 1.000000e-06
+// CHECK-NEXT:      %[[FQ:.*]], %[[FS:.*]] = ad.quantize_fp8_dynamic %[[N]] per_token
+// CHECK-NEXT:      ad.yield %[[SUM]], %[[FQ]], %[[FS]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    func.return %[[Q]], %[[S]], %[[H]]
+// KERNEL-LABEL: kernel 1 of 1: add_rms_norm_quantize_fp8_dynamic_
+// KERNEL:       tl.store(out1 + {{.*}}.to(tl.float8e4nv), mask=mask)
+// KERNEL:       tl.store(out2 + {{.*}}, mask=row_mask)
+func.func @add_norm_dynamic(%x: tensor<4x64xbf16>, %r: tensor<4x64xbf16>, %w: tensor<64xbf16>) -> (tensor<4x64xf8E4M3FN>, tensor<4x1xf32>, tensor<4x64xbf16>) {
+  %n, %h = ad.add_rms_norm %x, %r weight %w eps 1.0e-06 : (tensor<4x64xbf16>, tensor<4x64xbf16>, tensor<64xbf16>) -> (tensor<4x64xbf16>, tensor<4x64xbf16>)
+  %q, %s = ad.quantize_fp8_dynamic %n per_token : tensor<4x64xbf16> -> (tensor<4x64xf8E4M3FN>, tensor<4x1xf32>)
+  func.return %q, %s, %h : tensor<4x64xf8E4M3FN>, tensor<4x1xf32>, tensor<4x64xbf16>
+}
+
+// -----
+
+// SiLU-mul + static quantization (the scale is a kernel input); the bf16 product is also
+// returned, so the region writes it too.
+// CHECK-LABEL: func.func @silu_static
+// CHECK-NEXT:    %[[M:.*]], %[[Q:.*]] = ad.fused(%g, %u, %s) : (tensor<4x128xbf16>, tensor<4x128xbf16>, tensor<f32>) -> (tensor<4x128xbf16>, tensor<4x128xf8E4M3FN>) {
+// CHECK:           ad.silu_and_mul
+// CHECK-NEXT:      ad.quantize_fp8
+// CHECK:         func.return %[[Q]], %[[M]]
+func.func @silu_static(%g: tensor<4x128xbf16>, %u: tensor<4x128xbf16>, %s: tensor<f32>) -> (tensor<4x128xf8E4M3FN>, tensor<4x128xbf16>) {
+  %m = ad.silu_and_mul %g, %u : (tensor<4x128xbf16>, tensor<4x128xbf16>) -> tensor<4x128xbf16>
+  %q = ad.quantize_fp8 %m, %s : (tensor<4x128xbf16>, tensor<f32>) -> tensor<4x128xf8E4M3FN>
+  func.return %q, %m : tensor<4x128xf8E4M3FN>, tensor<4x128xbf16>
+}
+
+// -----
+
+// Not fused: a per-tensor dynamic quantization (its amax spans every row), and a quantization
+// of an add_rms_norm's sum rather than its normed value.
+// CHECK-LABEL: func.func @not_fused
+// CHECK-NOT:     ad.fused
+func.func @not_fused(%x: tensor<4x64xbf16>, %r: tensor<4x64xbf16>) -> (tensor<4x64xf8E4M3FN>, tensor<f32>, tensor<4x64xf8E4M3FN>, tensor<4x1xf32>) {
+  %n = ad.rms_norm %x eps 1.0e-06 : (tensor<4x64xbf16>) -> tensor<4x64xbf16>
+  %q, %s = ad.quantize_fp8_dynamic %n : tensor<4x64xbf16> -> (tensor<4x64xf8E4M3FN>, tensor<f32>)
+  %n2, %h = ad.add_rms_norm %x, %r eps 1.0e-06 : (tensor<4x64xbf16>, tensor<4x64xbf16>) -> (tensor<4x64xbf16>, tensor<4x64xbf16>)
+  %q2, %s2 = ad.quantize_fp8_dynamic %h per_token : tensor<4x64xbf16> -> (tensor<4x64xf8E4M3FN>, tensor<4x1xf32>)
+  func.return %q, %s, %q2, %s2 : tensor<4x64xf8E4M3FN>, tensor<f32>, tensor<4x64xf8E4M3FN>, tensor<4x1xf32>
+}

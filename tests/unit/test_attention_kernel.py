@@ -1,0 +1,371 @@
+"""The attention kernel template (flash attention with RoPE inside and native GQA) against eager
+torch as HF runs it (RoPE in the input dtype, `repeat_kv`, then SDPA), in the Triton
+interpreter on CPU (conftest sets TRITON_INTERPRET=1 where CUDA is absent) or on the GPU;
+and its PTX for sm_90, compiled without a GPU: no spills, shared memory within an H100's.
+
+q, k and v are made as HF makes them, a projection's [B, S, H * D] output viewed as heads and
+transposed, so the kernel reads them through non-unit strides; sizes are small because the
+interpreter's cost is per program."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+from triton.compiler import make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
+
+from ad_mlir.codegen.attention_kernel import AttentionSpec, attention_blocks, emit_attention_module
+from ad_mlir.codegen.ptx import (
+    TARGET,
+    PtxReport,
+    Specialization,
+    _compile_in_child,
+    compile_specialization,
+    record_launch,
+    specialize_module,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# Tolerances against eager: |kernel - eager| <= k eps (1 + |eager|), eps the dtype's machine
+# epsilon (bf16 2^-7, fp16 2^-10, fp32 2^-23). The largest k measured over this file's cases
+# (outputs reach |4.3|) sets each bound, with room:
+# - fp32: both sides compute in fp32 and differ by summation order, exp2 for exp, and FMA
+#   contraction: k = 6.7 measured (max |diff| 1.4e-6, at |out| 3.7); bound 16.
+# - bf16/fp16: eager applies RoPE in the 16-bit dtype, rounding after each op, while the
+#   kernel keeps RoPE, scores and softmax in fp32 and rounds Q, K and P once, for the dots; the
+#   interpreter also rounds stores toward zero (up to 1 ulp; eager is within 1/2). k = 1.92 for
+#   bf16 (max |diff| 0.031 = 2 ulps at |out| in [2, 4), and 0.0156 at |out| < 0.5) and 1.51
+#   for fp16 (max 1.95e-3); bound 3. The error does not shrink with the output: a score's
+#   error moves the weights of values of size O(1).
+TOLERANCE = {
+    dtype: {"atol": k * torch.finfo(dtype).eps, "rtol": k * torch.finfo(dtype).eps}
+    for dtype, k in ((torch.float32, 16), (torch.bfloat16, 3), (torch.float16, 3))
+}
+
+H100_SHARED_MEMORY = 227 * 1024
+"""The most shared memory one program may ask for on sm_90."""
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def _import(spec: AttentionSpec, directory: Path) -> ModuleType:
+    """The emitted module as the kernel cache loads it: a real file (for `inspect.getsource`),
+    imported under a name unique to the spec."""
+    name = "attn_" + hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    path = directory / f"{name}.py"
+    path.write_text(emit_attention_module(spec, name, f"# test kernel for {spec}\n"))
+    module_spec = importlib.util.spec_from_file_location(f"test_attention_kernels.{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    module.kernel_name = name
+    return module
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[AttentionSpec], ModuleType]:
+    """`build(spec) -> module`, each spec emitted and imported once per worker."""
+    directory = tmp_path_factory.mktemp("attention_kernels")
+    modules: dict[AttentionSpec, ModuleType] = {}
+
+    def build_(spec: AttentionSpec) -> ModuleType:
+        if spec not in modules:
+            modules[spec] = _import(spec, directory)
+        return modules[spec]
+
+    return build_
+
+
+def _run(module: ModuleType, tensors: list[torch.Tensor]) -> torch.Tensor:
+    [out] = module.launch(getattr(module, module.kernel_name), tensors, [])
+    return out
+
+
+def _heads(batch: int, seq: int, heads: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, H, S, D] as HF gets it: `proj(x).view(b, s, h, d).transpose(1, 2)` (non-contiguous)."""
+    proj = torch.randn(batch, seq, heads * head_dim, dtype=dtype, device=DEVICE)
+    return proj.view(batch, seq, heads, head_dim).transpose(1, 2)
+
+
+def _qkv(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    return [_heads(batch, seq, h, head_dim, dtype) for h in (heads, kv_heads, kv_heads)]
+
+
+def _rope_tables(batch: int, seq: int, head_dim: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """HF's cos and sin [batch, S, D] (emb = cat(freqs, freqs)). Batch b's positions step by
+    b + 1, so reading another batch's rows shows (shifting all positions would not: RoPE scores
+    depend on position differences only)."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    positions = torch.arange(seq, dtype=torch.float32)[None, :] * (1 + torch.arange(batch)[:, None])
+    freqs = positions[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return [emb.cos().to(dtype).to(DEVICE), emb.sin().to(dtype).to(DEVICE)]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb (in the inputs' dtypes; fp32 tables promote, and the
+    result goes back to x's dtype as the attention that follows needs)."""
+    return (x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)).to(x.dtype)
+
+
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None = None,
+           sin: torch.Tensor | None = None, mask: torch.Tensor | None = None, causal: bool = False,
+           scale: float | None = None) -> torch.Tensor:
+    if cos is not None:
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+
+def _spec(head_dim: int, dtype: torch.dtype, rope: bool = True, has_mask: bool = False, causal: bool = True,
+          cos_dtype: torch.dtype | None = None) -> AttentionSpec:
+    return AttentionSpec(head_dim, dtype, rope, has_mask, causal, head_dim**-0.5,
+                         (cos_dtype or dtype) if rope else None)
+
+
+def _assert_matches(out: torch.Tensor, expected: torch.Tensor) -> None:
+    assert out.shape == expected.shape and out.dtype == expected.dtype and out.is_contiguous()
+    torch.testing.assert_close(out, expected, **TOLERANCE[out.dtype])
+
+
+def _random_mask(shape: tuple[int, ...]) -> torch.Tensor:
+    """A random boolean mask with at least one key kept in every row."""
+    mask = torch.rand(shape, device=DEVICE) < 0.4
+    keep = torch.randint(0, shape[-1], shape[:-1], device=DEVICE)
+    return mask.scatter(-1, keep[..., None], True)
+
+
+# ---------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize("seq", [1, 5, 17, 40])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (4, 1), (4, 4)], ids=["gqa2", "mqa", "mha"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_rope_causal_gqa_matches_eager(build, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int,  # noqa: ANN001
+                                       seq: int) -> None:
+    """The Llama prefill: causal, RoPE tables of batch 1 broadcast over a batch of 2, K/V
+    shared by groups of q heads; sequences shorter than a block and with partial tails."""
+    q, k, v = _qkv(2, heads, kv_heads, seq, head_dim, dtype)
+    cos, sin = _rope_tables(1, seq, head_dim, dtype)
+    out = _run(build(_spec(head_dim, dtype)), [q, k, v, cos, sin])
+    _assert_matches(out, _eager(q, k, v, cos, sin, causal=True, scale=head_dim**-0.5))
+
+
+@pytest.mark.parametrize("cos_dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("cos_batch", [1, 2])
+def test_rope_tables_per_batch_and_in_fp32(build, cos_batch: int, cos_dtype: torch.dtype) -> None:  # noqa: ANN001
+    q, k, v = _qkv(2, 4, 2, 17, 64, torch.bfloat16)
+    cos, sin = _rope_tables(cos_batch, 17, 64, cos_dtype)
+    out = _run(build(_spec(64, torch.bfloat16, cos_dtype=cos_dtype)), [q, k, v, cos, sin])
+    _assert_matches(out, _eager(q, k, v, cos, sin, causal=True, scale=64**-0.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rope_formula_with_arbitrary_tables(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """`x * cos + rotate_half(x) * sin` for any cos/sin, not only HF's, whose two halves are
+    equal (a kernel that read one half's table for both would pass with those)."""
+    q, k, v = _qkv(2, 4, 2, 17, 64, dtype)
+    cos, sin = (torch.rand(2, 17, 64, device=DEVICE).to(dtype) * 2 - 1 for _ in range(2))
+    out = _run(build(_spec(64, dtype)), [q, k, v, cos, sin])
+    _assert_matches(out, _eager(q, k, v, cos, sin, causal=True, scale=64**-0.5))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_without_rope(build, dtype: torch.dtype, causal: bool) -> None:  # noqa: ANN001
+    q, k, v = _qkv(2, 4, 2, 40, 64, dtype)
+    out = _run(build(_spec(64, dtype, rope=False, causal=causal)), [q, k, v])
+    _assert_matches(out, _eager(q, k, v, causal=causal, scale=64**-0.5))
+
+
+def test_contiguous_and_packed_qkv(build) -> None:  # noqa: ANN001
+    """Contiguous [B, H, S, D] inputs, and q/k/v sliced out of one packed qkv projection (row
+    stride (Hq + 2 Hkv) D)."""
+    dtype, (b, s, h, hkv, d) = torch.bfloat16, (2, 17, 4, 2, 64)
+    kernel = build(_spec(d, dtype))
+    cos, sin = _rope_tables(1, s, d, dtype)
+    contiguous = [t.contiguous() for t in _qkv(b, h, hkv, s, d, dtype)]
+    qkv = torch.randn(b, s, (h + 2 * hkv) * d, dtype=dtype, device=DEVICE)
+    packed = [x.view(b, s, -1, d).transpose(1, 2) for x in qkv.split([h * d, hkv * d, hkv * d], dim=-1)]
+    for q, k, v in (contiguous, packed):
+        _assert_matches(_run(kernel, [q, k, v, cos, sin]), _eager(q, k, v, cos, sin, causal=True, scale=d**-0.5))
+
+
+@pytest.mark.parametrize("expand", [False, True], ids=["1x1xSxS", "expanded"])
+def test_explicit_causal_mask_equals_is_causal(build, expand: bool) -> None:  # noqa: ANN001
+    """HF's boolean causal mask [1, 1, S, S], as is or `.expand`ed to [B, Hq, S, S] (stride 0)."""
+    dtype, seq = torch.bfloat16, 40
+    q, k, v = _qkv(2, 4, 2, seq, 64, dtype)
+    cos, sin = _rope_tables(1, seq, 64, dtype)
+    mask = torch.ones(seq, seq, dtype=torch.bool, device=DEVICE).tril()[None, None]
+    if expand:
+        mask = mask.expand(2, 4, seq, seq)
+    out = _run(build(_spec(64, dtype, has_mask=True, causal=False)), [q, k, v, cos, sin, mask])
+    _assert_matches(out, _eager(q, k, v, cos, sin, causal=True, scale=64**-0.5))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_shape", [(2, 4), (2, 1), (1, 4)], ids=["BxH", "Bx1", "1xH"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_random_mask(build, dtype: torch.dtype, mask_shape: tuple[int, int], causal: bool) -> None:  # noqa: ANN001
+    """A padding-like random mask, alone or with causal (SDPA takes one of them: the reference
+    gets their conjunction)."""
+    seq = 40
+    q, k, v = _qkv(2, 4, 2, seq, 64, dtype)
+    cos, sin = _rope_tables(2, seq, 64, dtype)
+    mask = _random_mask((*mask_shape, seq, seq))
+    if causal:
+        mask = mask.tril().scatter(-1, torch.zeros(*mask_shape, seq, 1, dtype=torch.long, device=DEVICE), True)
+    out = _run(build(_spec(64, dtype, has_mask=True, causal=causal)), [q, k, v, cos, sin, mask])
+    _assert_matches(out, _eager(q, k, v, cos, sin, mask=mask, scale=64**-0.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fully_masked_rows_are_zero_as_in_sdpa(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Torch 2.13's SDPA returns 0 for a query that may attend to no key (CPU, all backends);
+    the kernel stores the same, not NaN. Rows in the first and a later query block, and a whole
+    (batch, head) masked out."""
+    seq = 40
+    q, k, v = _qkv(2, 4, 2, seq, 64, dtype)
+    cos, sin = _rope_tables(1, seq, 64, dtype)
+    mask = _random_mask((2, 4, seq, seq))
+    mask[0, 1, [0, 17, 39]] = False
+    mask[1, 3] = False
+    out = _run(build(_spec(64, dtype, has_mask=True, causal=False)), [q, k, v, cos, sin, mask])
+    expected = _eager(q, k, v, cos, sin, mask=mask, scale=64**-0.5)
+    assert not out.isnan().any()
+    assert (out[0, 1, [0, 17, 39]] == 0).all() and (out[1, 3] == 0).all()
+    assert (expected[0, 1, [0, 17, 39]] == 0).all() and (expected[1, 3] == 0).all()
+    _assert_matches(out, expected)
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 256])
+def test_other_head_dims(build, head_dim: int) -> None:  # noqa: ANN001
+    """Every power of two in 16..256 (RoPE from 32: each half of the head dim feeds a dot)."""
+    dtype, seq, rope = torch.bfloat16, 17, head_dim >= 32
+    q, k, v = _qkv(1, 2, 1, seq, head_dim, dtype)
+    tables = _rope_tables(1, seq, head_dim, dtype) if rope else []
+    out = _run(build(_spec(head_dim, dtype, rope=rope)), [q, k, v, *tables])
+    _assert_matches(out, _eager(q, k, v, *tables, causal=True, scale=head_dim**-0.5))
+
+
+def test_empty_sequence(build) -> None:  # noqa: ANN001
+    q, k, v = _qkv(2, 4, 2, 0, 64, torch.bfloat16)
+    cos, sin = _rope_tables(1, 0, 64, torch.bfloat16)
+    assert _run(build(_spec(64, torch.bfloat16)), [q, k, v, cos, sin]).shape == (2, 4, 0, 64)
+
+
+# ---------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"head_dim": 48}, "head_dim 48 is not a power of two"),
+    ({"head_dim": 512}, "head_dim 512 is not a power of two"),
+    ({"head_dim": 16}, "RoPE needs head_dim >= 32"),
+    ({"dtype": torch.float64}, "dtype torch.float64 is not one of"),
+    ({"cos_dtype": None}, "rope=True needs cos_dtype"),
+    ({"scale": float("nan")}, "softmax scale nan is not finite"),
+])
+def test_spec_rejects_what_the_kernel_cannot_do(fields: dict, message: str) -> None:
+    args = {"head_dim": 64, "dtype": torch.bfloat16, "rope": True, "has_mask": False, "causal": True,
+            "scale": 0.125, "cos_dtype": torch.bfloat16} | fields
+    with pytest.raises(ValueError, match=message):
+        AttentionSpec(**args)
+
+
+def test_launch_rejects_heads_that_do_not_group(build) -> None:  # noqa: ANN001
+    q, k, v = _heads(1, 5, 3, 64, torch.float32), *_qkv(1, 2, 2, 5, 64, torch.float32)[1:]
+    with pytest.raises(ValueError, match=r"q heads must be a multiple of the kv heads"):
+        _run(build(_spec(64, torch.float32, rope=False)), [q, k, v])
+
+
+# ------------------------------------------------------------------ launch and PTX
+
+
+def _meta_inputs(spec: AttentionSpec, seq: int = 1024, batch: int = 2, heads: int = 32,
+                 kv_heads: int = 8) -> list[torch.Tensor]:
+    """A Llama-8B-like prefill on meta tensors (strides as HF's, a [1, 1, S, S] mask)."""
+    def heads_of(h: int) -> torch.Tensor:
+        proj = torch.empty(batch, seq, h * spec.head_dim, dtype=spec.dtype, device="meta")
+        return proj.view(batch, seq, h, spec.head_dim).transpose(1, 2)
+
+    tensors = [heads_of(heads), heads_of(kv_heads), heads_of(kv_heads)]
+    if spec.rope:
+        tensors += [torch.empty(1, seq, spec.head_dim, dtype=spec.cos_dtype, device="meta")] * 2
+    if spec.has_mask:
+        tensors.append(torch.empty(1, 1, seq, seq, dtype=torch.bool, device="meta"))
+    return tensors
+
+
+def test_blocks_shrink_for_short_sequences() -> None:
+    long = attention_blocks(128, torch.bfloat16, 4096)
+    assert (long.block_m, long.block_n, long.num_warps) == (128, 32, 8)
+    short = attention_blocks(128, torch.bfloat16, 5)
+    assert (short.block_m, short.block_n, short.num_warps) == (16, 32, 1)
+
+
+def test_launch_on_meta_tensors_is_specialized_as_triton_does(build) -> None:  # noqa: ANN001
+    """One launch, grid (B * Hq, query blocks), and the types, constexprs and divisibility marks
+    Triton's own binder gives the same arguments (unit strides become constexprs)."""
+    spec = _spec(128, torch.bfloat16, has_mask=True, causal=True)
+    module, tensors = build(spec), _meta_inputs(spec)
+    launch = record_launch(module, module.kernel_name, tensors, [])
+    blocks = attention_blocks(128, torch.bfloat16, 1024)
+    assert launch.grid == (2 * 32, 1024 // blocks.block_m)
+    ours = specialize_module(module, module.kernel_name, tensors)
+    assert ours.constexprs["q_sd"] == 1 and ours.constexprs["BLOCK_N"] == blocks.block_n
+    assert ours.options == {"num_warps": blocks.num_warps, "num_stages": blocks.num_stages, "enable_fp_fusion": True}
+
+    backend = make_backend(TARGET)
+    fn = JITFunction(getattr(module, module.kernel_name).fn)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*launch.args, **launch.kwargs)
+    _, signature, constexprs, attrs = fn._pack_args(backend, dict(launch.kwargs), bound, specialization, options)
+    assert ours.signature == signature
+    assert ours.constexprs == {fn.arg_names[i]: v for (i,), v in constexprs.items()}
+    assert set(ours.divisible) == {fn.arg_names[i] for (i,), a in attrs.items() if a}
+
+
+def _compile(specs: list[Specialization], modules: list[ModuleType]) -> list[PtxReport]:
+    """Under the interpreter, Triton's reductions were built as interpreter functions: compile
+    in a child process that imports triton without it."""
+    if triton.knobs.runtime.interpret:
+        return _compile_in_child(specs)
+    return [compile_specialization(s, getattr(m, s.name)) for s, m in zip(specs, modules, strict=True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_ptx_for_sm90_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """RoPE + mask and RoPE + causal at head_dim 64 and 128 (and all three with fp32 tables, the
+    most registers), specialized for a 1024-token prefill with 32 q / 8 kv heads."""
+    specs = [
+        _spec(head_dim, dtype, has_mask=has_mask, causal=not has_mask)
+        for head_dim in (64, 128) for has_mask in (True, False)
+    ] + [_spec(128, dtype, has_mask=True, causal=True, cos_dtype=torch.float32)]
+    modules = [build(s) for s in specs]
+    reports = _compile([specialize_module(m, m.kernel_name, _meta_inputs(s)) for s, m in zip(specs, modules, strict=True)],
+                       modules)
+    for spec, report in zip(specs, reports, strict=True):
+        blocks = attention_blocks(spec.head_dim, dtype, 1024)
+        usage = (f"head_dim {spec.head_dim} mask={spec.has_mask} causal={spec.causal} cos {spec.cos_dtype}: "
+                 f"{report.registers} registers, {report.spills} B spilled, {report.shared_memory} B shared")
+        assert report.registers > 0 and report.spills == 0, usage
+        assert report.shared_memory <= H100_SHARED_MEMORY, usage
+        assert (report.block_r, report.block_c, report.num_warps) == (blocks.block_m, blocks.block_n,
+                                                                     blocks.num_warps), usage
