@@ -24,7 +24,7 @@ class TinyConfig:
     family: str = "llama"
     layers: int = 2
     hidden_size: int = 64
-    head_dim: int = 16
+    head_dim: int = 32
     vocab_size: int = 128
     dtype: str = "float32"
     seed: int = 0

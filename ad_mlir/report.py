@@ -60,7 +60,9 @@ VIEW_OPS = (
     ad.ReshapeOp, ad.ExpandOp, ad.PermuteOp, ad.TransposeOp, ad.UnsqueezeOp, ad.SqueezeOp, ad.SliceOp,
     ad.SplitOp, ad.AliasOp,
 )
-GEMM_AND_ATTENTION = (ad.LinearOp, ad.MmOp, ad.BmmOp, ad.MatmulOp, ad.AddmmOp, ad.AttentionOp)
+GEMM_AND_ATTENTION = (
+    ad.LinearOp, ad.LinearFp8Op, ad.MmOp, ad.BmmOp, ad.MatmulOp, ad.AddmmOp, ad.AttentionOp, ad.RopeAttentionOp,
+)
 _NO_KERNEL = (*VIEW_OPS, ad.ConstantOp, ad.SymSizeOp)
 _LAYER = re.compile(r"\blayers\.(\d+)\b")
 

@@ -34,5 +34,5 @@ def test_main_job_rejects_bad_config() -> None:
         timeout=120,
     )
     assert proc.returncode == 2
-    assert "hidden_size 48 must be a multiple of 2 * head_dim (32)" in proc.stderr
+    assert "hidden_size 48 must be a multiple of 2 * head_dim (64)" in proc.stderr
     assert "Traceback" not in proc.stderr

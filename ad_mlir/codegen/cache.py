@@ -28,6 +28,7 @@ from types import ModuleType
 from xdsl.printer import Printer
 
 from ad_mlir.codegen import region_kernel
+from ad_mlir.codegen.lowering import emit_kernel_source
 from ad_mlir.dialects import ad
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,11 @@ def _codegen_fingerprint() -> str:
     """Changes whenever the code that writes kernels changes (so old entries are not reused)."""
     import triton
 
-    from ad_mlir.codegen import blocks, writer
+    from ad_mlir.codegen import attention_kernel, blocks, lowering, writer
+    from ad_mlir.dialects import decompositions
 
     h = hashlib.sha256(triton.__version__.encode())
-    for module in (region_kernel, blocks, writer):
+    for module in (region_kernel, attention_kernel, lowering, blocks, writer, decompositions):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 
@@ -156,7 +158,7 @@ class KernelCache:
     @staticmethod
     def source(op: ad.FusedOp, name: str, key: str) -> str:
         header = f"# ad-mlir kernel {name}\n# key: {key}\n"
-        body = region_kernel.emit_kernel_module(op, name, header)
+        body = emit_kernel_source(op, name, header)
         return body + _CHECKSUM + _checksum(body) + "\n"
 
 

@@ -1,14 +1,17 @@
 """What codegen emits for a kernel: the `ad.fused` region of an op, with kernel ops expanded.
 
 A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`) on its own. Either way
-codegen works on a detached region whose body holds only elementwise and row-reduction ops:
-a kernel op is wrapped in a region of its own, and every kernel op in a body is replaced by
-its decomposition (`dialects/decompositions.py`). The IR the passes made is left as it is.
+codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
+kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the
+generic region kernel sees elementwise and row-reduction ops only. An attention op has no
+decomposition: its region is emitted from the attention template. The IR the passes made is
+left as it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
@@ -18,6 +21,9 @@ from xdsl.rewriter import Rewriter
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.decompositions import DECOMPOSITIONS
 from ad_mlir.dialects.weights import weight_only_values
+
+if TYPE_CHECKING:
+    from ad_mlir.codegen.attention_kernel import AttentionSpec
 
 
 @dataclass(frozen=True)
@@ -56,9 +62,42 @@ def kernel_region(op: ad.FusedOp | ad.KernelOp) -> KernelRegion:
     kernel_ops = [o for o in fused.body.block.ops if isinstance(o, ad.KernelOp)]
     label = "_".join(dict.fromkeys(o.name.removeprefix("ad.") for o in kernel_ops)) or None
     for inner in kernel_ops:
-        new_ops, values = DECOMPOSITIONS[type(inner)](inner)
-        Rewriter.replace_op(inner, new_ops, values)
+        if type(inner) in DECOMPOSITIONS:
+            new_ops, values = DECOMPOSITIONS[type(inner)](inner)
+            Rewriter.replace_op(inner, new_ops, values)
     return KernelRegion(fused, label)
+
+
+def template_op(region: ad.FusedOp) -> ad.RopeAttentionOp | None:
+    """The op of a region that is one templated kernel op alone (attention), else None."""
+    ops = [o for o in region.body.block.ops if not isinstance(o, ad.YieldOp)]
+    return ops[0] if len(ops) == 1 and isinstance(ops[0], ad.RopeAttentionOp) else None
+
+
+def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
+    """The kernel module of a lowered region: the attention template for an attention op, the
+    generic region kernel otherwise."""
+    from ad_mlir.codegen import attention_kernel, region_kernel
+
+    op = template_op(region)
+    if op is None:
+        return region_kernel.emit_kernel_module(region, name, header)
+    return attention_kernel.emit_attention_module(attention_spec(op), name, header)
+
+
+def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
+    from ad_mlir.codegen.attention_kernel import AttentionSpec
+    from ad_mlir.frontends.op_table import torch_dtype
+
+    return AttentionSpec(
+        head_dim=op.query.type.get_shape()[3],
+        dtype=torch_dtype(op.query.type),
+        rope=True,
+        has_mask=op.attn_mask is not None,
+        causal=op.is_causal is not None,
+        scale=op.scale.value.data,
+        cos_dtype=torch_dtype(op.cos.type),
+    )
 
 
 def _detached(op: ad.FusedOp) -> ad.FusedOp:

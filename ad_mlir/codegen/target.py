@@ -17,8 +17,7 @@ class TritonTarget(Target):
 
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
         from ad_mlir.codegen.cache import kernel_key, kernel_name
-        from ad_mlir.codegen.lowering import kernel_ops, kernel_region
-        from ad_mlir.codegen.region_kernel import emit_kernel_module
+        from ad_mlir.codegen.lowering import emit_kernel_source, kernel_ops, kernel_region
         from ad_mlir.dialects.decompositions import NoKernelForm
 
         kernels = kernel_ops(module)
@@ -33,4 +32,4 @@ class TritonTarget(Target):
             key = kernel_key(lowered.region)
             name = kernel_name(lowered.region, key, lowered.label)
             header = f"# ----- kernel {i + 1} of {len(kernels)}: {name} (at {op.location})\n"
-            output.write(emit_kernel_module(lowered.region, name, header))
+            output.write(emit_kernel_source(lowered.region, name, header))

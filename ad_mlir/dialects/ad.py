@@ -1133,6 +1133,48 @@ class SiluAndMulOp(KernelOp):
             raise VerifyException("ad.silu_and_mul gate, up and result must have one type")
 
 
+@irdl_op_definition
+class RopeAttentionOp(KernelOp):
+    """Scaled dot-product attention whose query and key get rotary position embedding first,
+    as HF's `apply_rotary_pos_emb` does it in the inputs' dtype: `x * cos + rotate_half(x) *
+    sin` with `cos`/`sin` [batch or 1, seq, head_dim] broadcast over heads. Query
+    [batch, heads, seq, head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query:
+    each kv head serves heads / kv_heads query heads); an optional boolean mask (True =
+    attend) and/or causal masking. Its kernel is a template (`codegen/attention_kernel.py`)."""
+
+    name = "ad.rope_attention"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    query = operand_def(AdTensor)
+    key = operand_def(AdTensor)
+    value = operand_def(AdTensor)
+    cos = operand_def(AdTensor)
+    sin = operand_def(AdTensor)
+    attn_mask = opt_operand_def(AdTensor)
+    is_causal = opt_prop_def(UnitAttr)
+    scale = prop_def(FloatAttr[Float64Type])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$query `,` $key `,` $value `rope` $cos `,` $sin (`mask` $attn_mask^)? (`causal` $is_causal^)? "
+        "`scale` $scale attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($cos) `,` "
+        "type($sin) (`,` type($attn_mask)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        q, k, v = (_shape(x.type) for x in (self.query, self.key, self.value))
+        if not len(q) == len(k) == len(v) == 4:
+            raise VerifyException("ad.rope_attention query/key/value must be [batch, heads, seq, head_dim]")
+        if not (_dims_compatible(q[3], k[3]) and _dims_compatible(k[3], v[3])) or k[1] != v[1]:
+            raise VerifyException("ad.rope_attention key and value must match the query's head_dim and each other")
+        if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
+            raise VerifyException(f"ad.rope_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
+        for table in (self.cos, self.sin):
+            t = _shape(table.type)
+            if len(t) != 3 or not _dims_compatible(t[2], q[3]):
+                raise VerifyException("ad.rope_attention cos/sin must be [batch or 1, seq, head_dim]")
+        if self.result.type != self.query.type:
+            raise VerifyException("ad.rope_attention result must have the query's type")
+
+
 FP8_MAX = 448.0
 """The largest finite float8_e4m3fn value."""
 
@@ -1425,7 +1467,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],
     [OperandRefAttr, TorchValueAttr],

@@ -425,7 +425,10 @@ SPECS: tuple[OpSpec, ...] = (
     OpSpec(ad.AttentionOp, (Overload("aten.scaled_dot_product_attention.default"),)),
     *(
         OpSpec(cls, (Overload(f"{torch_ops.NAMESPACE}.{cls.name.removeprefix('ad.')}.default"),))
-        for cls in (ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp)
+        for cls in (
+            ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.QuantizeFp8Op,
+            ad.QuantizeFp8DynamicOp,
+        )
     ),
     OpSpec(ad.DequantizeFp8Op, (Overload(f"{torch_ops.NAMESPACE}.dequantize_fp8.default"),), derived_dtype="dtype"),
     OpSpec(ad.LinearFp8Op, (Overload(f"{torch_ops.NAMESPACE}.linear_fp8.default"),), derived_dtype="dtype"),

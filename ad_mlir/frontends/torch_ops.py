@@ -142,3 +142,35 @@ def linear_fp8(
 def _(input: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor, weight_scale: torch.Tensor,
       bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rope_attention", mutates_args=())
+def rope_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    scale: float,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = query * cos + _rotate_half(query) * sin
+    k = key * cos + _rotate_half(key) * sin
+    groups = query.shape[1] // key.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                            scale=scale)
+
+
+@rope_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+      attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False) -> torch.Tensor:
+    return torch.empty_like(query)

@@ -74,6 +74,12 @@ def _fuse_rmsnorm_quant() -> type[ModulePass]:
     return FuseRmsNormQuantPass
 
 
+def _fuse_rope_attention() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_rope_attention import FuseRopeAttentionPass
+
+    return FuseRopeAttentionPass
+
+
 def _default() -> type[ModulePass]:
     from ad_mlir.passes.default import DefaultPipelinePass
 
@@ -94,6 +100,7 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-add-rmsnorm": _fuse_add_rmsnorm,
     "fuse-gemms": _fuse_gemms,
     "fuse-silu-mul": _fuse_silu_mul,
+    "fuse-rope-attention": _fuse_rope_attention,
     "quantize-linear-fp8": _quantize_linear_fp8,
     "fuse-rmsnorm-quant": _fuse_rmsnorm_quant,
     "default": _default,

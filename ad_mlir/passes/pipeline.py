@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 PIPELINES: dict[str, str] = {
     "default": (
-        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,decompose,"
-        "fuse-elementwise"
+        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
+        "fuse-rope-attention,decompose,fuse-elementwise"
     ),
     "none": "",
 }

@@ -155,7 +155,7 @@ class AdOptMain(xDSLOptMain):
         group.add_argument("--model", choices=sorted(FAMILIES), help="build a tiny HF model of this family (random weights) and import its torch.export graph")
         group.add_argument("--layers", type=int, default=1, help="decoder layers (default 1)")
         group.add_argument("--hidden-size", type=int, default=64, help="hidden size (default 64)")
-        group.add_argument("--head-dim", type=int, default=16, help="head dim (default 16)")
+        group.add_argument("--head-dim", type=int, default=32, help="head dim (default 32)")
         group.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weight dtype (default float32)")
         group.add_argument("--decompose", action="store_true", help="import the graph after run_decompositions() (core ATen)")
         arg_parser.add_argument(

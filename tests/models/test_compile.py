@@ -23,7 +23,10 @@ from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.report import low_precision_bound
 from ad_mlir.runtime import kernels
 
-REFERENCE_OPS = {"ad_mlir.rms_norm.default", "ad_mlir.add_rms_norm.default", "ad_mlir.silu_and_mul.default"}
+REFERENCE_OPS = {
+    f"ad_mlir.{name}.default"
+    for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "rope_attention", "quantize_fp8", "quantize_fp8_dynamic")
+}
 """The torch reference ops of the LLM-level ops: a compiled graph calls kernels instead."""
 
 
@@ -68,15 +71,17 @@ def test_compiled_kernels_match_eager(exported, family: str, dtype: str) -> None
 
 LLM_OPS_PER_FAMILY = {
     # one layer: the input norm stands alone (its input is the embedding), the post-attention
-    # norm and the final norm follow a residual add; the MLP is silu(gate) * up.
-    "llama": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.silu_and_mul": 1},
-    "qwen2": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.silu_and_mul": 1},
-    "mistral": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.silu_and_mul": 1},
+    # norm and the final norm follow a residual add; RoPE + repeat_kv + SDPA is one op; the
+    # MLP is silu(gate) * up.
+    "llama": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
+    "qwen2": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
+    "mistral": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
     # Gemma's MLP is gelu(tanh)(gate) * up: no silu_and_mul, fuse-elementwise takes it.
-    "gemma": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.silu_and_mul": 0},
+    "gemma": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.silu_and_mul": 0},
     # Gemma2 normalizes the attention and MLP outputs before each residual add (2 more norms
-    # on linears), and the pre-feedforward norm follows the first residual add.
-    "gemma2": {"ad.rms_norm": 3, "ad.add_rms_norm": 2, "ad.silu_and_mul": 0},
+    # on linears), and the pre-feedforward norm follows the first residual add; its attention
+    # soft-caps the logits (matmul/tanh/softmax, no SDPA), so there is no rope_attention.
+    "gemma2": {"ad.rms_norm": 3, "ad.add_rms_norm": 2, "ad.rope_attention": 0, "ad.silu_and_mul": 0},
 }
 
 
@@ -90,6 +95,8 @@ def test_default_pipeline_matches_every_norm_and_gated_mlp(exported, family: str
     assert {name: names.count(name) for name in LLM_OPS_PER_FAMILY[family]} == LLM_OPS_PER_FAMILY[family]
     # nothing of an RMSNorm spelling or of a silu * up is left anywhere (regions included)
     assert not {"ad.rsqrt", "ad.mean", "ad.silu"} & set(names)
+    if LLM_OPS_PER_FAMILY[family]["ad.rope_attention"]:
+        assert "ad.attention" not in names
 
 
 def test_fused_gemm_weights_are_concatenated_once(exported) -> None:

@@ -9,7 +9,7 @@
 // CHECK: func.func @forward(
 // CHECK-SAME: %p_model_embed_tokens_weight: tensor<128x64xf32> {ad.param = "model.embed_tokens.weight"}
 // CHECK-SAME: %p_model_layers_0_self_attn_q_proj_weight: tensor<64x64xf32> {ad.param = "model.layers.0.self_attn.q_proj.weight"}
-// CHECK-SAME: %b_model_rotary_emb_inv_freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}
+// CHECK-SAME: %b_model_rotary_emb_inv_freq: tensor<16xf32> {ad.buffer = "model.rotary_emb.inv_freq"}
 // CHECK-SAME: %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}
 // CHECK-SAME: -> tensor<1x?x128xf32>
 // CHECK: %sym_size_int = ad.sym_size %input_ids dim 1
@@ -25,15 +25,15 @@
 // CHECK-NEXT: ad.mul %[[X]], %[[RSQRT]]
 // CHECK: %[[NORMED:.*]] = ad.mul %p_model_layers_0_input_layernorm_weight, %{{.*}} loc("model.layers.0.input_layernorm")
 // CHECK: %[[Q:.*]] = ad.linear %[[NORMED]], %p_model_layers_0_self_attn_q_proj_weight : (tensor<1x?x64xf32>, tensor<64x64xf32>) -> tensor<1x?x64xf32> loc("model.layers.0.self_attn.q_proj")
-// CHECK-NEXT: ad.reshape %[[Q]] [1, %sym_size_int, -1, 16] : tensor<1x?x64xf32> -> tensor<1x?x4x16xf32> loc("model.layers.0.self_attn")
+// CHECK-NEXT: ad.reshape %[[Q]] [1, %sym_size_int, -1, 32] : tensor<1x?x64xf32> -> tensor<1x?x2x32xf32> loc("model.layers.0.self_attn")
 // CHECK: ad.linear %[[NORMED]], %p_model_layers_0_self_attn_k_proj_weight : (tensor<1x?x64xf32>, tensor<32x64xf32>) -> tensor<1x?x32xf32> loc("model.layers.0.self_attn.k_proj")
 // CHECK: ad.linear %[[NORMED]], %p_model_layers_0_self_attn_v_proj_weight : (tensor<1x?x64xf32>, tensor<32x64xf32>) -> tensor<1x?x32xf32> loc("model.layers.0.self_attn.v_proj")
 // RoPE: rotate_half is slice/neg/cat.
-// CHECK: ad.slice %{{.*}} dim 3 [0, 8, 1]
-// CHECK-NEXT: ad.slice %{{.*}} dim 3 [8, 9223372036854775807, 1]
+// CHECK: ad.slice %{{.*}} dim 3 [0, 16, 1]
+// CHECK-NEXT: ad.slice %{{.*}} dim 3 [16, 9223372036854775807, 1]
 // CHECK-NEXT: ad.neg
 // CHECK-NEXT: ad.cat {{.*}} dim -1
-// CHECK: ad.attention %{{.*}}, %{{.*}}, %{{.*}} mask %{{.*}} scale 2.500000e-01 : f64 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>, tensor<1x1x?x?xi1>) -> tensor<1x4x?x16xf32> loc("model.layers.0.self_attn")
+// CHECK: ad.attention %{{.*}}, %{{.*}}, %{{.*}} mask %{{.*}} scale 0.17677669529663689 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x32xf32> loc("model.layers.0.self_attn")
 // CHECK: ad.linear %{{.*}}, %p_model_layers_0_self_attn_o_proj_weight {{.*}} loc("model.layers.0.self_attn.o_proj")
 // CHECK: %[[GATE:.*]] = ad.linear %{{.*}}, %p_model_layers_0_mlp_gate_proj_weight {{.*}} loc("model.layers.0.mlp.gate_proj")
 // CHECK-NEXT: %[[ACT:.*]] = ad.silu %[[GATE]] : tensor<1x?x128xf32> -> tensor<1x?x128xf32> loc("model.layers.0.mlp.act_fn")

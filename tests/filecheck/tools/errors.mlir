@@ -45,5 +45,5 @@
 // MISSING: ad-opt: error: [Errno 2] No such file or directory: '{{.*}}does_not_exist.mlir'{{$}}
 // MISSING-NOT: {{.}}
 
-// CONFIG: ad-opt: error: hidden_size 48 must be a multiple of 2 * head_dim (32){{$}}
+// CONFIG: ad-opt: error: hidden_size 48 must be a multiple of 2 * head_dim (64){{$}}
 // CONFIG-NOT: {{.}}

@@ -1,0 +1,188 @@
+"""`fuse-rope-attention`: HF's RoPE on Q and K, `repeat_kv` and SDPA -> `ad.rope_attention`.
+
+The pattern (`apply_rotary_pos_emb` + `repeat_kv` + `scaled_dot_product_attention`):
+    q_embed = q * unsqueeze(cos, 1) + cat(-q[..., d/2:], q[..., :d/2]) * unsqueeze(sin, 1)
+    k_embed = the same on k, with the same cos/sin
+    k_rep   = reshape(expand(unsqueeze(k_embed, 2), [b, kv, groups, s, d]), [b, kv * groups, s, d])
+              (or k_embed itself: one group, or `enable_gqa`), v_rep likewise on v
+    out     = attention(q_embed, k_rep, v_rep, mask?, causal?, scale?)
+becomes `ad.rope_attention(q, k, v, cos, sin, mask)`: one kernel that applies RoPE to the Q
+and K tiles after loading them and reads each kv head once for its query heads (no rotated
+or repeated copies of Q/K/V in memory). The rotated/repeated values must have no other users.
+The attention template needs a power-of-two head_dim of at least 32 (RoPE rotates halves that
+feed `tl.dot`, whose depth is at least 16) and float16/bfloat16/float32 operands; other
+attentions stay as they are, and the log says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IntegerType,
+    ModuleOp,
+    UnitAttr,
+)
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from ad_mlir.dialects import ad
+from ad_mlir.passes.matching import erase_dead, other_operand, plain_binary, producer
+
+log = logging.getLogger(__name__)
+
+ATTENTION_DTYPES = (Float16Type(), BFloat16Type(), Float32Type())
+
+
+@dataclass
+class Rope:
+    x: SSAValue
+    cos: SSAValue
+    sin: SSAValue
+    chain: list[Operation] = field(default_factory=list)
+
+
+def _static_slice(op: Operation | None, x: SSAValue) -> tuple[int, int] | None:
+    """(start, end) of a last-dim, step-1 static slice of `x`."""
+    if not isinstance(op, ad.SliceOp) or op.input != x or op.bounds:
+        return None
+    start, end, step = op.static_bounds.get_values()
+    rank = len(x.type.get_shape())
+    if step != 1 or ad.normalize_dim(op.dim.value.data, rank) != rank - 1:
+        return None
+    return start, min(end, x.type.get_shape()[-1])
+
+
+def rotate_half_of(value: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
+    """`x` when `value` is `cat(-x[..., d/2:], x[..., :d/2])` on the last dim."""
+    cat = producer(value, ad.CatOp)
+    if cat is None or len(cat.tensors) != 2:
+        return None
+    rank = len(value.type.get_shape())
+    if ad.normalize_dim(cat.dim.value.data if cat.dim else 0, rank) != rank - 1:
+        return None
+    neg = producer(cat.tensors[0], ad.NegOp)
+    high = neg.input.owner if neg is not None else None
+    low = cat.tensors[1].owner
+    if not isinstance(high, ad.SliceOp) or not isinstance(low, ad.SliceOp) or high.input != low.input:
+        return None
+    x = low.input
+    d = x.type.get_shape()[-1]
+    if _static_slice(high, x) != (d // 2, d) or _static_slice(low, x) != (0, d // 2) or d % 2:
+        return None
+    return x, [cat, neg, high, low]
+
+
+def _table(value: SSAValue) -> tuple[SSAValue, Operation] | None:
+    """`cos` when `value` is `unsqueeze(cos, 1)` of a [batch, seq, head_dim] table."""
+    op = producer(value, ad.UnsqueezeOp)
+    if op is None or op.dim.value.data != 1 or len(op.input.type.get_shape()) != 3:
+        return None
+    return op.input, op
+
+
+def match_rope(value: SSAValue) -> Rope | None:
+    add = value.owner
+    if not plain_binary(add, ad.AddOp):
+        return None
+    for straight, rotated in (add.operands, reversed(add.operands)):
+        m1, m2 = producer(straight, ad.MulOp), producer(rotated, ad.MulOp)
+        if m1 is None or m2 is None:
+            continue
+        for cos_u in m1.operands:
+            x = other_operand(m1, cos_u)
+            for sin_u in m2.operands:
+                rot = rotate_half_of(other_operand(m2, sin_u))
+                cos, sin = _table(cos_u), _table(sin_u)
+                if rot is not None and rot[0] == x and cos is not None and sin is not None:
+                    return Rope(x, cos[0], sin[0], [add, m1, m2, *rot[1], cos[1], sin[1]])
+    return None
+
+
+def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
+    """The kv tensor before HF's `repeat_kv` (the value itself when it was not repeated)."""
+    reshape = producer(value, ad.ReshapeOp)
+    expand = producer(reshape.input, ad.ExpandOp) if reshape is not None else None
+    unsqueeze = producer(expand.input, ad.UnsqueezeOp) if expand is not None else None
+    if unsqueeze is None or unsqueeze.dim.value.data != 2:
+        return value, []
+    x = unsqueeze.input
+    b, kv, s, d = x.type.get_shape()
+    if tuple(expand.result.type.get_shape()) != (b, kv, query_heads // kv, s, d):
+        return value, []
+    return x, [reshape, expand, unsqueeze]
+
+
+def unsupported(op: ad.AttentionOp) -> str | None:
+    """Why the attention template cannot run `op`, or None."""
+    q = op.query.type
+    d = q.get_shape()[-1]
+    if q.element_type not in ATTENTION_DTYPES or op.key.type.element_type != q.element_type:
+        return f"dtype {q.element_type} (the template takes f16/bf16/f32)"
+    if d < 32 or d & (d - 1):
+        return f"head_dim {d} (the template needs a power of two >= 32)"
+    if op.dropout_p is not None and op.dropout_p.value.data != 0.0:
+        return "dropout"
+    if op.attn_mask is not None and op.attn_mask.type.element_type != IntegerType(1):
+        return "a float mask (the template takes a boolean mask)"
+    return None
+
+
+class FuseRopeAttention(RewritePattern):
+    def __init__(self) -> None:
+        self.matches = 0
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.AttentionOp, rewriter: PatternRewriter) -> None:
+        q_rope = match_rope(op.query)
+        if q_rope is None:
+            return
+        if (reason := unsupported(op)) is not None:
+            log.info("fuse-rope-attention: attention at %s not fused: %s", op.location, reason)
+            return
+        heads = op.query.type.get_shape()[1]
+        k_embed, k_repeat = match_repeat_kv(op.key, heads)
+        v, v_repeat = match_repeat_kv(op.value, heads)
+        k_rope = match_rope(k_embed)
+        if k_rope is None or (k_rope.cos, k_rope.sin) != (q_rope.cos, q_rope.sin):
+            return
+        if k_rope.x.type.get_shape()[1] != v.type.get_shape()[1]:
+            return
+        scale = op.scale.value.data if op.scale is not None else op.query.type.get_shape()[-1] ** -0.5
+        properties = {"scale": FloatAttr(scale, Float64Type())}
+        if op.is_causal is not None:
+            properties["is_causal"] = UnitAttr()
+        fused = ad.RopeAttentionOp.build(
+            operands=[q_rope.x, k_rope.x, v, q_rope.cos, q_rope.sin, [op.attn_mask] if op.attn_mask else []],
+            properties=properties,
+            result_types=[op.result.type],
+        )
+        fused.location = op.location
+        rewriter.replace(op, fused)
+        erase_dead(rewriter, [*k_repeat, *v_repeat, *q_rope.chain[:-2], *k_rope.chain[:-2], *q_rope.chain[-2:]])
+        self.matches += 1
+
+
+@dataclass(frozen=True)
+class FuseRopeAttentionPass(ModulePass):
+    """RoPE + repeat_kv + attention -> `ad.rope_attention` (see the module docstring)."""
+
+    name = "fuse-rope-attention"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        pattern = FuseRopeAttention()
+        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
+        log.info("fuse-rope-attention: %d attentions with RoPE fused", pattern.matches)

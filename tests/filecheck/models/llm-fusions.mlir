@@ -1,0 +1,50 @@
+// The default pipeline on two-layer tiny HF models (bf16): per decoder layer one RMSNorm op per
+// norm (the residual add fused into every norm that follows one), one rope_attention (RoPE,
+// repeat_kv and SDPA in one kernel) and, for the SiLU MLPs, one silu_and_mul over the fused
+// gate/up GEMM; the spellings they replace are gone.
+// RUN: ad-opt --model llama --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,SILU
+// RUN: ad-opt --model qwen2 --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,SILU
+// RUN: ad-opt --model mistral --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,SILU
+// RUN: ad-opt --model gemma --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,GELU
+// RUN: ad-opt --model gemma2 --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefix=GEMMA2
+// RUN: ad-opt --model llama --layers 2 --dtype bfloat16 -p default | filecheck %s --check-prefix=GONE
+// RUN: ad-opt --model gemma --layers 2 --dtype bfloat16 -p default | filecheck %s --check-prefix=GONE
+
+// Nothing of the replaced spellings is left anywhere (regions included).
+// GONE:      func.func @forward
+// GONE-NOT:  ad.rsqrt
+// GONE-NOT:  ad.mean
+// GONE-NOT:  ad.attention
+// GONE-NOT:  ad.silu{{ }}
+// GONE-NOT:  ad.neg
+
+// CHECK:      ad.rms_norm %{{.*}} weight %p_model_layers_0_input_layernorm_weight {{.*}} loc("model.layers.0.input_layernorm")
+// CHECK:      ad.cat %p_model_layers_0_self_attn_q_proj_weight, %p_model_layers_0_self_attn_k_proj_weight, %p_model_layers_0_self_attn_v_proj_weight dim 0
+// CHECK:      ad.rope_attention {{.*}} loc("model.layers.0.self_attn")
+// CHECK:      ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_0_post_attention_layernorm_weight {{.*}} loc("model.layers.0.post_attention_layernorm")
+// CHECK:      ad.cat %p_model_layers_0_mlp_gate_proj_weight, %p_model_layers_0_mlp_up_proj_weight dim 0
+// SILU-NEXT:  %[[GU:.*]] = ad.linear
+// SILU-NEXT:  %[[G:.*]] = ad.slice %[[GU]] dim 2 [0, 128, 1]
+// SILU-NEXT:  %[[U:.*]] = ad.slice %[[GU]] dim 2 [128, 256, 1]
+// SILU-NEXT:  ad.silu_and_mul %[[G]], %[[U]] {{.*}} loc("model.layers.0.mlp")
+// GELU:       ad.fused
+// GELU:       ad.gelu
+// CHECK:      ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_1_input_layernorm_weight {{.*}} loc("model.layers.1.input_layernorm")
+// CHECK:      ad.rope_attention {{.*}} loc("model.layers.1.self_attn")
+// CHECK:      ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_1_post_attention_layernorm_weight
+// SILU:       ad.silu_and_mul
+// CHECK:      ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_norm_weight {{.*}} loc("model.norm")
+// CHECK-NOT:  ad.rms_norm
+// CHECK-NOT:  ad.rope_attention
+// CHECK-NOT:  ad.silu
+
+// Gemma2 computes attention with a logit soft-cap (matmul, tanh, softmax), not SDPA: no
+// rope_attention. Its four norms per layer are matched; the pre-feedforward and the next
+// layer's input norm take the residual adds.
+// GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_input_layernorm_weight
+// GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_post_attention_layernorm_weight
+// GEMMA2-NEXT: ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_0_pre_feedforward_layernorm_weight
+// GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_post_feedforward_layernorm_weight
+// GEMMA2-NEXT: ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_1_input_layernorm_weight
+// GEMMA2-NOT:  ad.rope_attention
+// GEMMA2-NOT:  ad.rsqrt
