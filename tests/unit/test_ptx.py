@@ -97,3 +97,23 @@ def test_a_kernel_triton_rejects_raises_naming_it(exported, tmp_path: Path) -> N
     broken = dataclasses.replace(silu_mul, cached=dataclasses.replace(silu_mul.cached, path=path, module=module))
     with pytest.raises(PtxCompileError, match=rf"(?s)kernel {silu_mul.name} does not compile.*no_such_function"):
         ptx_reports([broken])
+
+
+def test_attention_and_fp8_kernels_compile_without_spills(exported) -> None:  # noqa: ANN001
+    """The rope-attention template (as specialized for the tiny llama: head_dim 32, bf16, a
+    boolean mask) and the fused norm / SiLU-mul + FP8 quantization kernels of a quantized llama
+    (dynamic per-token and static scales)."""
+    _, ep = exported("llama", "bfloat16", False)
+    kernels: dict[str, RegionKernel] = {}
+    for quantize in ("quantize-linear-fp8", "quantize-linear-fp8{scheme=static activation-scale=0.02}"):
+        program = import_program(ep)
+        run_pipeline(program.module, f"{quantize},default")
+        kernels.update((k.name, k) for k in build_kernels(program.module).values())
+    wanted = ("rope_attention_", "rms_norm_quantize_fp8_dynamic_", "add_rms_norm_quantize_fp8_dynamic_",
+              "silu_and_mul_quantize_fp8_dynamic_", "rms_norm_quantize_fp8_", "silu_and_mul_quantize_fp8_")
+    for prefix in wanted:
+        assert any(name.startswith(prefix) for name in kernels), prefix
+    for kernel in kernels.values():
+        _assert_specialized_as_triton_does(kernel)
+    for report in _reports(list(kernels.values())):
+        assert report.registers > 0 and report.spills == 0, report
