@@ -117,6 +117,16 @@ def verdict(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], truth
     return "within tolerance"
 
 
+def quantized_verdict(original: Sequence[torch.Tensor], got: Sequence[torch.Tensor],
+                      reference: Sequence[torch.Tensor]) -> str:
+    """For an FP8-quantized graph: 'within tolerance' when the compiled graph is within 3x the
+    quantization error (`reference`, the quantized IR evaluated in torch, against `original`)
+    of that reference (kernels may round a few fp8 values to a neighbour, as large as their
+    quantization error; tests/unit/test_fp8.py measures 1.3x-2.2x), else 'OUT OF TOLERANCE'."""
+    noise = max_abs_error(original, reference)
+    return "within tolerance" if max_abs_error(reference, got) <= 3 * noise else "OUT OF TOLERANCE"
+
+
 def _print_kernels(kernels: dict[Any, Any], cache: KernelCache) -> None:
     names = sorted({k.name for k in kernels.values()})
     print(
@@ -173,6 +183,10 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
     runs_on = "Triton interpreter (TRITON_INTERPRET=1)" if interpreted else "torch reference semantics (no CUDA)"
     print(f"\ncompiled graph against the original torch.export graph (same inputs; kernels run in the {runs_on}):")
     truth_model = build_model(dataclasses.replace(cfg, dtype="float32"))
+    quantized = any(isinstance(op, ad.LinearFp8Op) for op in program.module.walk())
+    if quantized:
+        print("  (FP8 pipeline: the compiled graph is judged against the same quantized IR run by the reference "
+              "evaluator, whose error against the original graph is the quantization's)")
     ok = True
     for seq in seq_lens:
         ids = example_input_ids(cfg, seq, seed=seq)
@@ -181,7 +195,7 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
             out = gm(ids)
             truth = torch.utils._pytree.tree_leaves(truth_model(input_ids=ids))[: len(ref)]
             ev = evaluate(program.module, program.weights, [ids])
-        result = verdict(ref, out, truth)
+        result = quantized_verdict(ref, out, ev) if quantized else verdict(ref, out, truth)
         ok &= result != "OUT OF TOLERANCE"
         print(
             f"  seq {seq:3d}: compiled graph max |err| {max_abs_error(ref, out):.3g} ({result}), "
