@@ -3,8 +3,8 @@
 A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`) on its own. Either way
 codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
 kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the
-generic region kernel sees elementwise and row-reduction ops only. An attention op has no
-decomposition: its region is emitted from the attention template. The IR the passes made is
+generic region kernel sees elementwise and row-reduction ops only. Attention and RoPE ops have
+no decomposition: their regions are emitted from templates. The IR the passes made is
 left as it is.
 """
 
@@ -68,21 +68,30 @@ def kernel_region(op: ad.FusedOp | ad.KernelOp) -> KernelRegion:
     return KernelRegion(fused, label)
 
 
-def template_op(region: ad.FusedOp) -> ad.RopeAttentionOp | None:
-    """The op of a region that is one templated kernel op alone (attention), else None."""
+TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp)
+"""Kernel ops emitted from a template of their own (they have no decomposition)."""
+
+
+def template_op(region: ad.FusedOp) -> ad.RopeAttentionOp | ad.RopeOp | None:
+    """The op of a region that is one templated kernel op alone, else None."""
     ops = [o for o in region.body.block.ops if not isinstance(o, ad.YieldOp)]
-    return ops[0] if len(ops) == 1 and isinstance(ops[0], ad.RopeAttentionOp) else None
+    return ops[0] if len(ops) == 1 and isinstance(ops[0], TEMPLATE_OPS) else None
 
 
 def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
-    """The kernel module of a lowered region: the attention template for an attention op, the
-    generic region kernel otherwise."""
-    from ad_mlir.codegen import attention_kernel, region_kernel
+    """The kernel module of a lowered region: the attention or RoPE template for those ops,
+    the generic region kernel otherwise."""
+    from ad_mlir.codegen import attention_kernel, region_kernel, rope_kernel
+    from ad_mlir.frontends.op_table import torch_dtype
 
     op = template_op(region)
-    if op is None:
-        return region_kernel.emit_kernel_module(region, name, header)
-    return attention_kernel.emit_attention_module(attention_spec(op), name, header)
+    if isinstance(op, ad.RopeAttentionOp):
+        return attention_kernel.emit_attention_module(attention_spec(op), name, header)
+    if isinstance(op, ad.RopeOp):
+        head_dim = op.query.type.get_shape()[3]
+        return rope_kernel.emit_rope_module(head_dim, torch_dtype(op.query.type), torch_dtype(op.key.type), name,
+                                            header)
+    return region_kernel.emit_kernel_module(region, name, header)
 
 
 def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:

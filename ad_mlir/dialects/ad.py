@@ -1175,6 +1175,35 @@ class RopeAttentionOp(KernelOp):
             raise VerifyException("ad.rope_attention result must have the query's type")
 
 
+@irdl_op_definition
+class RopeOp(KernelOp):
+    """HF's `apply_rotary_pos_emb` on a query and a key together: `x * cos + rotate_half(x) *
+    sin` for each, computed in their dtype, with `cos`/`sin` [batch or 1, seq, head_dim]
+    broadcast over heads. Query [batch, heads, seq, head_dim], key [batch, kv_heads, seq,
+    head_dim]. Its kernel is a template (`codegen/rope_kernel.py`): one launch for both."""
+
+    name = "ad.rope"
+    query = operand_def(AdTensor)
+    key = operand_def(AdTensor)
+    cos = operand_def(AdTensor)
+    sin = operand_def(AdTensor)
+    query_out = result_def(AdTensor)
+    key_out = result_def(AdTensor)
+    assembly_format = (
+        "$query `,` $key `rope` $cos `,` $sin attr-dict `:` `(` type($query) `,` type($key) `,` type($cos) `,` "
+        "type($sin) `)` `->` `(` type($query_out) `,` type($key_out) `)`"
+    )
+
+    def verify_op(self) -> None:
+        q, k = _shape(self.query.type), _shape(self.key.type)
+        if len(q) != 4 or len(k) != 4 or not _dims_compatible(q[3], k[3]):
+            raise VerifyException("ad.rope query/key must be [batch, heads, seq, head_dim] with one head_dim")
+        if self.query_out.type != self.query.type or self.key_out.type != self.key.type:
+            raise VerifyException("ad.rope results must have the query's and the key's types")
+        if self.cos.type != self.sin.type or len(_shape(self.cos.type)) != 3:
+            raise VerifyException("ad.rope cos and sin must be one [batch or 1, seq, head_dim] type")
+
+
 FP8_MAX = 448.0
 """The largest finite float8_e4m3fn value."""
 
@@ -1467,7 +1496,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],
     [OperandRefAttr, TorchValueAttr],

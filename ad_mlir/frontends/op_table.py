@@ -426,7 +426,7 @@ SPECS: tuple[OpSpec, ...] = (
     *(
         OpSpec(cls, (Overload(f"{torch_ops.NAMESPACE}.{cls.name.removeprefix('ad.')}.default"),))
         for cls in (
-            ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.QuantizeFp8Op,
+            ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.QuantizeFp8Op,
             ad.QuantizeFp8DynamicOp,
         )
     ),

@@ -149,6 +149,22 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's `apply_rotary_pos_emb` for one tensor (`cos`/`sin` already unsqueezed over heads)."""
+    return x * cos + _rotate_half(x) * sin
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rope", mutates_args=())
+def rope(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+
+
+@rope.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(query), torch.empty_like(key)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::rope_attention", mutates_args=())
 def rope_attention(
     query: torch.Tensor,
@@ -162,8 +178,7 @@ def rope_attention(
 ) -> torch.Tensor:
     """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q = query * cos + _rotate_half(query) * sin
-    k = key * cos + _rotate_half(key) * sin
+    q, k = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
     groups = query.shape[1] // key.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,

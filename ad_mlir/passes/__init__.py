@@ -80,6 +80,12 @@ def _fuse_rope_attention() -> type[ModulePass]:
     return FuseRopeAttentionPass
 
 
+def _optimize_rope() -> type[ModulePass]:
+    from ad_mlir.passes.optimize_rope import OptimizeRopePass
+
+    return OptimizeRopePass
+
+
 def _default() -> type[ModulePass]:
     from ad_mlir.passes.default import DefaultPipelinePass
 
@@ -101,6 +107,7 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-gemms": _fuse_gemms,
     "fuse-silu-mul": _fuse_silu_mul,
     "fuse-rope-attention": _fuse_rope_attention,
+    "optimize-rope": _optimize_rope,
     "quantize-linear-fp8": _quantize_linear_fp8,
     "fuse-rmsnorm-quant": _fuse_rmsnorm_quant,
     "default": _default,

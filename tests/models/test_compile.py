@@ -25,7 +25,8 @@ from ad_mlir.runtime import kernels
 
 REFERENCE_OPS = {
     f"ad_mlir.{name}.default"
-    for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "rope_attention", "quantize_fp8", "quantize_fp8_dynamic")
+    for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "rope_attention", "rope", "quantize_fp8",
+                 "quantize_fp8_dynamic")
 }
 """The torch reference ops of the LLM-level ops: a compiled graph calls kernels instead."""
 
@@ -73,15 +74,16 @@ LLM_OPS_PER_FAMILY = {
     # one layer: the input norm stands alone (its input is the embedding), the post-attention
     # norm and the final norm follow a residual add; RoPE + repeat_kv + SDPA is one op; the
     # MLP is silu(gate) * up.
-    "llama": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
-    "qwen2": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
-    "mistral": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
+    "llama": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1},
+    "qwen2": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1},
+    "mistral": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1},
     # Gemma's MLP is gelu(tanh)(gate) * up: no silu_and_mul, fuse-elementwise takes it.
-    "gemma": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.silu_and_mul": 0},
+    "gemma": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 0},
     # Gemma2 normalizes the attention and MLP outputs before each residual add (2 more norms
     # on linears), and the pre-feedforward norm follows the first residual add; its attention
-    # soft-caps the logits (matmul/tanh/softmax, no SDPA), so there is no rope_attention.
-    "gemma2": {"ad.rms_norm": 3, "ad.add_rms_norm": 2, "ad.rope_attention": 0, "ad.silu_and_mul": 0},
+    # soft-caps the logits (matmul/tanh/softmax, no SDPA), so there is no rope_attention: its
+    # query and key RoPE are one ad.rope.
+    "gemma2": {"ad.rms_norm": 3, "ad.add_rms_norm": 2, "ad.rope_attention": 0, "ad.rope": 1, "ad.silu_and_mul": 0},
 }
 
 

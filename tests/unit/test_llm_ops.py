@@ -79,8 +79,12 @@ CASES = {
 
 
 def _op(case: str) -> ad.KernelOp:
-    """The op, parsed inside a function whose arguments are its operands."""
     args, text, _ = CASES[case]
+    return _parse_op(args, text)
+
+
+def _parse_op(args: str, text: str) -> ad.KernelOp:
+    """The op, parsed inside a function whose arguments are `args`."""
     ctx = Context()
     for dialect in (Builtin, Func, ad.Ad):
         ctx.load_dialect(dialect)
@@ -119,3 +123,36 @@ def test_kernel_matches_the_reference(case: str, tmp_path) -> None:
     for out, expected in zip(got, run_op(op, inputs), strict=True):
         assert out.dtype == expected.dtype and out.shape == expected.shape
         torch.testing.assert_close(out.float(), expected.float(), rtol=1.3e-6 + roundings * 2.0**-7, atol=1e-5)
+
+
+ROPE = (
+    "%q: tensor<2x4x5x32x{t}>, %k: tensor<2x2x5x32x{t}>, %c: tensor<1x5x32x{t}>, %s: tensor<1x5x32x{t}>",
+    "ad.rope %q, %k rope %c, %s : (tensor<2x4x5x32x{t}>, tensor<2x2x5x32x{t}>, tensor<1x5x32x{t}>, "
+    "tensor<1x5x32x{t}>) -> (tensor<2x4x5x32x{t}>, tensor<2x2x5x32x{t}>)",
+)
+
+
+@pytest.mark.parametrize("element", ["f32", "bf16"])
+def test_rope_kernel_matches_the_reference(element: str, tmp_path) -> None:
+    """The RoPE template on q and k (cos/sin of batch 1, broadcast; q/k transposed views, as HF
+    makes them). The reference rounds each of `x * cos`, `rotate_half(x) * sin` and their sum
+    to the dtype; the kernel rounds the fp32 result once (truncating in the interpreter). The
+    terms are at most max|x| (|cos|, |sin| <= 1), so in bf16 the difference is at most three
+    bf16 ulps of max|x| (3 * 2^-7 relative); fp32 agrees to torch.testing's tolerance."""
+    op = _parse_op(ROPE[0].format(t=element), ROPE[1].format(t=element))
+    dtype = torch_dtype(op.query.type)
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 5, 4, 32, generator=generator).to(dtype).transpose(1, 2)
+    k = torch.randn(2, 5, 2, 32, generator=generator).to(dtype).transpose(1, 2)
+    angles = torch.randn(1, 5, 32, generator=generator)
+    inputs = [q, k, angles.cos().to(dtype), angles.sin().to(dtype)]
+    kernel = region_kernel(op, KernelCache(tmp_path))
+    assert kernel.name.startswith("rope_") and type(kernel.cached.jit_function).__name__ == "InterpretedFunction"
+    got = kernel.run(*kernel.split_inputs(inputs))
+    for out, expected, x in zip(got, run_op(op, inputs), (q, k), strict=True):
+        assert out.dtype == expected.dtype and out.shape == expected.shape and out.is_contiguous()
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, expected)
+        else:
+            atol = 3 * 2.0**-7 * x.float().abs().max().item()
+            torch.testing.assert_close(out.float(), expected.float(), rtol=0, atol=atol)

@@ -39,12 +39,14 @@
 // CHECK-NOT:  ad.silu
 
 // Gemma2 computes attention with a logit soft-cap (matmul, tanh, softmax), not SDPA: no
-// rope_attention. Its four norms per layer are matched; the pre-feedforward and the next
-// layer's input norm take the residual adds.
+// rope_attention, but its query and key RoPE are one ad.rope. Its four norms per layer are
+// matched; the pre-feedforward and the next layer's input norm take the residual adds.
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_input_layernorm_weight
+// GEMMA2:      ad.rope {{.*}} loc("model.layers.0.self_attn")
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_post_attention_layernorm_weight
 // GEMMA2-NEXT: ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_0_pre_feedforward_layernorm_weight
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_post_feedforward_layernorm_weight
 // GEMMA2-NEXT: ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_1_input_layernorm_weight
+// GEMMA2:      ad.rope {{.*}} loc("model.layers.1.self_attn")
 // GEMMA2-NOT:  ad.rope_attention
 // GEMMA2-NOT:  ad.rsqrt

@@ -223,3 +223,10 @@ func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, 
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   func.return
 }
+
+func.func @rope(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>) {
+  // CHECK-LABEL: func.func @rope
+  %0, %1 = ad.rope %q, %k rope %cos, %cos : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>)
+  // CHECK-NEXT: ad.rope %q, %k rope %cos, %cos : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>)
+  func.return
+}
