@@ -1206,6 +1206,8 @@ class RopeOp(KernelOp):
 
 FP8_MAX = 448.0
 """The largest finite float8_e4m3fn value."""
+FP8_MIN_AMAX = 1e-12
+"""Dynamic scales use max(amax, this): an all-zero row gets a positive scale (its values quantize to 0)."""
 
 
 def _is_fp8(t: Attribute) -> bool:
@@ -1232,7 +1234,7 @@ class QuantizeFp8Op(KernelOp):
 
 @irdl_op_definition
 class QuantizeFp8DynamicOp(KernelOp):
-    """Dynamic FP8 quantization: the scale is `max(amax(|input|), 1e-12) / 448`, per row of the
+    """Dynamic FP8 quantization: the scale is `max(amax(|input|), FP8_MIN_AMAX) / 448`, per row of the
     last dim with `per_token` (scale shape [..., 1]), else over the whole tensor (0-d); the
     values are quantized with it as by `ad.quantize_fp8`. Results: the fp8 values, the f32 scale."""
 

@@ -119,10 +119,6 @@ def decompose_silu_and_mul(op: ad.SiluAndMulOp) -> Decomposition:
     return b.ops, [b.add(ad.MulOp(b.add(ad.SiluOp(op.gate)), op.up, op.result.type))]
 
 
-MIN_AMAX = 1e-12
-"""As `frontends/torch_ops.MIN_AMAX`: keeps an all-zero row's scale positive."""
-
-
 def _quantized(b: _Builder, x: SSAValue, scale: SSAValue) -> SSAValue:
     """`clamp(float(x) / scale, -448, 448)` as float8_e4m3fn (out of range would be NaN)."""
     xf = b.cast(x, Float32Type())
@@ -143,7 +139,7 @@ def decompose_quantize_fp8_dynamic(op: ad.QuantizeFp8DynamicOp) -> Decomposition
         raise NoKernelForm("per-tensor dynamic FP8 quantization has no kernel (only per token)")
     b = _Builder(op.location)
     magnitude = b.add(ad.AbsOp(b.cast(op.input, Float32Type())))
-    amax = b.replace_where(ad.LtOp, b.row_reduction(ad.AmaxOp, magnitude), MIN_AMAX)
+    amax = b.replace_where(ad.LtOp, b.row_reduction(ad.AmaxOp, magnitude), ad.FP8_MIN_AMAX)
     scale = b.add(ad.DivOp(amax, b.constant(ad.FP8_MAX), amax.type))
     return b.ops, [_quantized(b, op.input, scale), scale]
 

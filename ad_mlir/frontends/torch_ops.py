@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ad_mlir.dialects import ad
+
 NAMESPACE = "ad_mlir"
 
 
@@ -74,13 +76,10 @@ def _(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(gate)
 
 
-FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
-MIN_AMAX = 1e-12
-"""Keeps an all-zero row's scale positive (its values quantize to 0)."""
 
 
 def _quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return (x.to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (x.to(torch.float32) / scale).clamp(-ad.FP8_MAX, ad.FP8_MAX).to(torch.float8_e4m3fn)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::quantize_fp8", mutates_args=())
@@ -96,7 +95,7 @@ def _(input: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def _dynamic_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:
     magnitude = x.to(torch.float32).abs()
     amax = magnitude.amax(-1, keepdim=True) if per_token else magnitude.amax()
-    return amax.clamp_min(MIN_AMAX) / FP8_MAX
+    return amax.clamp_min(ad.FP8_MIN_AMAX) / ad.FP8_MAX
 
 
 @torch.library.custom_op(f"{NAMESPACE}::quantize_fp8_dynamic", mutates_args=())

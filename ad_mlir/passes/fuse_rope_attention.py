@@ -172,7 +172,8 @@ class FuseRopeAttention(RewritePattern):
         )
         fused.location = op.location
         rewriter.replace(op, fused)
-        erase_dead(rewriter, [*k_repeat, *v_repeat, *q_rope.chain[:-2], *k_rope.chain[:-2], *q_rope.chain[-2:]])
+        tables = [*q_rope.chain[-2:], *k_rope.chain[-2:]]  # the cos/sin unsqueezes, last: both ropes use them
+        erase_dead(rewriter, [*k_repeat, *v_repeat, *q_rope.chain[:-2], *k_rope.chain[:-2], *tables])
         self.matches += 1
 
 

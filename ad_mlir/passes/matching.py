@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, TensorType
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr
 from xdsl.ir import Block, Operation, SSAValue
 
 from ad_mlir.dialects import ad
@@ -51,10 +51,6 @@ def plain_binary(op: Operation, op_type: type[ad.BinaryOp]) -> bool:
 def is_last_dim_row_reduction(op: ad.ReductionOp) -> bool:
     rank = len(op.input.type.get_shape())
     return op.reduced_dims() == (rank - 1,) and op.keepdim is not None and getattr(op, "dtype", None) is None
-
-
-def tensor_rank(value: SSAValue) -> int | None:
-    return len(value.type.get_shape()) if isinstance(value.type, TensorType) else None
 
 
 def dominates_op(value: SSAValue, op: Operation) -> bool:
