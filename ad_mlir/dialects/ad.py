@@ -1300,6 +1300,42 @@ class LinearFp8Op(AdOp):
             raise VerifyException(f"ad.linear_fp8 result shape should be {_fmt_shape(expected)}")
 
 
+# -------------------------------------------------------------------- collectives
+
+
+@irdl_op_definition
+class AllReduceOp(AdOp):
+    """torch's functional all_reduce (`_c10d_functional.all_reduce`): `reduce_op` ("sum", ...)
+    of `input` over the ranks of the process group named `group_name`. As in torch, the
+    result may be read only through `ad.wait_tensor`. Not pure: it communicates, so no pass
+    may merge, move or drop it."""
+
+    name = "ad.all_reduce"
+    input = operand_def(AdTensor)
+    reduce_op = prop_def(StringAttr)
+    group_name = prop_def(StringAttr)
+    result = result_def(AdTensor)
+    assembly_format = "$input $reduce_op `group` $group_name attr-dict `:` type($input) `->` type($result)"
+
+    def verify_op(self) -> None:
+        if self.result.type != self.input.type:
+            raise VerifyException("ad.all_reduce result must have the input's type")
+
+
+@irdl_op_definition
+class WaitTensorOp(AdOp):
+    """Waits for the collective that produced `input` (`_c10d_functional.wait_tensor`)."""
+
+    name = "ad.wait_tensor"
+    input = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def verify_op(self) -> None:
+        if self.result.type != self.input.type:
+            raise VerifyException("ad.wait_tensor result must have the input's type")
+
+
 # ----------------------------------------------------------------------- fusion
 
 
@@ -1499,6 +1535,7 @@ Ad = Dialect(
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],
     [OperandRefAttr, TorchValueAttr],

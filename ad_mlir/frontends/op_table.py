@@ -430,6 +430,8 @@ SPECS: tuple[OpSpec, ...] = (
             ad.QuantizeFp8DynamicOp,
         )
     ),
+    OpSpec(ad.AllReduceOp, (Overload("_c10d_functional.all_reduce.default"),)),
+    OpSpec(ad.WaitTensorOp, (Overload("_c10d_functional.wait_tensor.default", {"tensor": "input"}),)),
     OpSpec(ad.DequantizeFp8Op, (Overload(f"{torch_ops.NAMESPACE}.dequantize_fp8.default"),), derived_dtype="dtype"),
     OpSpec(ad.LinearFp8Op, (Overload(f"{torch_ops.NAMESPACE}.linear_fp8.default"),), derived_dtype="dtype"),
     OpSpec(

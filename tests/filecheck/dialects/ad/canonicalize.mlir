@@ -184,3 +184,16 @@ func.func @int_float_int(%x: tensor<4xi32>) -> (tensor<4xi32>, tensor<4xi8>, ten
   %3 = ad.cast %0 : tensor<4xf64> -> tensor<4xf32>
   func.return %1, %2, %3 : tensor<4xi32>, tensor<4xi8>, tensor<4xf32>
 }
+
+// -----
+
+// Collectives communicate: canonicalize (CSE, DCE) keeps every one, even unused or repeated.
+// CHECK-LABEL: func.func @collectives_stay
+// CHECK-NEXT:    ad.all_reduce %x "sum" group "0"
+// CHECK-NEXT:    ad.all_reduce %x "sum" group "0"
+// CHECK-NEXT:    func.return
+func.func @collectives_stay(%x: tensor<4xf32>) {
+  %0 = ad.all_reduce %x "sum" group "0" : tensor<4xf32> -> tensor<4xf32>
+  %1 = ad.all_reduce %x "sum" group "0" : tensor<4xf32> -> tensor<4xf32>
+  func.return
+}

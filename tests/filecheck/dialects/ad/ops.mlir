@@ -230,3 +230,12 @@ func.func @rope(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tens
   // CHECK-NEXT: ad.rope %q, %k rope %cos, %cos : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>)
   func.return
 }
+
+func.func @collectives(%x: tensor<4x?xbf16>) {
+  // CHECK-LABEL: func.func @collectives
+  %0 = ad.all_reduce %x "sum" group "0" : tensor<4x?xbf16> -> tensor<4x?xbf16>
+  // CHECK-NEXT: %[[R:.*]] = ad.all_reduce %x "sum" group "0" : tensor<4x?xbf16> -> tensor<4x?xbf16>
+  %1 = ad.wait_tensor %0 : tensor<4x?xbf16> -> tensor<4x?xbf16>
+  // CHECK-NEXT: ad.wait_tensor %[[R]] : tensor<4x?xbf16> -> tensor<4x?xbf16>
+  func.return
+}
