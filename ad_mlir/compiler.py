@@ -10,7 +10,7 @@ import torch
 
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.fx_export import export_program
-from ad_mlir.frontends.fx_import import import_program
+from ad_mlir.frontends.fx_import import Rank, import_program
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.runtime.kernels import build_kernels
 
@@ -20,13 +20,30 @@ def compile(
     example_inputs: Sequence[Any] | None = None,
     pipeline: str | Path = "default",
     cache: KernelCache | None = None,
+    world_size: int | None = None,
+    rank: int | None = None,
 ) -> torch.fx.GraphModule:
     """Compile an FX graph (an ExportedProgram, or a GraphModule with `meta["val"]` or
     `example_inputs`) through `pipeline` ("default", "none", "pass,pass" or a YAML file).
     Each fused region becomes a Triton kernel called as `torch.ops.ad_mlir.<name>`
     (kernels are cached on disk, see `codegen/cache.py`). The result takes the graph's user
     inputs in order and returns a tuple. Ops on weights alone (e.g. the weight concatenation of
-    `fuse-gemms`) run once, here: the result holds their outputs in place of those weights."""
+    `fuse-gemms`) run once, here: the result holds their outputs in place of those weights.
+    Weight arguments that are tensor-parallel shards (`ad.shard_dim`) hold `rank`'s slice;
+    `world_size` and `rank` default to the initialized process group's, else 1 and 0."""
     program = import_program(gm, example_inputs)
     run_pipeline(program.module, pipeline)
-    return export_program(program, build_kernels(program.module, cache), fold_weights=True)
+    return export_program(
+        program, build_kernels(program.module, cache), fold_weights=True, rank=_rank(world_size, rank)
+    )
+
+
+def _rank(world_size: int | None, rank: int | None) -> Rank:
+    initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if world_size is None:
+        world_size = torch.distributed.get_world_size() if initialized else 1
+    if rank is None:
+        rank = torch.distributed.get_rank() if initialized else 0
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of {world_size}")
+    return Rank(rank, world_size)

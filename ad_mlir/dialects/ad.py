@@ -139,6 +139,9 @@ WEIGHT_ATTRS = (PARAM_ATTR, BUFFER_ATTR, CONSTANT_TENSOR_ATTR)
 """Argument attributes naming the weight (FX FQN) an argument of `@forward` stands for."""
 INPUT_ATTR = "ad.input"
 """Argument attribute naming a user input."""
+SHARD_DIM_ATTR = "ad.shard_dim"
+"""On a weight argument: it is one rank's tensor-parallel shard of the weight, cut along this
+dim. The argument's type is the local shape; rank r holds the slice at offset r * local size."""
 
 
 

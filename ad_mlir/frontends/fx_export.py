@@ -21,7 +21,7 @@ from ad_mlir.codegen.lowering import kernel_inputs, kernel_outputs
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import computes_from_weights_only
 from ad_mlir.frontends import op_table as T
-from ad_mlir.frontends.fx_import import INPUT_ATTR, ImportedProgram, weight_of
+from ad_mlir.frontends.fx_import import INPUT_ATTR, SINGLE_RANK, ImportedProgram, Rank, rank_weight, weight_of
 from ad_mlir.runtime.reference import run_op
 
 if TYPE_CHECKING:
@@ -29,13 +29,17 @@ if TYPE_CHECKING:
 
 
 def export_program(
-    program: ImportedProgram, kernels: Mapping[Operation, RegionKernel] | None = None, fold_weights: bool = False
+    program: ImportedProgram,
+    kernels: Mapping[Operation, RegionKernel] | None = None,
+    fold_weights: bool = False,
+    rank: Rank = SINGLE_RANK,
 ) -> torch.fx.GraphModule:
     """The GraphModule takes the user inputs, in order, and returns a tuple of outputs.
     An op with a kernel in `kernels` (a region or an LLM-level op) becomes one call of its
     `torch.ops.ad_mlir` op; a region without one is emitted inline, as its ops' torch calls.
     With `fold_weights`, pure ops on weights alone are computed now and the graph holds their
-    results instead of the weights only they read (else the graph keeps every weight)."""
+    results instead of the weights only they read (else the graph keeps every weight). Sharded
+    weight arguments hold `rank`'s shard (`fx_import.rank_weight`)."""
     kernels = kernels or {}
     fn = program.function
     graph = torch.fx.Graph()
@@ -43,9 +47,9 @@ def export_program(
     env: dict[SSAValue, Any] = {}
     folded: dict[SSAValue, torch.Tensor] = {}
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True):
-        env[arg] = _argument_node(graph, root, program, arg, attrs)
-        if fold_weights and (weight := weight_of(attrs)) is not None:
-            folded[arg] = program.weights[weight[1]]
+        env[arg], value = _argument_node(graph, root, program, arg, attrs, rank)
+        if fold_weights and value is not None:
+            folded[arg] = value
     for op in fn.body.block.ops:
         if isinstance(op, func.ReturnOp):
             graph.output(tuple(env[v] for v in op.operands))
@@ -86,18 +90,26 @@ def _drop_unused_weights(root: torch.nn.Module, graph: torch.fx.Graph) -> None:
 
 
 def _argument_node(
-    graph: torch.fx.Graph, root: torch.nn.Module, program: ImportedProgram, arg: SSAValue, attrs: DictionaryAttr
-) -> torch.fx.Node:
+    graph: torch.fx.Graph,
+    root: torch.nn.Module,
+    program: ImportedProgram,
+    arg: SSAValue,
+    attrs: DictionaryAttr,
+    rank: Rank,
+) -> tuple[torch.fx.Node, torch.Tensor | None]:
+    """A placeholder for a user input; for a weight, a `get_attr` of it (as held on `rank`) and
+    its value."""
     if INPUT_ATTR in attrs.data:
-        return graph.placeholder(attrs.data[INPUT_ATTR].data)
+        return graph.placeholder(attrs.data[INPUT_ATTR].data), None
     weight = weight_of(attrs)
     if weight is None:
         raise ValueError(f"argument %{arg.name_hint} has neither {INPUT_ATTR} nor a weight attribute")
     kind, fqn = weight
     if fqn not in program.weights:
         raise KeyError(f"weight '{fqn}' of argument %{arg.name_hint} is missing")
-    _register(root, fqn, program.weights[fqn], kind)
-    return graph.get_attr(fqn)
+    value = rank_weight(program.weights[fqn], arg.type, attrs, rank)
+    _register(root, fqn, value, kind)
+    return graph.get_attr(fqn), value
 
 
 def _register(root: torch.nn.Module, fqn: str, tensor: torch.Tensor, kind: str) -> None:

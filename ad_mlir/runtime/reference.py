@@ -18,7 +18,7 @@ from xdsl.ir import Block, Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
-from ad_mlir.frontends.fx_import import weight_of
+from ad_mlir.frontends.fx_import import SINGLE_RANK, Rank, rank_weight, weight_of
 
 
 def run_op(op: Operation, values: Sequence[Any]) -> tuple[Any, ...]:
@@ -67,16 +67,21 @@ def evaluate(
     weights: Mapping[str, torch.Tensor],
     inputs: Sequence[Any],
     function: str = "forward",
+    rank: Rank = SINGLE_RANK,
 ) -> tuple[Any, ...]:
-    """Run `function` with weight arguments taken from `weights` (by FQN) and the user
-    inputs in order."""
+    """Run `function` with weight arguments taken from `weights` (by FQN; a sharded one as
+    held on `rank`) and the user inputs in order."""
     fn = next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == function)
-    arg_weights = [weight_of(attrs) for attrs in fn.arg_attrs or []]
+    arg_attrs = list(fn.arg_attrs or [])
+    arg_weights = [weight_of(attrs) for attrs in arg_attrs]
     n_inputs = sum(w is None for w in arg_weights)
     if len(inputs) != n_inputs:
         raise ValueError(f"@{function} takes {n_inputs} inputs, got {len(inputs)}")
     user = iter(inputs)
-    args = [next(user) if w is None else weights[w[1]] for w in arg_weights]
+    args = [
+        next(user) if w is None else rank_weight(weights[w[1]], arg.type, attrs, rank)
+        for arg, attrs, w in zip(fn.body.block.args, arg_attrs, arg_weights, strict=True)
+    ]
     interpreter = Interpreter(module)
     interpreter.register_implementations(FuncFunctions())
     interpreter.register_implementations(AdFunctions())

@@ -1,6 +1,8 @@
 """`ad.all_reduce` / `ad.wait_tensor` are torch's functional collectives: a graph holding them
 imports as typed ops, and exports back to `_c10d_functional` calls that run on a real
-process group. Two gloo ranks on 127.0.0.1, spawned processes, bounded in time."""
+process group; weight arguments marked as shards (`ad.shard_dim`) hold each rank's slice, so
+a tensor-parallel MLP written in `ad` matches the unsharded one. Two gloo ranks on
+127.0.0.1, spawned processes, bounded in time."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ import socket
 import traceback
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 from xdsl.parser import Parser
 
+import ad_mlir
 from ad_mlir.frontends.fx_export import export_program
-from ad_mlir.frontends.fx_import import ImportedProgram, import_program
+from ad_mlir.frontends.fx_import import ImportedProgram, Rank, ShardError, import_program
 from ad_mlir.passes.pipeline import make_context
 from ad_mlir.runtime.reference import evaluate
 
@@ -30,6 +34,37 @@ func.func @forward(%x: tensor<4x?xf32> {{ad.input = "x"}}, %w: tensor<8x4xf32> {
   func.return %z : tensor<8x?xf32>
 }}
 """
+
+
+SHARDED_MLP = """
+func.func @forward(%x: tensor<3x8xf32> {{ad.input = "x"}},
+                   %w1: tensor<{cols}x8xf32> {{ad.param = "up.weight", ad.shard_dim = 0 : i64}},
+                   %b1: tensor<{cols}xf32> {{ad.param = "up.bias", ad.shard_dim = 0 : i64}},
+                   %w2: tensor<8x{cols}xf32> {{ad.param = "down.weight", ad.shard_dim = 1 : i64}}) -> tensor<3x8xf32> {{
+  %h = ad.linear %x, %w1 bias %b1 : (tensor<3x8xf32>, tensor<{cols}x8xf32>, tensor<{cols}xf32>) -> tensor<3x{cols}xf32>
+  %a = ad.silu %h : tensor<3x{cols}xf32> -> tensor<3x{cols}xf32>
+  %p = ad.linear %a, %w2 : (tensor<3x{cols}xf32>, tensor<8x{cols}xf32>) -> tensor<3x8xf32>
+  %r = ad.all_reduce %p "sum" group "{group}" : tensor<3x8xf32> -> tensor<3x8xf32>
+  %y = ad.wait_tensor %r : tensor<3x8xf32> -> tensor<3x8xf32>
+  func.return %y : tensor<3x8xf32>
+}}
+"""
+"""Column-parallel up projection (rows of w1 and b1), row-parallel down projection (columns
+of w2), one all_reduce: the Megatron MLP, 16 hidden units split over the ranks."""
+
+
+def _check_sharded_mlp(rank: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    weights = {"up.weight": torch.randn(16, 8, generator=generator), "up.bias": torch.randn(16, generator=generator),
+               "down.weight": torch.randn(8, 16, generator=generator)}
+    x = torch.randn(3, 8, generator=generator)
+    text = SHARDED_MLP.format(cols=16 // WORLD, group=dist.group.WORLD.group_name)
+    program = ImportedProgram(Parser(make_context(), text).parse_module(), weights)
+    expected = torch.nn.functional.silu(x @ weights["up.weight"].T + weights["up.bias"]) @ weights["down.weight"].T
+    on_rank = Rank(rank, WORLD)
+    # fp32; only the order of the hidden-unit sum differs (two partial sums, then their sum)
+    torch.testing.assert_close(export_program(program, rank=on_rank)(x)[0], expected)
+    torch.testing.assert_close(evaluate(program.module, weights, [x], rank=on_rank)[0], expected)
 
 
 class SumOverRanks(torch.nn.Module):
@@ -62,6 +97,7 @@ def _rank_main(rank: int, port: int, results: multiprocessing.Queue) -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                                 timeout=timedelta(seconds=TIMEOUT_S))
         _check_rank(rank)
+        _check_sharded_mlp(rank)
         results.put((rank, None))
     except BaseException:  # report every failure to the parent, which asserts
         results.put((rank, traceback.format_exc()))
@@ -92,3 +128,20 @@ def test_all_reduce_round_trips_and_runs_on_two_gloo_ranks() -> None:
                 p.terminate()
                 p.join()
     assert reports == dict.fromkeys(range(WORLD)), "\n".join(str(r) for r in reports.values() if r)
+
+
+def test_a_shard_that_does_not_fit_the_world_size_is_refused() -> None:
+    text = SHARDED_MLP.format(cols=6, group="0")
+    program = ImportedProgram(Parser(make_context(), text).parse_module(),
+                              {"up.weight": torch.ones(16, 8), "up.bias": torch.ones(16), "down.weight": torch.ones(8, 16)})
+    with pytest.raises(ShardError, match=r"weight 'up.weight' has 16 along dim 0, but its shard of 6 on each of 2 "
+                                         r"ranks covers 12"):
+        export_program(program, rank=Rank(1, 2))
+
+
+def test_compile_checks_the_rank() -> None:
+    ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
+        ad_mlir.compile(ep, world_size=2, rank=2)
+    gm = ad_mlir.compile(ep, world_size=2, rank=1)  # nothing sharded: every rank holds every weight
+    torch.testing.assert_close(gm(torch.ones(2, 4))[0], ep.module()(torch.ones(2, 4)))
