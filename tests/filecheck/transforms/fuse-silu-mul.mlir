@@ -36,3 +36,18 @@ func.func @not_fused(%g: tensor<4x8xf32>, %u: tensor<4x8xf32>, %h: tensor<4x8xbf
   %y2 = ad.mul %s2, %u : tensor<4x8xbf16>, tensor<4x8xf32> -> tensor<4x8xf32>
   func.return %y, %s, %y2 : tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>
 }
+
+// -----
+
+// The core-ATen spelling of a bf16 silu: cast to f32, x * sigmoid(x), cast back.
+// CHECK-LABEL: func.func @core_aten_silu
+// CHECK-NEXT:    %[[A:.*]] = ad.silu_and_mul %g, %u : (tensor<4x8xbf16>, tensor<4x8xbf16>) -> tensor<4x8xbf16>
+// CHECK-NEXT:    func.return %[[A]]
+func.func @core_aten_silu(%g: tensor<4x8xbf16>, %u: tensor<4x8xbf16>) -> tensor<4x8xbf16> {
+  %gf = ad.cast %g : tensor<4x8xbf16> -> tensor<4x8xf32>
+  %s = ad.sigmoid %gf : tensor<4x8xf32> -> tensor<4x8xf32>
+  %m = ad.mul %gf, %s : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  %mb = ad.cast %m : tensor<4x8xf32> -> tensor<4x8xbf16>
+  %y = ad.mul %mb, %u : tensor<4x8xbf16>, tensor<4x8xbf16> -> tensor<4x8xbf16>
+  func.return %y : tensor<4x8xbf16>
+}
