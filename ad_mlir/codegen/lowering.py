@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Operation, Region
+from xdsl.ir import Attribute, Block, Operation, Region
 from xdsl.rewriter import Rewriter
 
 from ad_mlir.dialects import ad
@@ -110,17 +110,17 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
 
 
 def _detached(op: ad.FusedOp) -> ad.FusedOp:
-    inputs = Block(arg_types=[v.type for v in op.inputs]).args
-    return ad.FusedOp.build(
-        operands=[inputs], result_types=[[r.type for r in op.outputs]], regions=[op.body.clone()]
-    )
+    return _region_op([v.type for v in op.inputs], [r.type for r in op.outputs], op.body.clone())
 
 
 def _wrapped(op: ad.KernelOp) -> ad.FusedOp:
     block = Block(arg_types=[v.type for v in op.operands])
     inner = op.clone(value_mapper=dict(zip(op.operands, block.args, strict=True)))
     block.add_ops([inner, ad.YieldOp(*inner.results)])
-    inputs = Block(arg_types=[v.type for v in op.operands]).args
-    return ad.FusedOp.build(
-        operands=[inputs], result_types=[[r.type for r in op.results]], regions=[Region(block)]
-    )
+    return _region_op([v.type for v in op.operands], [r.type for r in op.results], Region(block))
+
+
+def _region_op(input_types: list[Attribute], output_types: list[Attribute], body: Region) -> ad.FusedOp:
+    """An `ad.fused` whose inputs are arguments of a block of its own (no uses in the real IR)."""
+    inputs = Block(arg_types=input_types).args
+    return ad.FusedOp.build(operands=[inputs], result_types=[output_types], regions=[body])

@@ -173,7 +173,7 @@ class FuseRopeAttention(RewritePattern):
         fused.location = op.location
         rewriter.replace(op, fused)
         tables = [*q_rope.chain[-2:], *k_rope.chain[-2:]]  # the cos/sin unsqueezes, last: both ropes use them
-        erase_dead(rewriter, [*k_repeat, *v_repeat, *q_rope.chain[:-2], *k_rope.chain[:-2], *tables])
+        erase_dead(rewriter.erase, [*k_repeat, *v_repeat, *q_rope.chain[:-2], *k_rope.chain[:-2], *tables])
         self.matches += 1
 
 

@@ -71,7 +71,7 @@ class FuseSiluMul(RewritePattern):
         fused = ad.SiluAndMulOp.build(operands=[gate, up], result_types=[op.result.type])
         fused.location = op.location
         rewriter.replace(op, fused)
-        erase_dead(rewriter, chain)
+        erase_dead(rewriter.erase, chain)
         self.matches += 1
 
 

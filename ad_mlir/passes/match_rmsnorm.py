@@ -184,7 +184,7 @@ class MatchRmsNorm(RewritePattern):
             return
         last = m.result.owner
         rewriter.replace(last, norm, [norm.result])
-        erase_dead(rewriter, m.chain[1:])
+        erase_dead(rewriter.erase, m.chain[1:])
         self.matches += 1
 
 

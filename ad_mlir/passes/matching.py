@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr
@@ -61,14 +61,15 @@ def dominates_op(value: SSAValue, op: Operation) -> bool:
     return owner.parent_block() is op.parent_block() and owner.is_before_in_block(op)
 
 
-def erase_dead(rewriter, ops: Iterable[Operation]) -> None:  # noqa: ANN001 (a PatternRewriter)
-    """Erase the ops of a matched chain that lost their last use, users first, and then the
+def erase_dead(erase: Callable[[Operation], None], ops: Iterable[Operation]) -> None:
+    """Erase (with `erase`: a PatternRewriter's `erase`, or `Rewriter.erase_op` outside a
+    pattern) the ops of a matched chain that lost their last use, users first, and then the
     constants only they used."""
     constants: dict[Operation, None] = {}
     for op in ops:
         if op.parent is not None and all(not r.uses for r in op.results):
             constants.update((v.owner, None) for v in op.operands if isinstance(v.owner, ad.ConstantOp))
-            rewriter.erase(op)
+            erase(op)
     for const in constants:
         if const.parent is not None and not const.result.uses:
-            rewriter.erase(const)
+            erase(const)

@@ -24,6 +24,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.fuse_rope_attention import Rope, match_rope
+from ad_mlir.passes.matching import erase_dead
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,7 @@ def fuse_pair(first: tuple[SSAValue, Rope], second: tuple[SSAValue, Rope]) -> bo
     Rewriter.insert_op(op, InsertPoint.before(k_value.owner))
     q_value.replace_all_uses_with(op.query_out)
     k_value.replace_all_uses_with(op.key_out)
-    for chain in (q.chain, k.chain):
-        for dead in chain:
-            if dead.parent is not None and all(not r.uses for r in dead.results):
-                Rewriter.erase_op(dead)
+    erase_dead(Rewriter.erase_op, [*q.chain, *k.chain])
     return True
 
 

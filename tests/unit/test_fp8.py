@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from xdsl.context import Context
-from xdsl.dialects.builtin import Builtin, ModuleOp
-from xdsl.dialects.func import Func
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 
 import ad_mlir
@@ -28,7 +26,7 @@ from ad_mlir.codegen.lowering import kernel_ops
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.models import TinyConfig, build_model, example_input_ids, export_model
-from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.passes.pipeline import make_context, run_pipeline
 from ad_mlir.runtime.kernels import region_kernel
 from ad_mlir.runtime.reference import evaluate, run_op
 
@@ -64,10 +62,7 @@ FUSED = {"add_rms_norm_dynamic", "rms_norm_static", "silu_and_mul_dynamic"}
 
 def _module(case: str) -> ModuleOp:
     args, body = PROGRAMS[case]
-    ctx = Context()
-    for dialect in (Builtin, Func, ad.Ad):
-        ctx.load_dialect(dialect)
-    module = Parser(ctx, f"func.func @f({args}) {{\n{body}\n  func.return\n}}").parse_module()
+    module = Parser(make_context(), f"func.func @f({args}) {{\n{body}\n  func.return\n}}").parse_module()
     run_pipeline(module, "fuse-rmsnorm-quant")
     return module
 

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from xdsl.context import Context
-from xdsl.dialects.builtin import Builtin, ModuleOp
-from xdsl.dialects.func import Func
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.codegen.lowering import kernel_region
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.op_table import torch_dtype
+from ad_mlir.passes.pipeline import make_context
 from ad_mlir.runtime.kernels import region_kernel
 from ad_mlir.runtime.reference import run_block, run_op
 
@@ -85,10 +84,7 @@ def _op(case: str) -> ad.KernelOp:
 
 def _parse_op(args: str, text: str) -> ad.KernelOp:
     """The op, parsed inside a function whose arguments are `args`."""
-    ctx = Context()
-    for dialect in (Builtin, Func, ad.Ad):
-        ctx.load_dialect(dialect)
-    module: ModuleOp = Parser(ctx, f"func.func @f({args}) {{\n  {text}\n  func.return\n}}").parse_module()
+    module: ModuleOp = Parser(make_context(), f"func.func @f({args}) {{\n  {text}\n  func.return\n}}").parse_module()
     return next(op for op in module.walk() if isinstance(op, ad.KernelOp))
 
 
