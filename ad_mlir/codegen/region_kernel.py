@@ -159,7 +159,7 @@ def _static_width(t: Attribute) -> int | None:
 
 def is_last_dim(op: ad.SliceOp | ad.CatOp) -> bool:
     rank = len(_shape(op.results[0].type))
-    dim = -1 if isinstance(op, ad.CatOp) and op.dim is None else op.dim.value.data
+    dim = 0 if op.dim is None else op.dim.value.data  # a cat without `dim` is torch.cat's default, 0
     return ad.normalize_dim(dim, rank) == rank - 1
 
 

@@ -91,6 +91,13 @@ def test_integer_and_boolean_math() -> None:
     torch.testing.assert_close(got, fn(a, b), rtol=0, atol=0)
 
 
+def test_cat_along_rows_then_elementwise() -> None:
+    """torch.cat's default dim is 0: the kernel after it must see the rows of both inputs."""
+    a, b = torch.randn(2, 4), torch.randn(3, 4)
+    fn = lambda x, y: torch.exp(torch.cat([x, y]))  # noqa: E731
+    torch.testing.assert_close(_compiled(fn, a, b)(a, b)[0], fn(a, b))
+
+
 def test_bf16_output_is_cast_at_the_store() -> None:
     """bf16 in and out: fp32 inside, one rounding at the store (the interpreter's truncates),
     so at most one bf16 ulp (2^-7 relative) from eager, which rounds after every op."""

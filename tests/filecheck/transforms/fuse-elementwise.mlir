@@ -196,6 +196,21 @@ func.func @cat_then_softmax(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<
 
 // -----
 
+// A cat without `dim` concatenates along dim 0 (torch.cat's default), not the last dim: it is
+// not a column op and stays out of the region (its rows would be read from the wrong input).
+// CHECK-LABEL: func.func @cat_of_rows
+// CHECK-NEXT:    %[[C:.*]] = ad.cat %a, %b : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+// CHECK-NEXT:    ad.fused(%[[C]])
+// CHECK-NEXT:    ^{{.*}}(%{{.*}}: tensor<4x4xf32>):
+// CHECK-NEXT:      ad.exp
+func.func @cat_of_rows(%a: tensor<2x4xf32>, %b: tensor<2x4xf32>) -> tensor<4x4xf32> {
+  %c = ad.cat %a, %b : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+  %e = ad.exp %c : tensor<4x4xf32> -> tensor<4x4xf32>
+  func.return %e : tensor<4x4xf32>
+}
+
+// -----
+
 // Gemma's `1 + w` on the weight alone broadcasts into the norm's domain: it joins the row
 // region (computed per tile), whose input is then the weight itself.
 // CHECK-LABEL: func.func @one_plus_weight
