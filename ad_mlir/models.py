@@ -58,7 +58,12 @@ def build_model(cfg: TinyConfig) -> torch.nn.Module:
         use_cache=False,
     )
     torch.manual_seed(cfg.seed)
-    return getattr(transformers, model_name)(config).eval().to(getattr(torch, cfg.dtype))
+    model = getattr(transformers, model_name)(config)
+    with torch.no_grad():  # HF initializes biases (Qwen2's Q/K/V) to zero: a wrong bias would go unseen
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_(std=0.02)
+    return model.eval().to(getattr(torch, cfg.dtype))
 
 
 def example_input_ids(cfg: TinyConfig, seq_len: int, seed: int = 1) -> torch.Tensor:

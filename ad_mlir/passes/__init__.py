@@ -86,6 +86,12 @@ def _optimize_rope() -> type[ModulePass]:
     return OptimizeRopePass
 
 
+def _shard() -> type[ModulePass]:
+    from ad_mlir.passes.shard import ShardPass
+
+    return ShardPass
+
+
 def _default() -> type[ModulePass]:
     from ad_mlir.passes.default import DefaultPipelinePass
 
@@ -110,6 +116,7 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "optimize-rope": _optimize_rope,
     "quantize-linear-fp8": _quantize_linear_fp8,
     "fuse-rmsnorm-quant": _fuse_rmsnorm_quant,
+    "shard": _shard,
     "default": _default,
 }
 """Passes defined by ad-mlir. Those whose name xDSL does not use are registered with xdsl-opt

@@ -65,6 +65,8 @@ def pipeline_from_yaml(path: Path) -> str:
 
 
 def _spec_value(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_spec_value(v) for v in value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):

@@ -1,0 +1,1 @@
+"""Runnable examples (`python -m ad_mlir.examples.<name>`)."""
