@@ -33,6 +33,8 @@ class RankResult:
     rank: int
     world_size: int
     all_reduces: int
+    kernels: tuple[str, ...]
+    """The `torch.ops.ad_mlir` kernels the rank's graph calls."""
     errors: dict[int, float]
     """Max |error| of the logits against the unsharded eager model, by sequence length."""
     verdict: str
@@ -60,16 +62,18 @@ def run_rank(cfg: TinyConfig, pipeline: str = "default", seq_lens: Sequence[int]
             truth = [truth_model(input_ids=ids).logits]
         errors[seq] = max_abs_error(expected, got)
         verdicts.add(verdict(expected, got, truth))
-    reduces = sum(1 for n in gm.graph.nodes if str(n.target) == ALL_REDUCE)
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    kernels = tuple(t for t in targets if t.startswith("ad_mlir."))
     worst = "OUT OF TOLERANCE" if "OUT OF TOLERANCE" in verdicts else "within tolerance"
-    return RankResult(rank, world, reduces, errors, worst)
+    return RankResult(rank, world, targets.count(ALL_REDUCE), kernels, errors, worst)
 
 
 def _format(result: RankResult, cfg: TinyConfig) -> str:
     errors = ", ".join(f"seq {s}: {e:.3g}" for s, e in result.errors.items())
     return (
         f"rank {result.rank}/{result.world_size}: {cfg.family} {cfg.dtype}, {cfg.layers} layers, "
-        f"{result.all_reduces} all_reduce; max |error| vs unsharded {errors} ({result.verdict})"
+        f"{result.all_reduces} all_reduce, {len(result.kernels)} kernel calls; max |error| vs unsharded {errors} "
+        f"({result.verdict})"
     )
 
 

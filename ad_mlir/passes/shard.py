@@ -53,6 +53,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.utils.exceptions import PassFailedException
 
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_arguments
@@ -67,7 +68,7 @@ WORLD_GROUP = "0"
 """The name torch gives the default process group (`dist.group.WORLD.group_name`)."""
 
 
-class ShardConfigError(ValueError):
+class ShardConfigError(PassFailedException, ValueError):
     """A world size, option or hint the graph cannot be sharded with."""
 
 
@@ -249,7 +250,8 @@ def _aligned(plan: _Plan, op: Operation, operands: Iterable[SSAValue], out_rank:
     return d
 
 
-def _same_shape(plan: _Plan, op: Operation) -> list[int]:
+def _broadcast(plan: _Plan, op: Operation) -> list[int]:
+    """Elementwise ops, casts, copies: the split follows broadcasting."""
     return [_aligned(plan, op, _tensors(op), _rank(op.results[0]))] * len(op.results)
 
 
@@ -386,9 +388,9 @@ def _sym_size(plan: _Plan, op: ad.SymSizeOp) -> list[int | None]:
 
 
 _RULES: dict[type[Operation], Callable[[_Plan, Operation], list[int | None]]] = {
-    ad.CastOp: _same_shape,
-    ad.AliasOp: _same_shape,
-    ad.CloneOp: _same_shape,
+    ad.CastOp: _broadcast,
+    ad.AliasOp: _broadcast,
+    ad.CloneOp: _broadcast,
     ad.ReshapeOp: _reshape,
     ad.ExpandOp: _expand,
     ad.TransposeOp: _transpose,
@@ -404,12 +406,13 @@ _RULES: dict[type[Operation], Callable[[_Plan, Operation], list[int | None]]] = 
     ad.BmmOp: _matmul,
     ad.SymSizeOp: _sym_size,
 }
-"""How each op moves the split of its operands to its results (the first matching base class)."""
+"""How each op moves the split of its operands to its results (by exact type; `_rule` also takes
+every elementwise op and reduction)."""
 
 
 def _rule(op: Operation) -> Callable[[_Plan, Operation], list[int | None]]:
     if isinstance(op, ad.ElementwiseOp):
-        return _same_shape
+        return _broadcast
     if isinstance(op, ad.ReductionOp):
         return _reduction
     rule = _RULES.get(type(op))

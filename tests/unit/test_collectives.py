@@ -6,15 +6,11 @@ a tensor-parallel MLP written in `ad` matches the unsharded one. Two gloo ranks 
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
-import traceback
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
+from gloo_ranks import run_on_ranks
 from xdsl.parser import Parser
 
 import ad_mlir
@@ -92,42 +88,13 @@ def _check_rank(rank: int) -> None:
     assert torch.equal(export_program(imported)(x)[0], torch.full((4, 3), 2.0 * total + 1))
 
 
-def _rank_main(rank: int, port: int, results: multiprocessing.Queue) -> None:
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                                timeout=timedelta(seconds=TIMEOUT_S))
-        _check_rank(rank)
-        _check_sharded_mlp(rank)
-        results.put((rank, None))
-    except BaseException:  # report every failure to the parent, which asserts
-        results.put((rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _check_collectives(rank: int) -> None:
+    _check_rank(rank)
+    _check_sharded_mlp(rank)
 
 
 def test_all_reduce_round_trips_and_runs_on_two_gloo_ranks() -> None:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    ranks = [ctx.Process(target=_rank_main, args=(r, port, results)) for r in range(WORLD)]
-    for p in ranks:
-        p.start()
-    try:
-        reports = dict(results.get(timeout=TIMEOUT_S) for _ in ranks)
-    finally:
-        for p in ranks:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join()
-    assert reports == dict.fromkeys(range(WORLD)), "\n".join(str(r) for r in reports.values() if r)
+    run_on_ranks(_check_collectives, WORLD, TIMEOUT_S)
 
 
 def test_a_shard_that_does_not_fit_the_world_size_is_refused() -> None:

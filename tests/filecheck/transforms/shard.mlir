@@ -1,0 +1,125 @@
+// shard: tensor-parallel blocks found by dataflow and rewritten for world-size ranks.
+// RUN: ad-opt %s --split-input-file -p 'shard{world-size=2}' | filecheck %s
+// RUN: ad-opt %s --split-input-file > %t.before
+// RUN: ad-opt %s --split-input-file -p 'shard{world-size=1}' | diff - %t.before
+
+// An MLP block: gate/up column-wise, down row-wise, one all_reduce before the residual add.
+// CHECK-LABEL: func.func @mlp
+// CHECK-SAME:    %wg: tensor<8x8xf32> {ad.param = "mlp.gate.weight", ad.shard_dim = 0 : i64}
+// CHECK-SAME:    %wu: tensor<8x8xf32> {ad.param = "mlp.up.weight", ad.shard_dim = 0 : i64}
+// CHECK-SAME:    %wd: tensor<8x8xf32> {ad.param = "mlp.down.weight", ad.shard_dim = 1 : i64}
+// CHECK-NEXT:    %g = ad.linear %x, %wg : (tensor<2x?x8xf32>, tensor<8x8xf32>) -> tensor<2x?x8xf32>
+// CHECK-NEXT:    %s = ad.silu %g : tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+// CHECK-NEXT:    %u = ad.linear %x, %wu : (tensor<2x?x8xf32>, tensor<8x8xf32>) -> tensor<2x?x8xf32>
+// CHECK-NEXT:    %m = ad.mul %s, %u : tensor<2x?x8xf32>, tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+// CHECK-NEXT:    %d = ad.linear %m, %wd : (tensor<2x?x8xf32>, tensor<8x8xf32>) -> tensor<2x?x8xf32>
+// CHECK-NEXT:    %all_reduce = ad.all_reduce %d "sum" group "0" : tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+// CHECK-NEXT:    %reduced = ad.wait_tensor %all_reduce : tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+// CHECK-NEXT:    %r = ad.add %x, %reduced : tensor<2x?x8xf32>, tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+// CHECK-NEXT:    func.return %r
+func.func @mlp(%x: tensor<2x?x8xf32> {ad.input = "x"}, %wg: tensor<16x8xf32> {ad.param = "mlp.gate.weight"}, %wu: tensor<16x8xf32> {ad.param = "mlp.up.weight"}, %wd: tensor<8x16xf32> {ad.param = "mlp.down.weight"}) -> tensor<2x?x8xf32> {
+  %g = ad.linear %x, %wg : (tensor<2x?x8xf32>, tensor<16x8xf32>) -> tensor<2x?x16xf32>
+  %s = ad.silu %g : tensor<2x?x16xf32> -> tensor<2x?x16xf32>
+  %u = ad.linear %x, %wu : (tensor<2x?x8xf32>, tensor<16x8xf32>) -> tensor<2x?x16xf32>
+  %m = ad.mul %s, %u : tensor<2x?x16xf32>, tensor<2x?x16xf32> -> tensor<2x?x16xf32>
+  %d = ad.linear %m, %wd : (tensor<2x?x16xf32>, tensor<8x16xf32>) -> tensor<2x?x8xf32>
+  %r = ad.add %x, %d : tensor<2x?x8xf32>, tensor<2x?x8xf32> -> tensor<2x?x8xf32>
+  func.return %r : tensor<2x?x8xf32>
+}
+
+// -----
+
+// Parallel blocks (GPT-J style): the two partial sums meet in one add, reduced once after it.
+// An opening bias is sharded with its weight; a closing bias is added once, after the reduction,
+// so that block reduces on its own.
+// CHECK-LABEL: func.func @parallel
+// CHECK-SAME:    %b1: tensor<8xf32> {ad.param = "b1", ad.shard_dim = 0 : i64}
+// CHECK-NEXT:    %h1 = ad.linear %x, %w1 bias %b1 : (tensor<4x8xf32>, tensor<8x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %a1 = ad.relu %h1
+// CHECK-NEXT:    %o1 = ad.linear %a1, %w2 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %h2 = ad.linear %x, %w3
+// CHECK-NEXT:    %a2 = ad.tanh %h2
+// CHECK-NEXT:    %o2 = ad.linear %a2, %w4 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %s = ad.add %o1, %o2
+// CHECK-NEXT:    %all_reduce = ad.all_reduce %s "sum" group "0"
+// CHECK-NEXT:    %reduced = ad.wait_tensor %all_reduce
+// CHECK-NEXT:    %h3 = ad.linear %reduced, %w5
+// CHECK-NEXT:    %a3 = ad.gelu %h3
+// CHECK-NEXT:    %[[O3:.*]] = ad.linear %a3, %w6 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %[[R:.*]] = ad.all_reduce %[[O3]] "sum" group "0"
+// CHECK-NEXT:    %[[W:.*]] = ad.wait_tensor %[[R]]
+// CHECK-NEXT:    %[[B:.*]] = ad.add %[[W]], %b6 : tensor<4x8xf32>, tensor<8xf32> -> tensor<4x8xf32>
+// CHECK-NEXT:    func.return %[[B]]
+// CHECK-NOT:     ad.all_reduce
+func.func @parallel(%x: tensor<4x8xf32> {ad.input = "x"}, %w1: tensor<16x8xf32> {ad.param = "w1"}, %b1: tensor<16xf32> {ad.param = "b1"}, %w2: tensor<8x16xf32> {ad.param = "w2"}, %w3: tensor<16x8xf32> {ad.param = "w3"}, %w4: tensor<8x16xf32> {ad.param = "w4"}, %w5: tensor<16x8xf32> {ad.param = "w5"}, %w6: tensor<8x16xf32> {ad.param = "w6"}, %b6: tensor<8xf32> {ad.param = "b6"}) -> tensor<4x8xf32> {
+  %h1 = ad.linear %x, %w1 bias %b1 : (tensor<4x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<4x16xf32>
+  %a1 = ad.relu %h1 : tensor<4x16xf32> -> tensor<4x16xf32>
+  %o1 = ad.linear %a1, %w2 : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  %h2 = ad.linear %x, %w3 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %a2 = ad.tanh %h2 : tensor<4x16xf32> -> tensor<4x16xf32>
+  %o2 = ad.linear %a2, %w4 : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  %s = ad.add %o1, %o2 : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  %h3 = ad.linear %s, %w5 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %a3 = ad.gelu %h3 : tensor<4x16xf32> -> tensor<4x16xf32>
+  %o3 = ad.linear %a3, %w6 bias %b6 : (tensor<4x16xf32>, tensor<8x16xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  func.return %o3 : tensor<4x8xf32>
+}
+
+// -----
+
+// Left whole (the log says why): a block whose intermediate is also a result of the function,
+// and one whose intermediate is read whole along the split dim (a [16] weight added to a split
+// [4, 16]).
+// CHECK-LABEL: func.func @ambiguous
+// CHECK-NOT:     ad.shard_dim
+// CHECK-NOT:     ad.all_reduce
+// CHECK:         func.return
+func.func @ambiguous(%x: tensor<4x8xf32> {ad.input = "x"}, %w1: tensor<16x8xf32> {ad.param = "w1"}, %w2: tensor<8x16xf32> {ad.param = "w2"}, %w3: tensor<16x8xf32> {ad.param = "w3"}, %c: tensor<16xf32> {ad.param = "c"}, %w4: tensor<8x16xf32> {ad.param = "w4"}) -> (tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xf32>) {
+  %h1 = ad.linear %x, %w1 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %o1 = ad.linear %h1, %w2 : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  %h3 = ad.linear %x, %w3 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %a3 = ad.add %h3, %c : tensor<4x16xf32>, tensor<16xf32> -> tensor<4x16xf32>
+  %a4 = ad.exp %a3 : tensor<4x16xf32> -> tensor<4x16xf32>
+  %o3 = ad.linear %a4, %w4 : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  func.return %h1, %o1, %o3 : tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+// Hints override detection: detection alone pairs %wa with %wb (and leaves %wc replicated, its
+// result is the function's); with %wa replicated, %wb colwise and %wc rowwise, the block is
+// %wb -> %wc.
+// CHECK-LABEL: func.func @hinted
+// CHECK-SAME:    %wa: tensor<16x8xf32> {ad.param = "wa"}
+// CHECK-SAME:    %wb: tensor<8x16xf32> {ad.param = "wb", ad.shard_dim = 0 : i64}
+// CHECK-SAME:    %wc: tensor<8x8xf32> {ad.param = "wc", ad.shard_dim = 1 : i64}
+// CHECK-NEXT:    %a = ad.linear %x, %wa {ad.shard = "replicated"} : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+// CHECK-NEXT:    %b = ad.linear %a, %wb {ad.shard = "colwise"} : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %r = ad.relu %b : tensor<4x8xf32> -> tensor<4x8xf32>
+// CHECK-NEXT:    %c = ad.linear %r, %wc {ad.shard = "rowwise"} : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %all_reduce = ad.all_reduce %c
+// CHECK-NEXT:    %reduced = ad.wait_tensor %all_reduce
+// CHECK-NEXT:    func.return %reduced
+func.func @hinted(%x: tensor<4x8xf32> {ad.input = "x"}, %wa: tensor<16x8xf32> {ad.param = "wa"}, %wb: tensor<16x16xf32> {ad.param = "wb"}, %wc: tensor<8x16xf32> {ad.param = "wc"}) -> tensor<4x8xf32> {
+  %a = ad.linear %x, %wa {ad.shard = "replicated"} : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %b = ad.linear %a, %wb {ad.shard = "colwise"} : (tensor<4x16xf32>, tensor<16x16xf32>) -> tensor<4x16xf32>
+  %r = ad.relu %b : tensor<4x16xf32> -> tensor<4x16xf32>
+  %c = ad.linear %r, %wc {ad.shard = "rowwise"} : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  func.return %c : tensor<4x8xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @unhinted
+// CHECK-SAME:    %wa: tensor<8x8xf32> {ad.param = "wa", ad.shard_dim = 0 : i64}
+// CHECK-SAME:    %wb: tensor<16x8xf32> {ad.param = "wb", ad.shard_dim = 1 : i64}
+// CHECK-SAME:    %wc: tensor<8x16xf32> {ad.param = "wc"}
+// CHECK:         %b = ad.linear %a, %wb
+// CHECK-NEXT:    ad.all_reduce %b
+func.func @unhinted(%x: tensor<4x8xf32> {ad.input = "x"}, %wa: tensor<16x8xf32> {ad.param = "wa"}, %wb: tensor<16x16xf32> {ad.param = "wb"}, %wc: tensor<8x16xf32> {ad.param = "wc"}) -> tensor<4x8xf32> {
+  %a = ad.linear %x, %wa : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %b = ad.linear %a, %wb : (tensor<4x16xf32>, tensor<16x16xf32>) -> tensor<4x16xf32>
+  %r = ad.relu %b : tensor<4x16xf32> -> tensor<4x16xf32>
+  %c = ad.linear %r, %wc : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  func.return %c : tensor<4x8xf32>
+}
