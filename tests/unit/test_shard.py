@@ -22,13 +22,20 @@ from ad_mlir.models import TinyConfig, build_model, export_model
 from ad_mlir.passes import get_all_passes
 from ad_mlir.passes.pipeline import make_context, resolve_pipeline, run_pipeline
 from ad_mlir.passes.shard import ShardPass
+from ad_mlir.runtime import kernels
 
 WORLD = 2
 LAYERS = 2
 FAMILIES = ("llama", "qwen2", "mistral")
 
 
+def _refuse_reference(*_: object) -> None:
+    raise AssertionError("a region ran its reference semantics, not its kernel")
+
+
 def _families_on_rank(families: tuple[str, ...], rank: int) -> dict[str, RankResult]:
+    # the kernels run (in the Triton interpreter without CUDA: conftest's environment is inherited)
+    kernels.run_block = _refuse_reference
     # hidden 128: 4 query heads and 2 key/value heads of 32, two of each per rank
     return {f: run_rank(TinyConfig(family=f, layers=LAYERS, hidden_size=128), seq_lens=(5, 12)) for f in families}
 
