@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads lazily: `ad-opt file.mlir` should not pay 1.7 s for it
     import torch
+    import transformers
 
 FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -40,30 +41,58 @@ class TinyConfig:
             )
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of an HF decoder (the defaults: Llama-3-8B's, with Llama-2's vocabulary)."""
+
+    hidden_size: int = 4096
+    intermediate_size: int = 14336
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    vocab_size: int = 32000
+
+
+def hf_config(family: str, shape: ModelShape, layers: int) -> transformers.PretrainedConfig:
+    import transformers
+
+    return getattr(transformers, FAMILIES[family][0])(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=4096,
+        use_cache=False,
+    )
+
+
 def build_model(cfg: TinyConfig) -> torch.nn.Module:
     import torch
     import transformers
 
-    config_name, model_name = FAMILIES[cfg.family]
     heads = cfg.hidden_size // cfg.head_dim
-    config = getattr(transformers, config_name)(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=2 * cfg.hidden_size,
-        num_hidden_layers=cfg.layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads // 2,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=4096,
-        use_cache=False,
-    )
+    shape = ModelShape(cfg.hidden_size, 2 * cfg.hidden_size, heads, heads // 2, cfg.head_dim, cfg.vocab_size)
     torch.manual_seed(cfg.seed)
-    model = getattr(transformers, model_name)(config)
+    model = getattr(transformers, FAMILIES[cfg.family][1])(hf_config(cfg.family, shape, cfg.layers))
     with torch.no_grad():  # HF initializes biases (Qwen2's Q/K/V) to zero: a wrong bias would go unseen
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module.bias is not None:
                 module.bias.normal_(std=0.02)
     return model.eval().to(getattr(torch, cfg.dtype))
+
+
+def meta_model(family: str, shape: ModelShape, layers: int, dtype: str = "bfloat16") -> torch.nn.Module:
+    """A model of real sizes on the meta device: no memory, no initialization. Its graph
+    exports and compiles (shapes drive compile time, not values); `to_empty` makes it runnable."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = getattr(transformers, FAMILIES[family][1])(hf_config(family, shape, layers))
+    return model.eval().to(getattr(torch, dtype))
 
 
 def example_input_ids(cfg: TinyConfig, seq_len: int, seed: int = 1) -> torch.Tensor:
@@ -77,15 +106,18 @@ def export_model(
 ) -> torch.export.ExportedProgram:
     """Export `model(input_ids=...)` with a dynamic sequence length, under no_grad
     (inference graphs; no grad-mode wrappers)."""
+    return export_with_ids(model, example_input_ids(cfg, seq_len), decompose)
+
+
+def export_with_ids(
+    model: torch.nn.Module, input_ids: torch.Tensor, decompose: bool = False
+) -> torch.export.ExportedProgram:
+    """`export_model` for given `input_ids` (e.g. on the meta device, for a `meta_model`)."""
     import torch
 
     seq = torch.export.Dim("seq", min=2, max=4096)
     with torch.no_grad():
         ep = torch.export.export(
-            model,
-            (),
-            {"input_ids": example_input_ids(cfg, seq_len)},
-            dynamic_shapes={"input_ids": {1: seq}},
-            strict=False,
+            model, (), {"input_ids": input_ids}, dynamic_shapes={"input_ids": {1: seq}}, strict=False
         )
         return ep.run_decompositions() if decompose else ep

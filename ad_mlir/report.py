@@ -63,25 +63,33 @@ VIEW_OPS = (
 GEMM_AND_ATTENTION = (
     ad.LinearOp, ad.LinearFp8Op, ad.MmOp, ad.BmmOp, ad.MatmulOp, ad.AddmmOp, ad.AttentionOp, ad.RopeAttentionOp,
 )
-_NO_KERNEL = (*VIEW_OPS, ad.ConstantOp, ad.SymSizeOp)
+NO_KERNEL = (*VIEW_OPS, ad.ConstantOp, ad.SymSizeOp)
 _LAYER = re.compile(r"\blayers\.(\d+)\b")
 
 
+def layer_of(op: Any) -> int | None:
+    """The decoder layer an op belongs to, by the HF module path in its location; a fused
+    region belongs to the layer of its first op that has one (it may start with model-level
+    ops, e.g. the attention mask, fused into a layer's softmax)."""
+    if isinstance(op, ad.FusedOp):
+        return next((layer for inner in op.body.block.ops if (layer := layer_of(inner)) is not None), None)
+    match = _LAYER.search(op.location.desc.data) if isinstance(op.location, NameLoc) else None
+    return int(match.group(1)) if match else None
+
+
 def kernels_per_layer(module: Any) -> dict[int, int]:
-    """Kernels (non-view ops and fused regions) outside GEMMs and attention, per decoder layer
-    (by the HF module path in each op's location; a region is located at its first op). Ops
-    on weights alone are not kernels: the exporter computes them once."""
+    """Kernels (non-view ops and fused regions) outside GEMMs and attention, per decoder layer.
+    Ops on weights alone are not kernels: the exporter computes them once."""
     counts: Counter[int] = Counter()
     for fn in module.ops:
         once = weight_only_values(fn)
         for op in fn.regions[0].block.ops:
-            if isinstance(op, _NO_KERNEL + GEMM_AND_ATTENTION) or not op.name.startswith("ad."):
+            if isinstance(op, NO_KERNEL + GEMM_AND_ATTENTION) or not op.name.startswith("ad."):
                 continue
             if any(r in once for r in op.results):  # computed once, at compile time
                 continue
-            match = _LAYER.search(op.location.desc.data) if isinstance(op.location, NameLoc) else None
-            if match:
-                counts[int(match.group(1))] += 1
+            if (layer := layer_of(op)) is not None:
+                counts[layer] += 1
     return dict(sorted(counts.items()))
 
 
@@ -164,7 +172,7 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
         print(f"  removed entirely: {', '.join(dropped)}")
     print(
         "\nkernels per decoder layer outside GEMMs/attention (non-view ops + fused regions; a region "
-        "counts in the layer of its first op):"
+        "counts in the layer of its first op that has one):"
     )
     for layer, n in layers_before.items():
         print(f"  layer {layer}: {n:3d} imported -> {kernels_per_layer(program.module).get(layer, 0):3d} compiled")

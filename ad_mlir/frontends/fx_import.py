@@ -328,7 +328,7 @@ class _Importer:
         properties.update(T.property_attrs(spec, fields))
         op = spec.op.build(
             operands=operands,
-            result_types=[types] if unpack else types,
+            result_types=[types] if unpack and _one_variadic_result(spec.op) else types,
             properties=properties,
         )
         op.verify()
@@ -393,6 +393,15 @@ class _Importer:
 
             properties["unpack"] = UnitAttr()
         return ad.TorchOp.build(operands=[operands], result_types=[types], properties=properties)
+
+
+def _one_variadic_result(op: type[Operation]) -> bool:
+    """A sequence-valued node fills one variadic result (ad.split); else one result per item
+    (ad.add_rms_norm's two)."""
+    from xdsl.irdl import VarResultDef
+
+    results = op.get_irdl_definition().results
+    return len(results) == 1 and isinstance(results[0][1], VarResultDef)
 
 
 def _name_hint(name: str) -> str:

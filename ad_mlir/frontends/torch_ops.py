@@ -188,3 +188,11 @@ def rope_attention(
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
       attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False) -> torch.Tensor:
     return torch.empty_like(query)
+
+
+REFERENCE_OPS = frozenset(
+    f"{NAMESPACE}.{name}.default"
+    for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
+                 "linear_fp8", "rope", "rope_attention")
+)
+"""The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

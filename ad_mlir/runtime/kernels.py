@@ -12,6 +12,7 @@ runs; on CPU tensors the kernel runs in the Triton interpreter when it was loade
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -106,11 +107,13 @@ def _define_op(kernel: RegionKernel) -> None:
 
 
 def region_kernel(op: ad.FusedOp | ad.KernelOp, cache: KernelCache) -> RegionKernel:
-    """The kernel of `op` (from the cache), registered as a torch op once per process."""
+    """The kernel of `op` (from the cache), registered as a torch op once per process. A kernel
+    registered before, from another cache, comes back with this cache's file (the same source:
+    names hash it), so its file is one that still exists."""
     lowered = kernel_region(op)
     cached = cache.get(lowered.region, lowered.label)
     if cached.name in _REGISTERED:
-        return _REGISTERED[cached.name]
+        return dataclasses.replace(_REGISTERED[cached.name], cached=cached)
     body = lowered.region.body
     kernel = RegionKernel(cached, body.clone(), tuple(_arg_kind(a.type) for a in body.block.args))
     _define_op(kernel)

@@ -18,17 +18,11 @@ import torch
 
 import ad_mlir
 from ad_mlir.frontends.fx_import import import_program
+from ad_mlir.frontends.torch_ops import REFERENCE_OPS
 from ad_mlir.models import FAMILIES, TinyConfig, build_model, example_input_ids
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.report import low_precision_bound
 from ad_mlir.runtime import kernels
-
-REFERENCE_OPS = {
-    f"ad_mlir.{name}.default"
-    for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "rope_attention", "rope", "quantize_fp8",
-                 "quantize_fp8_dynamic")
-}
-"""The torch reference ops of the LLM-level ops: a compiled graph calls kernels instead."""
 
 
 def _kernel_calls(gm: torch.fx.GraphModule) -> int:

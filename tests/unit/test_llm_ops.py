@@ -22,10 +22,11 @@ from xdsl.parser import Parser
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.codegen.lowering import kernel_region
 from ad_mlir.dialects import ad
+from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.frontends.op_table import torch_dtype
 from ad_mlir.passes.pipeline import make_context
 from ad_mlir.runtime.kernels import region_kernel
-from ad_mlir.runtime.reference import run_block, run_op
+from ad_mlir.runtime.reference import evaluate, run_block, run_op
 
 X_BF16, X_F32 = "%x: tensor<5x96xbf16>", "%x: tensor<5x96xf32>"
 CASES = {
@@ -152,3 +153,21 @@ def test_rope_kernel_matches_the_reference(element: str, tmp_path) -> None:
         else:
             atol = 3 * 2.0**-7 * x.float().abs().max().item()
             torch.testing.assert_close(out.float(), expected.float(), rtol=0, atol=atol)
+
+
+def test_a_compiled_graph_calling_multi_result_reference_ops_imports() -> None:
+    """The reference ops of ops with several results (add_rms_norm, quantize_fp8_dynamic) import
+    as those ops, not as opaque calls, and evaluate as torch does."""
+
+    class Calls(torch.nn.Module):
+        def forward(self, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            normed, total = torch.ops.ad_mlir.add_rms_norm(x, r, w, 1e-6)
+            q, scale = torch.ops.ad_mlir.quantize_fp8_dynamic(normed, True)
+            return q, scale, total
+
+    args = (torch.randn(3, 16), torch.randn(3, 16), torch.randn(16))
+    program = import_program(torch.export.export(Calls(), args))
+    names = [op.name for op in program.function.body.block.ops]
+    assert "ad.add_rms_norm" in names and "ad.quantize_fp8_dynamic" in names, names
+    for got, want in zip(evaluate(program.module, program.weights, list(args)), Calls()(*args), strict=True):
+        assert torch.equal(got.float(), want.float())

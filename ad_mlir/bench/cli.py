@@ -1,0 +1,134 @@
+"""`ad-bench`: run the benchmarks this machine can run and write them under
+`benchmarks/results/<machine>/`: results.json, results.md (also printed) and PNG plots.
+
+- kernels (CUDA only): each fusion's kernel against eager and torch.compile, GB/s and % of the
+  measured copy bandwidth (`bench/kernels.py`);
+- compile: ad-mlir's compile stages against Inductor on Llama-shaped graphs of growing depth
+  (`bench/compile_time.py`);
+- traffic: modelled HBM bytes and launches of one decoder layer's non-GEMM part: eager, ad-mlir,
+  ideal (`bench/traffic.py`);
+- ptx: registers, spills, shared memory, vectorized access of every kernel of the five HF
+  families, compiled for sm_90 without a GPU (`bench/ptx_table.py`).
+
+Benchmarks are not tests: nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+PARTS = ("kernels", "compile", "traffic", "ptx")
+
+
+def machine_name() -> str:
+    """`cpu` without CUDA, else the GPU's name as a path (`nvidia-h100-80gb-hbm3`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+
+
+def machine_info() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return {
+        "machine": machine_name(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "triton": version("triton"),
+        "xdsl": version("xdsl"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ad-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--quick", action="store_true",
+                   help="small sweeps (1 and 4 layers, fewer token counts, Llama and Gemma2 PTX): < 3 minutes on CPU")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default: benchmarks/results/<machine>, <machine> = cpu or the GPU's name)")
+    p.add_argument("--no-inductor", action="store_true", help="compile part: do not time torch.compile")
+    args = p.parse_args(argv)
+    unknown = set(args.parts.split(",")) - set(PARTS)
+    if unknown:
+        p.error(f"unknown parts {sorted(unknown)} (choose from {', '.join(PARTS)})")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parse(argv)
+    import torch
+
+    from ad_mlir.bench.report import write_results
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # PTX still compiles for sm_90 (in a child)
+    parts = args.parts.split(",")
+    results: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "parts": {}, "skipped": {}}
+    from tqdm import tqdm
+
+    with tqdm(total=len(parts), desc="ad-bench", unit="part", file=sys.stderr) as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+
+        for part in parts:
+            bar.set_description(part)
+            if part == "kernels" and not cuda:
+                results["skipped"][part] = "no CUDA device: the kernel benchmarks time GPU kernels"
+            else:
+                results["parts"][part] = _run_part(part, args, progress)
+            bar.update()
+    out = args.out or Path("benchmarks") / "results" / results["machine"]["machine"]
+    markdown = write_results(results, out)
+    print(markdown)
+    print(f"\nwritten to {out}/", file=sys.stderr)
+
+
+def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[str, Any]]:
+    if part == "kernels":
+        import torch
+
+        from ad_mlir.bench.kernels import run_kernel_benchmarks
+
+        tokens = (1, 16, 128) if args.quick else (1, 16, 128, 1024, 4096, 16384)
+        shapes = [(t, h) for h in (4096, 8192) for t in tokens]
+        return run_kernel_benchmarks(torch.device("cuda"), shapes, torch.bfloat16, progress=progress)
+    if part == "compile":
+        from ad_mlir.bench.compile_time import run_compile_time
+
+        layers = (1, 4) if args.quick else (1, 4, 16, 32)
+        return run_compile_time(layers, inductor=not args.no_inductor, progress=progress)
+    if part == "traffic":
+        from ad_mlir.bench.traffic import run_traffic
+
+        families = ("llama", "gemma2") if args.quick else ("llama", "qwen2", "mistral", "gemma", "gemma2")
+        return run_traffic((1, 128, 4096), families)
+    from ad_mlir.bench.ptx_table import run_ptx
+    from ad_mlir.models import FAMILIES
+
+    return run_ptx(("llama", "gemma2") if args.quick else tuple(FAMILIES), progress=progress)
+
+
+if __name__ == "__main__":
+    main()

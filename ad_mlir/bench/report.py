@@ -1,0 +1,145 @@
+"""`ad-bench` results as files: results.json (everything), results.md (tables) and PNG plots."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MB = 1e6
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f}"
+
+
+def compile_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ["layers", "ad-mlir s", "torch.compile s", "torch.compile / ad-mlir", "export", "import", "passes",
+              "codegen", "PTX", "export back"]
+    body = []
+    for r in rows:
+        st = r["stages"]
+        passes = sum(v for k, v in st.items() if k.startswith("pass "))
+        ratio = f"{r['ratio']:.1f}x" if r["ratio"] else r["inductor_note"]
+        body.append([r["layers"], _s(r["ad_mlir_s"]), _s(r["inductor_s"]), ratio, _s(st["export"]), _s(st["import"]),
+                     _s(passes), _s(st["Triton codegen"]), _s(st.get("PTX (sm_90)")), _s(st["export to FX"])])
+    shape = f"Llama-shaped (hidden {rows[0]['hidden']}, {rows[0]['dtype']})" if rows else ""
+    return f"### Compile time, {shape}, seconds\n\n" + _table(header, body)
+
+
+def traffic_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ["family", "tokens", "eager launches", "eager MB", "ad-mlir launches", "ad-mlir MB", "ideal MB",
+              "eager / ideal", "ad-mlir / ideal", "ad-mlir / its own ideal"]
+    body = [[r["family"], r["tokens"], r["eager_launches"], f"{r['eager_bytes'] / MB:.2f}", r["ad_mlir_launches"],
+             f"{r['ad_mlir_bytes'] / MB:.2f}", f"{r['ideal_bytes'] / MB:.2f}", f"{r['eager_ratio']:.2f}",
+             f"{r['ad_mlir_ratio']:.2f}", f"{r['ad_mlir_own_ratio']:.2f}"] for r in rows]
+    return ("### Modelled HBM traffic of one decoder layer outside GEMMs and attention\n\n"
+            "(see `ad_mlir/bench/traffic.py` for the model; ad-mlir runs RoPE inside its attention kernel)\n\n"
+            + _table(header, body))
+
+
+def ptx_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ["family", "kernel", "regs", "spill B", "smem B", "ld.v", "st.v", "warps", "block"]
+    body = [[r["family"], r["name"], r["registers"], r["spills"], r["shared_memory"],
+             "yes" if r["vectorized_loads"] else "no", "yes" if r["vectorized_stores"] else "no", r["num_warps"],
+             f"{r['block_r']}x{r['block_c']}"] for r in rows]
+    return "### PTX for sm_90 (compiled on the CPU), at 256 tokens\n\n" + _table(header, body)
+
+
+def kernel_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ["case", "impl", "mode", "tokens", "hidden", "median ms (p20-p80)", "GB/s", "% of copy", "bytes"]
+    body = [[r["case"], r["impl"], r["mode"], r["tokens"], r["hidden"],
+             f"{r['median_ms']:.4f} ({r['p20_ms']:.4f}-{r['p80_ms']:.4f})", f"{r['gbps']:.1f}",
+             f"{r['pct_of_copy']:.1f}", r["bytes_formula"]] for r in rows]
+    return "### Kernels\n\n" + _table(header, body)
+
+
+TABLES = {"kernels": kernel_table, "compile": compile_table, "traffic": traffic_table, "ptx": ptx_table}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [f"# ad-bench on {m['machine']}", "",
+             f"{m['gpu'] or 'no GPU'}; CPU {m['cpu']} ({m['cpu_count']} cores); torch {m['torch']}, triton "
+             f"{m['triton']}, xdsl {m['xdsl']}; {m['date']}{'; --quick' if results['quick'] else ''}", ""]
+    lines += [f"- {part}: skipped, {why}" for part, why in results["skipped"].items()]
+    for part, rows in results["parts"].items():
+        lines += ["", TABLES[part](rows)]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: dict[str, Any], out: Path) -> str:
+    """Write results.json, results.md and the plots to `out`; returns the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    text = markdown(results)
+    (out / "results.md").write_text(text)
+    plot_results(results, out)
+    return text
+
+
+def plot_results(results: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    written = []
+    plots = {"compile": _plot_compile, "traffic": _plot_traffic, "kernels": _plot_kernels}
+    for part, rows in results["parts"].items():
+        if part in plots and rows:
+            fig = plots[part](plt, rows)
+            path = out / f"{part}.png"
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+def _plot_compile(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    layers = [r["layers"] for r in rows]
+    ax.plot(layers, [r["ad_mlir_s"] for r in rows], "o-", label="ad-mlir (all stages)")
+    timed = [r for r in rows if r["inductor_s"]]
+    ax.plot([r["layers"] for r in timed], [r["inductor_s"] for r in timed], "s-", label="torch.compile (Inductor, CPU)")
+    ax.set(xlabel="decoder layers", ylabel="seconds", title=f"Compile time, Llama-shaped (hidden {rows[0]['hidden']})")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _plot_traffic(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    tokens = max(r["tokens"] for r in rows)
+    at = [r for r in rows if r["tokens"] == tokens]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = range(len(at))
+    ax.bar([i - 0.2 for i in x], [r["eager_ratio"] for r in at], 0.4, label="eager")
+    ax.bar([i + 0.2 for i in x], [r["ad_mlir_ratio"] for r in at], 0.4, label="ad-mlir")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--", label="ideal")
+    ax.set_xticks(list(x), [r["family"] for r in at])
+    ax.set(ylabel="modelled bytes / ideal", title=f"Non-GEMM traffic of one layer, {tokens} tokens")
+    ax.legend()
+    return fig
+
+
+def _plot_kernels(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    cases = sorted({r["case"] for r in rows})
+    hidden = min(r["hidden"] for r in rows)
+    fig, axes = plt.subplots(len(cases), 1, figsize=(7, 3 * len(cases)), squeeze=False)
+    for ax, case in zip(axes[:, 0], cases, strict=True):
+        for impl in sorted({r["impl"] for r in rows if r["case"] == case}):
+            points = sorted((r["tokens"], r["gbps"]) for r in rows
+                            if r["case"] == case and r["impl"] == impl and r["mode"] == "plain" and r["hidden"] == hidden)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=impl)
+        ax.set(xscale="log", xlabel="tokens", ylabel="GB/s", title=f"{case} (hidden {hidden})")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,105 @@
+"""The CPU parts of `ad-bench`: the traffic model's byte accounting, compile-time stages (fresh
+processes), the results files and the command line. Nothing here asserts a timing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from xdsl.dialects import func
+from xdsl.parser import Parser
+
+from ad_mlir.bench import cli
+from ad_mlir.bench.compile_time import run_compile_time
+from ad_mlir.bench.report import write_results
+from ad_mlir.bench.traffic import ideal_bytes, launch_bytes, layer_launches, run_traffic
+from ad_mlir.models import ModelShape
+from ad_mlir.passes.pipeline import make_context
+
+TINY = ModelShape(hidden_size=256, intermediate_size=512, heads=2, kv_heads=1, head_dim=128, vocab_size=128)
+
+LAYER = """
+func.func @forward(%x: tensor<1x?x8xf32> {ad.input = "x"}, %w: tensor<8xf32> {ad.param = "w"},
+                   %wo: tensor<8x8xf32> {ad.param = "o"}) -> tensor<1x?x8xf32> {
+  %h = ad.linear %x, %wo : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32> loc("model.layers.1.o_proj")
+  %s = ad.add %x, %h : tensor<1x?x8xf32>, tensor<1x?x8xf32> -> tensor<1x?x8xf32> loc("model.layers.1")
+  %wb = ad.expand %w [1, -1, 8] : tensor<8xf32> -> tensor<1x?x8xf32> loc("model.layers.1")
+  %m = ad.mul %s, %wb : tensor<1x?x8xf32>, tensor<1x?x8xf32> -> tensor<1x?x8xf32> loc("model.layers.1")
+  %c = ad.cast %m : tensor<1x?x8xf32> -> tensor<1x?x8xf32> loc("model.layers.1")
+  %e = ad.exp %c : tensor<1x?x8xf32> -> tensor<1x?x8xf32> loc("model.layers.1")
+  %y = ad.linear %e, %wo : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32> loc("model.layers.1.down")
+  %r = ad.add %s, %y : tensor<1x?x8xf32>, tensor<1x?x8xf32> -> tensor<1x?x8xf32> loc("model.layers.2")
+  func.return %r : tensor<1x?x8xf32>
+}
+"""
+
+
+def test_traffic_counts_each_launch_and_the_ideal_by_hand() -> None:
+    fn = next(op for op in Parser(make_context(), LAYER).parse_module().ops if isinstance(op, func.FuncOp))
+    ops = layer_launches(fn, fold_weights=False)
+    # add, mul, exp launch; the linears, the broadcast view and the same-type cast do not;
+    # the add of layer 2 is another layer's
+    assert [op.name for op in ops] == ["ad.add", "ad.mul", "ad.exp"]
+    row = 8 * 4  # bytes of one token's 8 f32
+    tokens = 5
+    # add: x, h in, s out; mul: s and w (8 floats: the broadcast reads its source) in, m out; exp: m in, e out
+    assert launch_bytes(ops, tokens) == 3 * tokens * row + (2 * tokens * row + row) + 2 * tokens * row
+    # as one kernel: x, h, w read once; s (read by layer 2) and e (by the linear) written once
+    assert ideal_bytes(ops, tokens) == 2 * tokens * row + row + 2 * tokens * row
+
+
+def test_the_default_pipeline_moves_less_than_eager_on_every_family() -> None:
+    rows = run_traffic((1, 64), families=("llama", "gemma2"), shape=TINY, dtype="bfloat16")
+    assert [(r["family"], r["tokens"]) for r in rows] == [("llama", 1), ("llama", 64), ("gemma2", 1), ("gemma2", 64)]
+    for r in rows:
+        assert r["ad_mlir_launches"] < r["eager_launches"] and r["ad_mlir_bytes"] < r["eager_bytes"], r
+        assert r["eager_ratio"] == r["eager_bytes"] / r["ideal_bytes"] > 1, r
+        # its own ideal: its kernels, each reading and writing once, cannot beat them as one kernel
+        assert r["ad_mlir_own_ratio"] >= 1, r
+
+
+def test_compile_time_stages_run_in_fresh_processes() -> None:
+    (row,) = run_compile_time([1], shape=TINY, inductor=False, ptx=False)
+    stages = list(row["stages"])
+    assert stages[:2] == ["export", "import"] and stages[-2:] == ["Triton codegen", "export to FX"]
+    assert "pass fuse-elementwise" in stages and all(s > 0 for s in row["stages"].values())
+    assert row["ad_mlir_s"] == sum(row["stages"].values())
+    assert (row["inductor_s"], row["ratio"], row["inductor_note"]) == (None, None, "not run (--no-inductor)")
+
+
+def _results() -> dict:
+    compile_row = {"layers": 1, "hidden": 256, "dtype": "bfloat16", "ad_mlir_s": 2.0, "inductor_s": 5.0,
+                   "inductor_note": None, "ratio": 2.5,
+                   "stages": {"export": 1.0, "import": 0.1, "pass canonicalize": 0.2, "Triton codegen": 0.3,
+                              "PTX (sm_90)": 0.3, "export to FX": 0.1}}
+    traffic_row = {"family": "llama", "tokens": 4, "hidden": 256, "dtype": "bfloat16", "eager_launches": 30,
+                   "eager_bytes": 3e6, "ad_mlir_launches": 4, "ad_mlir_bytes": 1e6, "ideal_bytes": 1e6,
+                   "ad_mlir_own_ideal_bytes": 1e6, "eager_ratio": 3.0, "ad_mlir_ratio": 1.0, "ad_mlir_own_ratio": 1.0}
+    return {"machine": cli.machine_info(), "quick": True, "skipped": {"kernels": "no CUDA device"},
+            "parts": {"compile": [compile_row], "traffic": [traffic_row]}}
+
+
+def test_results_are_written_as_json_markdown_and_plots(tmp_path: Path) -> None:
+    results = _results()
+    text = write_results(results, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(results))
+    assert (tmp_path / "results.md").read_text() == text
+    assert "- kernels: skipped, no CUDA device" in text
+    assert "| 1 | 2.00 | 5.00 | 2.5x | 1.00 | 0.10 | 0.20 | 0.30 | 0.30 | 0.10 |" in text
+    assert "| llama | 4 | 30 | 3.00 | 4 | 1.00 | 1.00 | 3.00 | 1.00 | 1.00 |" in text
+    for plot in ("compile.png", "traffic.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_command_line_runs_what_the_machine_can(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "_run_part", lambda part, args, progress: _results()["parts"][part])
+    cli.main(["--parts", "kernels,traffic", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "# ad-bench on cpu" in out and "kernels: skipped, no CUDA device" in out
+    assert "Modelled HBM traffic" in out and "Compile time" not in out
+    assert {p.name for p in tmp_path.iterdir()} == {"results.json", "results.md", "traffic.png"}
+    with pytest.raises(SystemExit):
+        cli.main(["--parts", "kernels,speed"])
+    assert "unknown parts ['speed']" in capsys.readouterr().err
