@@ -1,5 +1,6 @@
 """`ad-bench`: run the benchmarks this machine can run and write them under
-`benchmarks/results/<machine>/`: results.json, results.md (also printed) and PNG plots.
+`benchmarks/results/<machine>/` (`<machine>-quick/` with --quick): results.json, results.md
+(also printed) and PNG plots.
 
 - kernels (CUDA only): each fusion's kernel against eager and torch.compile, GB/s and % of the
   measured copy bandwidth (`bench/kernels.py`);
@@ -65,7 +66,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="small sweeps (1 and 4 layers, fewer token counts, Llama and Gemma2 PTX): < 3 minutes on CPU")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--out", type=Path, default=None,
-                   help="output directory (default: benchmarks/results/<machine>, <machine> = cpu or the GPU's name)")
+                   help="output directory (default: benchmarks/results/<machine>[-quick], <machine> = cpu or the "
+                   "GPU's name)")
     p.add_argument("--no-inductor", action="store_true", help="compile part: do not time torch.compile")
     args = p.parse_args(argv)
     unknown = set(args.parts.split(",")) - set(PARTS)
@@ -99,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             else:
                 results["parts"][part] = _run_part(part, args, progress)
             bar.update()
-    out = args.out or Path("benchmarks") / "results" / results["machine"]["machine"]
+    name = results["machine"]["machine"] + ("-quick" if args.quick else "")
+    out = args.out or Path("benchmarks") / "results" / name
     markdown = write_results(results, out)
     print(markdown)
     print(f"\nwritten to {out}/", file=sys.stderr)
