@@ -13,6 +13,7 @@ from ad_mlir.frontends.fx_export import export_program
 from ad_mlir.frontends.fx_import import Rank, import_program
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.runtime.kernels import build_kernels
+from ad_mlir.runtime.verify import NumericVerifier, check_compiled
 
 
 def compile(
@@ -22,6 +23,7 @@ def compile(
     cache: KernelCache | None = None,
     world_size: int | None = None,
     rank: int | None = None,
+    verify: bool = False,
 ) -> torch.fx.GraphModule:
     """Compile an FX graph (an ExportedProgram, or a GraphModule with `meta["val"]` or
     `example_inputs`) through `pipeline` ("default", "none", "pass,pass" or a YAML file).
@@ -30,12 +32,22 @@ def compile(
     inputs in order and returns a tuple. Ops on weights alone (e.g. the weight concatenation of
     `fuse-gemms`) run once, here: the result holds their outputs in place of those weights.
     Weight arguments that are tensor-parallel shards (`ad.shard_dim`) hold `rank`'s slice;
-    `world_size` and `rank` default to the initialized process group's, else 1 and 0."""
+    `world_size` and `rank` default to the initialized process group's, else 1 and 0.
+
+    With `verify`, every pass is checked numerically (the function before and after it, on the
+    same random inputs and the real weights, `runtime/verify.py`), and so is the result: its
+    kernels against the final IR; a difference beyond the dtype's tolerance raises
+    NumericMismatch naming the pass (and the first op that differs) or the result. A pass that
+    raises or breaks the program is skipped instead when the pipeline's YAML says
+    `skip_on_error: true` (the default outside the test suite, see `run_pipeline`)."""
     program = import_program(gm, example_inputs)
-    run_pipeline(program.module, pipeline)
-    return export_program(
+    run_pipeline(program.module, pipeline, numeric=NumericVerifier(program.weights) if verify else None)
+    compiled = export_program(
         program, build_kernels(program.module, cache), fold_weights=True, rank=_rank(world_size, rank)
     )
+    if verify:
+        check_compiled(compiled, program.module, program.weights)
+    return compiled
 
 
 def _rank(world_size: int | None, rank: int | None) -> Rank:

@@ -14,6 +14,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("AD_MLIR_SKIP_ON_ERROR", "0")  # a pass that raises fails its test, not skipped
 os.environ.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_kernels_"))
 
 from ad_mlir.models import TinyConfig, build_model, export_model
@@ -35,3 +36,15 @@ def exported():  # noqa: ANN201 (returns the cached builder)
 @pytest.fixture(autouse=True)
 def _deterministic() -> None:
     torch.manual_seed(0)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many random programs the differential tests compiled and compared with eager (each
+    mismatch fails its test; AD_MLIR_RANDOM_EXAMPLES runs more)."""
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if getattr(r, "when", None) == "teardown"]
+    programs = sum(v for r in reports for k, v in getattr(r, "user_properties", ()) if k == "random_programs")
+    if programs:
+        failed = sum(1 for r in terminalreporter.stats.get("failed", ()) if "test_compile_random" in r.nodeid)
+        terminalreporter.write_line(
+            f"random programs compiled and compared with eager: {programs} ({failed} tests with mismatches)"
+        )

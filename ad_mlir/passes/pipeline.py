@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, NameLoc
+from xdsl.dialects.func import FuncOp
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass, PassPipeline
+from xdsl.utils.exceptions import DiagnosticException
 
 from ad_mlir.passes import get_all_passes
+
+if TYPE_CHECKING:
+    from ad_mlir.runtime.verify import NumericVerifier
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +38,39 @@ class PipelineConfigError(ValueError):
     """A pipeline YAML file that does not describe passes we have."""
 
 
+SKIP_ON_ERROR_VARIABLE = "AD_MLIR_SKIP_ON_ERROR"
+"""`0` turns the fallback off where the config does not say (the test suite does: a pass that
+raises must fail its test); users get it on."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    spec: str
+    """An xDSL pass string."""
+    skip_on_error: bool | None = None
+    """From a YAML file's top-level `skip_on_error`; None: not said."""
+
+
+def _is_yaml(pipeline: str | Path) -> bool:
+    return isinstance(pipeline, Path) or str(pipeline).endswith((".yaml", ".yml"))
+
+
+def load_pipeline(pipeline: str | Path) -> PipelineConfig:
+    """A pipeline name, a YAML file (`.yaml`/`.yml`) or a pass string -> its config."""
+    if _is_yaml(pipeline):
+        return pipeline_from_yaml(Path(pipeline))
+    return PipelineConfig(PIPELINES.get(pipeline, pipeline))
+
+
 def resolve_pipeline(pipeline: str | Path) -> str:
     """A pipeline name, a YAML file (`.yaml`/`.yml`) or a pass string -> an xDSL pass string."""
-    if isinstance(pipeline, Path) or str(pipeline).endswith((".yaml", ".yml")):
-        return pipeline_from_yaml(Path(pipeline))
-    return PIPELINES.get(pipeline, pipeline)
+    return load_pipeline(pipeline).spec
 
 
-def pipeline_from_yaml(path: Path) -> str:
+def pipeline_from_yaml(path: Path) -> PipelineConfig:
     """The AutoDeploy shape: `transforms: {fuse_elementwise: {enabled: true, max_ops: 32}}`,
-    in order; names and options may use `_` for `-`; `enabled` defaults to true."""
+    in order; names and options may use `_` for `-`; `enabled` defaults to true. A top-level
+    `skip_on_error: true|false` sets the fallback (`run_pipeline`)."""
     import yaml
 
     try:
@@ -48,6 +80,9 @@ def pipeline_from_yaml(path: Path) -> str:
     transforms = config.get("transforms") if isinstance(config, dict) else None
     if not isinstance(transforms, dict):
         raise PipelineConfigError(f"{path}: expected 'transforms:' mapping pass names to their options")
+    skip_on_error = config.get("skip_on_error")
+    if skip_on_error is not None and not isinstance(skip_on_error, bool):
+        raise PipelineConfigError(f"{path}: skip_on_error must be true or false, got {skip_on_error!r}")
     known = get_all_passes()
     specs = []
     for key, options in transforms.items():
@@ -61,7 +96,7 @@ def pipeline_from_yaml(path: Path) -> str:
             continue
         args = " ".join(f"{k.replace('_', '-')}={_spec_value(v)}" for k, v in options.items())
         specs.append(f"{name}{{{args}}}" if args else name)
-    return ",".join(specs)
+    return PipelineConfig(",".join(specs), skip_on_error)
 
 
 def _spec_value(value: object) -> str:
@@ -98,23 +133,100 @@ def count_ops(module: ModuleOp) -> int:
     return sum(1 for _ in module.walk()) - 1
 
 
-def run_pipeline(module: ModuleOp, pipeline: str | Path = "default", verify: bool = True) -> list[PassRecord]:
+def expand_passes(passes: Sequence[ModulePass]) -> list[ModulePass]:
+    """`default` as the passes it runs, so each is timed, verified and skipped on its own."""
+    from ad_mlir.passes.default import DefaultPipelinePass
+
+    expanded: list[ModulePass] = []
+    for p in passes:
+        if isinstance(p, DefaultPipelinePass):
+            expanded += PassPipeline.parse_spec(get_all_passes(), PIPELINES["default"]).passes
+        else:
+            expanded.append(p)
+    return expanded
+
+
+def default_skip_on_error() -> bool:
+    return os.environ.get(SKIP_ON_ERROR_VARIABLE, "1") != "0"
+
+
+def run_pipeline(
+    module: ModuleOp,
+    pipeline: str | Path = "default",
+    verify: bool = True,
+    numeric: NumericVerifier | None = None,
+    skip_on_error: bool | None = None,
+) -> list[PassRecord]:
     """Apply `pipeline` (a name in PIPELINES, a YAML file or a pass string) to `module` in
-    place, verifying after each pass; returns what each pass did."""
-    spec = resolve_pipeline(pipeline)
+    place, verifying the IR after each pass and, with `numeric`, its results (the module before
+    and after on the same inputs, `runtime/verify.py`); returns what each pass did.
+
+    With `skip_on_error` (else the YAML's `skip_on_error`, else on unless
+    AD_MLIR_SKIP_ON_ERROR=0), a pass that raises, leaves invalid IR or changes the results is
+    undone and skipped with a warning naming it and the op it failed on: the graph stays what
+    it was before that pass, so it stays correct."""
+    config = load_pipeline(pipeline)
+    if skip_on_error is None:
+        skip_on_error = config.skip_on_error if config.skip_on_error is not None else default_skip_on_error()
+    ctx = make_context()
     records: list[PassRecord] = []
-    state = {"ops": count_ops(module), "t": time.perf_counter()}
-
-    def after_pass(previous: ModulePass | None, mod: ModuleOp, _next: ModulePass | None) -> None:
-        if previous is not None:
-            if verify:
-                mod.verify()
-            ops = count_ops(mod)
-            record = PassRecord(previous.name, state["ops"], ops, time.perf_counter() - state["t"])
-            log.info("%s: %d -> %d ops in %.3f s", record.name, record.ops_before, record.ops_after, record.seconds)
-            records.append(record)
-            state["ops"] = ops
-        state["t"] = time.perf_counter()
-
-    PassPipeline.parse_spec(get_all_passes(), spec, after_pass).apply(make_context(), module)
+    for p in expand_passes(PassPipeline.parse_spec(get_all_passes(), config.spec).passes):
+        ops, start = count_ops(module), time.perf_counter()
+        before = module.clone() if skip_on_error else None
+        try:
+            _apply_checked(p, ctx, module, verify, numeric)
+        except Exception as e:
+            if before is None:
+                raise
+            log.warning("%s: skipped (skip_on_error), the graph is left as before it: %s", p.name, failure(e))
+            _restore(module, before)
+        record = PassRecord(p.name, ops, count_ops(module), time.perf_counter() - start)
+        log.info("%s: %d -> %d ops in %.3f s", record.name, record.ops_before, record.ops_after, record.seconds)
+        records.append(record)
     return records
+
+
+def _apply_checked(p: ModulePass, ctx: Context, module: ModuleOp, verify: bool,
+                   numeric: NumericVerifier | None) -> None:
+    if numeric is not None:
+        numeric.before_pass(module)
+    p.apply(ctx, module)
+    if verify:
+        module.verify()
+    if numeric is not None:
+        numeric.check_pass(p.name, module)
+
+
+def describe_op(op: Operation) -> str:
+    """`%name = ad.op at <HF module>`: an op as a user finds it in the IR."""
+    name = f"%{op.results[0].name_hint} = " if op.results and op.results[0].name_hint else ""
+    where = f" at {op.location.desc.data}" if isinstance(op.location, NameLoc) else ""
+    return f"{name}{op.name}{where}"
+
+
+def failure(e: BaseException) -> str:
+    """An exception from a pass, in one line, with the op it was working on when that can be
+    told (the innermost frame holding an op of the function)."""
+    message = " ".join(f"{type(e).__name__}: {e}".split())
+    if isinstance(e, DiagnosticException):  # its message already says where
+        return message
+    tb = e.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        op = next((v for v in frame.f_locals.values()
+                   if isinstance(v, Operation) and not isinstance(v, ModuleOp | FuncOp)), None)
+        if op is not None:
+            return f"on {describe_op(op)}: {message}"
+    return message
+
+
+def _restore(module: ModuleOp, before: ModuleOp) -> None:
+    block = module.body.block
+    for op in list(block.ops):
+        op.detach()
+    for op in list(before.body.block.ops):
+        op.detach()
+        block.add_op(op)

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -31,6 +31,10 @@ from xdsl.utils.lexer import Span
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from ad_mlir.passes import get_all_passes
+from ad_mlir.passes.pipeline import expand_passes
+
+if TYPE_CHECKING:
+    from ad_mlir.runtime.verify import NumericVerifier
 
 
 def _package_version() -> str:
@@ -104,6 +108,8 @@ class AdOptMain(xDSLOptMain):
     def __init__(self, args: Sequence[str] | None = None):
         self.spans: dict[Operation, Span] = {}
         self._line_offset = 0
+        self._numeric: NumericVerifier | None = None
+        """--verify-each's checker (given a --model graph's weights)."""
         super().__init__(description=__doc__.split("\n\n")[0], args=args)
 
     # registries --------------------------------------------------------------------
@@ -161,10 +167,22 @@ class AdOptMain(xDSLOptMain):
         arg_parser.add_argument(
             "--print-ir-after-all", action="store_true", help="print the IR to stderr after every pass"
         )
+        arg_parser.add_argument(
+            "--verify-each-numerically", "--verify-each", dest="verify_each", action="store_true",
+            help="after every pass (those of 'default' one by one), run the function before and after it on "
+            "the same random inputs through the reference semantics (with --model, its weights) and fail "
+            "naming the pass and the first op whose result differs beyond the dtype's tolerance",
+        )
 
     # pipeline ----------------------------------------------------------------------
 
     def setup_pipeline(self) -> None:
+        numeric = None
+        if self.args.verify_each:
+            from ad_mlir.runtime.verify import NumericVerifier
+
+            numeric = self._numeric = NumericVerifier()
+
         def after_pass(previous: ModulePass | None, module: ModuleOp, next_pass: ModulePass | None) -> None:
             now = time.perf_counter()
             if previous is not None:
@@ -172,14 +190,21 @@ class AdOptMain(xDSLOptMain):
                     print(f"Pass {previous.name} took {now - self._started:.4f} s", file=sys.stderr)
                 if not self.args.disable_verify:
                     module.verify()
+                if numeric is not None:
+                    numeric.check_pass(previous.name, module)
                 if self.args.print_ir_after_all:
                     print(f"// -----// IR Dump After {previous.name} //----- //", file=sys.stderr)
                     Printer(stream=sys.stderr).print_op(module)
                     print(file=sys.stderr)
+            if numeric is not None and next_pass is not None:
+                numeric.before_pass(module)
             self._started = time.perf_counter()
 
         self._started = time.perf_counter()
-        self.pipeline = PassPipeline.parse_spec(self.available_passes, self.args.passes, after_pass)
+        passes = PassPipeline.parse_spec(self.available_passes, self.args.passes).passes
+        if numeric is not None:
+            passes = tuple(expand_passes(passes))
+        self.pipeline = PassPipeline(passes, after_pass)
 
     def apply_passes(self, prog: ModuleOp) -> None:
         if not self.args.disable_verify:
@@ -211,7 +236,10 @@ class AdOptMain(xDSLOptMain):
             dtype=self.args.dtype,
         )
         ep = export_model(build_model(cfg), cfg, decompose=self.args.decompose)
-        return import_program(ep).module
+        program = import_program(ep)
+        if self._numeric is not None:
+            self._numeric.weights = program.weights
+        return program.module
 
 
 def main(argv: Sequence[str] | None = None) -> None:

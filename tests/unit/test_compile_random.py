@@ -864,9 +864,22 @@ def _assert_near_truth(
     assert bool((error <= allowed).all()), f"output {i}, flat index {worst}: {at}"
 
 
+_CHECKED = [0]
+"""Random programs checked so far in this process."""
+
+
+@pytest.fixture(autouse=True)
+def _count_programs(record_property: Callable[[str, object], None]) -> Iterator[None]:
+    """Each test reports how many random programs it checked (summed in conftest's summary)."""
+    before = _CHECKED[0]
+    yield
+    record_property("random_programs", _CHECKED[0] - before)
+
+
 def check_program(program: Program) -> None:
     """Compile `program`, check that kernels compute it, and compare it with eager (and with the
     float64 truth) on its inputs, and at one more row for a dynamic leading dim."""
+    _CHECKED[0] += 1
     note(describe(program))
     gm = _compile(program)
     _assert_kernels_compute(gm, _inputs(program))

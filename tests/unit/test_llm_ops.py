@@ -171,3 +171,57 @@ def test_a_compiled_graph_calling_multi_result_reference_ops_imports() -> None:
     assert "ad.add_rms_norm" in names and "ad.quantize_fp8_dynamic" in names, names
     for got, want in zip(evaluate(program.module, program.weights, list(args)), Calls()(*args), strict=True):
         assert torch.equal(got.float(), want.float())
+
+
+def _with_special_values(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The first input with NaN, +-inf and a huge value (its square overflows) in its first rows."""
+    x = inputs[0].clone()
+    flat = x.view(x.shape[0], -1)
+    for i, value in enumerate((float("nan"), float("inf"), -float("inf"), 3e38)):
+        flat[i % len(flat), i] = value
+    return [x, *inputs[1:]]
+
+
+def _dynamic_rows(case: str) -> ad.KernelOp:
+    args, text, _ = CASES[case]
+    rows = args.split("tensor<")[1].split("x")[0]
+    return _parse_op(args.replace(f"tensor<{rows}x", "tensor<?x"), text.replace(f"tensor<{rows}x", "tensor<?x"))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_keeps_nan_inf_and_huge_values_like_the_reference(case: str, tmp_path) -> None:
+    """A row holding NaN, inf or a value whose square overflows comes out as the reference's
+    (NaN where torch has NaN), and the other rows are untouched by it."""
+    op = _op(case)
+    inputs = _with_special_values(_inputs(op))
+    kernel = region_kernel(op, KernelCache(tmp_path))
+    got = kernel.run(*kernel.split_inputs(inputs))
+    roundings = CASES[case][2]
+    for out, expected in zip(got, run_op(op, inputs), strict=True):
+        torch.testing.assert_close(out.float(), expected.float(), rtol=1.3e-6 + roundings * 2.0**-7, atol=1e-5,
+                                   equal_nan=True)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_with_zero_rows_returns_empty_results(case: str, tmp_path) -> None:
+    op = _dynamic_rows(case)
+    inputs = [t[:0] if t.dim() > 1 else t for t in _inputs(_op(case))]
+    kernel = region_kernel(op, KernelCache(tmp_path))
+    for out, expected in zip(kernel.run(*kernel.split_inputs(inputs)), run_op(op, inputs), strict=True):
+        assert out.shape == expected.shape and out.shape[0] == 0 and out.dtype == expected.dtype
+
+
+def test_rope_kernel_with_zero_tokens_and_special_values(tmp_path) -> None:
+    """The RoPE template with a dynamic sequence: no tokens gives empty results; NaN and inf in q
+    come out where the reference has them."""
+    op = _parse_op(ROPE[0].format(t="f32").replace("5x32", "?x32"), ROPE[1].format(t="f32").replace("5x32", "?x32"))
+    kernel = region_kernel(op, KernelCache(tmp_path))
+    for tokens in (0, 5):
+        generator = torch.Generator().manual_seed(tokens)
+        q, k = torch.randn(2, 4, tokens, 32, generator=generator), torch.randn(2, 2, tokens, 32, generator=generator)
+        angles = torch.randn(1, tokens, 32, generator=generator)
+        qk = _with_special_values([q, k]) if tokens else [q, k]
+        inputs = [*qk, angles.cos(), angles.sin()]
+        for out, expected in zip(kernel.run(*kernel.split_inputs(inputs)), run_op(op, inputs), strict=True):
+            assert out.shape == expected.shape
+            torch.testing.assert_close(out, expected, equal_nan=True)

@@ -1,0 +1,173 @@
+"""Numeric verification of passes (`ad-opt --verify-each`, `compile(..., verify=True)`).
+
+Before each pass the function runs on fixed random inputs through the reference semantics
+(`runtime/reference.py`), keeping every value; after the pass it runs again. Passes rewrite the
+module in place, so an op the pass kept is the same object before and after: the first kept op
+(in program order) whose result moved beyond the dtype's tolerance is where the rewrite broke
+the program, and the ops the pass made that feed it are named too.
+
+Tolerances (relative, and as much again times the largest magnitude of the value, since sums
+that cancel keep their terms' rounding): fp32 1e-5 (passes reorder sums, e.g. fuse-gemms' one
+GEMM over concatenated weights); bf16 2^-6 and fp16 2^-9, two units in the last place (a fused
+op rounds once where the unfused ops rounded twice); integers and booleans exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DYNAMIC_INDEX, ModuleOp, TensorType
+from xdsl.ir import Operation, SSAValue
+from xdsl.utils.exceptions import DiagnosticException
+
+from ad_mlir.dialects import ad
+from ad_mlir.frontends import op_table as T
+from ad_mlir.frontends.fx_import import weight_of
+from ad_mlir.passes.pipeline import describe_op
+from ad_mlir.runtime.reference import run_op
+
+RTOL = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 2.0**-6, torch.float16: 2.0**-9}
+SEQ = 7
+"""The size given to dynamic dims (the sequence) of random inputs."""
+COLLECTIVES = (ad.AllReduceOp, ad.WaitTensorOp)
+
+
+class NumericMismatch(DiagnosticException):
+    """A pass changed what the program computes (the message names the pass and the op)."""
+
+
+def _function(module: ModuleOp) -> func.FuncOp:
+    return next(op for op in module.ops if isinstance(op, func.FuncOp) and op.body.blocks)
+
+
+def _random(t: TensorType, generator: torch.Generator, high: int) -> torch.Tensor:
+    shape = [SEQ if d == DYNAMIC_INDEX else d for d in t.get_shape()]
+    dtype = T.torch_dtype(t.element_type)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if not dtype.is_floating_point:
+        return torch.randint(0, high, shape, generator=generator, dtype=dtype)
+    return torch.randn(shape, generator=generator).to(dtype)
+
+
+def _index_bound(arg: SSAValue) -> int:
+    """Integer inputs index embeddings: keep them below the rows of every table they index."""
+    rows = [use.operation.weight.type.get_shape()[0] for use in arg.uses
+            if isinstance(use.operation, ad.EmbeddingOp) and use.operation.indices == arg]
+    return min(rows, default=4)
+
+
+def example_arguments(fn: func.FuncOp, weights: Mapping[str, torch.Tensor] | None, seed: int = 0) -> list[Any]:
+    """One value per argument of `fn`: the weight by its FQN when `weights` has it, else (and for
+    user inputs) a seeded random tensor of the argument's type, dynamic dims of size SEQ."""
+    generator = torch.Generator().manual_seed(seed)
+    args = []
+    for arg, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True):
+        weight = weight_of(attrs)
+        if weight is not None and weights is not None and weight[1] in weights:
+            args.append(weights[weight[1]])
+        else:
+            args.append(_random(arg.type, generator, _index_bound(arg)))
+    return args
+
+
+def run_values(fn: func.FuncOp, args: list[Any]) -> tuple[tuple[Any, ...], dict[SSAValue, Any]]:
+    """Run `fn` on `args` with the reference semantics: its outputs, and every value."""
+    env: dict[SSAValue, Any] = dict(zip(fn.body.block.args, args, strict=True))
+    with torch.no_grad():
+        for op in fn.body.block.ops:
+            if isinstance(op, func.ReturnOp):
+                return tuple(env[v] for v in op.operands), env
+            env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
+    raise ValueError(f"@{fn.sym_name.data} has no func.return")
+
+
+def mismatch(got: Any, expected: Any) -> str | None:
+    """Why `got` is not `expected` within the tolerance of its dtype, or None."""
+    if not isinstance(expected, torch.Tensor):
+        return None if got == expected else f"{got!r} instead of {expected!r}"
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
+        return f"{_kind(got)} instead of {_kind(expected)}"
+    if expected.dtype not in RTOL:
+        return None if torch.equal(got, expected) else "values differ (exact dtype)"
+    g, e = got.double(), expected.double()
+    finite = torch.isfinite(e)
+    if not torch.equal(torch.isfinite(g), finite) or not torch.equal(g[~finite], e[~finite]):
+        return "NaN/inf where the original has none, or the other way round"
+    if not finite.any():
+        return None
+    err = (g - e)[finite].abs().max().item()
+    rtol = RTOL[expected.dtype]
+    bound = rtol * (1 + e[finite].abs().max().item())
+    return None if err <= bound or math.isclose(err, bound) else f"max |error| {err:.3g} > tolerance {bound:.3g}"
+
+
+def _kind(v: Any) -> str:
+    return f"{v.dtype}{list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+
+
+@dataclass
+class NumericVerifier:
+    """Runs the module before and after each pass on the same inputs (`check_pass`)."""
+
+    weights: Mapping[str, torch.Tensor] | None = None
+    """Real weights by FQN (else random ones of each argument's type)."""
+    seed: int = 0
+    skipped: list[str] = field(default_factory=list)
+    """Passes not checked, with the reason."""
+    _args: list[Any] | None = None
+    _before: tuple[tuple[Any, ...], dict[SSAValue, Any]] | None = None
+
+    def before_pass(self, module: ModuleOp) -> None:
+        fn = _function(module)
+        if any(isinstance(op, COLLECTIVES) for op in fn.body.block.ops):
+            self._before = None  # a collective needs a process group: one process cannot run it
+            return
+        if self._args is None:
+            self._args = example_arguments(fn, self.weights, self.seed)
+        self._before = run_values(fn, list(self._args))
+
+    def check_pass(self, name: str, module: ModuleOp) -> None:
+        """Raise NumericMismatch if the pass `name`, just applied to `module`, changed its results."""
+        fn = _function(module)
+        if self._before is None or any(isinstance(op, COLLECTIVES) for op in fn.body.block.ops):
+            self.skipped.append(f"{name}: the module holds collectives, which one process cannot run")
+            return
+        outputs, values = run_values(fn, list(self._args))
+        old_outputs, old_values = self._before
+        for op in fn.body.block.ops:
+            for result in op.results:
+                if result in old_values and (why := mismatch(values[result], old_values[result])):
+                    raise NumericMismatch(self._message(name, op, why, old_values))
+        for i, (got, expected) in enumerate(zip(outputs, old_outputs, strict=True)):
+            if why := mismatch(got, expected):
+                raise NumericMismatch(f"pass '{name}' changed the function's result {i}: {why}")
+
+    @staticmethod
+    def _message(name: str, op: Operation, why: str, old_values: Mapping[SSAValue, Any]) -> str:
+        made = [describe_op(v.owner) for v in op.operands if isinstance(v.owner, Operation) and v not in old_values]
+        feeds = f"; it reads what the pass made: {', '.join(made)}" if made else ""
+        return f"pass '{name}' changed the results: first differing op {describe_op(op)}: {why}{feeds}"
+
+
+def check_compiled(gm: torch.fx.GraphModule, module: ModuleOp, weights: Mapping[str, torch.Tensor],
+                   seed: int = 0) -> None:
+    """The compiled graph (its Triton kernels) computes what the pipeline's IR computes, on the
+    same random inputs; raises NumericMismatch naming the output that differs. A graph holding
+    collectives is not checked (one process cannot run them)."""
+    fn = _function(module)
+    if any(isinstance(op, COLLECTIVES) for op in fn.body.block.ops):
+        return
+    args = example_arguments(fn, weights, seed)
+    expected, _ = run_values(fn, args)
+    user_inputs = [a for a, attrs in zip(args, fn.arg_attrs or [], strict=True) if weight_of(attrs) is None]
+    with torch.no_grad():
+        got = gm(*user_inputs)
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if why := mismatch(g, e):
+            raise NumericMismatch(f"the compiled graph's kernels differ from the IR the pipeline made, result {i}: {why}")

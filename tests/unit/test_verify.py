@@ -1,0 +1,160 @@
+"""Numeric verification of every pass (`ad-opt --verify-each`, `compile(verify=True)`) and the
+fallback for passes that fail (`skip_on_error`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+
+import ad_mlir
+from ad_mlir import passes
+from ad_mlir.dialects import ad
+from ad_mlir.frontends.fx_import import import_program
+from ad_mlir.models import FAMILIES, TinyConfig, build_model, export_model
+from ad_mlir.passes.pipeline import PipelineConfigError, load_pipeline, run_pipeline
+from ad_mlir.runtime import kernels
+from ad_mlir.runtime.verify import NumericMismatch, NumericVerifier, mismatch
+from ad_mlir.tools import ad_opt
+
+
+@dataclass(frozen=True)
+class SiluAsSigmoid(ModulePass):
+    """Test-only wrong rewrite: silu(x) -> sigmoid(x)."""
+
+    name = "test-silu-as-sigmoid"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for silu in [o for o in op.walk() if isinstance(o, ad.SiluOp)]:
+            wrong = ad.SigmoidOp.build(operands=[silu.input], result_types=[silu.result.type])
+            wrong.location = silu.location
+            Rewriter.replace_op(silu, wrong)
+
+
+@dataclass(frozen=True)
+class RaiseOnExp(ModulePass):
+    """Test-only pass that fails halfway: it rewrites the first ad.neg, then raises on ad.exp."""
+
+    name = "test-raise-on-exp"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for target in [o for o in op.walk() if isinstance(o, ad.NegOp | ad.ExpOp)]:
+            if isinstance(target, ad.ExpOp):
+                raise RuntimeError("cannot handle this exp")
+            Rewriter.replace_op(target, ad.AbsOp.build(operands=[target.input], result_types=[target.result.type]))
+
+
+@pytest.fixture
+def test_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for p in (SiluAsSigmoid, RaiseOnExp):
+        monkeypatch.setitem(passes._AD_PASSES, p.name, lambda p=p: p)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_verify_each_passes_the_default_pipeline_on_every_family(family: str, capsys: pytest.CaptureFixture) -> None:
+    ad_opt.main(["--model", family, "--verify-each", "-p", "default"])
+    assert "ad.fused" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("test_passes")
+def test_verify_each_names_a_wrong_rewrite_and_the_first_op_it_breaks(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        ad_opt.main(["--model", "llama", "--verify-each", "-p", "canonicalize,test-silu-as-sigmoid,default"])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: pass 'test-silu-as-sigmoid' changed the results: first differing op "
+                          "%mul = ad.mul at model.layers.0.mlp: max |error| "), err
+    assert err.endswith("it reads what the pass made: %silu = ad.sigmoid at model.layers.0.mlp.act_fn"), err
+    assert "\n" not in err
+
+
+@pytest.mark.usefixtures("test_passes")
+def test_compile_verify_catches_the_wrong_rewrite_and_passes_the_right_pipeline() -> None:
+    cfg = TinyConfig(layers=1, dtype="bfloat16")
+    ep = export_model(build_model(cfg), cfg)
+    with pytest.raises(NumericMismatch, match="pass 'test-silu-as-sigmoid' changed the results"):
+        ad_mlir.compile(ep, pipeline="canonicalize,test-silu-as-sigmoid,default", verify=True)
+    ad_mlir.compile(ep, verify=True)  # the kernels (interpreter) against the final IR, too
+
+
+def test_compile_verify_catches_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    ep = export_model(build_model(cfg := TinyConfig(layers=1)), cfg)
+    run = kernels.RegionKernel.run
+    monkeypatch.setattr(kernels.RegionKernel, "run",
+                        lambda self, *a: [t + 1 if t.is_floating_point() else t for t in run(self, *a)])
+    with pytest.raises(NumericMismatch, match="the compiled graph's kernels differ from the IR the pipeline made, "
+                                              "result 0: max .error. "):
+        ad_mlir.compile(ep, verify=True)
+
+
+def test_tolerances_by_dtype() -> None:
+    x = torch.randn(64)
+    assert mismatch(x + 1e-6, x) is None  # fp32: a reordered sum
+    assert "max |error|" in mismatch(x + 1e-3, x)
+    b = x.bfloat16()
+    assert mismatch((b.float() * (1 + 2**-8)).bfloat16(), b) is None  # one bf16 ulp
+    assert mismatch(b + 0.1, b) is not None
+    assert mismatch(torch.tensor([1, 2]), torch.tensor([1, 3])) == "values differ (exact dtype)"
+    assert mismatch(torch.tensor([float("nan")]), torch.tensor([1.0])).startswith("NaN/inf")
+    assert mismatch(x[:3], x) == "torch.float32[3] instead of torch.float32[64]"
+
+
+def _exp_and_neg_module() -> tuple[torch.export.ExportedProgram, torch.Tensor]:
+    class ExpNeg(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.exp(-x) * 2
+
+    x = torch.randn(3, 5)
+    return torch.export.export(ExpNeg(), (x,)), x
+
+
+@pytest.mark.usefixtures("test_passes")
+def test_a_failing_pass_is_skipped_with_skip_on_error_and_the_graph_stays_correct(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text("skip_on_error: true\ntransforms:\n  test_raise_on_exp: {}\n  fuse_elementwise: {}\n")
+    ep, x = _exp_and_neg_module()
+    with caplog.at_level(logging.WARNING, logger="ad_mlir.passes.pipeline"):
+        gm = ad_mlir.compile(ep, pipeline=config)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "ad_mlir.passes.pipeline"]
+    assert warning.startswith("test-raise-on-exp: skipped (skip_on_error), the graph is left as before it: on ")
+    assert "= ad.exp" in warning and warning.endswith("RuntimeError: cannot handle this exp")
+    torch.testing.assert_close(gm(x)[0], ep.module()(x))  # the neg the pass rewrote before failing is back
+
+
+@pytest.mark.usefixtures("test_passes")
+def test_a_failing_pass_raises_when_skipping_is_off() -> None:
+    ep, _ = _exp_and_neg_module()
+    with pytest.raises(RuntimeError, match="cannot handle this exp"):  # the test suite sets AD_MLIR_SKIP_ON_ERROR=0
+        ad_mlir.compile(ep, pipeline="test-raise-on-exp")
+
+
+@pytest.mark.usefixtures("test_passes")
+def test_a_wrong_rewrite_is_undone_with_skip_on_error() -> None:
+    cfg = TinyConfig(layers=1)
+    program = import_program(export_model(build_model(cfg), cfg))
+    records = run_pipeline(program.module, "canonicalize,test-silu-as-sigmoid,default",
+                           numeric=NumericVerifier(program.weights), skip_on_error=True)
+    assert [r.name for r in records][:3] == ["canonicalize", "test-silu-as-sigmoid", "canonicalize"]
+    names = {op.name for op in program.module.walk()}
+    assert "ad.sigmoid" not in names and "ad.silu_and_mul" in names
+
+
+def test_skip_on_error_in_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text("skip_on_error: maybe\ntransforms:\n  canonicalize: {}\n")
+    with pytest.raises(PipelineConfigError, match="skip_on_error must be true or false, got 'maybe'"):
+        load_pipeline(config)
+    config.write_text("transforms:\n  canonicalize: {}\n")
+    assert load_pipeline(config).skip_on_error is None
+    monkeypatch.delenv("AD_MLIR_SKIP_ON_ERROR")
+    from ad_mlir.passes.pipeline import default_skip_on_error
+
+    assert default_skip_on_error()
