@@ -158,3 +158,14 @@ def test_skip_on_error_in_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     from ad_mlir.passes.pipeline import default_skip_on_error
 
     assert default_skip_on_error()
+
+
+def test_passes_after_sharding_are_not_checked_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = TinyConfig(layers=1, hidden_size=128)
+    program = import_program(export_model(build_model(cfg), cfg))
+    numeric = NumericVerifier(program.weights)
+    with caplog.at_level(logging.WARNING, logger="ad_mlir.runtime.verify"):
+        run_pipeline(program.module, "canonicalize,shard{world-size=2},fuse-silu-mul", numeric=numeric)
+    assert numeric.skipped == ["shard", "fuse-silu-mul"]
+    assert "verify: shard not checked numerically: the module holds collectives, which one process cannot run" in [
+        r.getMessage() for r in caplog.records if r.name == "ad_mlir.runtime.verify"]
