@@ -168,7 +168,7 @@ class AdOptMain(xDSLOptMain):
             "--print-ir-after-all", action="store_true", help="print the IR to stderr after every pass"
         )
         arg_parser.add_argument(
-            "--verify-each-numerically", "--verify-each", dest="verify_each", action="store_true",
+            "--verify-each", action="store_true",
             help="after every pass (those of 'default' one by one), run the function before and after it on "
             "the same random inputs through the reference semantics (with --model, its weights) and fail "
             "naming the pass and the first op whose result differs beyond the dtype's tolerance",
