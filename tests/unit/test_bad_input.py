@@ -124,12 +124,12 @@ def test_two_processes_compiling_into_one_cache_both_succeed(tmp_path: Path) -> 
     assert all(o[1] < 1e-4 for o in outcomes), outcomes
     cache = KernelCache(tmp_path)
     cfg = TinyConfig(layers=1)
-    build_kernels(import_program_and_run(cfg), cache)
+    build_kernels(_pipeline_module(cfg), cache)
     assert cache.generated == 0 and cache.hits > 0
     assert not list(tmp_path.glob(".*.tmp")), "no temporary files left behind"
 
 
-def import_program_and_run(cfg: TinyConfig) -> Any:
+def _pipeline_module(cfg: TinyConfig) -> Any:
     from ad_mlir.passes.pipeline import run_pipeline
 
     program = import_program(export_model(build_model(cfg), cfg))

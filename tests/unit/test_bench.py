@@ -49,7 +49,7 @@ def test_traffic_counts_each_launch_and_the_ideal_by_hand() -> None:
     assert ideal_bytes(ops, tokens) == 2 * tokens * row + row + 2 * tokens * row
 
 
-def test_the_default_pipeline_moves_less_than_eager_on_every_family() -> None:
+def test_the_default_pipeline_moves_less_than_eager_on_llama_and_gemma2() -> None:
     rows = run_traffic((1, 64), families=("llama", "gemma2"), shape=TINY, dtype="bfloat16")
     assert [(r["family"], r["tokens"]) for r in rows] == [("llama", 1), ("llama", 64), ("gemma2", 1), ("gemma2", 64)]
     for r in rows:
