@@ -41,12 +41,18 @@ def run_fused(op: ad.FusedOp, values: Sequence[Any]) -> tuple[Any, ...]:
 
 def run_block(block: Block, values: Sequence[Any]) -> tuple[Any, ...]:
     """Run a region body ending in `ad.yield` on `values` (its arguments)."""
+    return run_block_values(block, values)[0]
+
+
+def run_block_values(block: Block, values: Sequence[Any]) -> tuple[tuple[Any, ...], dict[SSAValue, Any]]:
+    """Run a block ending in `ad.yield` or `func.return` on `values` (its arguments): what the
+    terminator returns, and every value of the block."""
     env: dict[SSAValue, Any] = dict(zip(block.args, values, strict=True))
     for inner in block.ops:
-        if isinstance(inner, ad.YieldOp):
-            return tuple(env[v] for v in inner.values)
+        if isinstance(inner, ad.YieldOp | func.ReturnOp):
+            return tuple(env[v] for v in inner.operands), env
         env.update(zip(inner.results, run_op(inner, [env[v] for v in inner.operands]), strict=True))
-    raise ValueError("ad.fused body has no ad.yield")
+    raise ValueError("block has no ad.yield or func.return")
 
 
 def _ad_functions() -> type[InterpreterFunctions]:

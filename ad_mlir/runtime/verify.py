@@ -30,7 +30,7 @@ from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
 from ad_mlir.frontends.fx_import import weight_of
 from ad_mlir.passes.pipeline import describe_op
-from ad_mlir.runtime.reference import run_op
+from ad_mlir.runtime.reference import run_block_values
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,8 @@ def example_arguments(fn: func.FuncOp, weights: Mapping[str, torch.Tensor] | Non
 
 def run_values(fn: func.FuncOp, args: list[Any]) -> tuple[tuple[Any, ...], dict[SSAValue, Any]]:
     """Run `fn` on `args` with the reference semantics: its outputs, and every value."""
-    env: dict[SSAValue, Any] = dict(zip(fn.body.block.args, args, strict=True))
     with torch.no_grad():
-        for op in fn.body.block.ops:
-            if isinstance(op, func.ReturnOp):
-                return tuple(env[v] for v in op.operands), env
-            env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
-    raise ValueError(f"@{fn.sym_name.data} has no func.return")
+        return run_block_values(fn.body.block, args)
 
 
 def mismatch(got: Any, expected: Any) -> str | None:
