@@ -110,12 +110,13 @@ def export_model(
 
 
 def export_with_ids(
-    model: torch.nn.Module, input_ids: torch.Tensor, decompose: bool = False
+    model: torch.nn.Module, input_ids: torch.Tensor, decompose: bool = False, max_seq: int = 4096
 ) -> torch.export.ExportedProgram:
-    """`export_model` for given `input_ids` (e.g. on the meta device, for a `meta_model`)."""
+    """`export_model` for given `input_ids` (e.g. on the meta device, for a `meta_model`);
+    the sequence length is dynamic in [2, max_seq]."""
     import torch
 
-    seq = torch.export.Dim("seq", min=2, max=4096)
+    seq = torch.export.Dim("seq", min=2, max=max_seq)
     with torch.no_grad():
         ep = torch.export.export(
             model, (), {"input_ids": input_ids}, dynamic_shapes={"input_ids": {1: seq}}, strict=False

@@ -64,7 +64,8 @@ GEMM_AND_ATTENTION = (
     ad.LinearOp, ad.LinearFp8Op, ad.MmOp, ad.BmmOp, ad.MatmulOp, ad.AddmmOp, ad.AttentionOp, ad.RopeAttentionOp,
 )
 NO_KERNEL = (*VIEW_OPS, ad.ConstantOp, ad.SymSizeOp)
-_LAYER = re.compile(r"\blayers\.(\d+)\b")
+_LAYER = re.compile(r"\b(?:layers|blocks|layer|h)\.(\d+)\b")
+"""Decoder layers as HF names them: `model.layers.3`, `transformer.h.3` (GPT-2, Falcon), `transformer.blocks.3` (MPT)."""
 
 
 def layer_of(op: Any) -> int | None:

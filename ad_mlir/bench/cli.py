@@ -9,7 +9,12 @@
 - traffic: modelled HBM bytes and launches of one decoder layer's non-GEMM part: eager, ad-mlir,
   ideal (`bench/traffic.py`);
 - ptx: registers, spills, shared memory, vectorized access of every kernel of the five HF
-  families, compiled for sm_90 without a GPU (`bench/ptx_table.py`).
+  families, compiled for sm_90 without a GPU (`bench/ptx_table.py`);
+- families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
+  transformers built small, exported, compiled and checked against eager with the kernels on
+  the reference path and in the Triton interpreter (`ad_mlir/families.py`).
+
+A run of some parts keeps the other parts of the results already in the output directory.
 
 Benchmarks are not tests: nothing here asserts a timing.
 """
@@ -26,7 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "compile", "traffic", "ptx")
+PARTS = ("kernels", "compile", "traffic", "ptx", "families")
+DEFAULT_PARTS = ("kernels", "compile", "traffic", "ptx")
 
 
 def machine_name() -> str:
@@ -64,7 +70,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--quick", action="store_true",
                    help="small sweeps (1 and 4 layers, fewer token counts, Llama and Gemma2 PTX): < 3 minutes on CPU")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                   help=f"comma-separated subset of {', '.join(PARTS)} (default: all but families)")
     p.add_argument("--out", type=Path, default=None,
                    help="output directory (default: benchmarks/results/<machine>[-quick], <machine> = cpu or the "
                    "GPU's name)")
@@ -127,6 +134,13 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
 
         families = ("llama", "gemma2") if args.quick else ("llama", "qwen2", "mistral", "gemma", "gemma2")
         return run_traffic((1, 128, 4096), families)
+    if part == "families":
+        from dataclasses import asdict
+
+        from ad_mlir.families import causal_lm_families, run_sweep
+
+        families = ("llama", "mpt", "glm", "gpt2") if args.quick else causal_lm_families()
+        return [asdict(r) for r in run_sweep(families, progress=lambda r: progress(f"{r.family}: {r.status}"))]
     from ad_mlir.bench.ptx_table import run_ptx
     from ad_mlir.models import FAMILIES
 

@@ -61,7 +61,15 @@ def kernel_table(rows: Sequence[dict[str, Any]]) -> str:
     return "### Kernels\n\n" + _table(header, body)
 
 
-TABLES = {"kernels": kernel_table, "compile": compile_table, "traffic": traffic_table, "ptx": ptx_table}
+def families_table(rows: Sequence[dict[str, Any]]) -> str:
+    from ad_mlir.families import FamilyRow
+    from ad_mlir.families import markdown as sweep_markdown
+
+    return sweep_markdown([FamilyRow(**r) for r in rows])
+
+
+TABLES = {"kernels": kernel_table, "compile": compile_table, "traffic": traffic_table, "ptx": ptx_table,
+          "families": families_table}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -70,14 +78,26 @@ def markdown(results: dict[str, Any]) -> str:
              f"{m['gpu'] or 'no GPU'}; CPU {m['cpu']} ({m['cpu_count']} cores); torch {m['torch']}, triton "
              f"{m['triton']}, xdsl {m['xdsl']}; {m['date']}{'; --quick' if results['quick'] else ''}", ""]
     lines += [f"- {part}: skipped, {why}" for part, why in results["skipped"].items()]
+    lines += [f"- {part}: from an earlier run ({m['date']}, torch {m['torch']}, triton {m['triton']})"
+              for part, m in results.get("part_machines", {}).items()]
     for part, rows in results["parts"].items():
         lines += ["", TABLES[part](rows)]
     return "\n".join(lines) + "\n"
 
 
 def write_results(results: dict[str, Any], out: Path) -> str:
-    """Write results.json, results.md and the plots to `out`; returns the markdown."""
+    """Write results.json, results.md and the plots to `out`; returns the markdown. Parts that
+    `out` holds from an earlier run and this one did not run are kept, with that run's
+    machine line."""
     out.mkdir(parents=True, exist_ok=True)
+    earlier = out / "results.json"
+    if earlier.exists():
+        before = json.loads(earlier.read_text())
+        for part, rows in before.get("parts", {}).items():
+            if part not in results["parts"] and part not in results["skipped"]:
+                results["parts"][part] = rows
+                results.setdefault("part_machines", {})[part] = before.get("part_machines", {}).get(
+                    part, before["machine"])
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = markdown(results)
     (out / "results.md").write_text(text)

@@ -10,8 +10,9 @@ BLOCK_C columns:
   column tiles with one pass per reduction depth and a last pass for the outputs.
 
 Each input is addressed through its runtime strides on the dims it does not broadcast over
-(its IR shape says which), so broadcast, sliced, transposed and expanded inputs are read in
-place; a stride of 1 is specialized by Triton, so contiguous rows vectorize. Outputs are
+(its IR shape says which; a dim typed `?` that is 1 at run time gets stride 0, `launch.py`),
+so broadcast, sliced, transposed and expanded inputs are read in place; a stride of 1 is
+specialized by Triton, so contiguous rows vectorize. Outputs are
 contiguous. Math is fp32 after every float load (integers stay integers), an `ad.cast` to a
 narrower float rounds where the program asks for it, and every store casts to the output's
 dtype. Padding lanes are replaced by the reduction's neutral value before every reduction.
@@ -170,6 +171,7 @@ def is_column_op(op: Operation) -> bool:
         return (
             is_last_dim(op)
             and not op.bounds
+            and op.static_start() is not None
             and _static_width(op.input.type) is not None
             and _static_width(op.result.type) is not None
         )
@@ -268,6 +270,8 @@ class KernelPlan:
     output_types: tuple[TensorType, ...]
     has_reductions: bool
     looped: bool
+    output_sources: tuple[frozenset[int], ...] = ()
+    """Per output, the inputs (indices) it is computed from."""
 
     @property
     def rank(self) -> int:
@@ -309,7 +313,17 @@ def plan_kernel(op: ad.FusedOp) -> KernelPlan:
     outputs = tuple(r.type for r in op.outputs)
     has_reductions = any(isinstance(inner, REDUCTIONS) for inner in op.body.block.ops)
     looped = has_reductions and (domain[-1] == DYNAMIC_INDEX or not row_fits_one_tile(domain[-1]))
-    return KernelPlan(domain, inputs, outputs, has_reductions, looped)
+    return KernelPlan(domain, inputs, outputs, has_reductions, looped, _output_sources(op))
+
+
+def _output_sources(op: ad.FusedOp) -> tuple[frozenset[int], ...]:
+    block = op.body.block
+    sources: dict[SSAValue, frozenset[int]] = {a: frozenset([i]) for i, a in enumerate(block.args)}
+    for inner in block.ops:
+        used = frozenset().union(*(sources.get(v, frozenset()) for v in inner.operands))
+        for r in inner.results:
+            sources[r] = used
+    return tuple(sources.get(v, frozenset()) for v in block.last_op.operands)
 
 
 # ---------------------------------------------------------------- the emitter
@@ -756,7 +770,7 @@ def _emit_gelu(e: KernelEmitter, op: ad.GeluOp, ctype: str) -> Value:
 
 
 def _emit_slice(e: KernelEmitter, op: ad.SliceOp, ctype: str) -> Value:
-    start, _, step = op.static_bounds.get_values()
+    start, step = op.static_start(), op.static_bounds.get_values()[2]
     cols = e.columns.cols
     shifted = cols if step == 1 else f"{cols} * {step}"
     shifted = shifted if start == 0 else f"{start} + {shifted}"
@@ -803,23 +817,44 @@ _EMITTERS: dict[type[Operation], Callable[[KernelEmitter, Operation, str], Value
 
 class LauncherEmitter:
     """Writes the host side: output shapes, and `launch(kernel, tensors, scalars)`, which
-    allocates the outputs and starts the kernel (skipped when there is nothing to compute)."""
+    allocates the outputs and starts the kernel (skipped when there is nothing to compute).
+
+    A dynamic size is the broadcast of the inputs' sizes there, read at run time (an input
+    typed `?` may be 1 and broadcast: `codegen/launch.py`), and inputs are read with stride 0
+    where they have size 1. An output computed from only some of the inputs that set a size
+    may be 1 there while the domain is not: it is written over the domain and cut to its shape."""
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan
         self.w = IndentedWriter()
+
+    def size_expr(self, d: int, inputs: Sequence[KernelInput]) -> str:
+        """The run-time size of domain dim `d` set by `inputs` (1 where none has it)."""
+        sizes = [f"{i.name}.shape[{j}]" for i in inputs for dd, j in zip(i.stride_dims, i.input_dims, strict=True)
+                 if dd == d]
+        if len(sizes) == 1:
+            return sizes[0]
+        return f"broadcast_size({', '.join(sizes)})" if sizes else "1"
 
     def size_lines(self) -> None:
         p, w = self.plan, self.w
         tensors = [i for i in p.inputs if i.is_tensor]
         w.line(f"{''.join(i.name + ', ' for i in tensors)}= tensors")
         for d in range(p.rank):
-            if p.domain[d] != DYNAMIC_INDEX:
-                continue
-            source = next(
-                (i, j) for i in tensors for dd, j in zip(i.stride_dims, i.input_dims, strict=True) if dd == d
-            )
-            w.line(f"size{d} = {source[0].name}.shape[{source[1]}]")
+            if p.domain[d] == DYNAMIC_INDEX:
+                w.line(f"size{d} = {self.size_expr(d, tensors)}")
+
+    def output_dims(self, j: int) -> list[str]:
+        """Output `j`'s shape: the domain's, except where its own inputs set a dynamic size."""
+        p, t = self.plan, self.plan.output_types[j]
+        own = [i for i in p.inputs if i.is_tensor and i.index in p.output_sources[j]]
+        offset = p.rank - len(_shape(t))
+        dims = []
+        for k, n in enumerate(_shape(t)):
+            d = k + offset
+            narrower = n == DYNAMIC_INDEX and self.size_expr(d, own) != self.size_expr(d, p.inputs)
+            dims.append(self.size_expr(d, own) if narrower else p.dim_size(d, n))
+        return dims
 
     def output_shape(self, t: TensorType) -> str:
         p = self.plan
@@ -829,12 +864,14 @@ class LauncherEmitter:
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line(f"OUTPUT_DTYPES = ({''.join(_TORCH_DTYPE[t.element_type] + ', ' for t in p.output_types)})")
+        shapes = ["(" + "".join(f"{d}, " for d in self.output_dims(j)) + ")" for j in range(len(p.output_types))]
+        domain_shapes = [self.output_shape(t) for t in p.output_types]
         w.line()
         w.line()
         w.line("def output_shapes(tensors):")
         with w.indent():
             self.size_lines()
-            w.line(f"return [{', '.join(self.output_shape(t) for t in p.output_types)}]")
+            w.line(f"return [{', '.join(shapes)}]")
         w.line()
         w.line()
         w.line("def launch(kernel, tensors, scalars):")
@@ -844,15 +881,16 @@ class LauncherEmitter:
             if scalars:
                 w.line(f"{''.join(i.name + ', ' for i in scalars)}= scalars")
             device = next(i.name for i in p.inputs if i.is_tensor)
-            w.line(
-                "outs = [torch.empty(s, dtype=d, device="
-                f"{device}.device) for s, d in zip(output_shapes(tensors), OUTPUT_DTYPES)]"
-            )
+            w.line(f"outs = [torch.empty(s, dtype=d, device={device}.device) "
+                   f"for s, d in zip([{', '.join(domain_shapes)}], OUTPUT_DTYPES)]")
             lead = " * ".join(p.size(d) for d in p.leading_dims) or "1"
             w.line(f"n_rows = {lead}")
+            if shapes != domain_shapes:
+                w.line("final_shapes = output_shapes(tensors)")
+            result = "[narrowed(o, s) for o, s in zip(outs, final_shapes)]" if shapes != domain_shapes else "outs"
             w.line(f"if n_rows == 0 or {p.n_cols} == 0:")
             with w.indent():
-                w.line("return outs")
+                w.line(f"return {result}")
             blocks = "row_blocks" if p.has_reductions else "pointwise_blocks"
             w.line(f"block_r, block_c, num_warps = {blocks}(n_rows, {p.n_cols})")
             grid = "triton.cdiv(n_rows, block_r)"
@@ -861,14 +899,14 @@ class LauncherEmitter:
             args = [i.name for i in p.inputs] + [f"outs[{j}]" for j in range(len(p.output_types))]
             args += [f"size{d}" for d in range(p.rank) if p.domain[d] == DYNAMIC_INDEX]
             args.append("n_rows")
-            args += [f"{i.name}.stride({j})" for i in p.inputs for j in i.input_dims]
+            args += [f"broadcast_stride({i.name}, {j})" for i in p.inputs for j in i.input_dims]
             w.line(f"kernel[({grid},)](")
             with w.indent():
                 w.line(", ".join(args) + ",")
                 # FMA contraction on, as Triton 3.9 defaults (3.10 turns it off unless asked).
                 w.line("BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps, enable_fp_fusion=True,")
             w.line(")")
-            w.line("return outs")
+            w.line(f"return {result}")
         return w.text()
 
 
@@ -882,6 +920,7 @@ def emit_kernel_module(op: ad.FusedOp, name: str, header: str) -> str:
         "import triton.language as tl",
         "",
         "from ad_mlir.codegen.blocks import pointwise_blocks, row_blocks",
+        "from ad_mlir.codegen.launch import broadcast_size, broadcast_stride, narrowed",
         "",
         "",
         KernelEmitter(op, plan, name).emit(),

@@ -810,6 +810,16 @@ class SliceOp(AdOp):
         ):
             raise VerifyException("ad.slice may only change the size of the sliced dim")
 
+    def static_start(self) -> int | None:
+        """The first index taken, counted from 0 as torch resolves it (a negative start counts
+        from the end, clamped to the dim), when the start and the dim's size are static."""
+        start = self.static_bounds.get_values()[0]
+        shape = _shape(self.input.type)
+        size = shape[normalize_dim(self.dim.value.data, len(shape))]
+        if start == DYNAMIC_INDEX or (start < 0 and size == DYNAMIC_INDEX):
+            return None
+        return max(start + size, 0) if start < 0 else start if size == DYNAMIC_INDEX else min(start, size)
+
 
 @irdl_op_definition
 class CatOp(AdOp):

@@ -12,10 +12,11 @@ runs; on CPU tensors the kernel runs in the Triton interpreter when it was loade
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +71,12 @@ class RegionKernel:
 
     def run(self, tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
         fn = self.cached.jit_function
-        interpreted = type(fn).__name__ == "InterpretedFunction"
+        interpreted = type(fn).__name__ == "InterpretedFunction" and not _FORCE_REFERENCE
         if tensors[0].is_cuda or interpreted:
             if not interpreted and _USE_TRITON_OP:
                 fn = torch.library.wrap_triton(fn)
             return self.cached.module.launch(fn, tensors, self.scalars(ints, floats))
-        return list(run_block(self.body.block, self.join_inputs(tensors, ints, floats)))
+        return unaliased(run_block(self.body.block, self.join_inputs(tensors, ints, floats)), tensors)
 
     def fake(self, tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
         module = self.cached.module
@@ -86,8 +87,43 @@ class RegionKernel:
         ]
 
 
+def unaliased(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`outputs`, each copied where it is or views an input or an earlier output (a region
+    that slices an input, or yields one value twice): a torch.library op may return no alias."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs}
+    result = []
+    for t in outputs:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+            ptr = t.untyped_storage().data_ptr()
+        seen.add(ptr)
+        result.append(t)
+    return result
+
+
 _USE_TRITON_OP = torch.cuda.is_available()
 _REGISTERED: dict[str, RegionKernel] = {}
+_FORCE_REFERENCE = False
+
+
+@contextlib.contextmanager
+def reference_kernels() -> Iterator[None]:
+    """Within it, kernels on CPU tensors run their reference semantics even when they were
+    loaded for the Triton interpreter (one process can check a graph both ways)."""
+    global _FORCE_REFERENCE
+    outer, _FORCE_REFERENCE = _FORCE_REFERENCE, True
+    try:
+        yield
+    finally:
+        _FORCE_REFERENCE = outer
+
+
+def registered_kernel(target: Any) -> RegionKernel | None:
+    """The kernel an FX node's target calls, if it is one of ours."""
+    schema = getattr(target, "_schema", None)
+    namespace, _, name = (schema.name if schema is not None else "").partition("::")
+    return _REGISTERED.get(name) if namespace == NAMESPACE else None
 
 
 def _arg_kind(t: Any) -> str:

@@ -170,4 +170,36 @@ def check_compiled(gm: torch.fx.GraphModule, module: ModuleOp, weights: Mapping[
         got = gm(*user_inputs)
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         if why := mismatch(g, e):
-            raise NumericMismatch(f"the compiled graph's kernels differ from the IR the pipeline made, result {i}: {why}")
+            culprit = first_differing_kernel(gm, user_inputs)
+            raise NumericMismatch(f"the compiled graph's kernels differ from the IR the pipeline made, result {i}: "
+                                  f"{why}" + (f"; the first kernel that differs: {culprit}" if culprit else ""))
+
+
+def first_differing_kernel(gm: torch.fx.GraphModule, inputs: list[Any]) -> str | None:
+    """Run `gm` node by node and each kernel call also as its region's reference semantics on
+    the same inputs: the first kernel whose outputs differ, with its inputs' shapes, or None."""
+    from ad_mlir.runtime.kernels import reference_kernels, registered_kernel
+
+    class Found(Exception):
+        pass
+
+    class Checked(torch.fx.Interpreter):
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            out = super().call_function(target, args, kwargs)
+            kernel = registered_kernel(target)
+            if kernel is None:
+                return out
+            with reference_kernels():
+                expected = target(*args, **kwargs)
+            for j, (g, e) in enumerate(zip(out, expected, strict=True)):
+                if why := mismatch(g, e):
+                    shapes = ", ".join(_kind(t) for t in args[0])
+                    raise Found(f"{kernel.name} (inputs {shapes}), output {j}: {why}")
+            return out
+
+    try:
+        with torch.no_grad():
+            Checked(gm).run(*inputs)
+    except Found as e:
+        return str(e).splitlines()[0]  # the FX interpreter appends the node it was running
+    return None

@@ -120,6 +120,9 @@ class Input:
     high: float = 3.0
     dynamic_dim0: bool = False
     """Dim 0 is the domain's dynamic leading dim."""
+    sym_sliced_dim: int | None = None
+    """A dim of size 1 that broadcasts, sliced in the graph from `max(0, 1 - rows)` (rows: the
+    dynamic leading dim): torch.export types it `?`, it is 1 at run time (MPT's ALiBi bias)."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ def describe(program: Program) -> str:
     p = program
     lines = [f"seed={p.seed} narrow={p.narrow} dynamic_rows={p.dynamic_rows} outputs={p.outputs}"]
     lines += [f"  v{i} = input {x.shape} {x.dtype} {x.layout} [{x.low}, {x.high}]"
+              + ("" if x.sym_sliced_dim is None else f" sym-sliced on dim {x.sym_sliced_dim}")
               for i, x in enumerate(p.inputs)]
     n = len(program.inputs)
     lines += [f"  v{n + i} = {_step_text(s)}" for i, s in enumerate(program.steps)]
@@ -242,7 +246,10 @@ def _round(x: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
     return x.to(dtype).double()
 
 
-def _view_in_graph(spec: Input, arg: torch.Tensor) -> torch.Tensor:
+def _view_in_graph(spec: Input, arg: torch.Tensor, rows: int) -> torch.Tensor:
+    if spec.sym_sliced_dim is not None:
+        k = spec.sym_sliced_dim
+        return arg[(slice(None),) * k + (slice(max(0, arg.size(k) - rows), None),)]
     if spec.layout == "graph_transposed":
         return arg.transpose(-1, -2)
     if spec.layout == "graph_sliced":
@@ -263,7 +270,8 @@ class RandomProgram(torch.nn.Module):
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         p = self.program
-        values: list[Any] = [_view_in_graph(s, a) for s, a in zip(p.inputs, args, strict=True)]
+        rows = _view_in_graph(p.inputs[0], args[0], 0).size(0)  # the domain's leading dim
+        values: list[Any] = [_view_in_graph(s, a, rows) for s, a in zip(p.inputs, args, strict=True)]
         for step in p.steps:
             value = _run_step(step, values, self.rounding, p.dtypes)
             if self.every_value and p.dtypes[len(values)] in NARROW:
@@ -638,6 +646,14 @@ def _broadcast_shape(draw: st.DrawFn, domain: Shape) -> Shape:
     return tuple(d if draw(st.booleans()) else 1 for d in tail)
 
 
+def _broadcast_dim(spec: Input, domain: Shape) -> int | None:
+    """A dim of a contiguous input where it has size 1 and the domain does not."""
+    offset = len(domain) - len(spec.shape)
+    if spec.layout != "contiguous":
+        return None
+    return next((k for k, n in enumerate(spec.shape) if n == 1 and domain[k + offset] > 1), None)
+
+
 def _layout(draw: st.DrawFn, shape: Shape) -> str:
     layouts = ["contiguous", "contiguous", "contiguous"]
     if shape:
@@ -665,12 +681,16 @@ def _domains(draw: st.DrawFn, min_rank: int, last_dims: Sequence[int]) -> Shape:
 
 @st.composite
 def programs(
-    draw: st.DrawFn, last_dims: Sequence[int], cases: Sequence[str], required: str | None = None
+    draw: st.DrawFn, last_dims: Sequence[int], cases: Sequence[str], required: str | None = None,
+    sym_sliced: bool = False,
 ) -> Program:
     """A random program over a domain with last dim from `last_dims`: 1 to 6 cases drawn from
     `cases` (or `required` last, so that its result is an output), then its last value and up
-    to two others as outputs."""
-    domain = draw(_domains(1, last_dims))
+    to two others as outputs. With `sym_sliced`, the leading dim is dynamic and one more input
+    [1, ...] is sym-sliced on it (typed `?`, 1 at run time)."""
+    domain = draw(_domains(2 if sym_sliced else 1, last_dims))
+    if sym_sliced:
+        domain = (max(domain[0], 2), *domain[1:])
     rank = len(domain)
     # Half the programs stay in float32 (compared tightly), half mix the three float types.
     floats = draw(st.sampled_from(((torch.float32,), FLOATS)))
@@ -679,9 +699,14 @@ def programs(
     for _ in range(draw(st.integers(0, 3))):
         other = dtype if draw(st.booleans()) else draw(st.sampled_from(floats))
         inputs.append(_input(draw, _broadcast_shape(draw, domain), other))
-    dynamic_rows = rank >= 2 and domain[0] >= 2 and draw(st.integers(0, 3)) == 0
+    if sym_sliced:
+        inputs.append(Input((1, *domain[1:]), dtype, "contiguous", sym_sliced_dim=0))
+    dynamic_rows = sym_sliced or (rank >= 2 and domain[0] >= 2 and draw(st.integers(0, 3)) == 0)
     inputs = [replace(i, dynamic_dim0=dynamic_rows and len(i.shape) == rank and i.shape[0] > 1)
               for i in inputs]
+    if dynamic_rows:
+        inputs = [replace(i, sym_sliced_dim=k) if (k := _broadcast_dim(i, domain)) is not None and draw(st.booleans())
+                  else i for i in inputs]
     b = _Builder(inputs, floats)
     n = draw(st.integers(1, 6))
     for k in range(n):
@@ -906,6 +931,14 @@ def test_random_row_programs_match_eager(program: Program) -> None:
     check_program(program)
 
 
+@_examples(40)
+@given(programs(ROW_LENGTHS, ROW_WEIGHTED, sym_sliced=True))
+def test_operands_typed_dynamic_but_one_at_run_time(program: Program) -> None:
+    """The broadcast class of MPT's ALiBi bias: an input typed `?` on the dynamic dim that is 1
+    at run time, in random programs (pointwise and row regions, outputs computed from it alone)."""
+    check_program(program)
+
+
 @_examples(80)
 @given(norm_and_softmax_programs())
 def test_norm_and_softmax_match_eager(program: Program) -> None:
@@ -1045,3 +1078,9 @@ def test_rsub_and_square_are_fused(fn: Written) -> None:
     between kernels (an elementwise op without an `ad` op is invisible to the random tests'
     fusion check, which asks the op table what is elementwise)."""
     _assert_only_kernels(_compile_and_compare(fn, _rand(2, 5)))
+
+
+def test_last_dim_slice_with_a_negative_start() -> None:
+    """cat([g, x[..., -2:]]) (Inkling's rotary): region_kernel's `_emit_slice` read column
+    `-2 + c` of x, before the row, instead of `4 + c` (errors of 0.5 in the logits)."""
+    _compile_and_compare(lambda x, g: (torch.cat([g, x[..., -2:]], -1).exp(),), _rand(3, 6), _rand(3, 2))

@@ -4,8 +4,10 @@ fallback for passes that fail (`skip_on_error`)."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -16,11 +18,11 @@ from xdsl.rewriter import Rewriter
 
 import ad_mlir
 from ad_mlir import passes
+from ad_mlir.codegen import cache
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.models import FAMILIES, TinyConfig, build_model, export_model
 from ad_mlir.passes.pipeline import PipelineConfigError, load_pipeline, run_pipeline
-from ad_mlir.runtime import kernels
 from ad_mlir.runtime.verify import NumericMismatch, NumericVerifier, mismatch
 from ad_mlir.tools import ad_opt
 
@@ -83,14 +85,27 @@ def test_compile_verify_catches_the_wrong_rewrite_and_passes_the_right_pipeline(
     ad_mlir.compile(ep, verify=True)  # the kernels (interpreter) against the final IR, too
 
 
-def test_compile_verify_catches_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_verify_names_the_wrong_kernel_and_its_input_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One kernel (add + RMSNorm) made wrong on its Triton path only: the check of the compiled
+    graph finds the result that moved, then the kernel whose outputs differ from its region's
+    reference on the same inputs."""
     ep = export_model(build_model(cfg := TinyConfig(layers=1)), cfg)
-    run = kernels.RegionKernel.run
-    monkeypatch.setattr(kernels.RegionKernel, "run",
-                        lambda self, *a: [t + 1 if t.is_floating_point() else t for t in run(self, *a)])
-    with pytest.raises(NumericMismatch, match="the compiled graph's kernels differ from the IR the pipeline made, "
-                                              "result 0: max .error. "):
+    real_import = cache._import
+
+    def wrong_import(path: Path, name: str) -> ModuleType:
+        module = real_import(path, name)
+        if name.startswith("add_rms_norm"):
+            launch = module.launch
+            monkeypatch.setattr(module, "launch", lambda *a: [t + 1 for t in launch(*a)])
+        return module
+
+    monkeypatch.setattr(cache, "_import", wrong_import)
+    with pytest.raises(NumericMismatch) as caught:
         ad_mlir.compile(ep, verify=True)
+    message = str(caught.value)
+    assert re.search(r"the compiled graph's kernels differ from the IR the pipeline made, result 0: max .error. "
+                     r".*; the first kernel that differs: add_rms_norm_[0-9a-f]+ \(inputs torch.float32\[1, 7, 64\], "
+                     r"torch.float32\[1, 7, 64\], torch.float32\[64\]\), output 0: max .error. ", message), message
 
 
 def test_tolerances_by_dtype() -> None:

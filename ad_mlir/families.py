@@ -1,0 +1,374 @@
+"""The family sweep: every causal-LM model type that transformers maps in
+`AutoModelForCausalLM`, built small from its config class (random weights), exported with a
+dynamic sequence length, compiled with a pipeline (default: `default`) and run on CPU against
+eager, with the kernels on their reference path and in the Triton interpreter.
+
+    python -m ad_mlir.families                     # every family, 2 at a time, table on stdout
+    python -m ad_mlir.families llama mpt glm -v    # some families
+    ad-bench --parts families                      # the same, written under benchmarks/results/
+
+Each family runs in a child process of its own, bounded in time. A row says how far the
+family got: not built / not exported (the model's or torch.export's reason: not ours),
+compile error, call error or wrong (ours: defects), or ok; and the max |error| of the logits
+against eager at two sequence lengths on each path, the kernels per decoder layer before and
+after the pipeline, and the fused ops of a layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SIZES: dict[str, Any] = {
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "pad_token_id": 0,
+    "max_position_embeddings": 2048,
+    "use_cache": False,
+}
+"""Config keywords every family gets (HF maps them to the family's own names)."""
+
+WHERE_PRESENT: dict[str, Any] = {
+    "head_dim": 32,
+    "rotary_dim": 16,
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 32,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 64,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "n_group": 1,
+    "topk_group": 1,
+}
+"""Set where the config has them: head sizes its defaults would not derive from SIZES (a
+default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
+export), and a few experts (a default of 64-256 experts is slow to export)."""
+
+SEQ_LENS = (5, 11)
+MAX_SEQ = 1024
+"""The dynamic sequence length's upper bound: within every family's position limit (MPT's
+ALiBi table has 2048 rows; 4096 fails its export)."""
+MAX_PARAMETERS = 400_000_000
+"""A family whose small model still has more parameters (a config that ignores our sizes)
+is skipped: it would not fit the sweep's time."""
+
+LLM_OPS = (
+    "ad.rms_norm", "ad.add_rms_norm", "ad.rope_attention", "ad.rope", "ad.silu_and_mul", "ad.quantize_fp8",
+    "ad.attention", "ad.fused",
+)
+
+STATUSES = ("ok", "wrong", "call error", "compile error", "not exported", "not built", "skipped", "timeout",
+            "killed")
+OURS = ("wrong", "call error", "compile error", "timeout", "killed")
+"""Statuses that are defects of ours (a timeout or a killed child is ours until shown otherwise)."""
+
+
+@dataclass
+class FamilyRow:
+    family: str
+    status: str = "not built"
+    reason: str = ""
+    model_class: str = ""
+    parameters: int = 0
+    reference_error: dict[int, float] = field(default_factory=dict)
+    """Max |logits error| against eager per sequence length, kernels as their torch reference."""
+    interpreter_error: dict[int, float] = field(default_factory=dict)
+    """The same with the kernels run in the Triton interpreter."""
+    kernels_before: int | None = None
+    kernels_after: int | None = None
+    kernel_calls: int = 0
+    """Calls of our kernels (`torch.ops.ad_mlir.*`) in the compiled graph."""
+    fused_ops: dict[str, int] = field(default_factory=dict)
+    """LLM-level ops and fused regions of decoder layer 0 after the pipeline."""
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def causal_lm_families() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def small_config(family: str) -> Any:
+    """The family's config with the sweep's sizes (WHERE_PRESENT's where the config has them)."""
+    from transformers import AutoConfig
+
+    defaults = AutoConfig.for_model(family)
+    present = {k: v for k, v in WHERE_PRESENT.items() if hasattr(defaults, k)}
+    return AutoConfig.for_model(family, **SIZES, **present)
+
+
+def _error_line(e: BaseException) -> str:
+    """The exception's first line, and for torch.export's constraint errors the first
+    constraint it names (the first line only says which dim)."""
+    lines = [line.strip() for line in f"{type(e).__name__}: {e}".splitlines() if line.strip()]
+    detail = next((line for line in lines[1:] if line.startswith("- ")), None)
+    return (lines[0] + (f" {detail}" if detail and "Constraints violated" in lines[0] else ""))[:400]
+
+
+def _stage(row: FamilyRow, name: str, fn: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        row.seconds[name] = round(time.perf_counter() - start, 3)
+
+
+def _layer0_ops(module: Any) -> dict[str, int]:
+    from ad_mlir.report import layer_of
+
+    counts: Counter[str] = Counter()
+    for fn in module.ops:
+        for op in fn.regions[0].block.ops:
+            if op.name in LLM_OPS and layer_of(op) == 0:
+                counts[op.name] += 1
+    return dict(sorted(counts.items()))
+
+
+def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int] = SEQ_LENS) -> FamilyRow:
+    """One family, in this process (the sweep runs it in a child; see `run_sweep`)."""
+    import torch
+
+    from ad_mlir.report import kernels_per_layer, max_abs_error
+
+    row = FamilyRow(family)
+    try:
+        config = small_config(family)
+        row.model_class, row.parameters = _size_on_meta(config)
+        if row.parameters > MAX_PARAMETERS:
+            row.status, row.reason = "skipped", f"{row.parameters / 1e6:.0f}M parameters at the sweep's sizes"
+            return row
+        model = _stage(row, "build", lambda: _build(config))
+    except Exception as e:  # noqa: BLE001 (a family that transformers cannot build is a row, not a crash)
+        row.reason = _error_line(e)
+        return row
+    ids = torch.randint(1, 1000, (1, max(seq_lens)), generator=torch.Generator().manual_seed(0))
+    try:
+        ep = _stage(row, "export", lambda: _export(model, ids[:, : seq_lens[0]]))
+    except Exception as e:  # noqa: BLE001
+        row.status, row.reason = "not exported", _error_line(e)
+        return row
+    try:
+        gm, module = _stage(row, "compile", lambda: _compile(ep, pipeline, row))
+    except Exception as e:  # noqa: BLE001
+        row.status, row.reason = "compile error", _error_line(e)
+        logging.getLogger(__name__).debug("%s", traceback.format_exc())
+        return row
+    row.kernels_after = max(kernels_per_layer(module).values(), default=0)
+    row.kernel_calls = sum(1 for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("ad_mlir."))
+    row.fused_ops = _layer0_ops(module)
+    from ad_mlir.runtime.kernels import reference_kernels
+
+    row.status = "ok"
+    for seq in seq_lens:
+        x = ids[:, :seq]
+        with torch.no_grad():
+            expected = model(input_ids=x).logits
+        paths = ((row.reference_error, reference_kernels), (row.interpreter_error, contextlib.nullcontext))
+        for errors, context in paths:
+            try:
+                with torch.no_grad(), context():
+                    got = _stage(row, f"run {seq}" + ("" if context is reference_kernels else " interpreted"),
+                                 lambda x=x: gm(x)[0])
+            except Exception as e:  # noqa: BLE001
+                row.status, row.reason = "call error", _error_line(e)
+                return row
+            errors[seq] = max_abs_error([expected], [got])
+            if got.shape != expected.shape or not _close(got, expected):
+                row.status = "wrong"
+                row.reason = f"max |error| {errors[seq]:.3g} at seq {seq}" + (
+                    "" if context is reference_kernels else " (Triton interpreter)")
+    return row
+
+
+def _close(got: Any, expected: Any) -> bool:
+    """fp32 logits within torch.testing's defaults (rtol 1.3e-6, atol 1e-5): the kernels compute
+    in fp32 like eager and only reorder sums."""
+    import torch
+
+    try:
+        torch.testing.assert_close(got, expected)
+    except AssertionError:
+        return False
+    return True
+
+
+def _size_on_meta(config: Any) -> tuple[str, int]:
+    """The model's class and parameter count, built on the meta device (no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return type(model).__name__, sum(p.numel() for p in model.parameters())
+
+
+def _build(config: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # HF zero-initializes biases: a misplaced bias would go unseen
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.normal_(std=0.02)
+    return model.eval().float()
+
+
+def _export(model: Any, ids: Any) -> Any:
+    from ad_mlir.models import export_with_ids
+
+    return export_with_ids(model, ids, max_seq=MAX_SEQ)
+
+
+def _compile(ep: Any, pipeline: str, row: FamilyRow) -> tuple[Any, Any]:
+    """`ad_mlir.compile`'s stages, keeping the module to count kernels before and after."""
+    from ad_mlir.codegen.cache import KernelCache
+    from ad_mlir.frontends.fx_export import export_program
+    from ad_mlir.frontends.fx_import import import_program
+    from ad_mlir.passes.pipeline import run_pipeline
+    from ad_mlir.report import kernels_per_layer
+    from ad_mlir.runtime.kernels import build_kernels
+
+    program = import_program(ep)
+    row.kernels_before = max(kernels_per_layer(program.module).values(), default=0)
+    run_pipeline(program.module, pipeline)
+    gm = export_program(program, build_kernels(program.module, KernelCache()), fold_weights=True)
+    return gm, program.module
+
+
+# ----------------------------------------------------------------- the sweep
+
+
+def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str]) -> FamilyRow:
+    cmd = [sys.executable, "-m", "ad_mlir.families", "--child", "--pipeline", pipeline, family]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return FamilyRow(family, "timeout", f"did not finish in {timeout:.0f} s",
+                         seconds={"total": round(time.perf_counter() - start, 1)})
+    lines = done.stdout.strip().splitlines()
+    if done.returncode < 0:
+        return FamilyRow(family, "killed", f"child killed by signal {-done.returncode}"
+                         + (" (out of memory)" if done.returncode == -9 else ""))
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return FamilyRow(family, "call error", f"child exited {done.returncode}: {tail[:300]}")
+    row = FamilyRow(**json.loads(lines[-1]))
+    row.reference_error = {int(k): v for k, v in row.reference_error.items()}
+    row.interpreter_error = {int(k): v for k, v in row.interpreter_error.items()}
+    row.seconds["total"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def run_sweep(
+    families: Sequence[str], pipeline: str = "default", timeout: float = 600, jobs: int = 2,
+    progress: Callable[[FamilyRow], None] | None = None,
+) -> list[FamilyRow]:
+    """Each family in a child process (kernels in the interpreter where CUDA is absent, a
+    fresh kernel cache for the sweep, passes strict so a failing pass is a compile error, one
+    CPU thread each: the shapes are tiny and `jobs` children share the cores)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", AD_MLIR_SKIP_ON_ERROR="0", OMP_NUM_THREADS="1")
+    env.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_sweep_"))
+    rows: dict[str, FamilyRow] = {}
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(_run_child, f, pipeline, timeout, env): f for f in families}
+        for future in concurrent.futures.as_completed(futures):
+            row = future.result()
+            rows[row.family] = row
+            if progress:
+                progress(row)
+    return [rows[f] for f in families]
+
+
+def summary(rows: Sequence[FamilyRow]) -> dict[str, int]:
+    counts = Counter(r.status for r in rows)
+    return {s: counts[s] for s in STATUSES if counts[s]}
+
+
+def _errors(errors: dict[int, float]) -> str:
+    """At each sequence length, shortest first (keys are strings once read back from JSON)."""
+    return " / ".join(f"{errors[k]:.2g}" for k in sorted(errors, key=int)) or "-"
+
+
+def table(rows: Sequence[FamilyRow]) -> str:
+    header = ["family", "status", "max err ref", "max err interp", "kernels/layer", "kernel calls",
+              "fused ops (layer 0)", "s", "reason"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        kernels = "-" if r.kernels_after is None else f"{r.kernels_before} -> {r.kernels_after}"
+        fused = ", ".join(f"{k.removeprefix('ad.')} {v}" for k, v in r.fused_ops.items()) or "-"
+        reason = r.reason.replace("|", "\\|")
+        lines.append(f"| {r.family} | {r.status} | {_errors(r.reference_error)} | {_errors(r.interpreter_error)} "
+                     f"| {kernels} | {r.kernel_calls} | {fused} | {r.seconds.get('total', '-')} | {reason} |")
+    return "\n".join(lines)
+
+
+def markdown(rows: Sequence[FamilyRow]) -> str:
+    counts = ", ".join(f"{n} {s}" for s, n in summary(rows).items())
+    sizes = ", ".join(f"{k}={v}" for k, v in SIZES.items())
+    return (f"### Family sweep: {len(rows)} causal-LM families ({counts})\n\n"
+            f"Sizes: {sizes}; where the config has them: {', '.join(f'{k}={v}' for k, v in WHERE_PRESENT.items())}; fp32; "
+            f"errors are max |logits - eager| at seq {' / '.join(map(str, SEQ_LENS))}; 'kernels/layer' is "
+            "the most kernels of a decoder layer outside GEMMs and attention, imported -> compiled.\n\n"
+            + table(rows))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m ad_mlir.families", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("families", nargs="*", help="model types (default: every one AutoModelForCausalLM maps)")
+    p.add_argument("--pipeline", default="default")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per family")
+    p.add_argument("--jobs", type=int, default=2, help="families at a time")
+    p.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="store_true", help="a line per family as it finishes")
+    args = p.parse_args(argv)
+    if args.child:
+        logging.basicConfig(level=logging.WARNING)
+        print(json.dumps(asdict(sweep_family(args.families[0], args.pipeline))))
+        return
+    families = args.families or causal_lm_families()
+    unknown = set(families) - set(causal_lm_families())
+    if unknown:
+        p.error(f"not causal-LM model types of transformers: {', '.join(sorted(unknown))}")
+
+    def progress(row: FamilyRow) -> None:
+        if args.verbose:
+            print(f"{row.family}: {row.status} {row.reason}", file=sys.stderr, flush=True)
+
+    rows = run_sweep(families, args.pipeline, args.timeout, args.jobs, progress)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=1)
+    print(markdown(rows))
+    sys.exit(1 if any(r.status in OURS for r in rows) else 0)
+
+
+if __name__ == "__main__":
+    main()

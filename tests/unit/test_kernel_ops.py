@@ -1,0 +1,102 @@
+"""Region kernels as torch ops on the shapes models hand them: operands whose type says `?`
+where they are 1 at run time (MPT's ALiBi bias), and results that would alias an input
+(GLM's rotary slices) on the reference path.
+
+The kernels run in the Triton interpreter (tests/conftest.py) and are compared with eager
+torch on the same inputs, fp32 at torch.testing's defaults: the kernel computes each
+element in fp32 as eager does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from xdsl.parser import Parser
+
+from ad_mlir.codegen.cache import KernelCache
+from ad_mlir.codegen.lowering import kernel_ops
+from ad_mlir.passes.pipeline import make_context
+from ad_mlir.runtime import kernels
+from ad_mlir.runtime.kernels import reference_kernels, region_kernel
+
+ALIBI = """
+func.func @f(%scores: tensor<1x4x?x?xf32>, %bias: tensor<4x?x?xf32>) -> (tensor<1x4x?x?xf32>, tensor<4x?x?xf32>) {
+  %r:2 = ad.fused(%scores, %bias) : (tensor<1x4x?x?xf32>, tensor<4x?x?xf32>) -> (tensor<1x4x?x?xf32>, tensor<4x?x?xf32>) {
+  ^bb0(%s: tensor<1x4x?x?xf32>, %b: tensor<4x?x?xf32>):
+    %h = ad.constant 5.000000e-01 : f64
+    %m = ad.mul %s, %h : tensor<1x4x?x?xf32>, f64 -> tensor<1x4x?x?xf32>
+    %a = ad.add %m, %b : tensor<1x4x?x?xf32>, tensor<4x?x?xf32> -> tensor<1x4x?x?xf32>
+    %e = ad.exp %b : tensor<4x?x?xf32> -> tensor<4x?x?xf32>
+    ad.yield %a, %e : tensor<1x4x?x?xf32>, tensor<4x?x?xf32>
+  }
+  func.return %r#0, %r#1 : tensor<1x4x?x?xf32>, tensor<4x?x?xf32>
+}
+"""
+
+SLICES = """
+func.func @f(%x: tensor<3x8xf32>) -> (tensor<3x4xf32>, tensor<3x4xf32>) {
+  %r:2 = ad.fused(%x) : (tensor<3x8xf32>) -> (tensor<3x4xf32>, tensor<3x4xf32>) {
+  ^bb0(%y: tensor<3x8xf32>):
+    %s = ad.slice %y dim 1 [0, 4, 1] : tensor<3x8xf32> -> tensor<3x4xf32>
+    %t = ad.slice %y dim 1 [4, 8, 1] : tensor<3x8xf32> -> tensor<3x4xf32>
+    %n = ad.neg %t : tensor<3x4xf32> -> tensor<3x4xf32>
+    %m = ad.mul %n, %s : tensor<3x4xf32>, tensor<3x4xf32> -> tensor<3x4xf32>
+    ad.yield %s, %m : tensor<3x4xf32>, tensor<3x4xf32>
+  }
+  func.return %r#0, %r#1 : tensor<3x4xf32>, tensor<3x4xf32>
+}
+"""
+
+
+def _kernel(text: str, tmp_path: Path) -> kernels.RegionKernel:
+    (op,) = kernel_ops(Parser(make_context(), text).parse_module())
+    kernel = region_kernel(op, KernelCache(tmp_path))
+    assert type(kernel.cached.jit_function).__name__ == "InterpretedFunction", "the real kernel must run"
+    return kernel
+
+
+@pytest.mark.parametrize("seq", [1, 5, 9])
+def test_operand_typed_dynamic_that_is_one_at_run_time_broadcasts(seq: int, tmp_path: Path) -> None:
+    """MPT: scores [1, 4, seq, seq] + bias [4, 1, seq] typed `4x?x?`. The bias must be read with
+    stride 0 along its size-1 dim (it was read as if it had `seq` rows: out of bounds, errors
+    of 1e26), and exp(bias), computed from the bias alone, keeps the bias's shape."""
+    kernel = _kernel(ALIBI, tmp_path)
+    full = torch.randn(4, 1, 64)
+    scores, bias = torch.randn(1, 4, seq, seq), full[:, :, 64 - seq:]  # a strided slice, as in MPT
+    got = kernel.op([scores, bias], [], [])
+    expected = [scores * 0.5 + bias, bias.exp()]
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    torch.testing.assert_close(got, expected)
+    fake = kernel.fake([scores, bias], [], [])
+    assert [f.shape for f in fake] == [e.shape for e in expected], "the fake must say what the kernel returns"
+
+
+def test_operands_that_broadcast_each_other_at_run_time(tmp_path: Path) -> None:
+    """The other way round: the scores are 1 where the bias is not."""
+    kernel = _kernel(ALIBI, tmp_path)
+    scores, bias = torch.randn(1, 4, 1, 6), torch.randn(4, 3, 6)
+    got = kernel.op([scores, bias], [], [])
+    torch.testing.assert_close(got, [scores * 0.5 + bias, bias.exp()])
+
+
+@pytest.mark.parametrize("path", ["reference", "interpreter"])
+def test_results_never_alias_an_input(path: str, tmp_path: Path) -> None:
+    """GLM: a region yields a slice of its input. On the reference path that was a view of the
+    input, which torch.library refuses at the first call."""
+    kernel = _kernel(SLICES, tmp_path)
+    x = torch.randn(3, 8)
+    with reference_kernels() if path == "reference" else torch.no_grad():
+        got = kernel.op([x], [], [])
+    torch.testing.assert_close(got, [x[:, :4], -x[:, 4:] * x[:, :4]])
+    storages = {t.untyped_storage().data_ptr() for t in (x, *got)}
+    assert len(storages) == 3, "a result shares storage with the input or the other result"
+
+
+def test_unaliased_copies_only_what_aliases() -> None:
+    x, y = torch.randn(4), torch.randn(4)
+    out = kernels.unaliased([x[:2], y, y], [x])
+    assert out[1] is y
+    assert out[0].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert out[2].untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(out, [x[:2], y, y], strict=True))
