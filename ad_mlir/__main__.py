@@ -1,3 +1,14 @@
-from ad_mlir.report import main
+"""`python -m ad_mlir`: SmolLM2 answers a question through the compiled, cached graph
+(`ad_mlir.generate`'s options); `python -m ad_mlir --report [...]`: a tiny HF model through the
+pipeline, with a report of every stage (`ad_mlir.report`'s options)."""
 
-main()
+import sys
+
+if "--report" in sys.argv[1:]:
+    from ad_mlir.report import main
+
+    main([a for a in sys.argv[1:] if a != "--report"])
+else:
+    from ad_mlir.generate import main
+
+    main()

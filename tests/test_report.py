@@ -1,6 +1,7 @@
-"""The README's main job (`python -m ad_mlir`) runs end to end: Triton kernels generated and
-run (in the interpreter), at most 5 kernels per Llama decoder layer, the second compile
-served by the kernel cache, results within tolerance of the original graph."""
+"""The README's main job (`python -m ad_mlir`): SmolLM2 answers through the compiled, cached
+graph; and the tiny-model report (`python -m ad_mlir --report`) runs end to end: Triton kernels
+generated and run (in the interpreter), at most 5 kernels per Llama decoder layer, the second
+compile served by the kernel cache, results within tolerance of the original graph."""
 
 import re
 import subprocess
@@ -9,7 +10,7 @@ import sys
 
 def test_main_job_compiles_and_runs_kernels() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "ad_mlir", "--layers", "2", "--seq-lens", "5", "9"],
+        [sys.executable, "-m", "ad_mlir", "--report", "--layers", "2", "--seq-lens", "5", "9"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -28,11 +29,28 @@ def test_main_job_compiles_and_runs_kernels() -> None:
 
 def test_main_job_rejects_bad_config() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "ad_mlir", "--hidden-size", "48"],
+        [sys.executable, "-m", "ad_mlir", "--report", "--hidden-size", "48"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 2
     assert "hidden_size 48 must be a multiple of 2 * head_dim (64)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_main_job_answers_with_smollm2() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ad_mlir", "--max-new-tokens", "12"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["> What is the capital of France?", "The capital of France is Paris."]
+    assert re.search(r"smollm2: loaded and compiled in [\d.]+ s", proc.stderr), proc.stderr
+
+
+def test_generate_cli_rejects_a_prompt_longer_than_the_cache() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ad_mlir.generate", "--model", "llama", "--prompt-ids", *["3"] * 20,
+                           "--max-seq-len", "16"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().endswith("error: prompt 0 has 20 tokens: with max_new_tokens=32 it needs 52 > "
+                                        "max_seq_len=16 cache positions"), proc.stderr
     assert "Traceback" not in proc.stderr

@@ -77,6 +77,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [f"# ad-bench on {m['machine']}", "",
              f"{m['gpu'] or 'no GPU'}; CPU {m['cpu']} ({m['cpu_count']} cores); torch {m['torch']}, triton "
              f"{m['triton']}, xdsl {m['xdsl']}; {m['date']}{'; --quick' if results['quick'] else ''}", ""]
+    if m.get("note"):
+        lines += [f"Note: {m['note']}.", ""]
     lines += [f"- {part}: skipped, {why}" for part, why in results["skipped"].items()]
     lines += [f"- {part}: from an earlier run ({m['date']}, torch {m['torch']}, triton {m['triton']})"
               for part, m in results.get("part_machines", {}).items()]

@@ -1217,6 +1217,72 @@ class RopeOp(KernelOp):
             raise VerifyException("ad.rope cos and sin must be one [batch or 1, seq, head_dim] type")
 
 
+KV_CACHE_ATTR = "ad.kv_cache"
+"""On a K/V cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value", the
+layer being the HF module path of the attention it serves."""
+CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
+"""On the per-sequence metadata arguments of a cached module: each batch row's cache slot, and
+how many tokens that slot already holds."""
+
+
+@irdl_op_definition
+class CachedAttentionOp(AdOp):
+    """Attention of each batch row's new tokens over its K/V cache, the cache written in place.
+
+    Query [batch, heads, seq, head_dim] and key/value [batch, kv_heads, seq, head_dim] are the
+    `seq` new tokens of each row (RoPE applied to the query and the key first, as HF's
+    `apply_rotary_pos_emb` does, when `cos`/`sin` [batch, seq, head_dim] are given). Row b uses
+    slot `slots[b]` of `k_cache`/`v_cache` [slots, max_seq, kv_heads, head_dim], which already
+    holds `starts[b]` tokens: the new key and value are written at positions starts[b] ..
+    starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with
+    offset; with `window`, only the last `window` of them). Grouped-query attention is native.
+    Not pure: it writes the caches."""
+
+    name = "ad.cached_attention"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    query = operand_def(AdTensor)
+    key = operand_def(AdTensor)
+    value = operand_def(AdTensor)
+    cos = opt_operand_def(AdTensor)
+    sin = opt_operand_def(AdTensor)
+    k_cache = operand_def(AdTensor)
+    v_cache = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    scale = prop_def(FloatAttr[Float64Type])
+    window = opt_prop_def(IntegerAttr[I64])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? `cache` $k_cache `,` $v_cache `slots` $slots "
+        "`starts` $starts `scale` $scale (`window` $window^)? attr-dict `:` `(` type($query) `,` type($key) `,` "
+        "type($value) `,` type($k_cache) `,` type($v_cache) `,` type($slots) `,` type($starts) "
+        "(`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        q, k, v = (_shape(x.type) for x in (self.query, self.key, self.value))
+        kc, vc = _shape(self.k_cache.type), _shape(self.v_cache.type)
+        if not len(q) == len(k) == len(v) == len(kc) == len(vc) == 4:
+            raise VerifyException("ad.cached_attention query/key/value must be [batch, heads, seq, head_dim] and "
+                                  "the caches [slots, max_seq, kv_heads, head_dim]")
+        if k != v or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
+            raise VerifyException("ad.cached_attention key and value must be one [batch, kv_heads, seq, head_dim] "
+                                  "type matching the query's batch, seq and head_dim")
+        if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
+            raise VerifyException(f"ad.cached_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
+        if self.k_cache.type != self.v_cache.type or kc[2:] != k[1:2] + k[3:]:
+            raise VerifyException(f"ad.cached_attention caches must be one [slots, max_seq, {k[1]}, {k[3]}] type")
+        if self.k_cache.type.element_type != self.key.type.element_type:
+            raise VerifyException("ad.cached_attention caches must have the key's element type")
+        for meta in (self.slots, self.starts):
+            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
+                raise VerifyException("ad.cached_attention slots/starts must be tensor<batch x i64>")
+        if (self.cos is None) != (self.sin is None):
+            raise VerifyException("ad.cached_attention takes cos and sin together")
+        if self.result.type != self.query.type:
+            raise VerifyException("ad.cached_attention result must have the query's type")
+
+
 FP8_MAX = 448.0
 """The largest finite float8_e4m3fn value."""
 FP8_MIN_AMAX = 1e-12
@@ -1547,7 +1613,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

@@ -426,8 +426,8 @@ SPECS: tuple[OpSpec, ...] = (
     *(
         OpSpec(cls, (Overload(f"{torch_ops.NAMESPACE}.{cls.name.removeprefix('ad.')}.default"),))
         for cls in (
-            ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.QuantizeFp8Op,
-            ad.QuantizeFp8DynamicOp,
+            ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
+            ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
         )
     ),
     OpSpec(ad.AllReduceOp, (Overload("_c10d_functional.all_reduce.default"),)),

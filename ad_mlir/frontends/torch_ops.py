@@ -190,9 +190,54 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return torch.empty_like(query)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::cached_attention", mutates_args=("k_cache", "v_cache"))
+def cached_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """`ad.cached_attention`: RoPE on the new query/key (when given), the new key/value written
+    into each row's cache slot after the tokens it holds, then attention over the slot's first
+    start + seq positions, causal with offset (and within `window`). One row at a time: the
+    reference reads each row's slot and start on the host."""
+    if cos is not None and sin is not None:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        query, key = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+    seq, groups = query.shape[2], query.shape[1] // key.shape[1]
+    out = torch.empty_like(query)
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        end = start + seq
+        k_cache[slot, start:end] = key[b].transpose(0, 1)
+        v_cache[slot, start:end] = value[b].transpose(0, 1)
+        k = k_cache[slot, :end].transpose(0, 1).repeat_interleave(groups, dim=0)
+        v = v_cache[slot, :end].transpose(0, 1).repeat_interleave(groups, dim=0)
+        position = torch.arange(start, end, device=query.device)[:, None]
+        keys = torch.arange(end, device=query.device)[None, :]
+        allowed = keys <= position
+        if window is not None:
+            allowed &= keys > position - window
+        out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], k, v, attn_mask=allowed, scale=scale)
+    return out
+
+
+@cached_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+      k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, scale: float,
+      window: int | None = None) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "rope", "rope_attention")
+                 "linear_fp8", "rope", "rope_attention", "cached_attention")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

@@ -86,6 +86,12 @@ def _optimize_rope() -> type[ModulePass]:
     return OptimizeRopePass
 
 
+def _insert_cached_attention() -> type[ModulePass]:
+    from ad_mlir.passes.insert_cached_attention import InsertCachedAttentionPass
+
+    return InsertCachedAttentionPass
+
+
 def _shard() -> type[ModulePass]:
     from ad_mlir.passes.shard import ShardPass
 
@@ -117,6 +123,7 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "quantize-linear-fp8": _quantize_linear_fp8,
     "fuse-rmsnorm-quant": _fuse_rmsnorm_quant,
     "shard": _shard,
+    "insert-cached-attention": _insert_cached_attention,
     "default": _default,
 }
 """Passes defined by ad-mlir. Those whose name xDSL does not use are registered with xdsl-opt

@@ -164,6 +164,8 @@ class AdOptMain(xDSLOptMain):
         group.add_argument("--head-dim", type=int, default=32, help="head dim (default 32)")
         group.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weight dtype (default float32)")
         group.add_argument("--decompose", action="store_true", help="import the graph after run_decompositions() (core ATen)")
+        group.add_argument("--for-generation", action="store_true", help="export as ad_mlir.LLM does: input_ids and "
+                           "position_ids, batch and sequence dynamic (what insert-cached-attention needs)")
         arg_parser.add_argument(
             "--print-ir-after-all", action="store_true", help="print the IR to stderr after every pass"
         )
@@ -235,7 +237,13 @@ class AdOptMain(xDSLOptMain):
             head_dim=self.args.head_dim,
             dtype=self.args.dtype,
         )
-        ep = export_model(build_model(cfg), cfg, decompose=self.args.decompose)
+        model = build_model(cfg)
+        if self.args.for_generation:
+            from ad_mlir.runtime.llm import export_for_cache
+
+            ep = export_for_cache(model, max_batch=8, max_seq_len=4096)
+        else:
+            ep = export_model(model, cfg, decompose=self.args.decompose)
         program = import_program(ep)
         if self._numeric is not None:
             self._numeric.weights = program.weights

@@ -29,7 +29,7 @@
 // CHECK-NEXT:      return outs
 // CHECK-NEXT:    block_r, block_c, num_warps = row_blocks(n_rows, 96)
 // CHECK-NEXT:    kernel[(triton.cdiv(n_rows, block_r),)](
-// CHECK-NEXT:      in0, in1, outs[0], size0, n_rows, in0.stride(0), in0.stride(1), in1.stride(0),
+// CHECK-NEXT:      in0, in1, outs[0], size0, n_rows, broadcast_stride(in0, 0), broadcast_stride(in0, 1), broadcast_stride(in1, 0),
 func.func @rmsnorm(%x: tensor<?x96xbf16>, %w: tensor<96xbf16>) -> tensor<?x96xbf16> {
   %two = ad.constant 2 : i64
   %eps = ad.constant 1.000000e-06 : f64
@@ -42,6 +42,28 @@ func.func @rmsnorm(%x: tensor<?x96xbf16>, %w: tensor<96xbf16>) -> tensor<?x96xbf
   %nb = ad.cast %n : tensor<?x96xf32> -> tensor<?x96xbf16>
   %y = ad.mul %w, %nb : tensor<96xbf16>, tensor<?x96xbf16> -> tensor<?x96xbf16>
   func.return %y : tensor<?x96xbf16>
+}
+
+// -----
+
+// MPT's scores + ALiBi bias: the bias is typed `4x?x?` but 1 at run time along its middle dim.
+// Each dynamic size is the broadcast of every input that has it, and each stride is 0 where
+// the input has size 1, whatever its type says (tests/unit/test_kernel_ops.py runs it).
+// CHECK-LABEL: kernel 1 of 1: poi_mul_add_
+// CHECK:       def output_shapes(tensors):
+// CHECK-NEXT:    in0, in1, = tensors
+// CHECK-NEXT:    size2 = broadcast_size(in0.shape[2], in1.shape[1])
+// CHECK-NEXT:    size3 = broadcast_size(in0.shape[3], in1.shape[2])
+// CHECK-NEXT:    return [(1, 4, size2, size3, )]
+// CHECK:       def launch(kernel, tensors, scalars):
+// CHECK:         in0, in1, outs[0], size2, size3, n_rows, broadcast_stride(in0, 1), broadcast_stride(in0, 2), broadcast_stride(in0, 3), broadcast_stride(in1, 0), broadcast_stride(in1, 1), broadcast_stride(in1, 2),
+// CHECK-NOT:     narrowed
+// CHECK:         return outs
+func.func @alibi(%s: tensor<1x4x?x?xf32>, %b: tensor<4x?x?xf32>) -> tensor<1x4x?x?xf32> {
+  %h = ad.constant 5.000000e-01 : f64
+  %m = ad.mul %s, %h : tensor<1x4x?x?xf32>, f64 -> tensor<1x4x?x?xf32>
+  %a = ad.add %m, %b : tensor<1x4x?x?xf32>, tensor<4x?x?xf32> -> tensor<1x4x?x?xf32>
+  func.return %a : tensor<1x4x?x?xf32>
 }
 
 // -----

@@ -1,0 +1,39 @@
+// insert-cached-attention: what cannot be cached is an error naming the layer.
+// RUN: ad-opt %s --split-input-file --verify-diagnostics -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
+// RUN: not ad-opt %s -p 'insert-cached-attention{max-batch=0}' 2>&1 | filecheck %s --check-prefix=ZERO
+
+// ZERO: {{^}}error: insert-cached-attention: max-batch 0 and max-seq-len 2048 must be positive{{$}}
+
+// CHECK: model.layers.3.self_attn: its attention mask is neither causal nor a causal sliding window; only those can be cached
+func.func @not_causal(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %pf = ad.cast %pu : tensor<1x?x1xi64> -> tensor<1x?x1xf32>
+  %angle = ad.mul %pf, %freq : tensor<1x?x1xf32>, tensor<8xf32> -> tensor<1x?x8xf32>
+  %cos = ad.cos %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %sin = ad.sin %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %m = ad.ge %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %o = ad.rope_attention %q, %k, %v rope %cos, %sin mask %mask scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x8xf32> loc("model.layers.3.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// CHECK: model.layers.0.self_attn: the RoPE positions do not come from a 'position_ids' input; export the model with position_ids as an input so the cache can offset them
+func.func @positions_from_arange(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %cos: tensor<1x?x8xf32> {ad.input = "cos"}, %sin: tensor<1x?x8xf32> {ad.input = "sin"}) -> tensor<1x2x?x8xf32> {
+  %o = ad.rope_attention %q, %k, %v rope %cos, %sin causal scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// CHECK: model.layers.0.self_attn: its attention mask reads %pad, not only the token positions: it cannot be replaced by causal masking
+func.func @padding_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %pad: tensor<1x1x?x?xi1> {ad.input = "attention_mask"}) -> tensor<1x2x?x8xf32> {
+  %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %pf = ad.cast %pu : tensor<1x?x1xi64> -> tensor<1x?x1xf32>
+  %angle = ad.mul %pf, %freq : tensor<1x?x1xf32>, tensor<8xf32> -> tensor<1x?x8xf32>
+  %cos = ad.cos %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %sin = ad.sin %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %o = ad.rope_attention %q, %k, %v rope %cos, %sin mask %pad scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
