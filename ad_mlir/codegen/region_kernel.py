@@ -270,7 +270,7 @@ class KernelPlan:
     output_types: tuple[TensorType, ...]
     has_reductions: bool
     looped: bool
-    output_sources: tuple[frozenset[int], ...] = ()
+    output_sources: tuple[frozenset[int], ...]
     """Per output, the inputs (indices) it is computed from."""
 
     @property
@@ -885,9 +885,10 @@ class LauncherEmitter:
                    f"for s, d in zip([{', '.join(domain_shapes)}], OUTPUT_DTYPES)]")
             lead = " * ".join(p.size(d) for d in p.leading_dims) or "1"
             w.line(f"n_rows = {lead}")
+            result = "outs"
             if shapes != domain_shapes:
                 w.line("final_shapes = output_shapes(tensors)")
-            result = "[narrowed(o, s) for o, s in zip(outs, final_shapes)]" if shapes != domain_shapes else "outs"
+                result = "[narrowed(o, s) for o, s in zip(outs, final_shapes)]"
             w.line(f"if n_rows == 0 or {p.n_cols} == 0:")
             with w.indent():
                 w.line(f"return {result}")

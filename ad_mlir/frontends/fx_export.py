@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DictionaryAttr, NameLoc
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 
 from ad_mlir.codegen.lowering import kernel_inputs, kernel_outputs
 from ad_mlir.dialects import ad
@@ -138,6 +138,20 @@ def _emit_op(
         _emit_fused_inline(graph, op, env)
     else:
         _emit_call(graph, op, env)
+
+
+def block_graph(block: Block) -> torch.fx.GraphModule:
+    """A region body (ending in `ad.yield`) as a GraphModule: its arguments in order, its ops'
+    torch calls, the yielded values as a tuple. Built once, it runs a region's reference
+    semantics without reading the IR again at every call."""
+    graph = torch.fx.Graph()
+    env: dict[SSAValue, Any] = {a: graph.placeholder(f"arg{i}") for i, a in enumerate(block.args)}
+    for op in block.ops:
+        if isinstance(op, ad.YieldOp):
+            graph.output(tuple(env[v] for v in op.values))
+            break
+        _emit_op(graph, op, env, {})
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
 def _emit_kernel_call(graph: torch.fx.Graph, op: Operation, env: dict[SSAValue, Any], kernel: RegionKernel) -> None:

@@ -38,7 +38,7 @@ def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object) -> None:
         raise AssertionError("a region ran its reference semantics, not its kernel")
 
-    monkeypatch.setattr(kernels, "run_block", refuse)
+    monkeypatch.setattr(kernels, "run_reference", refuse)
 
 
 @pytest.mark.usefixtures("no_reference_fallback")

@@ -76,7 +76,7 @@ def test_interpreter_end_to_end(llms, monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object) -> None:
         raise AssertionError("a region ran its reference semantics, not its kernel")
 
-    monkeypatch.setattr(kernels, "run_block", refuse)
+    monkeypatch.setattr(kernels, "run_reference", refuse)
     outputs = llm.generate(PROMPTS[:2], max_new_tokens=6)
     for prompt, out in zip(PROMPTS[:2], outputs, strict=True):
         assert out.token_ids == _hf_tokens(model, prompt, 6)

@@ -50,7 +50,7 @@ def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object) -> None:
         raise AssertionError("a region ran its reference semantics, not its kernel")
 
-    monkeypatch.setattr(runtime_kernels, "run_block", refuse)
+    monkeypatch.setattr(runtime_kernels, "run_reference", refuse)
 
 
 @pytest.fixture

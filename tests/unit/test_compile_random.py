@@ -779,7 +779,7 @@ def _kernels_only() -> Iterator[None]:
         raise AssertionError("a region ran its reference semantics, not its kernel")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kernels, "run_block", refuse)
+        mp.setattr(kernels, "run_reference", refuse)
         yield
 
 

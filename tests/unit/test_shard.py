@@ -35,7 +35,7 @@ def _refuse_reference(*_: object) -> None:
 
 def _families_on_rank(families: tuple[str, ...], rank: int) -> dict[str, RankResult]:
     # the kernels run (in the Triton interpreter without CUDA: conftest's environment is inherited)
-    kernels.run_block = _refuse_reference
+    kernels.run_reference = _refuse_reference
     # hidden 128: 4 query heads and 2 key/value heads of 32, two of each per rank
     return {f: run_rank(TinyConfig(family=f, layers=LAYERS, hidden_size=128), seq_lens=(5, 12)) for f in families}
 
