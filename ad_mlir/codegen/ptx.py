@@ -124,10 +124,10 @@ def example_inputs(kernel: RegionKernel, tokens: int) -> tuple[list[torch.Tensor
     scalars are `tokens` too (the scalars a region takes are symbolic sizes), floats 1.0 (Triton
     types every float fp32, whatever its value)."""
     tensors, scalars = [], []
-    for arg, kind in zip(kernel.body.block.args, kernel.arg_kinds, strict=True):
+    for arg_type, kind in zip(kernel.arg_types, kernel.arg_kinds, strict=True):
         if kind == "tensor":
-            shape = [tokens if d == DYNAMIC_INDEX else d for d in arg.type.get_shape()]
-            tensors.append(torch.empty(shape, dtype=torch_dtype(arg.type), device="meta"))
+            shape = [tokens if d == DYNAMIC_INDEX else d for d in arg_type.get_shape()]
+            tensors.append(torch.empty(shape, dtype=torch_dtype(arg_type), device="meta"))
         else:
             scalars.append(tokens if kind == "int" else 1.0)
     return tensors, scalars

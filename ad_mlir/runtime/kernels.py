@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from xdsl.dialects.builtin import Float64Type, ModuleOp, TensorType
-from xdsl.ir import Operation
+from xdsl.ir import Attribute, Operation
 
 from ad_mlir.codegen.cache import CachedKernel, KernelCache
 from ad_mlir.codegen.lowering import kernel_ops, kernel_region
@@ -41,8 +41,13 @@ class RegionKernel:
     cached: CachedKernel
     reference: torch.fx.GraphModule
     """The region's body as torch calls (its reference semantics, the CPU path)."""
-    arg_kinds: tuple[str, ...]
-    """Per block argument: "tensor", "int" or "float"."""
+    arg_types: tuple[Attribute, ...]
+    """The region's block argument types, in order."""
+
+    @property
+    def arg_kinds(self) -> tuple[str, ...]:
+        """Per block argument: "tensor", "int" or "float"."""
+        return tuple(_arg_kind(t) for t in self.arg_types)
 
     @property
     def name(self) -> str:
@@ -157,7 +162,7 @@ def region_kernel(op: ad.FusedOp | ad.KernelOp, cache: KernelCache) -> RegionKer
     from ad_mlir.frontends.fx_export import block_graph
 
     block = lowered.region.body.block
-    kernel = RegionKernel(cached, block_graph(block), tuple(_arg_kind(a.type) for a in block.args))
+    kernel = RegionKernel(cached, block_graph(block), tuple(a.type for a in block.args))
     _define_op(kernel)
     _REGISTERED[cached.name] = kernel
     return kernel

@@ -20,6 +20,7 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from ad_mlir.codegen.ptx import TARGET, PtxCompileError, PtxReport, capture_launch, ptx_reports, specialize
 from ad_mlir.dialects import ad
+from ad_mlir.frontends import op_table
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.models import FAMILIES
 from ad_mlir.passes.pipeline import run_pipeline
@@ -45,7 +46,9 @@ def _kernels(exported, family: str, dtype: str) -> list[RegionKernel]:  # noqa: 
 
 
 def _holding(kernels: list[RegionKernel], op_type: type) -> list[RegionKernel]:
-    return [k for k in kernels if any(isinstance(op, op_type) for op in k.body.walk())]
+    """The kernels whose region computes an `op_type` (seen as its torch call in the reference)."""
+    target = op_table.SPEC_BY_OP[op_type].overloads[0].target
+    return [k for k in kernels if any(str(n.target) == target for n in k.reference.graph.nodes)]
 
 
 def _reports(kernels: list[RegionKernel]) -> list[PtxReport]:
