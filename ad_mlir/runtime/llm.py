@@ -72,16 +72,22 @@ def cached_pipeline(pipeline: str, max_batch: int, max_seq_len: int) -> str:
 
 def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int) -> torch.export.ExportedProgram:
     """`model(input_ids=, position_ids=, use_cache=False)` with batch and sequence dynamic, under
-    no_grad (HF's own cache off: the compiled graph has ours)."""
-    ids = torch.zeros(2, 3, dtype=torch.int64)
-    positions = torch.arange(3).expand(2, 3)
+    no_grad (HF's own cache off: the compiled graph has ours), with inputs on the model's device."""
+    from ad_mlir.models import export_inference
+
+    device = model_device(model)
+    ids = torch.zeros(2, 3, dtype=torch.int64, device=device)
+    positions = torch.arange(3, device=device).expand(2, 3)
     batch = torch.export.Dim("batch", min=1, max=max(max_batch, 2))
     seq = torch.export.Dim("seq", min=1, max=max_seq_len)
     dims = {0: batch, 1: seq}
-    with torch.no_grad():
-        return torch.export.export(model, (), {"input_ids": ids, "position_ids": positions, "use_cache": False},
-                                   dynamic_shapes={"input_ids": dims, "position_ids": dims, "use_cache": None},
-                                   strict=False)
+    return export_inference(model, {"input_ids": ids, "position_ids": positions, "use_cache": False},
+                            {"input_ids": dims, "position_ids": dims, "use_cache": None})
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are (its inputs and caches go there too)."""
+    return next(model.parameters()).device
 
 
 def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
@@ -119,7 +125,8 @@ class LLM:
         self.graph, program = compile_program(ep, pipeline=cached_pipeline(pipeline, max_batch, max_seq_len))
         self.compile_seconds = time.perf_counter() - start
         fn = next(op for op in program.module.ops if isinstance(op, func.FuncOp))
-        self.caches = {c.name: torch.zeros(c.shape, dtype=c.dtype) for c in cache_arguments(fn)}
+        self.device = model_device(self.model)
+        self.caches = {c.name: torch.zeros(c.shape, dtype=c.dtype, device=self.device) for c in cache_arguments(fn)}
         if not self.caches:
             raise ValueError("the compiled model has no attention to cache (see the insert-cached-attention log)")
         self.inputs = [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
@@ -134,19 +141,22 @@ class LLM:
              starts: Sequence[int]) -> torch.Tensor:
         """Run the graph on `tokens`/`positions` [batch, seq] for sequences in `slots` whose
         caches hold `starts` tokens; returns the logits [batch, seq, vocab]."""
-        given = {"input_ids": tokens, "position_ids": positions,
-                 "cache_slots": torch.tensor(list(slots), dtype=torch.int64),
-                 "cache_starts": torch.tensor(list(starts), dtype=torch.int64), "use_cache": False, **self.caches}
+        metadata = {"cache_slots": slots, "cache_starts": starts}
+        given = {"input_ids": tokens.to(self.device), "position_ids": positions.to(self.device),
+                 **{name: torch.tensor(list(v), dtype=torch.int64, device=self.device) for name, v in metadata.items()},
+                 "use_cache": False, **self.caches}
         with torch.no_grad():
             return self.graph(*(given[name] for name in self.inputs))[0]
 
     # -- generation ----------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 32, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None, chat: bool = False) -> list[GenerationOutput]:
+                 top_p: float = 1.0, seed: int | None = None, chat: bool = False,
+                 ignore_eos: bool = False) -> list[GenerationOutput]:
         """One output per prompt (a string, tokenized with the model's tokenizer, under its chat
         template with `chat`; or token ids). Greedy when `temperature` is 0, else sampled with
-        `top_p` nucleus filtering from a generator seeded with `seed`."""
+        `top_p` nucleus filtering from a generator seeded with `seed`. With `ignore_eos` every
+        sequence runs to `max_new_tokens` (benchmarks)."""
         token_lists = [self._tokenize(p, chat) for p in prompts]
         for i, ids in enumerate(token_lists):
             if not ids:
@@ -155,6 +165,7 @@ class LLM:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens: with max_new_tokens={max_new_tokens} it needs "
                                  f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len} cache positions")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        stop = set() if ignore_eos else self.eos
         outputs = [GenerationOutput(list(ids)) for ids in token_lists]
         queue = deque(range(len(token_lists)))
         free = list(range(self.max_batch))
@@ -165,7 +176,7 @@ class LLM:
                 seq = _Running(index, free.pop(0), outputs[index], len(outputs[index].prompt_token_ids))
                 ids = torch.tensor([seq.output.prompt_token_ids])
                 logits = self.step(ids, torch.arange(seq.cached)[None], [seq.slot], [0])
-                self._append(seq, logits[0, -1], temperature, top_p, generator, max_new_tokens)
+                self._append(seq, logits[0, -1], temperature, top_p, generator, max_new_tokens, stop)
                 if seq.output.finish_reason:
                     free.insert(0, seq.slot)
                 else:
@@ -177,7 +188,7 @@ class LLM:
             logits = self.step(last, positions, [s.slot for s in running], [s.cached for s in running])
             for i, seq in enumerate(running):
                 seq.cached += 1
-                self._append(seq, logits[i, -1], temperature, top_p, generator, max_new_tokens)
+                self._append(seq, logits[i, -1], temperature, top_p, generator, max_new_tokens, stop)
             free += [s.slot for s in running if s.output.finish_reason]
             running = [s for s in running if not s.output.finish_reason]
         if self.tokenizer is not None:
@@ -186,10 +197,10 @@ class LLM:
         return outputs
 
     def _append(self, seq: _Running, logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None, max_new_tokens: int) -> None:
+                generator: torch.Generator | None, max_new_tokens: int, stop: set[int]) -> None:
         token = sample(logits, temperature, top_p, generator)
         seq.output.token_ids.append(token)
-        if token in self.eos:
+        if token in stop:
             seq.output.finish_reason = "stop"
         elif len(seq.output.token_ids) >= max_new_tokens:
             seq.output.finish_reason = "length"
@@ -208,7 +219,9 @@ class LLM:
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
     """Greedy (argmax) at temperature 0; else from softmax(logits / temperature), keeping the
-    smallest set of most likely tokens whose probability reaches `top_p`."""
+    smallest set of most likely tokens whose probability reaches `top_p`. Runs on the CPU (the
+    generator is a CPU one; the token is read on the host anyway)."""
+    logits = logits.cpu()
     if temperature <= 0:
         return int(logits.argmax())
     probs = torch.softmax(logits.float() / temperature, dim=-1)

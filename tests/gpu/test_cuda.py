@@ -1,0 +1,70 @@
+"""The compiled graphs on a CUDA GPU, every kernel launched for real (the reference fallback
+refuses): the five families against eager on the same GPU, and generation against HF's own
+`generate`. Skipped without CUDA: CI has no GPU, so these run only where a GPU is lent (the
+README says when they last ran and where their results are).
+
+Tolerances are the CPU tests' (`tests/models/test_compile.py` says why): fp32 at torch.testing's
+defaults (the kernels only reorder sums, and cuBLAS keeps fp32 without TF32 by default), bf16
+within `low_precision_bound` of the fp32 model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ad_mlir
+from ad_mlir.models import FAMILIES, TinyConfig, build_model, example_input_ids, export_with_ids
+from ad_mlir.report import low_precision_bound
+from ad_mlir.runtime import kernels
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on CI)")
+
+PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
+
+
+@pytest.fixture
+def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("a region ran its reference semantics, not its kernel")
+
+    monkeypatch.setattr(kernels, "run_reference", refuse)
+
+
+def _cuda_model(family: str, dtype: str, layers: int = 1) -> torch.nn.Module:
+    return build_model(TinyConfig(family=family, layers=layers, dtype=dtype)).cuda()
+
+
+@pytest.mark.usefixtures("no_reference_fallback")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_compiled_kernels_match_eager_on_cuda(family: str, dtype: str) -> None:
+    cfg = TinyConfig(family=family, layers=1, dtype=dtype)
+    model, truth = _cuda_model(family, dtype), _cuda_model(family, "float32")
+    gm = ad_mlir.compile(export_with_ids(model, example_input_ids(cfg, 8).cuda()))
+    launched = [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("ad_mlir.")]
+    assert len(launched) >= 4, launched
+    for seq in (7, 33, 200):  # below, across and above one attention tile
+        ids = example_input_ids(cfg, seq, seed=seq).cuda()
+        with torch.no_grad():
+            expected, got, exact = model(input_ids=ids).logits, gm(ids)[0], truth(input_ids=ids).logits
+        assert got.device == expected.device and got.dtype == expected.dtype
+        if dtype == "float32":
+            torch.testing.assert_close(got, expected)
+        else:
+            error, bound = (got.float() - exact).abs().max().item(), low_precision_bound(expected, exact)
+            assert error <= bound, f"seq {seq}: bf16 error {error:.3g} against the fp32 model, bound {bound:.3g}"
+
+
+@pytest.mark.usefixtures("no_reference_fallback")
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma"])
+def test_generation_on_cuda_matches_hf(family: str) -> None:
+    """A ragged batch of three prompts in two slots, greedy, fp32: the same tokens as HF's
+    `generate` of each prompt alone on the same GPU."""
+    model = _cuda_model(family, "float32", layers=2)
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=64)
+    assert all(c.is_cuda for c in llm.caches.values())
+    outputs = llm.generate(PROMPTS, max_new_tokens=16)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, do_sample=False)
+        assert out.token_ids == hf[0, len(prompt):].tolist()
