@@ -62,11 +62,19 @@ def _codegen_fingerprint() -> str:
     """Changes whenever the code that writes kernels changes (so old entries are not reused)."""
     import triton
 
-    from ad_mlir.codegen import attention_kernel, blocks, launch, lowering, rope_kernel, writer
+    from ad_mlir.codegen import (
+        attention_kernel,
+        blocks,
+        cached_attention_kernel,
+        launch,
+        lowering,
+        rope_kernel,
+        writer,
+    )
     from ad_mlir.dialects import decompositions
 
     h = hashlib.sha256(triton.__version__.encode())
-    for module in (region_kernel, attention_kernel, rope_kernel, lowering, blocks, launch, writer, decompositions):
+    for module in (region_kernel, attention_kernel, cached_attention_kernel, rope_kernel, lowering, blocks, launch, writer, decompositions):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 

@@ -1,6 +1,7 @@
 """What codegen emits for a kernel: the `ad.fused` region of an op, with kernel ops expanded.
 
-A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`) on its own. Either way
+A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or `ad.cached_attention`,
+which is not pure: it writes its caches) on its own. Either way
 codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
 kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the
 generic region kernel sees elementwise and row-reduction ops only. Attention and RoPE ops have
@@ -19,11 +20,15 @@ from xdsl.ir import Attribute, Block, Operation, Region
 from xdsl.rewriter import Rewriter
 
 from ad_mlir.dialects import ad
-from ad_mlir.dialects.decompositions import DECOMPOSITIONS
+from ad_mlir.dialects.decompositions import DECOMPOSITIONS, NoKernelForm
 from ad_mlir.dialects.weights import weight_only_values
 
 if TYPE_CHECKING:
     from ad_mlir.codegen.attention_kernel import AttentionSpec
+    from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
+
+KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp)
+"""Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ def kernel_ops(module: ModuleOp) -> list[Operation]:
             once = weight_only_values(fn)
             ops += [
                 op for op in fn.body.block.ops
-                if isinstance(op, ad.FusedOp | ad.KernelOp) and not any(r in once for r in op.results)
+                if isinstance(op, (ad.FusedOp, *KERNEL_OPS)) and not any(r in once for r in op.results)
             ]
     return ops
 
@@ -56,10 +61,22 @@ def kernel_outputs(op: Operation) -> tuple:
     return tuple(op.outputs) if isinstance(op, ad.FusedOp) else tuple(op.results)
 
 
-def kernel_region(op: ad.FusedOp | ad.KernelOp) -> KernelRegion:
+def written_inputs(op: Operation) -> frozenset[int]:
+    """The kernel inputs that the kernel of `op` writes in place."""
+    if isinstance(op, ad.CachedAttentionOp):
+        return frozenset(op.operands.index(cache) for cache in (op.k_cache, op.v_cache))
+    return frozenset()
+
+
+def kernel_region(op: Operation) -> KernelRegion:
     """Raises `NoKernelForm` for an op that has no kernel (it runs as its torch reference)."""
-    fused = _wrapped(op) if isinstance(op, ad.KernelOp) else _detached(op)
-    kernel_ops = [o for o in fused.body.block.ops if isinstance(o, ad.KernelOp)]
+    if isinstance(op, ad.CachedAttentionOp):
+        try:
+            cached_attention_spec(op)
+        except ValueError as e:  # e.g. a head_dim the template does not take
+            raise NoKernelForm(str(e)) from e
+    fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
+    kernel_ops = [o for o in fused.body.block.ops if isinstance(o, KERNEL_OPS)]
     label = "_".join(dict.fromkeys(o.name.removeprefix("ad.") for o in kernel_ops)) or None
     for inner in kernel_ops:
         if type(inner) in DECOMPOSITIONS:
@@ -68,25 +85,27 @@ def kernel_region(op: ad.FusedOp | ad.KernelOp) -> KernelRegion:
     return KernelRegion(fused, label)
 
 
-TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp)
+TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
-def template_op(region: ad.FusedOp) -> ad.RopeAttentionOp | ad.RopeOp | None:
+def template_op(region: ad.FusedOp) -> ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp | None:
     """The op of a region that is one templated kernel op alone, else None."""
     ops = [o for o in region.body.block.ops if not isinstance(o, ad.YieldOp)]
     return ops[0] if len(ops) == 1 and isinstance(ops[0], TEMPLATE_OPS) else None
 
 
 def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
-    """The kernel module of a lowered region: the attention or RoPE template for those ops,
-    the generic region kernel otherwise."""
-    from ad_mlir.codegen import attention_kernel, region_kernel, rope_kernel
+    """The kernel module of a lowered region: the attention, cached attention or RoPE template
+    for those ops, the generic region kernel otherwise."""
+    from ad_mlir.codegen import attention_kernel, cached_attention_kernel, region_kernel, rope_kernel
     from ad_mlir.frontends.op_table import torch_dtype
 
     op = template_op(region)
     if isinstance(op, ad.RopeAttentionOp):
         return attention_kernel.emit_attention_module(attention_spec(op), name, header)
+    if isinstance(op, ad.CachedAttentionOp):
+        return cached_attention_kernel.emit_cached_attention_module(cached_attention_spec(op), name, header)
     if isinstance(op, ad.RopeOp):
         head_dim = op.query.type.get_shape()[3]
         return rope_kernel.emit_rope_module(head_dim, torch_dtype(op.query.type), torch_dtype(op.key.type), name,
@@ -109,11 +128,25 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
     )
 
 
+def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
+    from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
+    from ad_mlir.frontends.op_table import torch_dtype
+
+    return CachedAttentionSpec(
+        head_dim=op.query.type.get_shape()[3],
+        dtype=torch_dtype(op.query.type),
+        scale=op.scale.value.data,
+        rope=op.cos is not None,
+        cos_dtype=torch_dtype(op.cos.type) if op.cos is not None else None,
+        window=op.window.value.data if op.window is not None else None,
+    )
+
+
 def _detached(op: ad.FusedOp) -> ad.FusedOp:
     return _region_op([v.type for v in op.inputs], [r.type for r in op.outputs], op.body.clone())
 
 
-def _wrapped(op: ad.KernelOp) -> ad.FusedOp:
+def _wrapped(op: Operation) -> ad.FusedOp:
     block = Block(arg_types=[v.type for v in op.operands])
     inner = op.clone(value_mapper=dict(zip(op.operands, block.args, strict=True)))
     block.add_ops([inner, ad.YieldOp(*inner.results)])

@@ -125,7 +125,7 @@ def example_inputs(kernel: RegionKernel, tokens: int) -> tuple[list[torch.Tensor
     types every float fp32, whatever its value)."""
     tensors, scalars = [], []
     for arg_type, kind in zip(kernel.arg_types, kernel.arg_kinds, strict=True):
-        if kind == "tensor":
+        if kind in ("tensor", "written"):
             shape = [tokens if d == DYNAMIC_INDEX else d for d in arg_type.get_shape()]
             tensors.append(torch.empty(shape, dtype=torch_dtype(arg_type), device="meta"))
         else:

@@ -2,7 +2,9 @@
 
 Every op has one schema, `(Tensor[] tensors, SymInt[] ints, float[] floats) -> Tensor[]`
 (the region's tensor inputs, then its int and float scalar inputs, each in block-argument
-order), so a region of any size fits one schema. With CUDA the op is a
+order), so a region of any size fits one schema. A kernel that writes some of its inputs in
+place (`ad.cached_attention`'s K/V caches) takes those apart, as `Tensor(a!)[] written` after
+`tensors`, so torch knows what it mutates. With CUDA the op is a
 `torch.library.triton_op` (graphs stay `torch.export`-able and `torch.compile` traces into
 the kernel); without CUDA it is an opaque `torch.library.custom_op`, because Inductor cannot
 trace a Triton kernel on a machine without a GPU driver. On CUDA tensors the Triton kernel
@@ -25,7 +27,7 @@ from xdsl.dialects.builtin import Float64Type, ModuleOp, TensorType
 from xdsl.ir import Attribute, Operation
 
 from ad_mlir.codegen.cache import CachedKernel, KernelCache
-from ad_mlir.codegen.lowering import kernel_ops, kernel_region
+from ad_mlir.codegen.lowering import kernel_ops, kernel_region, written_inputs
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.decompositions import NoKernelForm
 
@@ -43,11 +45,18 @@ class RegionKernel:
     """The region's body as torch calls (its reference semantics, the CPU path)."""
     arg_types: tuple[Attribute, ...]
     """The region's block argument types, in order."""
+    written: frozenset[int] = frozenset()
+    """Block arguments the kernel writes in place."""
 
     @property
     def arg_kinds(self) -> tuple[str, ...]:
-        """Per block argument: "tensor", "int" or "float"."""
-        return tuple(_arg_kind(t) for t in self.arg_types)
+        """Per block argument: "tensor", "written" (a tensor written in place), "int" or "float"."""
+        return tuple("written" if i in self.written else _arg_kind(t) for i, t in enumerate(self.arg_types))
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The op's arguments: lists of the block arguments of these kinds."""
+        return ("tensor", "written", "int", "float") if self.written else ("tensor", "int", "float")
 
     @property
     def name(self) -> str:
@@ -57,32 +66,37 @@ class RegionKernel:
     def op(self) -> torch._ops.OpOverload:
         return getattr(getattr(torch.ops, NAMESPACE), self.name).default
 
-    def split_inputs(self, values: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]]:
-        """Region inputs in block order -> the op's (tensors, ints, floats) arguments."""
-        groups: dict[str, list[Any]] = {"tensor": [], "int": [], "float": []}
+    def split_inputs(self, values: Sequence[Any]) -> tuple[list[Any], ...]:
+        """Region inputs in block order -> the op's arguments, one list per kind of `groups`."""
+        groups: dict[str, list[Any]] = {kind: [] for kind in self.groups}
         for kind, v in zip(self.arg_kinds, values, strict=True):
             groups[kind].append(v)
-        return groups["tensor"], groups["int"], groups["float"]
+        return tuple(groups.values())
 
-    def join_inputs(self, tensors: Iterable[Any], ints: Iterable[Any], floats: Iterable[Any]) -> list[Any]:
-        groups = {"tensor": iter(tensors), "int": iter(ints), "float": iter(floats)}
-        return [next(groups[kind]) for kind in self.arg_kinds]
+    def join_inputs(self, *groups: Iterable[Any]) -> list[Any]:
+        """The op's arguments -> region inputs in block order."""
+        kinds = {kind: iter(group) for kind, group in zip(self.groups, groups, strict=True)}
+        return [next(kinds[kind]) for kind in self.arg_kinds]
 
-    def scalars(self, ints: Iterable[Any], floats: Iterable[Any]) -> list[Any]:
-        """The scalar inputs in block order (the launcher's `scalars`)."""
-        groups = {"int": iter(ints), "float": iter(floats)}
-        return [next(groups[kind]) for kind in self.arg_kinds if kind != "tensor"]
+    def _launch_inputs(self, values: Sequence[Any]) -> tuple[list[torch.Tensor], list[Any]]:
+        """The launcher's `tensors` and `scalars`, each in block order."""
+        tensors = [v for kind, v in zip(self.arg_kinds, values, strict=True) if kind in ("tensor", "written")]
+        scalars = [v for kind, v in zip(self.arg_kinds, values, strict=True) if kind in ("int", "float")]
+        return tensors, scalars
 
-    def run(self, tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
+    def run(self, *groups: list[Any]) -> list[torch.Tensor]:
+        values = self.join_inputs(*groups)
+        tensors, scalars = self._launch_inputs(values)
         fn = self.cached.jit_function
         interpreted = type(fn).__name__ == "InterpretedFunction" and not _FORCE_REFERENCE
         if tensors[0].is_cuda or interpreted:
             if not interpreted and _USE_TRITON_OP:
                 fn = torch.library.wrap_triton(fn)
-            return self.cached.module.launch(fn, tensors, self.scalars(ints, floats))
-        return unaliased(run_reference(self.reference, self.join_inputs(tensors, ints, floats)), tensors)
+            return self.cached.module.launch(fn, tensors, scalars)
+        return unaliased(run_reference(self.reference, values), tensors)
 
-    def fake(self, tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
+    def fake(self, *groups: list[Any]) -> list[torch.Tensor]:
+        tensors, _ = self._launch_inputs(self.join_inputs(*groups))
         module = self.cached.module
         device = tensors[0].device
         return [
@@ -142,12 +156,17 @@ def _arg_kind(t: Any) -> str:
 
 
 def _define_op(kernel: RegionKernel) -> None:
-    def op(tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
-        return kernel.run(tensors, ints, floats)
+    if kernel.written:
+        def op(tensors: list[torch.Tensor], written: list[torch.Tensor], ints: list[int],
+               floats: list[float]) -> list[torch.Tensor]:
+            return kernel.run(tensors, written, ints, floats)
+    else:
+        def op(tensors: list[torch.Tensor], ints: list[int], floats: list[float]) -> list[torch.Tensor]:
+            return kernel.run(tensors, ints, floats)
 
     qualname = f"{NAMESPACE}::{kernel.name}"
     define = torch.library.triton_op if _USE_TRITON_OP else torch.library.custom_op
-    library_op = define(qualname, op, mutates_args=())
+    library_op = define(qualname, op, mutates_args=("written",) if kernel.written else ())
     library_op.register_fake(kernel.fake)
 
 
@@ -162,7 +181,7 @@ def region_kernel(op: ad.FusedOp | ad.KernelOp, cache: KernelCache) -> RegionKer
     from ad_mlir.frontends.fx_export import block_graph
 
     block = lowered.region.body.block
-    kernel = RegionKernel(cached, block_graph(block), tuple(a.type for a in block.args))
+    kernel = RegionKernel(cached, block_graph(block), tuple(a.type for a in block.args), written_inputs(op))
     _define_op(kernel)
     _REGISTERED[cached.name] = kernel
     return kernel

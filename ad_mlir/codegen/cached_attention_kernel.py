@@ -1,0 +1,411 @@
+"""Attention over a K/V cache, the cache written in place: a kernel template (`ad.cached_attention`).
+
+`emit_cached_attention_module` writes a kernel module with the interface of the region kernels
+(a `@triton.jit` function named as asked, `OUTPUT_DTYPES`, `output_shapes`, `launch`). The
+launch takes, in the op's operand order, `q [B, Hq, S, D]`, `k`, `v [B, Hkv, S, D]` (the new
+tokens; any strides), with RoPE `cos`, `sin [B or 1, S, D]`, then `k_cache`, `v_cache [slots,
+max_seq, Hkv, D]`, `slots`, `starts [B]` (int64, on the device: nothing is read on the host),
+writes the new keys (after RoPE) and values into rows `starts[b] ..` of slot `slots[b]` and
+returns `out [B, Hq, S, D]`, contiguous. Nothing copies a cache.
+
+One `@triton.jit` function, three phases (a constexpr), so that every launch goes through the
+one kernel object the runtime hands the launcher (wrapped for torch.compile on CUDA, the
+interpreter's on CPU, a recorder for the PTX report):
+
+- PREFILL (S > 1; also chunked prefill, start > 0): grid (B * Hq, cdiv(S, BLOCK_M)). A program
+  takes BLOCK_M new queries of one head, rotated in fp32 (RoPE at their positions), and runs the
+  online softmax first over the slot's cached keys [0, start) (already rotated when they were
+  written), then over the new keys [0, S) causally (new key j is seen by new query i when j <= i),
+  each K tile rotated after its load. The programs of a K/V head's first query head also write
+  their block's new keys and values into the cache: no program reads cache rows >= start, so
+  the writes race with no read.
+- DECODE (S == 1): split-K flash decoding. Grid (B * Hkv, splits): one program takes every query
+  head of one K/V head (GQA: the group's rows padded to 16, the smallest tl.dot) and one split of
+  `split_size` positions of [0, start]; position `start` is the new token, taken from the new
+  key/value (rotated) rather than from the cache, which split 0 writes. Each split stores its
+  running max, sum and unnormalized output in fp32; a split past the sequence stores an empty
+  (-inf, 0, 0) partial. The number of splits comes from the cache's max_seq (static: a decode
+  step keeps its shapes for a CUDA graph).
+- REDUCE: grid (B * Hq,): the splits' partials of one head merged (log-sum-exp weights).
+
+Scores are q.k * scale, soft-capped (`softcap * tanh(s / softcap)`, Gemma2) when asked, masked
+(cached length, causal offset, sliding `window`: key position > query position - window), then
+the online softmax runs in fp32 with exp2. Q, K and P are rounded to the input dtype for the dots
+(as FlashAttention does); RoPE, scores and softmax stay in fp32; the cache holds the rotated key
+rounded once to its dtype. Head dims are powers of two in 32..256: QK^T is two dots over the
+halves of the head dim (RoPE's halves), each at least 16 deep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from string import Template
+
+import torch
+
+from ad_mlir.codegen.attention_kernel import _ROPE_HELPER, _TL_DTYPE, AttentionBlocks, attention_blocks
+from ad_mlir.codegen.blocks import next_power_of_2
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
+PREFILL, DECODE, REDUCE = 0, 1, 2
+
+MAX_SPLITS = 32
+"""Decode splits a sequence into at most this many parts (more only for caches over 2048 x 32)."""
+MIN_SPLIT = 64
+"""Positions of a decode split at least (a few BLOCK_N tiles: a split's fixed cost amortized)."""
+
+
+@dataclass(frozen=True)
+class CachedAttentionSpec:
+    """What one cached-attention kernel is specialized for (everything but the runtime sizes)."""
+
+    head_dim: int
+    dtype: torch.dtype
+    """Of q, k, v, the caches and the output."""
+    scale: float
+    rope: bool
+    cos_dtype: torch.dtype | None = None
+    window: int | None = None
+    """Key positions within `window` of the query (inclusive of itself) only, when set."""
+    softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        d = self.head_dim
+        if d < MIN_HEAD_DIM or d > MAX_HEAD_DIM or d & (d - 1):
+            raise ValueError(f"cached attention kernel: head_dim {d} is not a power of two in "
+                             f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM} (QK^T runs as two dots over the halves)")
+        if self.dtype not in _TL_DTYPE or (self.rope and self.cos_dtype not in _TL_DTYPE):
+            raise ValueError(f"cached attention kernel: dtypes {self.dtype}, {self.cos_dtype} are not all of "
+                             f"{', '.join(map(str, _TL_DTYPE))}")
+        if not math.isfinite(self.scale) or (self.softcap is not None and not self.softcap > 0):
+            raise ValueError(f"cached attention kernel: scale {self.scale} / softcap {self.softcap} out of range")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"cached attention kernel: window {self.window} must be positive")
+
+
+def decode_splits(max_seq: int) -> tuple[int, int]:
+    """(splits, positions per split) of a decode step over a cache of `max_seq` positions."""
+    split = max(MIN_SPLIT, next_power_of_2(-(-max_seq // MAX_SPLITS)))
+    return -(-max_seq // split), split
+
+
+def decode_block_n(head_dim: int, dtype: torch.dtype) -> int:
+    """Keys per decode loop step: 64 x 64 K/V tiles in 16-bit fit 4 warps' registers with the
+    group's [16, head_dim] accumulator, fp32 tiles (dots on the FMA units, operands in registers,
+    see attention_kernel._BLOCKS) a quarter of that: measured for sm_90 without spills by
+    tests/unit/test_cached_attention_kernel.py."""
+    elements = 4096 if dtype != torch.float32 else 1024
+    return max(16, elements // head_dim)
+
+
+def prefill_blocks(head_dim: int, dtype: torch.dtype, seq_len: int) -> AttentionBlocks:
+    """The attention template's blocks (`attention_blocks`), with half the keys per step in
+    fp32: this kernel also holds the cache's K halves, and fp32 at head_dim 64 spilled."""
+    blocks = attention_blocks(head_dim, dtype, seq_len)
+    if dtype != torch.float32:
+        return blocks
+    return dataclasses.replace(blocks, block_n=max(16, blocks.block_n // 2))
+
+
+_HELPERS = '''\
+@triton.jit
+def _load_halves(x, x_rows, x_sd, row_mask, HALF: tl.constexpr):
+    """The two halves of a [rows, 2 * HALF] tile, in x's dtype (masked rows 0)."""
+    lo = tl.arange(0, HALF)[None, :]
+    m = row_mask[:, None]
+    return (tl.load(x + x_rows[:, None] + lo * x_sd, mask=m, other=0),
+            tl.load(x + x_rows[:, None] + (lo + HALF) * x_sd, mask=m, other=0))
+
+
+@triton.jit
+def _new_rows(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+              HALF: tl.constexpr, ROPE: tl.constexpr):
+    """Rows of a new query or key as the cache holds them: rotated (in fp32) when ROPE, rounded
+    to the element dtype."""
+    if ROPE:
+        lo, hi = _load_rotated(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF)
+    else:
+        lo, hi = _load_halves(x, x_rows, x_sd, row_mask, HALF)
+    return lo.to($elem), hi.to($elem)
+
+
+@triton.jit
+def _scores(q_lo, q_hi, k_lo, k_hi, visible, SOFTCAP: tl.constexpr):
+    """(q . k) (q already scaled), soft-capped when SOFTCAP > 0, in log2 units; -inf where not
+    visible."""
+    qk = tl.dot(q_lo, tl.trans(k_lo.to(DOT_DTYPE))$precision)
+    qk = tl.dot(q_hi, tl.trans(k_hi.to(DOT_DTYPE)), qk$precision)
+    if SOFTCAP > 0:
+        # tanh from exp2 (libdevice is not in the interpreter): sign(x) (1 - t) / (1 + t), t = e^(-2|x|)
+        x = qk / SOFTCAP
+        t = tl.exp2(tl.abs(x) * -2.885390081777927)  # -2 log2(e)
+        qk = SOFTCAP * tl.where(x < 0, t - 1.0, 1.0 - t) / (1.0 + t)
+    return tl.where(visible, qk * LOG2E, float("-inf"))
+
+
+@triton.jit
+def _softmax_step(qk, v_tile, m_i, l_i, acc):
+    """One step of the online softmax over a tile of scores and its values."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    # A row with no key seen yet has m_new = -inf: subtracting 0 keeps exp2(-inf - -inf) = NaN out.
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to($elem).to(DOT_DTYPE), v_tile.to(DOT_DTYPE), acc * alpha[:, None]$precision)
+    return m_new, l_i, acc
+'''
+
+_KERNEL = '''\
+@triton.jit
+def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_ml,
+        seq_len, n_heads, kv_group, n_splits, split_size,
+        q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
+        cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+        kc_s0, kc_s1, kc_s2, kc_s3, vc_s0, vc_s1, vc_s2, vc_s3,
+        PHASE: tl.constexpr, HEAD_DIM: tl.constexpr, ROPE: tl.constexpr, SCALE: tl.constexpr,
+        WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        SPLITS: tl.constexpr):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    dims = tl.arange(0, HEAD_DIM)
+    keys = tl.arange(0, BLOCK_N)
+    if PHASE == 2:
+        # REDUCE: one (batch, head); its splits' partials, merged.
+        bh = tl.program_id(0).to(tl.int64)
+        sp = tl.arange(0, SPLITS)
+        s_in = sp < n_splits
+        part = bh * n_splits + sp
+        m = tl.load(part_ml + part * 2, mask=s_in, other=float("-inf"))
+        l = tl.load(part_ml + part * 2 + 1, mask=s_in, other=0.0)
+        # Position `start` is in every sequence's range: some split is not empty, m_max is finite.
+        w = tl.exp2(m - tl.max(m, 0))
+        o = tl.load(part_o + part[:, None] * HEAD_DIM + dims[None, :], mask=s_in[:, None], other=0.0)
+        result = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
+        tl.store(out + bh * HEAD_DIM + dims, result.to($elem))
+    elif PHASE == 1:
+        # DECODE: every query head of one K/V head, one split of the positions [0, start].
+        n_kv = n_heads // kv_group
+        b = (tl.program_id(0) // n_kv).to(tl.int64)
+        kvh = (tl.program_id(0) % n_kv).to(tl.int64)
+        split = tl.program_id(1)
+        slot = tl.load(slots + b)
+        start = tl.load(starts + b)
+        rows = tl.arange(0, BLOCK_M)
+        r_in = rows < kv_group
+        heads = kvh * kv_group + rows
+        at_start = rows * 0  # every row reads the new token's cos/sin row
+        q_lo, q_hi = _new_rows(q + b * q_sb, heads * q_sh, q_sd, cos + b * cos_sb, at_start, cos_sd,
+                               sin + b * sin_sb, at_start, sin_sd, r_in, HALF, ROPE)
+        q_lo = (q_lo.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
+        q_hi = (q_hi.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
+        one = tl.arange(0, 1)
+        new_k_lo, new_k_hi = _new_rows(k + b * k_sb + kvh * k_sh, one, k_sd, cos + b * cos_sb, one, cos_sd,
+                                       sin + b * sin_sb, one, sin_sd, one == 0, HALF, ROPE)
+        new_v = tl.load(v + b * v_sb + kvh * v_sh + dims[None, :] * v_sd)
+        kc_head = k_cache + slot * kc_s0 + kvh * kc_s2
+        vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        lo = split * split_size
+        hi = tl.minimum(lo + split_size, start + 1)
+        if WINDOW > 0:
+            lo = tl.maximum(lo, start - WINDOW + 1)
+        for n0 in range(lo, hi, BLOCK_N):
+            n_pos = n0 + keys
+            n_in = n_pos < hi
+            cached = n_in & (n_pos < start)
+            k_lo, k_hi = _load_halves(kc_head, n_pos * kc_s1, kc_s3, cached, HALF)
+            v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3, mask=cached[:, None], other=0)
+            is_new = (n_pos == start)[:, None]
+            k_lo = tl.where(is_new, new_k_lo, k_lo)
+            k_hi = tl.where(is_new, new_k_hi, k_hi)
+            v_tile = tl.where(is_new, new_v, v_tile)
+            qk = _scores(q_lo, q_hi, k_lo, k_hi, n_in[None, :], SOFTCAP)
+            m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
+        part = (b * n_heads + heads) * n_splits + split
+        tl.store(part_o + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=r_in[:, None])
+        tl.store(part_ml + part * 2, m_i, mask=r_in)
+        tl.store(part_ml + part * 2 + 1, l_i, mask=r_in)
+        if split == 0:
+            half = tl.arange(0, HALF)[None, :]
+            tl.store(kc_head + start * kc_s1 + half * kc_s3, new_k_lo)
+            tl.store(kc_head + start * kc_s1 + (half + HALF) * kc_s3, new_k_hi)
+            tl.store(vc_head + start * vc_s1 + dims[None, :] * vc_s3, new_v)
+    else:
+        # PREFILL: BLOCK_M new queries of one head; the cached keys, then the new ones.
+        bh = tl.program_id(0)
+        b = (bh // n_heads).to(tl.int64)
+        h = (bh % n_heads).to(tl.int64)
+        kvh = h // kv_group
+        # The last query blocks see the most keys: they start first, the short ones fill the tail.
+        start_m = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+        slot = tl.load(slots + b)
+        start = tl.load(starts + b)
+        rows = tl.arange(0, BLOCK_M)
+        m_pos = start_m + rows
+        m_in = m_pos < seq_len
+        q_lo, q_hi = _new_rows(q + b * q_sb + h * q_sh, m_pos * q_ss, q_sd, cos + b * cos_sb, m_pos * cos_ss, cos_sd,
+                               sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in, HALF, ROPE)
+        q_lo = (q_lo.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
+        q_hi = (q_hi.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
+        kc_head = k_cache + slot * kc_s0 + kvh * kc_s2
+        vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
+        k_new = k + b * k_sb + kvh * k_sh
+        v_new = v + b * v_sb + kvh * v_sh
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        lo = start * 0
+        if WINDOW > 0:
+            lo = tl.maximum(lo, start + start_m - WINDOW + 1)
+        for n0 in range(lo, start, BLOCK_N):
+            n_pos = n0 + keys
+            n_in = n_pos < start
+            k_lo, k_hi = _load_halves(kc_head, n_pos * kc_s1, kc_s3, n_in, HALF)
+            v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3, mask=n_in[:, None], other=0)
+            visible = n_in[None, :]
+            if WINDOW > 0:
+                visible = visible & (n_pos[None, :] > start + m_pos[:, None] - WINDOW)
+            qk = _scores(q_lo, q_hi, k_lo, k_hi, visible, SOFTCAP)
+            m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
+        lo = 0
+        if WINDOW > 0:
+            lo = tl.maximum(lo, start_m - WINDOW + 1)
+        # New keys past this block's last query are masked for every row: not visited.
+        for n0 in range(lo, tl.minimum(seq_len, start_m + BLOCK_M), BLOCK_N):
+            n_pos = n0 + keys
+            n_in = n_pos < seq_len
+            k_lo, k_hi = _new_rows(k_new, n_pos * k_ss, k_sd, cos + b * cos_sb, n_pos * cos_ss, cos_sd,
+                                   sin + b * sin_sb, n_pos * sin_ss, sin_sd, n_in, HALF, ROPE)
+            v_tile = tl.load(v_new + n_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=n_in[:, None], other=0)
+            visible = n_in[None, :] & (n_pos[None, :] <= m_pos[:, None])
+            if WINDOW > 0:
+                visible = visible & (n_pos[None, :] > m_pos[:, None] - WINDOW)
+            qk = _scores(q_lo, q_hi, k_lo, k_hi, visible, SOFTCAP)
+            m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
+        # Every query sees its own key: l_i > 0 on every row in range.
+        out_tile = acc / tl.where(m_in, l_i, 1.0)[:, None]
+        out_rows = (bh.to(tl.int64) * seq_len + m_pos) * HEAD_DIM
+        tl.store(out + out_rows[:, None] + dims[None, :], out_tile.to($elem), mask=m_in[:, None])
+        if h % kv_group == 0:
+            k_lo, k_hi = _new_rows(k_new, m_pos * k_ss, k_sd, cos + b * cos_sb, m_pos * cos_ss, cos_sd,
+                                   sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in, HALF, ROPE)
+            half = tl.arange(0, HALF)[None, :]
+            cache_rows = (start + m_pos)[:, None] * kc_s1
+            tl.store(kc_head + cache_rows + half * kc_s3, k_lo, mask=m_in[:, None])
+            tl.store(kc_head + cache_rows + (half + HALF) * kc_s3, k_hi, mask=m_in[:, None])
+            v_rows = tl.load(v_new + m_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=m_in[:, None], other=0)
+            tl.store(vc_head + (start + m_pos)[:, None] * vc_s1 + dims[None, :] * vc_s3, v_rows, mask=m_in[:, None])
+'''
+
+_LAUNCHER = '''\
+OUTPUT_DTYPES = ($dtype, )
+SPEC = dict(HEAD_DIM=$head_dim, ROPE=$rope, SCALE=$scale, WINDOW=$window, SOFTCAP=$softcap)
+
+
+def output_shapes(tensors):
+    return [tuple(tensors[0].shape)]
+
+
+def _stride(t, dim):
+    """A size-1 dim is read with stride 0: it broadcasts (cos/sin of batch 1)."""
+    return 0 if t.shape[dim] == 1 else t.stride(dim)
+
+
+def _check(q, k, k_cache, v_cache, slots, starts):
+    batch, n_heads, _, head_dim = q.shape
+    expected = (k.shape[1], $head_dim)
+    if head_dim != $head_dim or n_heads % k.shape[1] != 0:
+        raise ValueError(f"cached attention kernel for head_dim $head_dim: q {tuple(q.shape)} and k "
+                         f"{tuple(k.shape)} do not fit (the q heads must be a multiple of the kv heads)")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dtype != $dtype or cache.dim() != 4 or tuple(cache.shape[2:]) != expected:
+            raise ValueError(f"cached attention: {name} is {cache.dtype} {tuple(cache.shape)}, expected $dtype "
+                             f"[slots, max_seq, {expected[0]}, {expected[1]}]")
+    if tuple(slots.shape) != (batch,) or tuple(starts.shape) != (batch,):
+        raise ValueError(f"cached attention: slots {tuple(slots.shape)} and starts {tuple(starts.shape)} must "
+                         f"be [{batch}], one per batch row")
+
+
+def launch(kernel, tensors, scalars):
+    $unpack = tensors
+    _check(q, k, k_cache, v_cache, slots, starts)
+    batch, n_heads, seq_len, head_dim = q.shape
+    kv_group = n_heads // k.shape[1]
+    out = torch.empty((batch, n_heads, seq_len, head_dim), dtype=$dtype, device=q.device)
+    if out.numel() == 0:
+        return [out]
+    strides = [_stride(t, d) for t, n in ((q, 4), (k, 4), (v, 4), (cos, 3), (sin, 3), (k_cache, 4), (v_cache, 4))
+               for d in range(n)]
+    common = (q, k, v, cos, sin, k_cache, v_cache, slots, starts, out)
+    if seq_len > 1:
+        blocks = prefill_blocks($head_dim, $dtype, seq_len)
+        kernel[(batch * n_heads, triton.cdiv(seq_len, blocks.block_m))](
+            *common, out, out, seq_len, n_heads, kv_group, 1, 1, *strides, PHASE=$PREFILL, **SPEC,
+            BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, SPLITS=1, num_warps=blocks.num_warps,
+            num_stages=blocks.num_stages, enable_fp_fusion=True)
+        return [out]
+    n_splits, split_size = decode_splits(k_cache.shape[1])
+    part_o = torch.empty((batch, n_heads, n_splits, head_dim), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((batch, n_heads, n_splits, 2), dtype=torch.float32, device=q.device)
+    sizes = (seq_len, n_heads, kv_group, n_splits, split_size)
+    kernel[(batch * k.shape[1], n_splits)](
+        *common, part_o, part_ml, *sizes, *strides, PHASE=$DECODE, **SPEC, BLOCK_M=max(16, triton.next_power_of_2(kv_group)),
+        BLOCK_N=$block_n, SPLITS=1, num_warps=4, num_stages=2, enable_fp_fusion=True)
+    kernel[(batch * n_heads,)](
+        *common, part_o, part_ml, *sizes, *strides, PHASE=$REDUCE, **SPEC, BLOCK_M=16, BLOCK_N=16,
+        SPLITS=triton.next_power_of_2(n_splits), num_warps=4, num_stages=1, enable_fp_fusion=True)
+    return [out]
+'''
+
+
+def _dot_dtype_line(dtype: torch.dtype) -> str:
+    if dtype != torch.bfloat16:
+        return f"DOT_DTYPE = tl.constexpr({_TL_DTYPE[dtype]})"
+    # The interpreter multiplies bf16 tiles as their raw bits (see attention_kernel.dot_dtype_line).
+    return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
+
+
+def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: str) -> str:
+    """The whole kernel file: imports, the helpers, the `@triton.jit` kernel and its launcher.
+    `header` goes first (the cache's key and provenance comment)."""
+    fields = {
+        "name": name,
+        "elem": _TL_DTYPE[spec.dtype],
+        "precision": ', input_precision="ieee"' if spec.dtype == torch.float32 else "",
+        "dtype": str(spec.dtype),
+        "head_dim": spec.head_dim,
+        "rope": spec.rope,
+        "scale": repr(spec.scale),
+        "window": spec.window or 0,
+        "softcap": repr(float(spec.softcap or 0.0)),
+        "block_n": decode_block_n(spec.head_dim, spec.dtype),
+        "unpack": "q, k, v, cos, sin, k_cache, v_cache, slots, starts" if spec.rope
+                  else "q, k, v, k_cache, v_cache, slots, starts",
+        "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
+    }
+    launcher = _LAUNCHER if spec.rope else _LAUNCHER.replace("    _check(", "    cos = sin = q  # unread\n    _check(")
+    parts = [
+        header,
+        "import torch",
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "from ad_mlir.codegen.cached_attention_kernel import decode_splits, prefill_blocks",
+        "",
+        _dot_dtype_line(spec.dtype),
+        f"LOG2E = tl.constexpr({1 / math.log(2)!r})",
+        "",
+        "",
+        _ROPE_HELPER,
+        "",
+        Template(_HELPERS).substitute(fields),
+        "",
+        Template(_KERNEL).substitute(fields),
+        "",
+        Template(launcher).substitute(fields),
+    ]
+    return "\n".join(parts)

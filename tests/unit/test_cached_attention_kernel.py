@@ -1,0 +1,316 @@
+"""The cached-attention kernel template (prefill / chunked prefill, split-K decode, the cache
+written in place) against eager torch, in the Triton interpreter on CPU (conftest sets
+TRITON_INTERPRET=1 where CUDA is absent) or on the GPU; and its PTX for sm_90 at Llama-3-8B
+sizes, compiled without a GPU: no spills, shared memory within an H100's.
+
+The expectation is written here from torch ops, independently of the kernel and of the op's
+reference (`torch_ops.cached_attention`, also checked against it): each row's new query and key
+rotated as HF's `apply_rotary_pos_emb` does, the key/value sequence = what the slot held before
++ the new tokens, and SDPA (or, soft-capped, the scores computed explicitly as Gemma2 does) with
+the causal-with-offset (and sliding window) mask. q/k/v are views of a projection's [B, S, H * D]
+output, as HF makes them; caches are filled with random values (stale tokens of an earlier
+sequence), so a kernel reading past `start` would be seen."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ad_mlir.codegen.cached_attention_kernel import (
+    DECODE,
+    PREFILL,
+    REDUCE,
+    CachedAttentionSpec,
+    decode_splits,
+    emit_cached_attention_module,
+)
+from ad_mlir.codegen.ptx import _compile_in_child, _Recorder, specialize_launch
+from ad_mlir.frontends import torch_ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# |kernel - eager| <= k eps (1 + |eager|) (eps: bf16 2^-7, fp32 2^-23), as in
+# test_attention_kernel.py and for the same reasons: fp32 differs by summation order, exp2 and
+# FMA contraction (measured k <= 4 here); bf16 eager rounds RoPE after each op and SDPA's math
+# backend scales q and k in bf16, while the kernel rounds Q, K and P once for the dots (measured
+# k = 2: 0.0156 at |out| < 1). The soft cap's tanh from exp2 adds a few fp32 ulps.
+TOLERANCE = {torch.float32: 16 * 2.0**-23, torch.bfloat16: 3 * 2.0**-7}
+CACHE_TOLERANCE = {torch.float32: 0.0, torch.bfloat16: 2.0**-7}
+"""The rotated key the kernel writes: fp32 RoPE computes it as eager does (exact); in bf16 the
+kernel rounds once from fp32 where eager rounds after each op (1 ulp of values below 2)."""
+
+H100_SHARED_MEMORY = 227 * 1024
+
+
+def _import(spec: CachedAttentionSpec, directory: Path) -> ModuleType:
+    name = "cached_attn_" + hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    path = directory / f"{name}.py"
+    path.write_text(emit_cached_attention_module(spec, name, f"# test kernel for {spec}\n"))
+    module_spec = importlib.util.spec_from_file_location(f"test_cached_attention_kernels.{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    module.kernel_name = name
+    return module
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttentionSpec], ModuleType]:
+    directory = tmp_path_factory.mktemp("cached_attention_kernels")
+    modules: dict[CachedAttentionSpec, ModuleType] = {}
+
+    def build_(spec: CachedAttentionSpec) -> ModuleType:
+        if spec not in modules:
+            modules[spec] = _import(spec, directory)
+        return modules[spec]
+
+    return build_
+
+
+def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
+          softcap: float | None = None) -> CachedAttentionSpec:
+    return CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, rope, dtype if rope else None, window, softcap)
+
+
+class Case:
+    """Inputs of one call: new tokens of `len(starts)` rows, row b in slot `slots[b]` whose cache
+    holds `starts[b]` tokens already."""
+
+    def __init__(self, starts: list[int], seq: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 max_seq: int, rope: bool = True, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        batch = len(starts)
+
+        def heads_view(h: int) -> torch.Tensor:
+            flat = torch.randn(batch, seq, h * head_dim, generator=g).to(dtype)
+            return flat.view(batch, seq, h, head_dim).transpose(1, 2).to(DEVICE)
+
+        self.q, self.k, self.v = heads_view(heads), heads_view(kv_heads), heads_view(kv_heads)
+        self.starts = torch.tensor(starts, device=DEVICE)
+        self.slots = torch.arange(batch, device=DEVICE).flip(0) + 1  # not the row order; slot 0 unused
+        positions = self.starts[:, None] + torch.arange(seq, device=DEVICE)[None]
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=DEVICE) / head_dim))
+        angles = positions[..., None].float() * inv_freq
+        emb = torch.cat([angles, angles], -1)
+        self.tables = [emb.cos().to(dtype), emb.sin().to(dtype)] if rope else []
+        shape = (batch + 1, max_seq, kv_heads, head_dim)
+        self.k_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+        self.v_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.q, self.k, self.v, *self.tables, self.k_cache, self.v_cache, self.slots, self.starts]
+
+
+def _rotate(x: torch.Tensor, tables: list[torch.Tensor]) -> torch.Tensor:
+    if not tables:
+        return x
+    cos, sin = (t.unsqueeze(1) for t in tables)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def _expected(case: Case, scale: float, window: int | None = None,
+              softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, k_cache, v_cache) as eager torch computes them, on copies of the caches."""
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+    q, k = _rotate(case.q, case.tables), _rotate(case.k, case.tables)
+    seq, group = q.shape[2], q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    for b, (slot, start) in enumerate(zip(case.slots.tolist(), case.starts.tolist(), strict=True)):
+        keys = torch.cat([k_cache[slot, :start].transpose(0, 1), k[b]], 1).repeat_interleave(group, 0)
+        values = torch.cat([v_cache[slot, :start].transpose(0, 1), case.v[b]], 1).repeat_interleave(group, 0)
+        k_cache[slot, start:start + seq] = k[b].transpose(0, 1)
+        v_cache[slot, start:start + seq] = case.v[b].transpose(0, 1)
+        query_pos = torch.arange(start, start + seq, device=DEVICE)[:, None]
+        key_pos = torch.arange(start + seq, device=DEVICE)[None, :]
+        allowed = key_pos <= query_pos
+        if window is not None:
+            allowed &= key_pos > query_pos - window
+        if softcap is None:
+            out[b] = F.scaled_dot_product_attention(q[b], keys, values, attn_mask=allowed, scale=scale)
+        else:
+            scores = torch.tanh(q[b].float() @ keys.float().transpose(1, 2) * scale / softcap) * softcap
+            probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+            out[b] = (probs.to(q.dtype) @ values).to(q.dtype)
+    return out, k_cache, v_cache
+
+
+def _assert_close(got: torch.Tensor, expected: torch.Tensor, eps: float) -> None:
+    """Within eps (1 + |expected|); NaN where expected is NaN (stale cache rows left as they were)."""
+    torch.testing.assert_close(got, expected, atol=eps, rtol=eps, equal_nan=True)
+
+
+def _check(module: ModuleType, case: Case, spec: CachedAttentionSpec) -> torch.Tensor:
+    """Run the kernel on `case` (its caches written in place) and compare all three results."""
+    expected, k_cache, v_cache = _expected(case, spec.scale, spec.window, spec.softcap)
+    cache_ptr = case.k_cache.data_ptr()
+    out, = module.launch(getattr(module, module.kernel_name), case.tensors(), [])
+    assert case.k_cache.data_ptr() == cache_ptr  # written in place, never reallocated
+    _assert_close(out, expected, TOLERANCE[spec.dtype])
+    _assert_close(case.k_cache, k_cache, CACHE_TOLERANCE[spec.dtype])
+    _assert_close(case.v_cache, v_cache, 0.0)
+    return out
+
+
+# ------------------------------------------------------------------------ prefill
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (8, 2)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill_and_chunked_prefill(build, head_dim: int, heads: int, kv_heads: int) -> None:  # noqa: ANN001
+    """Rows of one call at start 0 (a prompt) and start > 0 (a chunk after a cached prefix, and
+    one past a 16-key tile edge), 19 new tokens each (two query blocks of 16 at fp32 sizes)."""
+    spec = _spec(head_dim)
+    _check(build(spec), Case([0, 5, 37], 19, heads, kv_heads, head_dim, spec.dtype, max_seq=64), spec)
+
+
+def test_prefill_in_bf16(build) -> None:  # noqa: ANN001
+    spec = _spec(64, torch.bfloat16)
+    _check(build(spec), Case([0, 21], 33, 6, 2, 64, torch.bfloat16, max_seq=64), spec)
+
+
+def test_without_rope(build) -> None:  # noqa: ANN001
+    """Plain SDPA attention cached: q and k taken as they are."""
+    spec = _spec(64, rope=False)
+    _check(build(spec), Case([0, 9], 7, 4, 2, 64, spec.dtype, max_seq=32, rope=False), spec)
+    decode = Case([0, 30], 1, 4, 2, 64, spec.dtype, max_seq=32, rope=False)
+    _check(build(spec), decode, spec)
+
+
+@pytest.mark.parametrize("seq", [1, 12])
+def test_sliding_window(build, seq: int) -> None:  # noqa: ANN001
+    """Window 5: keys more than 4 positions back are not seen, in the cache and among the new
+    tokens; rows whose start is below, at and past the window."""
+    spec = _spec(64, window=5)
+    _check(build(spec), Case([0, 3, 5, 70], seq, 4, 2, 64, spec.dtype, max_seq=96), spec)
+
+
+@pytest.mark.parametrize("seq", [1, 9])
+def test_soft_capped_scores(build, seq: int) -> None:  # noqa: ANN001
+    """Gemma2's `softcap * tanh(s / softcap)`; a cap of 2 bends the scores of random inputs hard."""
+    spec = _spec(64, softcap=2.0)
+    _check(build(spec), Case([0, 40], seq, 4, 2, 64, spec.dtype, max_seq=64), spec)
+
+
+# ------------------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (6, 2), (8, 2)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_across_split_boundaries(build, head_dim: int, heads: int, kv_heads: int) -> None:  # noqa: ANN001
+    """One new token per row at cached lengths 1, 63, 64, 65 and 1000: splits of 64 positions
+    (a cache of 1024), so the new token falls at the end of a split, at the start of the next
+    one, and deep in the 16th; every GQA group in one tile."""
+    assert decode_splits(1024) == (16, 64)
+    spec = _spec(head_dim)
+    _check(build(spec), Case([1, 63, 64, 65, 1000], 1, heads, kv_heads, head_dim, spec.dtype, max_seq=1024), spec)
+
+
+def test_decode_in_bf16_with_a_long_cache(build) -> None:  # noqa: ANN001
+    """A cache over 2048 positions takes splits of 128 (32 at most): 3000 positions, 24 splits."""
+    assert decode_splits(3000) == (24, 128)
+    spec = _spec(64, torch.bfloat16)
+    _check(build(spec), Case([0, 127, 128, 2999], 1, 4, 1, 64, torch.bfloat16, max_seq=3000), spec)
+
+
+def test_matches_the_ops_reference(build) -> None:  # noqa: ANN001
+    """The kernel computes what `ad.cached_attention` means (its torch reference op)."""
+    spec = _spec(64, window=8)
+    for seq, starts in ((6, [0, 4]), (1, [10, 3])):
+        case = Case(starts, seq, 4, 2, 64, spec.dtype, max_seq=32, seed=seq)
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        expected = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots,
+                                              case.starts, spec.scale, spec.window)
+        out = _check(build(spec), case, spec)
+        _assert_close(out, expected, TOLERANCE[spec.dtype])
+        torch.testing.assert_close(case.k_cache, k_cache, atol=0, rtol=0)
+
+
+def test_a_reused_slot_reads_nothing_past_its_start(build) -> None:  # noqa: ANN001
+    """Stale positions of an earlier sequence (NaN here) are never read, in either phase."""
+    spec = _spec(64)
+    for seq, starts in ((5, [0, 3]), (1, [0, 7])):
+        case = Case(starts, seq, 4, 2, 64, spec.dtype, max_seq=32)
+        for slot, start in zip(case.slots.tolist(), starts, strict=True):
+            case.k_cache[slot, start:] = float("nan")
+            case.v_cache[slot, start:] = float("nan")
+        out = _check(build(spec), case, spec)
+        assert not out.isnan().any()
+
+
+def test_other_slots_and_positions_are_untouched(build) -> None:  # noqa: ANN001
+    """Only rows start .. start + seq - 1 of the used slots change."""
+    spec = _spec(64)
+    case = Case([4, 0], 3, 4, 2, 64, spec.dtype, max_seq=16)
+    before = case.k_cache.clone()
+    module = build(spec)
+    module.launch(getattr(module, module.kernel_name), case.tensors(), [])
+    changed = (case.k_cache != before).any(dim=(2, 3))
+    expected = torch.zeros_like(changed)
+    expected[2, 4:7] = True  # row 0: slot 2, start 4
+    expected[1, 0:3] = True  # row 1: slot 1, start 0
+    assert torch.equal(changed, expected)
+
+
+# ------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(("cache", "message"), [
+    (lambda c: c.to(torch.bfloat16), r"k_cache is torch.bfloat16 .* expected torch.float32"),
+    (lambda c: c[:, :, :1], r"k_cache is torch.float32 \(3, 16, 1, 64\), expected .*\[slots, max_seq, 2, 64\]"),
+])
+def test_a_cache_of_the_wrong_dtype_or_shape_is_refused(build, cache: Callable, message: str) -> None:  # noqa: ANN001
+    spec = _spec(64)
+    case = Case([0, 0], 2, 4, 2, 64, spec.dtype, max_seq=16)
+    case.k_cache = cache(case.k_cache)
+    module = build(spec)
+    with pytest.raises(ValueError, match=message):
+        module.launch(getattr(module, module.kernel_name), case.tensors(), [])
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"head_dim": 16}, "head_dim 16 is not a power of two in 32..256"),
+    ({"head_dim": 96}, "head_dim 96 is not a power of two"),
+    ({"window": 0}, "window 0 must be positive"),
+    ({"softcap": -1.0}, "softcap -1.0 out of range"),
+])
+def test_spec_rejects_what_the_kernel_cannot_do(fields: dict, message: str) -> None:
+    args = {"head_dim": 64, "dtype": torch.float32, "scale": 0.125, "rope": True, "cos_dtype": torch.float32} | fields
+    with pytest.raises(ValueError, match=message):
+        CachedAttentionSpec(**args)
+
+
+# ---------------------------------------------------------------------------- PTX
+
+
+def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Head dim 128, 32 query / 8 K/V heads, a cache of 16 slots x 8192 positions: a 1024-token
+    prefill (one launch) and a decode step of 8 sequences (split kernel + reduce), compiled for
+    sm_90 as the runtime specializes them."""
+    module = build(_spec(128, dtype))
+    launches = []
+    for batch, seq in ((1, 1024), (8, 1)):
+        tensors = [_meta(batch, 32, seq, 128, dtype=dtype), *[_meta(batch, 8, seq, 128, dtype=dtype)] * 2,
+                   *[_meta(batch, seq, 128, dtype=dtype)] * 2, *[_meta(16, 8192, 8, 128, dtype=dtype)] * 2,
+                   *[_meta(batch, dtype=torch.int64)] * 2]
+        recorder = _Recorder()
+        module.launch(recorder, tensors, [])
+        launches += recorder.launches
+    fn = getattr(module, module.kernel_name)
+    specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
+    assert [s.constexprs["PHASE"] for s in specs] == [PREFILL, DECODE, REDUCE]
+    assert [s.grid for s in specs] == [(32, 1024 // specs[0].constexprs["BLOCK_M"]), (64, 32), (256,)]
+    for spec, report in zip(specs, _compile_in_child(specs), strict=True):
+        assert report.spills == 0, (spec.constexprs["PHASE"], report)
+        assert report.shared_memory <= H100_SHARED_MEMORY, (spec.constexprs["PHASE"], report)
