@@ -5,6 +5,7 @@
     python -m ad_mlir.generate --model path/to/model.gguf --prompt "..." --max-new-tokens 64
     python -m ad_mlir.generate --model llama --prompt-ids 5 9 13  # a tiny built-in family (random weights)
     python -m ad_mlir.generate --benchmark                        # also HF eager generate, same prompt
+    python -m ad_mlir.generate --kv-cache-budget 100000000         # caches sized to 100 MB (CUDA: or 0.9)
 
 Without CUDA the kernels run as their torch reference (`--interpret`: in the Triton interpreter,
 slow: minutes for SmolLM2). The answer is greedy unless `--temperature` is above 0.
@@ -40,7 +41,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-batch", type=int, default=4, help="cache slots (sequences in flight)")
-    p.add_argument("--max-seq-len", type=int, default=512, help="tokens a cache slot holds")
+    p.add_argument("--max-seq-len", type=int, default=None, help="tokens a cache slot holds (default 512; with "
+                   "--kv-cache-budget the most a slot may hold, default the model's max_position_embeddings)")
+    p.add_argument("--kv-cache-budget", type=_budget, default=None, metavar="BYTES|FRACTION",
+                   help="size the caches from a memory budget instead: bytes (an integer), or on CUDA a fraction in "
+                   "(0, 1] of the device memory free after one forward pass; --max-batch slots share it")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, run decode steps without CUDA graphs")
     p.add_argument("--pipeline", default="default")
     p.add_argument("--interpret", action="store_true", help="without CUDA, run the kernels in the Triton "
                    "interpreter instead of their torch reference")
@@ -48,6 +54,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    "same prompts")
     p.add_argument("-v", "--verbose", action="store_true", help="log the compilation")
     return p.parse_args(argv)
+
+
+def _budget(text: str) -> int | float:
+    """Bytes when `text` is an integer, else a fraction (checked by `LLM`)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is neither bytes (an integer) nor a fraction") from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -59,11 +76,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     start = time.perf_counter()
     try:
-        llm = LLM(args.model, max_batch=args.max_batch, max_seq_len=args.max_seq_len, pipeline=args.pipeline)
+        llm = LLM(args.model, max_batch=args.max_batch, max_seq_len=args.max_seq_len, pipeline=args.pipeline,
+                  kv_cache_budget=args.kv_cache_budget, cuda_graphs=False if args.no_cuda_graphs else None)
     except ValueError as e:
         sys.exit(f"error: {e}")
     print(f"{args.model}: loaded and compiled in {time.perf_counter() - start:.1f} s "
-          f"(compile {llm.compile_seconds:.1f} s)", file=sys.stderr)
+          f"(compile {llm.compile_seconds:.1f} s); the caches hold {llm.cache_tokens} tokens ({llm.max_batch} slots x "
+          f"{llm.max_seq_len}, {llm.cache_bytes / 2**20:.1f} MiB)", file=sys.stderr)
     prompts: list[str | list[int]] = [args.prompt_ids] if args.prompt_ids else (args.prompt or [DEFAULT_PROMPT])
     chat = not args.no_chat and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
     try:

@@ -10,8 +10,12 @@ with `insert-cached-attention` in the pipeline, and the one compiled graph serve
   cached length, position = cached length.
 
 The caches are allocated once ([max_batch slots, max_seq_len tokens, kv_heads, head_dim] per layer
-and role). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
+and role), their sizes given or decided by a memory budget (`kv_cache_budget`). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
 queue; a slot is only read up to what its current sequence wrote, so a reused slot starts clean.
+
+The decode step is fit for CUDA graphs (tests/models/test_llm_runtime.py checks the traced graph:
+static shapes per batch, no host sync or data-dependent op, caches written in place); on CUDA it
+runs as one replayed graph per batch bucket (`CudaGraphDecode`), a batch padded to its bucket.
 """
 
 from __future__ import annotations
@@ -102,16 +106,34 @@ def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
     return caches
 
 
+DEFAULT_MAX_SEQ_LEN = 512
+PROBE_SEQ_LEN = 64
+"""Tokens a slot holds in the probe compile that measures what a `kv_cache_budget` buys."""
+
+
 class LLM:
     """A causal LM compiled by ad-mlir with K/V caches.
 
     `model`: an HF causal-LM module, a built-in tiny family name (`llama`, ...), `smollm2`
     (the packaged SmolLM2-135M-Instruct) or a checkpoint path (a directory with config.json, or a
-    .gguf file); see `ad_mlir.models.load_causal_lm`."""
+    .gguf file); see `ad_mlir.models.load_causal_lm`.
 
-    def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int = 512,
-                 pipeline: str = "default", tokenizer: Any = None) -> None:
-        from ad_mlir.compiler import compile_program
+    The caches hold `max_batch` slots of `max_seq_len` tokens (default 512). With
+    `kv_cache_budget` (bytes as an int; on CUDA also a float in (0, 1], that fraction of the
+    device memory left free after one forward pass) the budget decides `max_seq_len` instead:
+    `max_batch` slots are kept (they are the decode batch) and each gets an equal share of the
+    tokens that fit, at most `max_seq_len` when it is given, else the model's
+    `max_position_embeddings`. The shapes are baked into the compiled graph, so the model is
+    compiled once with `PROBE_SEQ_LEN`-token slots to measure bytes per token (and, on CUDA, the
+    forward's peak), then again at the final size (AutoDeploy's two-phase `resize_kv_cache`).
+    `cache_tokens` says how many tokens fit.
+
+    `cuda_graphs` (default: on when the model is on CUDA) runs each decode step as a replayed
+    CUDA graph, one per batch bucket (`CudaGraphDecode`)."""
+
+    def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
+                 pipeline: str = "default", tokenizer: Any = None, kv_cache_budget: int | float | None = None,
+                 cuda_graphs: bool | None = None) -> None:
         from ad_mlir.models import load_causal_lm
 
         if isinstance(model, str):
@@ -119,21 +141,85 @@ class LLM:
             tokenizer = tokenizer or loaded_tokenizer
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.max_batch, self.max_seq_len = max_batch, max_seq_len
-        start = time.perf_counter()
-        ep = export_for_cache(self.model, max_batch, max_seq_len)
-        self.graph, program = compile_program(ep, pipeline=cached_pipeline(pipeline, max_batch, max_seq_len))
-        self.compile_seconds = time.perf_counter() - start
-        fn = next(op for op in program.module.ops if isinstance(op, func.FuncOp))
         self.device = model_device(self.model)
+        self.eos = _eos_ids(self.model, tokenizer)
+        _check_sizes(max_batch, max_seq_len)
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the model on a CUDA device (it is on {self.device})")
+        start = time.perf_counter()
+        if kv_cache_budget is None:
+            max_seq_len = max_seq_len or DEFAULT_MAX_SEQ_LEN
+            ep = export_for_cache(self.model, max_batch, max_seq_len)
+        else:
+            _check_budget(kv_cache_budget, self.device)
+            cap = max_seq_len or _max_positions(self.model)
+            ep = export_for_cache(self.model, max_batch, cap)
+            max_seq_len = self._seq_len_for_budget(ep, pipeline, max_batch, cap, kv_cache_budget)
+        self._compile(ep, pipeline, max_batch, max_seq_len)
+        self.compile_seconds = time.perf_counter() - start
+        log.info("LLM: compiled in %.1f s; %d caches of %s, %.2f MiB in all: %d tokens fit (%d slots x %d tokens)",
+                 self.compile_seconds, len(self.caches), next(iter(self.caches.values())).shape,
+                 self.cache_bytes / 2**20, self.cache_tokens, max_batch, max_seq_len)
+        self.decode_graphs = self._capture_decode(cuda_graphs)
+
+    def _compile(self, ep: torch.export.ExportedProgram, pipeline: str, max_batch: int, max_seq_len: int) -> None:
+        """Compile `ep` with caches of `max_batch` x `max_seq_len` tokens and allocate them."""
+        from ad_mlir.compiler import compile_program
+
+        self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
+        self.graph, program = compile_program(ep, pipeline=cached_pipeline(pipeline, max_batch, max_seq_len))
+        fn = next(op for op in program.module.ops if isinstance(op, func.FuncOp))
         self.caches = {c.name: torch.zeros(c.shape, dtype=c.dtype, device=self.device) for c in cache_arguments(fn)}
         if not self.caches:
             raise ValueError("the compiled model has no attention to cache (see the insert-cached-attention log)")
         self.inputs = [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
-        self.eos = _eos_ids(self.model, tokenizer)
-        log.info("LLM: compiled in %.1f s; %d caches of %s, %.1f MiB in all (%d slots x %d tokens)",
-                 self.compile_seconds, len(self.caches), next(iter(self.caches.values())).shape,
-                 sum(c.numel() * c.element_size() for c in self.caches.values()) / 2**20, max_batch, max_seq_len)
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of all K/V caches."""
+        return sum(c.numel() * c.element_size() for c in self.caches.values())
+
+    @property
+    def cache_tokens(self) -> int:
+        """Tokens the caches hold: `max_batch` slots x `max_seq_len`."""
+        return self.max_batch * self.max_seq_len
+
+    # -- cache size from a memory budget ---------------------------------------------
+
+    def _seq_len_for_budget(self, ep: torch.export.ExportedProgram, pipeline: str, max_batch: int, cap: int,
+                            budget: int | float) -> int:
+        """Tokens per slot that `budget` buys for `max_batch` slots, at most `cap`: measured on a
+        probe compile with `PROBE_SEQ_LEN`-token slots."""
+        self._compile(ep, pipeline, max_batch, min(PROBE_SEQ_LEN, cap))
+        per_token = self.cache_bytes // self.cache_tokens
+        budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
+        tokens = budget_bytes // per_token
+        if tokens < max_batch:
+            raise ValueError(f"kv_cache_budget of {budget_bytes} bytes holds {tokens} tokens ({per_token} bytes each in "
+                             f"the K and V caches of all layers): fewer than one per slot for max_batch={max_batch}; "
+                             "raise the budget or lower max_batch")
+        seq = min(tokens // max_batch, cap)
+        log.info("LLM: kv_cache_budget of %d bytes holds %d tokens of %d bytes: %d slots x %d tokens%s",
+                 budget_bytes, tokens, per_token, max_batch, seq, f" (capped at {cap})" if seq == cap else "")
+        return seq
+
+    def _free_cuda_memory_after_forward(self) -> int:
+        """Bytes a cache may take on CUDA, measured as AutoDeploy's resize_kv_cache does: one
+        forward pass of a full probe slot (prefill, the largest step the probe graph takes), then
+        the device's free memory, counting the probe's caches as free (the final ones replace
+        them) and the forward's peak activations as taken (every later step needs them again;
+        a prompt longer than the probe's needs more: a fraction below 1 leaves that room)."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        tokens = torch.zeros(1, self.max_seq_len, dtype=torch.int64)
+        self.step(tokens, torch.arange(self.max_seq_len)[None], [0], [0])
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return max(free + self.cache_bytes - activations, 0)
 
     # -- one step of the compiled graph ------------------------------------------------
 
@@ -141,12 +227,42 @@ class LLM:
              starts: Sequence[int]) -> torch.Tensor:
         """Run the graph on `tokens`/`positions` [batch, seq] for sequences in `slots` whose
         caches hold `starts` tokens; returns the logits [batch, seq, vocab]."""
-        metadata = {"cache_slots": slots, "cache_starts": starts}
-        given = {"input_ids": tokens.to(self.device), "position_ids": positions.to(self.device),
-                 **{name: torch.tensor(list(v), dtype=torch.int64, device=self.device) for name, v in metadata.items()},
+        def on_device(values: Sequence[int]) -> torch.Tensor:
+            return torch.tensor(list(values), dtype=torch.int64, device=self.device)
+
+        return self.forward(tokens.to(self.device), positions.to(self.device), on_device(slots), on_device(starts))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                starts: torch.Tensor) -> torch.Tensor:
+        """`step` on tensors already on the device (what a CUDA graph captures)."""
+        given = {"input_ids": tokens, "position_ids": positions, "cache_slots": slots, "cache_starts": starts,
                  "use_cache": False, **self.caches}
         with torch.no_grad():
             return self.graph(*(given[name] for name in self.inputs))[0]
+
+    def decode(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int],
+               free: Sequence[int]) -> torch.Tensor:
+        """One decode step: row i feeds `tokens[i]` at position `starts[i]` of slot `slots[i]`;
+        returns the logits [rows, vocab]. With CUDA graphs the rows are padded to the graph's
+        bucket with dummy rows in `free` slots (`pad_to_bucket`)."""
+        if self.decode_graphs is None:
+            ids, positions = torch.tensor(tokens)[:, None], torch.tensor(starts)[:, None]
+            return self.step(ids, positions, slots, starts)[:, -1]
+        return self.decode_graphs.run(*pad_to_bucket(tokens, slots, starts, free, self.decode_graphs.buckets))[
+            : len(tokens), -1]
+
+    def _capture_decode(self, cuda_graphs: bool | None) -> CudaGraphDecode | None:
+        """The decode graphs when asked for, or by default on CUDA; a default that fails to
+        capture (an op that synchronises with the host) falls back to eager steps, logged."""
+        if cuda_graphs is False or self.device.type != "cuda":
+            return None
+        try:
+            return CudaGraphDecode(self, decode_buckets(self.max_batch))
+        except RuntimeError as e:
+            if cuda_graphs:
+                raise ValueError(f"CUDA graph capture of the decode step failed ({e}); use cuda_graphs=False") from e
+            log.warning("LLM: decode runs without CUDA graphs: capture failed (%s)", e)
+            return None
 
     # -- generation ----------------------------------------------------------------------
 
@@ -183,12 +299,11 @@ class LLM:
                     running.append(seq)
             if not running:
                 continue
-            last = torch.tensor([[s.output.token_ids[-1]] for s in running])
-            positions = torch.tensor([[s.cached] for s in running])
-            logits = self.step(last, positions, [s.slot for s in running], [s.cached for s in running])
+            logits = self.decode([s.output.token_ids[-1] for s in running], [s.slot for s in running],
+                                 [s.cached for s in running], free)
             for i, seq in enumerate(running):
                 seq.cached += 1
-                self._append(seq, logits[i, -1], temperature, top_p, generator, max_new_tokens, stop)
+                self._append(seq, logits[i], temperature, top_p, generator, max_new_tokens, stop)
             free += [s.slot for s in running if s.output.finish_reason]
             running = [s for s in running if not s.output.finish_reason]
         if self.tokenizer is not None:
@@ -215,6 +330,96 @@ class LLM:
                                                            add_generation_prompt=True, tokenize=True,
                                                            return_dict=False))
         return list(self.tokenizer(prompt)["input_ids"])
+
+
+def _check_sizes(max_batch: int, max_seq_len: int | None) -> None:
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be at least 1 (cache slots), got {max_batch}")
+    if max_seq_len is not None and max_seq_len < 1:
+        raise ValueError(f"max_seq_len must be at least 1 (tokens a slot holds), got {max_seq_len}")
+
+
+def _check_budget(budget: object, device: torch.device) -> None:
+    """A budget is bytes (a positive int) or, on CUDA, a fraction of free memory in (0, 1]."""
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        if budget <= 0:
+            raise ValueError(f"kv_cache_budget={budget}: bytes must be positive")
+        return
+    if not isinstance(budget, float) or not 0 < budget <= 1:
+        raise ValueError(f"kv_cache_budget={budget!r}: give bytes (an int) or, on CUDA, a fraction of free device "
+                         "memory (a float in (0, 1])")
+    if device.type != "cuda":
+        raise ValueError(f"kv_cache_budget={budget} is a fraction of free CUDA memory, but the model is on {device}: "
+                         "give bytes (an int)")
+
+
+def _max_positions(model: torch.nn.Module) -> int:
+    """The most tokens a slot may hold when a budget sizes the cache and max_seq_len is not given."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        raise ValueError("kv_cache_budget: the model's config has no max_position_embeddings to cap a slot at; "
+                         "give max_seq_len")
+    return positions
+
+
+def decode_buckets(max_batch: int) -> tuple[int, ...]:
+    """Batch sizes a decode graph is captured for: powers of two below `max_batch`, and it."""
+    return tuple(sorted({1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch} | {max_batch}))
+
+
+def pad_to_bucket(tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int], free: Sequence[int],
+                  buckets: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """The decode rows padded to the smallest bucket that holds them. A dummy row writes token 0 at
+    position 0 of a free slot, each its own (no two rows write one slot): harmless, as a slot is
+    only read up to what its current sequence wrote, and the next prefill there starts at 0.
+    Buckets are at most max_batch, so free slots always suffice."""
+    bucket = min(b for b in buckets if b >= len(tokens))
+    pad = bucket - len(tokens)
+    if pad > len(free):
+        raise ValueError(f"{len(tokens)} decode rows padded to {bucket} need {pad} free slots, have {len(free)}")
+    return [*tokens, *[0] * pad], [*slots, *free[:pad]], [*starts, *[0] * pad]
+
+
+class CudaGraphDecode:
+    """The decode step as one CUDA graph per batch bucket (AutoDeploy's `cudagraph` backend, vLLM's
+    decode graphs). Each graph is captured once, at construction (the caches are still empty, so
+    the capture's writes at position 0 of slots 0..bucket-1 clobber nothing), reading static input
+    buffers; a step copies its rows into its bucket's buffers and replays. The caches are the LLM's
+    own tensors, written in place by the replay. It has never run on a GPU here (none was lent)."""
+
+    def __init__(self, llm: LLM, buckets: Sequence[int]) -> None:
+        self.buckets = tuple(sorted(buckets))
+        pool = torch.cuda.graph_pool_handle()
+        # largest first: the smaller graphs reuse its memory from the shared pool
+        self.graphs = {b: self._capture(llm, b, pool) for b in reversed(self.buckets)}
+
+    @staticmethod
+    def _capture(llm: LLM, batch: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], torch.Tensor]:
+        device = llm.device
+        static = {"tokens": torch.zeros(batch, 1, dtype=torch.int64, device=device),
+                  "slots": torch.arange(batch, device=device),
+                  "starts": torch.zeros(batch, dtype=torch.int64, device=device)}
+
+        def run() -> torch.Tensor:
+            return llm.forward(static["tokens"], static["starts"][:, None], static["slots"], static["starts"])
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up outside the capture: lazy initialisation, kernel compilation
+            run()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = run()
+        return graph, static, out
+
+    def run(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int]) -> torch.Tensor:
+        """Logits [bucket, 1, vocab] of one padded decode step (valid until the next replay)."""
+        graph, static, out = self.graphs[len(tokens)]
+        for name, values in (("tokens", tokens), ("slots", slots), ("starts", starts)):
+            static[name].copy_(torch.tensor(values).view(static[name].shape), non_blocking=True)
+        graph.replay()
+        return out
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
