@@ -1236,7 +1236,8 @@ class CachedAttentionOp(AdOp):
     holds `starts[b]` tokens: the new key and value are written at positions starts[b] ..
     starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with
     offset; with `window`, only the last `window` of them). Grouped-query attention is native.
-    Not pure: it writes the caches."""
+    With `softcap` (Gemma2), the scores s = scale * q.k are soft-capped to `tanh(s / softcap) *
+    softcap` before masking and softmax. Not pure: it writes the caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1251,11 +1252,12 @@ class CachedAttentionOp(AdOp):
     starts = operand_def(AdTensor)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
+    softcap = opt_prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
         "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? `cache` $k_cache `,` $v_cache `slots` $slots "
-        "`starts` $starts `scale` $scale (`window` $window^)? attr-dict `:` `(` type($query) `,` type($key) `,` "
-        "type($value) `,` type($k_cache) `,` type($v_cache) `,` type($slots) `,` type($starts) "
+        "`starts` $starts `scale` $scale (`window` $window^)? (`softcap` $softcap^)? attr-dict `:` `(` type($query) "
+        "`,` type($key) `,` type($value) `,` type($k_cache) `,` type($v_cache) `,` type($slots) `,` type($starts) "
         "(`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
 
@@ -1281,6 +1283,8 @@ class CachedAttentionOp(AdOp):
             raise VerifyException("ad.cached_attention takes cos and sin together")
         if self.result.type != self.query.type:
             raise VerifyException("ad.cached_attention result must have the query's type")
+        if self.softcap is not None and not self.softcap.value.data > 0:
+            raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
 
 
 FP8_MAX = 448.0

@@ -203,11 +203,12 @@ def cached_attention(
     starts: torch.Tensor,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """`ad.cached_attention`: RoPE on the new query/key (when given), the new key/value written
     into each row's cache slot after the tokens it holds, then attention over the slot's first
-    start + seq positions, causal with offset (and within `window`). One row at a time: the
-    reference reads each row's slot and start on the host."""
+    start + seq positions, causal with offset (and within `window`), the scores soft-capped with
+    `softcap`. One row at a time: the reference reads each row's slot and start on the host."""
     if cos is not None and sin is not None:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         query, key = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
@@ -224,14 +225,27 @@ def cached_attention(
         allowed = keys <= position
         if window is not None:
             allowed &= keys > position - window
-        out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], k, v, attn_mask=allowed, scale=scale)
+        if softcap is None:
+            out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], k, v, attn_mask=allowed, scale=scale)
+        else:
+            out[b] = _softcapped_attention(query[b], k, v, allowed, scale, softcap)
     return out
+
+
+def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+                          scale: float, softcap: float) -> torch.Tensor:
+    """HF's eager Gemma2 attention (SDPA cannot soft-cap), in fp32 up to the probabilities,
+    which are cast to the query's dtype before they weigh the values, as HF does."""
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return torch.matmul(probs.to(query.dtype), value)
 
 
 @cached_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
       k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, scale: float,
-      window: int | None = None) -> torch.Tensor:
+      window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     return torch.empty_like(query)
 
 

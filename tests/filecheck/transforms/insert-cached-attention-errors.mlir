@@ -37,3 +37,21 @@ func.func @padding_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1
   %o = ad.rope_attention %q, %k, %v rope %cos, %sin mask %pad scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+// An additive mask that is a bias (ALiBi-like: -1 per token of distance), not 0 / very negative.
+// CHECK: model.layers.2.self_attn: its additive attention mask holds values other than 0 and a very negative number (it is not only a causal mask)
+func.func @additive_bias(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %capped = ad.tanh %s : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %distance = ad.sub %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi64>
+  %bias = ad.cast %distance : tensor<1x?x?xi64> -> tensor<1x?x?xf32>
+  %mask = ad.unsqueeze %bias dim 1 : tensor<1x?x?xf32> -> tensor<1x1x?x?xf32>
+  %masked = ad.add %capped, %mask : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.2.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}

@@ -53,3 +53,105 @@ func.func @plain(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf3
   %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+
+// HF's eager soft-capped attention (Gemma2, bf16): RoPE on q and k, repeat_kv of k and v, the
+// scores scaled, soft-capped (x / 50, tanh, * 50), plus the additive causal mask (0 / the
+// dtype's lowest), softmax in f32 cast back, times v: one ad.cached_attention with `softcap`
+// that applies the RoPE itself; the chain and the mask are gone.
+// CHECK-LABEL: func.func @softcapped
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xbf16> {ad.input = "k_cache_0", ad.kv_cache = "model.layers.0.self_attn key"}
+// CHECK:       %sin = ad.cast %sin32
+// CHECK-NOT:   ad.rope
+// CHECK-NOT:   ad.matmul
+// CHECK-NOT:   ad.tanh
+// CHECK-NOT:   ad.where
+// CHECK-NOT:   ad.softmax
+// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 6.250000e-02 softcap 5.000000e+01 : (tensor<1x2x?x8xbf16>, tensor<1x1x?x8xbf16>, tensor<1x1x?x8xbf16>, tensor<2x16x1x8xbf16>, tensor<2x16x1x8xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<1x?x8xbf16>, tensor<1x?x8xbf16>) -> tensor<1x2x?x8xbf16>
+// CHECK-NEXT:  func.return
+func.func @softcapped(%q: tensor<1x2x?x8xbf16> {ad.input = "q"}, %k: tensor<1x1x?x8xbf16> {ad.input = "k"}, %v: tensor<1x1x?x8xbf16> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xbf16> {
+  %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %pf = ad.cast %pu : tensor<1x?x1xi64> -> tensor<1x?x1xf32>
+  %angle = ad.mul %pf, %freq : tensor<1x?x1xf32>, tensor<8xf32> -> tensor<1x?x8xf32>
+  %cos32 = ad.cos %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %sin32 = ad.sin %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %cos = ad.cast %cos32 : tensor<1x?x8xf32> -> tensor<1x?x8xbf16>
+  %sin = ad.cast %sin32 : tensor<1x?x8xf32> -> tensor<1x?x8xbf16>
+  %qr, %kr = ad.rope %q, %k rope %cos, %sin : (tensor<1x2x?x8xbf16>, tensor<1x1x?x8xbf16>, tensor<1x?x8xbf16>, tensor<1x?x8xbf16>) -> (tensor<1x2x?x8xbf16>, tensor<1x1x?x8xbf16>)
+  %n = ad.sym_size %q dim 2 : tensor<1x2x?x8xbf16>
+  %ku = ad.unsqueeze %kr dim 2 : tensor<1x1x?x8xbf16> -> tensor<1x1x1x?x8xbf16>
+  %ke = ad.expand %ku [1, 1, 2, %n, 8] : tensor<1x1x1x?x8xbf16> -> tensor<1x1x2x?x8xbf16>
+  %krep = ad.reshape %ke [1, 2, %n, 8] : tensor<1x1x2x?x8xbf16> -> tensor<1x2x?x8xbf16>
+  %vu = ad.unsqueeze %v dim 2 : tensor<1x1x?x8xbf16> -> tensor<1x1x1x?x8xbf16>
+  %ve = ad.expand %vu [1, 1, 2, %n, 8] : tensor<1x1x1x?x8xbf16> -> tensor<1x1x2x?x8xbf16>
+  %vrep = ad.reshape %ve [1, 2, %n, 8] : tensor<1x1x2x?x8xbf16> -> tensor<1x2x?x8xbf16>
+  %kt = ad.transpose %krep 2, 3 : tensor<1x2x?x8xbf16> -> tensor<1x2x8x?xbf16>
+  %s = ad.matmul %qr, %kt : (tensor<1x2x?x8xbf16>, tensor<1x2x8x?xbf16>) -> tensor<1x2x?x?xbf16>
+  %scaling = ad.constant 6.250000e-02 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %cap = ad.constant 5.000000e+01 : f64
+  %d = ad.div %scaled, %cap : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %t = ad.tanh %d : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %capped = ad.mul %t, %cap : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %m = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %mu = ad.unsqueeze %m dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %lowest = ad.constant -3.3895313892515355e+38 : f64
+  %mask = ad.where %mu, %zero, %lowest : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xbf16>
+  %masked = ad.add %capped, %mask : tensor<1x2x?x?xbf16>, tensor<1x1x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %p = ad.softmax %masked dim -1 dtype f32 : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xf32>
+  %pc = ad.cast %p : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xbf16>
+  %o = ad.matmul %pc, %vrep : (tensor<1x2x?x?xbf16>, tensor<1x2x?x8xbf16>) -> tensor<1x2x?x8xbf16> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xbf16>
+}
+
+// -----
+
+// A cap of 1 is a bare tanh (canonicalize drops x / 1 and * 1); the mask, added first, is a
+// sliding window of 4 (-inf outside); no RoPE, no repeat_kv (as many key/value heads as query heads).
+// CHECK-LABEL: func.func @tanh_window
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 softcap 1.000000e+00 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @tanh_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k -1, -2 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %scaling = ad.constant 0.35355339059327379 : f64
+  %scaled = ad.mul %scaling, %s : f64, tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %capped = ad.tanh %scaled : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %causal = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %four = ad.constant 4 : i64
+  %lo = ad.sub %a, %four : tensor<1x?x1xi64>, i64 -> tensor<1x?x1xi64>
+  %near = ad.gt %b, %lo : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %m = ad.logical_and %causal, %near : tensor<1x?x?xi1>, tensor<1x?x?xi1> -> tensor<1x?x?xi1>
+  %mu = ad.unsqueeze %m dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %inf = ad.constant 0xFFF0000000000000 : f64
+  %mask = ad.where %mu, %zero, %inf : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xf32>
+  %masked = ad.add %mask, %capped : tensor<1x1x?x?xf32>, tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim 3 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
+// The probabilities are also returned (HF's output_attentions): with a cache they would be
+// computed over the new tokens only, so the chain is left alone (the log says why).
+// CHECK-LABEL: func.func @probabilities_returned
+// CHECK-NOT:   ad.cached_attention
+// CHECK:       %p = ad.softmax
+// CHECK:       %o = ad.matmul %p, %v
+func.func @probabilities_returned(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %mask: tensor<1x1x?x?xf32> {ad.input = "mask"}) -> (tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %capped = ad.tanh %s : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %masked = ad.add %capped, %mask : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o, %p : tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>
+}

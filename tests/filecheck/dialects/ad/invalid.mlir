@@ -211,6 +211,14 @@ func.func @cached_attention_cache_dtype(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x
 
 // -----
 
+func.func @cached_attention_softcap(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' softcap must be positive, not 0.0
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 softcap 0.000000e+00 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
 func.func @cached_attention_metadata(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi32>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' slots/starts must be tensor<batch x i64>
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x4x?x64xbf16>
