@@ -5,7 +5,8 @@ ignored so that both produce every token.
 The model is the packaged SmolLM2-135M-Instruct when its package is installed, else a model of
 its shape (Llama, 30 layers, hidden 576, 9 heads / 3 K/V heads) with random weights: speed does
 not depend on the weights. bf16 on CUDA, fp32 on the CPU. Prefill and decode are separated by
-timing a run that generates 1 token: decode tok/s = batch x (new - 1) / (t(new) - t(1))."""
+timing a run that generates 1 token: decode tok/s = batch x (new - 1) / (t(new) - t(1)).
+Also the modelled HBM bytes of one decode step against its ideal (`bench/decode_traffic.py`)."""
 
 from __future__ import annotations
 
@@ -78,10 +79,19 @@ def run_generate(quick: bool, progress: Callable[[str], None] = lambda _: None) 
             with torch.no_grad(), reference_kernels():
                 total, prefill = _seconds(lambda r=run: r(new), device), _seconds(lambda r=run: r(1), device)
             decode = max(total - prefill, 1e-9)
-            rows.append({"model": name, "impl": impl, "device": device.type, "dtype": str(dtype).removeprefix("torch."),
+            rows.append({"kind": "speed", "model": name, "impl": impl, "device": device.type, "dtype": str(dtype).removeprefix("torch."),
                          "batch": batch, "prompt_tokens": PROMPT_TOKENS, "new_tokens": new, "seconds": total,
                          "tok_per_s": batch * new / total, "prefill_s": prefill,
                          "decode_ms_per_step": decode / (new - 1) * 1e3,
                          "decode_tok_per_s": batch * (new - 1) / decode,
                          "compile_s": llm.compile_seconds if impl == "ad-mlir" else None})
-    return rows
+    return rows + decode_traffic_rows(llm, name, batches)
+
+
+def decode_traffic_rows(llm: Any, model: str, batches: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The modelled HBM bytes of one decode step of `llm`'s compiled graph against its ideal, per
+    batch and cached length (a short and a full slot)."""
+    from ad_mlir.bench.decode_traffic import decode_step_traffic
+
+    return [{"kind": "decode traffic", "model": model, **decode_step_traffic(llm.program, batch, cached)}
+            for batch in batches for cached in (PROMPT_TOKENS, llm.max_seq_len)]

@@ -62,14 +62,27 @@ def kernel_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def generate_table(rows: Sequence[dict[str, Any]]) -> str:
+    speed = [r for r in rows if r["kind"] == "speed"]
     header = ["impl", "batch", "prompt", "new", "seconds", "tok/s", "prefill s", "ms per decode step", "decode tok/s",
               "compile s"]
     body = [[r["impl"], r["batch"], r["prompt_tokens"], r["new_tokens"], f"{r['seconds']:.2f}", f"{r['tok_per_s']:.1f}",
              f"{r['prefill_s']:.3f}", f"{r['decode_ms_per_step']:.1f}", f"{r['decode_tok_per_s']:.1f}",
-             _s(r["compile_s"])] for r in rows]
-    what = f"{rows[0]['model']}, {rows[0]['dtype']} on {rows[0]['device']}, greedy, EOS ignored" if rows else ""
+             _s(r["compile_s"])] for r in speed]
+    what = f"{speed[0]['model']}, {speed[0]['dtype']} on {speed[0]['device']}, greedy, EOS ignored" if speed else ""
     return (f"### Generation ({what})\n\n(a decode step makes one token per sequence; prefill s: a run that "
-            "generates one token)\n\n" + _table(header, body))
+            "generates one token)\n\n" + _table(header, body) + "\n\n" + decode_traffic_table(rows))
+
+
+def decode_traffic_table(rows: Sequence[dict[str, Any]]) -> str:
+    traffic = [r for r in rows if r["kind"] == "decode traffic"]
+    header = ["batch", "cached tokens", "launches", "modelled MB", "ideal MB", "weights MB", "caches read MB",
+              "new K/V MB", "modelled / ideal"]
+    body = [[r["batch"], r["cached"], r["launches"], f"{r['modelled_bytes'] / MB:.2f}", f"{r['ideal_bytes'] / MB:.2f}",
+             f"{r['ideal_weights_bytes'] / MB:.2f}", f"{r['ideal_caches_read_bytes'] / MB:.3f}",
+             f"{r['ideal_new_kv_written_bytes'] / MB:.4f}", f"{r['ratio']:.3f}"] for r in traffic]
+    return ("#### Modelled HBM bytes of one decode step of the compiled graph\n\n(see "
+            "`ad_mlir/bench/decode_traffic.py`; ideal: weights, caches up to the cached tokens and new K/V, each "
+            "moved once)\n\n" + _table(header, body))
 
 
 def families_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -92,7 +105,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [f"Note: {m['note']}.", ""]
     lines += [f"- {part}: skipped, {why}" for part, why in results["skipped"].items()]
     lines += [f"- {part}: from an earlier run ({m['date']}, torch {m['torch']}, triton {m['triton']})"
-              for part, m in results.get("part_machines", {}).items()]
+              + (f"; note: {m['note']}" if m.get("note") else "") for part, m in results.get("part_machines", {}).items()]
     for part, rows in results["parts"].items():
         lines += ["", TABLES[part](rows)]
     return "\n".join(lines) + "\n"

@@ -168,7 +168,9 @@ class LLM:
 
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
         self.graph, program = compile_program(ep, pipeline=cached_pipeline(pipeline, max_batch, max_seq_len))
-        fn = next(op for op in program.module.ops if isinstance(op, func.FuncOp))
+        self.program = program
+        """The compiled `ad` module (what the graph runs) and its weights."""
+        fn = program.function
         self.caches = {c.name: torch.zeros(c.shape, dtype=c.dtype, device=self.device) for c in cache_arguments(fn)}
         if not self.caches:
             raise ValueError("the compiled model has no attention to cache (see the insert-cached-attention log)")

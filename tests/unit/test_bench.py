@@ -103,3 +103,43 @@ def test_command_line_runs_what_the_machine_can(tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit):
         cli.main(["--parts", "kernels,speed"])
     assert "unknown parts ['speed']" in capsys.readouterr().err
+
+
+def test_decode_traffic_counts_weights_caches_and_new_kv() -> None:
+    """One decode step of a one-layer tiny Llama (untied embeddings: the table is read for the
+    batch's rows only) against the ideal worked out from its sizes."""
+    import ad_mlir
+    from ad_mlir.bench.decode_traffic import decode_step_traffic
+    from ad_mlir.models import TinyConfig, build_model
+
+    model = build_model(TinyConfig(family="llama", layers=1))
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
+    cfg, batch = model.config, 2
+    assert not cfg.tie_word_embeddings
+    table = model.get_input_embeddings().weight
+    weights = sum(p.numel() * 4 for p in model.parameters()) - table.numel() * 4 + batch * cfg.hidden_size * 4
+    token = 2 * cfg.num_key_value_heads * cfg.head_dim * 4  # K and V of one token of one layer
+    short, long = decode_step_traffic(llm.program, batch, 10), decode_step_traffic(llm.program, batch, 20)
+    assert short["ideal_weights_bytes"] == weights
+    assert short["ideal_caches_read_bytes"] == batch * 10 * token
+    assert short["ideal_new_kv_written_bytes"] == batch * token
+    assert short["ideal_bytes"] == weights + batch * 11 * token
+    # each kernel moves at least what the ideal does; 10 more cached tokens are read once more
+    assert short["modelled_bytes"] > short["ideal_bytes"] and short["ratio"] > 1
+    assert long["modelled_bytes"] - short["modelled_bytes"] == batch * 10 * token
+    assert short["launches"] == long["launches"] > 5
+
+
+def test_the_generate_table_shows_speed_and_decode_traffic() -> None:
+    from ad_mlir.bench.report import generate_table
+
+    speed = {"kind": "speed", "model": "tiny", "impl": "ad-mlir", "device": "cpu", "dtype": "float32", "batch": 1,
+             "prompt_tokens": 32, "new_tokens": 16, "seconds": 2.0, "tok_per_s": 8.0, "prefill_s": 0.5,
+             "decode_ms_per_step": 100.0, "decode_tok_per_s": 10.0, "compile_s": 3.0}
+    traffic = {"kind": "decode traffic", "model": "tiny", "batch": 1, "cached": 32, "launches": 41,
+               "modelled_bytes": 2e6, "ideal_bytes": 1e6, "ideal_weights_bytes": 9e5, "ideal_caches_read_bytes": 9e4,
+               "ideal_new_kv_written_bytes": 1e4, "ratio": 2.0}
+    text = generate_table([speed, traffic])
+    assert "### Generation (tiny, float32 on cpu, greedy, EOS ignored)" in text
+    assert "| ad-mlir | 1 | 32 | 16 | 2.00 | 8.0 | 0.500 | 100.0 | 10.0 | 3.00 |" in text
+    assert "| 1 | 32 | 41 | 2.00 | 1.00 | 0.90 | 0.090 | 0.0100 | 2.000 |" in text

@@ -1,0 +1,101 @@
+"""Modelled HBM bytes of one decode step of a compiled `LLM` graph, against its ideal.
+
+The step: `batch` sequences, one new token each, each slot holding `cached` tokens. Sizes come
+from the compiled `ad` module: its dynamic dim 0 is the batch, any other dynamic dim the new
+tokens per row (1 in decode). Every op that launches a kernel reads each tensor operand once
+and writes each result once (`bench/traffic.py`'s model, GEMMs included), except:
+- a value computed from weights alone is folded at compile time and costs nothing;
+- an embedding reads `batch` rows of its table, not the table;
+- `ad.cached_attention` reads each row's cache up to `cached` tokens (K and V), not the whole
+  cache argument, and writes the new token's K and V.
+The ideal: every weight read once (a table shared by the embedding and the LM head, or read only
+by the embedding: once, or `batch` rows), each row's K/V caches read once up to `cached` tokens
+and the new K/V written; activations, logits included, cost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
+from xdsl.ir import Operation, SSAValue
+
+from ad_mlir.dialects import ad
+from ad_mlir.dialects.weights import weight_only_values
+from ad_mlir.frontends.fx_import import ImportedProgram
+from ad_mlir.report import NO_KERNEL, VIEW_OPS
+
+
+def decode_bytes(value: SSAValue, batch: int) -> int:
+    """Bytes of a tensor value in a decode step: dynamic dim 0 is `batch`, others 1."""
+    n = 1
+    for i, d in enumerate(value.type.get_shape()):
+        n *= (batch if i == 0 else 1) if d == DYNAMIC_INDEX else d
+    return n * max(value.type.element_type.bitwidth // 8, 1)
+
+
+def _root(value: SSAValue) -> SSAValue:
+    while isinstance(value.owner, VIEW_OPS):
+        value = value.owner.operands[0]
+    return value
+
+
+def _row_bytes(cache: SSAValue) -> int:
+    """One token of one slot of a [slots, max_seq, kv_heads, head_dim] cache."""
+    _, _, *row = cache.type.get_shape()
+    n = 1
+    for d in row:
+        n *= d
+    return n * cache.type.element_type.bitwidth // 8
+
+
+def _op_bytes(op: Operation, batch: int, cached: int) -> int:
+    tensors = [v for v in op.operands if isinstance(v.type, TensorType)]
+    written = sum(decode_bytes(r, batch) for r in op.results if isinstance(r.type, TensorType))
+    if isinstance(op, ad.CachedAttentionOp):
+        caches = {op.k_cache, op.v_cache}
+        new = [v for v in tensors if v not in caches and v not in (op.slots, op.starts)]
+        row = _row_bytes(op.k_cache)
+        return (sum(decode_bytes(v, batch) for v in new) + 2 * batch * cached * row + 2 * batch * row + written
+                + decode_bytes(op.slots, batch) + decode_bytes(op.starts, batch))
+    if isinstance(op, ad.EmbeddingOp):
+        return decode_bytes(op.indices, batch) + 2 * written  # the rows read equal the rows written
+    return sum(min(decode_bytes(v, batch), decode_bytes(_root(v), batch)) for v in tensors) + written
+
+
+def decode_step_traffic(program: ImportedProgram, batch: int, cached: int) -> dict[str, Any]:
+    """Modelled bytes of the compiled graph's decode step and of its ideal (module docstring)."""
+    fn: func.FuncOp = program.function
+    folded = weight_only_values(fn)
+    modelled = launches = 0
+    for op in fn.body.block.ops:
+        results = [r for r in op.results if isinstance(r.type, TensorType)]
+        if isinstance(op, NO_KERNEL) or not op.name.startswith("ad.") or not results or all(r in folded for r in results):
+            continue
+        if isinstance(op, ad.CastOp) and op.input.type == op.result.type:
+            continue
+        modelled += _op_bytes(op, batch, cached)
+        launches += 1
+    caches = [op for op in fn.body.block.ops if isinstance(op, ad.CachedAttentionOp)]
+    kv = sum(2 * batch * _row_bytes(op.k_cache) for op in caches)
+    ideal = {"weights": _weight_bytes(fn, program, batch), "caches_read": kv * cached, "new_kv_written": kv}
+    return {"batch": batch, "cached": cached, "launches": launches, "modelled_bytes": modelled,
+            "ideal_bytes": sum(ideal.values()), **{f"ideal_{k}_bytes": v for k, v in ideal.items()},
+            "ratio": modelled / sum(ideal.values())}
+
+
+def _weight_bytes(fn: func.FuncOp, program: ImportedProgram, batch: int) -> int:
+    """Each weight tensor once (tied ones share storage): `batch` rows of one that only
+    embeddings read, else all of it."""
+    sizes: dict[int, int] = {}
+    for arg, attrs in zip(fn.body.block.args, fn.arg_attrs.data, strict=True):
+        if ad.PARAM_ATTR not in attrs.data:
+            continue
+        tensor = program.weights[attrs.data[ad.PARAM_ATTR].data]
+        users = [u.operation for u in arg.uses]
+        full = tensor.numel() * tensor.element_size()
+        read = batch * full // tensor.shape[0] if users and all(isinstance(u, ad.EmbeddingOp) for u in users) else full
+        key = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
+        sizes[key] = max(sizes.get(key, 0), read)
+    return sum(sizes.values())
