@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DYNAMIC_INDEX, ModuleOp, TensorType
-from xdsl.ir import Operation, SSAValue
+from xdsl.dialects.builtin import DYNAMIC_INDEX, AnyFloat, DictionaryAttr, ModuleOp, TensorType, i1
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
-from ad_mlir.frontends.fx_import import weight_of
+from ad_mlir.frontends.fx_import import INPUT_ATTR, weight_of
+from ad_mlir.passes.insert_cached_attention import POSITION_INPUT
 from ad_mlir.passes.pipeline import describe_op
 from ad_mlir.runtime.reference import run_block_values
 
@@ -48,7 +49,9 @@ def _function(module: ModuleOp) -> func.FuncOp:
     return next(op for op in module.ops if isinstance(op, func.FuncOp) and op.body.blocks)
 
 
-def _random(t: TensorType, generator: torch.Generator, high: int) -> torch.Tensor:
+def _random(t: Attribute, generator: torch.Generator, high: int) -> Any:
+    if not isinstance(t, TensorType):  # a scalar input, e.g. HF's `use_cache` flag
+        return False if t == i1 else 1.0 if isinstance(t, AnyFloat) else SEQ
     shape = [SEQ if d == DYNAMIC_INDEX else d for d in t.get_shape()]
     dtype = T.torch_dtype(t.element_type)
     if dtype == torch.bool:
@@ -65,15 +68,40 @@ def _index_bound(arg: SSAValue) -> int:
     return min(rows, default=4)
 
 
+def _cache_input(arg: SSAValue, attrs: DictionaryAttr, slots: int) -> torch.Tensor | None:
+    """Inputs of a cached function (`insert-cached-attention`) that make it compute what the
+    function computed before the pass: empty caches, starts 0 (a prefill), row b in slot
+    b % slots (rows sharing a slot are harmless at start 0: nothing is read back), and the
+    position ids 0..seq-1 that a prefill has (the pass dropped a mask computed from them)."""
+    names = attrs.data
+    if ad.KV_CACHE_ATTR in names:
+        return torch.zeros(arg.type.get_shape(), dtype=T.torch_dtype(arg.type.element_type))
+    if ad.CACHE_SLOTS_ATTR in names:
+        return torch.arange(SEQ) % slots
+    if ad.CACHE_STARTS_ATTR in names:
+        return torch.zeros(SEQ, dtype=torch.int64)
+    if INPUT_ATTR in names and names[INPUT_ATTR].data == POSITION_INPUT:
+        shape = [SEQ if d == DYNAMIC_INDEX else d for d in arg.type.get_shape()]
+        return torch.arange(shape[-1]).expand(shape).contiguous()
+    return None
+
+
 def example_arguments(fn: func.FuncOp, weights: Mapping[str, torch.Tensor] | None, seed: int = 0) -> list[Any]:
-    """One value per argument of `fn`: the weight by its FQN when `weights` has it, else (and for
-    user inputs) a seeded random tensor of the argument's type, dynamic dims of size SEQ."""
+    """One value per argument of `fn`: the weight by its FQN when `weights` has it, the inputs of
+    a cached function as `_cache_input` says, else (and for other user inputs) a seeded random
+    value of the argument's type, dynamic dims of size SEQ. Arguments a pass appends get values
+    of their own; the values of the others do not change."""
     generator = torch.Generator().manual_seed(seed)
+    block_args, arg_attrs = fn.body.block.args, list(fn.arg_attrs or [])
+    slots = min((a.type.get_shape()[0] for a, attrs in zip(block_args, arg_attrs, strict=True)
+                 if ad.KV_CACHE_ATTR in attrs.data), default=1)
     args = []
-    for arg, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True):
+    for arg, attrs in zip(block_args, arg_attrs, strict=True):
         weight = weight_of(attrs)
         if weight is not None and weights is not None and weight[1] in weights:
             args.append(weights[weight[1]])
+        elif (value := _cache_input(arg, attrs, slots)) is not None:
+            args.append(value)
         else:
             args.append(_random(arg.type, generator, _index_bound(arg)))
     return args
@@ -138,6 +166,8 @@ class NumericVerifier:
             log.warning("verify: %s not checked numerically: the module holds collectives, which one process "
                         "cannot run", name)
             return
+        if len(self._args) < len(fn.body.block.args):  # e.g. insert-cached-attention's caches
+            self._args = example_arguments(fn, self.weights, self.seed)
         outputs, values = run_values(fn, list(self._args))
         old_outputs, old_values = self._before
         for op in fn.body.block.ops:

@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 import torch
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
@@ -53,9 +53,20 @@ class RaiseOnExp(ModulePass):
             Rewriter.replace_op(target, ad.AbsOp.build(operands=[target.input], result_types=[target.result.type]))
 
 
+@dataclass(frozen=True)
+class NarrowCachedWindow(ModulePass):
+    """Test-only wrong rewrite: every cached attention sees only the last 2 positions."""
+
+    name = "test-narrow-cached-window"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for attention in [o for o in op.walk() if isinstance(o, ad.CachedAttentionOp)]:
+            attention.window = IntegerAttr(2, i64)
+
+
 @pytest.fixture
 def test_passes(monkeypatch: pytest.MonkeyPatch) -> None:
-    for p in (SiluAsSigmoid, RaiseOnExp):
+    for p in (SiluAsSigmoid, RaiseOnExp, NarrowCachedWindow):
         monkeypatch.setitem(passes._AD_PASSES, p.name, lambda p=p: p)
 
 
@@ -74,6 +85,32 @@ def test_verify_each_names_a_wrong_rewrite_and_the_first_op_it_breaks(capsys: py
                           "%mul = ad.mul at model.layers.0.mlp: max |error| "), err
     assert err.endswith("it reads what the pass made: %silu = ad.sigmoid at model.layers.0.mlp.act_fn"), err
     assert "\n" not in err
+
+
+CACHED = "default,insert-cached-attention{max-batch=4 max-seq-len=32}"
+
+
+@pytest.mark.usefixtures("test_passes")
+def test_verify_each_checks_the_cached_pipeline(capsys: pytest.CaptureFixture) -> None:
+    """insert-cached-attention changes the function's arguments: the cached function runs on
+    empty caches at start 0 (a prefill), which must compute what the uncached one did; a wrong
+    window is caught and named."""
+    ad_opt.main(["--model", "llama", "--for-generation", "--verify-each", "-p", CACHED])
+    assert "ad.cached_attention" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ad_opt.main(["--model", "llama", "--for-generation", "--verify-each", "-p",
+                     CACHED + ",test-narrow-cached-window"])
+    assert re.match(r"error: pass 'test-narrow-cached-window' changed the results: first differing op "
+                    r"%\S+ = ad.cached_attention at model.layers.0.self_attn", capsys.readouterr().err)
+
+
+def test_compile_verify_checks_the_cached_attention_kernel() -> None:
+    """The compiled cached graph (the cached-attention kernel in the interpreter) against its IR."""
+    from ad_mlir.runtime.llm import cached_pipeline, export_for_cache
+
+    ep = export_for_cache(build_model(TinyConfig(layers=1)), max_batch=4, max_seq_len=32)
+    gm = ad_mlir.compile(ep, pipeline=cached_pipeline("default", 4, 32), verify=True)
+    assert any("cached_attention_" in str(n.target) for n in gm.graph.nodes)
 
 
 @pytest.mark.usefixtures("test_passes")
