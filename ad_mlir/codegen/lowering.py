@@ -139,6 +139,7 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
         rope=op.cos is not None,
         cos_dtype=torch_dtype(op.cos.type) if op.cos is not None else None,
         window=op.window.value.data if op.window is not None else None,
+        softcap=op.softcap.value.data if op.softcap is not None else None,
     )
 
 
