@@ -62,16 +62,36 @@ class CacheArgument:
     dtype: torch.dtype
 
 
-def cached_pipeline(pipeline: str, max_batch: int, max_seq_len: int) -> str:
-    """`pipeline` with `insert-cached-attention`: in `default`, after the LLM fusions and before
-    the elementwise fusion (the dropped mask's ops are then gone before regions form)."""
-    from ad_mlir.passes.pipeline import resolve_pipeline
+CACHE_BEFORE = ("decompose", "fuse-elementwise")
+"""`insert-cached-attention` goes before the first of these passes."""
 
-    spec = resolve_pipeline(pipeline)
+
+def cached_pipeline(pipeline: str, max_batch: int, max_seq_len: int) -> str:
+    """`pipeline` with `insert-cached-attention` spliced in before its first `decompose` or
+    `fuse-elementwise` (`default` counts as the passes it runs), else appended. So it runs after
+    `shard` (each rank's caches get its local K/V heads), `quantize-linear-fp8` and the LLM
+    fusions (it rewrites the fused attention), and before regions form (the dropped mask's ops
+    are gone by then)."""
+    from ad_mlir.passes.pipeline import PIPELINES, resolve_pipeline
+
     insert = f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len}}}"
-    if spec == resolve_pipeline("default"):
-        return spec.replace("decompose,", f"{insert},decompose,")
-    return f"{spec},{insert}" if spec else insert
+    passes = [q for p in split_spec(resolve_pipeline(pipeline))
+              for q in (split_spec(PIPELINES["default"]) if p == "default" else [p])]
+    names = [p.split("{", 1)[0].strip() for p in passes]
+    at = next((i for i, name in enumerate(names) if name in CACHE_BEFORE), len(passes))
+    return ",".join([*passes[:at], insert, *passes[at:]])
+
+
+def split_spec(spec: str) -> list[str]:
+    """An xDSL pass string's passes (`a{x=1,2},b` -> `a{x=1,2}`, `b`: commas inside options stay)."""
+    passes, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            passes.append(spec[start:i].strip())
+            start = i + 1
+    passes.append(spec[start:].strip())
+    return [p for p in passes if p]
 
 
 def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int) -> torch.export.ExportedProgram:
@@ -129,11 +149,16 @@ class LLM:
     `cache_tokens` says how many tokens fit.
 
     `cuda_graphs` (default: on when the model is on CUDA) runs each decode step as a replayed
-    CUDA graph, one per batch bucket (`CudaGraphDecode`)."""
+    CUDA graph, one per batch bucket (`CudaGraphDecode`).
+
+    Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
+    each rank compiles the same IR, holds its slice of the weights and caches of its local K/V
+    heads, and gets the same logits (the all_reduce after each block); `world_size` and `rank`
+    default to the initialized process group's (`ad_mlir.compile`'s)."""
 
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  pipeline: str = "default", tokenizer: Any = None, kv_cache_budget: int | float | None = None,
-                 cuda_graphs: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, world_size: int | None = None, rank: int | None = None) -> None:
         from ad_mlir.models import load_causal_lm
 
         if isinstance(model, str):
@@ -146,6 +171,7 @@ class LLM:
         _check_sizes(max_batch, max_seq_len)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device (it is on {self.device})")
+        self._world_size, self._rank = world_size, rank
         start = time.perf_counter()
         if kv_cache_budget is None:
             max_seq_len = max_seq_len or DEFAULT_MAX_SEQ_LEN
@@ -167,7 +193,8 @@ class LLM:
         from ad_mlir.compiler import compile_program
 
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
-        self.graph, program = compile_program(ep, pipeline=cached_pipeline(pipeline, max_batch, max_seq_len))
+        self.graph, program = compile_program(ep, pipeline=cached_pipeline(pipeline, max_batch, max_seq_len),
+                                              world_size=self._world_size, rank=self._rank)
         self.program = program
         """The compiled `ad` module (what the graph runs) and its weights."""
         fn = program.function
