@@ -4,6 +4,12 @@ prints its max |error| against the unsharded eager model.
 
     torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama
 
+With --generate each rank builds an `ad_mlir.LLM` from that pipeline (K/V caches of its local
+heads), generates greedily from fixed prompts and prints its tokens and whether they equal those
+of one unsharded `LLM` (run on rank 0, sent to every rank); the exit status says so too.
+
+    torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate
+
 The process group comes from torchrun's environment: NCCL when every rank has a GPU, gloo
 otherwise (then fused regions run as Triton kernels in the interpreter unless --no-interpret).
 The hidden size defaults to 64 x the world size (2W heads of 32, W key/value heads), so any
@@ -26,6 +32,9 @@ from ad_mlir.models import DTYPES, FAMILIES, TinyConfig, build_model, example_in
 from ad_mlir.report import max_abs_error, verdict
 
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
+PROMPTS = ((5, 9, 13, 3, 7, 40, 41), (3, 4), (11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21))
+"""Token ids of different lengths (the tiny models have no tokenizer); three prompts for two
+cache slots, so one waits for a freed slot."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +57,8 @@ def run_rank(cfg: TinyConfig, pipeline: str = "default", seq_lens: Sequence[int]
     world, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(cfg)
     ep = export_model(model, cfg)
-    gm = ad_mlir.compile(ep, pipeline=f"canonicalize,shard{{world-size={world}}},{pipeline}")
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    gm = ad_mlir.compile(ep, pipeline=sharded(pipeline, world))
+    device = _device()
     if device is not None:
         gm, model = gm.to(device), model.to(device)
     truth_model = build_model(dataclasses.replace(cfg, dtype="float32")).to(device)
@@ -66,6 +75,61 @@ def run_rank(cfg: TinyConfig, pipeline: str = "default", seq_lens: Sequence[int]
     kernels = tuple(t for t in targets if t.startswith("ad_mlir."))
     worst = "OUT OF TOLERANCE" if "OUT OF TOLERANCE" in verdicts else "within tolerance"
     return RankResult(rank, world, targets.count(ALL_REDUCE), kernels, errors, worst)
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    rank: int
+    world_size: int
+    tokens: list[list[int]]
+    """This rank's greedy new tokens, per prompt."""
+    unsharded: list[list[int]]
+    """The same prompts through one unsharded LLM (on rank 0)."""
+    kv_heads: dict[str, int]
+    """K/V heads of each of this rank's caches."""
+
+    @property
+    def equal(self) -> bool:
+        return self.tokens == self.unsharded
+
+
+def generate_rank(cfg: TinyConfig, pipeline: str = "default", prompts: Sequence[Sequence[int]] = PROMPTS,
+                  max_new_tokens: int = 12) -> GenerateResult:
+    """Generate greedily with `cfg`'s model sharded over the initialized process group (every rank
+    builds the same weights from the seed); rank 0 also generates with the model unsharded."""
+    from ad_mlir import LLM
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = build_model(cfg).to(_device())
+    sizes = {"max_batch": 2, "max_seq_len": max(map(len, prompts)) + max_new_tokens}
+    llm = LLM(model, pipeline=sharded(pipeline, world), **sizes)
+    tokens = [out.token_ids for out in llm.generate(prompts, max_new_tokens)]
+    unsharded: list[list[list[int]] | None] = [None]
+    if rank == 0:
+        single = LLM(model, pipeline=pipeline, world_size=1, rank=0, **sizes)
+        unsharded = [[out.token_ids for out in single.generate(prompts, max_new_tokens)]]
+    dist.broadcast_object_list(unsharded, src=0)
+    kv_heads = {name: cache.shape[2] for name, cache in llm.caches.items()}  # [slots, max_seq, kv_heads, head_dim]
+    return GenerateResult(rank, world, tokens, unsharded[0], kv_heads)
+
+
+def sharded(pipeline: str, world: int) -> str:
+    """`pipeline` after canonicalize and shard for `world` ranks."""
+    return f"canonicalize,shard{{world-size={world}}},{pipeline}"
+
+
+def _device() -> torch.device | None:
+    """This rank's GPU under NCCL; None (the CPU) under gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+
+
+def _format_generate(result: GenerateResult, cfg: TinyConfig) -> str:
+    heads = sorted(set(result.kv_heads.values()))
+    return (
+        f"rank {result.rank}/{result.world_size}: {cfg.family} {cfg.dtype}, {cfg.layers} layers, K/V heads per cache: "
+        f"{'/'.join(map(str, heads))}; tokens {result.tokens}; "
+        f"equal to one unsharded process: {result.equal}"
+    )
 
 
 def _format(result: RankResult, cfg: TinyConfig) -> str:
@@ -86,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--pipeline", default="default", help="what runs after shard: 'default', 'none', 'a,b'")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[7, 19])
+    p.add_argument("--generate", action="store_true",
+                   help="generate greedily from fixed prompts with ad_mlir.LLM (K/V caches of the local heads) and "
+                        "compare the tokens with one unsharded LLM's")
+    p.add_argument("--max-new-tokens", type=int, default=12, help="with --generate")
     p.add_argument("--no-interpret", action="store_true",
                    help="without CUDA, run fused regions as their torch reference, not in the Triton interpreter")
     args = p.parse_args(argv)
@@ -101,11 +169,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         world = dist.get_world_size()
         cfg = TinyConfig(family=args.model, layers=args.layers, dtype=args.dtype,
                          hidden_size=args.hidden_size or 64 * world)
-        result = run_rank(cfg, args.pipeline, args.seq_lens)
-        print(_format(result, cfg), flush=True)
+        if args.generate:
+            generated = generate_rank(cfg, args.pipeline, max_new_tokens=args.max_new_tokens)
+            print(_format_generate(generated, cfg), flush=True)
+            ok = generated.equal
+        else:
+            result = run_rank(cfg, args.pipeline, args.seq_lens)
+            print(_format(result, cfg), flush=True)
+            ok = result.verdict != "OUT OF TOLERANCE"
     finally:
         dist.destroy_process_group()
-    sys.exit(0 if result.verdict != "OUT OF TOLERANCE" else 1)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
