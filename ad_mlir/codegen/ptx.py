@@ -133,15 +133,22 @@ def example_inputs(kernel: RegionKernel, tokens: int) -> tuple[list[torch.Tensor
     return tensors, scalars
 
 
-def record_launch(module: ModuleType, name: str, tensors: Sequence[torch.Tensor], scalars: Sequence[Any],
-                  inputs: str = "these inputs") -> Launch:
-    """The launch that a kernel module's `launch` makes for `tensors` and `scalars` (meta tensors
-    do: a launcher allocates its outputs on its inputs' device). `inputs` names them in errors."""
+def record_launches(module: ModuleType, tensors: Sequence[torch.Tensor], scalars: Sequence[Any]) -> list[Launch]:
+    """Every launch that a kernel module's `launch` makes for `tensors` and `scalars` (meta tensors
+    do: a launcher allocates its outputs on its inputs' device), in order."""
     recorder = _Recorder()
     module.launch(recorder, list(tensors), list(scalars))
-    if len(recorder.launches) != 1:
-        raise PtxCompileError(name, f"its launcher makes {len(recorder.launches)} launches for {inputs}, not one")
-    return recorder.launches[0]
+    return recorder.launches
+
+
+def record_launch(module: ModuleType, name: str, tensors: Sequence[torch.Tensor], scalars: Sequence[Any],
+                  inputs: str = "these inputs") -> Launch:
+    """The one launch that a kernel module's `launch` makes (`record_launches`); `inputs` names
+    them in errors."""
+    launches = record_launches(module, tensors, scalars)
+    if len(launches) != 1:
+        raise PtxCompileError(name, f"its launcher makes {len(launches)} launches for {inputs}, not one")
+    return launches[0]
 
 
 def capture_launch(kernel: RegionKernel, tokens: int = 256) -> Launch:
@@ -283,12 +290,17 @@ def ptx_reports(kernels: Iterable[RegionKernel], tokens: int = 256) -> list[PtxR
     """One report per distinct kernel (by name, in first-seen order), e.g. for
     `build_kernels(module).values()`."""
     distinct = {k.name: k for k in kernels}
-    specs = [specialize(k, tokens) for k in distinct.values()]
+    return compile_all([specialize(k, tokens) for k in distinct.values()])
+
+
+def compile_all(specs: Sequence[Specialization]) -> list[PtxReport]:
+    """A report per specialization, in order (compiled in a child process where this one
+    runs the Triton interpreter)."""
     if not specs:
         return []
     if triton.knobs.runtime.interpret:
         return _compile_in_child(specs)
-    return [compile_specialization(s, distinct[s.name].cached.jit_function) for s in specs]
+    return [compile_specialization(s, _load_jit_function(s)) for s in specs]
 
 
 def format_table(reports: Iterable[PtxReport]) -> str:

@@ -143,3 +143,19 @@ def test_the_generate_table_shows_speed_and_decode_traffic() -> None:
     assert "### Generation (tiny, float32 on cpu, greedy, EOS ignored)" in text
     assert "| ad-mlir | 1 | 32 | 16 | 2.00 | 8.0 | 0.500 | 100.0 | 10.0 | 3.00 |" in text
     assert "| 1 | 32 | 41 | 2.00 | 1.00 | 0.90 | 0.090 | 0.0100 | 2.000 |" in text
+
+
+def test_the_ptx_part_specializes_generation_as_the_runtime_launches() -> None:
+    """The cached-attention rows: a prefill of TOKENS tokens (one launch over query blocks) and a
+    decode step of DECODE_BATCH sequences (split kernel over batch x K/V heads and the cache's
+    splits, then one reduce program per head), with the launch's own sizes."""
+    from ad_mlir.bench.ptx_table import CACHE_TOKENS, DECODE_BATCH, TOKENS, generation_specializations
+    from ad_mlir.codegen.cached_attention_kernel import DECODE, PREFILL, REDUCE, decode_splits
+
+    phases, specs = zip(*generation_specializations(TINY, "bfloat16"), strict=True)
+    assert phases == ("prefill", "decode", "decode (reduce)")
+    assert [s.constexprs["PHASE"] for s in specs] == [PREFILL, DECODE, REDUCE]
+    splits = decode_splits(CACHE_TOKENS)[0]
+    assert [s.grid for s in specs] == [(TINY.heads, TOKENS // specs[0].constexprs["BLOCK_M"]),
+                                       (DECODE_BATCH * TINY.kv_heads, splits), (DECODE_BATCH * TINY.heads,)]
+    assert all(s.constexprs["HEAD_DIM"] == TINY.head_dim and s.signature["q"] == "*bf16" for s in specs)

@@ -31,7 +31,7 @@ from ad_mlir.codegen.cached_attention_kernel import (
     decode_splits,
     emit_cached_attention_module,
 )
-from ad_mlir.codegen.ptx import _compile_in_child, _Recorder, specialize_launch
+from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
 from ad_mlir.frontends import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -304,13 +304,11 @@ def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build, dtype: torch.dtype
         tensors = [_meta(batch, 32, seq, 128, dtype=dtype), *[_meta(batch, 8, seq, 128, dtype=dtype)] * 2,
                    *[_meta(batch, seq, 128, dtype=dtype)] * 2, *[_meta(16, 8192, 8, 128, dtype=dtype)] * 2,
                    *[_meta(batch, dtype=torch.int64)] * 2]
-        recorder = _Recorder()
-        module.launch(recorder, tensors, [])
-        launches += recorder.launches
+        launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
     assert [s.constexprs["PHASE"] for s in specs] == [PREFILL, DECODE, REDUCE]
     assert [s.grid for s in specs] == [(32, 1024 // specs[0].constexprs["BLOCK_M"]), (64, 32), (256,)]
-    for spec, report in zip(specs, _compile_in_child(specs), strict=True):
+    for spec, report in zip(specs, compile_all(specs), strict=True):
         assert report.spills == 0, (spec.constexprs["PHASE"], report)
         assert report.shared_memory <= H100_SHARED_MEMORY, (spec.constexprs["PHASE"], report)
