@@ -6,9 +6,9 @@ slot). Per-step logits are compared with HF's full-prefix forward at torch.testi
 defaults: the cached graph computes the same ops on the same values, only the attention reads
 the keys and values from the cache instead of recomputing them.
 
-Most tests run the kernels as their torch reference (fast); `test_interpreter_end_to_end` runs
-them in the Triton interpreter with the reference fallback made to fail. The cached attention
-itself runs as its torch reference op everywhere (it has no Triton kernel yet)."""
+Most tests run the kernels as their torch reference (fast); the `..._in_the_interpreter` tests
+run every kernel, the cached attention's included (prefill, split-K decode, the cache writes), in
+the Triton interpreter with the reference fallback made to fail."""
 
 from __future__ import annotations
 
@@ -71,15 +71,24 @@ def _assert_step_logits_match(model: torch.nn.Module, llm: ad_mlir.LLM) -> None:
                 seq.append(int(logits[i, -1].argmax()))
 
 
-def test_interpreter_end_to_end(llms, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefill and 5 decode steps of two prompts with every region kernel run in the Triton
-    interpreter (the reference fallback refuses)."""
-    model, llm = llms["llama"]
-
+def _refuse_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object) -> None:
         raise AssertionError("a region ran its reference semantics, not its kernel")
 
     monkeypatch.setattr(kernels, "run_reference", refuse)
+
+
+def _calls_cached_attention_kernels(llm: ad_mlir.LLM) -> bool:
+    """Every attention of the graph is a cached-attention kernel (none its reference op)."""
+    attentions = [n.target for n in llm.graph.graph.nodes if "cached_attention" in str(n.target)]
+    return bool(attentions) and all(kernels.registered_kernel(t) is not None for t in attentions)
+
+
+def test_llama_in_the_interpreter(llms, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill and 5 decode steps of two prompts (the second decode batch holds both)."""
+    model, llm = llms["llama"]
+    assert _calls_cached_attention_kernels(llm)
+    _refuse_reference(monkeypatch)
     outputs = llm.generate(PROMPTS[:2], max_new_tokens=6)
     for prompt, out in zip(PROMPTS[:2], outputs, strict=True):
         assert out.token_ids == _hf_tokens(model, prompt, 6)
@@ -152,6 +161,17 @@ def test_gemma2_step_logits_match_hf_prefill_and_decode(gemma2) -> None:
     _assert_step_logits_match(*gemma2)
 
 
+def test_gemma2_in_the_interpreter(gemma2, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's soft cap and sliding window (6: the prompts of 7 and 11 tokens and the decode
+    steps reach past it), three prompts in two slots, 12 new tokens."""
+    model, llm = gemma2
+    assert _calls_cached_attention_kernels(llm)
+    _refuse_reference(monkeypatch)
+    outputs = llm.generate(PROMPTS, max_new_tokens=12)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == _hf_tokens(model, prompt, 12)
+
+
 class _Bidirectional(torch.nn.Module):
     """An encoder's attention: every token sees the whole sequence (SDPA, no mask, not causal),
     which a cache of the tokens before cannot give."""
@@ -174,12 +194,33 @@ def test_a_model_whose_attention_cannot_be_cached_is_refused(monkeypatch: pytest
     assert "attention without a mask and not causal cannot be cached" in caplog.text
 
 
-def test_smollm2_answers_like_hf() -> None:
-    """The packaged SmolLM2-135M-Instruct (GGUF, dequantized to fp32), chat template, greedy."""
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[torch.nn.Module, ad_mlir.LLM]:
+    """The packaged SmolLM2-135M-Instruct (GGUF, dequantized to fp32), loaded once."""
     model, tokenizer = load_causal_lm("smollm2")
-    llm = ad_mlir.LLM(model, max_batch=1, max_seq_len=96, tokenizer=tokenizer)
+    return model, ad_mlir.LLM(model, max_batch=1, max_seq_len=96, tokenizer=tokenizer)
+
+
+QUESTION = "What is the capital of France?"
+
+
+def test_smollm2_answers_like_hf(smollm2) -> None:
+    """Chat template, greedy, the kernels' reference path."""
+    model, llm = smollm2
     with reference_kernels():
-        out = llm.generate(["What is the capital of France?"], max_new_tokens=16, chat=True)[0]
+        out = llm.generate([QUESTION], max_new_tokens=16, chat=True)[0]
     assert out.text == "The capital of France is Paris."
     assert out.finish_reason == "stop"
     assert out.token_ids == _hf_tokens(model, out.prompt_token_ids, 16)
+
+
+def test_smollm2_in_the_interpreter(smollm2, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real checkpoint's shapes (head_dim 64, 9 / 3 heads, 30 layers) through every kernel in
+    the interpreter: the 37-token prompt's prefill and 2 decode steps (~1 minute), the first
+    three tokens of the answer."""
+    model, llm = smollm2
+    assert _calls_cached_attention_kernels(llm)
+    _refuse_reference(monkeypatch)
+    out = llm.generate([QUESTION], max_new_tokens=3, chat=True)[0]
+    assert out.text == "The capital of"
+    assert out.token_ids == _hf_tokens(model, out.prompt_token_ids, 3)
