@@ -110,15 +110,42 @@ def causal_lm_families() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def small_config(family: str) -> Any:
+SCALED_WITH_HIDDEN = ("head_dim", "rotary_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+                      "kv_lora_rank", "q_lora_rank", "moe_intermediate_size")
+"""WHERE_PRESENT's sizes (set for SIZES' hidden 128) that scale with another hidden size, so that
+heads times head_dim stays the hidden size."""
+
+
+def small_config(family: str, layers: int | None = None, hidden_size: int | None = None) -> Any:
     """The family's config with the sweep's sizes (WHERE_PRESENT's where the config has them as
-    settings, not as properties derived from others: Falcon's head_dim)."""
+    settings, not as properties derived from others: Falcon's head_dim); `layers` and
+    `hidden_size` (a multiple of 32: 4 heads, rotary dims of hidden / 8) replace the sweep's,
+    the intermediate and head sizes following the hidden size."""
     from transformers import AutoConfig
 
+    if family not in causal_lm_families():
+        raise ValueError(f"'{family}' is not a causal-LM model type of transformers (see "
+                         "`python -m ad_mlir.families --help`; e.g. llama, qwen3, phi3, gpt2)")
+    sizes, where_present = dict(SIZES), dict(WHERE_PRESENT)
+    if layers is not None:
+        sizes["num_hidden_layers"] = layers
+    if hidden_size is not None:
+        if hidden_size <= 0 or hidden_size % 32:
+            raise ValueError(f"hidden size {hidden_size} must be a positive multiple of 32 (4 heads, rotary "
+                             "dims of hidden / 8)")
+        sizes.update(hidden_size=hidden_size, intermediate_size=2 * hidden_size)
+        scale = hidden_size // 32
+        where_present.update({k: where_present[k] * scale // 4 for k in SCALED_WITH_HIDDEN})
     defaults = AutoConfig.for_model(family)
-    derived = {k for k in WHERE_PRESENT if isinstance(getattr(type(defaults), k, None), property)}
-    present = {k: v for k, v in WHERE_PRESENT.items() if hasattr(defaults, k) and k not in derived}
-    return AutoConfig.for_model(family, **SIZES, **present)
+    derived = {k for k in where_present if isinstance(getattr(type(defaults), k, None), property)}
+    present = {k: v for k, v in where_present.items() if hasattr(defaults, k) and k not in derived}
+    return AutoConfig.for_model(family, **sizes, **present)
+
+
+def small_model(family: str, layers: int | None = None, hidden_size: int | None = None) -> Any:
+    """The family's causal LM built from `small_config` (random weights, biases not zero, fp32,
+    eval mode)."""
+    return _build(small_config(family, layers, hidden_size))
 
 
 def _error_line(e: BaseException) -> str:

@@ -1,0 +1,178 @@
+"""`torch.compile(backend="ad_mlir")` (ad_mlir/dynamo_backend.py): HF models equal to eager, graph
+breaks, dynamic sequence lengths without recompiles, eager fallback with one warning, gradients.
+
+fp32 logits within torch.testing's defaults (rtol 1.3e-6, atol 1e-5): the kernels compute in
+fp32 like eager and only reorder sums. Kernels run as their torch reference except in the one
+interpreter test (the Triton kernels themselves are covered by the model tests)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import ad_mlir.compiler
+from ad_mlir.dynamo_backend import EagerFallbackWarning
+from ad_mlir.families import small_model
+from ad_mlir.models import FAMILIES, TinyConfig, build_model
+from ad_mlir.runtime.kernels import reference_kernels
+
+MORE_FAMILIES = ("qwen3", "phi3", "olmo2", "gpt2")
+"""Built from their configs (ad_mlir/families.py): QK-norm, fused QKV, post-norms, LayerNorm + GELU."""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()  # compiled frames of one test must not serve another's
+
+
+@pytest.fixture
+def compiled_graphs(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
+    """The ATen graphs that reach `ad_mlir.compile` through the backend, in order; each
+    compiled graph is checked to call kernels of ours."""
+    seen: list[torch.fx.GraphModule] = []
+    real = ad_mlir.compiler.compile
+
+    def spy(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
+        seen.append(gm)
+        compiled = real(gm, *args, **kwargs)
+        if kwargs.get("pipeline") != "none":
+            assert _kernel_calls(compiled) > 0, "the compiled graph calls no kernel of ours"
+        return compiled
+
+    monkeypatch.setattr(ad_mlir.compiler, "compile", spy)
+    return seen
+
+
+def _ids(seq: int, vocab: int = 128) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(seq))
+
+
+def _logits_error(model: torch.nn.Module, ids: torch.Tensor, options: dict[str, Any] | None = None) -> float:
+    """Compile `model` with the backend (no eager fallback: a failure raises), compare its
+    logits with eager's, return the max error."""
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        compiled = torch.compile(model, backend="ad_mlir", options={**(options or {}), "fallback": False})
+        got = compiled(input_ids=ids).logits
+    torch.testing.assert_close(got, expected)
+    return (got - expected).abs().max().item()
+
+
+def _kernel_calls(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("ad_mlir."))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_builtin_family_equals_eager(family: str, compiled_graphs: list[torch.fx.GraphModule]) -> None:
+    with reference_kernels():
+        error = _logits_error(build_model(TinyConfig(family=family)), _ids(9))
+    assert len(compiled_graphs) == 1, "one graph, no break, compiled by ad-mlir (not the eager fallback)"
+    print(f"{family}: max |error| {error:.3g}")
+
+
+@pytest.mark.parametrize("family", MORE_FAMILIES)
+def test_family_from_config_equals_eager(family: str, compiled_graphs: list[torch.fx.GraphModule]) -> None:
+    model = small_model(family, layers=1)
+    with reference_kernels():
+        error = _logits_error(model, _ids(9, model.config.vocab_size))
+    assert len(compiled_graphs) == 1
+    print(f"{family}: max |error| {error:.3g}")
+
+
+def test_kernels_in_the_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real Triton kernels (interpreted on CPU), checked numerically by `verify`, and the
+    `none` pipeline (imported and exported back, nothing fused) bit-exact."""
+    model, ids = build_model(TinyConfig(family="llama", layers=1)), _ids(7)
+    _logits_error(model, ids, {"pipeline": "default", "verify": True})
+    torch._dynamo.reset()
+    with torch.no_grad():
+        options = {"pipeline": "none", "fallback": False}
+        got = torch.compile(model, backend="ad_mlir", options=options)(input_ids=ids).logits
+        assert torch.equal(got, model(input_ids=ids).logits)
+
+
+def test_graph_break_compiles_both_parts(compiled_graphs: list[torch.fx.GraphModule]) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.silu(x @ w) * 2.0
+        torch._dynamo.graph_break()
+        return torch.softmax(y, -1) + 1.0
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with torch.no_grad(), reference_kernels():
+        torch.testing.assert_close(torch.compile(f, backend="ad_mlir")(x, w), f(x, w))
+    targets = [{str(n.target) for n in gm.graph.nodes} for gm in compiled_graphs]
+    assert len(targets) == 2, "each side of the break reaches ad_mlir.compile"
+    assert "aten.silu.default" in targets[0] and "aten._softmax.default" in targets[1]
+
+
+def test_dynamic_sequence_length_compiles_once(compiled_graphs: list[torch.fx.GraphModule]) -> None:
+    model = build_model(TinyConfig(family="qwen2", layers=1))
+    counter = CompileCounterWithBackend("ad_mlir")
+    compiled = torch.compile(model, backend=counter)
+    with torch.no_grad(), reference_kernels():
+        for seq in (5, 8, 13, 21):
+            ids = _ids(seq)
+            torch._dynamo.mark_dynamic(ids, 1)
+            torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert counter.frame_count == 1, f"{counter.frame_count} Dynamo compiles for 4 sequence lengths"
+    assert len(compiled_graphs) == 1, "one ad-mlir compile serves every length"
+    symbolic = [n for n in compiled_graphs[0].graph.nodes if n.op == "placeholder"
+                and isinstance(n.meta["val"], torch.SymInt)]
+    assert symbolic, "the sequence length reaches the compiled graph as a SymInt input"
+
+
+def _cond(x: torch.Tensor) -> torch.Tensor:
+    """A data-dependent branch: Dynamo keeps it as a `cond` higher-order op in the ATen graph,
+    which ad-mlir does not take (its branches are subgraphs, not tensors)."""
+    return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,)) * 2.0
+
+
+def test_unsupported_graph_runs_eager_with_one_warning() -> None:
+    x = torch.randn(4, 8)
+    compiled = torch.compile(_cond, backend="ad_mlir")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for inp in (x.abs(), -x.abs(), x):
+            torch.testing.assert_close(compiled(inp), _cond(inp), rtol=0, atol=0)
+    fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
+    assert len(fallbacks) == 1, [str(w.message) for w in fallbacks]
+    assert "could not compile" in str(fallbacks[0].message) and "ImportError_" in str(fallbacks[0].message)
+
+
+def test_unsupported_graph_raises_without_fallback() -> None:
+    compiled = torch.compile(_cond, backend="ad_mlir", options={"fallback": False})
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="ImportError_"), torch.no_grad():
+        compiled(torch.randn(4, 8))
+
+
+def test_graph_needing_gradients_runs_eager(compiled_graphs: list[torch.fx.GraphModule]) -> None:
+    """Documented choice: training graphs run eagerly (with the warning); gradients are eager's."""
+    linear = torch.nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    with pytest.warns(EagerFallbackWarning, match="needs gradients"):
+        out = torch.compile(linear, backend="ad_mlir")(x)
+    out.square().sum().backward()
+    got = linear.weight.grad.clone()
+    linear.weight.grad = None
+    linear(x).square().sum().backward()
+    torch.testing.assert_close(got, linear.weight.grad, rtol=0, atol=0)
+    assert not compiled_graphs
+
+
+@pytest.mark.parametrize("options, match", [({"pipelin": "none"}, "unknown ad_mlir backend option"),
+                                             ({"pipeline": "no-such-pass"}, "no-such-pass")])
+def test_bad_options_are_named(options: dict[str, Any], match: str) -> None:
+    run: Callable[[torch.Tensor], torch.Tensor] = torch.compile(
+        lambda x: x * 2.0, backend="ad_mlir", options={**options, "fallback": False})
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=match), torch.no_grad():
+        run(torch.randn(3))
+
+
+def test_registered_under_its_name() -> None:
+    assert "ad_mlir" in torch._dynamo.list_backends()
