@@ -258,7 +258,7 @@ def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        lo = start * 0
+        lo = 0
         if WINDOW > 0:
             lo = tl.maximum(lo, start + start_m - WINDOW + 1)
         for n0 in range(lo, start, BLOCK_N):
