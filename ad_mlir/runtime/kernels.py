@@ -28,7 +28,6 @@ from xdsl.ir import Attribute, Operation
 
 from ad_mlir.codegen.cache import CachedKernel, KernelCache
 from ad_mlir.codegen.lowering import kernel_ops, kernel_region, written_inputs
-from ad_mlir.dialects import ad
 from ad_mlir.dialects.decompositions import NoKernelForm
 
 log = logging.getLogger(__name__)
@@ -170,7 +169,7 @@ def _define_op(kernel: RegionKernel) -> None:
     library_op.register_fake(kernel.fake)
 
 
-def region_kernel(op: ad.FusedOp | ad.KernelOp, cache: KernelCache) -> RegionKernel:
+def region_kernel(op: Operation, cache: KernelCache) -> RegionKernel:
     """The kernel of `op` (from the cache), registered as a torch op once per process. A kernel
     registered before, from another cache, comes back with this cache's file (the same source:
     names hash it), so its file is one that still exists."""
