@@ -14,14 +14,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DictionaryAttr, NameLoc
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    DictionaryAttr,
+    Float64Type,
+    IndexType,
+    IntegerType,
+    NameLoc,
+    TensorType,
+)
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from ad_mlir.codegen.lowering import kernel_inputs, kernel_outputs
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import computes_from_weights_only
 from ad_mlir.frontends import op_table as T
 from ad_mlir.frontends.fx_import import INPUT_ATTR, SINGLE_RANK, ImportedProgram, Rank, rank_weight, weight_of
+from ad_mlir.runtime.input_checks import DynamicDim, InputChecks, InputSpec
 from ad_mlir.runtime.reference import run_op
 
 if TYPE_CHECKING:
@@ -39,7 +48,8 @@ def export_program(
     `torch.ops.ad_mlir` op; a region without one is emitted inline, as its ops' torch calls.
     With `fold_weights`, pure ops on weights alone are computed now and the graph holds their
     results instead of the weights only they read (else the graph keeps every weight). Sharded
-    weight arguments hold `rank`'s shard (`fx_import.rank_weight`)."""
+    weight arguments hold `rank`'s shard (`fx_import.rank_weight`). The module checks its inputs
+    before running (`runtime/input_checks.py`; its `input_checks` attribute)."""
     kernels = kernels or {}
     fn = program.function
     graph = torch.fx.Graph()
@@ -61,7 +71,45 @@ def export_program(
         graph.eliminate_dead_code()
         _drop_unused_weights(root, graph)
     graph.lint()
-    return torch.fx.GraphModule(root, graph, class_name="AdGraphModule")
+    gm = torch.fx.GraphModule(root, graph, class_name="AdGraphModule")
+    gm.input_checks = InputChecks(input_specs(program))
+    gm.register_forward_pre_hook(gm.input_checks, with_kwargs=True)
+    return gm
+
+
+def input_specs(program: ImportedProgram) -> list[InputSpec]:
+    """What each user argument of the function must be: dtype, rank and static sizes from its
+    type (what the kernels were built for), device and the dynamic dims' ranges from the source
+    graph's input (`ImportedProgram.input_specs`). An argument a pass added (a K/V cache) is
+    expected on the device of the source's tensor inputs."""
+    fn = program.function
+    sources = program.input_specs
+    devices = {s.device_type for s in sources.values() if s.kind is torch.Tensor}
+    device = devices.pop() if len(devices) == 1 else None
+    return [
+        _argument_spec(attrs.data[INPUT_ATTR].data, arg.type, sources.get(attrs.data[INPUT_ATTR].data), device)
+        for arg, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True)
+        if INPUT_ATTR in attrs.data
+    ]
+
+
+def _argument_spec(name: str, arg_type: Attribute, source: InputSpec | None, device: str | None) -> InputSpec:
+    if not isinstance(arg_type, TensorType):
+        if source is not None and source.kind is _SCALAR_KINDS.get(type(arg_type)):
+            return source
+        return InputSpec(name, _SCALAR_KINDS[type(arg_type)])
+    source_dims = source.shape if source is not None and len(source.shape) == arg_type.get_num_dims() else None
+    shape = tuple(
+        d if d != DYNAMIC_INDEX else (
+            source_dims[i] if source_dims is not None and isinstance(source_dims[i], DynamicDim) else DynamicDim(None)
+        )
+        for i, d in enumerate(arg_type.get_shape())
+    )
+    return InputSpec(name, torch.Tensor, T.torch_dtype(arg_type), source.device_type if source else device, shape)
+
+
+_SCALAR_KINDS: dict[type, type] = {IndexType: int, IntegerType: bool, Float64Type: float}
+"""The Python type of a scalar argument, by its `ad` type (`fx_import.type_of`)."""
 
 
 def _emit_folded(

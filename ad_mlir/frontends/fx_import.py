@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.export._unlift import GuardsFn
 from torch.export.graph_signature import InputKind
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
@@ -36,6 +37,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table as T
+from ad_mlir.frontends.graph_sources import importable
+from ad_mlir.runtime.input_checks import InputSpec, spec_of_value
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +90,29 @@ def rank_weight(tensor: torch.Tensor, arg_type: Attribute, arg_attrs: Dictionary
     return tensor.narrow(dim, rank.rank * local, local).contiguous()
 
 
-INLINED_HIGHER_ORDER_OPS = ("higher_order.wrap_with_set_grad_enabled",)
-"""Grad mode does not change inference values, so these are inlined."""
-
-
 class ImportError_(Exception):
     """A graph the importer cannot take (the message names the node and why)."""
+
+
+@dataclass(frozen=True)
+class Inlined:
+    """How to inline a higher-order op: its subgraph's (first) index among the node's args and
+    where its operands start."""
+
+    subgraph: int
+    operands: int
+
+
+INLINED_HIGHER_ORDER_OPS = {
+    # grad mode does not change inference values
+    "torch.ops.higher_order.wrap_with_set_grad_enabled": Inlined(subgraph=1, operands=2),
+    # (device_type, dtype, enabled, cache_enabled, subgraph, *operands): exact only when
+    # disabled (`_autocast_enabled` refuses the others)
+    "torch.ops.higher_order.wrap_with_autocast": Inlined(subgraph=4, operands=5),
+    # a subgraph called like a function
+    "torch.ops.higher_order.invoke_subgraph": Inlined(subgraph=0, operands=2),
+}
+"""Higher-order ops whose subgraph is inlined where the node stands."""
 
 
 @dataclass
@@ -101,6 +121,9 @@ class ImportedProgram:
 
     module: ModuleOp
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    input_specs: dict[str, InputSpec] = field(default_factory=dict)
+    """What each user input of the source graph was exported as (name -> spec, with the dynamic
+    dims' ranges): the compiled graph's input checks."""
 
     @property
     def function(self) -> func.FuncOp:
@@ -108,20 +131,24 @@ class ImportedProgram:
 
 
 def import_program(
-    program: ExportedProgram | torch.fx.GraphModule,
-    example_inputs: Sequence[Any] | None = None,
+    program: ExportedProgram | torch.nn.Module,
+    example_inputs: Sequence[Any] | Mapping[str, Any] | None = None,
+    dynamic_shapes: Any = None,
 ) -> ImportedProgram:
-    """Import an ExportedProgram, or a GraphModule whose nodes have `meta["val"]`
-    (else `example_inputs` are propagated through it as fake tensors)."""
+    """Import an ExportedProgram, `ep.module()`, an ATen-level GraphModule (`make_fx`, AOTAutograd)
+    whose nodes have `meta["val"]` (else `example_inputs` are propagated through it as fake
+    tensors), or an `nn.Module` / torch-level GraphModule (`symbolic_trace`), which is exported
+    first with `example_inputs` and `dynamic_shapes` (`graph_sources.importable`)."""
+    program = importable(program, example_inputs, dynamic_shapes)
     if isinstance(program, ExportedProgram):
         return _Importer().run_exported(program)
-    if not isinstance(program, torch.fx.GraphModule):
-        raise TypeError(f"expected an ExportedProgram or GraphModule, got {type(program).__name__}")
     if any("val" not in n.meta for n in program.graph.nodes if n.op in ("placeholder", "call_function")):
         if example_inputs is None:
             raise ImportError_(
                 "the GraphModule has no meta['val'] shapes: pass example_inputs, or use torch.export"
             )
+        if isinstance(example_inputs, Mapping):
+            example_inputs = [example_inputs[n.target] for n in program.graph.find_nodes(op="placeholder")]
         _propagate_fake(program, example_inputs)
     return _Importer().run_graph_module(program)
 
@@ -184,6 +211,7 @@ class _Importer:
         self.block = Block()
         self.arg_attrs: list[DictionaryAttr] = []
         self.weights: dict[str, torch.Tensor] = {}
+        self.input_specs: dict[str, InputSpec] = {}
 
     # entry points ---------------------------------------------------------------
 
@@ -194,7 +222,7 @@ class _Importer:
                 continue
             spec = specs[node.name]
             if spec.kind == InputKind.USER_INPUT:
-                self._add_argument(node, {INPUT_ATTR: StringAttr(node.name)})
+                self._add_input(node, ep.range_constraints)
             elif spec.kind in WEIGHT_ATTRS:
                 attr = WEIGHT_ATTRS[spec.kind]
                 source = ep.constants if spec.target in ep.constants else ep.state_dict
@@ -207,10 +235,15 @@ class _Importer:
         return self._finish(ep.graph)
 
     def run_graph_module(self, gm: torch.fx.GraphModule) -> ImportedProgram:
+        """A GraphModule's weights are its get_attr tensors (subgraphs of higher-order ops are
+        inlined where they are called); the ranges of its dynamic dims are its
+        `range_constraints` where it has them (`ep.module()` does)."""
         buffers = dict(gm.named_buffers())
         for node in gm.graph.nodes:
             if node.op == "get_attr":
                 value = operator.attrgetter(node.target)(gm)
+                if isinstance(value, torch.fx.GraphModule):
+                    continue
                 if not isinstance(value, torch.Tensor):
                     raise ImportError_(f"get_attr '{node.target}' is a {type(value).__name__}, not a tensor")
                 kind = InputKind.PARAMETER if isinstance(value, torch.nn.Parameter) else (
@@ -219,9 +252,10 @@ class _Importer:
                 node.meta.setdefault("val", value)
                 self.weights[node.target] = value
                 self._add_argument(node, {WEIGHT_ATTRS[kind]: StringAttr(node.target)})
+        range_constraints = getattr(gm, "range_constraints", None) or {}
         for node in gm.graph.nodes:
             if node.op == "placeholder":
-                self._add_argument(node, {INPUT_ATTR: StringAttr(node.name)})
+                self._add_input(node, range_constraints)
         return self._finish(gm.graph, submodules=gm)
 
     # graph walk -----------------------------------------------------------------
@@ -241,7 +275,15 @@ class _Importer:
             module.verify()
         except VerifyException as e:
             raise ImportError_(f"imported IR does not verify: {e}") from e
-        return ImportedProgram(module, self.weights)
+        return ImportedProgram(module, self.weights, self.input_specs)
+
+    def _add_input(self, node: torch.fx.Node, range_constraints: Any) -> None:
+        if "val" not in node.meta:
+            raise ImportError_(f"input '{node.name}' has no meta['val']: pass example_inputs, or use torch.export")
+        spec = spec_of_value(node.name, node.meta["val"], range_constraints)
+        if spec is not None:
+            self.input_specs[node.name] = spec
+        self._add_argument(node, {INPUT_ATTR: StringAttr(node.name)})
 
     def _add_argument(self, node: torch.fx.Node, attrs: dict[str, Attribute]) -> None:
         arg = self.block.insert_arg(type_of(node.meta["val"]), len(self.block.args))
@@ -255,12 +297,15 @@ class _Importer:
                 continue
             if node.op == "output":
                 return [self._output_value(v) for v in torch.utils._pytree.tree_leaves(node.args[0])]
-            if node.op != "call_function":
+            if node.op == "call_module":
+                self._import_call_module(node, owner)
+            elif node.op == "call_function":
+                self._import_call(node, owner)
+            else:
                 raise ImportError_(
-                    f"node '{node.name}': {node.op} nodes are not supported (use torch.export, "
-                    "which produces only call_function nodes)"
+                    f"node '{node.name}': {node.op} nodes are not supported (pass example_inputs, so "
+                    "that ad_mlir exports the graph to ATen ops, or use torch.export)"
                 )
-            self._import_call(node, owner)
         raise ImportError_("graph has no output node")
 
     def _output_value(self, v: Any) -> SSAValue:
@@ -274,7 +319,7 @@ class _Importer:
             self.values[node] = self.values[node.args[0]][node.args[1]]
             return
         if name in INLINED_HIGHER_ORDER_OPS:
-            self._inline_submodule(node, owner)
+            self._inline_higher_order(node, name, owner)
             return
         op: Operation | None = None
         if name in T.OVERLOAD_BY_TARGET:
@@ -292,14 +337,40 @@ class _Importer:
         for r in op.results:
             r.name_hint = _name_hint(node.name)
 
-    def _inline_submodule(self, node: torch.fx.Node, owner: torch.nn.Module | None) -> None:
-        _, sub_node, *args = node.args
-        sub = getattr(owner, sub_node.target)
+    def _import_call_module(self, node: torch.fx.Node, owner: torch.nn.Module | None) -> None:
+        """`ep.module()`'s `_guards_fn` checks the inputs: the compiled graph's input checks do
+        that (`runtime/input_checks.py`, made from the same placeholders and ranges). A
+        GraphModule submodule is inlined; any other module has no graph to import."""
+        sub = owner.get_submodule(node.target) if owner is not None else None
+        if isinstance(sub, GuardsFn):
+            return
+        if not isinstance(sub, torch.fx.GraphModule):
+            raise ImportError_(
+                f"node '{node.name}': call_module of a {type(sub).__name__} ('{node.target}') has no graph to "
+                "import (pass example_inputs, so that ad_mlir exports the graph to ATen ops, or use torch.export)"
+            )
+        self._inline_graph(node, sub, node.args)
+
+    def _inline_higher_order(self, node: torch.fx.Node, name: str, owner: torch.nn.Module | None) -> None:
+        if name == "torch.ops.higher_order.wrap_with_autocast" and node.args[2]:
+            raise ImportError_(
+                f"node '{node.name}': an enabled autocast region ({node.args[0]}, {node.args[1]}) casts "
+                "implicitly: compile the ExportedProgram (ad_mlir makes its casts explicit with "
+                "ep.run_decompositions) or export without autocast"
+            )
+        how = INLINED_HIGHER_ORDER_OPS[name]
+        sub_node = node.args[how.subgraph]
+        self._inline_graph(node, operator.attrgetter(sub_node.target)(owner), node.args[how.operands:])
+
+    def _inline_graph(self, node: torch.fx.Node, sub: torch.fx.GraphModule, operands: Sequence[Any]) -> None:
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-        for p, a in zip(placeholders, args, strict=True):
-            self.values[p] = self.values[a]
-        outputs = self._import_nodes(sub.graph, sub)
-        self.values[node] = outputs
+        if len(placeholders) != len(operands):
+            raise ImportError_(
+                f"node '{node.name}': its subgraph takes {len(placeholders)} inputs, the node passes {len(operands)}"
+            )
+        for p, a in zip(placeholders, operands, strict=True):
+            self.values[p] = self.values[a] if isinstance(a, torch.fx.Node) else self._operand(a)
+        self.values[node] = self._import_nodes(sub.graph, sub)
 
     # typed ops --------------------------------------------------------------------
 
@@ -367,10 +438,11 @@ class _Importer:
     # opaque ops -------------------------------------------------------------------
 
     def _torch_op(self, node: torch.fx.Node, name: str) -> Operation:
-        if name.startswith("higher_order."):
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
             raise ImportError_(
-                f"node '{node.name}': higher-order op {name} is not supported "
-                "(export under torch.no_grad() and without autocast)"
+                f"node '{node.name}': higher-order op {name} is not supported (ad_mlir inlines only "
+                f"{', '.join(sorted(INLINED_HIGHER_ORDER_OPS))}; control flow such as torch.cond does not "
+                "inline exactly): rewrite the model without it, or compile the graphs around it"
             )
         types, unpack = result_types(node)
         operands: list[SSAValue] = []
