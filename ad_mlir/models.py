@@ -228,6 +228,7 @@ def named_model(name_or_path: str, dtype: str = "float32", layers: int | None = 
             raise ValueError(f"{', '.join(sizes)} size models built from a config; the checkpoint "
                              f"'{name_or_path}' has its own")
         model = load_checkpoint(path)[0]
+        model.config.use_cache = False  # the forward graph alone: returning a DynamicCache does not export
     else:
         if head_dim is not None:
             raise ValueError(f"head_dim applies to the built-in families; {name_or_path}'s head sizes follow "

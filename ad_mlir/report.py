@@ -3,14 +3,15 @@ export back, with a report (time per stage, ops by kind, kernels per decoder lay
 generated kernels and the cache, error against the original graph). Without CUDA the
 kernels run in the Triton interpreter.
 
-    python -m ad_mlir                       # tiny Llama, 2 layers, fp32
-    python -m ad_mlir --model gemma2 --dtype bfloat16 --pipeline none
+    python -m ad_mlir --report              # tiny Llama, 2 layers, fp32
+    python -m ad_mlir --report --model gemma2 --dtype bfloat16 --pipeline none
+    python -m ad_mlir --report --model qwen3 --layers 2 --hidden-size 128   # any transformers causal-LM type
+    python -m ad_mlir --report --model path/to/checkpoint   # config.json + safetensors, or a .gguf file
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import re
@@ -28,7 +29,7 @@ from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_only_values
 from ad_mlir.frontends.fx_export import export_program
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import DTYPES, FAMILIES, TinyConfig, build_model, example_input_ids, export_model
+from ad_mlir.models import DTYPES, FAMILIES, built_from_config, export_with_ids, named_model, random_input_ids
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.runtime.kernels import build_kernels
 from ad_mlir.runtime.reference import evaluate
@@ -146,14 +147,18 @@ def _print_kernels(kernels: dict[Any, Any], cache: KernelCache) -> None:
         print(f"  {name}")
 
 
-def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int], ptx: bool = False) -> bool:
+def run(name: str, model: torch.nn.Module, fp32_model: Callable[[], torch.nn.Module], pipeline: str,
+        decompose: bool, seq_lens: Sequence[int], ptx: bool = False, build_seconds: float = 0.0) -> bool:
+    """The report on `model` (named `name`, built in `build_seconds`); `fp32_model` gives it in
+    fp32, the truth a lower-precision result is measured against."""
+    config, dtype = model.config, str(next(model.parameters()).dtype).removeprefix("torch.")
     print(
-        f"ad-mlir: {cfg.family}, {cfg.layers} layers, hidden {cfg.hidden_size}, {cfg.dtype}, "
+        f"ad-mlir: {name}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, {dtype}, "
         f"pipeline '{pipeline}'{', decomposed' if decompose else ''}"
     )
-    times: dict[str, float] = {}
-    model = _timed(times, "build model", lambda: build_model(cfg))
-    ep = _timed(times, "torch.export", lambda: export_model(model, cfg, decompose=decompose))
+    times = {"build model": build_seconds}
+    print(f"  {'build model':<22} {build_seconds:8.3f} s")
+    ep = _timed(times, "torch.export", lambda: export_with_ids(model, random_input_ids(model, 8), decompose))
     program = _timed(times, "import to ad", lambda: import_program(ep))
     before, layers_before = op_kinds(program.module), kernels_per_layer(program.module)
     records = _timed(times, "pipeline", lambda: run_pipeline(program.module, pipeline))
@@ -191,14 +196,14 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
     interpreted = any(type(k.cached.jit_function).__name__ == "InterpretedFunction" for k in kernels.values())
     runs_on = "Triton interpreter (TRITON_INTERPRET=1)" if interpreted else "torch reference semantics (no CUDA)"
     print(f"\ncompiled graph against the original torch.export graph (same inputs; kernels run in the {runs_on}):")
-    truth_model = build_model(dataclasses.replace(cfg, dtype="float32"))
+    truth_model = model if dtype == "float32" else fp32_model()
     quantized = any(isinstance(op, ad.LinearFp8Op) for op in program.module.walk())
     if quantized:
         print("  (FP8 pipeline: the compiled graph is judged against the same quantized IR run by the reference "
               "evaluator, whose error against the original graph is the quantization's)")
     ok = True
     for seq in seq_lens:
-        ids = example_input_ids(cfg, seq, seed=seq)
+        ids = random_input_ids(model, seq, seed=seq)
         with torch.no_grad():
             ref = torch.utils._pytree.tree_leaves(ep.module()(input_ids=ids))
             out = gm(ids)
@@ -214,10 +219,16 @@ def run(cfg: TinyConfig, pipeline: str, decompose: bool, seq_lens: Sequence[int]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ad_mlir", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=sorted(FAMILIES), default="llama")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden-size", type=int, default=64)
+    p = argparse.ArgumentParser(prog="python -m ad_mlir --report", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--model", default="llama", metavar="NAME|PATH",
+                   help=f"a built-in tiny family ({', '.join(FAMILIES)}; default llama), any transformers causal-LM "
+                   "model type built small from its config (qwen3, phi3, gpt2, ...), smollm2, a checkpoint "
+                   "directory (config.json + safetensors) or a .gguf file")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers of a model built from a config (default 2)")
+    p.add_argument("--hidden-size", type=int, default=None, help="hidden size of a model built from a config "
+                   "(default: 64 for a built-in family, 128 for a model type)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--pipeline", default="default", help="'default', 'none' or a pass list like 'canonicalize,dce'")
     p.add_argument("--decompose", action="store_true", help="run torch.export's core ATen decompositions first")
@@ -235,9 +246,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.no_interpret and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel module is imported
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    layers = args.layers
+    if layers is None and built_from_config(args.model):
+        layers = 2
+
+    def build(dtype: str) -> torch.nn.Module:
+        return named_model(args.model, dtype, layers, args.hidden_size)
+
+    start = time.perf_counter()
     try:
-        cfg = TinyConfig(family=args.model, layers=args.layers, hidden_size=args.hidden_size, dtype=args.dtype)
+        model = build(args.dtype)
     except ValueError as e:
         p.error(str(e))
-    ok = run(cfg, args.pipeline, args.decompose, args.seq_lens, args.ptx)
+    ok = run(args.model, model, lambda: build("float32"), args.pipeline, args.decompose, args.seq_lens, args.ptx,
+             time.perf_counter() - start)
     sys.exit(0 if ok else 1)

@@ -2,6 +2,8 @@
 
     ad-opt in.mlir -p 'canonicalize,dce'        parse, verify, run passes, print
     ad-opt --model llama --layers 1             export a tiny HF model, print its `ad` IR
+    ad-opt --model qwen3 --hidden-size 128      any transformers causal-LM type, built from its config
+    ad-opt --model path/to/checkpoint -p default   a directory with config.json + safetensors, or a .gguf
     ad-opt --model llama | ad-opt -p canonicalize
     ad-opt in.mlir -p default -t triton         print the Triton kernel of every fused region
 
@@ -152,16 +154,27 @@ class AdOptMain(xDSLOptMain):
             "examples:\n"
             "  ad-opt model.mlir -p 'canonicalize,dce'\n"
             "  ad-opt --model llama --layers 1 --dtype bfloat16\n"
+            "  ad-opt --model qwen3 --layers 2 --hidden-size 128 -p default\n"
+            "  ad-opt --model ./my-checkpoint -p default      # config.json + safetensors (or a .gguf file)\n"
             "  ad-opt --model qwen2 | ad-opt -p canonicalize --print-op-generic\n"
             "  ad-opt --model llama -p default -t triton      # the Triton kernel of every fused region\n"
         )
         from ad_mlir.models import DTYPES, FAMILIES
 
-        group = arg_parser.add_argument_group("model input (instead of an .mlir file)")
-        group.add_argument("--model", choices=sorted(FAMILIES), help="build a tiny HF model of this family (random weights) and import its torch.export graph")
-        group.add_argument("--layers", type=int, default=1, help="decoder layers (default 1)")
-        group.add_argument("--hidden-size", type=int, default=64, help="hidden size (default 64)")
-        group.add_argument("--head-dim", type=int, default=32, help="head dim (default 32)")
+        group = arg_parser.add_argument_group(
+            "model input (instead of an .mlir file)",
+            "--model takes a built-in tiny family (" + ", ".join(FAMILIES) + "; random weights),\n"
+            "any transformers causal-LM model type built small from its config (qwen3, phi3, gpt2, ...;\n"
+            "random weights, head sizes following --hidden-size), smollm2 (the packaged GGUF checkpoint),\n"
+            "a checkpoint directory (config.json + safetensors) or a .gguf file (needs gguf, accelerate).\n"
+            "Its torch.export graph (dynamic sequence length) is imported.",
+        )
+        group.add_argument("--model", metavar="NAME|PATH", help="the model to import (see above)")
+        group.add_argument("--layers", type=int, default=None,
+                           help="decoder layers of a model built from a config (default 1)")
+        group.add_argument("--hidden-size", type=int, default=None, help="hidden size of a model built from a "
+                           "config (default: 64 for a built-in family, 128 for a model type)")
+        group.add_argument("--head-dim", type=int, default=None, help="head dim of a built-in family (default 32)")
         group.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weight dtype (default float32)")
         group.add_argument("--decompose", action="store_true", help="import the graph after run_decompositions() (core ATen)")
         group.add_argument("--for-generation", action="store_true", help="export as ad_mlir.LLM does: input_ids and "
@@ -228,22 +241,18 @@ class AdOptMain(xDSLOptMain):
 
     def model_module(self) -> ModuleOp:
         from ad_mlir.frontends.fx_import import import_program
-        from ad_mlir.models import TinyConfig, build_model, export_model
+        from ad_mlir.models import built_from_config, export_with_ids, named_model, random_input_ids
 
-        cfg = TinyConfig(
-            family=self.args.model,
-            layers=self.args.layers,
-            hidden_size=self.args.hidden_size,
-            head_dim=self.args.head_dim,
-            dtype=self.args.dtype,
-        )
-        model = build_model(cfg)
+        name, layers = self.args.model, self.args.layers
+        if layers is None and built_from_config(name):
+            layers = 1  # a built model: one decoder layer shows every op a family has
+        model = named_model(name, self.args.dtype, layers, self.args.hidden_size, self.args.head_dim)
         if self.args.for_generation:
             from ad_mlir.runtime.llm import export_for_cache
 
             ep = export_for_cache(model, max_batch=8, max_seq_len=4096)
         else:
-            ep = export_model(model, cfg, decompose=self.args.decompose)
+            ep = export_with_ids(model, random_input_ids(model, 8), decompose=self.args.decompose)
         program = import_program(ep)
         if self._numeric is not None:
             self._numeric.weights = program.weights

