@@ -118,10 +118,9 @@ def test_graph_module_without_meta_takes_example_inputs() -> None:
 
     gm = torch.fx.symbolic_trace(fn)
     program = import_program(gm, example_inputs=[X, Y])
-    # symbolic_trace records torch-level functions and Python operators, not ATen ops: all
-    # carried as torch_op (typed import of these is future work).
-    targets = [op.target.data for op in program.module.walk() if isinstance(op, ad.TorchOp)]
-    assert targets == ["torch.nn.functional.silu", "_operator.mul", "_operator.add"]
+    # symbolic_trace records torch-level functions and Python operators, not ATen ops: the
+    # graph is exported to ATen with the example inputs first, so every op is typed
+    assert not [op for op in program.module.walk() if isinstance(op, ad.TorchOp)]
     assert "tensor<4x6xf32>" in str(program.module)
     out = export_program(program)(X, Y)[0]
     assert torch.equal(out, fn(X, Y))

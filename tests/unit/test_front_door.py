@@ -1,0 +1,216 @@
+"""The graphs a user holds reach `ad_mlir.compile`: grad-mode and autocast regions, other
+higher-order ops, torch-level GraphModules, `nn.Module`s; and the compiled graph's input checks.
+
+Small modules, fp32, the `none` pipeline with reference kernels: the compiled graph runs the same
+ATen ops as eager, so results are compared bit-exact. HF families from every source are in
+tests/models/test_sources.py."""
+
+from __future__ import annotations
+
+import statistics
+import timeit
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import ad_mlir
+from ad_mlir.frontends.fx_import import ImportError_
+from ad_mlir.frontends.graph_sources import SourceError
+from ad_mlir.models import TinyConfig, build_model, example_input_ids, export_model
+from ad_mlir.runtime import kernels
+from ad_mlir.runtime.input_checks import InputError
+from ad_mlir.runtime.kernels import reference_kernels
+
+
+class Regions(torch.nn.Module):
+    """A no_grad region and a disabled autocast region: a grad-mode export wraps each in a
+    higher-order op over a subgraph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            y = torch.sin(x) * 2
+        with torch.autocast("cpu", enabled=False):
+            z = self.lin(y).relu()
+        return z + x
+
+
+class Autocast(torch.nn.Module):
+    """An enabled bf16 autocast region: its casts are implicit in the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = self.lin(x)
+        return z.float() + 1
+
+
+def _run(gm: torch.fx.GraphModule, *inputs: torch.Tensor) -> torch.Tensor:
+    with reference_kernels(), torch.no_grad():
+        return gm(*inputs)[0]
+
+
+def _higher_order_ops(ep: torch.export.ExportedProgram) -> set[str]:
+    return {n.target.name() for n in ep.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)}
+
+
+def test_grad_mode_regions_are_inlined() -> None:
+    torch.manual_seed(0)
+    model, x = Regions(), torch.randn(2, 8)
+    ep = torch.export.export(model, (x,), strict=False)
+    assert _higher_order_ops(ep) == {"wrap_with_set_grad_enabled", "wrap_with_autocast"}, "the test needs both"
+    for source in (ep, ep.module()):
+        torch.testing.assert_close(_run(ad_mlir.compile(source, pipeline="none"), x), model(x), rtol=0, atol=0)
+
+
+def test_enabled_autocast_gets_explicit_casts() -> None:
+    """From an ExportedProgram (or the module) the region is retraced with its casts explicit,
+    bit-exact against eager autocast; in `ep.module()` (no retrace) it is refused by name."""
+    torch.manual_seed(0)
+    model, x = Autocast(), torch.randn(2, 8)
+    ep = torch.export.export(model, (x,), strict=False)
+    assert _higher_order_ops(ep) == {"wrap_with_autocast"}
+    for source, inputs in ((ep, None), (model, (x,))):
+        gm = ad_mlir.compile(source, inputs, pipeline="none")
+        assert any(n.target is torch.ops.aten._to_copy.default for n in gm.graph.nodes), "casts made explicit"
+        torch.testing.assert_close(_run(gm, x), model(x), rtol=0, atol=0)
+    with pytest.raises(ImportError_, match=r"node 'linear': an enabled autocast region \(cpu, torch.bfloat16\)"):
+        ad_mlir.compile(ep.module(), pipeline="none")
+
+
+def test_cond_is_refused_by_name() -> None:
+    class Cond(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(x.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+
+    ep = torch.export.export(Cond(), (torch.randn(2, 8),), strict=False)
+    with pytest.raises(ImportError_, match=r"node 'cond': higher-order op torch.ops.higher_order.cond .*rewrite"):
+        ad_mlir.compile(ep, pipeline="none")
+
+
+def test_invoke_subgraph_is_inlined() -> None:
+    """AOTAutograd graphs call repeated regions (`nested_compile_region`) through
+    invoke_subgraph: a function call, inlined."""
+    body = make_fx(lambda x, w: (torch.sin(x) @ w,))(torch.randn(2, 8), torch.randn(8, 8))
+    root = torch.nn.Module()
+    root.body = body
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    sub = graph.get_attr("body")
+    first = graph.call_function(operator_getitem, (graph.call_function(INVOKE, (sub, "body", x, w)), 0))
+    second = graph.call_function(operator_getitem, (graph.call_function(INVOKE, (sub, "body", first, w)), 0))
+    graph.output((graph.call_function(torch.ops.aten.add.Tensor, (second, 1)),))
+    gm = torch.fx.GraphModule(root, graph)
+    inputs = (torch.randn(2, 8), torch.randn(8, 8))
+    compiled = ad_mlir.compile(gm, inputs, pipeline="none")
+    assert not any(n.target is INVOKE for n in compiled.graph.nodes)
+    torch.testing.assert_close(_run(compiled, *inputs), torch.sin(torch.sin(inputs[0]) @ inputs[1]) @ inputs[1] + 1,
+                               rtol=0, atol=0)
+
+
+INVOKE = torch.ops.higher_order.invoke_subgraph
+operator_getitem = __import__("operator").getitem
+
+
+def test_torch_level_graphs_and_modules_need_example_inputs() -> None:
+    """symbolic_trace's call_module/call_method graph is exported to ATen with the example
+    inputs (and dynamic shapes); make_fx's ATen graph is imported as it is."""
+    torch.manual_seed(0)
+    model, x = Regions().eval(), torch.randn(2, 8)
+    traced = torch.fx.symbolic_trace(model)
+    assert {n.op for n in traced.graph.nodes} >= {"call_module", "call_method"}
+    batch = torch.export.Dim("batch", min=2, max=16)
+    gm = ad_mlir.compile(traced, (x,), pipeline="none", dynamic_shapes=({0: batch},))
+    x5 = torch.randn(5, 8)
+    torch.testing.assert_close(_run(gm, x5), model(x5), rtol=0, atol=0)
+    fx_aten = make_fx(model)(x)
+    torch.testing.assert_close(_run(ad_mlir.compile(fx_aten, (x,), pipeline="none"), x), model(x), rtol=0, atol=0)
+    with pytest.raises(SourceError, match="Regions is exported with torch.export before compiling: pass example_inputs"):
+        ad_mlir.compile(model, pipeline="none")
+    with pytest.raises(SourceError, match="torch-level GraphModule"):
+        ad_mlir.compile(traced, pipeline="none")
+
+
+# ------------------------------------------------------------------------------------ input checks
+
+
+@pytest.fixture(scope="module")
+def compiled() -> tuple[torch.fx.GraphModule, torch.Tensor]:
+    """A one-layer Llama through the default pipeline (its kernels are what must not run),
+    exported with the sequence dynamic in [2, 4096]."""
+    cfg = TinyConfig(layers=1)
+    gm = ad_mlir.compile(export_model(build_model(cfg), cfg))
+    assert any(str(n.target).startswith("ad_mlir.") for n in gm.graph.nodes), "the graph must hold kernels"
+    return gm, example_input_ids(cfg, 8)
+
+
+@pytest.fixture
+def no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any kernel of ours that starts fails the test."""
+
+    def ran(*args: object) -> None:
+        raise AssertionError("a kernel ran")
+
+    monkeypatch.setattr(kernels.RegionKernel, "run", ran)
+
+
+BAD_INPUTS = {
+    "count": (lambda ids: (ids, ids), r"expected 1 inputs \(input_ids\), got 2"),
+    "dtype": (lambda ids: (ids.int(),), r"input 'input_ids': expected torch.int64 tensor .*, got dtype torch.int32"),
+    "device": (lambda ids: (ids.to("meta"),), r"input 'input_ids': expected .* on cpu, got a tensor on meta"),
+    "rank": (lambda ids: (ids[0],), r"input 'input_ids': .*got rank 1 \(shape \[8\]\)"),
+    "static size": (lambda ids: (ids.expand(2, 8),), r"got shape \[2, 8\]: dim 0 is 2, compiled for 1"),
+    "dynamic range": (lambda ids: (ids.new_zeros(1, 4097),), r"dim 1 of size 4097, outside the compiled range s\d+ in \[0, 4096\]"),
+    "not a tensor": (lambda ids: (ids.tolist(),), r"input 'input_ids': expected .*, got a list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_wrong_input_raises_before_any_kernel(compiled, no_kernel, case: str) -> None:  # noqa: ANN001
+    gm, ids = compiled
+    make, message = BAD_INPUTS[case]
+    with pytest.raises(InputError, match=message):
+        gm(*make(ids))
+
+
+def test_the_kernel_guard_would_see_a_missing_check(compiled, no_kernel) -> None:  # noqa: ANN001
+    """Without the check, a wrong dtype reaches a kernel: the guard above can fail."""
+    gm, ids = compiled
+    with pytest.raises(AssertionError, match="a kernel ran"):
+        gm.forward(ids.int())
+
+
+def test_right_inputs_run_positionally_and_by_name(compiled) -> None:  # noqa: ANN001
+    gm, ids = compiled
+    with reference_kernels(), torch.no_grad():
+        torch.testing.assert_close(gm(input_ids=ids)[0], gm(ids)[0], rtol=0, atol=0)
+        assert gm(ids[:, :1])[0].shape[1] == 1, "sizes 0/1 pass, as in torch.export's own guards"
+    with pytest.raises(InputError, match="unexpected input"):
+        gm(ids=ids)
+
+
+def test_dims_of_one_symbol_must_agree() -> None:
+    class Two(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x * y
+
+    seq = torch.export.Dim("seq", min=2, max=32)
+    gm = ad_mlir.compile(Two(), (torch.randn(1, 4), torch.randn(1, 4)), pipeline="none",
+                         dynamic_shapes=({1: seq}, {1: seq}))
+    with pytest.raises(InputError, match=r"input 'y': .*dim 1 of size 5, but 'x' dim 1 \(the same symbol s\d+\) is 6"):
+        gm(torch.randn(1, 6), torch.randn(1, 5))
+
+
+def test_check_cost_is_microseconds(compiled) -> None:  # noqa: ANN001
+    """The per-call cost (README: ~2 us for one input here); the bound is loose because the
+    test machine is shared, but a check that read tensor values or synced would exceed it."""
+    gm, ids = compiled
+    per_call = statistics.median(timeit.repeat(lambda: gm.input_checks.check((ids,)), number=1000, repeat=5)) / 1000
+    assert per_call < 100e-6, f"{per_call * 1e6:.1f} us per call"
