@@ -106,8 +106,8 @@ class Inlined:
 INLINED_HIGHER_ORDER_OPS = {
     # grad mode does not change inference values
     "torch.ops.higher_order.wrap_with_set_grad_enabled": Inlined(subgraph=1, operands=2),
-    # (device_type, dtype, enabled, cache_enabled, subgraph, *operands): exact only when
-    # disabled (`_autocast_enabled` refuses the others)
+    # (device_type, dtype, enabled, cache_enabled, subgraph, *operands): a no-op only when
+    # disabled; an enabled one is refused here (the front door makes its casts explicit first)
     "torch.ops.higher_order.wrap_with_autocast": Inlined(subgraph=4, operands=5),
     # a subgraph called like a function
     "torch.ops.higher_order.invoke_subgraph": Inlined(subgraph=0, operands=2),
@@ -238,20 +238,8 @@ class _Importer:
         """A GraphModule's weights are its get_attr tensors (subgraphs of higher-order ops are
         inlined where they are called); the ranges of its dynamic dims are its
         `range_constraints` where it has them (`ep.module()` does)."""
-        buffers = dict(gm.named_buffers())
-        for node in gm.graph.nodes:
-            if node.op == "get_attr":
-                value = operator.attrgetter(node.target)(gm)
-                if isinstance(value, torch.fx.GraphModule):
-                    continue
-                if not isinstance(value, torch.Tensor):
-                    raise ImportError_(f"get_attr '{node.target}' is a {type(value).__name__}, not a tensor")
-                kind = InputKind.PARAMETER if isinstance(value, torch.nn.Parameter) else (
-                    InputKind.BUFFER if node.target in buffers else InputKind.CONSTANT_TENSOR
-                )
-                node.meta.setdefault("val", value)
-                self.weights[node.target] = value
-                self._add_argument(node, {WEIGHT_ATTRS[kind]: StringAttr(node.target)})
+        for node in gm.graph.find_nodes(op="get_attr"):
+            self._add_weight(node, gm, "")
         range_constraints = getattr(gm, "range_constraints", None) or {}
         for node in gm.graph.nodes:
             if node.op == "placeholder":
@@ -277,6 +265,22 @@ class _Importer:
             raise ImportError_(f"imported IR does not verify: {e}") from e
         return ImportedProgram(module, self.weights, self.input_specs)
 
+    def _add_weight(self, node: torch.fx.Node, owner: torch.nn.Module, prefix: str) -> None:
+        """A get_attr tensor of `owner` (the module at `prefix`) becomes a weight argument named
+        by its FQN; a subgraph of a higher-order op is inlined where it is called instead."""
+        value = operator.attrgetter(node.target)(owner)
+        if isinstance(value, torch.fx.GraphModule):
+            return
+        if not isinstance(value, torch.Tensor):
+            raise ImportError_(f"get_attr '{prefix}{node.target}' is a {type(value).__name__}, not a tensor")
+        *path, leaf = node.target.split(".")
+        kind = InputKind.PARAMETER if isinstance(value, torch.nn.Parameter) else (
+            InputKind.BUFFER if leaf in owner.get_submodule(".".join(path))._buffers else InputKind.CONSTANT_TENSOR
+        )
+        node.meta.setdefault("val", value)
+        self.weights[prefix + node.target] = value
+        self._add_argument(node, {WEIGHT_ATTRS[kind]: StringAttr(prefix + node.target)})
+
     def _add_input(self, node: torch.fx.Node, range_constraints: Any) -> None:
         if "val" not in node.meta:
             raise ImportError_(f"input '{node.name}' has no meta['val']: pass example_inputs, or use torch.export")
@@ -291,8 +295,11 @@ class _Importer:
         self.values[node] = arg
         self.arg_attrs.append(DictionaryAttr(attrs))
 
-    def _import_nodes(self, graph: torch.fx.Graph, owner: torch.nn.Module | None) -> list[SSAValue]:
+    def _import_nodes(self, graph: torch.fx.Graph, owner: torch.nn.Module | None, prefix: str = "") -> list[SSAValue]:
+        """The graph's nodes (of the module `owner` at `prefix`, when inlined), and its outputs."""
         for node in graph.nodes:
+            if node.op == "get_attr" and node not in self.values and owner is not None:
+                self._add_weight(node, owner, prefix)
             if node.op in ("placeholder", "get_attr"):
                 continue
             if node.op == "output":
@@ -349,7 +356,7 @@ class _Importer:
                 f"node '{node.name}': call_module of a {type(sub).__name__} ('{node.target}') has no graph to "
                 "import (pass example_inputs, so that ad_mlir exports the graph to ATen ops, or use torch.export)"
             )
-        self._inline_graph(node, sub, node.args)
+        self._inline_graph(node, sub, node.args, prefix=f"{node.target}.")
 
     def _inline_higher_order(self, node: torch.fx.Node, name: str, owner: torch.nn.Module | None) -> None:
         if name == "torch.ops.higher_order.wrap_with_autocast" and node.args[2]:
@@ -360,9 +367,14 @@ class _Importer:
             )
         how = INLINED_HIGHER_ORDER_OPS[name]
         sub_node = node.args[how.subgraph]
-        self._inline_graph(node, operator.attrgetter(sub_node.target)(owner), node.args[how.operands:])
+        sub = operator.attrgetter(sub_node.target)(owner)
+        self._inline_graph(node, sub, node.args[how.operands:], prefix=f"{sub_node.target}.")
 
-    def _inline_graph(self, node: torch.fx.Node, sub: torch.fx.GraphModule, operands: Sequence[Any]) -> None:
+    def _inline_graph(
+        self, node: torch.fx.Node, sub: torch.fx.GraphModule, operands: Sequence[Any], prefix: str = ""
+    ) -> None:
+        """The subgraph's outputs stand for the node's: a tuple, or one value where the
+        subgraph returns one (a GraphModule called as a module)."""
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(operands):
             raise ImportError_(
@@ -370,7 +382,8 @@ class _Importer:
             )
         for p, a in zip(placeholders, operands, strict=True):
             self.values[p] = self.values[a] if isinstance(a, torch.fx.Node) else self._operand(a)
-        self.values[node] = self._import_nodes(sub.graph, sub)
+        outputs = self._import_nodes(sub.graph, sub, prefix)
+        self.values[node] = outputs[0] if isinstance(sub.graph.output_node().args[0], torch.fx.Node) else outputs
 
     # typed ops --------------------------------------------------------------------
 

@@ -68,11 +68,18 @@ def _needs_export(gm: torch.fx.GraphModule) -> bool:
     for node in gm.graph.nodes:
         if node.op == "call_method":
             return True
-        if node.op == "call_module" and not isinstance(gm.get_submodule(node.target), GuardsFn | torch.fx.GraphModule):
+        if node.op == "call_module" and not _inlinable_module(gm.get_submodule(node.target), node):
             return True
         if node.op == "call_function" and not _aten_level(node):
             return True
     return False
+
+
+def _inlinable_module(module: torch.nn.Module, node: torch.fx.Node) -> bool:
+    """`ep.module()`'s guards, or a GraphModule with shapes (`split_module`'s partitions): the
+    importer walks its graph where it is called. Without shapes, fake propagation would run it
+    whole and leave its nodes without `meta["val"]`: the graph is exported instead."""
+    return isinstance(module, GuardsFn) or (isinstance(module, torch.fx.GraphModule) and "val" in node.meta)
 
 
 def _aten_level(node: torch.fx.Node) -> bool:

@@ -214,3 +214,26 @@ def test_check_cost_is_microseconds(compiled) -> None:  # noqa: ANN001
     gm, ids = compiled
     per_call = statistics.median(timeit.repeat(lambda: gm.input_checks.check((ids,)), number=1000, repeat=5)) / 1000
     assert per_call < 100e-6, f"{per_call * 1e6:.1f} us per call"
+
+
+def test_graph_module_called_as_a_module_is_inlined_with_its_weights() -> None:
+    """A partition called through call_module (as `split_module` makes them), holding its own
+    parameter: inlined, the parameter a weight named by its path."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    inner = make_fx(torch.nn.Linear(8, 8))(x)
+    root = torch.nn.Module()
+    root.part = inner
+    graph = torch.fx.Graph()
+    placeholder = graph.placeholder("x")
+    placeholder.meta["val"] = x
+    call = graph.call_module("part", (placeholder,))
+    call.meta["val"] = inner(x)
+    relu = graph.call_function(torch.ops.aten.relu.default, (call,))
+    relu.meta["val"] = inner(x).relu()
+    graph.output((relu,))
+    outer = torch.fx.GraphModule(root, graph)
+    gm = ad_mlir.compile(outer, pipeline="none")
+    weights = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    assert weights and all(w.startswith("part.") for w in weights), weights
+    torch.testing.assert_close(_run(gm, x), outer(x)[0], rtol=0, atol=0)
