@@ -2,6 +2,7 @@
 
     model = torch.compile(model, backend="ad_mlir")                        # the default pipeline
     model = torch.compile(model, backend="ad_mlir", options={"pipeline": "none", "verify": True})
+    options: pipeline, verify, fallback, freeze_weights (see BackendOptions)
 
 The backend is registered under the `torch_dynamo_backends` entry point (pyproject.toml), so the
 name works once the package is installed. Dynamo hands each graph it captures (one per side of a
@@ -9,6 +10,7 @@ graph break) to `ad_mlir_backend`; AOTAutograd functionalizes it into an ATen in
 that graph goes through `ad_mlir.compile` like a `torch.export` graph. Dynamic dimensions follow
 Dynamo (`torch._dynamo.mark_dynamic`, or its automatic dynamic shapes after a recompile): their
 sizes reach the compiled graph as `SymInt` inputs, so one compiled graph serves every length.
+The parameters and buffers Dynamo lifts into inputs are compiled as weights (`freeze_weights`).
 
 What does not compile runs eagerly, as the ATen graph AOTAutograd made, with one warning
 (`EagerFallbackWarning`) per graph naming the reason:
@@ -21,6 +23,7 @@ What does not compile runs eagerly, as the ATen graph AOTAutograd made, with one
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -44,6 +47,12 @@ class BackendOptions:
     """Check every pass and the kernels numerically (`ad_mlir.compile(verify=True)`)."""
     fallback: bool = True
     """Run a graph the pipeline cannot take eagerly with a warning; False: raise its error."""
+    freeze_weights: bool = True
+    """Compile the parameters and buffers Dynamo lifts into graph inputs as weights (`ad.param`,
+    as in a torch.export graph), so that weight-only work (fuse-gemms' concatenations) runs once,
+    when compiling. Ops read the module's own tensors, but results computed from weights at
+    compile time do not follow later in-place changes: call `torch._dynamo.reset()` after
+    changing weights, or set False to keep them graph inputs."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -64,30 +73,88 @@ def ad_mlir_backend(
     from torch._dynamo.backends.common import aot_autograd
 
     opts = BackendOptions.from_options(options)
+    weights = _LiftedWeights(gm, example_inputs) if opts.freeze_weights else None
     return aot_autograd(
-        inference_compiler=lambda fw, inputs: _compile_inference(fw, inputs, opts),
+        inference_compiler=lambda fw, inputs: _compile_inference(fw, inputs, opts, weights),
         fw_compiler=_eager_training_forward,
         bw_compiler=_eager,
     )(gm, example_inputs)
 
 
-def _compile_inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: BackendOptions) -> Any:
-    from torch._functorch.aot_autograd import make_boxed_func
+def _compile_inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: BackendOptions,
+                       weights: _LiftedWeights | None) -> Any:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from ad_mlir.compiler import compile
 
+    frozen, kept = weights.freeze(gm, example_inputs) if weights else (gm, list(range(len(example_inputs))))
     try:
         # AOTAutograd calls us under its fake mode; compiling folds weights and `verify` runs
         # the program, both on real tensors.
         with unset_fake_temporarily():
-            compiled = compile(gm, example_inputs, pipeline=opts.pipeline, verify=opts.verify)
+            compiled = compile(frozen, [example_inputs[i] for i in kept], pipeline=opts.pipeline,
+                               verify=opts.verify)
     except Exception as e:  # noqa: BLE001 (any failure of ours leaves the graph eager, named in the warning)
         if not opts.fallback:
             raise
         _warn(gm, f"ad-mlir could not compile it: {type(e).__name__}: {_first_line(e)}")
         return _eager(gm, example_inputs)
-    return make_boxed_func(compiled)
+
+    def run(args: list[Any]) -> Any:  # AOTAutograd's boxed calling convention: one list of inputs
+        return compiled(*[args[i] for i in kept])
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+class _LiftedWeights:
+    """The parameters and buffers Dynamo passes to its graph as inputs (real tensors, named by
+    Dynamo's placeholders), to make them weights of AOTAutograd's graph."""
+
+    def __init__(self, dynamo_gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+        placeholders = [n.name for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
+        short = [_weight_name(name) for name in placeholders]
+        self.names = short if len(set(short)) == len(short) else placeholders
+        self.tensors = list(example_inputs)
+
+    def freeze(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[torch.fx.GraphModule, list[int]]:
+        """`gm` with its static inputs (AOTAutograd's `static_input_indices`: the lifted
+        parameters and buffers) read from attributes holding the real tensors, and the indices
+        of the inputs it still takes. Unchanged where AOTAutograd's inputs are not Dynamo's one
+        for one (it deduplicates aliased inputs, for one)."""
+        context = torch._guards.TracingContext.try_get()
+        metadata = context.fw_metadata if context is not None else None
+        static = set(metadata.static_input_indices) if metadata is not None else set()
+        everything = list(range(len(example_inputs)))
+        if not static or len(example_inputs) != len(self.tensors) or not all(
+            _same_tensor_type(example_inputs[i], self.tensors[i]) for i in static
+        ):
+            return gm, everything
+        root, graph, env = torch.nn.Module(), torch.fx.Graph(), {}
+        placeholders = iter(everything)
+        for node in gm.graph.nodes:
+            index = next(placeholders) if node.op == "placeholder" else None
+            if index in static:
+                setattr(root, self.names[index], self.tensors[index])
+                env[node] = graph.get_attr(self.names[index])
+                env[node].meta = dict(node.meta)
+            else:
+                env[node] = graph.node_copy(node, env.__getitem__)
+        return torch.fx.GraphModule(root, graph), [i for i in everything if i not in static]
+
+
+def _same_tensor_type(fake: Any, real: Any) -> bool:
+    return (isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and fake.dtype == real.dtype
+            and tuple(fake.shape) == tuple(real.shape))
+
+
+def _weight_name(placeholder: str) -> str:
+    """Dynamo's placeholder name of a lifted weight, shortened to its module path:
+    `l_self_modules_model_modules_norm_parameters_weight_` (or `l_args_0_modules_...` for a
+    compiled module's own forward) -> `model_norm_weight`."""
+    name = re.sub(r"^l_(self_|args_\d+_)?", "", placeholder)
+    name = re.sub(r"(^|_)(modules|parameters|buffers)_", r"\1", name).rstrip("_")
+    return name if name.isidentifier() else placeholder
 
 
 def _eager_training_forward(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
