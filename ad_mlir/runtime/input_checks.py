@@ -61,7 +61,7 @@ class InputSpec:
         dims = ", ".join(d.describe() if isinstance(d, DynamicDim) else str(d) for d in self.shape)
         return f"{self.dtype} tensor [{dims}] on {self.device_type or 'any device'}"
 
-    def check(self, value: Any, sizes: dict[str, tuple[int, str]]) -> None:
+    def check(self, value: Any, sizes: dict[str, tuple[int, str, int | None]]) -> None:
         """Raise InputError unless `value` fits; `sizes` holds the symbols seen so far."""
         if self.kind is not torch.Tensor:
             self._check_scalar(value, sizes)
@@ -73,6 +73,8 @@ class InputSpec:
         if self.device_type is not None and value.device.type != self.device_type:
             self._fail(f"a tensor on {value.device}")
         shape = value.shape
+        if shape == self.shape:  # all static and equal (one C-level compare: the common K/V cache case)
+            return
         if len(shape) != len(self.shape):
             self._fail(f"rank {len(shape)} (shape {list(shape)})")
         for i, (size, dim) in enumerate(zip(shape, self.shape, strict=True)):
@@ -80,28 +82,35 @@ class InputSpec:
                 if size != dim:
                     self._fail(f"shape {list(shape)}: dim {i} is {size}, compiled for {dim}")
             else:
-                self._check_dynamic(size, dim, f"dim {i}", sizes)
+                self._check_dynamic(size, dim, i, sizes)
 
-    def _check_scalar(self, value: Any, sizes: dict[str, tuple[int, str]]) -> None:
+    def _check_scalar(self, value: Any, sizes: dict[str, tuple[int, str, int | None]]) -> None:
         # bool is an int in Python: compare types exactly, as torch.export's own checks do
         if type(value) is not self.kind:
             self._fail(f"a {type(value).__name__} ({value!r})")
         if self.value is not None and value != self.value:
             self._fail(f"{value!r} (the graph was compiled for this scalar's value)")
         if self.bounds is not None:
-            self._check_dynamic(value, self.bounds, "value", sizes)
+            self._check_dynamic(value, self.bounds, None, sizes)
 
-    def _check_dynamic(self, size: int, dim: DynamicDim, where: str, sizes: dict[str, tuple[int, str]]) -> None:
+    def _check_dynamic(self, size: int, dim: DynamicDim, index: int | None, sizes: dict[str, tuple[int, str, int | None]]) -> None:
+        """`index`: the dim's, None for a scalar's value (messages are formatted only on failure:
+        this runs at every call)."""
         if not dim.low <= size <= dim.high:
-            self._fail(f"{where} of size {size}, outside the compiled range {dim.describe()}")
+            self._fail(f"{_where(index)} of size {size}, outside the compiled range {dim.describe()}")
         if dim.symbol is None:
             return
-        seen = sizes.setdefault(dim.symbol, (size, f"'{self.name}' {where}"))
+        seen = sizes.setdefault(dim.symbol, (size, self.name, index))
         if seen[0] != size:
-            self._fail(f"{where} of size {size}, but {seen[1]} (the same symbol {dim.symbol}) is {seen[0]}")
+            self._fail(f"{_where(index)} of size {size}, but '{seen[1]}' {_where(seen[2])} "
+                       f"(the same symbol {dim.symbol}) is {seen[0]}")
 
     def _fail(self, actual: str) -> None:
         raise InputError(f"input '{self.name}': expected {self.describe()}, got {actual}")
+
+
+def _where(index: int | None) -> str:
+    return "value" if index is None else f"dim {index}"
 
 
 class InputChecks:
@@ -116,7 +125,7 @@ class InputChecks:
             raise InputError(
                 f"expected {len(self.specs)} inputs ({', '.join(self.names)}), got {len(args)}"
             )
-        sizes: dict[str, tuple[int, str]] = {}
+        sizes: dict[str, tuple[int, str, int | None]] = {}
         for spec, value in zip(self.specs, args, strict=True):
             spec.check(value, sizes)
 
