@@ -116,6 +116,9 @@ class _LiftedWeights:
         short = [_weight_name(name) for name in placeholders]
         self.names = short if len(set(short)) == len(short) else placeholders
         self.tensors = list(example_inputs)
+        self.module_state = {i for i, name in enumerate(placeholders) if re.search(r"_(parameters|buffers)_", name)}
+        """Inputs that are a module's parameters or buffers; other static inputs (a user's
+        `mark_static_address`) are data and stay inputs."""
 
     def freeze(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[torch.fx.GraphModule, list[int]]:
         """`gm` with its static inputs (AOTAutograd's `static_input_indices`: the lifted
@@ -124,7 +127,7 @@ class _LiftedWeights:
         for one (it deduplicates aliased inputs, for one)."""
         context = torch._guards.TracingContext.try_get()
         metadata = context.fw_metadata if context is not None else None
-        static = set(metadata.static_input_indices) if metadata is not None else set()
+        static = set(metadata.static_input_indices) & self.module_state if metadata is not None else set()
         everything = list(range(len(example_inputs)))
         if not static or len(example_inputs) != len(self.tensors) or not all(
             _same_tensor_type(example_inputs[i], self.tensors[i]) for i in static
