@@ -51,7 +51,7 @@ def export_module(
     `dynamic_shapes` as `torch.export.export` takes it (None: every size static)."""
     from ad_mlir.models import export_inference
 
-    what = "a torch-level GraphModule" if isinstance(module, torch.fx.GraphModule) else f"an {type(module).__name__}"
+    what = "a torch-level GraphModule" if isinstance(module, torch.fx.GraphModule) else f"nn.Module {type(module).__name__}"
     if example_inputs is None:
         raise SourceError(
             f"{what} is exported with torch.export before compiling: pass example_inputs (a tuple of positional "

@@ -12,6 +12,7 @@ import torch
 import ad_mlir
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.fx_import import ImportError_, import_program
+from ad_mlir.frontends.graph_sources import SourceError
 from ad_mlir.models import TinyConfig, build_model, export_model
 from ad_mlir.runtime.kernels import build_kernels
 
@@ -25,21 +26,25 @@ class _WithSubmodule(torch.nn.Module):
         return self.lin(x).relu()
 
 
-def test_call_module_graph_is_rejected_with_the_node_name() -> None:
-    gm = torch.fx.symbolic_trace(_WithSubmodule())
-    with pytest.raises(ImportError_, match=r"node 'lin': call_module nodes are not supported \(use torch.export"):
-        import_program(gm, example_inputs=[torch.randn(2, 4)])
-
-
 def test_graph_without_shapes_asks_for_example_inputs() -> None:
+    """A torch-level graph (call_module/call_method, Python operators) is exported to ATen with
+    example inputs (tests/unit/test_front_door.py); without them the error says to pass them."""
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
-    with pytest.raises(ImportError_, match="no meta\\['val'\\] shapes: pass example_inputs"):
+    with pytest.raises(SourceError, match="torch-level GraphModule is exported with torch.export before "
+                                          "compiling: pass example_inputs"):
         import_program(gm)
 
 
-def test_non_graph_input_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match="expected an ExportedProgram or GraphModule, got Linear"):
+def test_module_without_example_inputs_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="nn.Module Linear is exported with torch.export before compiling: pass"):
         import_program(torch.nn.Linear(2, 2))
+
+
+def test_aten_graph_without_shapes_asks_for_example_inputs() -> None:
+    graph = torch.fx.Graph()
+    graph.output((graph.call_function(torch.ops.aten.relu.default, (graph.placeholder("x"),)),))
+    with pytest.raises(ImportError_, match="no meta\\['val'\\] shapes: pass example_inputs"):
+        import_program(torch.fx.GraphModule(torch.nn.Module(), graph))
 
 
 def test_compile_reports_unknown_pipeline_pass() -> None:

@@ -132,7 +132,7 @@ def test_torch_level_graphs_and_modules_need_example_inputs() -> None:
     torch.testing.assert_close(_run(gm, x5), model(x5), rtol=0, atol=0)
     fx_aten = make_fx(model)(x)
     torch.testing.assert_close(_run(ad_mlir.compile(fx_aten, (x,), pipeline="none"), x), model(x), rtol=0, atol=0)
-    with pytest.raises(SourceError, match="Regions is exported with torch.export before compiling: pass example_inputs"):
+    with pytest.raises(SourceError, match="nn.Module Regions is exported with torch.export before compiling: pass example_inputs"):
         ad_mlir.compile(model, pipeline="none")
     with pytest.raises(SourceError, match="torch-level GraphModule"):
         ad_mlir.compile(traced, pipeline="none")
