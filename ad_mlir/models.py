@@ -225,8 +225,8 @@ def named_model(name_or_path: str, dtype: str = "float32", layers: int | None = 
     path = checkpoint_path(name_or_path)
     if path is not None:
         if sizes:
-            raise ValueError(f"{', '.join(sizes)} size models built from a config; the checkpoint "
-                             f"'{name_or_path}' has its own")
+            raise ValueError(f"the checkpoint '{name_or_path}' has its own sizes: {', '.join(sizes)} only "
+                             "apply to a model built from a config")
         model = load_checkpoint(path)[0]
         model.config.use_cache = False  # the forward graph alone: returning a DynamicCache does not export
     else:

@@ -70,7 +70,7 @@ def test_ad_opt_builds_any_model_type_from_its_config(capsys: pytest.CaptureFixt
     (["--model", "{tmp}/weights.bin"], "not a .gguf file"),
     (["--model", "{tmp}/missing.gguf"], "no such file or directory"),
     (["--model", "not-a-model-type"], "no such file or directory, and not a model name"),
-    (["--model", "{checkpoint}", "--layers", "2"], "layers size models built from a config"),
+    (["--model", "{checkpoint}", "--layers", "2"], "has its own sizes: layers only apply to a model built from a config"),
     (["--model", "qwen3", "--hidden-size", "100"], "hidden size 100 must be a positive multiple of 32"),
 ])
 def test_bad_model_argument_is_one_line(args: list[str], message: str, tmp_path: Path,
