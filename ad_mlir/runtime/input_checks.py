@@ -156,12 +156,11 @@ def dim_spec(size: Any, range_constraints: Mapping[Any, Any]) -> Dim:
     bounds = range_constraints.get(expr)
     if bounds is None:
         return DynamicDim(str(expr))
-    low = int(bounds.lower)
-    return DynamicDim(str(expr), low if low > 2 else 0, _upper(bounds.upper))
+    # torch.export's own conversion (its runtime assertions use it): int, or math.inf
+    from torch._export.passes.add_runtime_assertions_for_constraints_pass import _convert_range_to_int
 
-
-def _upper(bound: Any) -> float:
-    return int(bound) if bound.is_finite else math.inf
+    low, high = _convert_range_to_int(bounds)
+    return DynamicDim(str(expr), low if low > 2 else 0, high)
 
 
 def spec_of_value(name: str, val: Any, range_constraints: Mapping[Any, Any]) -> InputSpec | None:

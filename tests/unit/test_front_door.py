@@ -7,6 +7,8 @@ tests/models/test_sources.py."""
 
 from __future__ import annotations
 
+import operator
+import re
 import statistics
 import timeit
 
@@ -104,8 +106,8 @@ def test_invoke_subgraph_is_inlined() -> None:
     graph = torch.fx.Graph()
     x, w = graph.placeholder("x"), graph.placeholder("w")
     sub = graph.get_attr("body")
-    first = graph.call_function(operator_getitem, (graph.call_function(INVOKE, (sub, "body", x, w)), 0))
-    second = graph.call_function(operator_getitem, (graph.call_function(INVOKE, (sub, "body", first, w)), 0))
+    first = graph.call_function(operator.getitem, (graph.call_function(INVOKE, (sub, "body", x, w)), 0))
+    second = graph.call_function(operator.getitem, (graph.call_function(INVOKE, (sub, "body", first, w)), 0))
     graph.output((graph.call_function(torch.ops.aten.add.Tensor, (second, 1)),))
     gm = torch.fx.GraphModule(root, graph)
     inputs = (torch.randn(2, 8), torch.randn(8, 8))
@@ -116,7 +118,6 @@ def test_invoke_subgraph_is_inlined() -> None:
 
 
 INVOKE = torch.ops.higher_order.invoke_subgraph
-operator_getitem = __import__("operator").getitem
 
 
 def test_torch_level_graphs_and_modules_need_example_inputs() -> None:
@@ -237,3 +238,22 @@ def test_graph_module_called_as_a_module_is_inlined_with_its_weights() -> None:
     weights = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     assert weights and all(w.startswith("part.") for w in weights), weights
     torch.testing.assert_close(_run(gm, x), outer(x)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("dim", "ok", "bad", "message"), [
+    (torch.export.Dim("seq"), 100_000, None, r"s\d+ in \[0, inf\]"),
+    (torch.export.Dim("seq", min=3, max=10), 10, 2, r"dim 1 of size 2, outside the compiled range s\d+ in \[3, 10\]"),
+])
+def test_dynamic_bounds_follow_the_export(dim: torch.export.Dim, ok: int, bad: int | None, message: str) -> None:
+    """An unbounded dim (torch's int_oo) accepts any size; a lower bound above 2 is checked."""
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    gm = ad_mlir.compile(Double(), (torch.randn(1, 4),), pipeline="none", dynamic_shapes=({1: dim},))
+    assert gm(torch.randn(1, ok))[0].shape == (1, ok)
+    if bad is None:
+        assert re.search(message, gm.input_checks.specs[0].describe())
+    else:
+        with pytest.raises(InputError, match=message):
+            gm(torch.randn(1, bad))
