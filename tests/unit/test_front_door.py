@@ -97,6 +97,9 @@ def test_cond_is_refused_by_name() -> None:
         ad_mlir.compile(ep, pipeline="none")
 
 
+INVOKE = torch.ops.higher_order.invoke_subgraph
+
+
 def test_invoke_subgraph_is_inlined() -> None:
     """AOTAutograd graphs call repeated regions (`nested_compile_region`) through
     invoke_subgraph: a function call, inlined."""
@@ -115,9 +118,6 @@ def test_invoke_subgraph_is_inlined() -> None:
     assert not any(n.target is INVOKE for n in compiled.graph.nodes)
     torch.testing.assert_close(_run(compiled, *inputs), torch.sin(torch.sin(inputs[0]) @ inputs[1]) @ inputs[1] + 1,
                                rtol=0, atol=0)
-
-
-INVOKE = torch.ops.higher_order.invoke_subgraph
 
 
 def test_torch_level_graphs_and_modules_need_example_inputs() -> None:
