@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.fx.graph_module import _copy_attr
 
 
 class EagerFallbackWarning(UserWarning):
@@ -143,6 +144,8 @@ class _LiftedWeights:
                 env[node].meta = dict(node.meta)
             else:
                 env[node] = graph.node_copy(node, env.__getitem__)
+                if node.op == "get_attr":  # a constant AOTAutograd lifted (Falcon's `_tensor_constant0`)
+                    _copy_attr(gm, root, node.target)
         return torch.fx.GraphModule(root, graph), [i for i in everything if i not in static]
 
 

@@ -23,7 +23,7 @@ from ad_mlir.families import small_model
 from ad_mlir.models import FAMILIES, TinyConfig, build_model
 from ad_mlir.runtime.kernels import reference_kernels
 
-MORE_FAMILIES = ("qwen3", "phi3", "olmo2", "gpt2")
+MORE_FAMILIES = ("qwen3", "phi3", "olmo2", "starcoder2", "gpt_neox", "falcon", "gpt2")
 """Built from their configs (ad_mlir/families.py): QK-norm, fused QKV, post-norms, LayerNorm + GELU."""
 
 
