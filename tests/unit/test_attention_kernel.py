@@ -9,16 +9,14 @@ interpreter's cost is per program."""
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 import torch.nn.functional as F
 import triton
+from template_modules import template_builder
 from triton.compiler import make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
@@ -58,31 +56,10 @@ H100_SHARED_MEMORY = 227 * 1024
 # ------------------------------------------------------------------------ helpers
 
 
-def _import(spec: AttentionSpec, directory: Path) -> ModuleType:
-    """The emitted module as the kernel cache loads it: a real file (for `inspect.getsource`),
-    imported under a name unique to the spec."""
-    name = "attn_" + hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
-    path = directory / f"{name}.py"
-    path.write_text(emit_attention_module(spec, name, f"# test kernel for {spec}\n"))
-    module_spec = importlib.util.spec_from_file_location(f"test_attention_kernels.{name}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    module.kernel_name = name
-    return module
-
-
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[AttentionSpec], ModuleType]:
     """`build(spec) -> module`, each spec emitted and imported once per worker."""
-    directory = tmp_path_factory.mktemp("attention_kernels")
-    modules: dict[AttentionSpec, ModuleType] = {}
-
-    def build_(spec: AttentionSpec) -> ModuleType:
-        if spec not in modules:
-            modules[spec] = _import(spec, directory)
-        return modules[spec]
-
-    return build_
+    return template_builder(tmp_path_factory.mktemp("attention_kernels"), "attn", emit_attention_module)
 
 
 def _run(module: ModuleType, tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -13,8 +13,6 @@ sequence), so a kernel reading past `start` would be seen."""
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +20,7 @@ from types import ModuleType
 import pytest
 import torch
 import torch.nn.functional as F
+from template_modules import template_builder
 
 from ad_mlir.codegen.cached_attention_kernel import (
     DECODE,
@@ -49,28 +48,10 @@ kernel rounds once from fp32 where eager rounds after each op (1 ulp of values b
 H100_SHARED_MEMORY = 227 * 1024
 
 
-def _import(spec: CachedAttentionSpec, directory: Path) -> ModuleType:
-    name = "cached_attn_" + hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
-    path = directory / f"{name}.py"
-    path.write_text(emit_cached_attention_module(spec, name, f"# test kernel for {spec}\n"))
-    module_spec = importlib.util.spec_from_file_location(f"test_cached_attention_kernels.{name}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    module.kernel_name = name
-    return module
-
-
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttentionSpec], ModuleType]:
-    directory = tmp_path_factory.mktemp("cached_attention_kernels")
-    modules: dict[CachedAttentionSpec, ModuleType] = {}
-
-    def build_(spec: CachedAttentionSpec) -> ModuleType:
-        if spec not in modules:
-            modules[spec] = _import(spec, directory)
-        return modules[spec]
-
-    return build_
+    """`build(spec) -> module`, each spec emitted and imported once per worker."""
+    return template_builder(tmp_path_factory.mktemp("cached_attention_kernels"), "cached_attn", emit_cached_attention_module)
 
 
 def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
