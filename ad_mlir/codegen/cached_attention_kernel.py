@@ -331,7 +331,7 @@ def _check(q, k, k_cache, v_cache, slots, starts):
 
 
 def launch(kernel, tensors, scalars):
-    $unpack = tensors
+    $unpack
     _check(q, k, k_cache, v_cache, slots, starts)
     batch, n_heads, seq_len, head_dim = q.shape
     kv_group = n_heads // k.shape[1]
@@ -383,11 +383,11 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "window": spec.window or 0,
         "softcap": repr(float(spec.softcap or 0.0)),
         "block_n": decode_block_n(spec.head_dim, spec.dtype),
-        "unpack": "q, k, v, cos, sin, k_cache, v_cache, slots, starts" if spec.rope
-                  else "q, k, v, k_cache, v_cache, slots, starts",
+        # Without RoPE the kernel takes no tables: q stands in for them (never read).
+        "unpack": "q, k, v, cos, sin, k_cache, v_cache, slots, starts = tensors" if spec.rope
+                  else "q, k, v, k_cache, v_cache, slots, starts = tensors\n    cos = sin = q",
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
     }
-    launcher = _LAUNCHER if spec.rope else _LAUNCHER.replace("    _check(", "    cos = sin = q  # unread\n    _check(")
     parts = [
         header,
         "import torch",
@@ -406,6 +406,6 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "",
         Template(_KERNEL).substitute(fields),
         "",
-        Template(launcher).substitute(fields),
+        Template(_LAUNCHER).substitute(fields),
     ]
     return "\n".join(parts)
