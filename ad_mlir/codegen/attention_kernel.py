@@ -15,8 +15,9 @@ the head dim: `lo' = lo cos_lo - hi sin_lo`, `hi' = hi cos_hi + lo sin_hi`), fol
 scale times log2(e) into it, and loops over BLOCK_N key blocks of its kv head
 (`h // (Hq // Hkv)`: GQA reads the shared K/V in place), rotating each K tile after its
 load. QK^T is two dots over the halves (no shuffle of the head dim). Scores of keys past the
-sequence end, above the diagonal (causal; the loop also stops at the diagonal block) or
-False in the mask are -inf before the row max; the online softmax (m_i, l_i, acc) runs in
+sequence end, above the diagonal (causal; the loop also stops at the diagonal block), outside
+a sliding window (the loop also starts at the first row's window) or False in the mask are
+-inf before the row max; the online softmax (m_i, l_i, acc) runs in
 fp32 with exp2, and P is rounded to the value dtype for the PV dot, as FlashAttention does.
 A row whose every key is masked has l_i = 0 and stores zeros, as torch's
 `scaled_dot_product_attention` returns on CPU (torch 2.13) for such a row.
@@ -58,6 +59,8 @@ class AttentionSpec:
     """The softmax scale (usually head_dim ** -0.5), baked into the kernel."""
     cos_dtype: torch.dtype | None = None
     """Of cos and sin when `rope`; may differ from `dtype` (fp32 tables with bf16 q)."""
+    window: int | None = None
+    """With `causal`: key j is seen by query i only when i - window < j (a sliding window)."""
 
     def __post_init__(self) -> None:
         d = self.head_dim
@@ -74,6 +77,8 @@ class AttentionSpec:
                 raise ValueError(f"attention kernel: {what} {dtype} is not one of {', '.join(map(str, _TL_DTYPE))}")
         if not math.isfinite(self.scale):
             raise ValueError(f"attention kernel: softmax scale {self.scale} is not finite")
+        if self.window is not None and (not self.causal or self.window < 1):
+            raise ValueError(f"attention kernel: window {self.window} needs causal=True and must be positive")
 
 
 # ------------------------------------------------------------------- block sizes
@@ -234,9 +239,11 @@ class AttentionEmitter:
         w.line('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)')
         w.line("l_i = tl.zeros([BLOCK_M], tl.float32)")
         w.line(f"acc = tl.zeros([BLOCK_M, {spec.head_dim}], tl.float32)")
-        # Keys past the diagonal block are all masked for every row of this block: not visited.
+        # Keys past the diagonal block are all masked for every row of this block: not visited;
+        # nor, in a sliding window, the keys before the first row's window.
         end = "tl.minimum(seq_len, start_m + BLOCK_M)" if spec.causal else "seq_len"
-        w.line(f"for start_n in range(0, {end}, BLOCK_N):")
+        start = f"tl.maximum(0, start_m - {spec.window - 1})" if spec.window else "0"
+        w.line(f"for start_n in range({start}, {end}, BLOCK_N):")
         with w.indent():
             w.line("n_pos = start_n + keys")
             w.line("n_in = n_pos < seq_len")
@@ -281,6 +288,8 @@ class AttentionEmitter:
         visible = "n_in[None, :]"
         if self.spec.causal:
             visible += " & (n_pos[None, :] <= m_pos[:, None])"
+        if self.spec.window:
+            visible += f" & (n_pos[None, :] > m_pos[:, None] - {self.spec.window})"
         if self.mask:
             w.line("attend = tl.load(mask_blk + start_n64 * mask_sk + rows[:, None] * mask_sq + keys[None, :] * mask_sk, "
                    "mask=m_in[:, None] & n_in[None, :], other=0)")

@@ -125,6 +125,7 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
         causal=op.is_causal is not None,
         scale=op.scale.value.data,
         cos_dtype=torch_dtype(op.cos.type),
+        window=op.window.value.data if op.window is not None else None,
     )
 
 

@@ -174,19 +174,30 @@ def rope_attention(
     attn_mask: torch.Tensor | None,
     scale: float,
     is_causal: bool = False,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces."""
+    """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces (a
+    sliding window is the boolean mask HF would build for it)."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q, k = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
     groups = query.shape[1] // key.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if window is not None:
+        allowed = _causal_window(query.shape[2], window, query.device)
+        attn_mask, is_causal = allowed if attn_mask is None else attn_mask & allowed, False
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                             scale=scale)
 
 
+def _causal_window(seq: int, window: int, device: torch.device) -> torch.Tensor:
+    """[seq, seq] booleans: key j seen by query i when i - window < j <= i."""
+    query, key = torch.arange(seq, device=device)[:, None], torch.arange(seq, device=device)[None, :]
+    return (key <= query) & (key > query - window)
+
+
 @rope_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-      attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False) -> torch.Tensor:
+      attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False, window: int | None = None) -> torch.Tensor:
     return torch.empty_like(query)
 
 

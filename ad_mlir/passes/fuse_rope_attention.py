@@ -9,6 +9,12 @@ The pattern (`apply_rotary_pos_emb` + `repeat_kv` + `scaled_dot_product_attentio
 becomes `ad.rope_attention(q, k, v, cos, sin, mask)`: one kernel that applies RoPE to the Q
 and K tiles after loading them and reads each kv head once for its query heads (no rotated
 or repeated copies of Q/K/V in memory). The rotated/repeated values must have no other users.
+
+The mask HF computes from the token positions is run (`attention_masks`, with the input ids
+of a sequence longer than any number the computation holds): when it is causal, or causal
+within a sliding window of W keys, the op masks causally (with `window` W) instead, and the
+mask's computation goes; any other mask (padding, one computed from a position_ids input)
+stays a boolean mask operand.
 The attention template needs a power-of-two head_dim of at least 32 (RoPE rotates halves that
 feed `tl.dot`, whose depth is at least 16) and float16/bfloat16/float32 operands; other
 attentions stay as they are, and the log says why.
@@ -19,18 +25,22 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import torch
 from xdsl.context import Context
+from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     BFloat16Type,
     Float16Type,
     Float32Type,
     Float64Type,
     FloatAttr,
+    IntegerAttr,
     IntegerType,
     ModuleOp,
     UnitAttr,
+    i64,
 )
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
@@ -40,6 +50,14 @@ from xdsl.pattern_rewriter import (
 )
 
 from ad_mlir.dialects import ad
+from ad_mlir.passes.attention_masks import (
+    MaskError,
+    backward_slice,
+    causal_window,
+    erase_computation,
+    evaluate,
+    largest_integer,
+)
 from ad_mlir.passes.matching import erase_dead, other_operand, plain_binary, producer
 
 log = logging.getLogger(__name__)
@@ -126,8 +144,9 @@ def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[O
     return x, [reshape, expand, unsqueeze]
 
 
-def unsupported(op: ad.AttentionOp) -> str | None:
-    """Why the attention template cannot run `op`, or None."""
+def unsupported(op: ad.AttentionOp, mask: SSAValue | None) -> str | None:
+    """Why the attention template cannot run `op` with `mask` (its own, or None where the
+    kernel masks causally instead), or None."""
     q = op.query.type
     d = q.get_shape()[-1]
     if q.element_type not in ATTENTION_DTYPES or op.key.type.element_type != q.element_type:
@@ -136,21 +155,78 @@ def unsupported(op: ad.AttentionOp) -> str | None:
         return f"head_dim {d} (the template needs a power of two >= 32)"
     if op.dropout_p is not None and op.dropout_p.value.data != 0.0:
         return "dropout"
-    if op.attn_mask is not None and op.attn_mask.type.element_type != IntegerType(1):
+    if mask is not None and mask.type.element_type != IntegerType(1):
         return "a float mask (the template takes a boolean mask)"
     return None
+
+
+MIN_MASK_LEN = 64
+"""Masks are evaluated at least at this length, and this far past the largest number their
+computation holds (a sliding window of W shows from W + 2 tokens on)."""
+MAX_MASK_LEN = 8192
+"""Longer evaluations (n x n values) are not tried: the mask stays an operand."""
+
+
+class CausalMasks:
+    """Which masks of a function are causal or a causal sliding window (`attention_masks`),
+    each evaluated once: layers share them. A mask may read the input ids (their shape) only:
+    one computed from a position_ids input, a padding mask or a weight stays an operand, since
+    the compiled graph may be given positions that are not 0 .. seq-1."""
+
+    def __init__(self) -> None:
+        self._windows: dict[SSAValue, int | None | MaskError] = {}
+
+    def window(self, fn: func.FuncOp, mask: SSAValue) -> int | None:
+        """None: causal; W: a causal sliding window of W. A MaskError when it is neither."""
+        if mask not in self._windows:
+            try:
+                self._windows[mask] = causal_window(evaluate(fn, mask, {"input_ids": _ids(_evaluation_length(mask))}))
+            except MaskError as e:
+                self._windows[mask] = e
+        found = self._windows[mask]
+        if isinstance(found, MaskError):
+            raise found
+        return found
+
+
+def _evaluation_length(mask: SSAValue) -> int:
+    """A length past every window the mask's computation can compare positions with."""
+    largest = largest_integer(backward_slice(mask)[0])
+    n = max(MIN_MASK_LEN, largest + MIN_MASK_LEN)
+    if n > MAX_MASK_LEN:
+        raise MaskError(f"its computation holds the number {largest}: telling a window that long from causal "
+                        f"would evaluate the mask at {n} > {MAX_MASK_LEN} tokens")
+    return n
+
+
+def _ids(n: int) -> torch.Tensor:
+    return torch.zeros(1, n, dtype=torch.int64)
+
+
+def _function_of(op: Operation) -> func.FuncOp:
+    parent = op.parent_op()
+    while not isinstance(parent, func.FuncOp):
+        parent = parent.parent_op()
+    return parent
 
 
 class FuseRopeAttention(RewritePattern):
     def __init__(self) -> None:
         self.matches = 0
+        self.masks = CausalMasks()
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.AttentionOp, rewriter: PatternRewriter) -> None:
         q_rope = match_rope(op.query)
         if q_rope is None:
             return
-        if (reason := unsupported(op)) is not None:
+        mask, causal, window = op.attn_mask, op.is_causal is not None, None
+        if mask is not None:
+            try:
+                mask, causal, window = None, True, self.masks.window(_function_of(op), mask)
+            except MaskError as e:
+                log.info("fuse-rope-attention: the mask of the attention at %s stays an operand: %s", op.location, e)
+        if (reason := unsupported(op, mask)) is not None:
             log.info("fuse-rope-attention: attention at %s not fused: %s", op.location, reason)
             return
         heads = op.query.type.get_shape()[1]
@@ -162,11 +238,13 @@ class FuseRopeAttention(RewritePattern):
         if k_rope.x.type.get_shape()[1] != v.type.get_shape()[1]:
             return
         scale = op.scale.value.data if op.scale is not None else op.query.type.get_shape()[-1] ** -0.5
-        properties = {"scale": FloatAttr(scale, Float64Type())}
-        if op.is_causal is not None:
+        properties: dict[str, Attribute] = {"scale": FloatAttr(scale, Float64Type())}
+        if causal:
             properties["is_causal"] = UnitAttr()
+        if window is not None:
+            properties["window"] = IntegerAttr(window, i64)
         fused = ad.RopeAttentionOp.build(
-            operands=[q_rope.x, k_rope.x, v, q_rope.cos, q_rope.sin, [op.attn_mask] if op.attn_mask else []],
+            operands=[q_rope.x, k_rope.x, v, q_rope.cos, q_rope.sin, [mask] if mask else []],
             properties=properties,
             result_types=[op.result.type],
         )
@@ -174,6 +252,8 @@ class FuseRopeAttention(RewritePattern):
         rewriter.replace(op, fused)
         tables = [*q_rope.chain[-2:], *k_rope.chain[-2:]]  # the cos/sin unsqueezes, last: both ropes use them
         erase_dead(rewriter.erase, [*k_repeat, *v_repeat, *q_rope.chain[:-2], *k_rope.chain[:-2], *tables])
+        if op.attn_mask is not None and mask is None:
+            erase_computation(op.attn_mask, rewriter.erase)
         self.matches += 1
 
 

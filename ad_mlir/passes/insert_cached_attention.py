@@ -53,13 +53,22 @@ from xdsl.dialects.builtin import (
     TensorType,
     i64,
 )
-from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
 
 from ad_mlir.dialects import ad
+from ad_mlir.passes.attention_masks import (
+    MaskError,
+    NotCausalWindow,
+    backward_slice,
+    causal_window,
+    erase_computation,
+    evaluate,
+    input_name,
+)
 from ad_mlir.passes.fuse_rope_attention import match_repeat_kv
 from ad_mlir.passes.matching import constant, erase_dead, other_operand, plain_binary, producer, sole_user
 
@@ -85,6 +94,8 @@ class Attention:
     softcap: float | None = None
     chain: list[Operation] = field(default_factory=list)
     """Ops besides `output` that only computed the attention, users first (erased once dead)."""
+    window: int | None = None
+    """The sliding window of a causal attention op without a mask (its mask already dropped)."""
 
 
 @dataclass(frozen=True)
@@ -146,31 +157,25 @@ class InsertCachedAttentionPass(ModulePass):
             result_types=[attention.output.results[0].type],
         )
         cached.location = attention.output.location
-        mask_ops = _backward_slice(attention.mask)[0] if attention.mask is not None else []
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
-        for dead in reversed(mask_ops):  # opaque torch ops (diff, cumsum, index) too: the pass ran them
-            if all(not r.uses for r in dead.results):
-                Rewriter.erase_op(dead)
+        if attention.mask is not None:
+            erase_computation(attention.mask, Rewriter.erase_op)
 
     def _window(self, fn: func.FuncOp, attention: Attention, layer: str) -> int | None:
         """None for causal attention, the window of a sliding-window mask; raises otherwise."""
         if attention.mask is None:
             if not attention.causal:
                 raise PassFailedException(f"{layer}: attention without a mask and not causal cannot be cached")
-            return None
-        mask = _attended(_evaluate(fn, attention.mask, self.max_seq_len, layer), layer)
+            return attention.window
         n = self.max_seq_len
-        rows, cols = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        causal = cols <= rows
-        mask = mask.broadcast_to((*mask.shape[:-2], n, n)).reshape(-1, n, n)
-        if not all(torch.equal(m, mask[0]) for m in mask):
-            raise PassFailedException(f"{layer}: its attention mask is not one mask for every row and head")
-        window = int(mask[0][-1].sum())
-        if not attention.causal and torch.equal(mask[0], causal & (cols > rows - window)):
-            return None if window == n else window
-        raise PassFailedException(f"{layer}: its attention mask is neither causal nor a causal sliding window; "
-                                  "only those can be cached")
+        inputs = {"input_ids": torch.zeros(1, n, dtype=torch.int64), POSITION_INPUT: torch.arange(n)[None, :]}
+        try:
+            return causal_window(evaluate(fn, attention.mask, inputs))
+        except NotCausalWindow as e:
+            raise PassFailedException(f"{layer}: {e}; only those can be cached") from None
+        except MaskError as e:
+            raise PassFailedException(f"{layer}: {e}") from None
 
 
 def _find_attentions(fn: func.FuncOp) -> list[Attention]:
@@ -189,9 +194,12 @@ def _find_attentions(fn: func.FuncOp) -> list[Attention]:
 
 
 def _from_attention_op(op: ad.RopeAttentionOp | ad.AttentionOp) -> Attention:
-    rope = (op.cos, op.sin) if isinstance(op, ad.RopeAttentionOp) else None
     scale = op.scale.value.data if op.scale is not None else op.key.type.get_shape()[3] ** -0.5
-    return Attention(op, op.query, op.key, op.value, rope, op.attn_mask, op.is_causal is not None, scale)
+    attention = Attention(op, op.query, op.key, op.value, None, op.attn_mask, op.is_causal is not None, scale)
+    if isinstance(op, ad.RopeAttentionOp):
+        attention.rope = (op.cos, op.sin)
+        attention.window = op.window.value.data if op.window is not None else None
+    return attention
 
 
 def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
@@ -279,20 +287,6 @@ def _swaps_last_two(op: ad.TransposeOp) -> bool:
     return rank == 4 and {ad.normalize_dim(d.value.data, rank) for d in (op.dim0, op.dim1)} == {2, 3}
 
 
-def _attended(mask: torch.Tensor, layer: str) -> torch.Tensor:
-    """An evaluated mask as booleans (True: attended). An additive float mask attends where it
-    adds 0 and masks where it adds a very negative number (HF adds the dtype's lowest)."""
-    if mask.dtype == torch.bool:
-        return mask
-    if not mask.is_floating_point():
-        raise PassFailedException(f"{layer}: its attention mask is {mask.dtype}, neither boolean nor additive float")
-    masked = mask <= torch.finfo(mask.dtype).min / 2
-    if not torch.all(masked | (mask == 0)):
-        raise PassFailedException(f"{layer}: its additive attention mask holds values other than 0 and a very "
-                                  "negative number (it is not only a causal mask)")
-    return ~masked
-
-
 def _layer(op: Operation) -> str:
     return op.location.desc.data if isinstance(op.location, NameLoc) else op.name
 
@@ -308,45 +302,7 @@ def _append_argument(fn: func.FuncOp, arg_type: TensorType, attrs: dict[str, str
     return arg
 
 
-def _backward_slice(value: SSAValue) -> tuple[list[Operation], set[BlockArgument]]:
-    """The ops `value` is computed by (program order) and the function arguments they read."""
-    ops: set[Operation] = set()
-    args: set[BlockArgument] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, BlockArgument):
-            args.add(v)
-        elif v.owner not in ops:
-            ops.add(v.owner)
-            stack += list(v.owner.operands)
-    block = value.owner.parent_block() if isinstance(value.owner, Operation) else value.owner
-    assert isinstance(block, Block)
-    return [o for o in block.ops if o in ops], args
-
-
-def _input_name(fn: func.FuncOp, arg: BlockArgument) -> str | None:
-    attrs = fn.arg_attrs.data[arg.index].data if fn.arg_attrs else {}
-    return attrs[ad.INPUT_ATTR].data if ad.INPUT_ATTR in attrs else None
-
-
 def _reads_input(fn: func.FuncOp, value: SSAValue, name: str) -> bool:
-    return any(_input_name(fn, a) == name for a in _backward_slice(value)[1])
+    return any(input_name(fn, a) == name for a in backward_slice(value)[1])
 
 
-def _evaluate(fn: func.FuncOp, mask: SSAValue, seq: int, layer: str) -> torch.Tensor:
-    """The mask for one sequence of `seq` new tokens at positions 0..seq-1."""
-    from ad_mlir.runtime.reference import run_op
-
-    ops, args = _backward_slice(mask)
-    env: dict[SSAValue, object] = {}
-    for arg in args:
-        name = _input_name(fn, arg)
-        if name not in ("input_ids", POSITION_INPUT):
-            raise PassFailedException(f"{layer}: its attention mask reads %{arg.name_hint}, not only the token "
-                                      "positions: it cannot be replaced by causal masking")
-        env[arg] = torch.arange(seq)[None, :] if name == POSITION_INPUT else torch.zeros(1, seq, dtype=torch.int64)
-    with torch.no_grad():
-        for op in ops:
-            env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
-    return env[mask]
