@@ -126,6 +126,7 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
         scale=op.scale.value.data,
         cos_dtype=torch_dtype(op.cos.type),
         window=op.window.value.data if op.window is not None else None,
+        softcap=op.softcap.value.data if op.softcap is not None else None,
     )
 
 

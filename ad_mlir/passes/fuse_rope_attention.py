@@ -43,6 +43,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
     PatternRewriter,
     PatternRewriteWalker,
     RewritePattern,
@@ -58,6 +59,7 @@ from ad_mlir.passes.attention_masks import (
     evaluate,
     largest_integer,
 )
+from ad_mlir.passes.attention_patterns import match_eager_attention, match_repeat_kv
 from ad_mlir.passes.matching import erase_dead, other_operand, plain_binary, producer
 
 log = logging.getLogger(__name__)
@@ -130,33 +132,17 @@ def match_rope(value: SSAValue) -> Rope | None:
     return None
 
 
-def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
-    """The kv tensor before HF's `repeat_kv` (the value itself when it was not repeated)."""
-    reshape = producer(value, ad.ReshapeOp)
-    expand = producer(reshape.input, ad.ExpandOp) if reshape is not None else None
-    unsqueeze = producer(expand.input, ad.UnsqueezeOp) if expand is not None else None
-    if unsqueeze is None or unsqueeze.dim.value.data != 2:
-        return value, []
-    x = unsqueeze.input
-    b, kv, s, d = x.type.get_shape()
-    if tuple(expand.result.type.get_shape()) != (b, kv, query_heads // kv, s, d):
-        return value, []
-    return x, [reshape, expand, unsqueeze]
-
-
-def unsupported(op: ad.AttentionOp, mask: SSAValue | None) -> str | None:
-    """Why the attention template cannot run `op` with `mask` (its own, or None where the
-    kernel masks causally instead), or None."""
-    q = op.query.type
+def unsupported(query: SSAValue, key: SSAValue, mask: SSAValue | None) -> str | None:
+    """Why the attention template cannot run an attention of `query` and `key` with `mask`
+    (None where the kernel masks causally), or None."""
+    q = query.type
     d = q.get_shape()[-1]
-    if q.element_type not in ATTENTION_DTYPES or op.key.type.element_type != q.element_type:
+    if q.element_type not in ATTENTION_DTYPES or key.type.element_type != q.element_type:
         return f"dtype {q.element_type} (the template takes f16/bf16/f32)"
     if d < 32 or d & (d - 1):
         return f"head_dim {d} (the template needs a power of two >= 32)"
-    if op.dropout_p is not None and op.dropout_p.value.data != 0.0:
-        return "dropout"
     if mask is not None and mask.type.element_type != IntegerType(1):
-        return "a float mask (the template takes a boolean mask)"
+        return "a float mask that is neither causal nor a causal sliding window (the template takes a boolean mask)"
     return None
 
 
@@ -210,24 +196,75 @@ def _function_of(op: Operation) -> func.FuncOp:
     return parent
 
 
-class FuseRopeAttention(RewritePattern):
-    def __init__(self) -> None:
+@dataclass
+class Fusion:
+    """An attention with RoPE on its query and key, as `ad.rope_attention` takes it."""
+
+    q: Rope
+    k: Rope
+    value: SSAValue
+    mask: SSAValue | None
+    causal: bool
+    scale: float
+    softcap: float | None = None
+    window: int | None = None
+    dropped_mask: SSAValue | None = None
+    """The mask the op's causal (window) masking replaces: its computation goes once unused."""
+
+
+class RopeAttentionFusion(RewritePattern):
+    """What the two patterns share: the masks evaluated so far and the rewrite."""
+
+    def __init__(self, masks: CausalMasks) -> None:
+        self.masks = masks
         self.matches = 0
-        self.masks = CausalMasks()
+
+    def drop_mask(self, op: Operation, fusion: Fusion) -> None:
+        """The op's own masking instead of a causal or sliding-window mask (else the mask stays)."""
+        if fusion.mask is None:
+            return
+        try:
+            fusion.window = self.masks.window(_function_of(op), fusion.mask)
+        except MaskError as e:
+            log.info("fuse-rope-attention: the mask of the attention at %s stays an operand: %s", op.location, e)
+            return
+        fusion.dropped_mask, fusion.mask, fusion.causal = fusion.mask, None, True
+
+    def rewrite(self, output: Operation, fusion: Fusion, dead: list[Operation], rewriter: PatternRewriter) -> None:
+        """`output` -> `ad.rope_attention`; `dead` (users first) and the RoPE chains erased once
+        unused."""
+        properties: dict[str, Attribute] = {"scale": FloatAttr(fusion.scale, Float64Type())}
+        if fusion.causal:
+            properties["is_causal"] = UnitAttr()
+        if fusion.window is not None:
+            properties["window"] = IntegerAttr(fusion.window, i64)
+        if fusion.softcap is not None:
+            properties["softcap"] = FloatAttr(fusion.softcap, Float64Type())
+        fused = ad.RopeAttentionOp.build(
+            operands=[fusion.q.x, fusion.k.x, fusion.value, fusion.q.cos, fusion.q.sin,
+                      [fusion.mask] if fusion.mask else []],
+            properties=properties,
+            result_types=[output.results[0].type],
+        )
+        fused.location = output.location
+        rewriter.replace(output, fused)
+        tables = [*fusion.q.chain[-2:], *fusion.k.chain[-2:]]  # the cos/sin unsqueezes, last: both ropes use them
+        erase_dead(rewriter.erase, [*dead, *fusion.q.chain[:-2], *fusion.k.chain[:-2], *tables])
+        if fusion.dropped_mask is not None:
+            erase_computation(fusion.dropped_mask, rewriter.erase)
+        self.matches += 1
+
+
+class FuseRopeAttention(RopeAttentionFusion):
+    """RoPE + repeat_kv + SDPA (`ad.attention`)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.AttentionOp, rewriter: PatternRewriter) -> None:
         q_rope = match_rope(op.query)
         if q_rope is None:
             return
-        mask, causal, window = op.attn_mask, op.is_causal is not None, None
-        if mask is not None:
-            try:
-                mask, causal, window = None, True, self.masks.window(_function_of(op), mask)
-            except MaskError as e:
-                log.info("fuse-rope-attention: the mask of the attention at %s stays an operand: %s", op.location, e)
-        if (reason := unsupported(op, mask)) is not None:
-            log.info("fuse-rope-attention: attention at %s not fused: %s", op.location, reason)
+        if op.dropout_p is not None and op.dropout_p.value.data != 0.0:
+            log.info("fuse-rope-attention: attention at %s not fused: dropout", op.location)
             return
         heads = op.query.type.get_shape()[1]
         k_embed, k_repeat = match_repeat_kv(op.key, heads)
@@ -238,23 +275,40 @@ class FuseRopeAttention(RewritePattern):
         if k_rope.x.type.get_shape()[1] != v.type.get_shape()[1]:
             return
         scale = op.scale.value.data if op.scale is not None else op.query.type.get_shape()[-1] ** -0.5
-        properties: dict[str, Attribute] = {"scale": FloatAttr(scale, Float64Type())}
-        if causal:
-            properties["is_causal"] = UnitAttr()
-        if window is not None:
-            properties["window"] = IntegerAttr(window, i64)
-        fused = ad.RopeAttentionOp.build(
-            operands=[q_rope.x, k_rope.x, v, q_rope.cos, q_rope.sin, [mask] if mask else []],
-            properties=properties,
-            result_types=[op.result.type],
-        )
-        fused.location = op.location
-        rewriter.replace(op, fused)
-        tables = [*q_rope.chain[-2:], *k_rope.chain[-2:]]  # the cos/sin unsqueezes, last: both ropes use them
-        erase_dead(rewriter.erase, [*k_repeat, *v_repeat, *q_rope.chain[:-2], *k_rope.chain[:-2], *tables])
-        if op.attn_mask is not None and mask is None:
-            erase_computation(op.attn_mask, rewriter.erase)
-        self.matches += 1
+        fusion = Fusion(q_rope, k_rope, v, op.attn_mask, op.is_causal is not None, scale)
+        self.drop_mask(op, fusion)
+        if (reason := unsupported(op.query, op.key, fusion.mask)) is not None:
+            log.info("fuse-rope-attention: attention at %s not fused: %s", op.location, reason)
+            return
+        self.rewrite(op, fusion, [*k_repeat, *v_repeat], rewriter)
+
+
+class FuseEagerRopeAttention(RopeAttentionFusion):
+    """HF's eager attention (matmul, scale, Gemma2's soft cap, + mask, softmax, matmul:
+    `attention_patterns.match_eager_attention`) with RoPE on its query and key."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.SoftmaxOp, rewriter: PatternRewriter) -> None:
+        found = match_eager_attention(op)
+        if found is None:
+            return
+        if isinstance(found, str):
+            log.info("fuse-rope-attention: the softmax at %s is no attention it fuses: %s", op.location, found)
+            return
+        if found.rope is not None:  # one ad.rope of both (optimize-rope ran first): in found.chain
+            q_rope, k_rope = Rope(found.query, *found.rope), Rope(found.key, *found.rope)
+        else:
+            q_rope, k_rope = match_rope(found.query), match_rope(found.key)
+        if q_rope is None or k_rope is None or (k_rope.cos, k_rope.sin) != (q_rope.cos, q_rope.sin):
+            log.info("fuse-rope-attention: the eager attention at %s is not fused: no RoPE of its query and key",
+                     found.output.location)
+            return
+        fusion = Fusion(q_rope, k_rope, found.value, found.mask, found.causal, found.scale, found.softcap)
+        self.drop_mask(found.output, fusion)
+        if (reason := unsupported(found.query, found.key, fusion.mask)) is not None:
+            log.info("fuse-rope-attention: the eager attention at %s is not fused: %s", found.output.location, reason)
+            return
+        self.rewrite(found.output, fusion, found.chain, rewriter)
 
 
 @dataclass(frozen=True)
@@ -264,6 +318,8 @@ class FuseRopeAttentionPass(ModulePass):
     name = "fuse-rope-attention"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        pattern = FuseRopeAttention()
-        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
-        log.info("fuse-rope-attention: %d attentions with RoPE fused", pattern.matches)
+        masks = CausalMasks()
+        patterns = [FuseRopeAttention(masks), FuseEagerRopeAttention(masks)]
+        PatternRewriteWalker(GreedyRewritePatternApplier(patterns), apply_recursively=False).rewrite_module(op)
+        log.info("fuse-rope-attention: %d attentions with RoPE fused (%d SDPA, %d eager)",
+                 sum(p.matches for p in patterns), *(p.matches for p in patterns))

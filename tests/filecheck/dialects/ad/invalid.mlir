@@ -232,3 +232,11 @@ func.func @rope_attention_window_without_causal(%q: tensor<2x4x?x64xbf16>, %k: t
   %0 = ad.rope_attention %q, %k, %k rope %cos, %cos window 4 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   func.return
 }
+
+// -----
+
+func.func @rope_attention_softcap(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope_attention' softcap must be positive, not -1.0
+  %0 = ad.rope_attention %q, %k, %k rope %cos, %cos causal softcap -1.000000e+00 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  func.return
+}
