@@ -5,30 +5,32 @@
 kernel cache, the runtime ops and the PTX tool treat it like any generated kernel.
 
 The launch takes `q [B, Hq, S, D]`, `k`, `v [B, Hkv, S, D]`, then with RoPE `cos`, `sin`
-`[Bc, S, D]` and with a mask `mask [Bm, Hm, S, S]` (bool, True = attend), any of them
-non-contiguous (every tensor is read through its strides; a size-1 dim is read with stride 0,
-which broadcasts it), and returns `out [B, Hq, S, D]`, contiguous.
+`[Bc, S, D]`, with QK-norm `q_norm`, `k_norm [D]` and with a mask `mask [Bm, Hm, S, S]`
+(bool, True = attend), any of them non-contiguous (every tensor is read through its strides; a
+size-1 dim is read with stride 0, which broadcasts it), and returns `out [B, Hq, S, D]`,
+contiguous.
 
 One program takes BLOCK_M query rows of one (batch, head): grid (B * Hq, cdiv(S, BLOCK_M)).
-It loads its Q tile once, applies RoPE in fp32 (HF's rotate_half form, on the two halves of
-the head dim: `lo' = lo cos_lo - hi sin_lo`, `hi' = hi cos_hi + lo sin_hi`), folds the softmax
-scale times log2(e) into it, and loops over BLOCK_N key blocks of its kv head
-(`h // (Hq // Hkv)`: GQA reads the shared K/V in place), rotating each K tile after its
-load. QK^T is two dots over the halves (no shuffle of the head dim); soft-capped scores
-(Gemma2: `softcap * tanh(s / softcap)`) get the scale on Q and log2(e) after the cap. Scores of
-keys past the
-sequence end, above the diagonal (causal; the loop also stops at the diagonal block), outside
-a sliding window (the loop also starts at the first row's window) or False in the mask are
--inf before the row max; the online softmax (m_i, l_i, acc) runs in
-fp32 with exp2, and P is rounded to the value dtype for the PV dot, as FlashAttention does.
-A row whose every key is masked has l_i = 0 and stores zeros, as torch's
-`scaled_dot_product_attention` returns on CPU (torch 2.13) for such a row.
+It loads its Q tile once, RMS-normalizes each row with QK-norm (Qwen3, Gemma3: fp32, rounded
+where HF rounds), applies RoPE in fp32 (HF's rotate_half form, on the two halves of the head
+dim: `lo' = lo cos_lo - hi sin_lo`, `hi' = hi cos_hi + lo sin_hi`), folds the softmax scale
+times log2(e) into it, and loops over BLOCK_N key blocks of its kv head (`h // (Hq // Hkv)`:
+GQA reads the shared K/V in place), normalizing and rotating each K tile after its load. QK^T
+is two dots over the halves (no shuffle of the head dim); soft-capped scores (Gemma2:
+`softcap * tanh(s / softcap)`) get the scale on Q and log2(e) after the cap. Scores of keys
+past the sequence end, above the diagonal (causal; the loop also stops at the diagonal block),
+outside a sliding window (the loop also starts at the first row's window) or False in the mask
+are -inf before the row max; the online softmax (m_i, l_i, acc) runs in fp32 with exp2, and P
+is rounded to the value dtype for the PV dot, as FlashAttention does. A row whose every key is
+masked has l_i = 0 and stores zeros, as torch's `scaled_dot_product_attention` returns on CPU
+(torch 2.13) for such a row.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from string import Template
 
 import torch
 
@@ -40,6 +42,18 @@ LOG2E = 1.4426950408889634
 _TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+
+
+@dataclass(frozen=True)
+class QkNorm:
+    """HF's RMSNorm over head_dim of each query and key head before RoPE (Qwen3, Gemma3), as
+    `ad.rms_norm` computes it: `n = x / sqrt(mean(x^2) + eps)` in fp32, then with
+    `weight_in_fp32` (Gemma) `n * (float(w) + offset)` rounded to the input dtype, else (Llama)
+    n rounded to the input dtype times `w + offset` (in the weight's dtype, the input's)."""
+
+    eps: float
+    offset: float = 0.0
+    weight_in_fp32: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,9 @@ class AttentionSpec:
     """With `causal`: key j is seen by query i only when i - window < j (a sliding window)."""
     softcap: float | None = None
     """Scores s = scale * q.k become `softcap * tanh(s / softcap)` (Gemma2) before masking."""
+    qk_norm: QkNorm | None = None
+    """q_norm and k_norm weights [D] are inputs (after the tables): the Q and K tiles are
+    RMS-normalized per head after their load, before RoPE."""
 
     def __post_init__(self) -> None:
         d = self.head_dim
@@ -83,6 +100,8 @@ class AttentionSpec:
             raise ValueError(f"attention kernel: softmax scale {self.scale} is not finite")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
             raise ValueError(f"attention kernel: softcap {self.softcap} is not a positive number")
+        if self.qk_norm is not None and not self.rope:
+            raise ValueError("attention kernel: qk_norm needs rope=True (the norm runs in the RoPE tile loader)")
         if self.window is not None and (not self.causal or self.window < 1):
             raise ValueError(f"attention kernel: window {self.window} needs causal=True and must be positive")
 
@@ -120,13 +139,17 @@ _BLOCKS: dict[tuple[int, bool], AttentionBlocks] = {
 }
 
 
-def attention_blocks(head_dim: int, dtype: torch.dtype, seq_len: int) -> AttentionBlocks:
+def attention_blocks(head_dim: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
     """The blocks and launch options for `seq_len` queries of `head_dim`. Short sequences get
     fewer rows per program (at least 16, the smallest tl.dot) and fewer warps, so a prefill of
-    a few tokens does not compute a 128-row tile of padding."""
+    a few tokens does not compute a 128-row tile of padding. fp32 tiles with QK-norm run on
+    twice the warps: the norm's rows and weights on top of the dot operands held in registers
+    spilled at head_dim 256 (432 bytes at 4 warps; none at 8)."""
     table = _BLOCKS[head_dim, dtype != torch.float32]
     block_m = min(table.block_m, max(16, next_power_of_2(seq_len)))
     num_warps = max(1, table.num_warps * block_m // table.block_m)
+    if qk_norm and dtype == torch.float32:
+        num_warps *= 2
     return AttentionBlocks(block_m, table.block_n, num_warps, table.num_stages)
 
 
@@ -134,21 +157,65 @@ def attention_blocks(head_dim: int, dtype: torch.dtype, seq_len: int) -> Attenti
 
 _ROPE_HELPER = '''\
 @triton.jit
-def _load_rotated(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
-                  HALF: tl.constexpr):
-    """The two halves of a [rows, 2 * HALF] tile after RoPE, in fp32: x * cos + rotate_half(x) * sin,
-    rotate_half(x) = cat(-x[HALF:], x[:HALF])."""
+def _load_rows(x, x_rows, x_sd, row_mask, HALF: tl.constexpr):
+    """The two halves of a [rows, 2 * HALF] tile, in fp32 (masked rows 0)."""
+    lo = tl.arange(0, HALF)[None, :]
+    m = row_mask[:, None]
+    return (tl.load(x + x_rows[:, None] + lo * x_sd, mask=m, other=0).to(tl.float32),
+            tl.load(x + x_rows[:, None] + (lo + HALF) * x_sd, mask=m, other=0).to(tl.float32))
+
+
+@triton.jit
+def _rotated(x_lo, x_hi, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF: tl.constexpr):
+    """RoPE of a tile's two fp32 halves: x * cos + rotate_half(x) * sin, rotate_half(x) =
+    cat(-x[HALF:], x[:HALF])."""
     lo = tl.arange(0, HALF)[None, :]
     hi = lo + HALF
     m = row_mask[:, None]
-    x_lo = tl.load(x + x_rows[:, None] + lo * x_sd, mask=m, other=0).to(tl.float32)
-    x_hi = tl.load(x + x_rows[:, None] + hi * x_sd, mask=m, other=0).to(tl.float32)
     cos_lo = tl.load(cos + cos_rows[:, None] + lo * cos_sd, mask=m, other=0).to(tl.float32)
     cos_hi = tl.load(cos + cos_rows[:, None] + hi * cos_sd, mask=m, other=0).to(tl.float32)
     sin_lo = tl.load(sin + sin_rows[:, None] + lo * sin_sd, mask=m, other=0).to(tl.float32)
     sin_hi = tl.load(sin + sin_rows[:, None] + hi * sin_sd, mask=m, other=0).to(tl.float32)
     return x_lo * cos_lo - x_hi * sin_lo, x_hi * cos_hi + x_lo * sin_hi
+
+
+@triton.jit
+def _load_rotated(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+                  HALF: tl.constexpr):
+    """The two halves of a [rows, 2 * HALF] tile after RoPE, in fp32."""
+    x_lo, x_hi = _load_rows(x, x_rows, x_sd, row_mask, HALF)
+    return _rotated(x_lo, x_hi, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF)
 '''
+
+_QK_NORM_HELPER = '''\
+@triton.jit
+def _load_normed_rotated(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+                         HALF: tl.constexpr):
+    """`_load_rotated` of the tile's rows RMS-normalized first (QkNorm, weight w [2 * HALF]):
+    fp32 math, rounded to $elem where HF's RMSNorm rounds."""
+    x_lo, x_hi = _load_rows(x, x_rows, x_sd, row_mask, HALF)
+    r = tl.rsqrt((tl.sum(x_lo * x_lo, 1) + tl.sum(x_hi * x_hi, 1)) / (2 * HALF) + $eps)[:, None]
+    lo = tl.arange(0, HALF)
+    w_lo = tl.load(w + lo * w_sd).to(tl.float32)[None, :] + $offset
+    w_hi = tl.load(w + (lo + HALF) * w_sd).to(tl.float32)[None, :] + $offset
+$weighting
+    return _rotated(x_lo.to($elem).to(tl.float32), x_hi.to($elem).to(tl.float32), cos, cos_rows, cos_sd, sin, sin_rows,
+                    sin_sd, row_mask, HALF)
+'''
+_GEMMA_WEIGHTING = '''\
+    x_lo = x_lo * r * w_lo
+    x_hi = x_hi * r * w_hi'''
+_LLAMA_WEIGHTING = '''\
+    # Llama: the normalized rows rounded to $elem, times (weight + offset) in $elem
+    x_lo = (x_lo * r).to($elem).to(tl.float32) * w_lo.to($elem).to(tl.float32)
+    x_hi = (x_hi * r).to($elem).to(tl.float32) * w_hi.to($elem).to(tl.float32)'''
+
+
+def qk_norm_helper(norm: QkNorm, dtype: torch.dtype) -> str:
+    """The `_load_normed_rotated` helper of a kernel module (after `_ROPE_HELPER`)."""
+    weighting = _GEMMA_WEIGHTING if norm.weight_in_fp32 else _LLAMA_WEIGHTING
+    fields = {"eps": repr(float(norm.eps)), "offset": repr(float(norm.offset)), "elem": _TL_DTYPE[dtype]}
+    return Template(_QK_NORM_HELPER.replace("$weighting", weighting)).substitute(fields)
 
 
 _SOFTCAP_HELPER = '''\
@@ -177,9 +244,10 @@ class AttentionEmitter:
         self.spec = spec
         self.name = name
         self.tables = [_Tensor("cos", "bsd"), _Tensor("sin", "bsd")] if spec.rope else []
+        self.norms = [_Tensor("q_norm", "d"), _Tensor("k_norm", "d")] if spec.qk_norm else []
         self.mask = _Tensor("mask", "bhqk") if spec.has_mask else None
         qkv = [_Tensor(n, "bhsd") for n in "qkv"]
-        self.inputs = [*qkv, *self.tables, *([self.mask] if self.mask else [])]
+        self.inputs = [*qkv, *self.tables, *self.norms, *([self.mask] if self.mask else [])]
 
     @property
     def elem(self) -> str:
@@ -238,9 +306,9 @@ class AttentionEmitter:
         # (the scale alone when the scores are soft-capped: log2(e) comes after the cap).
         w.line(f"qk_scale = {spec.scale * (1.0 if spec.softcap else LOG2E)!r}")
         if spec.rope:
-            w.line("q_lo, q_hi = _load_rotated(")
+            w.line(f"q_lo, q_hi = {self.tile_loader}(")
             with w.indent():
-                w.line("q_blk, rows * q_ss, q_sd,")
+                w.line("q_blk, rows * q_ss, q_sd," + self.norm_weight("q"))
                 w.line("cos_batch + start_m64 * cos_ss, rows * cos_ss, cos_sd,")
                 w.line("sin_batch + start_m64 * sin_ss, rows * sin_ss, sin_sd,")
                 w.line(f"m_in, {spec.head_dim // 2},")
@@ -251,6 +319,15 @@ class AttentionEmitter:
             w.line("q_tile = tl.load(q_blk + rows[:, None] * q_ss + dims[None, :] * q_sd, mask=m_in[:, None], "
                    "other=0).to(tl.float32)")
             w.line(f"q_tile = {self.dot_operand('q_tile * qk_scale')}")
+
+    @property
+    def tile_loader(self) -> str:
+        """The helper that loads and rotates (and with QK-norm normalizes) a Q or K tile."""
+        return "_load_normed_rotated" if self.spec.qk_norm else "_load_rotated"
+
+    def norm_weight(self, x: str) -> str:
+        """The QK-norm weight arguments of `x`'s tile loader ("" without QK-norm)."""
+        return f" {x}_norm, {x}_norm_sd," if self.spec.qk_norm else ""
 
     def emit_loop(self, w: IndentedWriter) -> None:
         spec = self.spec
@@ -288,9 +365,9 @@ class AttentionEmitter:
     def emit_scores(self, w: IndentedWriter) -> None:
         spec = self.spec
         if spec.rope:
-            w.line("k_lo, k_hi = _load_rotated(")
+            w.line(f"k_lo, k_hi = {self.tile_loader}(")
             with w.indent():
-                w.line("k_head + start_n64 * k_ss, keys * k_ss, k_sd,")
+                w.line("k_head + start_n64 * k_ss, keys * k_ss, k_sd," + self.norm_weight("k"))
                 w.line("cos_batch + start_n64 * cos_ss, keys * cos_ss, cos_sd,")
                 w.line("sin_batch + start_n64 * sin_ss, keys * sin_ss, sin_sd,")
                 w.line(f"n_in, {spec.head_dim // 2},")
@@ -354,7 +431,7 @@ class AttentionEmitter:
             w.line("if out.numel() == 0:")
             with w.indent():
                 w.line("return [out]")
-            w.line(f"blocks = attention_blocks({spec.head_dim}, {dtype}, seq_len)")
+            w.line(f"blocks = attention_blocks({spec.head_dim}, {dtype}, seq_len, qk_norm={spec.qk_norm is not None})")
             # (batch, head) on the unbounded grid dim; q heads that share a kv head run side by side.
             w.line("grid = (batch * n_heads, triton.cdiv(seq_len, blocks.block_m))")
             args = [t.name for t in self.inputs] + ["out", "seq_len", "n_heads", "n_heads // k.shape[1]"]
@@ -396,6 +473,8 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
     ]
     if spec.rope:
         parts += [_ROPE_HELPER, ""]
+    if spec.qk_norm:
+        parts += [qk_norm_helper(spec.qk_norm, spec.dtype), ""]
     if spec.softcap:
         parts += [_SOFTCAP_HELPER, ""]
     parts += [emitter.emit_kernel(), "", emitter.emit_launcher()]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.matching import constant, other_operand, plain_binary, producer, sole_user
@@ -41,6 +41,8 @@ class Attention:
     """Ops besides `output` that only computed the attention, users first (erased once dead)."""
     window: int | None = None
     """The sliding window of a causal attention op without a mask (its mask already dropped)."""
+    qk_norm: tuple[SSAValue, SSAValue, dict[str, Attribute]] | None = None
+    """(query weight, key weight, `ad.QK_NORM_PROPERTIES`) of an attention op with QK-norm."""
 
 
 def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
