@@ -11,8 +11,10 @@
   (`bench/compile_time.py`);
 - traffic: modelled HBM bytes and launches of one decoder layer's non-GEMM part: eager, ad-mlir,
   ideal (`bench/traffic.py`);
-- ptx: registers, spills, shared memory, vectorized access of every kernel of the five HF
-  families, compiled for sm_90 without a GPU (`bench/ptx_table.py`);
+- ptx: registers, spills, shared memory, vectorized access of every kernel, compiled for sm_90
+  without a GPU (`bench/ptx_table.py`);
+  traffic and ptx cover the family matrix (`families.MATRIX`): the five built-in families at
+  Llama-3-8B's sizes, the others at their config class's default sizes (a released model's);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
   transformers built small, exported, compiled and checked against eager with the kernels on
   the reference path and in the Triton interpreter (`ad_mlir/families.py`).
@@ -138,9 +140,9 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         return run_compile_time(layers, inductor=not args.no_inductor, progress=progress)
     if part == "traffic":
         from ad_mlir.bench.traffic import run_traffic
+        from ad_mlir.families import MATRIX
 
-        families = ("llama", "gemma2") if args.quick else ("llama", "qwen2", "mistral", "gemma", "gemma2")
-        return run_traffic((1, 128, 4096), families)
+        return run_traffic((1, 128, 4096), ("llama", "gemma2") if args.quick else tuple(MATRIX))
     if part == "families":
         from dataclasses import asdict
 
@@ -149,9 +151,9 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         families = ("llama", "mpt", "glm", "gpt2") if args.quick else causal_lm_families()
         return [asdict(r) for r in run_sweep(families, progress=lambda r: progress(f"{r.family}: {r.status}"))]
     from ad_mlir.bench.ptx_table import run_ptx
-    from ad_mlir.models import FAMILIES
+    from ad_mlir.families import MATRIX
 
-    return run_ptx(("llama", "gemma2") if args.quick else tuple(FAMILIES), progress=progress)
+    return run_ptx(("llama", "gemma2") if args.quick else tuple(MATRIX), progress=progress)
 
 
 if __name__ == "__main__":
