@@ -436,10 +436,10 @@ def table(rows: Sequence[FamilyRow]) -> str:
     return "\n".join(lines)
 
 
-def markdown(rows: Sequence[FamilyRow]) -> str:
+def markdown(rows: Sequence[FamilyRow], title: str = "Family sweep") -> str:
     counts = ", ".join(f"{n} {s}" for s, n in summary(rows).items())
     sizes = ", ".join(f"{k}={v}" for k, v in SIZES.items())
-    return (f"### Family sweep: {len(rows)} causal-LM families ({counts})\n\n"
+    return (f"### {title}: {len(rows)} causal-LM families ({counts})\n\n"
             f"Sizes: {sizes}; where the config has them: {', '.join(f'{k}={v}' for k, v in WHERE_PRESENT.items())}; fp32; "
             f"errors are max |logits - eager| at seq {' / '.join(map(str, SEQ_LENS))}; bf16 errors are max "
             f"|logits - fp32 eager| at seq {max(SEQ_LENS)} of eager bf16 and of the compiled bf16 model (allowed: "

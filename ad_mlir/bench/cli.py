@@ -15,6 +15,7 @@
   without a GPU (`bench/ptx_table.py`);
   traffic and ptx cover the family matrix (`families.MATRIX`): the five built-in families at
   Llama-3-8B's sizes, the others at their config class's default sizes (a released model's);
+- matrix: the family sweep (below) over the family matrix only (`families.MATRIX`, ~5 minutes);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
   transformers built small, exported, compiled and checked against eager with the kernels on
   the reference path and in the Triton interpreter (`ad_mlir/families.py`).
@@ -36,8 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "families")
-DEFAULT_PARTS = ("kernels", "generate", "compile", "traffic", "ptx")
+PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix", "families")
+DEFAULT_PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix")
 
 
 def machine_name() -> str:
@@ -143,12 +144,15 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         from ad_mlir.families import MATRIX
 
         return run_traffic((1, 128, 4096), ("llama", "gemma2") if args.quick else tuple(MATRIX))
-    if part == "families":
+    if part in ("matrix", "families"):
         from dataclasses import asdict
 
-        from ad_mlir.families import causal_lm_families, run_sweep
+        from ad_mlir.families import MATRIX, causal_lm_families, run_sweep
 
-        families = ("llama", "mpt", "glm", "gpt2") if args.quick else causal_lm_families()
+        if args.quick:
+            families = ("llama", "mpt", "glm", "gpt2")
+        else:
+            families = tuple(MATRIX) if part == "matrix" else causal_lm_families()
         return [asdict(r) for r in run_sweep(families, progress=lambda r: progress(f"{r.family}: {r.status}"))]
     from ad_mlir.bench.ptx_table import run_ptx
     from ad_mlir.families import MATRIX

@@ -85,15 +85,19 @@ def decode_traffic_table(rows: Sequence[dict[str, Any]]) -> str:
             "moved once)\n\n" + _table(header, body))
 
 
-def families_table(rows: Sequence[dict[str, Any]]) -> str:
+def families_table(rows: Sequence[dict[str, Any]], title: str = "Family sweep") -> str:
     from ad_mlir.families import FamilyRow
     from ad_mlir.families import markdown as sweep_markdown
 
-    return sweep_markdown([FamilyRow(**r) for r in rows])
+    return sweep_markdown([FamilyRow(**r) for r in rows], title)
+
+
+def matrix_table(rows: Sequence[dict[str, Any]]) -> str:
+    return families_table(rows, "Family matrix")
 
 
 TABLES = {"kernels": kernel_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
-          "ptx": ptx_table, "families": families_table}
+          "ptx": ptx_table, "matrix": matrix_table, "families": families_table}
 
 
 def markdown(results: dict[str, Any]) -> str:
