@@ -18,14 +18,14 @@ import logging
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DYNAMIC_INDEX, ModuleOp, TensorType
+from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern
 from xdsl.rewriter import InsertPoint
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.matching import dominates_op, plain_binary, producer
+from ad_mlir.passes.matching import dominates_op, keeps_rows, plain_binary, producer, reshape_like
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class FuseAddNorm(RewritePattern):
         if not isinstance(op, self.norm):
             return
         view = producer(op.input, ad.ReshapeOp)
-        view = view if view is not None and _keeps_rows(view) else None
+        view = view if view is not None and keeps_rows(view) else None
         add = (view.input if view is not None else op.input).owner
         if not plain_binary(add, ad.AddOp) or not add.input.type == add.other.type == add.result.type:
             return
@@ -64,20 +64,11 @@ class FuseAddNorm(RewritePattern):
         if view is None:
             rewriter.replace(op, [], [fused.result])
         else:  # the norm of the rows' view is the view of their norm
-            rewriter.replace(op, ad.ReshapeOp.build(
-                operands=[fused.result, list(view.sizes)], properties=dict(view.properties), result_types=[op.result.type]
-            ))
+            rewriter.replace(op, reshape_like(view, fused.result, op.result.type))
             if not view.result.uses:
                 rewriter.erase(view)
         rewriter.erase(add)
         self.matches += 1
-
-
-def _keeps_rows(view: ad.ReshapeOp) -> bool:
-    """A reshape that only regroups rows (the last dim stays, static), as OPT's
-    `hidden.reshape(-1, hidden.size(-1))` before its norm: a row norm commutes with it."""
-    before, after = view.input.type.get_shape(), view.result.type.get_shape()
-    return bool(before) and bool(after) and before[-1] == after[-1] != DYNAMIC_INDEX
 
 
 def _insertion_point(add: ad.AddOp, norm: Operation, parameters: list[SSAValue]) -> InsertPoint | None:
