@@ -1081,12 +1081,15 @@ class NormOp(KernelOp):
         if normed.type.element_type != (expected := self.normed_element_type(x)):
             raise VerifyException(f"'{self.name}' result element type must be {expected}")
         if self.weight is not None:
-            w_shape = _shape(self.weight.type)
-            if len(w_shape) != 1 or not _dims_compatible(w_shape[0], x_shape[-1]):
-                raise VerifyException(
-                    f"'{self.name}' weight must be 1-D of the normalized size {x_shape[-1]}, "
-                    f"got {_fmt_shape(w_shape)}"
-                )
+            _verify_row_parameter(self, "weight", self.weight, x_shape)
+
+
+def _verify_row_parameter(op: Operation, name: str, value: SSAValue, x_shape: tuple[int, ...]) -> None:
+    """A norm's weight or bias: 1-D, one value per element of the normalized (last) dim."""
+    shape = _shape(value.type)
+    if len(shape) != 1 or not _dims_compatible(shape[0], x_shape[-1]):
+        raise VerifyException(f"'{op.name}' {name} must be 1-D of the normalized size {x_shape[-1]}, "
+                              f"got {_fmt_shape(shape)}")
 
 
 _NORM_FORMAT = (
@@ -1129,6 +1132,75 @@ class AddRmsNormOp(NormOp):
         if not self.input.type == self.residual.type == self.sum.type:
             raise VerifyException("ad.add_rms_norm input, residual and sum must have one type")
         self.verify_norm(self.input, self.result)
+
+
+_NORM_FLOATS = (Float32Type(), Float16Type(), BFloat16Type())
+
+
+class LayerNormBase(KernelOp):
+    """LayerNorm of `input` over its last dim, as torch's `F.layer_norm` computes it: in fp32,
+    `n = (x - mean(x)) / sqrt(var(x) + eps)` (biased variance), then `n * float(weight) +
+    float(bias)` (each optional), rounded once to the input's type. Weight and bias may be fp32
+    beside a bf16/fp16 input (torch's mixed-dtype LayerNorm). A weight applied as `1 + w`
+    (Nemotron's LayerNorm1P) is the value `w + 1` as the weight: computed from weights alone,
+    once, at compile time."""
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    weight = opt_operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    eps = prop_def(FloatAttr[Float64Type])
+
+    def verify_layer_norm(self, x: SSAValue, normed: SSAValue) -> None:
+        x_shape = _shape(x.type)
+        if not shapes_compatible(x_shape, _shape(normed.type)):
+            raise VerifyException(f"'{self.name}' result shape must be the input shape {_fmt_shape(x_shape)}")
+        if normed.type.element_type != x.type.element_type:
+            raise VerifyException(f"'{self.name}' result element type must be the input's, {x.type.element_type}")
+        for name, value in (("input", x), ("weight", self.weight), ("bias", self.bias)):
+            if value is not None and value.type.element_type not in _NORM_FLOATS:
+                raise VerifyException(f"'{self.name}' {name} must be f32, f16 or bf16")
+        for name, value in (("weight", self.weight), ("bias", self.bias)):
+            if value is not None:
+                _verify_row_parameter(self, name, value, x_shape)
+
+
+_LAYER_NORM_FORMAT = (
+    "(`weight` $weight^)? (`bias` $bias^)? `eps` $eps attr-dict `:` `(` {inputs} (`weight` type($weight)^)? "
+    "(`bias` type($bias)^)? `)` `->` {results}"
+)
+"""Each optional operand's type after its keyword: with two optional operands, a bare list of
+types would not say whose a type is."""
+
+
+@irdl_op_definition
+class LayerNormOp(LayerNormBase):
+    name = "ad.layer_norm"
+    input = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$input " + _LAYER_NORM_FORMAT.format(inputs="type($input)", results="type($result)")
+
+    def verify_op(self) -> None:
+        self.verify_layer_norm(self.input, self.result)
+
+
+@irdl_op_definition
+class AddLayerNormOp(LayerNormBase):
+    """`sum = input + residual` (same type), then LayerNorm of `sum`; both are results (the
+    sum feeds the next residual connection)."""
+
+    name = "ad.add_layer_norm"
+    input = operand_def(AdTensor)
+    residual = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    sum = result_def(AdTensor)
+    assembly_format = "$input `,` $residual " + _LAYER_NORM_FORMAT.format(
+        inputs="type($input) `,` type($residual)", results="`(` type($result) `,` type($sum) `)`"
+    )
+
+    def verify_op(self) -> None:
+        if not self.input.type == self.residual.type == self.sum.type:
+            raise VerifyException("ad.add_layer_norm input, residual and sum must have one type")
+        self.verify_layer_norm(self.input, self.result)
 
 
 @irdl_op_definition
@@ -1618,6 +1690,7 @@ Ad = Dialect(
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        LayerNormOp, AddLayerNormOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

@@ -323,6 +323,17 @@ def _to_same_device_in(f: dict[str, Any], node: Any) -> dict[str, Any]:
     return f
 
 
+def _aten_layer_norm_in(f: dict[str, Any], node: Any) -> dict[str, Any]:
+    """`layer_norm(x, [x.shape[-1]], ...)` normalizes the last dim, all that `ad.layer_norm`
+    does; `cudnn_enable` only picks a CUDA backend. Other normalized shapes stay opaque."""
+    val = node.args[0].meta.get("val") if isinstance(node, torch.fx.Node) else None
+    shape = f.pop("normalized_shape")
+    f.pop("cudnn_enable")
+    if val is None or val.dim() == 0 or list(shape) != [val.shape[-1]] or type(val.shape[-1]) is not int:
+        raise UnsupportedError(f"layer_norm over {shape} is not a last-dim LayerNorm of a known size")
+    return f
+
+
 SPECS: tuple[OpSpec, ...] = (
     *(
         OpSpec(cls, (Overload(f"aten.{name}.default"),))
@@ -430,6 +441,14 @@ SPECS: tuple[OpSpec, ...] = (
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
         )
     ),
+    OpSpec(
+        ad.LayerNormOp,
+        (
+            Overload(f"{torch_ops.NAMESPACE}.layer_norm.default"),
+            Overload("aten.layer_norm.default", to_fields=_aten_layer_norm_in, exportable=False),
+        ),
+    ),
+    OpSpec(ad.AddLayerNormOp, (Overload(f"{torch_ops.NAMESPACE}.add_layer_norm.default"),)),
     OpSpec(ad.AllReduceOp, (Overload("_c10d_functional.all_reduce.default"),)),
     OpSpec(ad.WaitTensorOp, (Overload("_c10d_functional.wait_tensor.default", {"tensor": "input"}),)),
     OpSpec(ad.DequantizeFp8Op, (Overload(f"{torch_ops.NAMESPACE}.dequantize_fp8.default"),), derived_dtype="dtype"),

@@ -66,6 +66,49 @@ def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, 
     return normed, torch.empty_like(input)
 
 
+def _layer_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`(x - mean) * rsqrt(var + eps)` in fp32, the variance biased (F.layer_norm's)."""
+    xf = x.to(torch.float32)
+    centered = xf - xf.mean(-1, keepdim=True)
+    return centered * torch.rsqrt((centered * centered).mean(-1, keepdim=True) + eps)
+
+
+def _affine(x: torch.Tensor, normed: torch.Tensor, weight: torch.Tensor | None,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    """F.layer_norm's `normed * weight + bias` in fp32, rounded once to the input's dtype."""
+    if weight is not None:
+        normed = normed * weight.to(torch.float32)
+    if bias is not None:
+        normed = normed + bias.to(torch.float32)
+    return normed.to(x.dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_norm", mutates_args=())
+def layer_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float) -> torch.Tensor:
+    """`F.layer_norm(input, input.shape[-1:], weight, bias, eps)` step by step: the same math
+    and the one rounding at the end, the row sums in torch's order rather than its kernel's."""
+    return _affine(input, _layer_normalize(input, eps), weight, bias)
+
+
+@layer_norm.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::add_layer_norm", mutates_args=())
+def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    total = input + residual
+    return _affine(total, _layer_normalize(total, eps), weight, bias), total
+
+
+@add_layer_norm.register_fake
+def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(input), torch.empty_like(input)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::silu_and_mul", mutates_args=())
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
@@ -252,6 +295,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "rope", "rope_attention", "cached_attention")
+                 "linear_fp8", "rope", "rope_attention", "cached_attention",
+                 "layer_norm", "add_layer_norm")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

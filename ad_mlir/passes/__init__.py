@@ -50,6 +50,18 @@ def _fuse_add_rmsnorm() -> type[ModulePass]:
     return FuseAddRmsNormPass
 
 
+def _match_layernorm() -> type[ModulePass]:
+    from ad_mlir.passes.match_layernorm import MatchLayerNormPass
+
+    return MatchLayerNormPass
+
+
+def _fuse_add_layernorm() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_add_layernorm import FuseAddLayerNormPass
+
+    return FuseAddLayerNormPass
+
+
 def _fuse_gemms() -> type[ModulePass]:
     from ad_mlir.passes.fuse_gemms import FuseGemmsPass
 
@@ -116,6 +128,8 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-elementwise": _fuse_elementwise,
     "match-rmsnorm": _match_rmsnorm,
     "fuse-add-rmsnorm": _fuse_add_rmsnorm,
+    "match-layernorm": _match_layernorm,
+    "fuse-add-layernorm": _fuse_add_layernorm,
     "fuse-gemms": _fuse_gemms,
     "fuse-silu-mul": _fuse_silu_mul,
     "fuse-rope-attention": _fuse_rope_attention,

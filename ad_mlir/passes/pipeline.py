@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 PIPELINES: dict[str, str] = {
     "default": (
-        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
+        "canonicalize,match-layernorm,match-rmsnorm,fuse-add-rmsnorm,fuse-add-layernorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
         "fuse-rope-attention,optimize-rope,decompose,fuse-elementwise"
     ),
     "none": "",

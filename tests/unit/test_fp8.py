@@ -1,6 +1,7 @@
 """FP8 (e4m3) quantization: the kernels of `ad.quantize_fp8`, `ad.quantize_fp8_dynamic` and of
 norms / SiLU-mul fused with them (`fuse-rmsnorm-quant`), run in the Triton interpreter, against
-their torch references; and a tiny Llama quantized by `quantize-linear-fp8`.
+their torch references; and a tiny Llama and a tiny OPT (LayerNorm) quantized by
+`quantize-linear-fp8`.
 
 Kernel checks. Dynamic scales are `amax / 448` in fp32: a max is exact in any order and the
 division is the same, so scales must be equal bit for bit. The fp8 values are compared as
@@ -50,13 +51,26 @@ PROGRAMS = {
         f"%n = ad.rms_norm %x weight %w eps 1.0e-06 : ({X}, tensor<96xbf16>) -> {X}\n"
         f"%q = ad.quantize_fp8 %n, %s : ({X}, tensor<f32>) -> tensor<6x96xf8E4M3FN>",
     ),
+    "add_layer_norm_dynamic": (
+        f"%x: {X}, %r: {X}, %w: tensor<96xbf16>, %b: tensor<96xbf16>",
+        f"%n, %h = ad.add_layer_norm %x, %r weight %w bias %b eps 1.0e-05 : ({X}, {X} weight tensor<96xbf16> "
+        f"bias tensor<96xbf16>) -> ({X}, {X})\n"
+        f"%q, %qs = ad.quantize_fp8_dynamic %n per_token : {X} -> (tensor<6x96xf8E4M3FN>, tensor<6x1xf32>)",
+    ),
+    "layer_norm_static": (
+        f"%x: {X}, %w: tensor<96xbf16>, %b: tensor<96xbf16>, %s: tensor<f32>",
+        f"%n = ad.layer_norm %x weight %w bias %b eps 1.0e-05 : ({X} weight tensor<96xbf16> bias tensor<96xbf16>) "
+        f"-> {X}\n"
+        f"%q = ad.quantize_fp8 %n, %s : ({X}, tensor<f32>) -> tensor<6x96xf8E4M3FN>",
+    ),
     "silu_and_mul_dynamic": (
         f"%x: {X}, %u: {X}",
         f"%m = ad.silu_and_mul %x, %u : ({X}, {X}) -> {X}\n"
         f"%q, %qs = ad.quantize_fp8_dynamic %m per_token : {X} -> (tensor<6x96xf8E4M3FN>, tensor<6x1xf32>)",
     ),
 }
-FUSED = {"add_rms_norm_dynamic", "rms_norm_static", "silu_and_mul_dynamic"}
+FUSED = {"add_rms_norm_dynamic", "rms_norm_static", "silu_and_mul_dynamic", "add_layer_norm_dynamic",
+         "layer_norm_static"}
 """Programs whose producer and quantization `fuse-rmsnorm-quant` makes one region."""
 
 
@@ -114,32 +128,31 @@ def test_fp8_kernel_matches_reference(case: str, tmp_path) -> None:
         torch.testing.assert_close(got[i].float(), expected[i].float(), rtol=2.0**-7, atol=0)
 
 
-@pytest.mark.parametrize("scheme", ["dynamic", "static"])
-def test_quantized_llama_fused_matches_unfused(scheme: str) -> None:
-    """`quantize-linear-fp8` then the default pipeline (norm/SiLU-mul + quant fused) against
-    `quantize-linear-fp8` alone. Through the reference evaluator the fused graph computes the
-    same bits (the fusions only regroup ops). The compiled graph runs the kernels in the
-    interpreter, whose fp8 conversions differ from torch's for a few % of values by one e4m3
-    step, as large as those values' quantization error; the logits therefore differ from the
-    unfused fp8 graph by the order of the fp8 noise itself: at most 3x the unfused fp8
-    graph's own error against the unquantized model (measured 1.3x-2.2x)."""
-    cfg = TinyConfig(family="llama", layers=2, dtype="bfloat16")
-    model = build_model(cfg)
-    ids = example_input_ids(cfg, 11, seed=3)
-    ep = export_model(model, cfg)
-    quantize = "quantize-linear-fp8" + ("{scheme=static activation-scale=0.02}" if scheme == "static" else "")
+def _quantize_spec(scheme: str, targets: str | None = None) -> str:
+    options = [f"targets={targets}"] if targets else []
+    options += ["scheme=static", "activation-scale=0.02"] if scheme == "static" else []
+    return "quantize-linear-fp8" + ("{" + " ".join(options) + "}" if options else "")
+
+
+def _quantizing_regions(ep: torch.export.ExportedProgram, quantize: str, scheme: str) -> tuple[list[ad.FusedOp], ...]:
+    """The programs of `quantize` alone and of `quantize` then the default pipeline, and the
+    regions of the latter that quantize."""
     unfused, fused = import_program(ep), import_program(ep)
     run_pipeline(unfused.module, quantize)
     run_pipeline(fused.module, f"{quantize},default")
-    regions = [op for op in fused.module.walk() if isinstance(op, ad.FusedOp)]
     quant = "ad.quantize_fp8_dynamic" if scheme == "dynamic" else "ad.quantize_fp8"
-    quantizing = [r for r in regions if any(o.name == quant for o in r.body.block.ops)]
-    # per layer: input norm (layer 0) or add + norm, + quant; add + post-attention norm + quant;
-    # SiLU-mul + quant (o_proj's input has no producer to fuse with)
-    assert len(quantizing) == 3 * cfg.layers
-    assert {o.name for r in quantizing for o in r.body.block.ops} == {
-        "ad.rms_norm", "ad.add_rms_norm", "ad.silu_and_mul", quant, "ad.yield"
-    }
+    regions = [op for op in fused.module.walk() if isinstance(op, ad.FusedOp)]
+    return unfused, fused, [r for r in regions if any(o.name == quant for o in r.body.block.ops)], quant
+
+
+def _assert_fused_matches_unfused(model: torch.nn.Module, ep, ids: torch.Tensor, quantize: str, unfused,
+                                  fused) -> None:
+    """Through the reference evaluator the fused graph computes the same bits (the fusions only
+    regroup ops). The compiled graph runs the kernels in the interpreter, whose fp8 conversions
+    differ from torch's for a few % of values by one e4m3 step, as large as those values'
+    quantization error; the logits therefore differ from the unfused fp8 graph by the order of
+    the fp8 noise itself: at most 3x the unfused fp8 graph's own error against the unquantized
+    model (measured 1.3x-2.2x on the Llama)."""
     with torch.no_grad():
         reference = evaluate(unfused.module, unfused.weights, [ids])[0]
         assert torch.equal(evaluate(fused.module, fused.weights, [ids])[0], reference)
@@ -147,3 +160,43 @@ def test_quantized_llama_fused_matches_unfused(scheme: str) -> None:
         unquantized = model(input_ids=ids).logits
     fp8_noise = (reference.float() - unquantized.float()).abs().max().item()
     assert (compiled.float() - reference.float()).abs().max().item() <= 3 * fp8_noise
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "static"])
+def test_quantized_llama_fused_matches_unfused(scheme: str) -> None:
+    """`quantize-linear-fp8` then the default pipeline (norm/SiLU-mul + quant fused) against
+    `quantize-linear-fp8` alone (`_assert_fused_matches_unfused`)."""
+    cfg = TinyConfig(family="llama", layers=2, dtype="bfloat16")
+    model = build_model(cfg)
+    ids = example_input_ids(cfg, 11, seed=3)
+    ep = export_model(model, cfg)
+    quantize = _quantize_spec(scheme)
+    unfused, fused, quantizing, quant = _quantizing_regions(ep, quantize, scheme)
+    # per layer: input norm (layer 0) or add + norm, + quant; add + post-attention norm + quant;
+    # SiLU-mul + quant (o_proj's input has no producer to fuse with)
+    assert len(quantizing) == 3 * cfg.layers
+    assert {o.name for r in quantizing for o in r.body.block.ops} == {
+        "ad.rms_norm", "ad.add_rms_norm", "ad.silu_and_mul", quant, "ad.yield"
+    }
+    _assert_fused_matches_unfused(model, ep, ids, quantize, unfused, fused)
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "static"])
+def test_quantized_layer_norm_model_fused_matches_unfused(scheme: str) -> None:
+    """OPT (pre-norm LayerNorm with bias, bf16) with its norm-fed projections (q/k/v_proj and
+    fc1) in FP8: each add + LayerNorm and its quantization are one kernel."""
+    from ad_mlir.families import small_model
+    from ad_mlir.models import export_with_ids
+
+    model = small_model("opt", layers=2).to(torch.bfloat16)
+    ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(3))
+    ep = export_with_ids(model, ids, max_seq=64)
+    quantize = _quantize_spec(scheme, targets="q_proj,k_proj,v_proj,fc1")
+    unfused, fused, quantizing, quant = _quantizing_regions(ep, quantize, scheme)
+    # per layer: (add +) self-attention norm + quant, add + final norm + quant
+    assert len(quantizing) == 2 * 2
+    assert {o.name for r in quantizing for o in r.body.block.ops} == {"ad.add_layer_norm", quant, "ad.yield"}
+    # every reader of a norm is quantized: each region writes the sum and the fp8 values (and
+    # scales), not the bf16 normed value
+    assert {len(r.outputs) for r in quantizing} == {3 if scheme == "dynamic" else 2}
+    _assert_fused_matches_unfused(model, ep, ids, quantize, unfused, fused)

@@ -65,6 +65,39 @@ CASES = {
         "tensor<5x96xf32>, tensor<96xf32>) -> (tensor<5x96xf32>, tensor<5x96xf32>)",
         0,
     ),
+    "layer_norm_bf16": (
+        f"{X_BF16}, %w: tensor<96xbf16>, %b: tensor<96xbf16>",
+        "ad.layer_norm %x weight %w bias %b eps 1.0e-05 : (tensor<5x96xbf16> weight tensor<96xbf16> bias tensor<96xbf16>) "
+        "-> tensor<5x96xbf16>",
+        1,
+    ),
+    "layer_norm_mixed_bf16": (
+        "%x: tensor<5x200xbf16>, %w: tensor<200xf32>, %b: tensor<200xf32>",
+        "ad.layer_norm %x weight %w bias %b eps 1.0e-05 : (tensor<5x200xbf16> weight tensor<200xf32> bias tensor<200xf32>) "
+        "-> tensor<5x200xbf16>",
+        1,
+    ),
+    "layer_norm_weight_only_f32": (
+        "%x: tensor<5x200xf32>, %w: tensor<200xf32>",
+        "ad.layer_norm %x weight %w eps 1.0e-06 : (tensor<5x200xf32> weight tensor<200xf32>) -> tensor<5x200xf32>",
+        0,
+    ),
+    "layer_norm_no_affine_bf16": (
+        X_BF16, "ad.layer_norm %x eps 1.0e-05 : (tensor<5x96xbf16>) -> tensor<5x96xbf16>", 1,
+    ),
+    "layer_norm_long_row_f32": (
+        "%x: tensor<3x8200xf32>, %w: tensor<8200xf32>, %b: tensor<8200xf32>",
+        "ad.layer_norm %x weight %w bias %b eps 1.0e-05 : (tensor<3x8200xf32> weight tensor<8200xf32> "
+        "bias tensor<8200xf32>) "
+        "-> tensor<3x8200xf32>",
+        0,
+    ),
+    "add_layer_norm_f32": (
+        f"{X_F32}, %r: tensor<5x96xf32>, %w: tensor<96xf32>, %b: tensor<96xf32>",
+        "ad.add_layer_norm %x, %r weight %w bias %b eps 1.0e-05 : (tensor<5x96xf32>, tensor<5x96xf32> "
+        "weight tensor<96xf32> bias tensor<96xf32>) -> (tensor<5x96xf32>, tensor<5x96xf32>)",
+        0,
+    ),
     "silu_and_mul_bf16": (
         f"{X_BF16}, %u: tensor<5x96xbf16>",
         "ad.silu_and_mul %x, %u : (tensor<5x96xbf16>, tensor<5x96xbf16>) -> tensor<5x96xbf16>",
@@ -120,6 +153,53 @@ def test_kernel_matches_the_reference(case: str, tmp_path) -> None:
     for out, expected in zip(got, run_op(op, inputs), strict=True):
         assert out.dtype == expected.dtype and out.shape == expected.shape
         torch.testing.assert_close(out.float(), expected.float(), rtol=1.3e-6 + roundings * 2.0**-7, atol=1e-5)
+
+
+def test_add_layer_norm_kernel_bf16_normalizes_the_sum_it_writes(tmp_path) -> None:
+    """bf16 add + LayerNorm: the sum is rounded to bf16 before it is normalized (as in torch).
+    The interpreter truncates that rounding (one bf16 ulp of the sum), and centering turns it
+    into an absolute error of up to an ulp of max|sum| / std on every output, not a relative
+    one. So each result is checked against the reference of its own input: the sum against
+    `x + r` (one rounding), the normalized value against the reference LayerNorm of the sum
+    the kernel wrote (the output's own rounding)."""
+    args = "%x: tensor<5x96xbf16>, %r: tensor<5x96xbf16>, %w: tensor<96xbf16>, %b: tensor<96xbf16>"
+    op = _parse_op(args, "ad.add_layer_norm %x, %r weight %w bias %b eps 1.0e-05 : (tensor<5x96xbf16>, "
+                   "tensor<5x96xbf16> weight tensor<96xbf16> bias tensor<96xbf16>) -> (tensor<5x96xbf16>, "
+                   "tensor<5x96xbf16>)")
+    x, r, w, b = inputs = _inputs(op)
+    kernel = region_kernel(op, KernelCache(tmp_path))
+    assert type(kernel.cached.jit_function).__name__ == "InterpretedFunction", "the real kernel must run"
+    normed, total = kernel.run(*kernel.split_inputs(inputs))
+    expected_total = run_op(op, inputs)[1]
+    assert normed.dtype == total.dtype == torch.bfloat16
+    torch.testing.assert_close(total.float(), expected_total.float(), rtol=2.0**-7, atol=0)
+    own = torch.ops.ad_mlir.layer_norm(total, w, b, 1e-5)
+    torch.testing.assert_close(normed.float(), own.float(), rtol=1.3e-6 + 2.0**-7, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("affine", ["weight_bias", "none", "weight", "bias", "one_plus_weight", "fp32_weight_bias"])
+def test_layer_norm_reference_is_torchs_layer_norm(dtype: torch.dtype, affine: str) -> None:
+    """`torch.ops.ad_mlir.layer_norm` (the op's meaning, and what the kernel computes) against
+    `F.layer_norm` itself: the same fp32 math and the one rounding at the end; only the order of
+    the row sums differs (torch's CPU kernel accumulates its own way). So fp32 agrees to
+    torch.testing's tolerance and bf16 to one bf16 rounding (2^-8 relative: both round to
+    nearest, so a result on a rounding boundary can go either way). `one_plus_weight` is
+    Nemotron's LayerNorm1P: `w + 1` in the weight's dtype is the weight."""
+    generator = torch.Generator().manual_seed(1)
+    x = (torch.randn(7, 200, generator=generator) * 3 + 1).to(dtype)
+    w, b = (torch.randn(200, generator=generator).to(dtype) for _ in range(2))
+    weight, bias = {
+        "weight_bias": (w, b), "none": (None, None), "weight": (w, None), "bias": (None, b),
+        "one_plus_weight": (w + 1, b), "fp32_weight_bias": (w.float(), b.float()),
+    }[affine]
+    got = torch.ops.ad_mlir.layer_norm(x, weight, bias, 1e-5)
+    expected = torch.nn.functional.layer_norm(x, (200,), weight, bias, 1e-5)
+    assert got.dtype == expected.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected)
+    else:
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2.0**-8, atol=1e-5)
 
 
 ROPE = (

@@ -171,6 +171,46 @@ func.func @add_rms_norm_types(%x: tensor<2x64xbf16>, %r: tensor<2x64xf32>) {
 
 // -----
 
+func.func @layer_norm_bias_size(%x: tensor<2x64xf32>, %b: tensor<32xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.layer_norm' bias must be 1-D of the normalized size 64, got 32
+  %0 = ad.layer_norm %x bias %b eps 1.0e-05 : (tensor<2x64xf32> bias tensor<32xf32>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
+func.func @layer_norm_weight_rank(%x: tensor<2x64xf32>, %w: tensor<2x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.layer_norm' weight must be 1-D of the normalized size 64, got 2x64
+  %0 = ad.layer_norm %x weight %w eps 1.0e-05 : (tensor<2x64xf32> weight tensor<2x64xf32>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
+func.func @layer_norm_result_type(%x: tensor<2x64xbf16>, %w: tensor<64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.layer_norm' result element type must be the input's, bf16
+  %0 = ad.layer_norm %x weight %w eps 1.0e-05 : (tensor<2x64xbf16> weight tensor<64xf32>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
+func.func @layer_norm_integer_input(%x: tensor<2x64xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.layer_norm' input must be f32, f16 or bf16
+  %0 = ad.layer_norm %x eps 1.0e-05 : (tensor<2x64xi64>) -> tensor<2x64xi64>
+  func.return
+}
+
+// -----
+
+func.func @add_layer_norm_types(%x: tensor<2x64xbf16>, %r: tensor<2x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.add_layer_norm' input, residual and sum must have one type
+  %0, %1 = ad.add_layer_norm %x, %r eps 1.0e-05 : (tensor<2x64xbf16>, tensor<2x64xf32>) -> (tensor<2x64xbf16>, tensor<2x64xbf16>)
+  func.return
+}
+
+// -----
+
 func.func @silu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x32xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.silu_and_mul' gate, up and result must have one type
   %0 = ad.silu_and_mul %g, %u : (tensor<2x64xbf16>, tensor<2x32xbf16>) -> tensor<2x64xbf16>

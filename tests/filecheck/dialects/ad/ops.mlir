@@ -200,6 +200,23 @@ func.func @llm_ops(%x: tensor<2x?x64xbf16>, %r: tensor<2x?x64xbf16>, %w: tensor<
   func.return
 }
 
+func.func @layer_norm_ops(%x: tensor<2x?x64xbf16>, %r: tensor<2x?x64xbf16>, %w: tensor<64xbf16>, %b: tensor<64xbf16>, %wf: tensor<64xf32>) {
+  // CHECK-LABEL: func.func @layer_norm_ops
+  %0 = ad.layer_norm %x weight %w bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.layer_norm %x weight %w bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  %1 = ad.layer_norm %x eps 1.000000e-06 : (tensor<2x?x64xbf16>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.layer_norm %x eps 1.000000e-06 : (tensor<2x?x64xbf16>) -> tensor<2x?x64xbf16>
+  %2 = ad.layer_norm %x bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16> bias tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.layer_norm %x bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16> bias tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  %3 = ad.layer_norm %x weight %wf eps 1.000000e-05 : (tensor<2x?x64xbf16> weight tensor<64xf32>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.layer_norm %x weight %wf eps 1.000000e-05 : (tensor<2x?x64xbf16> weight tensor<64xf32>) -> tensor<2x?x64xbf16>
+  %4, %5 = ad.add_layer_norm %x, %r weight %w bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  // CHECK-NEXT: ad.add_layer_norm %x, %r weight %w bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  %6, %7 = ad.add_layer_norm %x, %r eps 1.000000e-05 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  // CHECK-NEXT: ad.add_layer_norm %x, %r eps 1.000000e-05 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  func.return
+}
+
 func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f32>) {
   // CHECK-LABEL: func.func @fp8_ops
   %q = ad.quantize_fp8 %x, %s : (tensor<4x?x64xbf16>, tensor<f32>) -> tensor<4x?x64xf8E4M3FN>

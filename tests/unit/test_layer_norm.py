@@ -1,0 +1,169 @@
+"""LayerNorm: the spellings models use reach `ad.layer_norm` (import of `aten.layer_norm`,
+`match-layernorm` for the spelled-out forms), and the residual add joins it
+(`fuse-add-layernorm`), computing what eager computes.
+
+`ad.layer_norm`'s meaning is `torch.ops.ad_mlir.layer_norm`: F.layer_norm's math step by step
+(test_llm_ops.py compares the two). Against eager the graph therefore differs only by the order
+of the row sums: fp32 within torch.testing's defaults; bf16 within one bf16 rounding of the
+result (2^-8 relative, both round to nearest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ad_mlir.frontends.fx_import import import_program
+from ad_mlir.runtime.reference import evaluate
+
+
+def _assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(got, expected)
+    else:
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2.0**-8, atol=1e-5)
+
+
+class Nemotron1P(torch.nn.LayerNorm):
+    """Nemotron's LayerNorm1P: the weight is stored as `w` and applied as `w + 1`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight + 1.0, self.bias, self.eps)
+
+
+class NoAffine(torch.nn.Module):
+    """OLMo's form: F.layer_norm in fp32 without weight or bias, cast back."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.float(), x.shape[-1:], None, None, 1e-5).to(x.dtype)
+
+
+SPELLINGS = {
+    "nn_layer_norm": lambda: torch.nn.LayerNorm(96),
+    "no_bias": lambda: torch.nn.LayerNorm(96, bias=False),
+    "no_affine": lambda: torch.nn.LayerNorm(96, elementwise_affine=False),
+    "one_plus_weight": lambda: Nemotron1P(96),
+    "functional_fp32": NoAffine,
+}
+
+
+def _randomized(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Norm weights and biases (and linear biases) random rather than 1 and 0; linear weights
+    keep their default init (scaled by the fan-in, as a model's are)."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() == 1:
+                p.normal_()
+    return module.to(dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_layer_norm_spellings_import_as_one_op(spelling: str, dtype: torch.dtype) -> None:
+    module = _randomized(SPELLINGS[spelling](), dtype)
+    x = (torch.randn(3, 5, 96) * 2 + 0.5).to(dtype)
+    program = import_program(torch.export.export(module, (x,)))
+    names = [op.target.data if op.name == "ad.torch_op" else op.name for op in program.function.body.block.ops]
+    assert names.count("ad.layer_norm") == 1 and not any("layer_norm" in n for n in names if n.startswith("aten")), names
+    with torch.no_grad():
+        _assert_close(evaluate(program.module, program.weights, [x])[0], module(x))
+
+
+def test_layer_norm_over_two_dims_stays_opaque() -> None:
+    """`ad.layer_norm` normalizes the last dim only: any other normalized shape is carried as
+    the torch op it is (and still computes the same)."""
+    module = _randomized(torch.nn.LayerNorm((5, 96)), torch.float32)
+    x = torch.randn(3, 5, 96)
+    program = import_program(torch.export.export(module, (x,)))
+    names = [op.target.data if op.name == "ad.torch_op" else op.name for op in program.function.body.block.ops]
+    assert "ad.layer_norm" not in names and "aten.layer_norm.default" in names
+    with torch.no_grad():
+        assert torch.equal(evaluate(program.module, program.weights, [x])[0], module(x))
+
+
+# ------------------------------------------------------- the default pipeline, kernels run
+
+
+@pytest.fixture
+def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel must run as its Triton kernel (in the interpreter), not its reference."""
+    from ad_mlir.runtime import kernels
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("a kernel ran its reference semantics")
+
+    monkeypatch.setattr(kernels, "run_reference", refuse)
+
+
+class PreNorm(torch.nn.Module):
+    """GPT-2 / OPT: residual add, norm, projection, residual add, next norm (and the sum on)."""
+
+    def __init__(self, hidden: int, norm: type[torch.nn.Module] = torch.nn.LayerNorm) -> None:
+        super().__init__()
+        self.ln_1, self.proj, self.ln_2 = norm(hidden), torch.nn.Linear(hidden, hidden), norm(hidden)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x + residual
+        h = h + self.proj(self.ln_1(h))
+        return self.ln_2(h), h
+
+
+class Parallel(torch.nn.Module):
+    """Phi / Falcon: one norm feeds attention and MLP (two users), the sum is the residual."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.ln, self.attn, self.mlp = torch.nn.LayerNorm(hidden), torch.nn.Linear(hidden, hidden), torch.nn.Linear(
+            hidden, hidden)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        h = x + residual
+        n = self.ln(h)
+        return self.attn(n) + torch.relu(self.mlp(n)) + h
+
+
+class Cohere(torch.nn.Module):
+    """CohereLayerNorm, spelled out (no bias), after a residual add."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        h = x + residual
+        hf = h.to(torch.float32)
+        mean = hf.mean(-1, keepdim=True)
+        variance = (hf - mean).pow(2).mean(-1, keepdim=True)
+        hf = (hf - mean) * torch.rsqrt(variance + 1e-5)
+        return (self.weight.to(torch.float32) * hf).to(h.dtype)
+
+
+BLOCKS = {
+    # name: (module, the LLM-level ops the default pipeline leaves in it)
+    "pre_norm": (lambda h: PreNorm(h), ["ad.add_layer_norm", "ad.add_layer_norm"]),
+    "nemotron_1p": (lambda h: PreNorm(h, Nemotron1P), ["ad.add_layer_norm", "ad.add_layer_norm"]),
+    "parallel": (Parallel, ["ad.add_layer_norm"]),
+    "cohere": (Cohere, ["ad.add_layer_norm"]),
+}
+
+
+@pytest.mark.parametrize("hidden", [96, 200])
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_layer_norm_blocks_fuse_and_match_eager(block: str, hidden: int, no_reference_fallback: None) -> None:
+    """fp32 (the kernels only reorder the row sums: torch.testing's defaults) at odd hidden
+    sizes; the residual add joins the norm even where the sum has other users (the next add,
+    the output) and the norm's result has two (the parallel block)."""
+    from ad_mlir.compiler import compile_program
+
+    make, expected_ops = BLOCKS[block]
+    module = _randomized(make(hidden), torch.float32)
+    args = (torch.randn(2, 5, hidden), torch.randn(2, 5, hidden) * 2 + 1)
+    gm, program = compile_program(torch.export.export(module, args))
+    ops = [op.name for op in program.function.body.block.ops]
+    assert [n for n in ops if n.endswith("layer_norm")] == expected_ops, ops
+    assert "ad.rsqrt" not in ops and "ad.mean" not in ops
+    with torch.no_grad():
+        for got, expected in zip(gm(*args), torch.utils._pytree.tree_leaves(module(*args)), strict=True):
+            _assert_close(got, expected)
