@@ -27,7 +27,7 @@ def moe_config(family: str, hidden: int = 48, experts: int = 4, top_k: int = 2, 
     sizes = {"hidden_size": hidden, "num_experts_per_tok": top_k, "intermediate_size": inter,
              "moe_intermediate_size": inter, "num_local_experts": experts, "num_experts": experts,
              "shared_expert_intermediate_size": 2 * inter}
-    config = AutoConfig.for_model(family, **sizes, **overrides)
+    config = AutoConfig.for_model(family, **(sizes | overrides))
     config._experts_implementation = "grouped_mm"  # what torch.export of the block records
     return config
 
@@ -82,3 +82,45 @@ def moe_operands(family: str, block: torch.nn.Module, x: torch.Tensor) -> MoeOpe
         shared_gate = torch.nn.functional.linear(x, block.shared_expert_gate.weight)
         properties["shared_experts"] = slices
     return MoeOperands(x, logits, gate_up.detach(), down.detach(), shared_gate, properties)
+
+
+class _Expert(torch.nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.w1 = torch.nn.Linear(hidden, inter, bias=False)
+        self.w3 = torch.nn.Linear(hidden, inter, bias=False)
+        self.w2 = torch.nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class LoopMoe(torch.nn.Module):
+    """A hand-written MoE block in the shape of HF's Mixtral before transformers 5: a loop over
+    the experts, each with linears of its own, `torch.where` of a one-hot mask and `index_add_`.
+    With `topk_first`, the top-k of the logits is taken before the softmax."""
+
+    def __init__(self, hidden: int = 48, inter: int = 32, experts: int = 4, top_k: int = 2,
+                 topk_first: bool = False):
+        super().__init__()
+        self.top_k, self.topk_first, self.num_experts = top_k, topk_first, experts
+        self.gate = torch.nn.Linear(hidden, experts, bias=False)
+        self.experts = torch.nn.ModuleList(_Expert(hidden, inter) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x)
+        if self.topk_first:
+            weights, chosen = torch.topk(logits, self.top_k, dim=-1)
+            weights = torch.softmax(weights, dim=-1, dtype=torch.float)
+        else:
+            weights = torch.softmax(logits, dim=1, dtype=torch.float)
+            weights, chosen = torch.topk(weights, self.top_k, dim=-1)
+            weights /= weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        mask = torch.nn.functional.one_hot(chosen, num_classes=self.num_experts).permute(2, 1, 0)
+        for e, expert in enumerate(self.experts):
+            slot, tokens = torch.where(mask[e])
+            y = expert(x[tokens]) * weights[tokens, slot, None]
+            out.index_add_(0, tokens, y.to(x.dtype))
+        return out
