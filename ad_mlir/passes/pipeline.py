@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 PIPELINES: dict[str, str] = {
     "default": (
-        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
+        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,match-moe,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
         "fuse-rope-attention,optimize-rope,decompose,fuse-elementwise"
     ),
     "none": "",

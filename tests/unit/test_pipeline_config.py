@@ -19,7 +19,7 @@ def _yaml(tmp_path: Path, text: str) -> Path:
 
 def test_names_and_pass_strings() -> None:
     assert resolve_pipeline("default") == PIPELINES["default"] == (
-        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
+        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,match-moe,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
         "fuse-rope-attention,optimize-rope,decompose,fuse-elementwise"
     )
     assert resolve_pipeline("none") == ""
