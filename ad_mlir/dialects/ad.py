@@ -1289,6 +1289,85 @@ class RopeOp(KernelOp):
             raise VerifyException("ad.rope cos and sin must be one [batch or 1, seq, head_dim] type")
 
 
+# ------------------------------------------------------------------------------ MoE
+
+
+_FLOAT_TYPES = (Float32Type(), Float16Type(), BFloat16Type())
+
+
+@irdl_op_definition
+class MoeOp(KernelOp):
+    """A mixture-of-experts FFN: each token of `input` [tokens, hidden] goes through the
+    `top_k` experts its router picks and the result is their outputs weighted by the router.
+
+    Routing, in fp32: `probs = softmax(float(router_logits))` over the E routed experts
+    ([tokens, E]), the `top_k` largest of them (HF's `torch.topk`), divided by their sum with
+    `normalize` (Mixtral, Qwen's `norm_topk_prob`; a softmax of the top-k logits alone, as some
+    blocks spell it, is the same thing); with `round_weights` the weights are then rounded to
+    the input's dtype (Qwen's `.to(router_logits.dtype)`).
+
+    Experts are stacked: `gate_up` [E + S, 2 * I, hidden] (each expert's gate rows, then its
+    up rows) and `down` [E + S, hidden, I]; expert e computes `silu(x @ gate_e.T) * (x @ up_e.T)
+    @ down_e.T` in the input's dtype, as HF's gated MLP does. The last S = `shared_experts`
+    experts are shared (Qwen2-MoE's shared expert, its intermediate size cut in S slices of I):
+    every token goes through all of them, weighted by `sigmoid(shared_gate)` ([tokens, 1], the
+    shared expert's gate logits; rounded as the routing weights are) or by 1 without it.
+
+    The weighted sum over a token's experts is accumulated in fp32 and rounded once to the
+    input's dtype. Its kernel is a template (`codegen/moe_kernel.py`)."""
+
+    name = "ad.moe"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    router_logits = operand_def(AdTensor)
+    gate_up = operand_def(AdTensor)
+    down = operand_def(AdTensor)
+    shared_gate = opt_operand_def(AdTensor)
+    top_k = prop_def(IntegerAttr[I64])
+    shared_experts = opt_prop_def(IntegerAttr[I64])
+    normalize = opt_prop_def(UnitAttr)
+    round_weights = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $router_logits `experts` $gate_up `,` $down (`shared` $shared_experts^)? "
+        "(`gate` $shared_gate^)? `top_k` $top_k (`normalize` $normalize^)? (`round_weights` $round_weights^)? "
+        "attr-dict `:` `(` type($input) `,` type($router_logits) `,` type($gate_up) `,` type($down) "
+        "(`,` type($shared_gate)^)? `)` `->` type($result)"
+    )
+
+    @property
+    def num_shared(self) -> int:
+        return self.shared_experts.value.data if self.shared_experts is not None else 0
+
+    def verify_op(self) -> None:
+        x, logits = _shape(self.input.type), _shape(self.router_logits.type)
+        gate_up, down = _shape(self.gate_up.type), _shape(self.down.type)
+        if len(x) != 2 or len(logits) != 2 or not _dims_compatible(x[0], logits[0]):
+            raise VerifyException("ad.moe input must be [tokens, hidden] and router_logits [tokens, experts]")
+        for t in (self.input, self.router_logits, self.gate_up, self.down, self.shared_gate):
+            if t is not None and t.type.element_type not in _FLOAT_TYPES:
+                raise VerifyException("ad.moe takes f32, f16 or bf16 tensors")
+        if not self.gate_up.type.element_type == self.input.type.element_type == self.down.type.element_type:
+            raise VerifyException("ad.moe expert weights must have the input's element type")
+        if len(gate_up) != 3 or len(down) != 3 or DYNAMIC_INDEX in (*gate_up, *down, x[1], logits[1]):
+            raise VerifyException("ad.moe expert weights must be static [experts, 2 * I, hidden] and "
+                                  "[experts, hidden, I], the hidden and expert counts static")
+        experts, inter = gate_up[0], down[2]
+        if gate_up != (experts, 2 * inter, x[1]) or down != (experts, x[1], inter):
+            raise VerifyException(f"ad.moe expert weights {_fmt_shape(gate_up)} and {_fmt_shape(down)} do not "
+                                  f"fit hidden {x[1]}: expected [E, 2 * I, {x[1]}] and [E, {x[1]}, I]")
+        if logits[1] + self.num_shared != experts or self.num_shared < 0:
+            raise VerifyException(f"ad.moe has {experts} experts: {logits[1]} routed (router_logits) + "
+                                  f"{self.num_shared} shared expected")
+        if not 1 <= self.top_k.value.data <= logits[1]:
+            raise VerifyException(f"ad.moe top_k {self.top_k.value.data} is not in 1..{logits[1]}")
+        if self.shared_gate is not None:
+            if self.num_shared == 0 or not shapes_compatible(_shape(self.shared_gate.type), (x[0], 1)):
+                raise VerifyException("ad.moe shared_gate must be [tokens, 1], with shared experts")
+        if self.result.type != self.input.type:
+            raise VerifyException("ad.moe result must have the input's type")
+
+
 KV_CACHE_ATTR = "ad.kv_cache"
 """On a K/V cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value", the
 layer being the HF module path of the attention it serves."""
@@ -1690,7 +1769,7 @@ Ad = Dialect(
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
-        LayerNormOp, AddLayerNormOp,
+        LayerNormOp, AddLayerNormOp, MoeOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

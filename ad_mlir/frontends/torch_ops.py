@@ -119,6 +119,57 @@ def _(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(gate)
 
 
+def _route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) [tokens, top_k], as HF's top-k routers compute them, in fp32."""
+    weights, experts = torch.topk(torch.softmax(router_logits.float(), dim=-1), top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def _expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """HF's gated MLP of one expert, in x's dtype."""
+    gate, up = torch.nn.functional.linear(x, gate_up).chunk(2, dim=-1)
+    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, down)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe", mutates_args=())
+def moe(
+    input: torch.Tensor,
+    router_logits: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate: torch.Tensor | None,
+    top_k: int,
+    shared_experts: int = 0,
+    normalize: bool = False,
+    round_weights: bool = False,
+) -> torch.Tensor:
+    """`ad.moe`: the plain loop over experts, each on the tokens routed to it (then the shared
+    experts on every token), the weighted outputs summed in fp32."""
+    weights, experts = _route(router_logits, top_k, normalize)
+    shared = torch.ones_like(input[:, :1], dtype=torch.float32) if shared_gate is None else torch.sigmoid(
+        shared_gate.float())
+    if round_weights:
+        weights, shared = weights.to(input.dtype).float(), shared.to(input.dtype).float()
+    out = torch.zeros(input.shape, dtype=torch.float32, device=input.device)
+    routed = gate_up.shape[0] - shared_experts
+    for e in range(routed):
+        tokens, slot = torch.where(experts == e)
+        y = _expert(input[tokens], gate_up[e], down[e])
+        out.index_add_(0, tokens, y.float() * weights[tokens, slot, None])
+    for e in range(routed, gate_up.shape[0]):
+        out += _expert(input, gate_up[e], down[e]).float() * shared
+    return out.to(input.dtype)
+
+
+@moe.register_fake
+def _(input: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+      shared_gate: torch.Tensor | None, top_k: int, shared_experts: int = 0, normalize: bool = False,
+      round_weights: bool = False) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
 
 
 def _quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -296,6 +347,6 @@ REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention",
-                 "layer_norm", "add_layer_norm")
+                 "layer_norm", "add_layer_norm", "moe")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

@@ -44,6 +44,12 @@ def _match_rmsnorm() -> type[ModulePass]:
     return MatchRmsNormPass
 
 
+def _match_moe() -> type[ModulePass]:
+    from ad_mlir.passes.match_moe import MatchMoePass
+
+    return MatchMoePass
+
+
 def _fuse_add_rmsnorm() -> type[ModulePass]:
     from ad_mlir.passes.fuse_add_rmsnorm import FuseAddRmsNormPass
 
@@ -130,6 +136,7 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-add-rmsnorm": _fuse_add_rmsnorm,
     "match-layernorm": _match_layernorm,
     "fuse-add-layernorm": _fuse_add_layernorm,
+    "match-moe": _match_moe,
     "fuse-gemms": _fuse_gemms,
     "fuse-silu-mul": _fuse_silu_mul,
     "fuse-rope-attention": _fuse_rope_attention,

@@ -264,3 +264,27 @@ func.func @cached_attention_metadata(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x4x?x64xbf16>
   func.return
 }
+
+// -----
+
+func.func @moe_expert_count(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48xbf16>, %d: tensor<6x48x32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' has 6 experts: 4 routed (router_logits) + 0 shared expected
+  %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_weight_shapes(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x64x48xbf16>, %d: tensor<4x48x16xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' expert weights 4x64x48 and 4x48x16 do not fit hidden 48: expected [E, 2 * I, 48] and [E, 48, I]
+  %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<4x64x48xbf16>, tensor<4x48x16xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_top_k(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x64x48xbf16>, %d: tensor<4x48x32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' top_k 5 is not in 1..4
+  %0 = ad.moe %x, %l experts %gu, %d top_k 5 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<4x64x48xbf16>, tensor<4x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}

@@ -267,3 +267,12 @@ func.func @collectives(%x: tensor<4x?xbf16>) {
   // CHECK-NEXT: ad.wait_tensor %[[R]] : tensor<4x?xbf16> -> tensor<4x?xbf16>
   func.return
 }
+
+func.func @moe(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48xbf16>, %d: tensor<6x48x32xbf16>, %g: tensor<?x1xbf16>) {
+  // CHECK-LABEL: func.func @moe
+  %0 = ad.moe %x, %l experts %gu, %d shared 2 gate %g top_k 2 normalize round_weights : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>, tensor<?x1xbf16>) -> tensor<?x48xbf16>
+  // CHECK-NEXT: ad.moe %x, %l experts %gu, %d shared 2 gate %g top_k 2 normalize round_weights : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>, tensor<?x1xbf16>) -> tensor<?x48xbf16>
+  %1 = ad.moe %x, %l experts %gu, %d shared 2 top_k 1 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
+  // CHECK-NEXT: ad.moe %x, %l experts %gu, %d shared 2 top_k 1 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
