@@ -428,6 +428,7 @@ SPECS: tuple[OpSpec, ...] = (
         for cls in (
             ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
+            ad.GeluAndMulOp, ad.ActivationOp,
         )
     ),
     OpSpec(ad.AllReduceOp, (Overload("_c10d_functional.all_reduce.default"),)),
