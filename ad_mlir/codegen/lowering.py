@@ -78,12 +78,16 @@ def kernel_region(op: Operation) -> KernelRegion:
             raise NoKernelForm(str(e)) from e
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
     kernel_ops = [o for o in fused.body.block.ops if isinstance(o, KERNEL_OPS)]
-    label = "_".join(dict.fromkeys(o.name.removeprefix("ad.") for o in kernel_ops)) or None
+    label = "_".join(dict.fromkeys(_kernel_label(o) for o in kernel_ops)) or None
     for inner in kernel_ops:
         if type(inner) in DECOMPOSITIONS:
             new_ops, values = DECOMPOSITIONS[type(inner)](inner)
             Rewriter.replace_op(inner, new_ops, values)
     return KernelRegion(fused, label)
+
+
+def _kernel_label(op: Operation) -> str:
+    return op.kernel_label() if isinstance(op, ad.KernelOp) else op.name.removeprefix("ad.")
 
 
 TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.MoeOp)

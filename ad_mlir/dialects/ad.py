@@ -1047,6 +1047,10 @@ class KernelOp(AdOp):
 
     traits = traits_def(Pure())
 
+    def kernel_label(self) -> str:
+        """Names the op's kernel (before its hash): the op's name, or what tells its variants apart."""
+        return self.name.removeprefix("ad.")
+
 
 _FLOAT_PROMOTION = {
     frozenset((BFloat16Type(), Float16Type())): Float32Type(),
@@ -1216,6 +1220,75 @@ class SiluAndMulOp(KernelOp):
     def verify_op(self) -> None:
         if not self.gate.type == self.up.type == self.result.type:
             raise VerifyException("ad.silu_and_mul gate, up and result must have one type")
+
+
+# MLP activations (`passes/fuse_gelu_mul.py`, `passes/fuse_activation.py`).
+
+GeluApproximation = AttrSetConstraint(frozenset({StringAttr("none"), StringAttr("tanh")}))
+"""aten.gelu's `approximate`: "none" (erf) or "tanh"."""
+
+
+@irdl_op_definition
+class GeluAndMulOp(KernelOp):
+    """`gelu(gate) * up`, GELU with `approximate` "none" (erf; also when absent) or "tanh",
+    each op in the operands' dtype (as HF's gated GELU MLP computes it: Gemma)."""
+
+    name = "ad.gelu_and_mul"
+    gate = operand_def(AdTensor)
+    up = operand_def(AdTensor)
+    approximate = opt_prop_def(GeluApproximation)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$gate `,` $up (`approximate` $approximate^)? attr-dict `:` `(` type($gate) `,` type($up) `)` `->` "
+        "type($result)"
+    )
+
+    def verify_op(self) -> None:
+        if not self.gate.type == self.up.type == self.result.type:
+            raise VerifyException("ad.gelu_and_mul gate, up and result must have one type")
+
+    def kernel_label(self) -> str:
+        return "gelu_tanh_and_mul" if self.approximate == StringAttr("tanh") else "gelu_and_mul"
+
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2", "silu")
+"""`ad.activation` kinds: GELU (erf), GELU (tanh approximation), ReLU, ReLU squared, SiLU."""
+
+
+@irdl_op_definition
+class ActivationOp(KernelOp):
+    """An MLP's activation of its up projection: `act(input + bias)`, the bias add (when the
+    GEMM did not add it) and the activation in the input's dtype, as torch computes each."""
+
+    name = "ad.activation"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    kind = prop_def(StringAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$kind $input (`bias` $bias^)? attr-dict `:` `(` type($input) (`,` type($bias)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        # A check here, not a constraint on `kind`: xDSL's custom-format parser checks
+        # constraints of required properties before the op has a location to report.
+        if self.kind.data not in ACTIVATIONS:
+            raise VerifyException(f"ad.activation kind must be one of {', '.join(ACTIVATIONS)}, got '{self.kind.data}'")
+        if self.input.type != self.result.type:
+            raise VerifyException("ad.activation input and result must have one type")
+        if self.bias is None:
+            return
+        features = _shape(self.input.type)[-1]
+        bias_shape = _shape(self.bias.type)
+        fits = len(bias_shape) == 1 and _dims_compatible(bias_shape[0], features)
+        if not fits or self.bias.type.element_type != self.input.type.element_type:
+            raise VerifyException(
+                f"ad.activation bias must be 1-D of the input's {features} features and its element type"
+            )
+
+    def kernel_label(self) -> str:
+        return f"bias_{self.kind.data}" if self.bias is not None else self.kind.data
 
 
 @irdl_op_definition
@@ -1770,6 +1843,7 @@ Ad = Dialect(
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
+        GeluAndMulOp, ActivationOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

@@ -170,6 +170,42 @@ def _(input: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, d
     return torch.empty_like(input)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::gelu_and_mul", mutates_args=())
+def gelu_and_mul(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
+@gelu_and_mul.register_fake
+def _(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.empty_like(gate)
+
+
+def _relu2(x: torch.Tensor) -> torch.Tensor:
+    """HF's `ReLUSquaredActivation` (`torch.square`, which exports as `r * r`)."""
+    r = torch.relu(x)
+    return r * r
+
+
+ACTIVATION_FUNCTIONS = {
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "relu": torch.relu,
+    "relu2": _relu2,
+    "silu": torch.nn.functional.silu,
+}
+"""`ad.activation` kind -> its torch function (`ad.ACTIVATIONS`)."""
+
+
+@torch.library.custom_op(f"{NAMESPACE}::activation", mutates_args=())
+def activation(input: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+    return ACTIVATION_FUNCTIONS[kind](input if bias is None else input + bias)
+
+
+@activation.register_fake
+def _(input: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
 
 
 def _quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -347,6 +383,6 @@ REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention",
-                 "layer_norm", "add_layer_norm", "moe")
+                 "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

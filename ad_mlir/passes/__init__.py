@@ -80,6 +80,18 @@ def _fuse_silu_mul() -> type[ModulePass]:
     return FuseSiluMulPass
 
 
+def _fuse_gelu_mul() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_gelu_mul import FuseGeluMulPass
+
+    return FuseGeluMulPass
+
+
+def _fuse_activation() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_activation import FuseActivationPass
+
+    return FuseActivationPass
+
+
 def _quantize_linear_fp8() -> type[ModulePass]:
     from ad_mlir.passes.quantize_linear_fp8 import QuantizeLinearFp8Pass
 
@@ -139,6 +151,8 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "match-moe": _match_moe,
     "fuse-gemms": _fuse_gemms,
     "fuse-silu-mul": _fuse_silu_mul,
+    "fuse-gelu-mul": _fuse_gelu_mul,
+    "fuse-activation": _fuse_activation,
     "fuse-rope-attention": _fuse_rope_attention,
     "optimize-rope": _optimize_rope,
     "quantize-linear-fp8": _quantize_linear_fp8,

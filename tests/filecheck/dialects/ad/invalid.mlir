@@ -219,6 +219,46 @@ func.func @silu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x32xbf16>) {
 
 // -----
 
+func.func @gelu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.gelu_and_mul' gate, up and result must have one type
+  %0 = ad.gelu_and_mul %g, %u : (tensor<2x64xbf16>, tensor<2x64xf32>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @gelu_and_mul_approximation(%g: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.gelu_and_mul' Expected one of "none", "tanh", but got "sigmoid"
+  %0 = ad.gelu_and_mul %g, %g approximate "sigmoid" : (tensor<2x64xbf16>, tensor<2x64xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_kind(%x: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' kind must be one of gelu, gelu_tanh, relu, relu2, silu, got 'swish'
+  %0 = ad.activation "swish" %x : (tensor<2x64xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_bias(%x: tensor<2x64xbf16>, %b: tensor<32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' bias must be 1-D of the input's 64 features and its element type
+  %0 = ad.activation "relu" %x bias %b : (tensor<2x64xbf16>, tensor<32xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_result(%x: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' input and result must have one type
+  %0 = ad.activation "silu" %x : (tensor<2x64xbf16>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
 func.func @dynamic_scale_shape(%x: tensor<2x64xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.quantize_fp8_dynamic' scale must be f32 of shape 2x1
   %0, %1 = ad.quantize_fp8_dynamic %x per_token : tensor<2x64xbf16> -> (tensor<2x64xf8E4M3FN>, tensor<f32>)

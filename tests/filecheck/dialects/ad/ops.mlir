@@ -217,6 +217,19 @@ func.func @layer_norm_ops(%x: tensor<2x?x64xbf16>, %r: tensor<2x?x64xbf16>, %w: 
   func.return
 }
 
+func.func @mlp_activations(%g: tensor<2x?x128xbf16>, %u: tensor<2x?x128xbf16>, %b: tensor<128xbf16>, %x: tensor<?x96xf32>) {
+  // CHECK-LABEL: func.func @mlp_activations
+  %0 = ad.gelu_and_mul %g, %u approximate "tanh" : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  // CHECK-NEXT: ad.gelu_and_mul %g, %u approximate "tanh" : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  %1 = ad.gelu_and_mul %g, %u : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  // CHECK-NEXT: ad.gelu_and_mul %g, %u : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  %2 = ad.activation "gelu_tanh" %g bias %b : (tensor<2x?x128xbf16>, tensor<128xbf16>) -> tensor<2x?x128xbf16>
+  // CHECK-NEXT: ad.activation "gelu_tanh" %g bias %b : (tensor<2x?x128xbf16>, tensor<128xbf16>) -> tensor<2x?x128xbf16>
+  %3 = ad.activation "relu2" %x : (tensor<?x96xf32>) -> tensor<?x96xf32>
+  // CHECK-NEXT: ad.activation "relu2" %x : (tensor<?x96xf32>) -> tensor<?x96xf32>
+  func.return
+}
+
 func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f32>) {
   // CHECK-LABEL: func.func @fp8_ops
   %q = ad.quantize_fp8 %x, %s : (tensor<4x?x64xbf16>, tensor<f32>) -> tensor<4x?x64xf8E4M3FN>
