@@ -67,7 +67,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_only_values
-from ad_mlir.passes.fuse_silu_mul import silu_of
+from ad_mlir.passes.activations import silu_of
 from ad_mlir.passes.matching import other_operand, plain_binary, producer, sole_user
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ def _gated(value: SSAValue) -> tuple[SSAValue, SSAValue, list[Operation]]:
     for gate_silu in mul.operands:
         silu = silu_of(gate_silu)
         if silu is not None:
-            return silu[0], other_operand(mul, gate_silu), [mul, *silu[1]]
+            return silu.input, other_operand(mul, gate_silu), [mul, *silu.ops]
     raise NotMoe("experts whose activation is not silu(gate) * up")
 
 
