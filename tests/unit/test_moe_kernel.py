@@ -45,12 +45,12 @@ class Case:
         self.spec = spec
         self.x = torch.randn(tokens, h, generator=g).to(spec.dtype).to(DEVICE)
         logits = torch.randn(tokens, spec.experts, generator=g) + torch.tensor(bias or 0.0)
-        self.logits = logits.to(spec.logits_dtype).to(DEVICE)
+        self.logits = logits.to(spec.dtype).to(DEVICE)
         self.gate_up = (torch.randn(experts, 2 * inter, h, generator=g) * h**-0.5).to(spec.dtype).to(DEVICE)
         self.down = (torch.randn(experts, h, inter, generator=g) * inter**-0.5).to(spec.dtype).to(DEVICE)
         self.gate = None
-        if spec.gate_dtype is not None:
-            self.gate = torch.randn(tokens, 1, generator=g).to(spec.gate_dtype).to(DEVICE)
+        if spec.shared_gate:
+            self.gate = torch.randn(tokens, 1, generator=g).to(spec.dtype).to(DEVICE)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.x, self.logits, self.gate_up, self.down, *([self.gate] if self.gate is not None else [])]
@@ -63,8 +63,7 @@ class Case:
 
 def _spec(hidden: int = 48, inter: int = 32, experts: int = 4, top_k: int = 2, shared: int = 0, gate: bool = False,
           dtype: torch.dtype = torch.float32, normalize: bool = True, round_weights: bool = False) -> MoeSpec:
-    return MoeSpec(hidden, inter, experts, shared, top_k, dtype, dtype, dtype if gate else None, normalize,
-                   round_weights)
+    return MoeSpec(hidden, inter, experts, shared, top_k, dtype, gate, normalize, round_weights)
 
 
 def _run(module: ModuleType, case: Case) -> torch.Tensor:
