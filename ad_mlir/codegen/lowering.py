@@ -164,8 +164,7 @@ def moe_spec(op: ad.MoeOp) -> MoeSpec:
         shared_experts=op.num_shared,
         top_k=op.top_k.value.data,
         dtype=torch_dtype(op.input.type),
-        logits_dtype=torch_dtype(op.router_logits.type),
-        gate_dtype=torch_dtype(op.shared_gate.type) if op.shared_gate is not None else None,
+        shared_gate=op.shared_gate is not None,
         normalize=op.normalize is not None,
         round_weights=op.round_weights is not None,
     )

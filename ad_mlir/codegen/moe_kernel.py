@@ -64,20 +64,19 @@ class MoeSpec:
     shared_experts: int
     top_k: int
     dtype: torch.dtype
-    """Of x, the expert weights and the output."""
-    logits_dtype: torch.dtype
-    gate_dtype: torch.dtype | None
-    """Of the shared experts' gate logits; None: no gate (weight 1)."""
+    """Of x, the expert weights and the output (router and gate logits: any float dtype, read
+    through their pointers' type)."""
+    shared_gate: bool
+    """The shared experts' weight is the sigmoid of gate logits (an input), else 1."""
     normalize: bool
     round_weights: bool
 
     def __post_init__(self) -> None:
-        for what, dtype in (("dtype", self.dtype), ("logits", self.logits_dtype), ("gate", self.gate_dtype)):
-            if dtype is not None and dtype not in _TL_DTYPE:
-                raise ValueError(f"moe kernel: {what} {dtype} is not one of {', '.join(map(str, _TL_DTYPE))}")
+        if self.dtype not in _TL_DTYPE:
+            raise ValueError(f"moe kernel: dtype {self.dtype} is not one of {', '.join(map(str, _TL_DTYPE))}")
         if not 1 <= self.top_k <= self.experts:
             raise ValueError(f"moe kernel: top_k {self.top_k} is not in 1..{self.experts}")
-        if self.gate_dtype is not None and not self.shared_experts:
+        if self.shared_gate and not self.shared_experts:
             raise ValueError("moe kernel: a shared gate without shared experts")
 
     @property
@@ -345,7 +344,7 @@ def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
         "all_experts": spec.experts + spec.shared_experts,
         "slots": spec.slots,
         # Without a shared gate the kernel takes none: x stands in for it (never read).
-        "unpack": "x, logits, gate_up, down, shared_gate = tensors" if spec.gate_dtype is not None
+        "unpack": "x, logits, gate_up, down, shared_gate = tensors" if spec.shared_gate
                   else "x, logits, gate_up, down = tensors\n    shared_gate = x",
         "ROUTE": ROUTE, "ALIGN": ALIGN, "GATE_UP": GATE_UP, "DOWN": DOWN, "COMBINE": COMBINE,
     }
@@ -354,7 +353,7 @@ def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
         "E_P2": next_power_of_2(spec.experts), "SHARED": spec.shared_experts,
         "S_P2": next_power_of_2(max(spec.shared_experts, 1)), "ALL_EXPERTS": spec.experts + spec.shared_experts,
         "ALL_P2": next_power_of_2(spec.experts + spec.shared_experts), "TOP_K": spec.top_k, "SLOTS": spec.slots,
-        "NORMALIZE": spec.normalize, "ROUND_WEIGHTS": spec.round_weights, "HAS_GATE": spec.gate_dtype is not None,
+        "NORMALIZE": spec.normalize, "ROUND_WEIGHTS": spec.round_weights, "HAS_GATE": spec.shared_gate,
     }
     parts = [
         header,

@@ -142,6 +142,10 @@ INPUT_ATTR = "ad.input"
 SHARD_DIM_ATTR = "ad.shard_dim"
 """On a weight argument: it is one rank's tensor-parallel shard of the weight, cut along this
 dim. The argument's type is the local shape; rank r holds the slice at offset r * local size."""
+SHARD_CHUNKS_ATTR = "ad.shard_chunks"
+"""With `ad.shard_dim`: the weight's dim holds this many equal chunks (a stacked gate and up, a
+shared expert cut in virtual experts), each cut alike: rank r holds the r-th slice of every
+chunk, in order."""
 
 
 

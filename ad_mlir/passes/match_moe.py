@@ -47,6 +47,7 @@ from xdsl.dialects.builtin import (
     Float32Type,
     FloatAttr,
     IntegerAttr,
+    IntegerType,
     ModuleOp,
     StringAttr,
     TensorType,
@@ -95,6 +96,8 @@ def _arg(attr: Attribute, operands: Sequence[SSAValue]) -> object:
     """A torch_op argument as a Python value; `#ad.ref<N>` is the N-th operand."""
     if isinstance(attr, ad.OperandRefAttr):
         return operands[attr.index.data]
+    if isinstance(attr, IntegerAttr) and attr.type == IntegerType(1):
+        return attr.value.data != 0  # xDSL holds True as -1
     if isinstance(attr, IntegerAttr | FloatAttr):
         return attr.value.data
     if isinstance(attr, ArrayAttr):
@@ -165,10 +168,12 @@ class Routing:
     ops: list[Operation] = field(default_factory=list)
 
 
-def _float_logits(value: SSAValue) -> SSAValue:
-    """`logits` of `value` = `float(logits)` (or `value`, logits already in f32)."""
+def _float_logits(value: SSAValue) -> tuple[SSAValue, list[Operation]]:
+    """`logits` of `value` = `float(logits)` and the cast (or `value`, logits already in f32)."""
     cast = producer(value, ad.CastOp)
-    return cast.input if cast is not None and cast.input.type.element_type in NARROW_FLOATS else value
+    if cast is not None and cast.input.type.element_type in NARROW_FLOATS:
+        return cast.input, [cast]
+    return value, []
 
 
 def _last_dim_softmax(op: Operation | None) -> ad.SoftmaxOp | None:
@@ -184,16 +189,18 @@ def match_routing(topk: ad.TorchOp) -> Routing:
     scores, k = args[0], args[1]
     _expect(len(_shape(scores)) == 2, "router scores that are not [tokens, experts]")
     _expect(_is_dim(args[2] if len(args) > 2 else -1, scores, -1), "a topk over another dim than the experts'")
-    _expect(list(args[3:]) in ([], [1], [1, 1]), "a topk of the smallest values, or unsorted")
+    _expect(all(a is True for a in args[3:]), "a topk of the smallest values, or unsorted")
     values, experts = topk.results
     softmax = _last_dim_softmax(scores.owner)
     if softmax is not None:  # the top k of the probabilities
-        r = Routing(_float_logits(softmax.input), k, experts, values, ops=[topk, softmax, softmax.input.owner])
+        logits, cast = _float_logits(softmax.input)
+        r = Routing(logits, k, experts, values, ops=[topk, softmax, *cast])
         _match_normalization(r)
     else:  # the top k of the logits, and a softmax of those: the normalized weights
         later = _last_dim_softmax(_only_user(values, "the top-k values"))
         _expect(later is not None, "no softmax of the router scores, before or after the topk")
-        r = Routing(_float_logits(scores), k, experts, later.result, True, ops=[topk, later, scores.owner])
+        logits, cast = _float_logits(scores)
+        r = Routing(logits, k, experts, later.result, True, ops=[topk, later, *cast])
     cast = sole_user(r.weights, ad.CastOp)
     if cast is not None and cast.result.type.element_type in NARROW_FLOATS:
         r.rounded_to, r.weights = cast.result.type.element_type, cast.result
@@ -318,7 +325,8 @@ def _match_restore(weighted: ad.MulOp, perm: SSAValue, top_k: int) -> tuple[SSAV
     total = _of_type(_only_user(view.result, "the rows by slot"), ad.SumOp, "sum over the k slots")
     _expect(total.reduced_dims() == (1,) and total.keepdim is None and total.dtype is None,
             "a sum over other dims than the slots")
-    result, ops = total.result, [total, view, restored, inverse, empty, arange, *(v.owner for v in arange.operands)]
+    bounds = [v.owner for v in arange.operands if isinstance(v.owner, Operation)]
+    result, ops = total.result, [total, view, restored, inverse, empty, arange, *bounds]
     cast = sole_user(result, ad.CastOp)
     if cast is not None and result.type.element_type == Float32Type():  # weighted in f32 (Mixtral's weights)
         result, ops = cast.result, [cast, *ops]
@@ -439,7 +447,6 @@ def _chain_of_adds(steps: list[_ExpertStep], x: SSAValue) -> ad.TorchOp:
     _expect(len(lasts) == 1, "expert outputs not added in one chain")
     steps[0].ops.append(zeros)
     return lasts[0]
-
 
 
 # ---------------------------------------------------------------- shared expert

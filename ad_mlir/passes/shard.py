@@ -24,6 +24,14 @@ graph's output) are held whole by every rank, as are the norms. A world size mus
 query and the key/value head counts: replicating K/V heads when there are fewer K/V heads than
 ranks is not supported, and is refused with an error naming the layer and the numbers.
 
+An `ad.moe` (`match-moe` must run before `shard`: on HF's grouped form the experts stay
+replicated) is cut like an MLP block, as an "mlp" layer: every expert's gate and up rows
+column-wise over its intermediate size I, its down row-wise, and one all_reduce after the op
+(its combine is linear in the experts' outputs; the routing is computed alike on every rank).
+The stacked gate_up [E, 2I, H] holds two chunks, gate and up, cut alike (`ad.shard_chunks`); the
+weight-only ops `match-moe` stacks the experts with (per-expert linears, a shared expert cut in
+virtual experts) keep the split, their sizes made local.
+
 Hints override detection: `ad.shard = "colwise" | "rowwise" | "replicated"` on an `ad.linear`
 (in its attribute dictionary). A replicated linear takes no part in a block; a colwise one opens
 the block of the linear it reaches; a rowwise one closes only the block of linears that reach
@@ -536,6 +544,103 @@ def _reduce_after(value: SSAValue, owner: Operation, bias: SSAValue | None, grou
     Rewriter.insert_op(new_ops, InsertPoint.after(owner))
 
 
+# ------------------------------------------------------------------------ MoE experts
+
+
+@dataclass
+class _ExpertSplit:
+    """An `ad.moe` cut like the dense MLP, each expert's intermediate size I over the ranks: the
+    stacked gate_up [E, 2I, H] along dim 1 (gate and up rows alike), down [E, H, I] along dim 2.
+    The weight arguments behind them, and the weight-only ops stacking those into the op's layout
+    (`match-moe`'s cat/reshape/permute), keep the split on the dim that holds the I's."""
+
+    moe: ad.MoeOp
+    args: dict[SSAValue, tuple[int, int]] = field(default_factory=dict)
+    """Weight argument -> (its split dim, how many chunks of I's that dim holds)."""
+    values: dict[SSAValue, int] = field(default_factory=dict)
+    """Stacking op result -> its split dim."""
+
+    @property
+    def layer(self) -> str:
+        return _op_name(self.moe)
+
+
+def _product(dims: Iterable[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def _reshape_source(op: ad.ReshapeOp, dim: int, chunks: int) -> tuple[int, int]:
+    """The input dim holding the result's split `dim` (merged with the dims just before it, each
+    merged dim multiplying the chunks) and its chunk count."""
+    src, dst = op.input.type.get_shape(), op.result.type.get_shape()
+    for start in range(dim, -1, -1):
+        for d in range(len(src)):
+            if (_product(src[:d]) == _product(dst[:start]) and src[d] == _product(dst[start:dim + 1])
+                    and tuple(src[d + 1:]) == tuple(dst[dim + 1:])):
+                return d, chunks * _product(dst[start:dim])
+    raise _NotShardable(f"ad.reshape {_fmt(op.input.type)} -> {_fmt(op.result.type)} moves the experts' I")
+
+
+def _trace_experts(split: _ExpertSplit, value: SSAValue, dim: int, chunks: int, weights: set[SSAValue]) -> None:
+    """Follow the split of `value` (along `dim`, of `chunks` chunks) back to weight arguments."""
+    if value.type.get_shape()[dim] % chunks:
+        raise _NotShardable(f"%{value.name_hint} does not hold {chunks} chunks along dim {dim}")
+    if isinstance(value, BlockArgument):
+        if value not in weights or not value.has_one_use() or ad.SHARD_DIM_ATTR in _arg_attrs(value).data:
+            raise _NotShardable(f"%{value.name_hint} is not a weight argument that only the experts read")
+        split.args[value] = (dim, chunks)
+        return
+    op = value.owner
+    if not value.has_one_use():
+        raise _NotShardable(f"%{value.name_hint} is read elsewhere")
+    split.values[value] = dim
+    if isinstance(op, ad.ReshapeOp) and not op.sizes:
+        _trace_experts(split, op.input, *_reshape_source(op, dim, chunks), weights)
+    elif isinstance(op, ad.PermuteOp):
+        _trace_experts(split, op.input, ad.normalize_dim(op.dims.get_values()[dim], _rank(op.input)), chunks, weights)
+    elif isinstance(op, ad.CatOp) and _along_dim(op, _rank(value)) != dim:
+        for piece in op.tensors:
+            _trace_experts(split, piece, dim, chunks, weights)
+    elif isinstance(op, ad.CatOp) and chunks % len(op.tensors) == 0 and len({v.type for v in op.tensors}) == 1:
+        for piece in op.tensors:  # whole chunks side by side (gate rows, then up rows)
+            _trace_experts(split, piece, dim, chunks // len(op.tensors), weights)
+    else:
+        raise _NotShardable(f"{op.name} %{value.name_hint} stacks the experts in a way shard does not follow")
+
+
+def plan_experts(moe: ad.MoeOp, world: int, weights: set[SSAValue]) -> _ExpertSplit:
+    split = _ExpertSplit(moe)
+    _trace_experts(split, moe.gate_up, 1, 2, weights)
+    _trace_experts(split, moe.down, 2, 1, weights)
+    inter = moe.down.type.get_shape()[2]
+    if inter % world:
+        raise _NotShardable(f"the experts' intermediate size {inter} does not split in {world} parts")
+    return split
+
+
+def apply_experts(fn: func.FuncOp, split: _ExpertSplit, world: int) -> None:
+    """Local types for the stacking ops and the op's weights, their reshapes' sizes divided,
+    the weight arguments marked; the op's result is then each rank's partial sum."""
+    for value, dim in split.values.items():
+        shape = list(value.type.get_shape())
+        shape[dim] //= world
+        op = value.owner
+        if isinstance(op, ad.ReshapeOp):
+            sizes = list(op.static_sizes.get_values())
+            sizes[dim] = shape[dim]
+            op.properties["static_sizes"] = DenseArrayBase.from_list(i64, sizes)
+        Rewriter.replace_value_with_new_type(value, TensorType(value.type.element_type, shape))
+    for arg, (dim, chunks) in split.args.items():
+        _shard_argument(fn, arg, dim, world)
+        if chunks > 1:
+            attrs = list(fn.arg_attrs.data)
+            attrs[arg.index] = DictionaryAttr({**attrs[arg.index].data, ad.SHARD_CHUNKS_ATTR: IntegerAttr(chunks, i64)})
+            fn.arg_attrs = ArrayAttr(attrs)
+
+
 # ------------------------------------------------------------------------------- pass
 
 
@@ -571,9 +676,27 @@ class ShardPass(ModulePass):
             apply_plan(fn, plan)
             log.info("shard: %s: %s", plan.block.layer, plan.block.describe())
         reductions = insert_reductions([plan.block.closer for plan in plans], self.group)
+        for split in self._expert_splits(fn):
+            apply_experts(fn, split, self.world_size)
+            _reduce_after(split.moe.result, split.moe, None, self.group)
+            log.info("shard: %s: each expert's gate/up column-wise, down row-wise", split.layer)
+            reductions += 1
         fn.update_function_type()
         log.info("shard: %d of %d blocks sharded over %d ranks, %d all_reduce", len(plans), len(blocks),
                  self.world_size, reductions)
+
+    def _expert_splits(self, fn: func.FuncOp) -> list[_ExpertSplit]:
+        """The `ad.moe` ops to cut (MoE layers are "mlp" layers), each planned before any is cut."""
+        moes = [op for op in fn.body.block.ops if isinstance(op, ad.MoeOp)]
+        if "mlp" not in self.shard_layers:
+            return []
+        weights, splits = weight_arguments(fn), []
+        for moe in moes:
+            try:
+                splits.append(plan_experts(moe, self.world_size, weights))
+            except _NotShardable as e:
+                log.info("shard: the experts at %s stay replicated: %s", _op_name(moe), e)
+        return splits
 
     def _plan(self, block: _Block, order: dict[Operation, int]) -> _Plan | None:
         if block.kind not in self.shard_layers and not block.hinted:
