@@ -103,8 +103,8 @@ MATRIX: dict[str, str] = {
 Llama's (tests/models/test_families.py checks each; `ad-bench` tables cover them)."""
 
 LLM_OPS = (
-    "ad.rms_norm", "ad.add_rms_norm", "ad.rope_attention", "ad.rope", "ad.silu_and_mul", "ad.quantize_fp8",
-    "ad.attention", "ad.fused",
+    "ad.rms_norm", "ad.add_rms_norm", "ad.layer_norm", "ad.add_layer_norm", "ad.rope_attention", "ad.rope",
+    "ad.silu_and_mul", "ad.gelu_and_mul", "ad.activation", "ad.moe", "ad.quantize_fp8", "ad.attention", "ad.fused",
 )
 
 STATUSES = ("ok", "wrong", "call error", "compile error", "not exported", "not built", "skipped", "timeout",
