@@ -58,12 +58,14 @@ WHERE_PRESENT: dict[str, Any] = {
     "n_routed_experts": 4,
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 128,
     "n_group": 1,
     "topk_group": 1,
 }
 """Set where the config has them: head sizes its defaults would not derive from SIZES (a
 default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
-export), and a few experts (a default of 64-256 experts is slow to export)."""
+export), and a few experts (a default of 64-256 experts is slow to export) with a small shared
+expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`)."""
 
 SEQ_LENS = (5, 11)
 MAX_SEQ = 1024
@@ -144,7 +146,7 @@ def causal_lm_families() -> list[str]:
 
 
 SCALED_WITH_HIDDEN = ("head_dim", "rotary_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-                      "kv_lora_rank", "q_lora_rank", "moe_intermediate_size")
+                      "kv_lora_rank", "q_lora_rank", "moe_intermediate_size", "shared_expert_intermediate_size")
 """WHERE_PRESENT's sizes (set for SIZES' hidden 128) that scale with another hidden size, so that
 heads times head_dim stays the hidden size."""
 

@@ -41,9 +41,9 @@ FUSED_OPS: dict[str, dict[str, int]] = {
     "glm4": {"ad.add_rms_norm": 1, "ad.attention": 1, "ad.rms_norm": 3, "ad.silu_and_mul": 1},
     "bloom": {},
     "mpt": {},
-    "mixtral": {"ad.add_rms_norm": 1, "ad.rms_norm": 1, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
-    "qwen3_moe": {"ad.add_rms_norm": 1, "ad.rms_norm": 3, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
-    "qwen2_moe": {"ad.add_rms_norm": 1, "ad.rms_norm": 1, "ad.rope_attention": 1, "ad.silu_and_mul": 2},
+    "mixtral": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
+    "qwen3_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 3, "ad.rope_attention": 1},
+    "qwen2_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
 }
 """The LLM-level ops of decoder layer 0 after the default pipeline (generic `ad.fused` regions
 aside), per family of the matrix."""
