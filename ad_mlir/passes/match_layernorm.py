@@ -134,18 +134,26 @@ def _row_parameter(value: SSAValue, chain: list[Operation]) -> SSAValue | None:
     return value
 
 
+def _fp32_step(value: SSAValue, op_type: type[ad.BinaryOp]) -> ad.BinaryOp | None:
+    """The only user of `value`, a plain `op_type` computed in fp32 (as the op applies its
+    weight and bias)."""
+    op = sole_user(value, op_type)
+    if op is None or not plain_binary(op, op_type) or op.result.type.element_type != Float32Type():
+        return None
+    return op
+
+
 def match_affine_tail(m: LayerNormMatch, narrow_source: SSAValue | None) -> LayerNormMatch:
     """Extend `m` over `* w`, `+ b` (fp32) and the cast back to the narrow source's dtype (the
     weight and bias are operands of ops of the chain: they are defined before its end)."""
-    mul = sole_user(m.result, ad.MulOp)
+    mul = _fp32_step(m.result, ad.MulOp)
     if mul is not None and (w := _row_parameter(other_operand(mul, m.result), m.chain)) is not None:
         m.weight, m.result = w, mul.result
         m.chain.insert(0, mul)
-    add = sole_user(m.result, ad.AddOp)
-    if add is not None and plain_binary(add, ad.AddOp):
-        if (b := _row_parameter(other_operand(add, m.result), m.chain)) is not None:
-            m.bias, m.result = b, add.result
-            m.chain.insert(0, add)
+    add = _fp32_step(m.result, ad.AddOp)
+    if add is not None and (b := _row_parameter(other_operand(add, m.result), m.chain)) is not None:
+        m.bias, m.result = b, add.result
+        m.chain.insert(0, add)
     back = sole_user(m.result, ad.CastOp)
     if narrow_source is not None and back is not None and back.result.type.element_type == (
         narrow_source.type.element_type
