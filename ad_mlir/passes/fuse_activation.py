@@ -113,7 +113,7 @@ class FuseActivation(RewritePattern):
                                       properties={"kind": StringAttr(act.kind)}, result_types=[value.type])
         fused.location = op.location
         fused.result.name_hint = value.name_hint
-        rewriter.insert_op(fused, InsertPoint.before(op))
+        rewriter.insert(fused, InsertPoint.before(op))
         rewriter.replace_all_uses_with(value, fused.result)
         erase_dead(rewriter.erase, ops)  # `op` first: its constants go too (relu2's exponent)
         self.matches += 1
