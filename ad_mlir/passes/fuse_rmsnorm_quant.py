@@ -1,9 +1,10 @@
-"""`fuse-rmsnorm-quant`: an FP8 quantization of a norm's (or SiLU-mul's) output joins the
-kernel that produces it.
+"""`fuse-rmsnorm-quant`: an FP8 quantization of a norm's (or an MLP activation's) output joins
+the kernel that produces it.
 
-`rms_norm`/`add_rms_norm`/`silu_and_mul` followed by `quantize_fp8` (static per-tensor scale,
-an input of the kernel) or `quantize_fp8_dynamic per_token` (the kernel computes each row's
-amax and writes the fp8 values and the f32 scales) become one `ad.fused` region holding both
+`rms_norm`/`add_rms_norm`/`silu_and_mul`/`gelu_and_mul`/`activation` followed by
+`quantize_fp8` (static per-tensor scale, an input of the kernel) or `quantize_fp8_dynamic
+per_token` (the kernel computes each row's amax and writes the fp8 values and the f32
+scales) become one `ad.fused` region holding both
 ops: one kernel reads the activation once and writes fp8 (and the residual sum, for
 add_rms_norm). The unquantized output is still written when something else reads it.
 """
@@ -24,7 +25,7 @@ from ad_mlir.passes.fuse_elementwise import outline, sort_topologically
 
 log = logging.getLogger(__name__)
 
-PRODUCERS = (ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp)
+PRODUCERS = (ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.GeluAndMulOp, ad.ActivationOp)
 
 
 def quantized_producer(op: Operation) -> Operation | None:

@@ -1,6 +1,7 @@
-"""The MLP activation kernels (`ad.gelu_and_mul`, `ad.activation`) at real model sizes: PTX for
-sm_90, compiled without a GPU as the runtime specializes them for 256 tokens, spills no
-register and loads and stores vectors. Their numerics (decomposition == torch reference bit for
+"""The MLP activation kernels (`ad.gelu_and_mul`, `ad.activation`, and each with the per-token
+FP8 quantization of the down projection's input fused in) at real model sizes: PTX for sm_90,
+compiled without a GPU as the runtime specializes them for 256 tokens, spills no register and
+loads and stores vectors. Their numerics (decomposition == torch reference bit for
 bit, the kernel in the interpreter at odd sizes) are in test_llm_ops.py."""
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 
 from ad_mlir.codegen.cache import KernelCache
-from ad_mlir.codegen.ptx import ptx_reports
+from ad_mlir.codegen.lowering import kernel_ops
+from ad_mlir.codegen.ptx import PtxReport, ptx_reports
 from ad_mlir.dialects import ad
-from ad_mlir.passes.pipeline import make_context
+from ad_mlir.passes.pipeline import make_context, run_pipeline
 from ad_mlir.runtime.kernels import region_kernel
 
 
@@ -42,6 +44,11 @@ OPS = {
     "nemotron4_15b_relu2": _activation("relu2", 24576, "bf16", bias=False),
     "gpt2_bias_silu_f32": _activation("silu", 3072, "f32", bias=True),
 }
+QUANTIZED = {
+    # the down projection's FP8 input quantized per token in the activation's kernel
+    "gemma_2b_gelu_tanh_and_mul_fp8": (_gated(16384, ' approximate "tanh"'), "quantize_fp8_dynamic"),
+    "falcon_7b_bias_gelu_fp8": (_activation("gelu", 18176, "bf16", bias=True), "quantize_fp8_dynamic"),
+}
 
 
 def _op(text: str) -> ad.KernelOp:
@@ -57,18 +64,44 @@ def _argument_types(text: str) -> list[tuple[str, str]]:
     return list(zip((n.removeprefix("%") for n in names), types, strict=True))
 
 
+def _quantized_region(text: str) -> ad.FusedOp:
+    """The activation and the per-token FP8 quantization of its result, as `fuse-rmsnorm-quant`
+    makes them one region (the function returns the fp8 values and scales)."""
+    result = text.rsplit("-> ", 1)[1]
+    rows, width = result.removeprefix("tensor<").split("x")[:2]
+    fp8, scale = f"tensor<{rows}x{width}xf8E4M3FN>", f"tensor<{rows}x1xf32>"
+    args = ", ".join(f"%{v}: {t}" for v, t in _argument_types(text))
+    module: ModuleOp = Parser(make_context(), (
+        f"func.func @f({args}) -> ({fp8}, {scale}) {{\n  %a = {text}\n"
+        f"  %q, %s = ad.quantize_fp8_dynamic %a per_token : {result} -> ({fp8}, {scale})\n"
+        f"  func.return %q, %s : {fp8}, {scale}\n}}"
+    )).parse_module()
+    run_pipeline(module, "fuse-rmsnorm-quant")
+    (region,) = kernel_ops(module)
+    assert isinstance(region, ad.FusedOp)
+    return region
+
+
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, PtxReport]]:
     """One compile (a child process under the interpreter) for all the kernels."""
     cache = KernelCache(Path(tmp_path_factory.mktemp("activation_kernels")))
     kernels = {case: region_kernel(_op(text), cache) for case, text in OPS.items()}
+    kernels |= {case: region_kernel(_quantized_region(text), cache) for case, (text, _) in QUANTIZED.items()}
     by_name = {r.name: r for r in ptx_reports(kernels.values())}
     return {case: (kernel.name, by_name[kernel.name]) for case, kernel in kernels.items()}
 
 
-@pytest.mark.parametrize("case", sorted(OPS))
+def _label(case: str) -> str:
+    if case in OPS:
+        return _op(OPS[case]).kernel_label()
+    text, quantization = QUANTIZED[case]
+    return f"{_op(text).kernel_label()}_{quantization}"
+
+
+@pytest.mark.parametrize("case", sorted(OPS) + sorted(QUANTIZED))
 def test_compiles_for_sm90_without_spills_and_with_vector_memory_access(reports, case: str) -> None:
     name, report = reports[case]
-    assert name.startswith(_op(OPS[case]).kernel_label() + "_"), name
+    assert name.startswith(_label(case) + "_"), name
     assert report.registers > 0 and report.spills == 0, report
     assert report.vectorized_loads and report.vectorized_stores, report
