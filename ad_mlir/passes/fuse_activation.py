@@ -4,9 +4,9 @@ the GEMM did not do it, -> one `ad.activation` ("gelu", "gelu_tanh", "relu", "re
 Where it matches: the activation's input is a GEMM's output (through reshapes and last-dim
 slices: GPT-2's Conv1D `addmm` + view, Phi's fc1 as a slice of the GEMM `fuse-gemms` made of
 it and Q/K/V), or such an output plus a bias `[N]` of its dtype read only there; and its
-result is read by GEMMs only (through reshapes). The spellings it reads are in
-`passes/activations.py` (`ad.gelu`, the tanh formula in f32, `relu`, `relu(x)^2`, `ad.silu`
-and its core-ATen form).
+result is read by GEMMs only (through reshapes, or FP8-quantized for one). The spellings it
+reads are in `passes/activations.py` (`ad.gelu`, the tanh formula in f32, `relu`,
+`relu(x)^2`, `ad.silu` and its core-ATen form).
 
 Why an op rather than leaving the ops to `fuse-elementwise` (which would also make one kernel
 of them): the activation becomes one recognisable op in the IR (`ad.activation "gelu_tanh"`
@@ -58,13 +58,17 @@ def computed_by_gemm(value: SSAValue) -> bool:
 
 
 def read_by_gemms_only(value: SSAValue) -> bool:
-    """Every use of `value` is a GEMM's activation operand, directly or through reshapes."""
+    """Every use of `value` is a GEMM's activation operand, directly or through reshapes, or
+    the FP8 quantization of one (`quantize-linear-fp8`'s, which `fuse-rmsnorm-quant` then
+    fuses into the activation's kernel)."""
     uses = list(value.uses)
     for use in uses:
         user = use.operation
         if isinstance(user, ad.ReshapeOp):
             if not read_by_gemms_only(user.result):
                 return False
+        elif isinstance(user, ad.QuantizeFp8Op | ad.QuantizeFp8DynamicOp):
+            continue
         elif _GEMM_INPUT.get(type(user)) != use.index:
             return False
     return bool(uses)
@@ -113,7 +117,7 @@ class FuseActivation(RewritePattern):
                                       properties={"kind": StringAttr(act.kind)}, result_types=[value.type])
         fused.location = op.location
         fused.result.name_hint = value.name_hint
-        rewriter.insert_op(fused, InsertPoint.before(op))
+        rewriter.insert(fused, InsertPoint.before(op))
         rewriter.replace_all_uses_with(value, fused.result)
         erase_dead(rewriter.erase, ops)  # `op` first: its constants go too (relu2's exponent)
         self.matches += 1

@@ -14,8 +14,9 @@ Each block is rewritten for `world-size` ranks, or left whole with the reason in
   reshape/expand sizes that name that dim (head counts) are divided by W;
 - the closing linear row-wise: its weight gets `ad.shard_dim = 1`, `[out, in / W]`; its result
   is each rank's partial sum, so `ad.all_reduce "sum"` + `ad.wait_tensor` follow it, or follow
-  the add where two blocks' partial sums meet (parallel attention + MLP); a closing bias is
-  added once, after the reduction.
+  the add where two blocks' partial sums meet (parallel attention + MLP: one all_reduce per
+  layer); a closing bias is added once, after the reduction (Phi's two biased closers: both
+  after the one reduction of their sum).
 The IR stays the same for every rank: the exporter gives rank r its slice of each sharded
 weight (`fx_import.rank_weight`).
 
@@ -494,26 +495,26 @@ def _without_bias(closer: ad.LinearOp) -> tuple[ad.LinearOp, SSAValue | None]:
 def insert_reductions(closers: list[ad.LinearOp], group: str) -> int:
     """One all_reduce (+ wait) for each partial sum, after the add where two blocks' partial
     sums meet; returns how many."""
-    partials: dict[SSAValue, tuple[Operation, SSAValue | None]] = {}
+    partials: dict[SSAValue, tuple[Operation, tuple[SSAValue, ...]]] = {}
     for closer in closers:
         linear, bias = _without_bias(closer)
-        partials[linear.result] = (linear, bias)
+        partials[linear.result] = (linear, (bias,) if bias is not None else ())
     pending = list(partials)
     while pending:
         if (merged := _merge_partials(pending.pop(0), partials)) is not None:
             pending.append(merged)
-    for point, (owner, bias) in partials.items():
-        _reduce_after(point, owner, bias, group)
+    for point, (owner, biases) in partials.items():
+        _reduce_after(point, owner, biases, group)
     return len(partials)
 
 
 def _merge_partials(
-    value: SSAValue, partials: dict[SSAValue, tuple[Operation, SSAValue | None]]
+    value: SSAValue, partials: dict[SSAValue, tuple[Operation, tuple[SSAValue, ...]]]
 ) -> SSAValue | None:
-    """`value + other` where both are bias-free partial sums read only there: the sum becomes
-    the partial sum in their place (reduced once), and is returned."""
+    """`value + other` where both are partial sums read only there: the sum becomes the partial
+    sum in their place (reduced once, then both closing biases added), and is returned."""
     def lone_partial(v: SSAValue) -> bool:
-        return v in partials and partials[v][1] is None and v.has_one_use()
+        return v in partials and v.has_one_use()
 
     if not lone_partial(value):
         return None
@@ -523,12 +524,12 @@ def _merge_partials(
     other = add.other if add.input == value else add.input
     if other == value or not lone_partial(other):
         return None
-    del partials[value], partials[other]
-    partials[add.result] = (add, None)
+    biases = partials.pop(value)[1] + partials.pop(other)[1]
+    partials[add.result] = (add, biases)
     return add.result
 
 
-def _reduce_after(value: SSAValue, owner: Operation, bias: SSAValue | None, group: str) -> None:
+def _reduce_after(value: SSAValue, owner: Operation, biases: tuple[SSAValue, ...], group: str) -> None:
     reduce = ad.AllReduceOp.build(
         operands=[value], result_types=[value.type],
         properties={"reduce_op": StringAttr("sum"), "group_name": StringAttr(group)},
@@ -536,8 +537,8 @@ def _reduce_after(value: SSAValue, owner: Operation, bias: SSAValue | None, grou
     wait = ad.WaitTensorOp.build(operands=[reduce.result], result_types=[value.type])
     reduce.result.name_hint, wait.result.name_hint = "all_reduce", "reduced"
     new_ops: list[Operation] = [reduce, wait]
-    if bias is not None:
-        new_ops.append(ad.AddOp.build(operands=[wait.result, bias], result_types=[value.type]))
+    for bias in biases:
+        new_ops.append(ad.AddOp.build(operands=[new_ops[-1].results[0], bias], result_types=[value.type]))
     for new in new_ops:
         new.location = owner.location
     value.replace_uses_with_if(new_ops[-1].results[0], lambda use: use.operation is not reduce)

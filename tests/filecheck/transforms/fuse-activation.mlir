@@ -96,6 +96,23 @@ func.func @gpt2(%x: tensor<5x64xf32>, %w1: tensor<64x200xf32>, %b1: tensor<200xf
 
 // -----
 
+// Read by the down projection's FP8 input quantization (quantize-linear-fp8's), which
+// fuse-rmsnorm-quant then fuses into the activation's kernel.
+// CHECK-LABEL: func.func @fp8_down_projection
+// CHECK-NEXT:    %h = ad.linear %x, %w1
+// CHECK-NEXT:    %[[A:.*]] = ad.activation "relu2" %h : (tensor<4x200xbf16>) -> tensor<4x200xbf16>
+// CHECK-NEXT:    %q, %qs = ad.quantize_fp8_dynamic %[[A]] per_token
+func.func @fp8_down_projection(%x: tensor<4x64xbf16>, %w1: tensor<200x64xbf16>, %w2: tensor<64x200xf8E4M3FN>, %ws: tensor<f32>) -> tensor<4x64xbf16> {
+  %h = ad.linear %x, %w1 : (tensor<4x64xbf16>, tensor<200x64xbf16>) -> tensor<4x200xbf16>
+  %r = ad.relu %h : tensor<4x200xbf16> -> tensor<4x200xbf16>
+  %sq = ad.mul %r, %r : tensor<4x200xbf16>, tensor<4x200xbf16> -> tensor<4x200xbf16>
+  %q, %qs = ad.quantize_fp8_dynamic %sq per_token : tensor<4x200xbf16> -> (tensor<4x200xf8E4M3FN>, tensor<4x1xf32>)
+  %o = ad.linear_fp8 %q, %w2, %qs, %ws : (tensor<4x200xf8E4M3FN>, tensor<64x200xf8E4M3FN>, tensor<4x1xf32>, tensor<f32>) -> tensor<4x64xbf16>
+  func.return %o : tensor<4x64xbf16>
+}
+
+// -----
+
 // Left as they are (fuse-elementwise takes them with their neighbours): an activation read
 // by an elementwise op too, one of a value no GEMM made, a bias of another dtype (the add
 // promotes), and the tanh GELU spelled out in bf16.
