@@ -954,7 +954,7 @@ class MatmulOp(AdOp):
     """torch.matmul: batched, broadcasting."""
 
     name = "ad.matmul"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("MatmulOfTransposedMatrixToLinear")
     input = operand_def(AdTensor)
     other = operand_def(AdTensor)
     result = result_def(AdTensor)

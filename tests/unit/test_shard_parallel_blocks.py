@@ -1,14 +1,16 @@
 """`shard` on parallel attention + MLP blocks (one norm feeding both branches, their outputs
 summed with the residual): two gloo ranks (spawned on 127.0.0.1, bounded in time) each compile
-tiny HF Phi and GPT-NeoX (`use_parallel_residual`) with `canonicalize,shard{world-size=2},default`
-and run their shard, every kernel in the Triton interpreter (the reference fallback refused);
-the logits must equal the unsharded eager model's (fp32), and the fusions must still fire on
-the local shapes.
+tiny HF Phi, GPT-NeoX (`use_parallel_residual`) and Falcon (`parallel_attn`) with
+`canonicalize,shard{world-size=2},default` and run their shard, every kernel in the Triton
+interpreter (the reference fallback refused); the logits must equal the unsharded eager model's
+(fp32), and the fusions must still fire on the local shapes.
 
 Phi shards both branches, and both closing linears have a bias: their partial sums meet in one
 add, so a layer reduces once (the biases are added after it). GPT-NeoX's attention reads its
-fused QKV through an `aten.chunk` that `shard` does not know (it stays replicated, the log says
-so); its MLP shards and reduces before the parallel sum."""
+fused QKV through an `aten.chunk` that `shard` does not know, and Falcon's multi-query fused
+QKV is sliced along the heads (the K/V head is not split): their attention stays replicated
+(the log says why); their MLPs shard and reduce before the parallel sum (Falcon's `x @ W.T`
+projections are linears after canonicalize)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ EXPECTED = {
     # family: (all_reduces per layer, the activation kernel's name prefix)
     "phi": (1, "gelu_tanh_"),
     "gpt_neox": (1, "gelu_"),
+    "falcon": (1, "gelu_"),
 }
 
 
