@@ -134,6 +134,8 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
         causal=op.is_causal is not None,
         scale=op.scale.value.data,
         cos_dtype=torch_dtype(op.cos.type),
+        window=op.window.value.data if op.window is not None else None,
+        softcap=op.softcap.value.data if op.softcap is not None else None,
     )
 
 

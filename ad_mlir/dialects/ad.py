@@ -1302,7 +1302,9 @@ class RopeAttentionOp(KernelOp):
     sin` with `cos`/`sin` [batch or 1, seq, head_dim] broadcast over heads. Query
     [batch, heads, seq, head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query:
     each kv head serves heads / kv_heads query heads); an optional boolean mask (True =
-    attend) and/or causal masking. Its kernel is a template (`codegen/attention_kernel.py`)."""
+    attend) and/or causal masking, causal within a sliding `window` of keys when set; with
+    `softcap`, the scores soft-capped before masking and softmax. Its kernel is a template
+    (`codegen/attention_kernel.py`)."""
 
     name = "ad.rope_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1313,12 +1315,16 @@ class RopeAttentionOp(KernelOp):
     sin = operand_def(AdTensor)
     attn_mask = opt_operand_def(AdTensor)
     is_causal = opt_prop_def(UnitAttr)
+    window = opt_prop_def(IntegerAttr[I64])
+    """Causal within a sliding window: key j is seen by query i only when i - window < j."""
+    softcap = opt_prop_def(FloatAttr[Float64Type])
+    """Gemma2's logit soft cap: scores s = scale * q.k become `tanh(s / softcap) * softcap`."""
     scale = prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
         "$query `,` $key `,` $value `rope` $cos `,` $sin (`mask` $attn_mask^)? (`causal` $is_causal^)? "
-        "`scale` $scale attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($cos) `,` "
-        "type($sin) (`,` type($attn_mask)^)? `)` `->` type($result)"
+        "(`window` $window^)? (`softcap` $softcap^)? `scale` $scale attr-dict `:` `(` type($query) `,` type($key) "
+        "`,` type($value) `,` type($cos) `,` type($sin) (`,` type($attn_mask)^)? `)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -1335,6 +1341,10 @@ class RopeAttentionOp(KernelOp):
                 raise VerifyException("ad.rope_attention cos/sin must be [batch or 1, seq, head_dim]")
         if self.result.type != self.query.type:
             raise VerifyException("ad.rope_attention result must have the query's type")
+        if self.window is not None and (self.is_causal is None or self.window.value.data < 1):
+            raise VerifyException(f"ad.rope_attention window {self.window.value.data} must be positive and causal")
+        if self.softcap is not None and not self.softcap.value.data > 0:
+            raise VerifyException(f"ad.rope_attention softcap must be positive, not {self.softcap.value.data}")
 
 
 @irdl_op_definition

@@ -304,19 +304,35 @@ def rope_attention(
     attn_mask: torch.Tensor | None,
     scale: float,
     is_causal: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces."""
+    """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces (a
+    sliding window is the boolean mask HF would build for it); soft-capped, HF's eager Gemma2
+    attention."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q, k = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
     groups = query.shape[1] // key.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if window is not None or (softcap is not None and is_causal):
+        allowed = _causal_window(query.shape[2], window, query.device)
+        attn_mask, is_causal = allowed if attn_mask is None else attn_mask & allowed, False
+    if softcap is not None:
+        return _softcapped_attention(q, k, v, attn_mask, scale, softcap)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                             scale=scale)
 
 
+def _causal_window(seq: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[seq, seq] booleans: key j seen by query i when j <= i (and i - window < j)."""
+    query, key = torch.arange(seq, device=device)[:, None], torch.arange(seq, device=device)[None, :]
+    return (key <= query) & (key > query - window) if window is not None else key <= query
+
+
 @rope_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-      attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False) -> torch.Tensor:
+      attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False, window: int | None = None,
+      softcap: float | None = None) -> torch.Tensor:
     return torch.empty_like(query)
 
 
@@ -362,13 +378,17 @@ def cached_attention(
     return out
 
 
-def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
                           scale: float, softcap: float) -> torch.Tensor:
     """HF's eager Gemma2 attention (SDPA cannot soft-cap), in fp32 up to the probabilities,
-    which are cast to the query's dtype before they weigh the values, as HF does."""
+    which are cast to the query's dtype before they weigh the values, as HF does. A query that
+    may see no key gets 0, as SDPA gives it."""
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
     scores = torch.tanh(scores / softcap) * softcap
+    if allowed is None:
+        return torch.matmul(torch.softmax(scores, dim=-1).to(query.dtype), value)
     probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    probs = torch.where(allowed.any(-1, keepdim=True), probs, 0.0)
     return torch.matmul(probs.to(query.dtype), value)
 
 

@@ -79,9 +79,8 @@ LLM_OPS_PER_FAMILY = {
               "ad.gelu_and_mul": 1},
     # Gemma2 normalizes the attention and MLP outputs before each residual add (2 more norms
     # on linears), and the pre-feedforward norm follows the first residual add; its attention
-    # soft-caps the logits (matmul/tanh/softmax, no SDPA), so there is no rope_attention: its
-    # query and key RoPE are one ad.rope.
-    "gemma2": {"ad.rms_norm": 3, "ad.add_rms_norm": 2, "ad.rope_attention": 0, "ad.rope": 1, "ad.silu_and_mul": 0,
+    # soft-caps the logits (HF's eager matmul/tanh/softmax, no SDPA), one rope_attention too.
+    "gemma2": {"ad.rms_norm": 3, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 0,
                "ad.gelu_and_mul": 1},
 }
 

@@ -39,15 +39,20 @@
 // CHECK-NOT:  ad.rope_attention
 // CHECK-NOT:  ad.silu
 
-// Gemma2 computes attention with a logit soft-cap (matmul, tanh, softmax), not SDPA: no
-// rope_attention, but its query and key RoPE are one ad.rope. Its four norms per layer are
-// matched; the pre-feedforward and the next layer's input norm take the residual adds.
+// Gemma2 computes attention with a logit soft-cap (HF's eager matmul, tanh, softmax), not SDPA:
+// fuse-rope-attention matches that chain too, one rope_attention soft-capped at 50 (layer 0's
+// in its sliding window of 4096), the scale query_pre_attn_scalar^-0.5 = 256^-0.5. Its four
+// norms per layer are matched; the pre-feedforward and the next layer's input norm take the
+// residual adds. The only tanh left is the final logit soft-capping.
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_input_layernorm_weight
-// GEMMA2:      ad.rope {{.*}} loc("model.layers.0.self_attn")
+// GEMMA2:      ad.rope_attention {{.*}} causal window 4096 softcap 5.000000e+01 scale 6.250000e-02 : {{.*}} loc("model.layers.0.self_attn")
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_post_attention_layernorm_weight
 // GEMMA2-NEXT: ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_0_pre_feedforward_layernorm_weight
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_post_feedforward_layernorm_weight
 // GEMMA2-NEXT: ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_1_input_layernorm_weight
-// GEMMA2:      ad.rope {{.*}} loc("model.layers.1.self_attn")
-// GEMMA2-NOT:  ad.rope_attention
+// GEMMA2:      ad.rope_attention {{.*}} causal softcap 5.000000e+01 scale 6.250000e-02 : {{.*}} loc("model.layers.1.self_attn")
+// GEMMA2-NOT:  ad.rope{{ }}
+// GEMMA2-NOT:  ad.matmul
 // GEMMA2-NOT:  ad.rsqrt
+// GEMMA2:      ad.tanh
+// GEMMA2-NOT:  ad.tanh

@@ -262,6 +262,8 @@ func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, 
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
   %1 = ad.rope_attention %q, %k, %k rope %cos, %cos causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  %2 = ad.rope_attention %q, %k, %k rope %cos, %cos causal window 4096 softcap 5.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos causal window 4096 softcap 5.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   func.return
 }
 
