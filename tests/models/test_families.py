@@ -24,7 +24,7 @@ FUSED_OPS: dict[str, dict[str, int]] = {
     "qwen2": LLAMA,
     "mistral": LLAMA,
     "gemma": {"ad.add_rms_norm": 1, "ad.gelu_and_mul": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
-    "gemma2": {"ad.add_rms_norm": 1, "ad.gelu_and_mul": 1, "ad.rms_norm": 3, "ad.rope": 1},
+    "gemma2": {"ad.add_rms_norm": 1, "ad.gelu_and_mul": 1, "ad.rms_norm": 3, "ad.rope_attention": 1},
     "gemma3_text": {"ad.add_rms_norm": 1, "ad.gelu_and_mul": 1, "ad.rms_norm": 5, "ad.rope_attention": 1},
     "qwen3": {"ad.add_rms_norm": 1, "ad.rms_norm": 3, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
     "olmo2": {"ad.rms_norm": 4, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
