@@ -14,9 +14,12 @@ It loads its Q tile once, applies RoPE in fp32 (HF's rotate_half form, on the tw
 the head dim: `lo' = lo cos_lo - hi sin_lo`, `hi' = hi cos_hi + lo sin_hi`), folds the softmax
 scale times log2(e) into it, and loops over BLOCK_N key blocks of its kv head
 (`h // (Hq // Hkv)`: GQA reads the shared K/V in place), rotating each K tile after its
-load. QK^T is two dots over the halves (no shuffle of the head dim). Scores of keys past the
-sequence end, above the diagonal (causal; the loop also stops at the diagonal block) or
-False in the mask are -inf before the row max; the online softmax (m_i, l_i, acc) runs in
+load. QK^T is two dots over the halves (no shuffle of the head dim); soft-capped scores
+(Gemma2: `softcap * tanh(s / softcap)`) get the scale on Q and log2(e) after the cap. Scores of
+keys past the
+sequence end, above the diagonal (causal; the loop also stops at the diagonal block), outside
+a sliding window (the loop also starts at the first row's window) or False in the mask are
+-inf before the row max; the online softmax (m_i, l_i, acc) runs in
 fp32 with exp2, and P is rounded to the value dtype for the PV dot, as FlashAttention does.
 A row whose every key is masked has l_i = 0 and stores zeros, as torch's
 `scaled_dot_product_attention` returns on CPU (torch 2.13) for such a row.
@@ -58,6 +61,10 @@ class AttentionSpec:
     """The softmax scale (usually head_dim ** -0.5), baked into the kernel."""
     cos_dtype: torch.dtype | None = None
     """Of cos and sin when `rope`; may differ from `dtype` (fp32 tables with bf16 q)."""
+    window: int | None = None
+    """With `causal`: key j is seen by query i only when i - window < j (a sliding window)."""
+    softcap: float | None = None
+    """Scores s = scale * q.k become `softcap * tanh(s / softcap)` (Gemma2) before masking."""
 
     def __post_init__(self) -> None:
         d = self.head_dim
@@ -74,6 +81,10 @@ class AttentionSpec:
                 raise ValueError(f"attention kernel: {what} {dtype} is not one of {', '.join(map(str, _TL_DTYPE))}")
         if not math.isfinite(self.scale):
             raise ValueError(f"attention kernel: softmax scale {self.scale} is not finite")
+        if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
+            raise ValueError(f"attention kernel: softcap {self.softcap} is not a positive number")
+        if self.window is not None and (not self.causal or self.window < 1):
+            raise ValueError(f"attention kernel: window {self.window} needs causal=True and must be positive")
 
 
 # ------------------------------------------------------------------- block sizes
@@ -137,6 +148,17 @@ def _load_rotated(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd,
     sin_lo = tl.load(sin + sin_rows[:, None] + lo * sin_sd, mask=m, other=0).to(tl.float32)
     sin_hi = tl.load(sin + sin_rows[:, None] + hi * sin_sd, mask=m, other=0).to(tl.float32)
     return x_lo * cos_lo - x_hi * sin_lo, x_hi * cos_hi + x_lo * sin_hi
+'''
+
+
+_SOFTCAP_HELPER = '''\
+@triton.jit
+def _soft_capped(qk, SOFTCAP: tl.constexpr):
+    """SOFTCAP * tanh(qk / SOFTCAP), tanh from exp2 (libdevice is not in the interpreter):
+    sign(x) (1 - t) / (1 + t), t = e^(-2|x|)."""
+    x = qk / SOFTCAP
+    t = tl.exp2(tl.abs(x) * -2.885390081777927)  # -2 log2(e)
+    return SOFTCAP * tl.where(x < 0, t - 1.0, 1.0 - t) / (1.0 + t)
 '''
 
 
@@ -212,8 +234,9 @@ class AttentionEmitter:
 
     def emit_q_tile(self, w: IndentedWriter) -> None:
         spec = self.spec
-        # exp2 of scores in log2 units: the scale times log2(e) rides on Q, once per program.
-        w.line(f"qk_scale = {spec.scale * LOG2E!r}")
+        # exp2 of scores in log2 units: the scale times log2(e) rides on Q, once per program
+        # (the scale alone when the scores are soft-capped: log2(e) comes after the cap).
+        w.line(f"qk_scale = {spec.scale * (1.0 if spec.softcap else LOG2E)!r}")
         if spec.rope:
             w.line("q_lo, q_hi = _load_rotated(")
             with w.indent():
@@ -234,9 +257,11 @@ class AttentionEmitter:
         w.line('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)')
         w.line("l_i = tl.zeros([BLOCK_M], tl.float32)")
         w.line(f"acc = tl.zeros([BLOCK_M, {spec.head_dim}], tl.float32)")
-        # Keys past the diagonal block are all masked for every row of this block: not visited.
+        # Keys past the diagonal block are all masked for every row of this block: not visited;
+        # nor, in a sliding window, the keys before the first row's window.
         end = "tl.minimum(seq_len, start_m + BLOCK_M)" if spec.causal else "seq_len"
-        w.line(f"for start_n in range(0, {end}, BLOCK_N):")
+        start = f"tl.maximum(0, start_m - {spec.window - 1})" if spec.window else "0"
+        w.line(f"for start_n in range({start}, {end}, BLOCK_N):")
         with w.indent():
             w.line("n_pos = start_n + keys")
             w.line("n_in = n_pos < seq_len")
@@ -276,11 +301,15 @@ class AttentionEmitter:
             w.line("k_tile = tl.load(k_head + start_n64 * k_ss + keys[:, None] * k_ss + dims[None, :] * k_sd, "
                    "mask=n_in[:, None], other=0)")
             w.line(f"qk = tl.dot(q_tile, tl.trans(k_tile.to(DOT_DTYPE)){self.precision})")
+        if spec.softcap:
+            w.line(f"qk = _soft_capped(qk, {float(spec.softcap)!r}) * {LOG2E!r}")
 
     def emit_masking(self, w: IndentedWriter) -> None:
         visible = "n_in[None, :]"
         if self.spec.causal:
             visible += " & (n_pos[None, :] <= m_pos[:, None])"
+        if self.spec.window:
+            visible += f" & (n_pos[None, :] > m_pos[:, None] - {self.spec.window})"
         if self.mask:
             w.line("attend = tl.load(mask_blk + start_n64 * mask_sk + rows[:, None] * mask_sq + keys[None, :] * mask_sk, "
                    "mask=m_in[:, None] & n_in[None, :], other=0)")
@@ -367,5 +396,7 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
     ]
     if spec.rope:
         parts += [_ROPE_HELPER, ""]
+    if spec.softcap:
+        parts += [_SOFTCAP_HELPER, ""]
     parts += [emitter.emit_kernel(), "", emitter.emit_launcher()]
     return "\n".join(parts)

@@ -45,7 +45,13 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.attention_kernel import _ROPE_HELPER, _TL_DTYPE, AttentionBlocks, attention_blocks
+from ad_mlir.codegen.attention_kernel import (
+    _ROPE_HELPER,
+    _SOFTCAP_HELPER,
+    _TL_DTYPE,
+    AttentionBlocks,
+    attention_blocks,
+)
 from ad_mlir.codegen.blocks import next_power_of_2
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
@@ -138,10 +144,7 @@ def _scores(q_lo, q_hi, k_lo, k_hi, visible, SOFTCAP: tl.constexpr):
     qk = tl.dot(q_lo, tl.trans(k_lo.to(DOT_DTYPE))$precision)
     qk = tl.dot(q_hi, tl.trans(k_hi.to(DOT_DTYPE)), qk$precision)
     if SOFTCAP > 0:
-        # tanh from exp2 (libdevice is not in the interpreter): sign(x) (1 - t) / (1 + t), t = e^(-2|x|)
-        x = qk / SOFTCAP
-        t = tl.exp2(tl.abs(x) * -2.885390081777927)  # -2 log2(e)
-        qk = SOFTCAP * tl.where(x < 0, t - 1.0, 1.0 - t) / (1.0 + t)
+        qk = _soft_capped(qk, SOFTCAP)
     return tl.where(visible, qk * LOG2E, float("-inf"))
 
 
@@ -401,6 +404,8 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "",
         "",
         _ROPE_HELPER,
+        "",
+        _SOFTCAP_HELPER,
         "",
         Template(_HELPERS).substitute(fields),
         "",

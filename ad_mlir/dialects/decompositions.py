@@ -19,6 +19,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntegerAttr,
     IntegerType,
+    StringAttr,
     TensorType,
     UnitAttr,
     i64,
@@ -145,6 +146,32 @@ def decompose_silu_and_mul(op: ad.SiluAndMulOp) -> Decomposition:
     return b.ops, [b.add(ad.MulOp(b.add(ad.SiluOp(op.gate)), op.up, op.result.type))]
 
 
+def _gelu(x: SSAValue, approximate: StringAttr | None) -> ad.GeluOp:
+    return ad.GeluOp.build(operands=[x], properties={"approximate": approximate} if approximate else {},
+                           result_types=[x.type])
+
+
+def decompose_gelu_and_mul(op: ad.GeluAndMulOp) -> Decomposition:
+    b = _Builder(op.location)
+    return b.ops, [b.add(ad.MulOp(b.add(_gelu(op.gate, op.approximate)), op.up, op.result.type))]
+
+
+_ACTIVATIONS: dict[str, Callable[[_Builder, SSAValue], SSAValue]] = {
+    "gelu": lambda b, x: b.add(_gelu(x, None)),
+    "gelu_tanh": lambda b, x: b.add(_gelu(x, StringAttr("tanh"))),
+    "relu": lambda b, x: b.add(ad.ReluOp(x)),
+    "relu2": lambda b, x: b.add(ad.MulOp(r := b.add(ad.ReluOp(x)), r, x.type)),
+    "silu": lambda b, x: b.add(ad.SiluOp(x)),
+}
+"""`ad.activation` kind -> its ops, as `torch_ops.ACTIVATION_FUNCTIONS` computes it."""
+
+
+def decompose_activation(op: ad.ActivationOp) -> Decomposition:
+    b = _Builder(op.location)
+    x = op.input if op.bias is None else b.add(ad.AddOp(op.input, op.bias, op.input.type))
+    return b.ops, [_ACTIVATIONS[op.kind.data](b, x)]
+
+
 def _quantized(b: _Builder, x: SSAValue, scale: SSAValue) -> SSAValue:
     """`clamp(float(x) / scale, -448, 448)` as float8_e4m3fn (out of range would be NaN)."""
     xf = b.cast(x, Float32Type())
@@ -183,6 +210,8 @@ DECOMPOSITIONS: dict[type[Operation], Callable[..., Decomposition]] = {
     ad.LayerNormOp: decompose_layer_norm,
     ad.AddLayerNormOp: decompose_add_layer_norm,
     ad.SiluAndMulOp: decompose_silu_and_mul,
+    ad.GeluAndMulOp: decompose_gelu_and_mul,
+    ad.ActivationOp: decompose_activation,
     ad.QuantizeFp8Op: decompose_quantize_fp8,
     ad.QuantizeFp8DynamicOp: decompose_quantize_fp8_dynamic,
     ad.DequantizeFp8Op: decompose_dequantize_fp8,

@@ -435,10 +435,12 @@ SPECS: tuple[OpSpec, ...] = (
         for cls in (
             ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
+            ad.GeluAndMulOp, ad.ActivationOp,
         )
     ),
     OpSpec(ad.LayerNormOp, (Overload(f"{torch_ops.NAMESPACE}.layer_norm.default"),)),
     OpSpec(ad.AddLayerNormOp, (Overload(f"{torch_ops.NAMESPACE}.add_layer_norm.default"),)),
+    OpSpec(ad.MoeOp, (Overload(f"{torch_ops.NAMESPACE}.moe.default"),)),
     OpSpec(ad.AllReduceOp, (Overload("_c10d_functional.all_reduce.default"),)),
     OpSpec(ad.WaitTensorOp, (Overload("_c10d_functional.wait_tensor.default", {"tensor": "input"}),)),
     OpSpec(ad.DequantizeFp8Op, (Overload(f"{torch_ops.NAMESPACE}.dequantize_fp8.default"),), derived_dtype="dtype"),

@@ -1,8 +1,8 @@
-"""`fuse-rmsnorm-quant`: an FP8 quantization of a norm's (or SiLU-mul's) output joins the
-kernel that produces it.
+"""`fuse-rmsnorm-quant`: an FP8 quantization of a norm's (or an MLP activation's) output joins
+the kernel that produces it.
 
-`rms_norm`/`add_rms_norm`/`layer_norm`/`add_layer_norm`/`silu_and_mul` followed by
-`quantize_fp8` (static per-tensor scale, an input of the kernel) or `quantize_fp8_dynamic
+`rms_norm`/`add_rms_norm`/`layer_norm`/`add_layer_norm`/`silu_and_mul`/`gelu_and_mul`/`activation`
+followed by `quantize_fp8` (static per-tensor scale, an input of the kernel) or `quantize_fp8_dynamic
 per_token` (the kernel computes each row's amax and writes the fp8 values and the f32 scales)
 become one `ad.fused` region holding both ops: one kernel reads the activation once and writes
 fp8 (and the residual sum, for the add-and-norm ops). The unquantized output is still written
@@ -28,7 +28,8 @@ from ad_mlir.passes.matching import keeps_rows, producer, reshape_like
 
 log = logging.getLogger(__name__)
 
-PRODUCERS = (ad.RmsNormOp, ad.AddRmsNormOp, ad.LayerNormOp, ad.AddLayerNormOp, ad.SiluAndMulOp)
+PRODUCERS = (ad.RmsNormOp, ad.AddRmsNormOp, ad.LayerNormOp, ad.AddLayerNormOp, ad.SiluAndMulOp, ad.GeluAndMulOp,
+             ad.ActivationOp)
 
 
 def quantized_producer(op: Operation, quantized: SSAValue | None = None) -> Operation | None:

@@ -39,6 +39,26 @@ func.func @silu_static(%g: tensor<4x128xbf16>, %u: tensor<4x128xbf16>, %s: tenso
 
 // -----
 
+// The MLP activation ops: GELU-mul + per-token quantization, and a plain MLP's bias + GELU +
+// static quantization (the down projection's FP8 input), each one kernel.
+// CHECK-LABEL: func.func @mlp_activations
+// CHECK-NEXT:    %[[Q:.*]], %[[S:.*]] = ad.fused(%g, %u) : (tensor<4x128xbf16>, tensor<4x128xbf16>) -> (tensor<4x128xf8E4M3FN>, tensor<4x1xf32>) {
+// CHECK:           ad.gelu_and_mul {{.*}} approximate "tanh"
+// CHECK-NEXT:      ad.quantize_fp8_dynamic {{.*}} per_token
+// CHECK:         %[[Q2:.*]] = ad.fused(%h, %b, %s) : (tensor<4x128xbf16>, tensor<128xbf16>, tensor<f32>) -> tensor<4x128xf8E4M3FN> {
+// CHECK:           ad.activation "gelu"
+// CHECK-NEXT:      ad.quantize_fp8
+// CHECK:         func.return %[[Q]], %[[S]], %[[Q2]]
+func.func @mlp_activations(%g: tensor<4x128xbf16>, %u: tensor<4x128xbf16>, %h: tensor<4x128xbf16>, %b: tensor<128xbf16>, %s: tensor<f32>) -> (tensor<4x128xf8E4M3FN>, tensor<4x1xf32>, tensor<4x128xf8E4M3FN>) {
+  %m = ad.gelu_and_mul %g, %u approximate "tanh" : (tensor<4x128xbf16>, tensor<4x128xbf16>) -> tensor<4x128xbf16>
+  %q, %qs = ad.quantize_fp8_dynamic %m per_token : tensor<4x128xbf16> -> (tensor<4x128xf8E4M3FN>, tensor<4x1xf32>)
+  %a = ad.activation "gelu" %h bias %b : (tensor<4x128xbf16>, tensor<128xbf16>) -> tensor<4x128xbf16>
+  %q2 = ad.quantize_fp8 %a, %s : (tensor<4x128xbf16>, tensor<f32>) -> tensor<4x128xf8E4M3FN>
+  func.return %q, %qs, %q2 : tensor<4x128xf8E4M3FN>, tensor<4x1xf32>, tensor<4x128xf8E4M3FN>
+}
+
+// -----
+
 // Not fused: a per-tensor dynamic quantization (its amax spans every row), and a quantization
 // of an add_rms_norm's sum rather than its normed value.
 // CHECK-LABEL: func.func @not_fused

@@ -219,6 +219,46 @@ func.func @silu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x32xbf16>) {
 
 // -----
 
+func.func @gelu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.gelu_and_mul' gate, up and result must have one type
+  %0 = ad.gelu_and_mul %g, %u : (tensor<2x64xbf16>, tensor<2x64xf32>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @gelu_and_mul_approximation(%g: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.gelu_and_mul' Expected one of "none", "tanh", but got "sigmoid"
+  %0 = ad.gelu_and_mul %g, %g approximate "sigmoid" : (tensor<2x64xbf16>, tensor<2x64xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_kind(%x: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' kind must be one of gelu, gelu_tanh, relu, relu2, silu, got 'swish'
+  %0 = ad.activation "swish" %x : (tensor<2x64xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_bias(%x: tensor<2x64xbf16>, %b: tensor<32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' bias must be 1-D of the input's 64 features and its element type
+  %0 = ad.activation "relu" %x bias %b : (tensor<2x64xbf16>, tensor<32xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_result(%x: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' input and result must have one type
+  %0 = ad.activation "silu" %x : (tensor<2x64xbf16>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
 func.func @dynamic_scale_shape(%x: tensor<2x64xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.quantize_fp8_dynamic' scale must be f32 of shape 2x1
   %0, %1 = ad.quantize_fp8_dynamic %x per_token : tensor<2x64xbf16> -> (tensor<2x64xf8E4M3FN>, tensor<f32>)
@@ -262,5 +302,45 @@ func.func @cached_attention_softcap(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x
 func.func @cached_attention_metadata(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi32>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' slots/starts must be tensor<batch x i64>
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_expert_count(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48xbf16>, %d: tensor<6x48x32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' has 6 experts: 4 routed (router_logits) + 0 shared expected
+  %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @rope_attention_window_without_causal(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope_attention' window 4 must be positive and causal
+  %0 = ad.rope_attention %q, %k, %k rope %cos, %cos window 4 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_weight_shapes(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x64x48xbf16>, %d: tensor<4x48x16xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' expert weights 4x64x48 and 4x48x16 do not fit hidden 48: expected [E, 2 * I, 48] and [E, 48, I]
+  %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<4x64x48xbf16>, tensor<4x48x16xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_top_k(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x64x48xbf16>, %d: tensor<4x48x32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' top_k 5 is not in 1..4
+  %0 = ad.moe %x, %l experts %gu, %d top_k 5 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<4x64x48xbf16>, tensor<4x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @rope_attention_softcap(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope_attention' softcap must be positive, not -1.0
+  %0 = ad.rope_attention %q, %k, %k rope %cos, %cos causal softcap -1.000000e+00 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   func.return
 }
