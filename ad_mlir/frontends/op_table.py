@@ -38,6 +38,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     IntegerType,
     NoneAttr,
+    NoneType,
     Signedness,
     StringAttr,
     TensorType,
@@ -138,7 +139,7 @@ def attr_to_value(attr: Attribute, operands: Sequence[Any] = ()) -> Any:
             return attr.value.data
         case StringAttr():
             return attr.data
-        case NoneAttr():
+        case NoneAttr() | NoneType():  # `none` in IR text parses as the type, which prints the same
             return None
         case DenseArrayBase():
             return list(attr.get_values())
@@ -245,6 +246,12 @@ def schema_default(a: torch._C.Argument) -> Any:
     return value
 
 
+def bound_arguments(target: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A call of `target` ("aten.layer_norm.default"): its arguments by schema name, defaults
+    filled in (e.g. to read an `ad.torch_op`'s arguments; raises UnsupportedError)."""
+    return _bind(resolve_target(target)._schema, args, kwargs)
+
+
 def _bind(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     bound: dict[str, Any] = {}
     positional = [a for a in schema.arguments if not a.kwarg_only]
@@ -320,17 +327,6 @@ def _to_same_device_in(f: dict[str, Any], node: Any) -> dict[str, Any]:
         f.pop("layout", None)
     if src is not None and f.get("device") is not None and torch.device(f["device"]) == src.device:
         f.pop("device")
-    return f
-
-
-def _aten_layer_norm_in(f: dict[str, Any], node: Any) -> dict[str, Any]:
-    """`layer_norm(x, [x.shape[-1]], ...)` normalizes the last dim, all that `ad.layer_norm`
-    does; `cudnn_enable` only picks a CUDA backend. Other normalized shapes stay opaque."""
-    val = node.args[0].meta.get("val") if isinstance(node, torch.fx.Node) else None
-    shape = f.pop("normalized_shape")
-    f.pop("cudnn_enable")
-    if val is None or val.dim() == 0 or list(shape) != [val.shape[-1]] or type(val.shape[-1]) is not int:
-        raise UnsupportedError(f"layer_norm over {shape} is not a last-dim LayerNorm of a known size")
     return f
 
 
@@ -442,13 +438,7 @@ SPECS: tuple[OpSpec, ...] = (
             ad.GeluAndMulOp, ad.ActivationOp,
         )
     ),
-    OpSpec(
-        ad.LayerNormOp,
-        (
-            Overload(f"{torch_ops.NAMESPACE}.layer_norm.default"),
-            Overload("aten.layer_norm.default", to_fields=_aten_layer_norm_in, exportable=False),
-        ),
-    ),
+    OpSpec(ad.LayerNormOp, (Overload(f"{torch_ops.NAMESPACE}.layer_norm.default"),)),
     OpSpec(ad.AddLayerNormOp, (Overload(f"{torch_ops.NAMESPACE}.add_layer_norm.default"),)),
     OpSpec(ad.MoeOp, (Overload(f"{torch_ops.NAMESPACE}.moe.default"),)),
     OpSpec(ad.AllReduceOp, (Overload("_c10d_functional.all_reduce.default"),)),

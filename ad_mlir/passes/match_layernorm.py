@@ -1,7 +1,10 @@
-"""`match-layernorm`: the LayerNorm spellings that do not import as `ad.layer_norm` -> `ad.layer_norm`.
+"""`match-layernorm`: the LayerNorm spellings of the models -> `ad.layer_norm`.
 
-`aten.layer_norm` over the last dim imports as `ad.layer_norm` directly (`frontends/op_table.py`).
-This pass takes the other forms:
+- `aten.layer_norm` (nn.LayerNorm, F.layer_norm, with or without weight and bias; Nemotron's
+  LayerNorm1P passes `weight + 1`, a value computed from weights alone, once, at compile time)
+  and `aten.native_layer_norm` (what AOTAutograd, and so the torch.compile backend, makes of it;
+  its mean and rstd unused) over the last dim: the importer carries them as `ad.torch_op`, so
+  that a graph without passes runs what eager runs;
 - spelled out in fp32 (Cohere's `CohereLayerNorm`), anchored on `rsqrt(mean(d^2, -1, keepdim) +
   eps)` with `d = x - mean(x, -1, keepdim)` and `x` in fp32 (the op's input, or `cast(src ->
   f32)` of a bf16/fp16 `src`), `d^2` as `pow(d, 2)` or `d * d`: `n = d * rsqrt(...)`, then
@@ -11,12 +14,9 @@ This pass takes the other forms:
   after the cast (two roundings) is not a LayerNorm `ad.layer_norm` can hold: the chain then
   ends before it;
 - `cast(layer_norm(cast(x -> f32)) -> dtype of x)` (OLMo's F.layer_norm on `x.float()`): the
-  fp32 LayerNorm of an exact upcast, rounded once, is `layer_norm(x)`;
-- `aten.native_layer_norm` (what AOTAutograd, and so the torch.compile backend, makes of
-  `F.layer_norm`), carried as `ad.torch_op`, over the last dim, when its mean and rstd results
-  are unused.
-The RMSNorm of the centered value inside the first form would also match `match-rmsnorm`: run
-this pass first.
+  fp32 LayerNorm of an exact upcast, rounded once, is `layer_norm(x)`.
+The RMSNorm of the centered value inside the spelled-out form would also match `match-rmsnorm`:
+run this pass first.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
     BFloat16Type,
     Float16Type,
     Float32Type,
@@ -46,7 +47,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.utils.exceptions import VerifyException
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.op_table import UnsupportedError, attr_to_value
+from ad_mlir.frontends.op_table import UnsupportedError, attr_to_value, bound_arguments
 from ad_mlir.passes.matching import (
     constant,
     erase_dead,
@@ -226,34 +227,39 @@ class FoldLayerNormCasts(RewritePattern):
         self.matches += 1
 
 
-NATIVE_LAYER_NORM = "aten.native_layer_norm.default"
+TORCH_LAYER_NORMS = {"aten.layer_norm.default": 1, "aten.native_layer_norm.default": 3}
+"""The ATen LayerNorms the importer carries as `ad.torch_op`, and their result counts (the
+native one's mean and rstd must be unused)."""
 
 
-class MatchNativeLayerNorm(RewritePattern):
-    """`native_layer_norm(x, [x.shape[-1]], w, b, eps)` whose mean and rstd nobody reads."""
+class MatchTorchLayerNorm(RewritePattern):
+    """`layer_norm(x, [x.shape[-1]], w, b, eps)` / `native_layer_norm(...)` carried as torch
+    ops: torch's LayerNorm kernel, which the importer keeps (so that the `none` pipeline runs
+    what eager runs), becomes the op (whose kernel differs from it by the order of the row sums
+    only). `cudnn_enable` only picks a CUDA backend."""
 
     def __init__(self) -> None:
         self.matches = 0
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
-        if op.target.data != NATIVE_LAYER_NORM or len(op.results) != 3 or any(r.uses for r in op.results[1:]):
+        target = op.target.data
+        if len(op.results) != TORCH_LAYER_NORMS.get(target) or any(r.uses for r in op.results[1:]):
             return
         try:
-            args = attr_to_value(op.args, list(op.operands))
+            operands = list(op.operands)
+            call = bound_arguments(target, attr_to_value(op.args, operands), attr_to_value(op.kwargs, operands))
         except UnsupportedError:  # an argument with no Python value: not a call we can read
             return
-        if op.kwargs.data or len(args) != 5:
-            return
-        x, shape, weight, bias, eps = args
+        x, shape = call["input"], call["normalized_shape"]
         x_shape = x.type.get_shape()
-        if not x_shape or list(shape) != [x_shape[-1]] or x_shape[-1] < 0:
+        if not x_shape or list(shape) != [x_shape[-1]] or x_shape[-1] == DYNAMIC_INDEX:
             log.info("match-layernorm: %s not matched: it normalizes over %s, not the last dim", op.location, shape)
             return
-        norm = build_layer_norm(x, weight, bias, eps, op.results[0].type, op.location)
+        norm = build_layer_norm(x, call["weight"], call["bias"], call["eps"], op.results[0].type, op.location)
         if norm is None:
             return
-        rewriter.replace(op, norm, [norm.result, None, None])
+        rewriter.replace(op, norm, [norm.result, *(None for _ in op.results[1:])])
         self.matches += 1
 
 
@@ -264,7 +270,6 @@ class MatchLayerNormPass(ModulePass):
     name = "match-layernorm"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        patterns = [MatchSpelledLayerNorm(), FoldLayerNormCasts(), MatchNativeLayerNorm()]
+        patterns = [MatchTorchLayerNorm(), MatchSpelledLayerNorm(), FoldLayerNormCasts()]
         PatternRewriteWalker(GreedyRewritePatternApplier(patterns), apply_recursively=False).rewrite_module(op)
-        log.info("match-layernorm: %d spelled out, %d casts folded, %d native_layer_norm matched",
-                 *(p.matches for p in patterns))
+        log.info("match-layernorm: %d torch LayerNorms, %d spelled out, %d casts folded", *(p.matches for p in patterns))

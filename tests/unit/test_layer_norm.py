@@ -1,6 +1,5 @@
-"""LayerNorm: the spellings models use reach `ad.layer_norm` (import of `aten.layer_norm`,
-`match-layernorm` for the spelled-out forms), and the residual add joins it
-(`fuse-add-layernorm`), computing what eager computes.
+"""LayerNorm: the spellings models use reach `ad.layer_norm` (`match-layernorm`), and the
+residual add joins it (`fuse-add-layernorm`), computing what eager computes.
 
 `ad.layer_norm`'s meaning is `torch.ops.ad_mlir.layer_norm`: F.layer_norm's math step by step
 (test_llm_ops.py compares the two). Against eager the graph therefore differs only by the order
@@ -59,25 +58,39 @@ def _randomized(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return module.to(dtype).eval()
 
 
+def _op_names(program) -> list[str]:  # noqa: ANN001 (an ImportedProgram)
+    """The function's ops, torch ops by their target."""
+    return [op.target.data if op.name == "ad.torch_op" else op.name for op in program.function.body.block.ops]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
-def test_layer_norm_spellings_import_as_one_op(spelling: str, dtype: torch.dtype) -> None:
+def test_layer_norm_spellings_become_one_op(spelling: str, dtype: torch.dtype) -> None:
+    """Imported, torch's LayerNorm stays torch's (the `none` pipeline runs what eager runs);
+    `match-layernorm` makes it the op."""
+    from ad_mlir.passes.pipeline import run_pipeline
+
     module = _randomized(SPELLINGS[spelling](), dtype)
     x = (torch.randn(3, 5, 96) * 2 + 0.5).to(dtype)
     program = import_program(torch.export.export(module, (x,)))
-    names = [op.target.data if op.name == "ad.torch_op" else op.name for op in program.function.body.block.ops]
+    assert "aten.layer_norm.default" in _op_names(program)
+    run_pipeline(program.module, "canonicalize,match-layernorm")
+    names = _op_names(program)
     assert names.count("ad.layer_norm") == 1 and not any("layer_norm" in n for n in names if n.startswith("aten")), names
     with torch.no_grad():
         _assert_close(evaluate(program.module, program.weights, [x])[0], module(x))
 
 
-def test_layer_norm_over_two_dims_stays_opaque() -> None:
-    """`ad.layer_norm` normalizes the last dim only: any other normalized shape is carried as
-    the torch op it is (and still computes the same)."""
+def test_layer_norm_over_two_dims_stays_torchs() -> None:
+    """`ad.layer_norm` normalizes the last dim only: any other normalized shape stays the torch
+    op it is (and computes what eager does)."""
+    from ad_mlir.passes.pipeline import run_pipeline
+
     module = _randomized(torch.nn.LayerNorm((5, 96)), torch.float32)
     x = torch.randn(3, 5, 96)
     program = import_program(torch.export.export(module, (x,)))
-    names = [op.target.data if op.name == "ad.torch_op" else op.name for op in program.function.body.block.ops]
+    run_pipeline(program.module, "canonicalize,match-layernorm")
+    names = _op_names(program)
     assert "ad.layer_norm" not in names and "aten.layer_norm.default" in names
     with torch.no_grad():
         assert torch.equal(evaluate(program.module, program.weights, [x])[0], module(x))

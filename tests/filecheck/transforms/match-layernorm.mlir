@@ -1,6 +1,35 @@
-// match-layernorm: the LayerNorm spellings that do not import as ad.layer_norm become one; chains
-// the op cannot stand for stay as they are.
+// match-layernorm: the LayerNorm spellings of the models become one ad.layer_norm; chains the op
+// cannot stand for stay as they are.
 // RUN: ad-opt %s --split-input-file -p match-layernorm | filecheck %s
+
+// nn.LayerNorm (GPT-2's ln_1), as the importer carries it: torch's layer_norm over the last dim.
+// CHECK-LABEL: func.func @torch_layer_norm
+// CHECK-NEXT:    %[[N:.*]] = ad.layer_norm %x weight %w bias %b eps 1.000000e-05 : (tensor<1x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> tensor<1x?x64xbf16>
+// CHECK-NEXT:    func.return %[[N]]
+// CHECK-NOT:     ad.torch_op
+func.func @torch_layer_norm(%x: tensor<1x?x64xbf16>, %w: tensor<64xbf16>, %b: tensor<64xbf16>) -> tensor<1x?x64xbf16> {
+  %n = ad.torch_op "aten.layer_norm.default"(%x, %w, %b) [#ad.ref<0>, [64 : i64], #ad.ref<1>, #ad.ref<2>, 1.000000e-05 : f64, false] {} : (tensor<1x?x64xbf16>, tensor<64xbf16>, tensor<64xbf16>) -> tensor<1x?x64xbf16>
+  func.return %n : tensor<1x?x64xbf16>
+}
+
+// -----
+
+// OLMo: F.layer_norm(x.float(), shape, None, None, eps).to(x.dtype) is the LayerNorm of x,
+// rounded once. Also F.layer_norm with its defaults left out, and eps as a keyword.
+// CHECK-LABEL: func.func @olmo_casts
+// CHECK-NEXT:    %[[N:.*]] = ad.layer_norm %x eps 1.000000e-05 : (tensor<1x?x64xbf16>) -> tensor<1x?x64xbf16>
+// CHECK-NEXT:    %[[M:.*]] = ad.layer_norm %y eps 1.000000e-06 : (tensor<3x64xf32>) -> tensor<3x64xf32>
+// CHECK-NEXT:    func.return %[[N]], %[[M]]
+// CHECK-NOT:     ad.cast
+func.func @olmo_casts(%x: tensor<1x?x64xbf16>, %y: tensor<3x64xf32>) -> (tensor<1x?x64xbf16>, tensor<3x64xf32>) {
+  %xf = ad.cast %x : tensor<1x?x64xbf16> -> tensor<1x?x64xf32>
+  %n = ad.torch_op "aten.layer_norm.default"(%xf) [#ad.ref<0>, [64 : i64], none, none, 1.000000e-05 : f64, false] {} : (tensor<1x?x64xf32>) -> tensor<1x?x64xf32>
+  %nb = ad.cast %n : tensor<1x?x64xf32> -> tensor<1x?x64xbf16>
+  %m = ad.torch_op "aten.layer_norm.default"(%y) [#ad.ref<0>, [64 : i64]] {eps = 1.000000e-06 : f64} : (tensor<3x64xf32>) -> tensor<3x64xf32>
+  func.return %nb, %m : tensor<1x?x64xbf16>, tensor<3x64xf32>
+}
+
+// -----
 
 // Cohere in bf16: x.to(f32), mean, x - mean, pow 2, mean, + eps, rsqrt, (x - mean) * r,
 // w.to(f32) * n, .to(bf16). The op takes the bf16 input and the bf16 weight, not their casts.
@@ -70,20 +99,6 @@ func.func @narrow_weight_two_users(%x: tensor<3x64xbf16>, %w: tensor<64xbf16>) -
   %y = ad.mul %w, %nb : tensor<64xbf16>, tensor<3x64xbf16> -> tensor<3x64xbf16>
   %e = ad.exp %y : tensor<3x64xbf16> -> tensor<3x64xbf16>
   func.return %y, %e : tensor<3x64xbf16>, tensor<3x64xbf16>
-}
-
-// -----
-
-// OLMo: F.layer_norm(x.float(), ...).to(x.dtype) is the LayerNorm of x, rounded once.
-// CHECK-LABEL: func.func @olmo_casts
-// CHECK-NEXT:    %[[N:.*]] = ad.layer_norm %x eps 1.000000e-05 : (tensor<1x?x64xbf16>) -> tensor<1x?x64xbf16>
-// CHECK-NEXT:    func.return %[[N]]
-// CHECK-NOT:     ad.cast
-func.func @olmo_casts(%x: tensor<1x?x64xbf16>) -> tensor<1x?x64xbf16> {
-  %xf = ad.cast %x : tensor<1x?x64xbf16> -> tensor<1x?x64xf32>
-  %n = ad.layer_norm %xf eps 1.0e-05 : (tensor<1x?x64xf32>) -> tensor<1x?x64xf32>
-  %y = ad.cast %n : tensor<1x?x64xf32> -> tensor<1x?x64xbf16>
-  func.return %y : tensor<1x?x64xbf16>
 }
 
 // -----
