@@ -289,6 +289,23 @@ def test_a_compiled_graph_calling_multi_result_reference_ops_imports() -> None:
         assert torch.equal(got.float(), want.float())
 
 
+def test_a_compiled_graph_calling_mlp_activation_reference_ops_imports() -> None:
+    """`torch.ops.ad_mlir.gelu_and_mul` / `.activation` import as their ops, with their
+    approximation and kind, and evaluate as torch does."""
+
+    class Calls(torch.nn.Module):
+        def forward(self, g: torch.Tensor, u: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (torch.ops.ad_mlir.gelu_and_mul(g, u, "tanh"), torch.ops.ad_mlir.activation(g, b, "relu2"),
+                    torch.ops.ad_mlir.activation(u, None, "gelu"))
+
+    args = (torch.randn(3, 16), torch.randn(3, 16), torch.randn(16))
+    program = import_program(torch.export.export(Calls(), args))
+    ops = [op for op in program.function.body.block.ops if isinstance(op, ad.KernelOp)]
+    assert [op.kernel_label() for op in ops] == ["gelu_tanh_and_mul", "bias_relu2", "gelu"]
+    for got, want in zip(evaluate(program.module, program.weights, list(args)), Calls()(*args), strict=True):
+        assert torch.equal(got, want)
+
+
 def _with_special_values(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The first input with NaN, +-inf and a huge value (its square overflows) in its first rows."""
     x = inputs[0].clone()
