@@ -679,7 +679,7 @@ class ShardPass(ModulePass):
         reductions = insert_reductions([plan.block.closer for plan in plans], self.group)
         for split in self._expert_splits(fn):
             apply_experts(fn, split, self.world_size)
-            _reduce_after(split.moe.result, split.moe, None, self.group)
+            _reduce_after(split.moe.result, split.moe, (), self.group)
             log.info("shard: %s: each expert's gate/up column-wise, down row-wise", split.layer)
             reductions += 1
         fn.update_function_type()

@@ -2,7 +2,8 @@
 // GPT-2 (pre-norm, LayerNorm with bias) has one add_layer_norm per norm: the residual add (or,
 // for the first, the embeddings' sum) joins every norm, the sum going on to the next residual.
 // Falcon (parallel attention: one norm feeds attention and MLP) has one norm per layer; from the
-// second layer on it takes the residual add, and its one result feeds both branches. The
+// second layer on it takes the residual add, and its one result feeds both branches (one linear:
+// fuse-gemms concatenates Q/K/V (192 rows) and the MLP's up projection (512)). The
 // graph of core ATen ops (`--decompose`: native_layer_norm) reaches the same ops.
 // RUN: ad-opt --model gpt2 --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefix=GPT2
 // RUN: ad-opt --model gpt2 --layers 2 --dtype bfloat16 --decompose -p default | filecheck %s --check-prefix=GONE
@@ -31,9 +32,7 @@
 // GPT2-NEXT: ad.linear %[[NF]], %p_lm_head_weight
 
 // FALCON:      %[[N0:.*]] = ad.layer_norm %embedding weight %p_transformer_h_0_input_layernorm_weight bias %p_transformer_h_0_input_layernorm_bias eps 1.000000e-05 : (tensor<1x?x128xbf16> weight tensor<128xbf16> bias tensor<128xbf16>) -> tensor<1x?x128xbf16> loc("transformer.h.0.input_layernorm")
-// FALCON:      ad.matmul %[[N0]], {{.*}} loc("transformer.h.0.self_attention.query_key_value")
-// FALCON:      ad.matmul %[[N0]], {{.*}} loc("transformer.h.0.mlp.dense_h_to_4h")
+// FALCON:      ad.linear %[[N0]], %{{.*}} : (tensor<1x?x128xbf16>, tensor<704x128xbf16>) -> tensor<1x?x704xbf16> loc("transformer.h.0.self_attention.query_key_value")
 // FALCON:      %[[N1:.*]], %[[H1:.*]] = ad.add_layer_norm %embedding, %{{.*}} weight %p_transformer_h_1_input_layernorm_weight {{.*}} loc("transformer.h.1.input_layernorm")
-// FALCON:      ad.matmul %[[N1]], {{.*}} loc("transformer.h.1.self_attention.query_key_value")
-// FALCON:      ad.matmul %[[N1]], {{.*}} loc("transformer.h.1.mlp.dense_h_to_4h")
+// FALCON:      ad.linear %[[N1]], %{{.*}} : (tensor<1x?x128xbf16>, tensor<704x128xbf16>) -> tensor<1x?x704xbf16> loc("transformer.h.1.self_attention.query_key_value")
 // FALCON:      ad.add_layer_norm %[[H1]], %{{.*}} weight %p_transformer_ln_f_weight {{.*}} loc("transformer.ln_f")
