@@ -42,6 +42,16 @@ _TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.f
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
+def dot_dtype_line(dtype: torch.dtype) -> str:
+    """The `DOT_DTYPE` constant of a template: the tiles' dtype for `tl.dot`."""
+    if dtype != torch.bfloat16:
+        return f"DOT_DTYPE = tl.constexpr({_TL_DTYPE[dtype]})"
+    # The interpreter multiplies bf16 tiles as their raw uint16 bits: there the tiles,
+    # already rounded to bf16, are multiplied in fp32 (the same products, accumulated in
+    # fp32 as the tensor cores do). The jit decorator picks the interpreter the same way.
+    return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """What one attention kernel is specialized for (everything but the runtime sizes)."""
@@ -369,14 +379,6 @@ class AttentionEmitter:
             w.line("return [out]")
         return w.text()
 
-    def dot_dtype_line(self) -> str:
-        if self.spec.dtype != torch.bfloat16:
-            return f"DOT_DTYPE = tl.constexpr({self.elem})"
-        # The interpreter multiplies bf16 tiles as their raw uint16 bits: there the tiles,
-        # already rounded to bf16, are multiplied in fp32 (the same products, accumulated in
-        # fp32 as the tensor cores do). The jit decorator picks the interpreter the same way.
-        return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
-
 
 def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
     """The whole kernel file: imports, the `@triton.jit` kernel (and its RoPE helper) and its
@@ -390,7 +392,7 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
         "",
         "from ad_mlir.codegen.attention_kernel import attention_blocks",
         "",
-        emitter.dot_dtype_line(),
+        dot_dtype_line(emitter.spec.dtype),
         "",
         "",
     ]

@@ -51,6 +51,7 @@ from ad_mlir.codegen.attention_kernel import (
     _TL_DTYPE,
     AttentionBlocks,
     attention_blocks,
+    dot_dtype_line,
 )
 from ad_mlir.codegen.blocks import next_power_of_2
 
@@ -365,13 +366,6 @@ def launch(kernel, tensors, scalars):
 '''
 
 
-def _dot_dtype_line(dtype: torch.dtype) -> str:
-    if dtype != torch.bfloat16:
-        return f"DOT_DTYPE = tl.constexpr({_TL_DTYPE[dtype]})"
-    # The interpreter multiplies bf16 tiles as their raw bits (see attention_kernel.dot_dtype_line).
-    return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
-
-
 def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: str) -> str:
     """The whole kernel file: imports, the helpers, the `@triton.jit` kernel and its launcher.
     `header` goes first (the cache's key and provenance comment)."""
@@ -399,7 +393,7 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "",
         "from ad_mlir.codegen.cached_attention_kernel import decode_splits, prefill_blocks",
         "",
-        _dot_dtype_line(spec.dtype),
+        dot_dtype_line(spec.dtype),
         f"LOG2E = tl.constexpr({1 / math.log(2)!r})",
         "",
         "",

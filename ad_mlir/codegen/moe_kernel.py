@@ -47,7 +47,7 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.attention_kernel import _TL_DTYPE
+from ad_mlir.codegen.attention_kernel import _TL_DTYPE, dot_dtype_line
 from ad_mlir.codegen.blocks import next_power_of_2
 
 ROUTE, ALIGN, GATE_UP, DOWN, COMBINE = range(5)
@@ -324,13 +324,6 @@ def launch(kernel, tensors, scalars):
 '''
 
 
-def _dot_dtype_line(dtype: torch.dtype) -> str:
-    if dtype != torch.bfloat16:
-        return f"DOT_DTYPE = tl.constexpr({_TL_DTYPE[dtype]})"
-    # The interpreter multiplies bf16 tiles as their raw bits (see attention_kernel.dot_dtype_line).
-    return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
-
-
 def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
     """The whole kernel file: imports, the spec's constants, the `@triton.jit` kernel and its
     launcher. `header` goes first (the cache's key and provenance comment)."""
@@ -363,7 +356,7 @@ def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
         "",
         "from ad_mlir.codegen.moe_kernel import MoeSpec, align_chunk, gemm_blocks, route_block",
         "",
-        _dot_dtype_line(spec.dtype),
+        dot_dtype_line(spec.dtype),
         *(f"{k} = tl.constexpr({v})" for k, v in constants.items()),
         f"SPEC = {spec!r}",
         "",
