@@ -8,7 +8,7 @@
 // CHECK-NEXT:    func.return %[[O]]
 // KERNEL-LABEL: kernel 1 of 1: rope_attention_
 // KERNEL:       from ad_mlir.codegen.attention_kernel import attention_blocks
-// KERNEL:       def _load_rotated(
+// KERNEL:       def _load_pieces(
 // KERNEL:       def rope_attention_{{[0-9a-f]+}}(
 // KERNEL:       def launch(kernel, tensors, scalars):
 func.func @hf_attention(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %v: tensor<1x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>, %sin: tensor<1x?x64xbf16>, %m: tensor<1x1x?x?xi1>, %s: index) -> tensor<1x4x?x64xbf16> {

@@ -7,7 +7,7 @@
 // CHECK-NEXT:    %[[Q:.*]], %[[K:.*]] = ad.rope %q, %k rope %cos, %sin : (tensor<1x4x?x32xbf16>, tensor<1x2x?x32xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) -> (tensor<1x4x?x32xbf16>, tensor<1x2x?x32xbf16>)
 // CHECK-NEXT:    func.return %[[Q]], %[[K]]
 // KERNEL-LABEL: kernel 1 of 1: rope_
-// KERNEL:       partner = (dims + 16) % 32
+// KERNEL:       partner = tl.where(dims < 16, dims + 16, dims - 16)
 // KERNEL:       tl.store(q_out
 // KERNEL:       tl.store(k_out
 func.func @q_and_k(%q: tensor<1x4x?x32xbf16>, %k: tensor<1x2x?x32xbf16>, %cos: tensor<1x?x32xbf16>, %sin: tensor<1x?x32xbf16>) -> (tensor<1x4x?x32xbf16>, tensor<1x2x?x32xbf16>) {
