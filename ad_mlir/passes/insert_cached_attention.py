@@ -51,6 +51,7 @@ from xdsl.dialects.builtin import (
     NameLoc,
     StringAttr,
     TensorType,
+    UnitAttr,
     i64,
 )
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
@@ -78,13 +79,16 @@ class Attention:
     key: SSAValue
     value: SSAValue
     rope: tuple[SSAValue, SSAValue] | None
-    """(cos, sin) when the cached op applies RoPE to the query and the key."""
+    """(cos, sin) when the cached op applies RoPE to the query and the key (on their first
+    `cos.shape[-1]` dims: partial rotary carries over as the tables' width)."""
     mask: SSAValue | None
     causal: bool
     scale: float
     softcap: float | None = None
     chain: list[Operation] = field(default_factory=list)
     """Ops besides `output` that only computed the attention, users first (erased once dead)."""
+    interleaved: bool = False
+    """RoPE rotates pairs (2i, 2i + 1) (`ad.ROPE_SEMANTICS`)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,10 @@ class InsertCachedAttentionPass(ModulePass):
         caches = [_append_argument(fn, cache_type, {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
                                                     ad.KV_CACHE_ATTR: f"{layer} {role}"})
                   for role in ("key", "value")]
-        properties: dict[str, FloatAttr | IntegerAttr] = {"scale": FloatAttr(attention.scale, Float64Type())}
+        properties: dict[str, FloatAttr | IntegerAttr | UnitAttr] = {
+            "scale": FloatAttr(attention.scale, Float64Type())}
+        if attention.interleaved:
+            properties["interleaved"] = UnitAttr()
         if window is not None:
             properties["window"] = IntegerAttr(window, i64)
         if attention.softcap is not None:
@@ -191,7 +198,8 @@ def _find_attentions(fn: func.FuncOp) -> list[Attention]:
 def _from_attention_op(op: ad.RopeAttentionOp | ad.AttentionOp) -> Attention:
     rope = (op.cos, op.sin) if isinstance(op, ad.RopeAttentionOp) else None
     scale = op.scale.value.data if op.scale is not None else op.key.type.get_shape()[3] ** -0.5
-    return Attention(op, op.query, op.key, op.value, rope, op.attn_mask, op.is_causal is not None, scale)
+    return Attention(op, op.query, op.key, op.value, rope, op.attn_mask, op.is_causal is not None, scale,
+                     interleaved=rope is not None and op.interleaved is not None)
 
 
 def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
@@ -228,7 +236,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
         return Attention(weighted, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
-                         [*chain, rope])
+                         [*chain, rope], rope.interleaved is not None)
     return Attention(weighted, query, key, value, None, mask, False, scale, softcap, chain)
 
 
