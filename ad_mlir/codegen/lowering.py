@@ -148,7 +148,7 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
 
 
 def rotary_dim(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp) -> int:
-    """The dims of each head RoPE rotates: the tables' width (`ad.ROPE_SEMANTICS`)."""
+    """The dims of each head RoPE rotates: the tables' width (`ad.RopeAttentionOp`)."""
     return op.cos.type.get_shape()[-1]
 
 

@@ -1146,16 +1146,9 @@ class SiluAndMulOp(KernelOp):
             raise VerifyException("ad.silu_and_mul gate, up and result must have one type")
 
 
-ROPE_SEMANTICS = """RoPE with tables `cos`, `sin` [batch or 1, seq, rotary_dim] (broadcast over
-heads): the first rotary_dim dims of each head become `x * cos + rotate(x) * sin`, the others
-pass unchanged (partial rotary: GPT-NeoX, Phi, GLM). rotate is HF's rotate_half, `cat(-x[R/2:],
-x[:R/2])`, or with `interleaved` the pairs (2i, 2i + 1) of GPT-J and GLM, `stack(-x[1::2],
-x[0::2], -1).flatten(-2)`. rotary_dim is the tables' last dim (as in HF: `cos.shape[-1]`)."""
-
-
 def _verify_rope_tables(op: Operation, head_dim: int) -> None:
     """`cos`/`sin` of `op` are one [batch or 1, seq, rotary_dim] type, rotary_dim even and at
-    most `head_dim` (`ROPE_SEMANTICS`)."""
+    most `head_dim` (RoPE as `RopeAttentionOp` describes it)."""
     t = _shape(op.cos.type)
     if op.cos.type != op.sin.type or len(t) != 3:
         raise VerifyException(f"{op.name} cos and sin must be one [batch or 1, seq, rotary_dim] type")
@@ -1167,10 +1160,17 @@ def _verify_rope_tables(op: Operation, head_dim: int) -> None:
 @irdl_op_definition
 class RopeAttentionOp(KernelOp):
     """Scaled dot-product attention whose query and key get rotary position embedding first,
-    as HF's `apply_rotary_pos_emb` does it in the inputs' dtype (`ROPE_SEMANTICS`). Query
-    [batch, heads, seq, head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query:
-    each kv head serves heads / kv_heads query heads); an optional boolean mask (True =
-    attend) and/or causal masking. Its kernel is a template (`codegen/attention_kernel.py`)."""
+    as HF's `apply_rotary_pos_emb` does it in the inputs' dtype. Query [batch, heads, seq,
+    head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query: each kv head serves
+    heads / kv_heads query heads); an optional boolean mask (True = attend) and/or causal
+    masking. Its kernel is a template (`codegen/attention_kernel.py`).
+
+    RoPE (here, in `ad.rope` and `ad.cached_attention`): with tables `cos`, `sin` [batch or 1,
+    seq, rotary_dim] broadcast over heads, the first rotary_dim dims of each head become
+    `x * cos + rotate(x) * sin` and the others pass unchanged (partial rotary: GPT-NeoX, Phi,
+    GLM). rotate is HF's rotate_half, `cat(-x[R/2:], x[:R/2])`, or with `interleaved` the pairs
+    (2i, 2i + 1) of GPT-J and GLM, `stack(-x[1::2], x[0::2], -1).flatten(-2)`. rotary_dim is
+    the tables' last dim (as in HF: `cos.shape[-1]`)."""
 
     name = "ad.rope_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1206,8 +1206,8 @@ class RopeAttentionOp(KernelOp):
 
 @irdl_op_definition
 class RopeOp(KernelOp):
-    """HF's `apply_rotary_pos_emb` on a query and a key together (`ROPE_SEMANTICS`), computed
-    in their dtype. Query [batch, heads, seq, head_dim], key [batch, kv_heads, seq, head_dim].
+    """HF's `apply_rotary_pos_emb` on a query and a key together (RoPE as `ad.rope_attention`
+    describes it), computed in their dtype. Query [batch, heads, seq, head_dim], key [batch, kv_heads, seq, head_dim].
     Its kernel is a template (`codegen/rope_kernel.py`): one launch for both."""
 
     name = "ad.rope"
@@ -1246,7 +1246,7 @@ class CachedAttentionOp(AdOp):
 
     Query [batch, heads, seq, head_dim] and key/value [batch, kv_heads, seq, head_dim] are the
     `seq` new tokens of each row (RoPE applied to the query and the key first, as HF's
-    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: `ROPE_SEMANTICS`). Row b uses
+    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: as `ad.rope_attention`). Row b uses
     slot `slots[b]` of `k_cache`/`v_cache` [slots, max_seq, kv_heads, head_dim], which already
     holds `starts[b]` tokens: the new key and value are written at positions starts[b] ..
     starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with

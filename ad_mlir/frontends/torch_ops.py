@@ -153,7 +153,7 @@ def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """HF's `apply_rotary_pos_emb` for one tensor (`cos`/`sin` already unsqueezed over heads): the
-    first `cos.shape[-1]` dims rotate, the rest pass (`ad.ROPE_SEMANTICS`)."""
+    first `cos.shape[-1]` dims rotate, the rest pass (`ad.RopeAttentionOp`)."""
     rotary_dim = cos.shape[-1]
     if rotary_dim == x.shape[-1]:
         return x * cos + _rotate(x, interleaved) * sin

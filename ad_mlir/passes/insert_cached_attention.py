@@ -9,6 +9,9 @@ For each `ad.rope_attention` (and plain `ad.attention`), in program order:
 - once per function, `cache_slots` and `cache_starts` (tensor<?xi64>: each batch row's cache
   slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`.
 
+The RoPE of an `ad.rope_attention` (or `ad.rope`) carries over whole: its tables (whose width is
+the rotary dim: partial rotary) and `interleaved`; the cache holds the keys rotated.
+
 Gemma2's attention is no attention op but HF's eager form, which is matched whole:
     p   = softmax(tanh((matmul(q, transpose(repeat_kv(k), 2, 3)) * scale) / cap) * cap + mask)
     out = matmul(p, repeat_kv(v))
@@ -88,7 +91,7 @@ class Attention:
     chain: list[Operation] = field(default_factory=list)
     """Ops besides `output` that only computed the attention, users first (erased once dead)."""
     interleaved: bool = False
-    """RoPE rotates pairs (2i, 2i + 1) (`ad.ROPE_SEMANTICS`)."""
+    """RoPE rotates pairs (2i, 2i + 1) (`ad.RopeAttentionOp`)."""
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ def test_rope_reference_is_hf(family: str, rotary_dim: int, dtype: torch.dtype) 
     does (bit for bit, also in bf16: the same ops in the same dtype): full (Llama), partial
     (GPT-NeoX's 8 of 32, Phi-3's slice of all), interleaved pairs with GLM's partial rotary and
     Ernie 4.5's full; GLM and Ernie take the first half of HF's table and repeat_interleave it,
-    which is what the op's tables are (`ad.ROPE_SEMANTICS`)."""
+    which is what the op's tables are (`ad.RopeAttentionOp`)."""
     from ad_mlir.frontends import torch_ops
 
     generator = torch.Generator().manual_seed(1)
