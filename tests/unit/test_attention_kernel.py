@@ -30,6 +30,7 @@ from ad_mlir.codegen.ptx import (
     record_launch,
     specialize_module,
 )
+from ad_mlir.frontends import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -280,6 +281,18 @@ def test_any_head_dim_partial_rotary_and_interleaved_pairs(build, dtype: torch.d
     cos, sin = _random_tables(2, 17, rotary_dim or head_dim, dtype)
     out = _run(build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved)), [q, k, v, cos, sin])
     _assert_matches(out, _eager(q, k, v, cos, sin, causal=True, scale=head_dim**-0.5, interleaved=interleaved))
+
+
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved"), [(96, None, False), (80, 32, True)])
+def test_matches_the_ops_reference(build, head_dim: int, rotary_dim: int | None, interleaved: bool) -> None:  # noqa: ANN001
+    """The kernel computes what `ad.rope_attention` means (its torch reference op), in bf16 with
+    GQA, at a head dim that is not a power of two, partial rotary in pairs."""
+    dtype = torch.bfloat16
+    q, k, v = _qkv(2, 4, 2, 17, head_dim, dtype)
+    cos, sin = _random_tables(1, 17, rotary_dim or head_dim, dtype)
+    out = _run(build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved)), [q, k, v, cos, sin])
+    expected = torch_ops.rope_attention(q, k, v, cos, sin, None, head_dim**-0.5, True, interleaved)
+    _assert_matches(out, expected)
 
 
 @pytest.mark.parametrize("head_dim", [80, 96])
