@@ -19,11 +19,13 @@ R), and the dims past R that RoPE passes through (`p`, partial rotary), each pad
 two of at least 16 (a tl.dot's depth) and masked (loaded as 0, so padding adds nothing to a dot).
 RoPE is then elementwise on the pieces (`a' = a cos_a - b sin_a`, `b' = b cos_b + a sin_b`), and
 QK^T is one dot per piece (the dot of two heads does not depend on the order of their dims): no
-shuffle of the head dim, any head_dim. Scores of keys past the sequence end, above the diagonal
-(causal; the loop also stops at the diagonal block) or False in the mask are -inf before the row
-max; the online softmax (m_i, l_i, acc) runs in fp32 with exp2, and P is rounded to the value
-dtype for the PV dot, as FlashAttention does. V and the output are [rows, head_dim] tiles padded
-to a power of two and masked. A row whose every key is masked has l_i = 0 and stores zeros, as
+shuffle of the head dim, any head_dim. Soft-capped scores (Gemma2: `softcap * tanh(s / softcap)`)
+get the scale on Q and log2(e) after the cap. Scores of keys past the sequence end, above the
+diagonal (causal; the loop also stops at the diagonal block), outside a sliding window (the loop
+also starts at the first row's window) or False in the mask are -inf before the row max; the
+online softmax (m_i, l_i, acc) runs in fp32 with exp2, and P is rounded to the value dtype for
+the PV dot, as FlashAttention does. V and the output are [rows, head_dim] tiles padded to a
+power of two and masked. A row whose every key is masked has l_i = 0 and stores zeros, as
 torch's `scaled_dot_product_attention` returns on CPU (torch 2.13) for such a row.
 """
 
@@ -137,6 +139,10 @@ class AttentionSpec:
     Phi, GLM); None is all of them. The tables are this wide."""
     interleaved: bool = False
     """With `rope`: pairs (2i, 2i + 1) rotate (GPT-J, GLM), not HF's rotate_half (i, i + R/2)."""
+    window: int | None = None
+    """With `causal`: key j is seen by query i only when i - window < j (a sliding window)."""
+    softcap: float | None = None
+    """Scores s = scale * q.k become `softcap * tanh(s / softcap)` (Gemma2) before masking."""
 
     def __post_init__(self) -> None:
         check_rope_dims("attention kernel", self.head_dim, self.rotary if self.rope else None, self.interleaved)
@@ -147,6 +153,10 @@ class AttentionSpec:
                 raise ValueError(f"attention kernel: {what} {dtype} is not one of {', '.join(map(str, _TL_DTYPE))}")
         if not math.isfinite(self.scale):
             raise ValueError(f"attention kernel: softmax scale {self.scale} is not finite")
+        if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
+            raise ValueError(f"attention kernel: softcap {self.softcap} is not a positive number")
+        if self.window is not None and (not self.causal or self.window < 1):
+            raise ValueError(f"attention kernel: window {self.window} needs causal=True and must be positive")
 
     @property
     def rotary(self) -> int:
@@ -268,6 +278,17 @@ def _load_pieces(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, 
 '''
 
 
+_SOFTCAP_HELPER = '''\
+@triton.jit
+def _soft_capped(qk, SOFTCAP: tl.constexpr):
+    """SOFTCAP * tanh(qk / SOFTCAP), tanh from exp2 (libdevice is not in the interpreter):
+    sign(x) (1 - t) / (1 + t), t = e^(-2|x|)."""
+    x = qk / SOFTCAP
+    t = tl.exp2(tl.abs(x) * -2.885390081777927)  # -2 log2(e)
+    return SOFTCAP * tl.where(x < 0, t - 1.0, 1.0 - t) / (1.0 + t)
+'''
+
+
 class _Tensor:
     """A kernel input: its name and the names of its stride arguments, one per dim."""
 
@@ -354,8 +375,9 @@ class AttentionEmitter:
         w.line(")")
 
     def emit_q_tile(self, w: IndentedWriter) -> None:
-        # exp2 of scores in log2 units: the scale times log2(e) rides on Q, once per program.
-        w.line(f"qk_scale = {self.spec.scale * LOG2E!r}")
+        # exp2 of scores in log2 units: the scale times log2(e) rides on Q, once per program
+        # (the scale alone when the scores are soft-capped: log2(e) comes after the cap).
+        w.line(f"qk_scale = {self.spec.scale * (1.0 if self.spec.softcap else LOG2E)!r}")
         self.emit_pieces(w, "q", "q_blk", "start_m64", "rows", "m_in")
         for n in self.pieces.names:
             w.line(f"q_{n} = {self.dot_operand(f'q_{n} * qk_scale')}")
@@ -365,9 +387,11 @@ class AttentionEmitter:
         w.line('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)')
         w.line("l_i = tl.zeros([BLOCK_M], tl.float32)")
         w.line(f"acc = tl.zeros([BLOCK_M, {self.pieces.head_p}], tl.float32)")
-        # Keys past the diagonal block are all masked for every row of this block: not visited.
+        # Keys past the diagonal block are all masked for every row of this block: not visited;
+        # nor, in a sliding window, the keys before the first row's window.
         end = "tl.minimum(seq_len, start_m + BLOCK_M)" if spec.causal else "seq_len"
-        w.line(f"for start_n in range(0, {end}, BLOCK_N):")
+        start = f"tl.maximum(0, start_m - {spec.window - 1})" if spec.window else "0"
+        w.line(f"for start_n in range({start}, {end}, BLOCK_N):")
         with w.indent():
             w.line("n_pos = start_n + keys")
             w.line("n_in = n_pos < seq_len")
@@ -396,11 +420,15 @@ class AttentionEmitter:
         for i, n in enumerate(self.pieces.names):
             acc = ", qk" if i else ""
             w.line(f"qk = tl.dot(q_{n}, tl.trans({self.dot_operand(f'k_{n}')}){acc}{self.precision})")
+        if self.spec.softcap:
+            w.line(f"qk = _soft_capped(qk, {float(self.spec.softcap)!r}) * {LOG2E!r}")
 
     def emit_masking(self, w: IndentedWriter) -> None:
         visible = "n_in[None, :]"
         if self.spec.causal:
             visible += " & (n_pos[None, :] <= m_pos[:, None])"
+        if self.spec.window:
+            visible += f" & (n_pos[None, :] > m_pos[:, None] - {self.spec.window})"
         if self.mask:
             w.line("attend = tl.load(mask_blk + start_n64 * mask_sk + rows[:, None] * mask_sq + keys[None, :] * mask_sk, "
                    "mask=m_in[:, None] & n_in[None, :], other=0)")
@@ -485,5 +513,8 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
         "",
         "",
     ]
-    parts += [_ROPE_HELPER, "", emitter.emit_kernel(), "", emitter.emit_launcher()]
+    parts += [_ROPE_HELPER, ""]
+    if spec.softcap:
+        parts += [_SOFTCAP_HELPER, ""]
+    parts += [emitter.emit_kernel(), "", emitter.emit_launcher()]
     return "\n".join(parts)

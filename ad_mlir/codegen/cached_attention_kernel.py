@@ -49,6 +49,7 @@ import torch
 
 from ad_mlir.codegen.attention_kernel import (
     _ROPE_HELPER,
+    _SOFTCAP_HELPER,
     _TL_DTYPE,
     AttentionBlocks,
     HeadPieces,
@@ -177,10 +178,7 @@ def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP: tl.constex
     if TAIL > 0:
         qk = tl.dot(q_t, tl.trans(k_t.to(DOT_DTYPE)), qk$precision)
     if SOFTCAP > 0:
-        # tanh from exp2 (libdevice is not in the interpreter): sign(x) (1 - t) / (1 + t), t = e^(-2|x|)
-        x = qk / SOFTCAP
-        t = tl.exp2(tl.abs(x) * -2.885390081777927)  # -2 log2(e)
-        qk = SOFTCAP * tl.where(x < 0, t - 1.0, 1.0 - t) / (1.0 + t)
+        qk = _soft_capped(qk, SOFTCAP)
     return tl.where(visible, qk * LOG2E, float("-inf"))
 
 
@@ -457,6 +455,8 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "",
         "",
         _ROPE_HELPER,
+        "",
+        _SOFTCAP_HELPER,
         "",
         Template(_HELPERS).substitute(fields),
         "",

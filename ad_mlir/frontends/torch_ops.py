@@ -66,6 +66,49 @@ def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, 
     return normed, torch.empty_like(input)
 
 
+def _layer_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`(x - mean) * rsqrt(var + eps)` in fp32, the variance biased (F.layer_norm's)."""
+    xf = x.to(torch.float32)
+    centered = xf - xf.mean(-1, keepdim=True)
+    return centered * torch.rsqrt((centered * centered).mean(-1, keepdim=True) + eps)
+
+
+def _affine(x: torch.Tensor, normed: torch.Tensor, weight: torch.Tensor | None,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    """F.layer_norm's `normed * weight + bias` in fp32, rounded once to the input's dtype."""
+    if weight is not None:
+        normed = normed * weight.to(torch.float32)
+    if bias is not None:
+        normed = normed + bias.to(torch.float32)
+    return normed.to(x.dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_norm", mutates_args=())
+def layer_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float) -> torch.Tensor:
+    """`F.layer_norm(input, input.shape[-1:], weight, bias, eps)` step by step: the same math
+    and the one rounding at the end, the row sums in torch's order rather than its kernel's."""
+    return _affine(input, _layer_normalize(input, eps), weight, bias)
+
+
+@layer_norm.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::add_layer_norm", mutates_args=())
+def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    total = input + residual
+    return _affine(total, _layer_normalize(total, eps), weight, bias), total
+
+
+@add_layer_norm.register_fake
+def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(input), torch.empty_like(input)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::silu_and_mul", mutates_args=())
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
@@ -74,6 +117,93 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 @silu_and_mul.register_fake
 def _(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(gate)
+
+
+def _route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) [tokens, top_k], as HF's top-k routers compute them, in fp32."""
+    weights, experts = torch.topk(torch.softmax(router_logits.float(), dim=-1), top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def _expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """HF's gated MLP of one expert, in x's dtype."""
+    gate, up = torch.nn.functional.linear(x, gate_up).chunk(2, dim=-1)
+    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, down)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe", mutates_args=())
+def moe(
+    input: torch.Tensor,
+    router_logits: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate: torch.Tensor | None,
+    top_k: int,
+    shared_experts: int = 0,
+    normalize: bool = False,
+    round_weights: bool = False,
+) -> torch.Tensor:
+    """`ad.moe`: the plain loop over experts, each on the tokens routed to it (then the shared
+    experts on every token), the weighted outputs summed in fp32."""
+    weights, experts = _route(router_logits, top_k, normalize)
+    shared = torch.ones_like(input[:, :1], dtype=torch.float32) if shared_gate is None else torch.sigmoid(
+        shared_gate.float())
+    if round_weights:
+        weights, shared = weights.to(input.dtype).float(), shared.to(input.dtype).float()
+    out = torch.zeros(input.shape, dtype=torch.float32, device=input.device)
+    routed = gate_up.shape[0] - shared_experts
+    for e in range(routed):
+        tokens, slot = torch.where(experts == e)
+        y = _expert(input[tokens], gate_up[e], down[e])
+        out.index_add_(0, tokens, y.float() * weights[tokens, slot, None])
+    for e in range(routed, gate_up.shape[0]):
+        out += _expert(input, gate_up[e], down[e]).float() * shared
+    return out.to(input.dtype)
+
+
+@moe.register_fake
+def _(input: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+      shared_gate: torch.Tensor | None, top_k: int, shared_experts: int = 0, normalize: bool = False,
+      round_weights: bool = False) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gelu_and_mul", mutates_args=())
+def gelu_and_mul(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
+@gelu_and_mul.register_fake
+def _(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.empty_like(gate)
+
+
+def _relu2(x: torch.Tensor) -> torch.Tensor:
+    """HF's `ReLUSquaredActivation` (`torch.square`, which exports as `r * r`)."""
+    r = torch.relu(x)
+    return r * r
+
+
+ACTIVATION_FUNCTIONS = {
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "relu": torch.relu,
+    "relu2": _relu2,
+    "silu": torch.nn.functional.silu,
+}
+"""`ad.activation` kind -> its torch function (`ad.ACTIVATIONS`)."""
+
+
+@torch.library.custom_op(f"{NAMESPACE}::activation", mutates_args=())
+def activation(input: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+    return ACTIVATION_FUNCTIONS[kind](input if bias is None else input + bias)
+
+
+@activation.register_fake
+def _(input: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+    return torch.empty_like(input)
 
 
 
@@ -184,21 +314,36 @@ def rope_attention(
     attn_mask: torch.Tensor | None,
     scale: float,
     is_causal: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
     interleaved: bool = False,
 ) -> torch.Tensor:
-    """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces."""
+    """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces (a
+    sliding window is the boolean mask HF would build for it); soft-capped, HF's eager Gemma2
+    attention."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q, k = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     groups = query.shape[1] // key.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if window is not None or (softcap is not None and is_causal):
+        allowed = _causal_window(query.shape[2], window, query.device)
+        attn_mask, is_causal = allowed if attn_mask is None else attn_mask & allowed, False
+    if softcap is not None:
+        return _softcapped_attention(q, k, v, attn_mask, scale, softcap)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                             scale=scale)
 
 
+def _causal_window(seq: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[seq, seq] booleans: key j seen by query i when j <= i (and i - window < j)."""
+    query, key = torch.arange(seq, device=device)[:, None], torch.arange(seq, device=device)[None, :]
+    return (key <= query) & (key > query - window) if window is not None else key <= query
+
+
 @rope_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-      attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False,
-      interleaved: bool = False) -> torch.Tensor:
+      attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False, window: int | None = None,
+      softcap: float | None = None, interleaved: bool = False) -> torch.Tensor:
     return torch.empty_like(query)
 
 
@@ -245,13 +390,17 @@ def cached_attention(
     return out
 
 
-def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
                           scale: float, softcap: float) -> torch.Tensor:
     """HF's eager Gemma2 attention (SDPA cannot soft-cap), in fp32 up to the probabilities,
-    which are cast to the query's dtype before they weigh the values, as HF does."""
+    which are cast to the query's dtype before they weigh the values, as HF does. A query that
+    may see no key gets 0, as SDPA gives it."""
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
     scores = torch.tanh(scores / softcap) * softcap
+    if allowed is None:
+        return torch.matmul(torch.softmax(scores, dim=-1).to(query.dtype), value)
     probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    probs = torch.where(allowed.any(-1, keepdim=True), probs, 0.0)
     return torch.matmul(probs.to(query.dtype), value)
 
 
@@ -265,6 +414,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "rope", "rope_attention", "cached_attention")
+                 "linear_fp8", "rope", "rope_attention", "cached_attention",
+                 "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

@@ -21,8 +21,16 @@ the Q and K tiles after loading them and reads each kv head once for its query h
 or repeated copies of Q/K/V in memory). Q, K and V from one fused projection (Phi-3's slices of
 `qkv_proj`, GPT-NeoX's chunk of `query_key_value`, Falcon's views) are operands like any other:
 the kernel reads them through their strides. The rotated/repeated values must have no other
-users to disappear. The RoPE must not promote (its result has x's type). Attentions the template
-cannot run (dtype, dropout, a float mask, a head too wide) stay as they are, and the log says why.
+users to disappear. The RoPE must not promote (its result has x's type). HF's eager attention
+(matmul, scale, Gemma2's soft cap, + mask, softmax, matmul: `attention_patterns`) with this RoPE
+on its query and key (or one `ad.rope` of both) becomes the op too, with `softcap`.
+
+The mask HF computes from the token positions is run (`attention_masks`, with the input ids
+of a sequence longer than any number the computation holds): when it is causal, or causal
+within a sliding window of W keys, the op masks causally (with `window` W) instead, and the
+mask's computation goes; any other mask (padding, one computed from a position_ids input)
+stays a boolean mask operand. Attentions the template cannot run (dtype, dropout, a float mask
+that stays, a head too wide) stay as they are, and the log says why.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from xdsl.context import Context
+from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
     BFloat16Type,
@@ -47,9 +57,10 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     i64,
 )
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
     PatternRewriter,
     PatternRewriteWalker,
     RewritePattern,
@@ -58,6 +69,15 @@ from xdsl.pattern_rewriter import (
 
 from ad_mlir.codegen.attention_kernel import check_rope_dims
 from ad_mlir.dialects import ad
+from ad_mlir.passes.attention_masks import (
+    MaskError,
+    backward_slice,
+    causal_window,
+    erase_computation,
+    evaluate,
+    largest_integer,
+)
+from ad_mlir.passes.attention_patterns import match_eager_attention, match_repeat_kv
 from ad_mlir.passes.matching import (
     erase_dead,
     is_pure,
@@ -79,7 +99,8 @@ class Rope:
     x: SSAValue
     """The tensor rotated, all of its head dim: [b, h, s, d], or [b, s, h, d] when `heads_dim` is 2."""
     cos: SSAValue
-    """The table that multiplies x's rotated dims, broadcast over heads (4-D, size 1 at heads_dim)."""
+    """The table that multiplies x's rotated dims, broadcast over heads (4-D, size 1 at heads_dim),
+    or an `ad.rope`'s [b or 1, s, R] operand."""
     sin: SSAValue
     interleaved: bool
     heads_dim: int
@@ -260,7 +281,9 @@ def heads_first(rope: Rope, insert: Insert) -> SSAValue:
 
 def _without_heads(table: SSAValue, heads_dim: int, insert: Insert) -> SSAValue:
     """The [b or 1, s, R] table that `table` broadcasts over heads: the operand of its unsqueeze,
-    or a new squeeze of it."""
+    or a new squeeze of it (`table` itself when it is one already: an `ad.rope`'s)."""
+    if len(table.type.get_shape()) == 3:
+        return table
     unsqueeze = producer(table, ad.UnsqueezeOp)
     if unsqueeze is not None and ad.normalize_dim(unsqueeze.dim.value.data, 4) == heads_dim:
         return unsqueeze.input
@@ -287,44 +310,147 @@ def table_ops(*ropes: Rope, depth: int = 4) -> list[Operation]:
     return found
 
 
-def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
-    """The kv tensor before HF's `repeat_kv` (the value itself when it was not repeated)."""
-    reshape = producer(value, ad.ReshapeOp)
-    expand = producer(reshape.input, ad.ExpandOp) if reshape is not None else None
-    unsqueeze = producer(expand.input, ad.UnsqueezeOp) if expand is not None else None
-    if unsqueeze is None or unsqueeze.dim.value.data != 2:
-        return value, []
-    x = unsqueeze.input
-    b, kv, s, d = x.type.get_shape()
-    if tuple(expand.result.type.get_shape()) != (b, kv, query_heads // kv, s, d):
-        return value, []
-    return x, [reshape, expand, unsqueeze]
-
-
-def unsupported(op: ad.AttentionOp, rope: Rope) -> str | None:
-    """Why the attention template cannot run `op` with `rope`, or None."""
-    q = op.query.type
-    if q.element_type not in ATTENTION_DTYPES or op.key.type.element_type != q.element_type:
+def unsupported(query: SSAValue, key: SSAValue, mask: SSAValue | None, rope: Rope) -> str | None:
+    """Why the attention template cannot run an attention of `query` and `key` with `mask`
+    (None where the kernel masks causally), rotated by `rope`, or None."""
+    q = query.type
+    if q.element_type not in ATTENTION_DTYPES or key.type.element_type != q.element_type:
         return f"dtype {q.element_type} (the template takes f16/bf16/f32)"
     try:
         check_rope_dims("the attention template", q.get_shape()[-1], rope.rotary_dim, rope.interleaved)
     except ValueError as e:
         return str(e)
-    if op.dropout_p is not None and op.dropout_p.value.data != 0.0:
-        return "dropout"
-    if op.attn_mask is not None and op.attn_mask.type.element_type != IntegerType(1):
-        return "a float mask (the template takes a boolean mask)"
+    if mask is not None and mask.type.element_type != IntegerType(1):
+        return "a float mask that is neither causal nor a causal sliding window (the template takes a boolean mask)"
     return None
 
 
-class FuseRopeAttention(RewritePattern):
+MIN_MASK_LEN = 64
+"""Masks are evaluated at least at this length, and this far past the largest number their
+computation holds (a sliding window of W shows from W + 2 tokens on)."""
+MAX_MASK_LEN = 8192
+"""Longer evaluations (n x n values) are not tried: the mask stays an operand."""
+
+
+class CausalMasks:
+    """Which masks of a function are causal or a causal sliding window (`attention_masks`),
+    each evaluated once: layers share them. A mask may read the input ids (their shape) only:
+    one computed from a position_ids input, a padding mask or a weight stays an operand, since
+    the compiled graph may be given positions that are not 0 .. seq-1."""
+
     def __init__(self) -> None:
+        self._windows: dict[SSAValue, int | None | MaskError] = {}
+
+    def window(self, fn: func.FuncOp, mask: SSAValue) -> int | None:
+        """None: causal; W: a causal sliding window of W. A MaskError when it is neither."""
+        if mask not in self._windows:
+            try:
+                self._windows[mask] = causal_window(evaluate(fn, mask, {"input_ids": _ids(_evaluation_length(mask))}))
+            except MaskError as e:
+                self._windows[mask] = e
+        found = self._windows[mask]
+        if isinstance(found, MaskError):
+            raise found
+        return found
+
+
+def _evaluation_length(mask: SSAValue) -> int:
+    """A length past every window the mask's computation can compare positions with."""
+    largest = largest_integer(backward_slice(mask)[0])
+    n = max(MIN_MASK_LEN, largest + MIN_MASK_LEN)
+    if n > MAX_MASK_LEN:
+        raise MaskError(f"its computation holds the number {largest}: telling a window that long from causal "
+                        f"would evaluate the mask at {n} > {MAX_MASK_LEN} tokens")
+    return n
+
+
+def _ids(n: int) -> torch.Tensor:
+    return torch.zeros(1, n, dtype=torch.int64)
+
+
+def _function_of(op: Operation) -> func.FuncOp:
+    parent = op.parent_op()
+    while not isinstance(parent, func.FuncOp):
+        parent = parent.parent_op()
+    return parent
+
+
+@dataclass
+class Fusion:
+    """An attention with RoPE on its query and key, as `ad.rope_attention` takes it."""
+
+    q: Rope
+    k: Rope
+    value: SSAValue
+    mask: SSAValue | None
+    causal: bool
+    scale: float
+    softcap: float | None = None
+    window: int | None = None
+    dropped_mask: SSAValue | None = None
+    """The mask the op's causal (window) masking replaces: its computation goes once unused."""
+
+
+class RopeAttentionFusion(RewritePattern):
+    """What the two patterns share: the masks evaluated so far and the rewrite."""
+
+    def __init__(self, masks: CausalMasks) -> None:
+        self.masks = masks
         self.matches = 0
+
+    def drop_mask(self, op: Operation, fusion: Fusion) -> None:
+        """The op's own masking instead of a causal or sliding-window mask (else the mask stays)."""
+        if fusion.mask is None:
+            return
+        try:
+            fusion.window = self.masks.window(_function_of(op), fusion.mask)
+        except MaskError as e:
+            log.info("fuse-rope-attention: the mask of the attention at %s stays an operand: %s", op.location, e)
+            return
+        fusion.dropped_mask, fusion.mask, fusion.causal = fusion.mask, None, True
+
+    def rewrite(self, output: Operation, fusion: Fusion, dead: list[Operation], rewriter: PatternRewriter) -> None:
+        """`output` -> `ad.rope_attention`; `dead` (users first) and the RoPE chains erased once
+        unused."""
+        properties: dict[str, Attribute] = {"scale": FloatAttr(fusion.scale, Float64Type())}
+        if fusion.causal:
+            properties["is_causal"] = UnitAttr()
+        if fusion.window is not None:
+            properties["window"] = IntegerAttr(fusion.window, i64)
+        if fusion.softcap is not None:
+            properties["softcap"] = FloatAttr(fusion.softcap, Float64Type())
+        if fusion.q.interleaved:
+            properties["interleaved"] = UnitAttr()
+
+        def insert(new: Operation) -> Operation:
+            new.location = output.location
+            return rewriter.insert(new)
+
+        q, k = fusion.q, fusion.k
+        fused = ad.RopeAttentionOp.build(
+            operands=[heads_first(q, insert), heads_first(k, insert), fusion.value, *tables(q, insert),
+                      [fusion.mask] if fusion.mask else []],
+            properties=properties,
+            result_types=[output.results[0].type],
+        )
+        fused.location = output.location
+        rewriter.replace_op(output, fused)
+        erase_dead(rewriter.erase, [*dead, *q.chain, *k.chain, *table_ops(q, k)])
+        if fusion.dropped_mask is not None:
+            erase_computation(fusion.dropped_mask, rewriter.erase)
+        self.matches += 1
+
+
+class FuseRopeAttention(RopeAttentionFusion):
+    """RoPE + repeat_kv + SDPA (`ad.attention`)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.AttentionOp, rewriter: PatternRewriter) -> None:
         q = match_rope(op.query)
         if q is None:
+            return
+        if op.dropout_p is not None and op.dropout_p.value.data != 0.0:
+            log.info("fuse-rope-attention: attention at %s not fused: dropout", op.location)
             return
         heads = op.query.type.get_shape()[1]
         k_embed, k_repeat = match_repeat_kv(op.key, heads)
@@ -337,30 +463,41 @@ class FuseRopeAttention(RewritePattern):
         if k.heads_first_shape[1] != v.type.get_shape()[1]:
             log.info("fuse-rope-attention: attention at %s not fused: key and value heads differ", op.location)
             return
-        if (reason := unsupported(op, q)) is not None:
+        scale = op.scale.value.data if op.scale is not None else op.query.type.get_shape()[-1] ** -0.5
+        fusion = Fusion(q, k, v, op.attn_mask, op.is_causal is not None, scale)
+        self.drop_mask(op, fusion)
+        if (reason := unsupported(op.query, op.key, fusion.mask, q)) is not None:
             log.info("fuse-rope-attention: attention at %s not fused: %s", op.location, reason)
             return
+        self.rewrite(op, fusion, [*k_repeat, *v_repeat], rewriter)
 
-        def insert(new: Operation) -> Operation:
-            new.location = op.location
-            return rewriter.insert(new)
 
-        scale = op.scale.value.data if op.scale is not None else op.query.type.get_shape()[-1] ** -0.5
-        properties = {"scale": FloatAttr(scale, Float64Type())}
-        if op.is_causal is not None:
-            properties["is_causal"] = UnitAttr()
-        if q.interleaved:
-            properties["interleaved"] = UnitAttr()
-        fused = ad.RopeAttentionOp.build(
-            operands=[heads_first(q, insert), heads_first(k, insert), v, *tables(q, insert),
-                      [op.attn_mask] if op.attn_mask else []],
-            properties=properties,
-            result_types=[op.result.type],
-        )
-        fused.location = op.location
-        rewriter.replace_op(op, fused)
-        erase_dead(rewriter.erase, [*k_repeat, *v_repeat, *q.chain, *k.chain, *table_ops(q, k)])
-        self.matches += 1
+class FuseEagerRopeAttention(RopeAttentionFusion):
+    """HF's eager attention (matmul, scale, Gemma2's soft cap, + mask, softmax, matmul:
+    `attention_patterns.match_eager_attention`) with RoPE on its query and key."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.SoftmaxOp, rewriter: PatternRewriter) -> None:
+        found = match_eager_attention(op)
+        if found is None:
+            return
+        if isinstance(found, str):
+            log.info("fuse-rope-attention: the softmax at %s is no attention it fuses: %s", op.location, found)
+            return
+        if found.rope is not None:  # one ad.rope of both (optimize-rope ran first): in found.chain
+            q, k = (Rope(x, *found.rope, found.interleaved, heads_dim=1) for x in (found.query, found.key))
+        else:
+            q, k = match_rope(found.query), match_rope(found.key)
+        if q is None or k is None or not same_tables(q, k):
+            log.info("fuse-rope-attention: the eager attention at %s is not fused: no RoPE of its query and key "
+                     "with the same tables, form and rotary dim", found.output.location)
+            return
+        fusion = Fusion(q, k, found.value, found.mask, found.causal, found.scale, found.softcap)
+        self.drop_mask(found.output, fusion)
+        if (reason := unsupported(found.query, found.key, fusion.mask, q)) is not None:
+            log.info("fuse-rope-attention: the eager attention at %s is not fused: %s", found.output.location, reason)
+            return
+        self.rewrite(found.output, fusion, found.chain, rewriter)
 
 
 @dataclass(frozen=True)
@@ -370,6 +507,8 @@ class FuseRopeAttentionPass(ModulePass):
     name = "fuse-rope-attention"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        pattern = FuseRopeAttention()
-        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
-        log.info("fuse-rope-attention: %d attentions with RoPE fused", pattern.matches)
+        masks = CausalMasks()
+        patterns = [FuseRopeAttention(masks), FuseEagerRopeAttention(masks)]
+        PatternRewriteWalker(GreedyRewritePatternApplier(patterns), apply_recursively=False).rewrite_module(op)
+        log.info("fuse-rope-attention: %d attentions with RoPE fused (%d SDPA, %d eager)",
+                 sum(p.matches for p in patterns), *(p.matches for p in patterns))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr
-from xdsl.ir import Block, Operation, OpResult, SSAValue
+from xdsl.dialects.builtin import DYNAMIC_INDEX, DenseArrayBase, FloatAttr, IntegerAttr, i64
+from xdsl.ir import Attribute, Block, Operation, OpResult, SSAValue
 from xdsl.traits import Pure
 
 from ad_mlir.dialects import ad
@@ -101,3 +101,26 @@ def erase_dead(erase: Callable[[Operation], None], ops: Iterable[Operation]) -> 
     for const in constants:
         if const.parent is not None and not const.result.uses:
             erase(const)
+
+
+def keeps_rows(view: ad.ReshapeOp) -> bool:
+    """A reshape that only regroups rows (the last dim stays, static), as OPT's
+    `hidden.reshape(-1, hidden.size(-1))`: row-wise ops (norms, per-token quantization)
+    commute with it."""
+    before, after = view.input.type.get_shape(), view.result.type.get_shape()
+    return bool(before) and bool(after) and before[-1] == after[-1] != DYNAMIC_INDEX
+
+
+def reshape_like(view: ad.ReshapeOp, value: SSAValue, result_type: Attribute, last_size: int | None = None) -> ad.ReshapeOp:
+    """`view`'s reshape applied to `value` (the same sizes; the last one `last_size` if given,
+    e.g. 1 for per-row scales), typed `result_type`."""
+    static = list(view.static_sizes.get_values())
+    if last_size is not None:
+        static[-1] = last_size
+    op = ad.ReshapeOp.build(
+        operands=[value, list(view.sizes)],
+        properties={"static_sizes": DenseArrayBase.from_list(i64, static)},
+        result_types=[result_type],
+    )
+    op.location = view.location
+    return op

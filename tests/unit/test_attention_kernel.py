@@ -109,19 +109,23 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleav
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None = None,
            sin: torch.Tensor | None = None, mask: torch.Tensor | None = None, causal: bool = False,
-           scale: float | None = None, interleaved: bool = False) -> torch.Tensor:
+           scale: float | None = None, softcap: float | None = None, interleaved: bool = False) -> torch.Tensor:
     if cos is not None:
         q, k = _apply_rope(q, cos, sin, interleaved), _apply_rope(k, cos, sin, interleaved)
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    # HF's eager Gemma2 attention (scores in fp32 here: the kernel's), an additive mask
+    scores = torch.tanh(q.float() @ k.float().transpose(-1, -2) * scale / softcap) * softcap
+    probs = (scores + torch.where(mask, 0.0, float("-inf"))).softmax(-1)
+    return (probs.to(q.dtype) @ v).contiguous()
 
 
 def _spec(head_dim: int, dtype: torch.dtype, rope: bool = True, has_mask: bool = False, causal: bool = True,
-          cos_dtype: torch.dtype | None = None, rotary_dim: int | None = None,
-          interleaved: bool = False) -> AttentionSpec:
+          cos_dtype: torch.dtype | None = None, **fields: object) -> AttentionSpec:
     return AttentionSpec(head_dim, dtype, rope, has_mask, causal, head_dim**-0.5,
-                         (cos_dtype or dtype) if rope else None, rotary_dim, interleaved)
+                         (cos_dtype or dtype) if rope else None, **fields)
 
 
 def _assert_matches(out: torch.Tensor, expected: torch.Tensor) -> None:
@@ -241,6 +245,76 @@ def test_fully_masked_rows_are_zero_as_in_sdpa(build, dtype: torch.dtype) -> Non
     _assert_matches(out, expected)
 
 
+def _sliding_window(seq: int, window: int) -> torch.Tensor:
+    """HF's sliding-window causal mask: key j seen by query i when i - window < j <= i."""
+    query, key = torch.arange(seq, device=DEVICE)[:, None], torch.arange(seq, device=DEVICE)[None, :]
+    return (key <= query) & (key > query - window)
+
+
+@pytest.mark.parametrize("window", [1, 3, 20, 50, 100, 300])
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.float32, 64), (torch.bfloat16, 256)], ids=str)
+def test_sliding_window_matches_eager(build, dtype: torch.dtype, head_dim: int, window: int) -> None:  # noqa: ANN001
+    """Windows inside one key block, across blocks, and longer than the 100-token sequence: 32
+    (fp32) or 64 (bf16) query rows per program and 32 or 16 keys per step, so later query blocks
+    skip whole key blocks before their window. The op's torch reference computes the same."""
+    seq = 100
+    q, k, v = _qkv(2, 4, 2, seq, head_dim, dtype)
+    cos, sin = _rope_tables(1, seq, head_dim, dtype)
+    expected = _eager(q, k, v, cos, sin, mask=_sliding_window(seq, window), scale=head_dim**-0.5)
+    _assert_matches(_run(build(_spec(head_dim, dtype, window=window)), [q, k, v, cos, sin]), expected)
+    reference = torch_ops.rope_attention(q, k, v, cos, sin, None, head_dim**-0.5, is_causal=True, window=window)
+    _assert_matches(reference.contiguous(), expected)
+
+
+def test_sliding_window_and_mask_combine(build) -> None:  # noqa: ANN001
+    """A boolean mask operand with a window: a key is seen where both allow it."""
+    dtype, seq = torch.float32, 40
+    q, k, v = _qkv(2, 4, 2, seq, 64, dtype)
+    cos, sin = _rope_tables(1, seq, 64, dtype)
+    mask = _random_mask((2, 1, seq, seq)) | torch.eye(seq, dtype=torch.bool, device=DEVICE)
+    out = _run(build(_spec(64, dtype, has_mask=True, window=7)), [q, k, v, cos, sin, mask])
+    _assert_matches(out, _eager(q, k, v, cos, sin, mask=mask & _sliding_window(seq, 7), scale=64**-0.5))
+
+
+def _soft_capped_case(dtype: torch.dtype, heads: int, kv_heads: int, gain: float, softcap: float,
+                      window: int | None) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """(inputs, the op's torch reference, eager Gemma2) for q and k scaled by `gain`."""
+    seq, head_dim = 40, 64
+    q, k, v = _qkv(2, heads, kv_heads, seq, head_dim, dtype)
+    q, k = q * gain, k * gain
+    cos, sin = _rope_tables(1, seq, head_dim, dtype)
+    expected = _eager(q, k, v, cos, sin, mask=_sliding_window(seq, window or seq), scale=head_dim**-0.5,
+                      softcap=softcap)
+    reference = torch_ops.rope_attention(q, k, v, cos, sin, None, head_dim**-0.5, is_causal=True, window=window,
+                                         softcap=softcap)
+    return [q, k, v, cos, sin], reference.contiguous(), expected
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize(("dtype", "heads", "kv_heads"), [(torch.float32, 4, 2), (torch.bfloat16, 4, 1)], ids=str)
+def test_soft_cap_matches_eager_gemma2(build, dtype: torch.dtype, heads: int, kv_heads: int,  # noqa: ANN001
+                                       window: int | None) -> None:
+    """Gemma2's soft cap, causal and in a sliding window, GQA and MQA. Scores reach ~4.4, so a
+    cap of 2 bends most of them (without the cap the outputs differ by 0.8, measured)."""
+    inputs, reference, expected = _soft_capped_case(dtype, heads, kv_heads, 1.0, 2.0, window)
+    _assert_matches(_run(build(_spec(64, dtype, window=window, softcap=2.0)), inputs), expected)
+    _assert_matches(reference, expected)
+
+
+def test_soft_cap_of_50_on_large_scores(build) -> None:  # noqa: ANN001
+    """Gemma2's cap of 50 bends only large scores: q and k scaled by 3 give scores up to 41.5,
+    which the cap moves by up to 7.5. fp32: a score s is computed to a few ulps of s, which
+    moves its softmax weight by that much relative: the tolerance is this file's fp32 one times
+    the largest |score|, 16 * 42 eps (measured: 5.4e-6, a tenth of it)."""
+    inputs, reference, expected = _soft_capped_case(torch.float32, 4, 2, 3.0, 50.0, None)
+    out = _run(build(_spec(64, torch.float32, softcap=50.0)), inputs)
+    tolerance = 16 * 42 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(reference, expected, atol=tolerance, rtol=tolerance)
+    uncapped = _eager(*inputs, causal=True, scale=64**-0.5)
+    assert (uncapped - expected).abs().max() > 100 * tolerance, "the cap of 50 changed nothing: the test cannot fail"
+
+
 @pytest.mark.parametrize("head_dim", [16, 32, 256])
 def test_other_head_dims(build, head_dim: int) -> None:  # noqa: ANN001
     """Powers of two from 16 (each rotated half padded to a dot's depth of 16) to 256."""
@@ -283,16 +357,25 @@ def test_any_head_dim_partial_rotary_and_interleaved_pairs(build, dtype: torch.d
     _assert_matches(out, _eager(q, k, v, cos, sin, causal=True, scale=head_dim**-0.5, interleaved=interleaved))
 
 
-@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved"), [(96, None, False), (80, 32, True)])
-def test_matches_the_ops_reference(build, head_dim: int, rotary_dim: int | None, interleaved: bool) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved", "window", "softcap"),
+                         [(96, None, False, None, None), (80, 32, True, None, None), (80, 32, True, 6, 2.0)])
+def test_matches_the_ops_reference(build, head_dim: int, rotary_dim: int | None, interleaved: bool,  # noqa: ANN001
+                                   window: int | None, softcap: float | None) -> None:
     """The kernel computes what `ad.rope_attention` means (its torch reference op), in bf16 with
-    GQA, at a head dim that is not a power of two, partial rotary in pairs."""
-    dtype = torch.bfloat16
-    q, k, v = _qkv(2, 4, 2, 17, head_dim, dtype)
-    cos, sin = _random_tables(1, 17, rotary_dim or head_dim, dtype)
-    out = _run(build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved)), [q, k, v, cos, sin])
-    expected = torch_ops.rope_attention(q, k, v, cos, sin, None, head_dim**-0.5, True, interleaved)
-    _assert_matches(out, expected)
+    GQA, at a head dim that is not a power of two, partial rotary in pairs, and with Gemma2's
+    sliding window and soft cap on top of partial rotary in pairs (a cap of 2 bends most scores,
+    see test_soft_cap_matches_eager_gemma2); eager attention on the window's mask agrees."""
+    dtype, seq = torch.bfloat16, 17
+    q, k, v = _qkv(2, 4, 2, seq, head_dim, dtype)
+    cos, sin = _random_tables(1, seq, rotary_dim or head_dim, dtype)
+    spec = _spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, window=window, softcap=softcap)
+    out = _run(build(spec), [q, k, v, cos, sin])
+    expected = torch_ops.rope_attention(q, k, v, cos, sin, None, head_dim**-0.5, is_causal=True, window=window,
+                                        softcap=softcap, interleaved=interleaved)
+    _assert_matches(out, expected.contiguous())
+    eager = _eager(q, k, v, cos, sin, mask=_sliding_window(seq, window or seq), scale=head_dim**-0.5,
+                   softcap=softcap, interleaved=interleaved)
+    _assert_matches(out, eager.contiguous())
 
 
 @pytest.mark.parametrize("head_dim", [80, 96])
@@ -325,6 +408,9 @@ def test_empty_sequence(build) -> None:  # noqa: ANN001
     ({"dtype": torch.float64}, "dtype torch.float64 is not one of"),
     ({"cos_dtype": None}, "rope=True needs cos_dtype"),
     ({"scale": float("nan")}, "softmax scale nan is not finite"),
+    ({"window": 0}, "window 0 needs causal=True and must be positive"),
+    ({"window": 4, "causal": False}, "window 4 needs causal=True"),
+    ({"softcap": 0.0}, "softcap 0.0 is not a positive number"),
 ])
 def test_spec_rejects_what_the_kernel_cannot_do(fields: dict, message: str) -> None:
     args = {"head_dim": 64, "dtype": torch.bfloat16, "rope": True, "has_mask": False, "causal": True,
@@ -406,12 +492,18 @@ PTX_ROPE_FORMS = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_ptx_for_sm90_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
     """RoPE + mask and RoPE + causal at head_dim 64 and 128 (and all three with fp32 tables, the
-    most registers), and the head dims and rotary forms of PTX_ROPE_FORMS with a mask and causal,
+    most registers; a sliding window; a soft cap; and Gemma2's head_dim 256 with both), and the
+    head dims and rotary forms of PTX_ROPE_FORMS with a mask and causal,
     specialized for a 1024-token prefill with 32 q / 8 kv heads."""
     specs = [
         _spec(head_dim, dtype, has_mask=has_mask, causal=not has_mask)
         for head_dim in (64, 128) for has_mask in (True, False)
-    ] + [_spec(128, dtype, has_mask=True, causal=True, cos_dtype=torch.float32)] + [
+    ] + [
+        _spec(128, dtype, has_mask=True, causal=True, cos_dtype=torch.float32),
+        _spec(128, dtype, window=4096),
+        _spec(128, dtype, softcap=50.0),
+        _spec(256, dtype, window=4096, softcap=50.0, cos_dtype=torch.float32),  # Gemma2's sizes
+    ] + [
         _spec(head_dim, dtype, has_mask=True, causal=True, rotary_dim=rotary, interleaved=interleaved)
         for head_dim, rotary, interleaved in PTX_ROPE_FORMS
     ]
@@ -421,7 +513,7 @@ def test_ptx_for_sm90_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa:
     for spec, report in zip(specs, reports, strict=True):
         blocks = attention_blocks(spec.pieces.width, dtype, 1024)
         usage = (f"head_dim {spec.head_dim} rotary {spec.rotary_dim} pairs={spec.interleaved} mask={spec.has_mask} "
-                 f"causal={spec.causal} cos {spec.cos_dtype}: "
+                 f"causal={spec.causal} window={spec.window} softcap={spec.softcap} cos {spec.cos_dtype}: "
                  f"{report.registers} registers, {report.spills} B spilled, {report.shared_memory} B shared")
         assert report.registers > 0 and report.spills == 0, usage
         assert report.shared_memory <= H100_SHARED_MEMORY, usage

@@ -65,6 +65,39 @@ CASES = {
         "tensor<5x96xf32>, tensor<96xf32>) -> (tensor<5x96xf32>, tensor<5x96xf32>)",
         0,
     ),
+    "layer_norm_bf16": (
+        f"{X_BF16}, %w: tensor<96xbf16>, %b: tensor<96xbf16>",
+        "ad.layer_norm %x weight %w bias %b eps 1.0e-05 : (tensor<5x96xbf16> weight tensor<96xbf16> bias tensor<96xbf16>) "
+        "-> tensor<5x96xbf16>",
+        1,
+    ),
+    "layer_norm_mixed_bf16": (
+        "%x: tensor<5x200xbf16>, %w: tensor<200xf32>, %b: tensor<200xf32>",
+        "ad.layer_norm %x weight %w bias %b eps 1.0e-05 : (tensor<5x200xbf16> weight tensor<200xf32> bias tensor<200xf32>) "
+        "-> tensor<5x200xbf16>",
+        1,
+    ),
+    "layer_norm_weight_only_f32": (
+        "%x: tensor<5x200xf32>, %w: tensor<200xf32>",
+        "ad.layer_norm %x weight %w eps 1.0e-06 : (tensor<5x200xf32> weight tensor<200xf32>) -> tensor<5x200xf32>",
+        0,
+    ),
+    "layer_norm_no_affine_bf16": (
+        X_BF16, "ad.layer_norm %x eps 1.0e-05 : (tensor<5x96xbf16>) -> tensor<5x96xbf16>", 1,
+    ),
+    "layer_norm_long_row_f32": (
+        "%x: tensor<3x8200xf32>, %w: tensor<8200xf32>, %b: tensor<8200xf32>",
+        "ad.layer_norm %x weight %w bias %b eps 1.0e-05 : (tensor<3x8200xf32> weight tensor<8200xf32> "
+        "bias tensor<8200xf32>) "
+        "-> tensor<3x8200xf32>",
+        0,
+    ),
+    "add_layer_norm_f32": (
+        f"{X_F32}, %r: tensor<5x96xf32>, %w: tensor<96xf32>, %b: tensor<96xf32>",
+        "ad.add_layer_norm %x, %r weight %w bias %b eps 1.0e-05 : (tensor<5x96xf32>, tensor<5x96xf32> "
+        "weight tensor<96xf32> bias tensor<96xf32>) -> (tensor<5x96xf32>, tensor<5x96xf32>)",
+        0,
+    ),
     "silu_and_mul_bf16": (
         f"{X_BF16}, %u: tensor<5x96xbf16>",
         "ad.silu_and_mul %x, %u : (tensor<5x96xbf16>, tensor<5x96xbf16>) -> tensor<5x96xbf16>",
@@ -75,6 +108,30 @@ CASES = {
         "ad.silu_and_mul %x, %u : (tensor<5x7xf32>, tensor<5x7xf32>) -> tensor<5x7xf32>",
         0,
     ),
+    **{
+        # gelu, then the product: two bf16 roundings; an intermediate size of 200 and one like
+        # Llama-7B's 2752-wide shards (neither a power of two)
+        f"gelu_{name}_and_mul_{element}_{shape}": (
+            f"%x: tensor<{shape}x{element}>, %u: tensor<{shape}x{element}>",
+            f"ad.gelu_and_mul %x, %u{approximate} : (tensor<{shape}x{element}>, tensor<{shape}x{element}>) -> "
+            f"tensor<{shape}x{element}>",
+            2 if element == "bf16" else 0,
+        )
+        for name, approximate in (("tanh", ' approximate "tanh"'), ("erf", ""))
+        for element, shape in (("bf16", "3x200"), ("f32", "5x7"), ("bf16", "2x2752"))
+    },
+    **{
+        # the activation rounds once in bf16 (the kernel tests make the bias add exact: _kernel_inputs)
+        f"activation_{kind}{'_bias' if bias else ''}_{element}": (
+            f"%x: tensor<3x200x{element}>" + (f", %b: tensor<200x{element}>" if bias else ""),
+            f'ad.activation "{kind}" %x' + (" bias %b" if bias else "")
+            + f" : (tensor<3x200x{element}>" + (f", tensor<200x{element}>" if bias else "")
+            + f") -> tensor<3x200x{element}>",
+            1 if element == "bf16" else 0,
+        )
+        for kind in ad.ACTIVATIONS
+        for bias, element in ((True, "bf16"), (False, "f32"))
+    },
 }
 
 
@@ -96,6 +153,18 @@ def _inputs(op: ad.KernelOp) -> list[torch.Tensor]:
     ]
 
 
+def _kernel_inputs(op: ad.KernelOp) -> list[torch.Tensor]:
+    """`_inputs`, but an activation's input and bias are eighths below 16 in magnitude, so
+    that their sum is exact in bf16: the interpreter's truncating conversion to bf16
+    (DESIGN.md) would otherwise move the activation's input by an ulp, which an activation
+    can magnify without bound relative to its output (GELU where it nears 0 on the left).
+    The decomposition test checks the rounding of the sum with general inputs."""
+    inputs = _inputs(op)
+    if isinstance(op, ad.ActivationOp) and op.bias is not None:
+        inputs = [(t.float() * 4).round().clamp(-63, 63).div(8).to(t.dtype) for t in inputs]
+    return inputs
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_decomposition_is_the_reference(case: str) -> None:
     op = _op(case)
@@ -111,15 +180,62 @@ def test_decomposition_is_the_reference(case: str) -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernel_matches_the_reference(case: str, tmp_path) -> None:
     op = _op(case)
-    inputs = _inputs(op)
+    inputs = _kernel_inputs(op)
     kernel = region_kernel(op, KernelCache(tmp_path))
-    assert kernel.name.startswith(op.name.removeprefix("ad.") + "_")
+    assert kernel.name.startswith(op.kernel_label() + "_")
     assert type(kernel.cached.jit_function).__name__ == "InterpretedFunction", "the real kernel must run"
     got = kernel.run(*kernel.split_inputs(inputs))
     roundings = CASES[case][2]
     for out, expected in zip(got, run_op(op, inputs), strict=True):
         assert out.dtype == expected.dtype and out.shape == expected.shape
         torch.testing.assert_close(out.float(), expected.float(), rtol=1.3e-6 + roundings * 2.0**-7, atol=1e-5)
+
+
+def test_add_layer_norm_kernel_bf16_normalizes_the_sum_it_writes(tmp_path) -> None:
+    """bf16 add + LayerNorm: the sum is rounded to bf16 before it is normalized (as in torch).
+    The interpreter truncates that rounding (one bf16 ulp of the sum), and centering turns it
+    into an absolute error of up to an ulp of max|sum| / std on every output, not a relative
+    one. So each result is checked against the reference of its own input: the sum against
+    `x + r` (one rounding), the normalized value against the reference LayerNorm of the sum
+    the kernel wrote (the output's own rounding)."""
+    args = "%x: tensor<5x96xbf16>, %r: tensor<5x96xbf16>, %w: tensor<96xbf16>, %b: tensor<96xbf16>"
+    op = _parse_op(args, "ad.add_layer_norm %x, %r weight %w bias %b eps 1.0e-05 : (tensor<5x96xbf16>, "
+                   "tensor<5x96xbf16> weight tensor<96xbf16> bias tensor<96xbf16>) -> (tensor<5x96xbf16>, "
+                   "tensor<5x96xbf16>)")
+    x, r, w, b = inputs = _inputs(op)
+    kernel = region_kernel(op, KernelCache(tmp_path))
+    assert type(kernel.cached.jit_function).__name__ == "InterpretedFunction", "the real kernel must run"
+    normed, total = kernel.run(*kernel.split_inputs(inputs))
+    expected_total = run_op(op, inputs)[1]
+    assert normed.dtype == total.dtype == torch.bfloat16
+    torch.testing.assert_close(total.float(), expected_total.float(), rtol=2.0**-7, atol=0)
+    own = torch.ops.ad_mlir.layer_norm(total, w, b, 1e-5)
+    torch.testing.assert_close(normed.float(), own.float(), rtol=1.3e-6 + 2.0**-7, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("affine", ["weight_bias", "none", "weight", "bias", "one_plus_weight", "fp32_weight_bias"])
+def test_layer_norm_reference_is_torchs_layer_norm(dtype: torch.dtype, affine: str) -> None:
+    """`torch.ops.ad_mlir.layer_norm` (the op's meaning, and what the kernel computes) against
+    `F.layer_norm` itself: the same fp32 math and the one rounding at the end; only the order of
+    the row sums differs (torch's CPU kernel accumulates its own way). So fp32 agrees to
+    torch.testing's tolerance and bf16 to one bf16 rounding (2^-8 relative: both round to
+    nearest, so a result on a rounding boundary can go either way). `one_plus_weight` is
+    Nemotron's LayerNorm1P: `w + 1` in the weight's dtype is the weight."""
+    generator = torch.Generator().manual_seed(1)
+    x = (torch.randn(7, 200, generator=generator) * 3 + 1).to(dtype)
+    w, b = (torch.randn(200, generator=generator).to(dtype) for _ in range(2))
+    weight, bias = {
+        "weight_bias": (w, b), "none": (None, None), "weight": (w, None), "bias": (None, b),
+        "one_plus_weight": (w + 1, b), "fp32_weight_bias": (w.float(), b.float()),
+    }[affine]
+    got = torch.ops.ad_mlir.layer_norm(x, weight, bias, 1e-5)
+    expected = torch.nn.functional.layer_norm(x, (200,), weight, bias, 1e-5)
+    assert got.dtype == expected.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected)
+    else:
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2.0**-8, atol=1e-5)
 
 
 ROPE = (
@@ -250,6 +366,23 @@ def test_a_compiled_graph_calling_multi_result_reference_ops_imports() -> None:
         assert torch.equal(got.float(), want.float())
 
 
+def test_a_compiled_graph_calling_mlp_activation_reference_ops_imports() -> None:
+    """`torch.ops.ad_mlir.gelu_and_mul` / `.activation` import as their ops, with their
+    approximation and kind, and evaluate as torch does."""
+
+    class Calls(torch.nn.Module):
+        def forward(self, g: torch.Tensor, u: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (torch.ops.ad_mlir.gelu_and_mul(g, u, "tanh"), torch.ops.ad_mlir.activation(g, b, "relu2"),
+                    torch.ops.ad_mlir.activation(u, None, "gelu"))
+
+    args = (torch.randn(3, 16), torch.randn(3, 16), torch.randn(16))
+    program = import_program(torch.export.export(Calls(), args))
+    ops = [op for op in program.function.body.block.ops if isinstance(op, ad.KernelOp)]
+    assert [op.kernel_label() for op in ops] == ["gelu_tanh_and_mul", "bias_relu2", "gelu"]
+    for got, want in zip(evaluate(program.module, program.weights, list(args)), Calls()(*args), strict=True):
+        assert torch.equal(got, want)
+
+
 def _with_special_values(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The first input with NaN, +-inf and a huge value (its square overflows) in its first rows."""
     x = inputs[0].clone()
@@ -270,13 +403,25 @@ def test_kernel_keeps_nan_inf_and_huge_values_like_the_reference(case: str, tmp_
     """A row holding NaN, inf or a value whose square overflows comes out as the reference's
     (NaN where torch has NaN), and the other rows are untouched by it."""
     op = _op(case)
-    inputs = _with_special_values(_inputs(op))
+    inputs = _with_special_values(_kernel_inputs(op))
     kernel = region_kernel(op, KernelCache(tmp_path))
     got = kernel.run(*kernel.split_inputs(inputs))
     roundings = CASES[case][2]
-    for out, expected in zip(got, run_op(op, inputs), strict=True):
+    for out, expected in zip(got, _special_values_reference(op, inputs), strict=True):
         torch.testing.assert_close(out.float(), expected.float(), rtol=1.3e-6 + roundings * 2.0**-7, atol=1e-5,
                                    equal_nan=True)
+
+
+def _special_values_reference(op: ad.KernelOp, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The reference, except for erf GELU, which runs in float64 (then cast): torch's vectorized
+    CPU erf-GELU gives NaN for +inf and inf for values near the float max, where its scalar
+    path, float64 and the math give inf and the value itself (as the kernel does)."""
+    erf_gelu = (isinstance(op, ad.GeluAndMulOp) and op.kernel_label() == "gelu_and_mul") or (
+        isinstance(op, ad.ActivationOp) and op.kind.data == "gelu")
+    if not erf_gelu:
+        return run_op(op, inputs)
+    wide = run_op(op, [t.double() for t in inputs])
+    return [r.to(torch_dtype(v.type)) for r, v in zip(wide, op.results, strict=True)]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

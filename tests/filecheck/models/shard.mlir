@@ -49,10 +49,10 @@
 // CHECK-NEXT: func.return %[[LOGITS]]
 
 // The fusions fire on the local shapes: Q/K/V and gate/up concatenate the local shards, RoPE +
-// repeat_kv + SDPA become one rope_attention over 2 query and 1 key/value head, the reduced
-// o_proj/down_proj results feed add + RMSNorm.
+// repeat_kv + SDPA become one causal rope_attention (HF's causal mask dropped) over 2 query and
+// 1 key/value head, the reduced o_proj/down_proj results feed add + RMSNorm.
 // FUSED:      ad.cat %p_model_layers_0_self_attn_q_proj_weight, %p_model_layers_0_self_attn_k_proj_weight, %p_model_layers_0_self_attn_v_proj_weight dim 0 : (tensor<64x128xf32>, tensor<32x128xf32>, tensor<32x128xf32>) -> tensor<128x128xf32>
-// FUSED:      ad.rope_attention {{.*}} : (tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32>, tensor<1x1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x32xf32>
+// FUSED:      ad.rope_attention {{.*}} causal scale {{.*}} : (tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32>, tensor<1x1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32>
 // FUSED:      %[[O:.*]] = ad.linear %{{.*}}, %p_model_layers_0_self_attn_o_proj_weight : (tensor<1x?x64xf32>, tensor<128x64xf32>) -> tensor<1x?x128xf32>
 // FUSED-NEXT: %[[OR:.*]] = ad.all_reduce %[[O]]
 // FUSED-NEXT: %[[OW:.*]] = ad.wait_tensor %[[OR]]

@@ -398,3 +398,408 @@ func.func @head_too_wide(%q: tensor<1x4x?x256xf32>, %k: tensor<1x4x?x256xf32>, %
   %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x256xf32>, tensor<1x4x?x256xf32>, tensor<1x4x?x256xf32>) -> tensor<1x4x?x256xf32>
   func.return %o : tensor<1x4x?x256xf32>
 }
+
+// -----
+
+// HF's causal mask, computed from the positions 0 .. seq-1 of the input ids: the op masks
+// causally instead, and the mask's computation is gone.
+// CHECK-LABEL: func.func @causal
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin causal scale 1.250000e-01 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @causal(%q: tensor<1x2x?x32xf32>, %k: tensor<1x2x?x32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x32xf32> {
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %allowed = ad.le %cols, %rows : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %q, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %q dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %k, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %k dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v mask %mask scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// A sliding window of 4 keys (Mistral's mask): causal with window 4, the mask gone.
+// CHECK-LABEL: func.func @window
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin causal window 4 scale 1.250000e-01 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @window(%q: tensor<1x2x?x32xf32>, %k: tensor<1x2x?x32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x32xf32> {
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %w = ad.constant 4 : i64
+  %lo = ad.sub %rows, %w : tensor<?x1xi64>, i64 -> tensor<?x1xi64>
+  %near = ad.gt %cols, %lo : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %causal = ad.le %cols, %rows : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %allowed = ad.logical_and %causal, %near : tensor<?x?xi1>, tensor<?x?xi1> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %q, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %q dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %k, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %k dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v mask %mask scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// The same window as an additive float mask (0 / -inf, as eager attention adds it): the
+// template takes no float mask, but it needs none.
+// CHECK-LABEL: func.func @additive_window
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin causal window 4 scale 1.250000e-01 :
+// CHECK-NEXT:    func.return %[[O]]
+func.func @additive_window(%q: tensor<1x2x?x32xf32>, %k: tensor<1x2x?x32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x32xf32> {
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %w = ad.constant 4 : i64
+  %lo = ad.sub %rows, %w : tensor<?x1xi64>, i64 -> tensor<?x1xi64>
+  %near = ad.gt %cols, %lo : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %causal = ad.le %cols, %rows : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %allowed = ad.logical_and %causal, %near : tensor<?x?xi1>, tensor<?x?xi1> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mb = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %ninf = ad.constant 0xFFF0000000000000 : f64
+  %mask = ad.where %mb, %zero, %ninf : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xf32>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %q, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %q dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %k, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %k dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v mask %mask scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x1x?x?xf32>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// A causal mask computed from a position_ids input stays an operand: the graph may be given
+// positions that are not 0 .. seq-1 (packed sequences), where HF's mask is not causal.
+// CHECK-LABEL: func.func @from_position_ids
+// CHECK:         %allowed = ad.le %cols, %rows
+// CHECK:         ad.rope_attention %q, %k, %v rope %cos, %sin mask %mask scale 1.250000e-01 :
+func.func @from_position_ids(%q: tensor<1x2x?x32xf32>, %k: tensor<1x2x?x32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x32xf32> {
+  %pos = ad.squeeze %position_ids dim [0] : tensor<1x?xi64> -> tensor<?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %allowed = ad.le %cols, %rows : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %q, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %q dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %k, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %k dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v mask %mask scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// Neither causal nor a window (keys more than 4 back only): the mask stays an operand.
+// CHECK-LABEL: func.func @not_causal
+// CHECK:         %allowed = ad.logical_not %near
+// CHECK:         ad.rope_attention %q, %k, %v rope %cos, %sin mask %mask scale 1.250000e-01 :
+func.func @not_causal(%q: tensor<1x2x?x32xf32>, %k: tensor<1x2x?x32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x32xf32> {
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %w = ad.constant 4 : i64
+  %lo = ad.sub %rows, %w : tensor<?x1xi64>, i64 -> tensor<?x1xi64>
+  %near = ad.gt %cols, %lo : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %allowed = ad.logical_not %near : tensor<?x?xi1> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %q, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %q dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %k, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %k dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v mask %mask scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// A window of 100000 keys would show only in a mask of 100064 x 100064 values: the mask is not
+// evaluated and stays an operand (a window that long can matter only past 100000 tokens, where
+// causal masking alone would be wrong).
+// CHECK-LABEL: func.func @window_too_long_to_evaluate
+// CHECK:         %w = ad.constant 100000 : i64
+// CHECK:         ad.rope_attention %q, %k, %v rope %cos, %sin mask %mask scale 1.250000e-01 :
+func.func @window_too_long_to_evaluate(%q: tensor<1x2x?x32xf32>, %k: tensor<1x2x?x32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x32xf32> {
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %w = ad.constant 100000 : i64
+  %lo = ad.sub %rows, %w : tensor<?x1xi64>, i64 -> tensor<?x1xi64>
+  %near = ad.gt %cols, %lo : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %causal = ad.le %cols, %rows : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %allowed = ad.logical_and %causal, %near : tensor<?x?xi1>, tensor<?x?xi1> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %q, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %q dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %k, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %k dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v mask %mask scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// HF's eager soft-capped attention (Gemma2, bf16): RoPE on q and k, repeat_kv of k and v, the
+// scores scaled, soft-capped (x / 50, tanh, * 50), plus an additive sliding-window mask (0 / the
+// dtype's lowest) computed from the input ids' positions, softmax in f32 cast back, times v:
+// one rope_attention with `softcap` and `window`; the chain and the mask are gone.
+// CHECK-LABEL: func.func @gemma2_eager
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin causal window 4 softcap 5.000000e+01 scale 6.250000e-02 : (tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) -> tensor<1x2x?x32xbf16>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @gemma2_eager(%q: tensor<1x2x?x32xbf16>, %k: tensor<1x1x?x32xbf16>, %v: tensor<1x1x?x32xbf16>, %cos: tensor<1x?x32xbf16>, %sin: tensor<1x?x32xbf16>, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x32xbf16> {
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %w = ad.constant 4 : i64
+  %lo = ad.sub %rows, %w : tensor<?x1xi64>, i64 -> tensor<?x1xi64>
+  %near = ad.gt %cols, %lo : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %causal = ad.le %cols, %rows : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %allowed = ad.logical_and %causal, %near : tensor<?x?xi1>, tensor<?x?xi1> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mb = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %lowest = ad.constant -3.3895313892515355e+38 : f64
+  %mask = ad.where %mb, %zero, %lowest : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xbf16>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %qc = ad.mul %q, %cu : tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x2x?x32xbf16> -> tensor<1x2x?x16xbf16>
+  %q2 = ad.slice %q dim 3 [16, 32, 1] : tensor<1x2x?x32xbf16> -> tensor<1x2x?x16xbf16>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xbf16> -> tensor<1x2x?x16xbf16>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xbf16>, tensor<1x2x?x16xbf16>) -> tensor<1x2x?x32xbf16>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xbf16>, tensor<1x2x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %kc = ad.mul %k, %cu : tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x1x?x32xbf16> -> tensor<1x1x?x16xbf16>
+  %k2 = ad.slice %k dim 3 [16, 32, 1] : tensor<1x1x?x32xbf16> -> tensor<1x1x?x16xbf16>
+  %kn = ad.neg %k2 : tensor<1x1x?x16xbf16> -> tensor<1x1x?x16xbf16>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x1x?x16xbf16>, tensor<1x1x?x16xbf16>) -> tensor<1x1x?x32xbf16>
+  %ks = ad.mul %kr, %su : tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %ke = ad.add %kc, %ks : tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %ku = ad.unsqueeze %ke dim 2 : tensor<1x1x?x32xbf16> -> tensor<1x1x1x?x32xbf16>
+  %kx = ad.expand %ku [1, 1, 2, %n, 32] : tensor<1x1x1x?x32xbf16> -> tensor<1x1x2x?x32xbf16>
+  %krep = ad.reshape %kx [1, 2, %n, 32] : tensor<1x1x2x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %vu = ad.unsqueeze %v dim 2 : tensor<1x1x?x32xbf16> -> tensor<1x1x1x?x32xbf16>
+  %vx = ad.expand %vu [1, 1, 2, %n, 32] : tensor<1x1x1x?x32xbf16> -> tensor<1x1x2x?x32xbf16>
+  %vrep = ad.reshape %vx [1, 2, %n, 32] : tensor<1x1x2x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %kt = ad.transpose %krep 2, 3 : tensor<1x2x?x32xbf16> -> tensor<1x2x32x?xbf16>
+  %s = ad.matmul %qe, %kt : (tensor<1x2x?x32xbf16>, tensor<1x2x32x?xbf16>) -> tensor<1x2x?x?xbf16>
+  %scaling = ad.constant 6.250000e-02 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %cap = ad.constant 5.000000e+01 : f64
+  %d = ad.div %scaled, %cap : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %t = ad.tanh %d : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %capped = ad.mul %t, %cap : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %masked = ad.add %capped, %mask : tensor<1x2x?x?xbf16>, tensor<1x1x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %p = ad.softmax %masked dim -1 dtype f32 : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xf32>
+  %pc = ad.cast %p : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xbf16>
+  %o = ad.matmul %pc, %vrep : (tensor<1x2x?x?xbf16>, tensor<1x2x?x32xbf16>) -> tensor<1x2x?x32xbf16>
+  func.return %o : tensor<1x2x?x32xbf16>
+}
+
+// -----
+
+// The same after optimize-rope (q and k rotated by one ad.rope): the op applies that RoPE.
+// CHECK-LABEL: func.func @gemma2_eager_after_optimize_rope
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin causal window 4 softcap 5.000000e+01 scale 6.250000e-02 :
+// CHECK-NEXT:    func.return %[[O]]
+func.func @gemma2_eager_after_optimize_rope(%q: tensor<1x2x?x32xbf16>, %k: tensor<1x1x?x32xbf16>, %v: tensor<1x1x?x32xbf16>, %cos: tensor<1x?x32xbf16>, %sin: tensor<1x?x32xbf16>, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x32xbf16> {
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %w = ad.constant 4 : i64
+  %lo = ad.sub %rows, %w : tensor<?x1xi64>, i64 -> tensor<?x1xi64>
+  %near = ad.gt %cols, %lo : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %causal = ad.le %cols, %rows : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %allowed = ad.logical_and %causal, %near : tensor<?x?xi1>, tensor<?x?xi1> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mb = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %lowest = ad.constant -3.3895313892515355e+38 : f64
+  %mask = ad.where %mb, %zero, %lowest : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xbf16>
+  %qe, %ke = ad.rope %q, %k rope %cos, %sin : (tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) -> (tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16>)
+  %ku = ad.unsqueeze %ke dim 2 : tensor<1x1x?x32xbf16> -> tensor<1x1x1x?x32xbf16>
+  %kx = ad.expand %ku [1, 1, 2, %n, 32] : tensor<1x1x1x?x32xbf16> -> tensor<1x1x2x?x32xbf16>
+  %krep = ad.reshape %kx [1, 2, %n, 32] : tensor<1x1x2x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %vu = ad.unsqueeze %v dim 2 : tensor<1x1x?x32xbf16> -> tensor<1x1x1x?x32xbf16>
+  %vx = ad.expand %vu [1, 1, 2, %n, 32] : tensor<1x1x1x?x32xbf16> -> tensor<1x1x2x?x32xbf16>
+  %vrep = ad.reshape %vx [1, 2, %n, 32] : tensor<1x1x2x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %kt = ad.transpose %krep 2, 3 : tensor<1x2x?x32xbf16> -> tensor<1x2x32x?xbf16>
+  %s = ad.matmul %qe, %kt : (tensor<1x2x?x32xbf16>, tensor<1x2x32x?xbf16>) -> tensor<1x2x?x?xbf16>
+  %scaling = ad.constant 6.250000e-02 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %cap = ad.constant 5.000000e+01 : f64
+  %d = ad.div %scaled, %cap : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %t = ad.tanh %d : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %capped = ad.mul %t, %cap : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %masked = ad.add %capped, %mask : tensor<1x2x?x?xbf16>, tensor<1x1x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %p = ad.softmax %masked dim -1 dtype f32 : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xf32>
+  %pc = ad.cast %p : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xbf16>
+  %o = ad.matmul %pc, %vrep : (tensor<1x2x?x?xbf16>, tensor<1x2x?x32xbf16>) -> tensor<1x2x?x32xbf16>
+  func.return %o : tensor<1x2x?x32xbf16>
+}
+
+// -----
+
+// The mask comes from a position_ids input: it cannot be dropped, and the template takes no
+// additive mask, so the eager chain stays (insert-cached-attention takes it for generation).
+// CHECK-LABEL: func.func @gemma2_eager_mask_from_position_ids
+// CHECK-NOT:     ad.rope_attention
+// CHECK:         %t = ad.tanh %d
+// CHECK:         %p = ad.softmax %masked
+// CHECK:         %o = ad.matmul %pc, %vrep
+func.func @gemma2_eager_mask_from_position_ids(%q: tensor<1x2x?x32xbf16>, %k: tensor<1x1x?x32xbf16>, %v: tensor<1x1x?x32xbf16>, %cos: tensor<1x?x32xbf16>, %sin: tensor<1x?x32xbf16>, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x32xbf16> {
+  %pos = ad.squeeze %position_ids dim [0] : tensor<1x?xi64> -> tensor<?xi64>
+  %n = ad.sym_size %position_ids dim 1 : tensor<1x?xi64>
+  %rows = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %cols = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %w = ad.constant 4 : i64
+  %lo = ad.sub %rows, %w : tensor<?x1xi64>, i64 -> tensor<?x1xi64>
+  %near = ad.gt %cols, %lo : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %causal = ad.le %cols, %rows : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %allowed = ad.logical_and %causal, %near : tensor<?x?xi1>, tensor<?x?xi1> -> tensor<?x?xi1>
+  %m3 = ad.unsqueeze %allowed dim 0 : tensor<?x?xi1> -> tensor<1x?x?xi1>
+  %mb = ad.unsqueeze %m3 dim 0 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %lowest = ad.constant -3.3895313892515355e+38 : f64
+  %mask = ad.where %mb, %zero, %lowest : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xbf16>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %qc = ad.mul %q, %cu : tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x2x?x32xbf16> -> tensor<1x2x?x16xbf16>
+  %q2 = ad.slice %q dim 3 [16, 32, 1] : tensor<1x2x?x32xbf16> -> tensor<1x2x?x16xbf16>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xbf16> -> tensor<1x2x?x16xbf16>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xbf16>, tensor<1x2x?x16xbf16>) -> tensor<1x2x?x32xbf16>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xbf16>, tensor<1x2x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %kc = ad.mul %k, %cu : tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x1x?x32xbf16> -> tensor<1x1x?x16xbf16>
+  %k2 = ad.slice %k dim 3 [16, 32, 1] : tensor<1x1x?x32xbf16> -> tensor<1x1x?x16xbf16>
+  %kn = ad.neg %k2 : tensor<1x1x?x16xbf16> -> tensor<1x1x?x16xbf16>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x1x?x16xbf16>, tensor<1x1x?x16xbf16>) -> tensor<1x1x?x32xbf16>
+  %ks = ad.mul %kr, %su : tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %ke = ad.add %kc, %ks : tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16> -> tensor<1x1x?x32xbf16>
+  %ku = ad.unsqueeze %ke dim 2 : tensor<1x1x?x32xbf16> -> tensor<1x1x1x?x32xbf16>
+  %kx = ad.expand %ku [1, 1, 2, %n, 32] : tensor<1x1x1x?x32xbf16> -> tensor<1x1x2x?x32xbf16>
+  %krep = ad.reshape %kx [1, 2, %n, 32] : tensor<1x1x2x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %vu = ad.unsqueeze %v dim 2 : tensor<1x1x?x32xbf16> -> tensor<1x1x1x?x32xbf16>
+  %vx = ad.expand %vu [1, 1, 2, %n, 32] : tensor<1x1x1x?x32xbf16> -> tensor<1x1x2x?x32xbf16>
+  %vrep = ad.reshape %vx [1, 2, %n, 32] : tensor<1x1x2x?x32xbf16> -> tensor<1x2x?x32xbf16>
+  %kt = ad.transpose %krep 2, 3 : tensor<1x2x?x32xbf16> -> tensor<1x2x32x?xbf16>
+  %s = ad.matmul %qe, %kt : (tensor<1x2x?x32xbf16>, tensor<1x2x32x?xbf16>) -> tensor<1x2x?x?xbf16>
+  %scaling = ad.constant 6.250000e-02 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %cap = ad.constant 5.000000e+01 : f64
+  %d = ad.div %scaled, %cap : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %t = ad.tanh %d : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %capped = ad.mul %t, %cap : tensor<1x2x?x?xbf16>, f64 -> tensor<1x2x?x?xbf16>
+  %masked = ad.add %capped, %mask : tensor<1x2x?x?xbf16>, tensor<1x1x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %p = ad.softmax %masked dim -1 dtype f32 : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xf32>
+  %pc = ad.cast %p : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xbf16>
+  %o = ad.matmul %pc, %vrep : (tensor<1x2x?x?xbf16>, tensor<1x2x?x32xbf16>) -> tensor<1x2x?x32xbf16>
+  func.return %o : tensor<1x2x?x32xbf16>
+}

@@ -1,0 +1,127 @@
+"""What an attention mask HF builds is, found by running its computation.
+
+HF computes the mask inside the graph from the token positions (`create_causal_mask`,
+`create_sliding_window_causal_mask`: comparisons of key and query positions, packed-sequence
+checks, `where` into an additive float mask). The passes that replace it by masking inside a
+kernel (`fuse-rope-attention`, `insert-cached-attention`) run that computation with the
+reference semantics at a known length and compare the result with the masks the kernels
+build: causal, or causal within a sliding window of the last W keys. Anything else is a
+`MaskError` saying what the mask is, and the mask stays (or the pass refuses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, IntegerType
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, SSAValue
+
+
+class MaskError(Exception):
+    """The mask is not one the kernels can build (the message says what it is instead)."""
+
+
+class NotCausalWindow(MaskError):
+    """The mask is boolean or additive, one for every row and head, but neither causal nor a
+    causal sliding window."""
+
+
+def backward_slice(value: SSAValue) -> tuple[list[Operation], set[BlockArgument]]:
+    """The ops `value` is computed by (program order) and the function arguments they read."""
+    ops: set[Operation] = set()
+    args: set[BlockArgument] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, BlockArgument):
+            args.add(v)
+        elif v.owner not in ops:
+            ops.add(v.owner)
+            stack += list(v.owner.operands)
+    block = value.owner.parent_block() if isinstance(value.owner, Operation) else value.owner
+    assert isinstance(block, Block)
+    return [o for o in block.ops if o in ops], args
+
+
+def input_name(fn: func.FuncOp, arg: BlockArgument) -> str | None:
+    """The user input an argument of `fn` stands for (`ad.input`), None for a weight."""
+    from ad_mlir.dialects import ad
+
+    attrs = fn.arg_attrs.data[arg.index].data if fn.arg_attrs else {}
+    return attrs[ad.INPUT_ATTR].data if ad.INPUT_ATTR in attrs else None
+
+
+def evaluate(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The mask computed from `inputs` (user input name -> value); a mask that reads anything
+    else (a padding mask, a weight) is a MaskError."""
+    from ad_mlir.runtime.reference import run_op
+
+    ops, args = backward_slice(mask)
+    env: dict[SSAValue, object] = {}
+    for arg in args:
+        name = input_name(fn, arg)
+        if name not in inputs:
+            raise MaskError(f"its attention mask reads %{arg.name_hint}, not only the token positions: it cannot be "
+                            "replaced by causal masking")
+        env[arg] = inputs[name]
+    with torch.no_grad():
+        for op in ops:
+            env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
+    return env[mask]
+
+
+def attended(mask: torch.Tensor) -> torch.Tensor:
+    """An evaluated mask as booleans (True: attended). An additive float mask attends where it
+    adds 0 and masks where it adds a very negative number (HF adds the dtype's lowest)."""
+    if mask.dtype == torch.bool:
+        return mask
+    if not mask.is_floating_point():
+        raise MaskError(f"its attention mask is {mask.dtype}, neither boolean nor additive float")
+    masked = mask <= torch.finfo(mask.dtype).min / 2
+    if not torch.all(masked | (mask == 0)):
+        raise MaskError("its additive attention mask holds values other than 0 and a very negative number (it is "
+                        "not only a causal mask)")
+    return ~masked
+
+
+def causal_window(mask: torch.Tensor) -> int | None:
+    """For an evaluated mask of n queries x n keys (any leading dims, broadcast): None when it
+    is causal, W when it is causal within a sliding window of W < n keys (key j seen by query
+    i when i - W < j <= i); a MaskError otherwise."""
+    mask = attended(mask)
+    n = mask.shape[-1]
+    rows, cols = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    mask = mask.broadcast_to((*mask.shape[:-2], n, n)).reshape(-1, n, n)
+    if not all(torch.equal(m, mask[0]) for m in mask):
+        raise MaskError("its attention mask is not one mask for every row and head")
+    window = int(mask[0][-1].sum())
+    if not torch.equal(mask[0], (cols <= rows) & (cols > rows - window)):
+        raise NotCausalWindow("its attention mask is neither causal nor a causal sliding window")
+    return None if window == n else window
+
+
+def largest_integer(ops: Iterable[Operation]) -> int:
+    """The largest magnitude of an integer the ops hold (constants, integer arguments): a
+    window or offset a mask's computation compares positions with is one of them."""
+    def integers(attr: Attribute) -> Iterable[int]:
+        if isinstance(attr, IntegerAttr) and attr.type != IntegerType(1):
+            yield abs(attr.value.data)
+        elif isinstance(attr, ArrayAttr):
+            for a in attr.data:
+                yield from integers(a)
+        elif isinstance(attr, DictionaryAttr):
+            for a in attr.data.values():
+                yield from integers(a)
+
+    return max((i for op in ops for a in [*op.properties.values(), *op.attributes.values()] for i in integers(a)),
+               default=0)
+
+
+def erase_computation(mask: SSAValue, erase: Callable[[Operation], None]) -> None:
+    """Erase the ops that computed `mask` once nothing uses them (`mask` itself must have lost
+    its users): opaque torch ops (diff, cumsum, index) too, which DCE keeps."""
+    for dead in reversed(backward_slice(mask)[0]):
+        if all(not r.uses for r in dead.results):
+            erase(dead)

@@ -1,0 +1,38 @@
+// fuse-rope-attention on tiny HF models (default pipeline, bf16): the attention masks HF builds
+// from the positions become the op's own masking. Mistral's sliding window (its config's 4096)
+// becomes `causal window 4096` and Llama's causal mask `causal`; nothing of their computation
+// (position comparisons, packed-sequence checks) is left. Gemma2's eager soft-capped attention
+// (matmul, * 256^-0.5, / 50, tanh, * 50, + additive mask, softmax, matmul) is one rope_attention
+// with softcap 50, in layer 0 (a sliding layer) with window 4096: no matmul, no exp is left.
+// RUN: ad-opt --model mistral --layers 2 --dtype bfloat16 -p default | filecheck %s --check-prefix=WINDOW
+// RUN: ad-opt --model llama --layers 2 --dtype bfloat16 -p default | filecheck %s --check-prefix=CAUSAL
+// RUN: ad-opt --model gemma2 --layers 2 -p default | filecheck %s --check-prefix=GEMMA2
+
+// WINDOW:      func.func @forward
+// WINDOW-NOT:  aten.diff
+// WINDOW-NOT:  aten.cumsum
+// WINDOW-NOT:  aten.index
+// WINDOW-NOT:  ad.le
+// WINDOW-NOT:  ad.gt
+// WINDOW:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal window 4096 scale 0.17677669529663689 : (tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) -> tensor<1x2x?x32xbf16>
+// WINDOW:      ad.rope_attention %{{.*}} causal window 4096 scale
+// WINDOW-NOT:  ad.rope_attention
+
+// CAUSAL:      func.func @forward
+// CAUSAL-NOT:  aten.diff
+// CAUSAL-NOT:  ad.le
+// CAUSAL:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal scale 0.17677669529663689 : (tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) -> tensor<1x2x?x32xbf16>
+// CAUSAL:      ad.rope_attention %{{.*}} causal scale
+// CAUSAL-NOT:  ad.rope_attention
+
+// GEMMA2:      func.func @forward
+// GEMMA2-NOT:  aten.diff
+// GEMMA2-NOT:  ad.matmul
+// GEMMA2-NOT:  ad.exp
+// GEMMA2:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal window 4096 softcap 5.000000e+01 scale 6.250000e-02 : (tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32>, tensor<1x1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32>
+// GEMMA2-NOT:  ad.matmul
+// GEMMA2-NOT:  ad.exp
+// GEMMA2:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal softcap 5.000000e+01 scale 6.250000e-02 :
+// GEMMA2-NOT:  ad.matmul
+// GEMMA2-NOT:  ad.exp
+// GEMMA2:      func.return
