@@ -434,7 +434,7 @@ class RopeAttentionFusion(RewritePattern):
             result_types=[output.results[0].type],
         )
         fused.location = output.location
-        rewriter.replace_op(output, fused)
+        rewriter.replace(output, fused)
         erase_dead(rewriter.erase, [*dead, *q.chain, *k.chain, *table_ops(q, k)])
         if fusion.dropped_mask is not None:
             erase_computation(fusion.dropped_mask, rewriter.erase)
