@@ -85,6 +85,11 @@ CASES = {
     "layer_norm_no_affine_bf16": (
         X_BF16, "ad.layer_norm %x eps 1.0e-05 : (tensor<5x96xbf16>) -> tensor<5x96xbf16>", 1,
     ),
+    "layer_norm_bias_only_bf16": (
+        f"{X_BF16}, %b: tensor<96xf32>",
+        "ad.layer_norm %x bias %b eps 1.0e-05 : (tensor<5x96xbf16> bias tensor<96xf32>) -> tensor<5x96xbf16>",
+        1,
+    ),
     "layer_norm_long_row_f32": (
         "%x: tensor<3x8200xf32>, %w: tensor<8200xf32>, %b: tensor<8200xf32>",
         "ad.layer_norm %x weight %w bias %b eps 1.0e-05 : (tensor<3x8200xf32> weight tensor<8200xf32> "
