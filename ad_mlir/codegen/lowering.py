@@ -118,7 +118,7 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     if isinstance(op, ad.RopeOp):
         head_dim = op.query.type.get_shape()[3]
         return rope_kernel.emit_rope_module(head_dim, torch_dtype(op.query.type), torch_dtype(op.key.type), name,
-                                            header)
+                                            header, rotary_dim(op), op.interleaved is not None)
     return region_kernel.emit_kernel_module(region, name, header)
 
 
@@ -134,6 +134,8 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
         causal=op.is_causal is not None,
         scale=op.scale.value.data,
         cos_dtype=torch_dtype(op.cos.type),
+        rotary_dim=rotary_dim(op),
+        interleaved=op.interleaved is not None,
         window=op.window.value.data if op.window is not None else None,
         softcap=op.softcap.value.data if op.softcap is not None else None,
     )
@@ -151,7 +153,14 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
         cos_dtype=torch_dtype(op.cos.type) if op.cos is not None else None,
         window=op.window.value.data if op.window is not None else None,
         softcap=op.softcap.value.data if op.softcap is not None else None,
+        rotary_dim=rotary_dim(op) if op.cos is not None else None,
+        interleaved=op.interleaved is not None,
     )
+
+
+def rotary_dim(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp) -> int:
+    """The dims of each head RoPE rotates: the tables' width (`ad.RopeAttentionOp`)."""
+    return op.cos.type.get_shape()[-1]
 
 
 def moe_spec(op: ad.MoeOp) -> MoeSpec:

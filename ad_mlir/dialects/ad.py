@@ -1295,16 +1295,33 @@ class ActivationOp(KernelOp):
         return f"bias_{self.kind.data}" if self.bias is not None else self.kind.data
 
 
+def _verify_rope_tables(op: Operation, head_dim: int) -> None:
+    """`cos`/`sin` of `op` are one [batch or 1, seq, rotary_dim] type, rotary_dim even and at
+    most `head_dim` (RoPE as `RopeAttentionOp` describes it)."""
+    t = _shape(op.cos.type)
+    if op.cos.type != op.sin.type or len(t) != 3:
+        raise VerifyException(f"{op.name} cos and sin must be one [batch or 1, seq, rotary_dim] type")
+    if t[2] == DYNAMIC_INDEX or t[2] % 2 or (head_dim != DYNAMIC_INDEX and t[2] > head_dim):
+        raise VerifyException(f"{op.name} rotary_dim (the tables' last dim) {t[2]} must be static, even and at "
+                              f"most the head_dim {head_dim}")
+
+
 @irdl_op_definition
 class RopeAttentionOp(KernelOp):
     """Scaled dot-product attention whose query and key get rotary position embedding first,
-    as HF's `apply_rotary_pos_emb` does it in the inputs' dtype: `x * cos + rotate_half(x) *
-    sin` with `cos`/`sin` [batch or 1, seq, head_dim] broadcast over heads. Query
-    [batch, heads, seq, head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query:
-    each kv head serves heads / kv_heads query heads); an optional boolean mask (True =
-    attend) and/or causal masking, causal within a sliding `window` of keys when set; with
-    `softcap`, the scores soft-capped before masking and softmax. Its kernel is a template
-    (`codegen/attention_kernel.py`)."""
+    as HF's `apply_rotary_pos_emb` does it in the inputs' dtype. Query [batch, heads, seq,
+    head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query: each kv head serves
+    heads / kv_heads query heads); an optional boolean mask (True = attend) and/or causal
+    masking, causal within a sliding `window` of keys when set; with `softcap`, the scores
+    soft-capped before masking and softmax. Its kernel is a template
+    (`codegen/attention_kernel.py`).
+
+    RoPE (here, in `ad.rope` and `ad.cached_attention`): with tables `cos`, `sin` [batch or 1,
+    seq, rotary_dim] broadcast over heads, the first rotary_dim dims of each head become
+    `x * cos + rotate(x) * sin` and the others pass unchanged (partial rotary: GPT-NeoX, Phi,
+    GLM). rotate is HF's rotate_half, `cat(-x[R/2:], x[:R/2])`, or with `interleaved` the pairs
+    (2i, 2i + 1) of GPT-J and GLM, `stack(-x[1::2], x[0::2], -1).flatten(-2)`. rotary_dim is
+    the tables' last dim (as in HF: `cos.shape[-1]`)."""
 
     name = "ad.rope_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1314,6 +1331,7 @@ class RopeAttentionOp(KernelOp):
     cos = operand_def(AdTensor)
     sin = operand_def(AdTensor)
     attn_mask = opt_operand_def(AdTensor)
+    interleaved = opt_prop_def(UnitAttr)
     is_causal = opt_prop_def(UnitAttr)
     window = opt_prop_def(IntegerAttr[I64])
     """Causal within a sliding window: key j is seen by query i only when i - window < j."""
@@ -1322,9 +1340,10 @@ class RopeAttentionOp(KernelOp):
     scale = prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
-        "$query `,` $key `,` $value `rope` $cos `,` $sin (`mask` $attn_mask^)? (`causal` $is_causal^)? "
-        "(`window` $window^)? (`softcap` $softcap^)? `scale` $scale attr-dict `:` `(` type($query) `,` type($key) "
-        "`,` type($value) `,` type($cos) `,` type($sin) (`,` type($attn_mask)^)? `)` `->` type($result)"
+        "$query `,` $key `,` $value `rope` $cos `,` $sin (`interleaved` $interleaved^)? (`mask` $attn_mask^)? "
+        "(`causal` $is_causal^)? (`window` $window^)? (`softcap` $softcap^)? "
+        "`scale` $scale attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($cos) `,` "
+        "type($sin) (`,` type($attn_mask)^)? `)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -1335,10 +1354,7 @@ class RopeAttentionOp(KernelOp):
             raise VerifyException("ad.rope_attention key and value must match the query's head_dim and each other")
         if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
             raise VerifyException(f"ad.rope_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
-        for table in (self.cos, self.sin):
-            t = _shape(table.type)
-            if len(t) != 3 or not _dims_compatible(t[2], q[3]):
-                raise VerifyException("ad.rope_attention cos/sin must be [batch or 1, seq, head_dim]")
+        _verify_rope_tables(self, q[3])
         if self.result.type != self.query.type:
             raise VerifyException("ad.rope_attention result must have the query's type")
         if self.window is not None and (self.is_causal is None or self.window.value.data < 1):
@@ -1349,21 +1365,21 @@ class RopeAttentionOp(KernelOp):
 
 @irdl_op_definition
 class RopeOp(KernelOp):
-    """HF's `apply_rotary_pos_emb` on a query and a key together: `x * cos + rotate_half(x) *
-    sin` for each, computed in their dtype, with `cos`/`sin` [batch or 1, seq, head_dim]
-    broadcast over heads. Query [batch, heads, seq, head_dim], key [batch, kv_heads, seq,
-    head_dim]. Its kernel is a template (`codegen/rope_kernel.py`): one launch for both."""
+    """HF's `apply_rotary_pos_emb` on a query and a key together (RoPE as `ad.rope_attention`
+    describes it), computed in their dtype. Query [batch, heads, seq, head_dim], key [batch, kv_heads, seq, head_dim].
+    Its kernel is a template (`codegen/rope_kernel.py`): one launch for both."""
 
     name = "ad.rope"
     query = operand_def(AdTensor)
     key = operand_def(AdTensor)
     cos = operand_def(AdTensor)
     sin = operand_def(AdTensor)
+    interleaved = opt_prop_def(UnitAttr)
     query_out = result_def(AdTensor)
     key_out = result_def(AdTensor)
     assembly_format = (
-        "$query `,` $key `rope` $cos `,` $sin attr-dict `:` `(` type($query) `,` type($key) `,` type($cos) `,` "
-        "type($sin) `)` `->` `(` type($query_out) `,` type($key_out) `)`"
+        "$query `,` $key `rope` $cos `,` $sin (`interleaved` $interleaved^)? attr-dict `:` `(` type($query) `,` "
+        "type($key) `,` type($cos) `,` type($sin) `)` `->` `(` type($query_out) `,` type($key_out) `)`"
     )
 
     def verify_op(self) -> None:
@@ -1372,8 +1388,7 @@ class RopeOp(KernelOp):
             raise VerifyException("ad.rope query/key must be [batch, heads, seq, head_dim] with one head_dim")
         if self.query_out.type != self.query.type or self.key_out.type != self.key.type:
             raise VerifyException("ad.rope results must have the query's and the key's types")
-        if self.cos.type != self.sin.type or len(_shape(self.cos.type)) != 3:
-            raise VerifyException("ad.rope cos and sin must be one [batch or 1, seq, head_dim] type")
+        _verify_rope_tables(self, q[3])
 
 
 # ------------------------------------------------------------------------------ MoE
@@ -1469,7 +1484,7 @@ class CachedAttentionOp(AdOp):
 
     Query [batch, heads, seq, head_dim] and key/value [batch, kv_heads, seq, head_dim] are the
     `seq` new tokens of each row (RoPE applied to the query and the key first, as HF's
-    `apply_rotary_pos_emb` does, when `cos`/`sin` [batch, seq, head_dim] are given). Row b uses
+    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: as `ad.rope_attention`). Row b uses
     slot `slots[b]` of `k_cache`/`v_cache` [slots, max_seq, kv_heads, head_dim], which already
     holds `starts[b]` tokens: the new key and value are written at positions starts[b] ..
     starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with
@@ -1488,12 +1503,13 @@ class CachedAttentionOp(AdOp):
     v_cache = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
     softcap = opt_prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
-        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? `cache` $k_cache `,` $v_cache `slots` $slots "
+        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? `cache` $k_cache `,` $v_cache `slots` $slots "
         "`starts` $starts `scale` $scale (`window` $window^)? (`softcap` $softcap^)? attr-dict `:` `(` type($query) "
         "`,` type($key) `,` type($value) `,` type($k_cache) `,` type($v_cache) `,` type($slots) `,` type($starts) "
         "(`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
@@ -1519,6 +1535,10 @@ class CachedAttentionOp(AdOp):
                 raise VerifyException("ad.cached_attention slots/starts must be tensor<batch x i64>")
         if (self.cos is None) != (self.sin is None):
             raise VerifyException("ad.cached_attention takes cos and sin together")
+        if self.cos is not None:
+            _verify_rope_tables(self, q[3])
+        elif self.interleaved is not None:
+            raise VerifyException("ad.cached_attention interleaved needs RoPE (cos and sin)")
         if self.result.type != self.query.type:
             raise VerifyException("ad.cached_attention result must have the query's type")
         if self.softcap is not None and not self.softcap.value.data > 0:

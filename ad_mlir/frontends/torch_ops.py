@@ -273,24 +273,34 @@ def _(input: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor, weig
     return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """HF's rotate_half, or with `interleaved` its rotate_every_two (GPT-J, GLM)."""
+    if interleaved:
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's `apply_rotary_pos_emb` for one tensor (`cos`/`sin` already unsqueezed over heads)."""
-    return x * cos + _rotate_half(x) * sin
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """HF's `apply_rotary_pos_emb` for one tensor (`cos`/`sin` already unsqueezed over heads): the
+    first `cos.shape[-1]` dims rotate, the rest pass (`ad.RopeAttentionOp`)."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return x * cos + _rotate(x, interleaved) * sin
+    rot = x[..., :rotary_dim]
+    return torch.cat((rot * cos + _rotate(rot, interleaved) * sin, x[..., rotary_dim:]), dim=-1)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::rope", mutates_args=())
-def rope(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+    return _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
 
 
 @rope.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+      interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(query), torch.empty_like(key)
 
 
@@ -306,12 +316,13 @@ def rope_attention(
     is_causal: bool = False,
     window: int | None = None,
     softcap: float | None = None,
+    interleaved: bool = False,
 ) -> torch.Tensor:
     """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces (a
     sliding window is the boolean mask HF would build for it); soft-capped, HF's eager Gemma2
     attention."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q, k = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+    q, k = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     groups = query.shape[1] // key.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     if window is not None or (softcap is not None and is_causal):
@@ -332,7 +343,7 @@ def _causal_window(seq: int, window: int | None, device: torch.device) -> torch.
 @rope_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
       attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False, window: int | None = None,
-      softcap: float | None = None) -> torch.Tensor:
+      softcap: float | None = None, interleaved: bool = False) -> torch.Tensor:
     return torch.empty_like(query)
 
 
@@ -350,6 +361,7 @@ def cached_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    interleaved: bool = False,
 ) -> torch.Tensor:
     """`ad.cached_attention`: RoPE on the new query/key (when given), the new key/value written
     into each row's cache slot after the tokens it holds, then attention over the slot's first
@@ -357,7 +369,7 @@ def cached_attention(
     `softcap`. One row at a time: the reference reads each row's slot and start on the host."""
     if cos is not None and sin is not None:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        query, key = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+        query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     seq, groups = query.shape[2], query.shape[1] // key.shape[1]
     out = torch.empty_like(query)
     for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
@@ -395,7 +407,7 @@ def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 @cached_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
       k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, scale: float,
-      window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+      window: int | None = None, softcap: float | None = None, interleaved: bool = False) -> torch.Tensor:
     return torch.empty_like(query)
 
 

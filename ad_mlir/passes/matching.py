@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from xdsl.dialects.builtin import DYNAMIC_INDEX, DenseArrayBase, FloatAttr, IntegerAttr, i64
-from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Operation, OpResult, SSAValue
+from xdsl.traits import Pure
 
 from ad_mlir.dialects import ad
 
@@ -59,6 +60,33 @@ def dominates_op(value: SSAValue, op: Operation) -> bool:
     if isinstance(owner, Block):
         return True
     return owner.parent_block() is op.parent_block() and owner.is_before_in_block(op)
+
+
+PURE_TORCH_TARGETS = frozenset({"aten.repeat_interleave.self_int"})
+"""Opaque torch ops known to have no side effect (the patterns compare and erase them)."""
+
+
+def is_pure(op: Operation) -> bool:
+    """`op` computes its results from its operands alone (an `ad` op marked Pure, or a torch op of
+    PURE_TORCH_TARGETS)."""
+    if isinstance(op, ad.TorchOp):
+        return op.target.data in PURE_TORCH_TARGETS
+    return op.has_trait(Pure)
+
+
+def same_computation(a: SSAValue, b: SSAValue, depth: int = 4) -> bool:
+    """`a` and `b` are one value, or the same result of equal pure ops (name, properties,
+    attributes) on operands that are, at most `depth` ops up (HF code that computes a table once
+    per use: canonicalize's CSE does not merge opaque torch ops)."""
+    if a == b:
+        return True
+    if depth == 0 or not isinstance(a, OpResult) or not isinstance(b, OpResult) or a.index != b.index:
+        return False
+    x, y = a.op, b.op
+    if x.name != y.name or x.properties != y.properties or x.attributes != y.attributes or not is_pure(x):
+        return False
+    return len(x.operands) == len(y.operands) and all(
+        same_computation(u, v, depth - 1) for u, v in zip(x.operands, y.operands, strict=True))
 
 
 def erase_dead(erase: Callable[[Operation], None], ops: Iterable[Operation]) -> None:

@@ -244,25 +244,36 @@ def test_layer_norm_reference_is_torchs_layer_norm(dtype: torch.dtype, affine: s
 
 
 ROPE = (
-    "%q: tensor<2x4x5x32x{t}>, %k: tensor<2x2x5x32x{t}>, %c: tensor<1x5x32x{t}>, %s: tensor<1x5x32x{t}>",
-    "ad.rope %q, %k rope %c, %s : (tensor<2x4x5x32x{t}>, tensor<2x2x5x32x{t}>, tensor<1x5x32x{t}>, "
-    "tensor<1x5x32x{t}>) -> (tensor<2x4x5x32x{t}>, tensor<2x2x5x32x{t}>)",
+    "%q: tensor<2x4x5x{d}x{t}>, %k: tensor<2x2x5x{d}x{t}>, %c: tensor<1x5x{r}x{t}>, %s: tensor<1x5x{r}x{t}>",
+    "ad.rope %q, %k rope %c, %s{pairs} : (tensor<2x4x5x{d}x{t}>, tensor<2x2x5x{d}x{t}>, tensor<1x5x{r}x{t}>, "
+    "tensor<1x5x{r}x{t}>) -> (tensor<2x4x5x{d}x{t}>, tensor<2x2x5x{d}x{t}>)",
 )
 
 
+def _rope_op(element: str, head_dim: int = 32, rotary_dim: int | None = None, interleaved: bool = False) -> ad.RopeOp:
+    fields = {"t": element, "d": head_dim, "r": rotary_dim or head_dim, "pairs": " interleaved" if interleaved else ""}
+    return _parse_op(ROPE[0].format(**fields), ROPE[1].format(**fields))
+
+
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved"),
+                         [(32, None, False), (80, None, False), (80, 32, False), (32, 8, False), (80, 20, False),
+                          (32, None, True), (96, 48, True)])
 @pytest.mark.parametrize("element", ["f32", "bf16"])
-def test_rope_kernel_matches_the_reference(element: str, tmp_path) -> None:
+def test_rope_kernel_matches_the_reference(element: str, head_dim: int, rotary_dim: int | None, interleaved: bool,
+                                           tmp_path) -> None:
     """The RoPE template on q and k (cos/sin of batch 1, broadcast; q/k transposed views, as HF
-    makes them). The reference rounds each of `x * cos`, `rotate_half(x) * sin` and their sum
-    to the dtype; the kernel rounds the fp32 result once (truncating in the interpreter). The
-    terms are at most max|x| (|cos|, |sin| <= 1), so in bf16 the difference is at most three
-    bf16 ulps of max|x| (3 * 2^-7 relative); fp32 agrees to torch.testing's tolerance."""
-    op = _parse_op(ROPE[0].format(t=element), ROPE[1].format(t=element))
+    makes them), at head dims that are not powers of two, partial rotary and interleaved pairs.
+    The reference rounds each of `x * cos`, `rotate(x) * sin` and their sum to the dtype; the
+    kernel rounds the fp32 result once (truncating in the interpreter). The terms are at most
+    max|x| (|cos|, |sin| <= 1), so in bf16 the difference is at most three bf16 ulps of max|x|
+    (3 * 2^-7 relative); fp32 agrees to torch.testing's tolerance; the dims past the rotary dim
+    pass unchanged (exactly)."""
+    op = _rope_op(element, head_dim, rotary_dim, interleaved)
     dtype = torch_dtype(op.query.type)
     generator = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 5, 4, 32, generator=generator).to(dtype).transpose(1, 2)
-    k = torch.randn(2, 5, 2, 32, generator=generator).to(dtype).transpose(1, 2)
-    angles = torch.randn(1, 5, 32, generator=generator)
+    q = torch.randn(2, 5, 4, head_dim, generator=generator).to(dtype).transpose(1, 2)
+    k = torch.randn(2, 5, 2, head_dim, generator=generator).to(dtype).transpose(1, 2)
+    angles = torch.randn(1, 5, rotary_dim or head_dim, generator=generator)
     inputs = [q, k, angles.cos().to(dtype), angles.sin().to(dtype)]
     kernel = region_kernel(op, KernelCache(tmp_path))
     assert kernel.name.startswith("rope_") and type(kernel.cached.jit_function).__name__ == "InterpretedFunction"
@@ -274,6 +285,72 @@ def test_rope_kernel_matches_the_reference(element: str, tmp_path) -> None:
         else:
             atol = 3 * 2.0**-7 * x.float().abs().max().item()
             torch.testing.assert_close(out.float(), expected.float(), rtol=0, atol=atol)
+        passed = rotary_dim or head_dim
+        assert torch.equal(out[..., passed:], x[..., passed:])
+
+
+def _hf_module(family: str):  # noqa: ANN202 (a transformers modeling module)
+    import importlib
+
+    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+
+
+def _tables(rotary: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's cos/sin [2, 5, rotary] (cat(freqs, freqs), as GLM and Ernie 4.5 also build them) at
+    positions that differ per batch row."""
+    positions = torch.arange(5.0)[None, :] * torch.tensor([[1.0], [3.0]])
+    freqs = positions[..., None] * 10000.0 ** (-torch.arange(0, rotary, 2) / rotary)
+    emb = torch.cat((freqs, freqs), -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+HF_ROPES = [
+    (family, rotary, dtype)
+    for family, rotary in (("llama", 32), ("gpt_neox", 8), ("phi3", 32), ("glm", 16), ("ernie4_5", 32))
+    # Ernie 4.5 rotates in fp32 and casts back: in bf16 that is another spelling (not matched).
+    for dtype in (torch.float32, torch.bfloat16) if family != "ernie4_5" or dtype == torch.float32
+]
+
+
+@pytest.mark.parametrize(("family", "rotary_dim", "dtype"), HF_ROPES,
+                         ids=[f"{f}-{str(t)[6:]}" for f, _, t in HF_ROPES])
+def test_rope_reference_is_hf(family: str, rotary_dim: int, dtype: torch.dtype) -> None:
+    """`ad.rope`'s torch reference computes exactly what the family's own apply_rotary_pos_emb
+    does (bit for bit, also in bf16: the same ops in the same dtype): full (Llama), partial
+    (GPT-NeoX's 8 of 32, Phi-3's slice of all), interleaved pairs with GLM's partial rotary and
+    Ernie 4.5's full; GLM and Ernie take the first half of HF's table and repeat_interleave it,
+    which is what the op's tables are (`ad.RopeAttentionOp`)."""
+    from ad_mlir.frontends import torch_ops
+
+    generator = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(2, h, 5, 32, generator=generator).to(dtype) for h in (4, 2))
+    cos, sin = _tables(rotary_dim, dtype)
+    expected = _hf_module(family).apply_rotary_pos_emb(q, k, cos, sin)
+    interleaved = family in ("glm", "ernie4_5")
+    if interleaved:  # what HF multiplies x by: the first half of each table, each entry twice
+        cos, sin = (t[..., : rotary_dim // 2].repeat_interleave(2, -1) for t in (cos, sin))
+    got = torch_ops.rope(q, k, cos, sin, interleaved)
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == e.dtype and torch.equal(g, e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rope_reference_is_gptj(dtype: torch.dtype) -> None:
+    """GPT-J rotates [b, s, h, d] with its half tables (sin, cos [b, s, R/2]) repeat_interleaved,
+    then concatenates the dims past rotary_dim: the reference on the transposed tensors, with the
+    repeated tables and `interleaved`, gives the same bits."""
+    from ad_mlir.frontends import torch_ops
+
+    gptj = _hf_module("gptj")
+    generator = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(2, 5, 4, 32, generator=generator).to(dtype) for _ in range(2))
+    sincos = gptj.create_sinusoidal_positions(16, 16)[torch.tensor([[0, 1, 2, 3, 4], [3, 5, 7, 9, 11]])].to(dtype)
+    sin, cos = torch.split(sincos, 8, dim=-1)
+    expected = [torch.cat([gptj.apply_rotary_pos_emb(x[..., :16], sin, cos), x[..., 16:]], -1) for x in (q, k)]
+    tables = [t.repeat_interleave(2, -1) for t in (cos, sin)]
+    got = torch_ops.rope(q.transpose(1, 2), k.transpose(1, 2), *tables, True)
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g.transpose(1, 2), e)
 
 
 def test_a_compiled_graph_calling_multi_result_reference_ops_imports() -> None:
@@ -364,7 +441,8 @@ def test_kernel_with_zero_rows_returns_empty_results(case: str, tmp_path) -> Non
 def test_rope_kernel_with_zero_tokens_and_special_values(tmp_path) -> None:
     """The RoPE template with a dynamic sequence: no tokens gives empty results; NaN and inf in q
     come out where the reference has them."""
-    op = _parse_op(ROPE[0].format(t="f32").replace("5x32", "?x32"), ROPE[1].format(t="f32").replace("5x32", "?x32"))
+    fields = {"t": "f32", "d": 32, "r": 32, "pairs": ""}
+    op = _parse_op(ROPE[0].format(**fields).replace("5x32", "?x32"), ROPE[1].format(**fields).replace("5x32", "?x32"))
     kernel = region_kernel(op, KernelCache(tmp_path))
     for tokens in (0, 5):
         generator = torch.Generator().manual_seed(tokens)

@@ -307,9 +307,25 @@ func.func @cached_attention_metadata(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?
 
 // -----
 
+func.func @rope_attention_rotary_dim_over_head_dim(%q: tensor<1x4x?x64xbf16>, %cos: tensor<1x?x80xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope_attention' rotary_dim (the tables' last dim) 80 must be static, even and at most the head_dim 64
+  %0 = ad.rope_attention %q, %q, %q rope %cos, %cos causal scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>, tensor<1x?x80xbf16>, tensor<1x?x80xbf16>) -> tensor<1x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
 func.func @moe_expert_count(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48xbf16>, %d: tensor<6x48x32xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' has 6 experts: 4 routed (router_logits) + 0 shared expected
   %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @rope_odd_rotary_dim(%q: tensor<1x4x?x64xbf16>, %cos: tensor<1x?x15xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope' rotary_dim (the tables' last dim) 15 must be static, even and at most the head_dim 64
+  %0, %1 = ad.rope %q, %q rope %cos, %cos interleaved : (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>, tensor<1x?x15xbf16>, tensor<1x?x15xbf16>) -> (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>)
   func.return
 }
 
@@ -323,6 +339,14 @@ func.func @rope_attention_window_without_causal(%q: tensor<2x4x?x64xbf16>, %k: t
 
 // -----
 
+func.func @rope_tables_of_two_widths(%q: tensor<1x4x?x64xbf16>, %cos: tensor<1x?x32xbf16>, %sin: tensor<1x?x16xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope' cos and sin must be one [batch or 1, seq, rotary_dim] type
+  %0, %1 = ad.rope %q, %q rope %cos, %sin : (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>, tensor<1x?x32xbf16>, tensor<1x?x16xbf16>) -> (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>)
+  func.return
+}
+
+// -----
+
 func.func @moe_weight_shapes(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x64x48xbf16>, %d: tensor<4x48x16xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' expert weights 4x64x48 and 4x48x16 do not fit hidden 48: expected [E, 2 * I, 48] and [E, 48, I]
   %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<4x64x48xbf16>, tensor<4x48x16xbf16>) -> tensor<?x48xbf16>
@@ -331,9 +355,25 @@ func.func @moe_weight_shapes(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: t
 
 // -----
 
+func.func @cached_attention_interleaved_without_rope(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' interleaved needs RoPE (cos and sin)
+  %0 = ad.cached_attention %q, %k, %k interleaved cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
 func.func @moe_top_k(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x64x48xbf16>, %d: tensor<4x48x32xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' top_k 5 is not in 1..4
   %0 = ad.moe %x, %l experts %gu, %d top_k 5 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<4x64x48xbf16>, tensor<4x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @cached_attention_rotary_dim_over_head_dim(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x66xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' rotary_dim (the tables' last dim) 66 must be static, even and at most the head_dim 64
+  %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x66xbf16>, tensor<?x?x66xbf16>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
