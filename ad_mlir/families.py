@@ -58,12 +58,14 @@ WHERE_PRESENT: dict[str, Any] = {
     "n_routed_experts": 4,
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 128,
     "n_group": 1,
     "topk_group": 1,
 }
 """Set where the config has them: head sizes its defaults would not derive from SIZES (a
 default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
-export), and a few experts (a default of 64-256 experts is slow to export)."""
+export), and a few experts (a default of 64-256 experts is slow to export) with a small shared
+expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`)."""
 
 SEQ_LENS = (5, 11)
 MAX_SEQ = 1024
@@ -73,9 +75,38 @@ MAX_PARAMETERS = 400_000_000
 """A family whose small model still has more parameters (a config that ignores our sizes)
 is skipped: it would not fit the sweep's time."""
 
+MATRIX: dict[str, str] = {
+    "llama": "RMSNorm, SiLU-gated MLP, full RoPE, GQA",
+    "qwen2": "Q/K/V biases",
+    "mistral": "sliding window",
+    "gemma": "RMSNorm with 1 + w, gated GELU (tanh), scaled embedding",
+    "gemma2": "attention soft-cap, alternating sliding-window layers, post-norms",
+    "gemma3_text": "sliding-window and global layers, QK-norm with 1 + w, gated GELU",
+    "qwen3": "QK-norm per head before RoPE",
+    "olmo2": "norms after attention and MLP, QK-norm over the whole projection",
+    "phi3": "fused QKV and gate/up projections",
+    "gpt2": "LayerNorm, GELU (tanh), Conv1D projections, learned positions",
+    "opt": "LayerNorm, ReLU MLP, learned positions with an offset",
+    "falcon": "fused QKV, multi-query attention, parallel attention + MLP",
+    "starcoder2": "LayerNorm with biases, GELU MLP, sliding window",
+    "gpt_neox": "partial rotary, LayerNorm, parallel attention + MLP",
+    "phi": "partial rotary, LayerNorm, one norm feeding attention and MLP",
+    "gptj": "interleaved RoPE pairs, partial rotary, parallel attention + MLP",
+    "ernie4_5": "interleaved RoPE pairs",
+    "glm": "partial rotary, interleaved pairs, fused gate/up",
+    "glm4": "GLM's rotary with extra post-norms",
+    "bloom": "ALiBi on a [batch*heads] layout, LayerNorm after the embedding",
+    "mpt": "ALiBi, LayerNorm without bias",
+    "mixtral": "MoE: top-k routing, softmax then top-k, renormalized",
+    "qwen3_moe": "MoE with QK-norm",
+    "qwen2_moe": "MoE with a shared expert behind a sigmoid gate",
+}
+"""Family -> the shape it brings: the five built-in families and the HF decoder shapes beyond
+Llama's (tests/models/test_families.py checks each; `ad-bench` tables cover them)."""
+
 LLM_OPS = (
-    "ad.rms_norm", "ad.add_rms_norm", "ad.rope_attention", "ad.rope", "ad.silu_and_mul", "ad.quantize_fp8",
-    "ad.attention", "ad.fused",
+    "ad.rms_norm", "ad.add_rms_norm", "ad.layer_norm", "ad.add_layer_norm", "ad.rope_attention", "ad.rope",
+    "ad.silu_and_mul", "ad.gelu_and_mul", "ad.activation", "ad.moe", "ad.quantize_fp8", "ad.attention", "ad.fused",
 )
 
 STATUSES = ("ok", "wrong", "call error", "compile error", "not exported", "not built", "skipped", "timeout",
@@ -101,6 +132,10 @@ class FamilyRow:
     """Calls of our kernels (`torch.ops.ad_mlir.*`) in the compiled graph."""
     fused_ops: dict[str, int] = field(default_factory=dict)
     """LLM-level ops and fused regions of decoder layer 0 after the pipeline."""
+    bf16_error: dict[str, float] = field(default_factory=dict)
+    """The bf16 model at the longest sequence length: max |logits - fp32 eager| of eager bf16
+    ("eager"), of the compiled bf16 model on each path ("reference", "interpreter"), and the
+    bound those may reach ("bound", `report.low_precision_bound`)."""
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -111,7 +146,7 @@ def causal_lm_families() -> list[str]:
 
 
 SCALED_WITH_HIDDEN = ("head_dim", "rotary_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-                      "kv_lora_rank", "q_lora_rank", "moe_intermediate_size")
+                      "kv_lora_rank", "q_lora_rank", "moe_intermediate_size", "shared_expert_intermediate_size")
 """WHERE_PRESENT's sizes (set for SIZES' hidden 128) that scale with another hidden size, so that
 heads times head_dim stays the hidden size."""
 
@@ -175,8 +210,10 @@ def _layer0_ops(module: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int] = SEQ_LENS) -> FamilyRow:
-    """One family, in this process (the sweep runs it in a child; see `run_sweep`)."""
+def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int] = SEQ_LENS,
+                 bf16: bool = True) -> FamilyRow:
+    """One family, in this process (the sweep runs it in a child; see `run_sweep`): fp32 at
+    each of `seq_lens`, then (`bf16`) the same weights in bf16 at the longest."""
     import torch
 
     from ad_mlir.report import kernels_per_layer, max_abs_error
@@ -207,19 +244,14 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
     row.kernels_after = max(kernels_per_layer(module).values(), default=0)
     row.kernel_calls = sum(1 for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("ad_mlir."))
     row.fused_ops = _layer0_ops(module)
-    from ad_mlir.runtime.kernels import reference_kernels
-
     row.status = "ok"
     for seq in seq_lens:
         x = ids[:, :seq]
         with torch.no_grad():
             expected = model(input_ids=x).logits
-        paths = ((row.reference_error, reference_kernels), (row.interpreter_error, contextlib.nullcontext))
-        for errors, context in paths:
+        for path, errors in (("reference", row.reference_error), ("interpreter", row.interpreter_error)):
             try:
-                with torch.no_grad(), context():
-                    got = _stage(row, f"run {seq}" + ("" if context is reference_kernels else " interpreted"),
-                                 lambda x=x: gm(x)[0])
+                got = _run_compiled(row, gm, x, path, f"run {seq}")
             except Exception as e:  # noqa: BLE001
                 row.status, row.reason = "call error", _error_line(e)
                 return row
@@ -227,8 +259,53 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
             if got.shape != expected.shape or not _close(got, expected):
                 row.status = "wrong"
                 row.reason = f"max |error| {errors[seq]:.3g} at seq {seq}" + (
-                    "" if context is reference_kernels else " (Triton interpreter)")
+                    "" if path == "reference" else " (Triton interpreter)")
+    if bf16 and row.status == "ok":
+        _sweep_bf16(row, model, ids[:, : max(seq_lens)], pipeline)
     return row
+
+
+def _run_compiled(row: FamilyRow, gm: Any, ids: Any, path: str, stage: str) -> Any:
+    """The compiled model's logits with the kernels as their torch reference or (`path`
+    "interpreter") as Triton kernels: in the interpreter where CUDA is absent."""
+    import torch
+
+    from ad_mlir.runtime.kernels import reference_kernels
+
+    context = reference_kernels if path == "reference" else contextlib.nullcontext
+    with torch.no_grad(), context():
+        return _stage(row, stage + ("" if path == "reference" else " interpreted"), lambda: gm(ids)[0])
+
+
+def _sweep_bf16(row: FamilyRow, model: Any, ids: Any, pipeline: str) -> None:
+    """The bf16 model (the fp32 weights rounded) compiled and run on both paths, each judged
+    against the fp32 model by `report.low_precision_bound`: eager bf16's own error is the
+    yardstick, as the kernels keep fp32 between ops where eager rounds each result."""
+    import torch
+
+    from ad_mlir.report import low_precision_bound, max_abs_error
+
+    with torch.no_grad():
+        truth = model(input_ids=ids).logits
+        model = model.to(torch.bfloat16)
+        eager = model(input_ids=ids).logits
+    row.bf16_error = {"eager": max_abs_error([truth], [eager]), "bound": low_precision_bound(eager, truth)}
+    status = "not exported"
+    try:
+        ep = _stage(row, "export bf16", lambda: _export(model, ids[:, : SEQ_LENS[0]]))
+        status = "compile error"
+        gm, _ = _stage(row, "compile bf16", lambda: _compile(ep, pipeline, FamilyRow(row.family)))
+        status = "call error"
+        for path in ("reference", "interpreter"):
+            got = _run_compiled(row, gm, ids, path, f"run bf16 {ids.shape[1]}")
+            row.bf16_error[path] = max_abs_error([truth], [got])
+            if got.dtype != torch.bfloat16 or row.bf16_error[path] > row.bf16_error["bound"]:
+                row.status = "wrong"
+                row.reason = (f"bf16 ({path}): max |error| {row.bf16_error[path]:.3g} against fp32, eager bf16's "
+                              f"{row.bf16_error['eager']:.3g}, bound {row.bf16_error['bound']:.3g}")
+                return
+    except Exception as e:  # noqa: BLE001
+        row.status, row.reason = status, "bf16: " + _error_line(e)
 
 
 def _close(got: Any, expected: Any) -> bool:
@@ -343,25 +420,32 @@ def _errors(errors: dict[int, float]) -> str:
     return " / ".join(f"{errors[k]:.2g}" for k in sorted(errors, key=int)) or "-"
 
 
+def _bf16_errors(errors: dict[str, float]) -> str:
+    return " / ".join(f"{errors[k]:.2g}" if k in errors else "-" for k in ("eager", "reference", "interpreter"))
+
+
 def table(rows: Sequence[FamilyRow]) -> str:
-    header = ["family", "status", "max err ref", "max err interp", "kernels/layer", "kernel calls",
-              "fused ops (layer 0)", "s", "reason"]
+    header = ["family", "status", "max err ref", "max err interp", "bf16 err eager / ref / interp",
+              "kernels/layer", "kernel calls", "fused ops (layer 0)", "s", "reason"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         kernels = "-" if r.kernels_after is None else f"{r.kernels_before} -> {r.kernels_after}"
         fused = ", ".join(f"{k.removeprefix('ad.')} {v}" for k, v in r.fused_ops.items()) or "-"
         reason = r.reason.replace("|", "\\|")
         lines.append(f"| {r.family} | {r.status} | {_errors(r.reference_error)} | {_errors(r.interpreter_error)} "
-                     f"| {kernels} | {r.kernel_calls} | {fused} | {r.seconds.get('total', '-')} | {reason} |")
+                     f"| {_bf16_errors(r.bf16_error)} | {kernels} | {r.kernel_calls} | {fused} "
+                     f"| {r.seconds.get('total', '-')} | {reason} |")
     return "\n".join(lines)
 
 
-def markdown(rows: Sequence[FamilyRow]) -> str:
+def markdown(rows: Sequence[FamilyRow], title: str = "Family sweep") -> str:
     counts = ", ".join(f"{n} {s}" for s, n in summary(rows).items())
     sizes = ", ".join(f"{k}={v}" for k, v in SIZES.items())
-    return (f"### Family sweep: {len(rows)} causal-LM families ({counts})\n\n"
+    return (f"### {title}: {len(rows)} causal-LM families ({counts})\n\n"
             f"Sizes: {sizes}; where the config has them: {', '.join(f'{k}={v}' for k, v in WHERE_PRESENT.items())}; fp32; "
-            f"errors are max |logits - eager| at seq {' / '.join(map(str, SEQ_LENS))}; 'kernels/layer' is "
+            f"errors are max |logits - eager| at seq {' / '.join(map(str, SEQ_LENS))}; bf16 errors are max "
+            f"|logits - fp32 eager| at seq {max(SEQ_LENS)} of eager bf16 and of the compiled bf16 model (allowed: "
+            "twice eager's plus one bf16 ulp of the largest logit); 'kernels/layer' is "
             "the most kernels of a decoder layer outside GEMMs and attention, imported -> compiled.\n\n"
             + table(rows))
 

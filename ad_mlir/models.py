@@ -87,13 +87,30 @@ def build_model(cfg: TinyConfig) -> torch.nn.Module:
 
 def meta_model(family: str, shape: ModelShape, layers: int, dtype: str = "bfloat16") -> torch.nn.Module:
     """A model of real sizes on the meta device: no memory, no initialization. Its graph
-    exports and compiles (shapes drive compile time, not values); `to_empty` makes it runnable."""
+    exports and compiles (shapes drive compile time, not values); `to_empty` makes it runnable.
+    A built-in family has `shape`'s sizes; any other transformers causal-LM model type has its
+    config class's default sizes (for most, those of a released model: Mixtral-8x7B's,
+    GPT-2's, Phi-2's)."""
     import torch
     import transformers
 
+    if family in FAMILIES:
+        config = hf_config(family, shape, layers)
+        model_class = getattr(transformers, FAMILIES[family][1])
+    else:
+        config = transformers.AutoConfig.for_model(family, num_hidden_layers=layers, use_cache=False)
+        model_class = transformers.AutoModelForCausalLM.from_config
     with torch.device("meta"):
-        model = getattr(transformers, FAMILIES[family][1])(hf_config(family, shape, layers))
+        model = model_class(config)
     return model.eval().to(getattr(torch, dtype))
+
+
+def export_meta_model(model: torch.nn.Module) -> torch.export.ExportedProgram:
+    """A `meta_model`'s export at 8 tokens, the sequence dynamic up to 1024 (MPT's export
+    refuses 2048, its ALiBi table's length)."""
+    import torch
+
+    return export_with_ids(model, torch.zeros(1, 8, dtype=torch.long, device="meta"), max_seq=1024)
 
 
 def example_input_ids(cfg: TinyConfig, seq_len: int, seed: int = 1) -> torch.Tensor:

@@ -11,8 +11,11 @@
   (`bench/compile_time.py`);
 - traffic: modelled HBM bytes and launches of one decoder layer's non-GEMM part: eager, ad-mlir,
   ideal (`bench/traffic.py`);
-- ptx: registers, spills, shared memory, vectorized access of every kernel of the five HF
-  families, compiled for sm_90 without a GPU (`bench/ptx_table.py`);
+- ptx: registers, spills, shared memory, vectorized access of every kernel, compiled for sm_90
+  without a GPU (`bench/ptx_table.py`);
+  traffic and ptx cover the family matrix (`families.MATRIX`): the five built-in families at
+  Llama-3-8B's sizes, the others at their config class's default sizes (a released model's);
+- matrix: the family sweep (below) over the family matrix only (`families.MATRIX`, ~5 minutes);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
   transformers built small, exported, compiled and checked against eager with the kernels on
   the reference path and in the Triton interpreter (`ad_mlir/families.py`).
@@ -34,8 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "families")
-DEFAULT_PARTS = ("kernels", "generate", "compile", "traffic", "ptx")
+PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix", "families")
+DEFAULT_PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix")
 
 
 def machine_name() -> str:
@@ -138,20 +141,23 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         return run_compile_time(layers, inductor=not args.no_inductor, progress=progress)
     if part == "traffic":
         from ad_mlir.bench.traffic import run_traffic
+        from ad_mlir.families import MATRIX
 
-        families = ("llama", "gemma2") if args.quick else ("llama", "qwen2", "mistral", "gemma", "gemma2")
-        return run_traffic((1, 128, 4096), families)
-    if part == "families":
+        return run_traffic((1, 128, 4096), ("llama", "gemma2") if args.quick else tuple(MATRIX))
+    if part in ("matrix", "families"):
         from dataclasses import asdict
 
-        from ad_mlir.families import causal_lm_families, run_sweep
+        from ad_mlir.families import MATRIX, causal_lm_families, run_sweep
 
-        families = ("llama", "mpt", "glm", "gpt2") if args.quick else causal_lm_families()
+        if args.quick:
+            families = ("llama", "mpt", "glm", "gpt2")
+        else:
+            families = tuple(MATRIX) if part == "matrix" else causal_lm_families()
         return [asdict(r) for r in run_sweep(families, progress=lambda r: progress(f"{r.family}: {r.status}"))]
     from ad_mlir.bench.ptx_table import run_ptx
-    from ad_mlir.models import FAMILIES
+    from ad_mlir.families import MATRIX
 
-    return run_ptx(("llama", "gemma2") if args.quick else tuple(FAMILIES), progress=progress)
+    return run_ptx(("llama", "gemma2") if args.quick else tuple(MATRIX), progress=progress)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ad_mlir.models import FAMILIES, ModelShape, export_with_ids, meta_model
+from ad_mlir.models import FAMILIES, ModelShape, export_meta_model, meta_model
 
 TOKENS = 256
 """Kernels are specialized as the runtime launches them at this many tokens."""
@@ -37,8 +37,7 @@ def family_kernels(family: str, shape: ModelShape, dtype: str) -> list[Any]:
     from ad_mlir.passes.pipeline import run_pipeline
     from ad_mlir.runtime.kernels import build_kernels
 
-    model = meta_model(family, shape, 2, dtype)
-    program = import_program(export_with_ids(model, torch.zeros(1, 8, dtype=torch.long, device="meta")))
+    program = import_program(export_meta_model(meta_model(family, shape, 2, dtype)))
     run_pipeline(program.module, "default")
     return list(build_kernels(program.module).values())
 

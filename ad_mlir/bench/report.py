@@ -35,9 +35,9 @@ def compile_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def traffic_table(rows: Sequence[dict[str, Any]]) -> str:
-    header = ["family", "tokens", "eager launches", "eager MB", "ad-mlir launches", "ad-mlir MB", "ideal MB",
+    header = ["family", "hidden", "tokens", "eager launches", "eager MB", "ad-mlir launches", "ad-mlir MB", "ideal MB",
               "eager / ideal", "ad-mlir / ideal", "ad-mlir / its own ideal"]
-    body = [[r["family"], r["tokens"], r["eager_launches"], f"{r['eager_bytes'] / MB:.2f}", r["ad_mlir_launches"],
+    body = [[r["family"], r["hidden"], r["tokens"], r["eager_launches"], f"{r['eager_bytes'] / MB:.2f}", r["ad_mlir_launches"],
              f"{r['ad_mlir_bytes'] / MB:.2f}", f"{r['ideal_bytes'] / MB:.2f}", f"{r['eager_ratio']:.2f}",
              f"{r['ad_mlir_ratio']:.2f}", f"{r['ad_mlir_own_ratio']:.2f}"] for r in rows]
     return ("### Modelled HBM traffic of one decoder layer outside GEMMs and attention\n\n"
@@ -85,15 +85,19 @@ def decode_traffic_table(rows: Sequence[dict[str, Any]]) -> str:
             "moved once)\n\n" + _table(header, body))
 
 
-def families_table(rows: Sequence[dict[str, Any]]) -> str:
+def families_table(rows: Sequence[dict[str, Any]], title: str = "Family sweep") -> str:
     from ad_mlir.families import FamilyRow
     from ad_mlir.families import markdown as sweep_markdown
 
-    return sweep_markdown([FamilyRow(**r) for r in rows])
+    return sweep_markdown([FamilyRow(**r) for r in rows], title)
+
+
+def matrix_table(rows: Sequence[dict[str, Any]]) -> str:
+    return families_table(rows, "Family matrix")
 
 
 TABLES = {"kernels": kernel_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
-          "ptx": ptx_table, "families": families_table}
+          "ptx": ptx_table, "matrix": matrix_table, "families": families_table}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -164,14 +168,14 @@ def _plot_compile(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
 def _plot_traffic(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
     tokens = max(r["tokens"] for r in rows)
     at = [r for r in rows if r["tokens"] == tokens]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(max(8, len(at) * 0.5), 4.5))
     x = range(len(at))
     bars = [("eager_ratio", "eager / ideal"), ("ad_mlir_ratio", "ad-mlir / ideal (its RoPE is in attention)"),
             ("ad_mlir_own_ratio", "ad-mlir / the ideal of its own non-GEMM part")]
     for k, (key, label) in enumerate(bars):
         ax.bar([i + (k - 1) * 0.27 for i in x], [r[key] for r in at], 0.27, label=label)
     ax.axhline(1.0, color="black", lw=0.8, ls="--", label="ideal: each tensor moved once")
-    ax.set_xticks(list(x), [r["family"] for r in at])
+    ax.set_xticks(list(x), [r["family"] for r in at], rotation=60, ha="right")
     ax.set(ylabel="modelled bytes / ideal", title=f"Non-GEMM traffic of one layer, {tokens} tokens")
     ax.legend()
     return fig

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
 from xdsl.ir import Operation, SSAValue
@@ -30,7 +29,7 @@ from xdsl.ir import Operation, SSAValue
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_only_values
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import ModelShape, export_with_ids, meta_model
+from ad_mlir.models import ModelShape, export_meta_model, meta_model
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.report import GEMM_AND_ATTENTION, NO_KERNEL, VIEW_OPS, layer_of
 
@@ -111,13 +110,14 @@ def _used_outside(value: SSAValue, inside: set[Operation]) -> bool:
     return False
 
 
-def layer_graphs(family: str, shape: ModelShape, dtype: str) -> tuple[func.FuncOp, func.FuncOp]:
-    """One decoder layer's graph as eager runs it and as the default pipeline compiles it."""
+def layer_graphs(family: str, shape: ModelShape, dtype: str) -> tuple[func.FuncOp, func.FuncOp, int]:
+    """One decoder layer's graph as eager runs it and as the default pipeline compiles it, and
+    the model's hidden size (`shape`'s for a built-in family, else its config's)."""
     model = meta_model(family, shape, LAYERS, dtype)
-    program = import_program(export_with_ids(model, torch.zeros(1, 8, dtype=torch.long, device="meta")))
+    program = import_program(export_meta_model(model))
     eager = program.module.clone()
     run_pipeline(program.module, "default")
-    return _function(eager), _function(program.module)
+    return _function(eager), _function(program.module), model.config.hidden_size
 
 
 def _function(module: Any) -> func.FuncOp:
@@ -132,12 +132,12 @@ def run_traffic(
     shape = shape or ModelShape()
     rows = []
     for family in families:
-        eager_fn, compiled_fn = layer_graphs(family, shape, dtype)
+        eager_fn, compiled_fn, hidden = layer_graphs(family, shape, dtype)
         eager, compiled = layer_launches(eager_fn, False), layer_launches(compiled_fn, True)
         for t in tokens:
             ideal = ideal_bytes(eager, t)
             row = {
-                "family": family, "tokens": t, "hidden": shape.hidden_size, "dtype": dtype,
+                "family": family, "tokens": t, "hidden": hidden, "dtype": dtype,
                 "eager_launches": len(eager), "eager_bytes": launch_bytes(eager, t),
                 "ad_mlir_launches": len(compiled), "ad_mlir_bytes": launch_bytes(compiled, t),
                 "ideal_bytes": ideal,

@@ -5,25 +5,30 @@
 kernel cache, the runtime ops and the PTX tool treat it like any generated kernel.
 
 The launch takes `q [B, Hq, S, D]`, `k`, `v [B, Hkv, S, D]`, then with RoPE `cos`, `sin`
-`[Bc, S, D]`, with QK-norm `q_norm`, `k_norm [D]` and with a mask `mask [Bm, Hm, S, S]`
-(bool, True = attend), any of them non-contiguous (every tensor is read through its strides; a
-size-1 dim is read with stride 0, which broadcasts it), and returns `out [B, Hq, S, D]`,
-contiguous.
+`[Bc, S, R]` (R the rotary dim: the first R dims of each head rotate, the rest pass), with
+QK-norm `q_norm`, `k_norm [D]` and with a mask `mask [Bm, Hm, S, S]` (bool, True = attend), any
+of them non-contiguous (every tensor is read through its strides; a size-1 dim is read with stride 0,
+which broadcasts it), and returns `out [B, Hq, S, D]`, contiguous.
 
 One program takes BLOCK_M query rows of one (batch, head): grid (B * Hq, cdiv(S, BLOCK_M)).
 It loads its Q tile once, RMS-normalizes each row with QK-norm (Qwen3, Gemma3: fp32, rounded
-where HF rounds), applies RoPE in fp32 (HF's rotate_half form, on the two halves of the head
-dim: `lo' = lo cos_lo - hi sin_lo`, `hi' = hi cos_hi + lo sin_hi`), folds the softmax scale
-times log2(e) into it, and loops over BLOCK_N key blocks of its kv head (`h // (Hq // Hkv)`:
-GQA reads the shared K/V in place), normalizing and rotating each K tile after its load. QK^T
-is two dots over the halves (no shuffle of the head dim); soft-capped scores (Gemma2:
-`softcap * tanh(s / softcap)`) get the scale on Q and log2(e) after the cap. Scores of keys
-past the sequence end, above the diagonal (causal; the loop also stops at the diagonal block),
-outside a sliding window (the loop also starts at the first row's window) or False in the mask
-are -inf before the row max; the online softmax (m_i, l_i, acc) runs in fp32 with exp2, and P
-is rounded to the value dtype for the PV dot, as FlashAttention does. A row whose every key is
-masked has l_i = 0 and stores zeros, as torch's `scaled_dot_product_attention` returns on CPU
-(torch 2.13) for such a row.
+where HF rounds), applies RoPE in fp32, folds the softmax scale times log2(e) into it, and loops
+over BLOCK_N key blocks of its kv head (`h // (Hq // Hkv)`: GQA reads the shared K/V in place),
+normalizing and rotating each K tile after its load. The head dim is held as pieces (`HeadPieces`):
+the two members of each rotated pair side by side (`a` and `b`: dims i and i + R/2 in HF's
+rotate_half form, 2i and 2i + 1 in the interleaved form of GPT-J, GLM; i < R/2 for a rotary dim
+R), and the dims past R that RoPE passes through (`p`, partial rotary), each padded to a power of
+two of at least 16 (a tl.dot's depth) and masked (loaded as 0, so padding adds nothing to a dot).
+RoPE is then elementwise on the pieces (`a' = a cos_a - b sin_a`, `b' = b cos_b + a sin_b`), and
+QK^T is one dot per piece (the dot of two heads does not depend on the order of their dims): no
+shuffle of the head dim, any head_dim. Soft-capped scores (Gemma2: `softcap * tanh(s / softcap)`)
+get the scale on Q and log2(e) after the cap. Scores of keys past the sequence end, above the
+diagonal (causal; the loop also stops at the diagonal block), outside a sliding window (the loop
+also starts at the first row's window) or False in the mask are -inf before the row max; the
+online softmax (m_i, l_i, acc) runs in fp32 with exp2, and P is rounded to the value dtype for
+the PV dot, as FlashAttention does. V and the output are [rows, head_dim] tiles padded to a
+power of two and masked. A row whose every key is masked has l_i = 0 and stores zeros, as
+torch's `scaled_dot_product_attention` returns on CPU (torch 2.13) for such a row.
 """
 
 from __future__ import annotations
@@ -41,7 +46,87 @@ LOG2E = 1.4426950408889634
 
 _TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
 
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+MAX_HEAD_DIM = 256
+"""The widest head (padded pieces) the block table has tiles for."""
+MIN_PIECE = 16
+"""A piece of the head dim feeds a tl.dot, whose depth is at least 16."""
+
+
+def _padded(width: int) -> int:
+    """A piece's width in registers: a power of two >= MIN_PIECE (0 for no piece)."""
+    return max(MIN_PIECE, next_power_of_2(width)) if width else 0
+
+
+@dataclass(frozen=True)
+class HeadPieces:
+    """How a head of `head_dim` dims is held in registers: the rotated pairs as two pieces `a`,
+    `b` of `half` dims each, then the dims RoPE passes through (partial rotary) as a piece `p` of
+    `rest` dims and a piece `t` of the `tail` dims after it (none when 0); each piece padded to
+    a power of two >= MIN_PIECE (`_padded`). Passed dims are split in two where that pads less
+    (96 as 64 + 32, not 128). Without RoPE the head is split the same way, unrotated: half =
+    head_dim // 2."""
+
+    head_dim: int
+    half: int
+    rest: int
+    tail: int
+
+    @property
+    def head_p(self) -> int:
+        """The head dim padded to a power of two: the V and output tiles' width."""
+        return _padded(self.head_dim)
+
+    @property
+    def width(self) -> int:
+        """The padded width of the pieces together, rounded to a power of two: what sizes the
+        tiles (the block tables' key)."""
+        return max(self.head_p, next_power_of_2(2 * _padded(self.half) + _padded(self.rest) + _padded(self.tail)))
+
+    @property
+    def constexprs(self) -> dict[str, int]:
+        """The `_load_pieces` constexprs: each piece's width and padded width."""
+        return {"HALF": self.half, "HALF_P": _padded(self.half), "REST": self.rest, "REST_P": _padded(self.rest),
+                "TAIL": self.tail, "TAIL_P": _padded(self.tail)}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The pieces there are, of a, b, p, t."""
+        return ("a", "b") + (("p",) if self.rest else ()) + (("t",) if self.tail else ())
+
+
+def head_pieces(head_dim: int, rotary_dim: int | None) -> HeadPieces:
+    """The pieces of a head rotated on its first `rotary_dim` dims (None: no RoPE)."""
+    half = (rotary_dim if rotary_dim is not None else head_dim) // 2
+    passed = head_dim - 2 * half
+    low = 1 << max(passed.bit_length() - 1, 0)  # the largest power of two <= passed
+    if passed > MIN_PIECE and low < passed and low + _padded(passed - low) < _padded(passed):
+        return HeadPieces(head_dim, half, low, passed - low)
+    return HeadPieces(head_dim, half, passed, 0)
+
+
+def check_rope_dims(what: str, head_dim: int, rotary_dim: int | None, interleaved: bool) -> HeadPieces:
+    """The pieces of a head, or ValueError naming `what` when a template cannot hold it."""
+    if head_dim < 1:
+        raise ValueError(f"{what}: head_dim {head_dim} must be positive")
+    if rotary_dim is not None and (rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim):
+        raise ValueError(f"{what}: rotary_dim {rotary_dim} must be even and in 2..head_dim {head_dim}")
+    if interleaved and rotary_dim is None:
+        raise ValueError(f"{what}: interleaved pairs need RoPE (a rotary_dim)")
+    pieces = head_pieces(head_dim, rotary_dim)
+    if pieces.width > MAX_HEAD_DIM:
+        raise ValueError(f"{what}: head_dim {head_dim} (rotary_dim {rotary_dim}) needs tiles {pieces.width} wide, "
+                         f"over the {MAX_HEAD_DIM} the kernel has registers for; use the unfused attention for it")
+    return pieces
+
+
+def dot_dtype_line(dtype: torch.dtype) -> str:
+    """The `DOT_DTYPE` constant of a template: the tiles' dtype for `tl.dot`."""
+    if dtype != torch.bfloat16:
+        return f"DOT_DTYPE = tl.constexpr({_TL_DTYPE[dtype]})"
+    # The interpreter multiplies bf16 tiles as their raw uint16 bits: there the tiles,
+    # already rounded to bf16, are multiplied in fp32 (the same products, accumulated in
+    # fp32 as the tensor cores do). The jit decorator picks the interpreter the same way.
+    return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
 
 
 @dataclass(frozen=True)
@@ -61,8 +146,7 @@ class AttentionSpec:
     """What one attention kernel is specialized for (everything but the runtime sizes)."""
 
     head_dim: int
-    """D: a power of two in 16..256 (32..256 with RoPE: each half feeds a dot, whose depth
-    must be at least 16)."""
+    """D: any size whose padded pieces fit MAX_HEAD_DIM (`check_rope_dims`)."""
     dtype: torch.dtype
     """Of q, k, v and the output."""
     rope: bool
@@ -75,6 +159,11 @@ class AttentionSpec:
     """The softmax scale (usually head_dim ** -0.5), baked into the kernel."""
     cos_dtype: torch.dtype | None = None
     """Of cos and sin when `rope`; may differ from `dtype` (fp32 tables with bf16 q)."""
+    rotary_dim: int | None = None
+    """With `rope`: the dims of each head that rotate, the first ones (partial rotary: GPT-NeoX,
+    Phi, GLM); None is all of them. The tables are this wide."""
+    interleaved: bool = False
+    """With `rope`: pairs (2i, 2i + 1) rotate (GPT-J, GLM), not HF's rotate_half (i, i + R/2)."""
     window: int | None = None
     """With `causal`: key j is seen by query i only when i - window < j (a sliding window)."""
     softcap: float | None = None
@@ -84,13 +173,7 @@ class AttentionSpec:
     RMS-normalized per head after their load, before RoPE."""
 
     def __post_init__(self) -> None:
-        d = self.head_dim
-        if d < MIN_HEAD_DIM or d > MAX_HEAD_DIM or d & (d - 1):
-            raise ValueError(f"attention kernel: head_dim {d} is not a power of two in "
-                             f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; use the unfused attention for it")
-        if self.rope and d < 2 * MIN_HEAD_DIM:
-            raise ValueError(f"attention kernel: RoPE needs head_dim >= {2 * MIN_HEAD_DIM} (each half "
-                             f"feeds a tl.dot of depth >= 16), got {d}; apply RoPE outside the kernel")
+        check_rope_dims("attention kernel", self.head_dim, self.rotary if self.rope else None, self.interleaved)
         if self.rope and self.cos_dtype is None:
             raise ValueError("attention kernel: rope=True needs cos_dtype (the dtype of the cos/sin inputs)")
         for what, dtype in (("dtype", self.dtype), ("cos_dtype", self.cos_dtype if self.rope else None)):
@@ -101,9 +184,18 @@ class AttentionSpec:
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
             raise ValueError(f"attention kernel: softcap {self.softcap} is not a positive number")
         if self.qk_norm is not None and not self.rope:
-            raise ValueError("attention kernel: qk_norm needs rope=True (the norm runs in the RoPE tile loader)")
+            raise ValueError("attention kernel: qk_norm needs rope=True (only ad.rope_attention holds a QK-norm)")
         if self.window is not None and (not self.causal or self.window < 1):
             raise ValueError(f"attention kernel: window {self.window} needs causal=True and must be positive")
+
+    @property
+    def rotary(self) -> int:
+        """The rotary dim (the whole head unless `rotary_dim` says less)."""
+        return self.rotary_dim if self.rotary_dim is not None else self.head_dim
+
+    @property
+    def pieces(self) -> HeadPieces:
+        return head_pieces(self.head_dim, self.rotary if self.rope else None)
 
 
 # ------------------------------------------------------------------- block sizes
@@ -120,7 +212,7 @@ class AttentionBlocks:
 
 
 _BLOCKS: dict[tuple[int, bool], AttentionBlocks] = {
-    # (head_dim, 16-bit) -> the biggest tiles that compile for sm_90 without a spill in every
+    # (head width `HeadPieces.width`, 16-bit) -> the biggest tiles that compile for sm_90 without a spill in every
     # variant (RoPE, mask, causal on or off; cos/sin in the q dtype or fp32), measured with
     # tests/unit/test_attention_kernel.py's PTX check. 16-bit dots run on the tensor cores
     # (wgmma: 64 query rows per warp group); RoPE keeps a K tile and its cos/sin in fp32
@@ -139,13 +231,14 @@ _BLOCKS: dict[tuple[int, bool], AttentionBlocks] = {
 }
 
 
-def attention_blocks(head_dim: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
-    """The blocks and launch options for `seq_len` queries of `head_dim`. Short sequences get
-    fewer rows per program (at least 16, the smallest tl.dot) and fewer warps, so a prefill of
-    a few tokens does not compute a 128-row tile of padding. fp32 tiles with QK-norm run on
-    twice the warps: the norm's rows and weights on top of the dot operands held in registers
-    spilled at head_dim 256 (432 bytes at 4 warps; none at 8)."""
-    table = _BLOCKS[head_dim, dtype != torch.float32]
+def attention_blocks(width: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
+    """The blocks and launch options for `seq_len` queries of heads held `width` wide
+    (`HeadPieces.width`: the head dim for a power of two). Short sequences get fewer rows per
+    program (at least 16, the smallest tl.dot) and fewer warps, so a prefill of a few tokens
+    does not compute a 128-row tile of padding. fp32 tiles with QK-norm run on twice the warps:
+    the norm's rows and weights on top of the dot operands held in registers spilled at head_dim
+    256 (432 bytes at 4 warps; none at 8)."""
+    table = _BLOCKS[width, dtype != torch.float32]
     block_m = min(table.block_m, max(16, next_power_of_2(seq_len)))
     num_warps = max(1, table.num_warps * block_m // table.block_m)
     if qk_norm and dtype == torch.float32:
@@ -157,62 +250,112 @@ def attention_blocks(head_dim: int, dtype: torch.dtype, seq_len: int, qk_norm: b
 
 _ROPE_HELPER = '''\
 @triton.jit
-def _load_rows(x, x_rows, x_sd, row_mask, HALF: tl.constexpr):
-    """The two halves of a [rows, 2 * HALF] tile, in fp32 (masked rows 0)."""
-    lo = tl.arange(0, HALF)[None, :]
-    m = row_mask[:, None]
-    return (tl.load(x + x_rows[:, None] + lo * x_sd, mask=m, other=0).to(tl.float32),
-            tl.load(x + x_rows[:, None] + (lo + HALF) * x_sd, mask=m, other=0).to(tl.float32))
+def _pair_pieces(x, x_rows, x_sd, row_mask, HALF: tl.constexpr, HALF_P: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Pieces a and b of rows of a [rows, head_dim] tensor, [rows, HALF_P] (lanes >= HALF: 0):
+    dims i and i + HALF, or with INTERLEAVED dims 2i and 2i + 1, loaded as one contiguous tile
+    and split in registers (strided loads would not vectorize)."""
+    if INTERLEAVED:
+        j = tl.arange(0, 2 * HALF_P)[None, :]
+        pairs = tl.load(x + x_rows[:, None] + j * x_sd, mask=row_mask[:, None] & (j < 2 * HALF), other=0)
+        return tl.split(tl.reshape(pairs, (pairs.shape[0], HALF_P, 2)))
+    i = tl.arange(0, HALF_P)[None, :]
+    m = row_mask[:, None] & (i < HALF)
+    return (tl.load(x + x_rows[:, None] + i * x_sd, mask=m, other=0),
+            tl.load(x + x_rows[:, None] + (i + HALF) * x_sd, mask=m, other=0))
 
 
 @triton.jit
-def _rotated(x_lo, x_hi, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF: tl.constexpr):
-    """RoPE of a tile's two fp32 halves: x * cos + rotate_half(x) * sin, rotate_half(x) =
-    cat(-x[HALF:], x[:HALF])."""
-    lo = tl.arange(0, HALF)[None, :]
-    hi = lo + HALF
-    m = row_mask[:, None]
-    cos_lo = tl.load(cos + cos_rows[:, None] + lo * cos_sd, mask=m, other=0).to(tl.float32)
-    cos_hi = tl.load(cos + cos_rows[:, None] + hi * cos_sd, mask=m, other=0).to(tl.float32)
-    sin_lo = tl.load(sin + sin_rows[:, None] + lo * sin_sd, mask=m, other=0).to(tl.float32)
-    sin_hi = tl.load(sin + sin_rows[:, None] + hi * sin_sd, mask=m, other=0).to(tl.float32)
-    return x_lo * cos_lo - x_hi * sin_lo, x_hi * cos_hi + x_lo * sin_hi
+def _store_pair_pieces(x, x_rows, x_sd, a, b, row_mask, HALF: tl.constexpr, HALF_P: tl.constexpr,
+                       INTERLEAVED: tl.constexpr):
+    """Pieces a and b (as `_pair_pieces` gives them) stored into their dims of rows of x."""
+    if INTERLEAVED:
+        j = tl.arange(0, 2 * HALF_P)[None, :]
+        pairs = tl.reshape(tl.join(a, b), (a.shape[0], 2 * HALF_P))
+        tl.store(x + x_rows[:, None] + j * x_sd, pairs, mask=row_mask[:, None] & (j < 2 * HALF))
+    else:
+        i = tl.arange(0, HALF_P)[None, :]
+        m = row_mask[:, None] & (i < HALF)
+        tl.store(x + x_rows[:, None] + i * x_sd, a, mask=m)
+        tl.store(x + x_rows[:, None] + (i + HALF) * x_sd, b, mask=m)
 
 
 @triton.jit
-def _load_rotated(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
-                  HALF: tl.constexpr):
-    """The two halves of a [rows, 2 * HALF] tile after RoPE, in fp32."""
-    x_lo, x_hi = _load_rows(x, x_rows, x_sd, row_mask, HALF)
-    return _rotated(x_lo, x_hi, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF)
+def _passed_piece(x, x_rows, x_sd, row_mask, START: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P: tl.constexpr):
+    """Dims START .. START + WIDTH of rows of a [rows, head_dim] tensor, padded to WIDTH_P, fp32."""
+    j = tl.arange(0, WIDTH_P)[None, :]
+    return tl.load(x + x_rows[:, None] + (START + j) * x_sd, mask=row_mask[:, None] & (j < WIDTH),
+                   other=0).to(tl.float32)
+
+
+@triton.jit
+def _rotated(a, b, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF: tl.constexpr, HALF_P: tl.constexpr,
+             INTERLEAVED: tl.constexpr):
+    """RoPE of fp32 pieces a, b (`_pair_pieces`): x * cos + rotate(x) * sin."""
+    cos_a, cos_b = _pair_pieces(cos, cos_rows, cos_sd, row_mask, HALF, HALF_P, INTERLEAVED)
+    sin_a, sin_b = _pair_pieces(sin, sin_rows, sin_sd, row_mask, HALF, HALF_P, INTERLEAVED)
+    cos_a, cos_b, sin_a, sin_b = cos_a.to(tl.float32), cos_b.to(tl.float32), sin_a.to(tl.float32), sin_b.to(tl.float32)
+    return a * cos_a - b * sin_a, b * cos_b + a * sin_b
+
+
+@triton.jit
+def _load_pieces(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+                 HALF: tl.constexpr, HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
+                 TAIL: tl.constexpr, TAIL_P: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Rows of a [rows, head_dim] tensor as its pieces (`HeadPieces`): a, b (the rotated pairs,
+    after RoPE when ROPE: x * cos + rotate(x) * sin), p and t (the dims after them, passed
+    through; a again when absent, unused), in fp32, 0 in padding lanes and masked rows: padding
+    adds 0 to a dot."""
+    a, b = _pair_pieces(x, x_rows, x_sd, row_mask, HALF, HALF_P, INTERLEAVED)
+    a, b = a.to(tl.float32), b.to(tl.float32)
+    if ROPE:
+        a, b = _rotated(a, b, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF, HALF_P, INTERLEAVED)
+    p = a
+    if REST > 0:
+        p = _passed_piece(x, x_rows, x_sd, row_mask, 2 * HALF, REST, REST_P)
+    t = a
+    if TAIL > 0:
+        t = _passed_piece(x, x_rows, x_sd, row_mask, 2 * HALF + REST, TAIL, TAIL_P)
+    return a, b, p, t
 '''
 
 _QK_NORM_HELPER = '''\
 @triton.jit
-def _load_normed_rotated(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
-                         HALF: tl.constexpr):
-    """`_load_rotated` of the tile's rows RMS-normalized first (QkNorm, weight w [2 * HALF]):
-    fp32 math, rounded to $elem where HF's RMSNorm rounds."""
-    x_lo, x_hi = _load_rows(x, x_rows, x_sd, row_mask, HALF)
-    r = tl.rsqrt((tl.sum(x_lo * x_lo, 1) + tl.sum(x_hi * x_hi, 1)) / (2 * HALF) + $eps)[:, None]
-    lo = tl.arange(0, HALF)
-    w_lo = tl.load(w + lo * w_sd).to(tl.float32)[None, :] + $offset
-    w_hi = tl.load(w + (lo + HALF) * w_sd).to(tl.float32)[None, :] + $offset
+def _load_normed_pieces(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+                        HALF: tl.constexpr, HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
+                        TAIL: tl.constexpr, TAIL_P: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """`_load_pieces` of the rows RMS-normalized over the head first (QkNorm, weight w [head_dim]
+    held as the same pieces): fp32 math, rounded to $elem where HF's RMSNorm rounds."""
+    a, b, p, t = _load_pieces(x, x_rows, x_sd, x, x_rows, 0, x, x_rows, 0, row_mask,
+                              HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+    squares = tl.sum(a * a, 1) + tl.sum(b * b, 1)
+    if REST > 0:
+        squares += tl.sum(p * p, 1)
+    if TAIL > 0:
+        squares += tl.sum(t * t, 1)
+    r = tl.rsqrt(squares / (2 * HALF + REST + TAIL) + $eps)[:, None]
+    one = tl.arange(0, 1)  # the weight, as one row
+    w_a, w_b, w_p, w_t = _load_pieces(w, one, w_sd, w, one, 0, w, one, 0, one == 0,
+                                      HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+    a, b, p, t = _weighted(a, r, w_a), _weighted(b, r, w_b), _weighted(p, r, w_p), _weighted(t, r, w_t)
+    if ROPE:
+        a, b = _rotated(a, b, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF, HALF_P, INTERLEAVED)
+    return a, b, p, t
+
+
+@triton.jit
+def _weighted(x, r, w):
+    """A piece x normalized (times r) and weighted by its weight piece w, rounded to $elem."""
 $weighting
-    return _rotated(x_lo.to($elem).to(tl.float32), x_hi.to($elem).to(tl.float32), cos, cos_rows, cos_sd, sin, sin_rows,
-                    sin_sd, row_mask, HALF)
 '''
 _GEMMA_WEIGHTING = '''\
-    x_lo = x_lo * r * w_lo
-    x_hi = x_hi * r * w_hi'''
+    return (x * r * (w + $offset)).to($elem).to(tl.float32)'''
 _LLAMA_WEIGHTING = '''\
     # Llama: the normalized rows rounded to $elem, times (weight + offset) in $elem
-    x_lo = (x_lo * r).to($elem).to(tl.float32) * w_lo.to($elem).to(tl.float32)
-    x_hi = (x_hi * r).to($elem).to(tl.float32) * w_hi.to($elem).to(tl.float32)'''
+    return ((x * r).to($elem).to(tl.float32) * (w + $offset).to($elem).to(tl.float32)).to($elem).to(tl.float32)'''
 
 
 def qk_norm_helper(norm: QkNorm, dtype: torch.dtype) -> str:
-    """The `_load_normed_rotated` helper of a kernel module (after `_ROPE_HELPER`)."""
+    """The `_load_normed_pieces` helper of a kernel module (after `_ROPE_HELPER`)."""
     weighting = _GEMMA_WEIGHTING if norm.weight_in_fp32 else _LLAMA_WEIGHTING
     fields = {"eps": repr(float(norm.eps)), "offset": repr(float(norm.offset)), "elem": _TL_DTYPE[dtype]}
     return Template(_QK_NORM_HELPER.replace("$weighting", weighting)).substitute(fields)
@@ -243,6 +386,7 @@ class AttentionEmitter:
     def __init__(self, spec: AttentionSpec, name: str):
         self.spec = spec
         self.name = name
+        self.pieces = spec.pieces
         self.tables = [_Tensor("cos", "bsd"), _Tensor("sin", "bsd")] if spec.rope else []
         self.norms = [_Tensor("q_norm", "d"), _Tensor("k_norm", "d")] if spec.qk_norm else []
         self.mask = _Tensor("mask", "bhqk") if spec.has_mask else None
@@ -288,7 +432,8 @@ class AttentionEmitter:
         w.line("kvh = h // kv_group")
         w.line("rows = tl.arange(0, BLOCK_M)")
         w.line("keys = tl.arange(0, BLOCK_N)")
-        w.line(f"dims = tl.arange(0, {self.spec.head_dim})")
+        w.line(f"dims = tl.arange(0, {self.pieces.head_p})")
+        w.line(f"d_in = dims < {self.spec.head_dim}")
         w.line("m_pos = start_m + rows")
         w.line("m_in = m_pos < seq_len")
         w.line("start_m64 = start_m.to(tl.int64)")
@@ -300,30 +445,32 @@ class AttentionEmitter:
         if self.mask:
             w.line("mask_blk = mask + b * mask_sb + h * mask_sh + start_m64 * mask_sq")
 
+    def emit_pieces(self, w: IndentedWriter, x: str, base: str, start: str, rows: str, row_mask: str) -> None:
+        """`x_a, x_b, x_p, x_t = _load_pieces(...)`: rows `start + rows` of `base`, normalized with
+        QK-norm and rotated with RoPE."""
+        spec, pieces = self.spec, self.pieces
+        w.line(f"{', '.join(f'{x}_{n}' for n in ('a', 'b', 'p', 't'))} = {self.tile_loader}(")
+        with w.indent():
+            w.line(f"{base}, {rows} * {x}_ss, {x}_sd," + self.norm_weight(x))
+            for t in ("cos", "sin"):
+                # Without RoPE the tables are never read: x stands in for them.
+                w.line(f"{t}_batch + {start} * {t}_ss, {rows} * {t}_ss, {t}_sd," if spec.rope
+                       else f"{base}, {rows}, 0,")
+            w.line(f"{row_mask}, {', '.join(map(str, pieces.constexprs.values()))}, {spec.rope}, {spec.interleaved},")
+        w.line(")")
+
     def emit_q_tile(self, w: IndentedWriter) -> None:
-        spec = self.spec
         # exp2 of scores in log2 units: the scale times log2(e) rides on Q, once per program
         # (the scale alone when the scores are soft-capped: log2(e) comes after the cap).
-        w.line(f"qk_scale = {spec.scale * (1.0 if spec.softcap else LOG2E)!r}")
-        if spec.rope:
-            w.line(f"q_lo, q_hi = {self.tile_loader}(")
-            with w.indent():
-                w.line("q_blk, rows * q_ss, q_sd," + self.norm_weight("q"))
-                w.line("cos_batch + start_m64 * cos_ss, rows * cos_ss, cos_sd,")
-                w.line("sin_batch + start_m64 * sin_ss, rows * sin_ss, sin_sd,")
-                w.line(f"m_in, {spec.head_dim // 2},")
-            w.line(")")
-            w.line(f"q_lo = {self.dot_operand('q_lo * qk_scale')}")
-            w.line(f"q_hi = {self.dot_operand('q_hi * qk_scale')}")
-        else:
-            w.line("q_tile = tl.load(q_blk + rows[:, None] * q_ss + dims[None, :] * q_sd, mask=m_in[:, None], "
-                   "other=0).to(tl.float32)")
-            w.line(f"q_tile = {self.dot_operand('q_tile * qk_scale')}")
+        w.line(f"qk_scale = {self.spec.scale * (1.0 if self.spec.softcap else LOG2E)!r}")
+        self.emit_pieces(w, "q", "q_blk", "start_m64", "rows", "m_in")
+        for n in self.pieces.names:
+            w.line(f"q_{n} = {self.dot_operand(f'q_{n} * qk_scale')}")
 
     @property
     def tile_loader(self) -> str:
         """The helper that loads and rotates (and with QK-norm normalizes) a Q or K tile."""
-        return "_load_normed_rotated" if self.spec.qk_norm else "_load_rotated"
+        return "_load_normed_pieces" if self.spec.qk_norm else "_load_pieces"
 
     def norm_weight(self, x: str) -> str:
         """The QK-norm weight arguments of `x`'s tile loader ("" without QK-norm)."""
@@ -333,7 +480,7 @@ class AttentionEmitter:
         spec = self.spec
         w.line('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)')
         w.line("l_i = tl.zeros([BLOCK_M], tl.float32)")
-        w.line(f"acc = tl.zeros([BLOCK_M, {spec.head_dim}], tl.float32)")
+        w.line(f"acc = tl.zeros([BLOCK_M, {self.pieces.head_p}], tl.float32)")
         # Keys past the diagonal block are all masked for every row of this block: not visited;
         # nor, in a sliding window, the keys before the first row's window.
         end = "tl.minimum(seq_len, start_m + BLOCK_M)" if spec.causal else "seq_len"
@@ -353,7 +500,7 @@ class AttentionEmitter:
             w.line("alpha = tl.exp2(m_i - m_ref)")
             w.line("l_i = l_i * alpha + tl.sum(p, 1)")
             w.line("v_tile = tl.load(v_head + start_n64 * v_ss + keys[:, None] * v_ss + dims[None, :] * v_sd, "
-                   "mask=n_in[:, None], other=0)")
+                   "mask=n_in[:, None] & d_in[None, :], other=0)")
             w.line(f"acc = tl.dot({self.dot_operand('p')}, v_tile.to(DOT_DTYPE), acc * alpha[:, None]{self.precision})")
             w.line("m_i = m_new")
 
@@ -363,23 +510,12 @@ class AttentionEmitter:
         return ', input_precision="ieee"' if self.spec.dtype == torch.float32 else ""
 
     def emit_scores(self, w: IndentedWriter) -> None:
-        spec = self.spec
-        if spec.rope:
-            w.line(f"k_lo, k_hi = {self.tile_loader}(")
-            with w.indent():
-                w.line("k_head + start_n64 * k_ss, keys * k_ss, k_sd," + self.norm_weight("k"))
-                w.line("cos_batch + start_n64 * cos_ss, keys * cos_ss, cos_sd,")
-                w.line("sin_batch + start_n64 * sin_ss, keys * sin_ss, sin_sd,")
-                w.line(f"n_in, {spec.head_dim // 2},")
-            w.line(")")
-            w.line(f"qk = tl.dot(q_lo, tl.trans({self.dot_operand('k_lo')}){self.precision})")
-            w.line(f"qk = tl.dot(q_hi, tl.trans({self.dot_operand('k_hi')}), qk{self.precision})")
-        else:
-            w.line("k_tile = tl.load(k_head + start_n64 * k_ss + keys[:, None] * k_ss + dims[None, :] * k_sd, "
-                   "mask=n_in[:, None], other=0)")
-            w.line(f"qk = tl.dot(q_tile, tl.trans(k_tile.to(DOT_DTYPE)){self.precision})")
-        if spec.softcap:
-            w.line(f"qk = _soft_capped(qk, {float(spec.softcap)!r}) * {LOG2E!r}")
+        self.emit_pieces(w, "k", "k_head + start_n64 * k_ss", "start_n64", "keys", "n_in")
+        for i, n in enumerate(self.pieces.names):
+            acc = ", qk" if i else ""
+            w.line(f"qk = tl.dot(q_{n}, tl.trans({self.dot_operand(f'k_{n}')}){acc}{self.precision})")
+        if self.spec.softcap:
+            w.line(f"qk = _soft_capped(qk, {float(self.spec.softcap)!r}) * {LOG2E!r}")
 
     def emit_masking(self, w: IndentedWriter) -> None:
         visible = "n_in[None, :]"
@@ -398,7 +534,7 @@ class AttentionEmitter:
         w.line("out_tile = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]")
         w.line(f"out_blk = out + (bh.to(tl.int64) * seq_len + start_m64) * {self.spec.head_dim}")
         w.line(f"tl.store(out_blk + rows[:, None] * {self.spec.head_dim} + dims[None, :], out_tile.to({self.elem}), "
-               "mask=m_in[:, None])")
+               "mask=m_in[:, None] & d_in[None, :])")
 
     # -- the host side ----------------------------------------------------------------
 
@@ -431,7 +567,8 @@ class AttentionEmitter:
             w.line("if out.numel() == 0:")
             with w.indent():
                 w.line("return [out]")
-            w.line(f"blocks = attention_blocks({spec.head_dim}, {dtype}, seq_len, qk_norm={spec.qk_norm is not None})")
+            w.line(f"blocks = attention_blocks({self.pieces.width}, {dtype}, seq_len, "
+                   f"qk_norm={spec.qk_norm is not None})")
             # (batch, head) on the unbounded grid dim; q heads that share a kv head run side by side.
             w.line("grid = (batch * n_heads, triton.cdiv(seq_len, blocks.block_m))")
             args = [t.name for t in self.inputs] + ["out", "seq_len", "n_heads", "n_heads // k.shape[1]"]
@@ -446,17 +583,9 @@ class AttentionEmitter:
             w.line("return [out]")
         return w.text()
 
-    def dot_dtype_line(self) -> str:
-        if self.spec.dtype != torch.bfloat16:
-            return f"DOT_DTYPE = tl.constexpr({self.elem})"
-        # The interpreter multiplies bf16 tiles as their raw uint16 bits: there the tiles,
-        # already rounded to bf16, are multiplied in fp32 (the same products, accumulated in
-        # fp32 as the tensor cores do). The jit decorator picks the interpreter the same way.
-        return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
-
 
 def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
-    """The whole kernel file: imports, the `@triton.jit` kernel (and its RoPE helper) and its
+    """The whole kernel file: imports, the `@triton.jit` kernel (and its helpers) and its
     launcher. `header` goes first (the cache's key and provenance comment)."""
     emitter = AttentionEmitter(spec, name)
     parts = [
@@ -467,12 +596,11 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
         "",
         "from ad_mlir.codegen.attention_kernel import attention_blocks",
         "",
-        emitter.dot_dtype_line(),
+        dot_dtype_line(emitter.spec.dtype),
         "",
         "",
     ]
-    if spec.rope:
-        parts += [_ROPE_HELPER, ""]
+    parts += [_ROPE_HELPER, ""]
     if spec.qk_norm:
         parts += [qk_norm_helper(spec.qk_norm, spec.dtype), ""]
     if spec.softcap:

@@ -68,13 +68,14 @@ def _codegen_fingerprint() -> str:
         cached_attention_kernel,
         launch,
         lowering,
+        moe_kernel,
         rope_kernel,
         writer,
     )
     from ad_mlir.dialects import decompositions
 
     h = hashlib.sha256(triton.__version__.encode())
-    for module in (region_kernel, attention_kernel, cached_attention_kernel, rope_kernel, lowering, blocks, launch, writer, decompositions):
+    for module in (region_kernel, attention_kernel, cached_attention_kernel, rope_kernel, lowering, blocks, launch, writer, decompositions, moe_kernel):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 

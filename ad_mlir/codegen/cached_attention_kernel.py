@@ -34,8 +34,10 @@ Scores are q.k * scale, soft-capped (`softcap * tanh(s / softcap)`, Gemma2) when
 (cached length, causal offset, sliding `window`: key position > query position - window), then
 the online softmax runs in fp32 with exp2. Q, K and P are rounded to the input dtype for the dots
 (as FlashAttention does); RoPE, scores and softmax stay in fp32; the cache holds the rotated key
-rounded once to its dtype. Head dims are powers of two in 32..256: QK^T is two dots over the
-halves of the head dim (RoPE's halves), each at least 16 deep.
+rounded once to its dtype, in the head's own dim order. The head dim is held as the attention
+template's pieces (`attention_kernel.HeadPieces`: the rotated pairs, rotate_half or interleaved,
+and the dims past a partial rotary dim, each padded to a power of two and masked), so any head_dim
+and rotary_dim work: QK^T is one dot per piece; V and the output are padded, masked tiles.
 """
 
 from __future__ import annotations
@@ -52,13 +54,16 @@ from ad_mlir.codegen.attention_kernel import (
     _SOFTCAP_HELPER,
     _TL_DTYPE,
     AttentionBlocks,
+    HeadPieces,
     QkNorm,
     attention_blocks,
+    check_rope_dims,
+    dot_dtype_line,
+    head_pieces,
     qk_norm_helper,
 )
 from ad_mlir.codegen.blocks import next_power_of_2
 
-MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 PREFILL, DECODE, REDUCE = 0, 1, 2
 
 MAX_SPLITS = 32
@@ -80,24 +85,34 @@ class CachedAttentionSpec:
     window: int | None = None
     """Key positions within `window` of the query (inclusive of itself) only, when set."""
     softcap: float | None = None
+    rotary_dim: int | None = None
+    """With `rope`: the first dims of each head that rotate (partial rotary); None: all."""
+    interleaved: bool = False
+    """With `rope`: pairs (2i, 2i + 1) rotate (GPT-J, GLM), not rotate_half's (i, i + R/2)."""
     qk_norm: QkNorm | None = None
     """q_norm and k_norm weights [D] are inputs (after the tables): the new query and key rows
     are RMS-normalized per head before RoPE (the cache holds the normalized keys)."""
 
     def __post_init__(self) -> None:
-        d = self.head_dim
-        if d < MIN_HEAD_DIM or d > MAX_HEAD_DIM or d & (d - 1):
-            raise ValueError(f"cached attention kernel: head_dim {d} is not a power of two in "
-                             f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM} (QK^T runs as two dots over the halves)")
+        check_rope_dims("cached attention kernel", self.head_dim, self.rotary if self.rope else None,
+                        self.interleaved)
         if self.dtype not in _TL_DTYPE or (self.rope and self.cos_dtype not in _TL_DTYPE):
             raise ValueError(f"cached attention kernel: dtypes {self.dtype}, {self.cos_dtype} are not all of "
                              f"{', '.join(map(str, _TL_DTYPE))}")
         if not math.isfinite(self.scale) or (self.softcap is not None and not self.softcap > 0):
             raise ValueError(f"cached attention kernel: scale {self.scale} / softcap {self.softcap} out of range")
         if self.qk_norm is not None and not self.rope:
-            raise ValueError("cached attention kernel: qk_norm needs rope=True (the norm runs in the RoPE row loader)")
+            raise ValueError("cached attention kernel: qk_norm needs rope=True (QK-norm comes with RoPE from ad.rope_attention)")
         if self.window is not None and self.window < 1:
             raise ValueError(f"cached attention kernel: window {self.window} must be positive")
+
+    @property
+    def rotary(self) -> int:
+        return self.rotary_dim if self.rotary_dim is not None else self.head_dim
+
+    @property
+    def pieces(self) -> HeadPieces:
+        return head_pieces(self.head_dim, self.rotary if self.rope else None)
 
 
 def decode_splits(max_seq: int) -> tuple[int, int]:
@@ -106,19 +121,19 @@ def decode_splits(max_seq: int) -> tuple[int, int]:
     return -(-max_seq // split), split
 
 
-def decode_block_n(head_dim: int, dtype: torch.dtype) -> int:
-    """Keys per decode loop step: 64 x 64 K/V tiles in 16-bit fit 4 warps' registers with the
-    group's [16, head_dim] accumulator, fp32 tiles (dots on the FMA units, operands in registers,
-    see attention_kernel._BLOCKS) a quarter of that: measured for sm_90 without spills by
-    tests/unit/test_cached_attention_kernel.py."""
+def decode_block_n(width: int, dtype: torch.dtype) -> int:
+    """Keys per decode loop step for heads held `width` wide (`HeadPieces.width`): 64 x 64 K/V
+    tiles in 16-bit fit 4 warps' registers with the group's [16, width] accumulator, fp32 tiles
+    (dots on the FMA units, operands in registers, see attention_kernel._BLOCKS) a quarter of
+    that: measured for sm_90 without spills by tests/unit/test_cached_attention_kernel.py."""
     elements = 4096 if dtype != torch.float32 else 1024
-    return max(16, elements // head_dim)
+    return max(16, elements // width)
 
 
-def prefill_blocks(head_dim: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
+def prefill_blocks(width: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
     """The attention template's blocks (`attention_blocks`), with half the keys per step in
-    fp32: this kernel also holds the cache's K halves, and fp32 at head_dim 64 spilled."""
-    blocks = attention_blocks(head_dim, dtype, seq_len, qk_norm)
+    fp32: this kernel also holds the cache's K pieces, and fp32 at head_dim 64 spilled."""
+    blocks = attention_blocks(width, dtype, seq_len, qk_norm)
     if dtype != torch.float32:
         return blocks
     return dataclasses.replace(blocks, block_n=max(16, blocks.block_n // 2))
@@ -126,35 +141,57 @@ def prefill_blocks(head_dim: int, dtype: torch.dtype, seq_len: int, qk_norm: boo
 
 _HELPERS = '''\
 @triton.jit
-def _load_halves(x, x_rows, x_sd, row_mask, HALF: tl.constexpr):
-    """The two halves of a [rows, 2 * HALF] tile, in x's dtype (masked rows 0)."""
-    lo = tl.arange(0, HALF)[None, :]
-    m = row_mask[:, None]
-    return (tl.load(x + x_rows[:, None] + lo * x_sd, mask=m, other=0),
-            tl.load(x + x_rows[:, None] + (lo + HALF) * x_sd, mask=m, other=0))
-
-
-@triton.jit
 def _new_rows(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
-              HALF: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr):
-    """Rows of a new query or key as the cache holds them: RMS-normalized with the QK-norm weight
-    w when NORM, rotated (in fp32) when ROPE, rounded to the element dtype."""
+              HALF: tl.constexpr, HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
+              TAIL: tl.constexpr, TAIL_P: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
+              NORM: tl.constexpr):
+    """Pieces of rows of a query or key as the cache holds them: RMS-normalized with the QK-norm
+    weight w when NORM, rotated (in fp32) when ROPE, rounded to the element dtype."""
     if NORM:
-        lo, hi = _load_normed_rotated(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd,
-                                      row_mask, HALF)
-    elif ROPE:
-        lo, hi = _load_rotated(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF)
+        a, b, p, t = _load_normed_pieces(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd,
+                                         row_mask, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
     else:
-        lo, hi = _load_halves(x, x_rows, x_sd, row_mask, HALF)
-    return lo.to($elem), hi.to($elem)
+        a, b, p, t = _load_pieces(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+                                  HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
+    return a.to($elem), b.to($elem), p.to($elem), t.to($elem)
 
 
 @triton.jit
-def _scores(q_lo, q_hi, k_lo, k_hi, visible, SOFTCAP: tl.constexpr):
-    """(q . k) (q already scaled), soft-capped when SOFTCAP > 0, in log2 units; -inf where not
-    visible."""
-    qk = tl.dot(q_lo, tl.trans(k_lo.to(DOT_DTYPE))$precision)
-    qk = tl.dot(q_hi, tl.trans(k_hi.to(DOT_DTYPE)), qk$precision)
+def _store_passed(x, x_rows, x_sd, piece, row_mask, START: tl.constexpr, WIDTH: tl.constexpr,
+                  WIDTH_P: tl.constexpr):
+    j = tl.arange(0, WIDTH_P)[None, :]
+    tl.store(x + x_rows[:, None] + (START + j) * x_sd, piece, mask=row_mask[:, None] & (j < WIDTH))
+
+
+@triton.jit
+def _store_pieces(x, x_rows, x_sd, a, b, p, t, row_mask, HALF: tl.constexpr, HALF_P: tl.constexpr,
+                  REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
+                  INTERLEAVED: tl.constexpr):
+    """Pieces (as _load_pieces holds them) stored into their dims of rows of [rows, head_dim]."""
+    _store_pair_pieces(x, x_rows, x_sd, a, b, row_mask, HALF, HALF_P, INTERLEAVED)
+    if REST > 0:
+        _store_passed(x, x_rows, x_sd, p, row_mask, 2 * HALF, REST, REST_P)
+    if TAIL > 0:
+        _store_passed(x, x_rows, x_sd, t, row_mask, 2 * HALF + REST, TAIL, TAIL_P)
+
+
+@triton.jit
+def _scaled(x, SCALE: tl.constexpr):
+    """A query piece times the softmax scale, rounded to the element dtype, as a dot operand."""
+    return (x.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
+
+
+@triton.jit
+def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP: tl.constexpr, REST: tl.constexpr,
+            TAIL: tl.constexpr):
+    """(q . k) (q already scaled), one dot per piece, soft-capped when SOFTCAP > 0, in log2
+    units; -inf where not visible."""
+    qk = tl.dot(q_a, tl.trans(k_a.to(DOT_DTYPE))$precision)
+    qk = tl.dot(q_b, tl.trans(k_b.to(DOT_DTYPE)), qk$precision)
+    if REST > 0:
+        qk = tl.dot(q_p, tl.trans(k_p.to(DOT_DTYPE)), qk$precision)
+    if TAIL > 0:
+        qk = tl.dot(q_t, tl.trans(k_t.to(DOT_DTYPE)), qk$precision)
     if SOFTCAP > 0:
         qk = _soft_capped(qk, SOFTCAP)
     return tl.where(visible, qk * LOG2E, float("-inf"))
@@ -180,11 +217,13 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
         cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd, qn_sd, kn_sd,
         kc_s0, kc_s1, kc_s2, kc_s3, vc_s0, vc_s1, vc_s2, vc_s3,
-        PHASE: tl.constexpr, HEAD_DIM: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr,
-        WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLITS: tl.constexpr):
-    HALF: tl.constexpr = HEAD_DIM // 2
-    dims = tl.arange(0, HEAD_DIM)
+        PHASE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_P: tl.constexpr, HALF: tl.constexpr,
+        HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
+        ROPE: tl.constexpr,
+        INTERLEAVED: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    dims = tl.arange(0, HEAD_P)
+    d_in = dims < HEAD_DIM
     keys = tl.arange(0, BLOCK_N)
     if PHASE == 2:
         # REDUCE: one (batch, head); its splits' partials, merged.
@@ -196,9 +235,9 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         l = tl.load(part_ml + part * 2 + 1, mask=s_in, other=0.0)
         # Position `start` is in every sequence's range: some split is not empty, m_max is finite.
         w = tl.exp2(m - tl.max(m, 0))
-        o = tl.load(part_o + part[:, None] * HEAD_DIM + dims[None, :], mask=s_in[:, None], other=0.0)
+        o = tl.load(part_o + part[:, None] * HEAD_DIM + dims[None, :], mask=s_in[:, None] & d_in[None, :], other=0.0)
         result = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
-        tl.store(out + bh * HEAD_DIM + dims, result.to($elem))
+        tl.store(out + bh * HEAD_DIM + dims, result.to($elem), mask=d_in)
     elif PHASE == 1:
         # DECODE: every query head of one K/V head, one split of the positions [0, start].
         n_kv = n_heads // kv_group
@@ -211,19 +250,20 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         r_in = rows < kv_group
         heads = kvh * kv_group + rows
         at_start = rows * 0  # every row reads the new token's cos/sin row
-        q_lo, q_hi = _new_rows(q + b * q_sb, heads * q_sh, q_sd, q_norm, qn_sd, cos + b * cos_sb, at_start, cos_sd,
-                               sin + b * sin_sb, at_start, sin_sd, r_in, HALF, ROPE, NORM)
-        q_lo = (q_lo.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
-        q_hi = (q_hi.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
+        q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb, heads * q_sh, q_sd, q_norm, qn_sd, cos + b * cos_sb, at_start, cos_sd,
+                                       sin + b * sin_sb, at_start, sin_sd, r_in,
+                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
+        q_a, q_b, q_p, q_t = _scaled(q_a, SCALE), _scaled(q_b, SCALE), _scaled(q_p, SCALE), _scaled(q_t, SCALE)
         one = tl.arange(0, 1)
-        new_k_lo, new_k_hi = _new_rows(k + b * k_sb + kvh * k_sh, one, k_sd, k_norm, kn_sd, cos + b * cos_sb, one,
-                                       cos_sd, sin + b * sin_sb, one, sin_sd, one == 0, HALF, ROPE, NORM)
-        new_v = tl.load(v + b * v_sb + kvh * v_sh + dims[None, :] * v_sd)
+        new_k_a, new_k_b, new_k_p, new_k_t = _new_rows(k + b * k_sb + kvh * k_sh, one, k_sd, k_norm, kn_sd, cos + b * cos_sb, one,
+                                                       cos_sd, sin + b * sin_sb, one, sin_sd, one == 0,
+                                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
+        new_v = tl.load(v + b * v_sb + kvh * v_sh + dims[None, :] * v_sd, mask=d_in[None, :], other=0)
         kc_head = k_cache + slot * kc_s0 + kvh * kc_s2
         vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_P], tl.float32)
         lo = split * split_size
         hi = tl.minimum(lo + split_size, start + 1)
         if WINDOW > 0:
@@ -232,23 +272,26 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
             n_pos = n0 + keys
             n_in = n_pos < hi
             cached = n_in & (n_pos < start)
-            k_lo, k_hi = _load_halves(kc_head, n_pos * kc_s1, kc_s3, cached, HALF)
-            v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3, mask=cached[:, None], other=0)
+            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, n_pos, 0, kc_head, n_pos, 0,
+                                           cached, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+            v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3,
+                             mask=cached[:, None] & d_in[None, :], other=0)
             is_new = (n_pos == start)[:, None]
-            k_lo = tl.where(is_new, new_k_lo, k_lo)
-            k_hi = tl.where(is_new, new_k_hi, k_hi)
+            k_a = tl.where(is_new, new_k_a, k_a)
+            k_b = tl.where(is_new, new_k_b, k_b)
+            k_p = tl.where(is_new, new_k_p, k_p)
+            k_t = tl.where(is_new, new_k_t, k_t)
             v_tile = tl.where(is_new, new_v, v_tile)
-            qk = _scores(q_lo, q_hi, k_lo, k_hi, n_in[None, :], SOFTCAP)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], SOFTCAP, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         part = (b * n_heads + heads) * n_splits + split
-        tl.store(part_o + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=r_in[:, None])
+        tl.store(part_o + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=r_in[:, None] & d_in[None, :])
         tl.store(part_ml + part * 2, m_i, mask=r_in)
         tl.store(part_ml + part * 2 + 1, l_i, mask=r_in)
         if split == 0:
-            half = tl.arange(0, HALF)[None, :]
-            tl.store(kc_head + start * kc_s1 + half * kc_s3, new_k_lo)
-            tl.store(kc_head + start * kc_s1 + (half + HALF) * kc_s3, new_k_hi)
-            tl.store(vc_head + start * vc_s1 + dims[None, :] * vc_s3, new_v)
+            _store_pieces(kc_head + start * kc_s1, one, kc_s3, new_k_a, new_k_b, new_k_p, new_k_t, one == 0,
+                          HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, INTERLEAVED)
+            tl.store(vc_head + start * vc_s1 + dims[None, :] * vc_s3, new_v, mask=d_in[None, :])
     else:
         # PREFILL: BLOCK_M new queries of one head; the cached keys, then the new ones.
         bh = tl.program_id(0)
@@ -262,29 +305,31 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         rows = tl.arange(0, BLOCK_M)
         m_pos = start_m + rows
         m_in = m_pos < seq_len
-        q_lo, q_hi = _new_rows(q + b * q_sb + h * q_sh, m_pos * q_ss, q_sd, q_norm, qn_sd, cos + b * cos_sb,
-                               m_pos * cos_ss, cos_sd, sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in, HALF, ROPE, NORM)
-        q_lo = (q_lo.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
-        q_hi = (q_hi.to(tl.float32) * SCALE).to($elem).to(DOT_DTYPE)
+        q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb + h * q_sh, m_pos * q_ss, q_sd, q_norm, qn_sd, cos + b * cos_sb,
+                                       m_pos * cos_ss, cos_sd, sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
+                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
+        q_a, q_b, q_p, q_t = _scaled(q_a, SCALE), _scaled(q_b, SCALE), _scaled(q_p, SCALE), _scaled(q_t, SCALE)
         kc_head = k_cache + slot * kc_s0 + kvh * kc_s2
         vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
         k_new = k + b * k_sb + kvh * k_sh
         v_new = v + b * v_sb + kvh * v_sh
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_P], tl.float32)
         lo = 0
         if WINDOW > 0:
             lo = tl.maximum(lo, start + start_m - WINDOW + 1)
         for n0 in range(lo, start, BLOCK_N):
             n_pos = n0 + keys
             n_in = n_pos < start
-            k_lo, k_hi = _load_halves(kc_head, n_pos * kc_s1, kc_s3, n_in, HALF)
-            v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3, mask=n_in[:, None], other=0)
+            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, n_pos, 0, kc_head, n_pos, 0,
+                                           n_in, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+            v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3,
+                             mask=n_in[:, None] & d_in[None, :], other=0)
             visible = n_in[None, :]
             if WINDOW > 0:
                 visible = visible & (n_pos[None, :] > start + m_pos[:, None] - WINDOW)
-            qk = _scores(q_lo, q_hi, k_lo, k_hi, visible, SOFTCAP)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         lo = 0
         if WINDOW > 0:
@@ -293,32 +338,36 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         for n0 in range(lo, tl.minimum(seq_len, start_m + BLOCK_M), BLOCK_N):
             n_pos = n0 + keys
             n_in = n_pos < seq_len
-            k_lo, k_hi = _new_rows(k_new, n_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, n_pos * cos_ss, cos_sd,
-                                   sin + b * sin_sb, n_pos * sin_ss, sin_sd, n_in, HALF, ROPE, NORM)
-            v_tile = tl.load(v_new + n_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=n_in[:, None], other=0)
+            k_a, k_b, k_p, k_t = _new_rows(k_new, n_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, n_pos * cos_ss, cos_sd,
+                                           sin + b * sin_sb, n_pos * sin_ss, sin_sd, n_in,
+                                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
+            v_tile = tl.load(v_new + n_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=n_in[:, None] & d_in[None, :],
+                             other=0)
             visible = n_in[None, :] & (n_pos[None, :] <= m_pos[:, None])
             if WINDOW > 0:
                 visible = visible & (n_pos[None, :] > m_pos[:, None] - WINDOW)
-            qk = _scores(q_lo, q_hi, k_lo, k_hi, visible, SOFTCAP)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         # Every query sees its own key: l_i > 0 on every row in range.
         out_tile = acc / tl.where(m_in, l_i, 1.0)[:, None]
         out_rows = (bh.to(tl.int64) * seq_len + m_pos) * HEAD_DIM
-        tl.store(out + out_rows[:, None] + dims[None, :], out_tile.to($elem), mask=m_in[:, None])
+        tl.store(out + out_rows[:, None] + dims[None, :], out_tile.to($elem), mask=m_in[:, None] & d_in[None, :])
         if h % kv_group == 0:
-            k_lo, k_hi = _new_rows(k_new, m_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, m_pos * cos_ss, cos_sd,
-                                   sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in, HALF, ROPE, NORM)
-            half = tl.arange(0, HALF)[None, :]
-            cache_rows = (start + m_pos)[:, None] * kc_s1
-            tl.store(kc_head + cache_rows + half * kc_s3, k_lo, mask=m_in[:, None])
-            tl.store(kc_head + cache_rows + (half + HALF) * kc_s3, k_hi, mask=m_in[:, None])
-            v_rows = tl.load(v_new + m_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=m_in[:, None], other=0)
-            tl.store(vc_head + (start + m_pos)[:, None] * vc_s1 + dims[None, :] * vc_s3, v_rows, mask=m_in[:, None])
+            k_a, k_b, k_p, k_t = _new_rows(k_new, m_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, m_pos * cos_ss, cos_sd,
+                                           sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
+                                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
+            _store_pieces(kc_head, (start + m_pos) * kc_s1, kc_s3, k_a, k_b, k_p, k_t, m_in,
+                          HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, INTERLEAVED)
+            v_rows = tl.load(v_new + m_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=m_in[:, None] & d_in[None, :],
+                             other=0)
+            tl.store(vc_head + (start + m_pos)[:, None] * vc_s1 + dims[None, :] * vc_s3, v_rows,
+                     mask=m_in[:, None] & d_in[None, :])
 '''
 
 _LAUNCHER = '''\
 OUTPUT_DTYPES = ($dtype, )
-SPEC = dict(HEAD_DIM=$head_dim, ROPE=$rope, NORM=$norm, SCALE=$scale, WINDOW=$window, SOFTCAP=$softcap)
+SPEC = dict(HEAD_DIM=$head_dim, HEAD_P=$head_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm, SCALE=$scale,
+            WINDOW=$window, SOFTCAP=$softcap)
 
 
 def output_shapes(tensors):
@@ -357,7 +406,7 @@ def launch(kernel, tensors, scalars):
                                           (k_cache, 4), (v_cache, 4)) for d in range(n)]
     common = (q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, out)
     if seq_len > 1:
-        blocks = prefill_blocks($head_dim, $dtype, seq_len, $norm)
+        blocks = prefill_blocks($width, $dtype, seq_len, $norm)
         kernel[(batch * n_heads, triton.cdiv(seq_len, blocks.block_m))](
             *common, out, out, seq_len, n_heads, kv_group, 1, 1, *strides, PHASE=$PREFILL, **SPEC,
             BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, SPLITS=1, num_warps=blocks.num_warps,
@@ -377,13 +426,6 @@ def launch(kernel, tensors, scalars):
 '''
 
 
-def _dot_dtype_line(dtype: torch.dtype) -> str:
-    if dtype != torch.bfloat16:
-        return f"DOT_DTYPE = tl.constexpr({_TL_DTYPE[dtype]})"
-    # The interpreter multiplies bf16 tiles as their raw bits (see attention_kernel.dot_dtype_line).
-    return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
-
-
 def _unpack(spec: CachedAttentionSpec) -> str:
     """The launcher's unpacking of its tensors: the op's operands. Without RoPE the kernel takes
     no tables, without QK-norm no weights: q stands in for them (never read)."""
@@ -397,17 +439,22 @@ def _unpack(spec: CachedAttentionSpec) -> str:
 def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: str) -> str:
     """The whole kernel file: imports, the helpers, the `@triton.jit` kernel and its launcher.
     `header` goes first (the cache's key and provenance comment)."""
+    pieces = spec.pieces
     fields = {
         "name": name,
         "elem": _TL_DTYPE[spec.dtype],
         "precision": ', input_precision="ieee"' if spec.dtype == torch.float32 else "",
         "dtype": str(spec.dtype),
         "head_dim": spec.head_dim,
+        "head_p": pieces.head_p,
+        "pieces": ", ".join(f"{k}={v}" for k, v in pieces.constexprs.items()),
+        "width": pieces.width,
         "rope": spec.rope,
+        "interleaved": spec.interleaved,
         "scale": repr(spec.scale),
         "window": spec.window or 0,
         "softcap": repr(float(spec.softcap or 0.0)),
-        "block_n": decode_block_n(spec.head_dim, spec.dtype),
+        "block_n": decode_block_n(pieces.width, spec.dtype),
         "norm": spec.qk_norm is not None,
         "unpack": _unpack(spec),
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
@@ -420,7 +467,7 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "",
         "from ad_mlir.codegen.cached_attention_kernel import decode_splits, prefill_blocks",
         "",
-        _dot_dtype_line(spec.dtype),
+        dot_dtype_line(spec.dtype),
         f"LOG2E = tl.constexpr({1 / math.log(2)!r})",
         "",
         "",

@@ -4,8 +4,8 @@ A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or `ad.cach
 which is not pure: it writes its caches) on its own. Either way
 codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
 kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the
-generic region kernel sees elementwise and row-reduction ops only. Attention and RoPE ops have
-no decomposition: their regions are emitted from templates. The IR the passes made is
+generic region kernel sees elementwise and row-reduction ops only. Attention, RoPE and MoE ops
+have no decomposition: their regions are emitted from templates. The IR the passes made is
 left as it is.
 """
 
@@ -26,6 +26,7 @@ from ad_mlir.dialects.weights import weight_only_values
 if TYPE_CHECKING:
     from ad_mlir.codegen.attention_kernel import AttentionSpec, QkNorm
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
+    from ad_mlir.codegen.moe_kernel import MoeSpec
 
 KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
@@ -77,7 +78,7 @@ def kernel_region(op: Operation) -> KernelRegion:
             raise NoKernelForm(str(e)) from e
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
     kernel_ops = [o for o in fused.body.block.ops if isinstance(o, KERNEL_OPS)]
-    label = "_".join(dict.fromkeys(o.name.removeprefix("ad.") for o in kernel_ops)) or None
+    label = "_".join(dict.fromkeys(_kernel_label(o) for o in kernel_ops)) or None
     for inner in kernel_ops:
         if type(inner) in DECOMPOSITIONS:
             new_ops, values = DECOMPOSITIONS[type(inner)](inner)
@@ -85,19 +86,23 @@ def kernel_region(op: Operation) -> KernelRegion:
     return KernelRegion(fused, label)
 
 
-TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp)
+def _kernel_label(op: Operation) -> str:
+    return op.kernel_label() if isinstance(op, ad.KernelOp) else op.name.removeprefix("ad.")
+
+
+TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.MoeOp)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
-def template_op(region: ad.FusedOp) -> ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp | None:
+def template_op(region: ad.FusedOp) -> ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp | ad.MoeOp | None:
     """The op of a region that is one templated kernel op alone, else None."""
     ops = [o for o in region.body.block.ops if not isinstance(o, ad.YieldOp)]
     return ops[0] if len(ops) == 1 and isinstance(ops[0], TEMPLATE_OPS) else None
 
 
 def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
-    """The kernel module of a lowered region: the attention, cached attention or RoPE template
-    for those ops, the generic region kernel otherwise."""
+    """The kernel module of a lowered region: the attention, cached attention, RoPE or MoE
+    template for those ops, the generic region kernel otherwise."""
     from ad_mlir.codegen import attention_kernel, cached_attention_kernel, region_kernel, rope_kernel
     from ad_mlir.frontends.op_table import torch_dtype
 
@@ -106,10 +111,14 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         return attention_kernel.emit_attention_module(attention_spec(op), name, header)
     if isinstance(op, ad.CachedAttentionOp):
         return cached_attention_kernel.emit_cached_attention_module(cached_attention_spec(op), name, header)
+    if isinstance(op, ad.MoeOp):
+        from ad_mlir.codegen.moe_kernel import emit_moe_module
+
+        return emit_moe_module(moe_spec(op), name, header)
     if isinstance(op, ad.RopeOp):
         head_dim = op.query.type.get_shape()[3]
         return rope_kernel.emit_rope_module(head_dim, torch_dtype(op.query.type), torch_dtype(op.key.type), name,
-                                            header)
+                                            header, rotary_dim(op), op.interleaved is not None)
     return region_kernel.emit_kernel_module(region, name, header)
 
 
@@ -125,6 +134,8 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
         causal=op.is_causal is not None,
         scale=op.scale.value.data,
         cos_dtype=torch_dtype(op.cos.type),
+        rotary_dim=rotary_dim(op),
+        interleaved=op.interleaved is not None,
         window=op.window.value.data if op.window is not None else None,
         softcap=op.softcap.value.data if op.softcap is not None else None,
         qk_norm=qk_norm_of(op),
@@ -154,6 +165,31 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
         window=op.window.value.data if op.window is not None else None,
         softcap=op.softcap.value.data if op.softcap is not None else None,
         qk_norm=qk_norm_of(op),
+        rotary_dim=rotary_dim(op) if op.cos is not None else None,
+        interleaved=op.interleaved is not None,
+    )
+
+
+def rotary_dim(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp) -> int:
+    """The dims of each head RoPE rotates: the tables' width (`ad.RopeAttentionOp`)."""
+    return op.cos.type.get_shape()[-1]
+
+
+def moe_spec(op: ad.MoeOp) -> MoeSpec:
+    from ad_mlir.codegen.moe_kernel import MoeSpec
+    from ad_mlir.frontends.op_table import torch_dtype
+
+    _, inter, hidden = op.gate_up.type.get_shape()
+    return MoeSpec(
+        hidden=hidden,
+        intermediate=inter // 2,
+        experts=op.router_logits.type.get_shape()[1],
+        shared_experts=op.num_shared,
+        top_k=op.top_k.value.data,
+        dtype=torch_dtype(op.input.type),
+        shared_gate=op.shared_gate is not None,
+        normalize=op.normalize is not None,
+        round_weights=op.round_weights is not None,
     )
 
 

@@ -288,9 +288,23 @@ def _child_main() -> None:
 
 def ptx_reports(kernels: Iterable[RegionKernel], tokens: int = 256) -> list[PtxReport]:
     """One report per distinct kernel (by name, in first-seen order), e.g. for
-    `build_kernels(module).values()`."""
+    `build_kernels(module).values()`; a kernel whose launcher launches it in several phases (the
+    MoE template) has one report per distinct phase, named `<kernel> phase <PHASE>`."""
     distinct = {k.name: k for k in kernels}
-    return compile_all([specialize(k, tokens) for k in distinct.values()])
+    named = [named_spec for k in distinct.values() for named_spec in _phase_specializations(k, tokens)]
+    reports = compile_all([spec for _, spec in named])
+    return [dataclasses.replace(report, name=name) for (name, _), report in zip(named, reports, strict=True)]
+
+
+def _phase_specializations(kernel: RegionKernel, tokens: int) -> list[tuple[str, Specialization]]:
+    """(report name, specialization) of each distinct launch the kernel's launcher makes."""
+    specs: dict[tuple, Specialization] = {}
+    for launch in record_launches(kernel.cached.module, *example_inputs(kernel, tokens)):
+        spec = specialize_launch(kernel.name, kernel.cached.path, kernel.cached.jit_function, launch)
+        specs.setdefault(tuple(sorted(spec.constexprs.items())), spec)
+    if len(specs) == 1:
+        return [(kernel.name, *specs.values())]
+    return [(f"{kernel.name} phase {spec.constexprs.get('PHASE')}", spec) for spec in specs.values()]
 
 
 def compile_all(specs: Sequence[Specialization]) -> list[PtxReport]:

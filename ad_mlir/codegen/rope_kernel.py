@@ -3,13 +3,15 @@
 `emit_rope_module` writes a kernel module with the interface of the region kernels (a
 `@triton.jit` function named as asked, `OUTPUT_DTYPES`, `output_shapes`, `launch`).
 
-The launch takes `q [B, Hq, S, D]`, `k [B, Hk, S, D]`, `cos`, `sin [Bc, S, D]` (any strides;
-a size-1 dim is read with stride 0, so a batch-1 table broadcasts) and returns the rotated
-`q` and `k`, contiguous. One program takes one token (batch, position) and BLOCK_R of the
-Hq + Hk heads, query heads first, as a [BLOCK_R, BLOCK_C = D] tile: it loads that token's
-cos/sin row once for all of them, loads each head's row and its rotate_half partner (dim `(d + D/2) % D`, negated in the first
-half), and stores `x * cos + rotate_half(x) * sin`, computed in fp32 and rounded once at the
-store (HF rounds after each op in the model dtype: a bf16 ulp apart).
+The launch takes `q [B, Hq, S, D]`, `k [B, Hk, S, D]`, `cos`, `sin [Bc, S, R]` (any strides;
+a size-1 dim is read with stride 0, so a batch-1 table broadcasts; R <= D the rotary dim) and
+returns the rotated `q` and `k`, contiguous. One program takes one token (batch, position) and
+BLOCK_R of the Hq + Hk heads, query heads first, as a [BLOCK_R, BLOCK_C] tile (D padded to a
+power of two, masked): it loads that token's cos/sin row once for all of them, loads each head's
+row and each rotated dim's partner (rotate_half: dim `(d + R/2) % R`, negated in the first half;
+interleaved pairs: dim `d ^ 1`, negated at even d), and stores `x * cos + rotate(x) * sin` on
+the first R dims and x on the rest, computed in fp32 and rounded once at the store (HF rounds
+after each op in the model dtype: a bf16 ulp apart).
 """
 
 from __future__ import annotations
@@ -40,19 +42,20 @@ def {name}(q, k, cos, sin, q_out, k_out, seq_len, n_q, n_k,
     s = token % seq_len
     heads = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
     dims = tl.arange(0, BLOCK_C)[None, :]
-    partner = (dims + {half}) % {head_dim}
-    sign = tl.where(dims < {half}, -1.0, 1.0)
-    c = tl.load(cos + b * c_sb + s * c_ss + dims * c_sd).to(tl.float32)
-    sn = tl.load(sin + b * s_sb + s * s_ss + dims * s_sd).to(tl.float32)
-    is_q = (heads < n_q) & (dims >= 0)
-    is_k = (heads >= n_q) & (heads < n_q + n_k) & (dims >= 0)
+    rotated = dims < {rotary}
+    partner = {partner}
+    sign = tl.where({negated}, -1.0, 1.0)
+    c = tl.load(cos + b * c_sb + s * c_ss + dims * c_sd, mask=rotated, other=0).to(tl.float32)
+    sn = tl.load(sin + b * s_sb + s * s_ss + dims * s_sd, mask=rotated, other=0).to(tl.float32)
+    is_q = (heads < n_q) & (dims < {head_dim})
+    is_k = (heads >= n_q) & (heads < n_q + n_k) & (dims < {head_dim})
     q_row = q + b * q_sb + heads * q_sh + s * q_ss
     k_row = k + b * k_sb + (heads - n_q) * k_sh + s * k_ss
     x = tl.load(q_row + dims * q_sd, mask=is_q, other=0).to(tl.float32)
     x += tl.load(k_row + dims * k_sd, mask=is_k, other=0).to(tl.float32)
-    x_rot = tl.load(q_row + partner * q_sd, mask=is_q, other=0).to(tl.float32)
-    x_rot += tl.load(k_row + partner * k_sd, mask=is_k, other=0).to(tl.float32)
-    y = x * c + sign * x_rot * sn
+    x_rot = tl.load(q_row + partner * q_sd, mask=is_q & rotated, other=0).to(tl.float32)
+    x_rot += tl.load(k_row + partner * k_sd, mask=is_k & rotated, other=0).to(tl.float32)
+    y = tl.where(rotated, x * c + sign * x_rot * sn, x)
     tl.store(q_out + ((b * n_q + heads) * seq_len + s) * {head_dim} + dims, y.to({q_dtype}), mask=is_q)
     tl.store(k_out + ((b * n_k + heads - n_q) * seq_len + s) * {head_dim} + dims, y.to({k_dtype}), mask=is_k)
 
@@ -73,28 +76,35 @@ def launch(kernel, tensors, scalars):
     q, k, cos, sin = tensors
     batch, n_q, seq_len, head_dim = q.shape
     n_k = k.shape[1]
-    if head_dim != {head_dim} or k.shape[3] != {head_dim}:
-        raise ValueError(f"rope kernel for head_dim {head_dim}: q {{tuple(q.shape)}}, k {{tuple(k.shape)}}")
+    if head_dim != {head_dim} or k.shape[3] != {head_dim} or cos.shape[-1] != {rotary}:
+        raise ValueError(f"rope kernel for head_dim {head_dim}, rotary_dim {rotary}: q {{tuple(q.shape)}}, "
+                         f"k {{tuple(k.shape)}}, cos {{tuple(cos.shape)}}")
     outs = [torch.empty(s, dtype=d, device=q.device) for s, d in zip(output_shapes(tensors), OUTPUT_DTYPES)]
     if batch * seq_len == 0:
         return outs
-    block_h, num_warps = rope_blocks(n_q + n_k, {head_dim})
+    block_h, num_warps = rope_blocks(n_q + n_k, {head_p})
     kernel[(batch * seq_len, triton.cdiv(n_q + n_k, block_h))](
         q, k, cos, sin, outs[0], outs[1], seq_len, n_q, n_k,
         *_strides(q), *_strides(k), *_strides(cos), *_strides(sin),
-        BLOCK_R=block_h, BLOCK_C={head_dim}, num_warps=num_warps, enable_fp_fusion=True,
+        BLOCK_R=block_h, BLOCK_C={head_p}, num_warps=num_warps, enable_fp_fusion=True,
     )
     return outs
 '''
 
 
-def emit_rope_module(head_dim: int, q_dtype: torch.dtype, k_dtype: torch.dtype, name: str, header: str) -> str:
-    """The kernel file for RoPE of `head_dim` (even) on q and k of these dtypes."""
-    if head_dim % 2 or head_dim != next_power_of_2(head_dim):
-        raise ValueError(f"the rope kernel needs a power-of-two head_dim, got {head_dim}")
+def emit_rope_module(head_dim: int, q_dtype: torch.dtype, k_dtype: torch.dtype, name: str, header: str,
+                     rotary_dim: int | None = None, interleaved: bool = False) -> str:
+    """The kernel file for RoPE on the first `rotary_dim` (even; None: all) of `head_dim` dims of
+    q and k of these dtypes, in HF's rotate_half form or on `interleaved` pairs."""
+    rotary = head_dim if rotary_dim is None else rotary_dim
+    if rotary < 2 or rotary % 2 or rotary > head_dim:
+        raise ValueError(f"the rope kernel needs an even rotary_dim in 2..head_dim {head_dim}, got {rotary}")
     imports = "import torch\nimport triton\nimport triton.language as tl\n\nfrom ad_mlir.codegen.rope_kernel import rope_blocks\n"
+    half = rotary // 2
     kernel = _KERNEL.format(
-        name=name, head_dim=head_dim, half=head_dim // 2, q_dtype=_TL_DTYPE[q_dtype], k_dtype=_TL_DTYPE[k_dtype],
-        q_torch=str(q_dtype), k_torch=str(k_dtype),
+        name=name, head_dim=head_dim, head_p=next_power_of_2(head_dim), rotary=rotary,
+        partner="dims ^ 1" if interleaved else f"tl.where(dims < {half}, dims + {half}, dims - {half})",
+        negated="dims % 2 == 0" if interleaved else f"dims < {half}",
+        q_dtype=_TL_DTYPE[q_dtype], k_dtype=_TL_DTYPE[k_dtype], q_torch=str(q_dtype), k_torch=str(k_dtype),
     )
     return f"{header}{imports}\n{kernel}"

@@ -142,6 +142,10 @@ INPUT_ATTR = "ad.input"
 SHARD_DIM_ATTR = "ad.shard_dim"
 """On a weight argument: it is one rank's tensor-parallel shard of the weight, cut along this
 dim. The argument's type is the local shape; rank r holds the slice at offset r * local size."""
+SHARD_CHUNKS_ATTR = "ad.shard_chunks"
+"""With `ad.shard_dim`: the weight's dim holds this many equal chunks (a stacked gate and up, a
+shared expert cut in virtual experts), each cut alike: rank r holds the r-th slice of every
+chunk, in order."""
 
 
 
@@ -950,7 +954,7 @@ class MatmulOp(AdOp):
     """torch.matmul: batched, broadcasting."""
 
     name = "ad.matmul"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("MatmulOfTransposedMatrixToLinear")
     input = operand_def(AdTensor)
     other = operand_def(AdTensor)
     result = result_def(AdTensor)
@@ -1047,6 +1051,10 @@ class KernelOp(AdOp):
 
     traits = traits_def(Pure())
 
+    def kernel_label(self) -> str:
+        """Names the op's kernel (before its hash): the op's name, or what tells its variants apart."""
+        return self.name.removeprefix("ad.")
+
 
 _FLOAT_PROMOTION = {
     frozenset((BFloat16Type(), Float16Type())): Float32Type(),
@@ -1081,12 +1089,15 @@ class NormOp(KernelOp):
         if normed.type.element_type != (expected := self.normed_element_type(x)):
             raise VerifyException(f"'{self.name}' result element type must be {expected}")
         if self.weight is not None:
-            w_shape = _shape(self.weight.type)
-            if len(w_shape) != 1 or not _dims_compatible(w_shape[0], x_shape[-1]):
-                raise VerifyException(
-                    f"'{self.name}' weight must be 1-D of the normalized size {x_shape[-1]}, "
-                    f"got {_fmt_shape(w_shape)}"
-                )
+            _verify_row_parameter(self, "weight", self.weight, x_shape)
+
+
+def _verify_row_parameter(op: Operation, name: str, value: SSAValue, x_shape: tuple[int, ...]) -> None:
+    """A norm's weight or bias: 1-D, one value per element of the normalized (last) dim."""
+    shape = _shape(value.type)
+    if len(shape) != 1 or not _dims_compatible(shape[0], x_shape[-1]):
+        raise VerifyException(f"'{op.name}' {name} must be 1-D of the normalized size {x_shape[-1]}, "
+                              f"got {_fmt_shape(shape)}")
 
 
 _NORM_FORMAT = (
@@ -1131,6 +1142,75 @@ class AddRmsNormOp(NormOp):
         self.verify_norm(self.input, self.result)
 
 
+_NORM_FLOATS = (Float32Type(), Float16Type(), BFloat16Type())
+
+
+class LayerNormBase(KernelOp):
+    """LayerNorm of `input` over its last dim, as torch's `F.layer_norm` computes it: in fp32,
+    `n = (x - mean(x)) / sqrt(var(x) + eps)` (biased variance), then `n * float(weight) +
+    float(bias)` (each optional), rounded once to the input's type. Weight and bias may be fp32
+    beside a bf16/fp16 input (torch's mixed-dtype LayerNorm). A weight applied as `1 + w`
+    (Nemotron's LayerNorm1P) is the value `w + 1` as the weight: computed from weights alone,
+    once, at compile time."""
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    weight = opt_operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    eps = prop_def(FloatAttr[Float64Type])
+
+    def verify_layer_norm(self, x: SSAValue, normed: SSAValue) -> None:
+        x_shape = _shape(x.type)
+        if not shapes_compatible(x_shape, _shape(normed.type)):
+            raise VerifyException(f"'{self.name}' result shape must be the input shape {_fmt_shape(x_shape)}")
+        if normed.type.element_type != x.type.element_type:
+            raise VerifyException(f"'{self.name}' result element type must be the input's, {x.type.element_type}")
+        for name, value in (("input", x), ("weight", self.weight), ("bias", self.bias)):
+            if value is not None and value.type.element_type not in _NORM_FLOATS:
+                raise VerifyException(f"'{self.name}' {name} must be f32, f16 or bf16")
+        for name, value in (("weight", self.weight), ("bias", self.bias)):
+            if value is not None:
+                _verify_row_parameter(self, name, value, x_shape)
+
+
+_LAYER_NORM_FORMAT = (
+    "(`weight` $weight^)? (`bias` $bias^)? `eps` $eps attr-dict `:` `(` {inputs} (`weight` type($weight)^)? "
+    "(`bias` type($bias)^)? `)` `->` {results}"
+)
+"""Each optional operand's type after its keyword: with two optional operands, a bare list of
+types would not say whose a type is."""
+
+
+@irdl_op_definition
+class LayerNormOp(LayerNormBase):
+    name = "ad.layer_norm"
+    input = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = "$input " + _LAYER_NORM_FORMAT.format(inputs="type($input)", results="type($result)")
+
+    def verify_op(self) -> None:
+        self.verify_layer_norm(self.input, self.result)
+
+
+@irdl_op_definition
+class AddLayerNormOp(LayerNormBase):
+    """`sum = input + residual` (same type), then LayerNorm of `sum`; both are results (the
+    sum feeds the next residual connection)."""
+
+    name = "ad.add_layer_norm"
+    input = operand_def(AdTensor)
+    residual = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    sum = result_def(AdTensor)
+    assembly_format = "$input `,` $residual " + _LAYER_NORM_FORMAT.format(
+        inputs="type($input) `,` type($residual)", results="`(` type($result) `,` type($sum) `)`"
+    )
+
+    def verify_op(self) -> None:
+        if not self.input.type == self.residual.type == self.sum.type:
+            raise VerifyException("ad.add_layer_norm input, residual and sum must have one type")
+        self.verify_layer_norm(self.input, self.result)
+
+
 @irdl_op_definition
 class SiluAndMulOp(KernelOp):
     """`silu(gate) * up`, each op in the operands' dtype (as HF's MLP computes it)."""
@@ -1173,17 +1253,103 @@ def _verify_qk_norm(op: RopeAttentionOp | CachedAttentionOp) -> None:
                                   "weight_in_fp32 (a Llama-style weight of another type would promote)")
 
 
+# MLP activations (`passes/fuse_gelu_mul.py`, `passes/fuse_activation.py`).
+
+GeluApproximation = AttrSetConstraint(frozenset({StringAttr("none"), StringAttr("tanh")}))
+"""aten.gelu's `approximate`: "none" (erf) or "tanh"."""
+
+
+@irdl_op_definition
+class GeluAndMulOp(KernelOp):
+    """`gelu(gate) * up`, GELU with `approximate` "none" (erf; also when absent) or "tanh",
+    each op in the operands' dtype (as HF's gated GELU MLP computes it: Gemma)."""
+
+    name = "ad.gelu_and_mul"
+    gate = operand_def(AdTensor)
+    up = operand_def(AdTensor)
+    approximate = opt_prop_def(GeluApproximation)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$gate `,` $up (`approximate` $approximate^)? attr-dict `:` `(` type($gate) `,` type($up) `)` `->` "
+        "type($result)"
+    )
+
+    def verify_op(self) -> None:
+        if not self.gate.type == self.up.type == self.result.type:
+            raise VerifyException("ad.gelu_and_mul gate, up and result must have one type")
+
+    def kernel_label(self) -> str:
+        return "gelu_tanh_and_mul" if self.approximate == StringAttr("tanh") else "gelu_and_mul"
+
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2", "silu")
+"""`ad.activation` kinds: GELU (erf), GELU (tanh approximation), ReLU, ReLU squared, SiLU."""
+
+
+@irdl_op_definition
+class ActivationOp(KernelOp):
+    """An MLP's activation of its up projection: `act(input + bias)`, the bias add (when the
+    GEMM did not add it) and the activation in the input's dtype, as torch computes each."""
+
+    name = "ad.activation"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    kind = prop_def(StringAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$kind $input (`bias` $bias^)? attr-dict `:` `(` type($input) (`,` type($bias)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        # A check here, not a constraint on `kind`: xDSL's custom-format parser checks
+        # constraints of required properties before the op has a location to report.
+        if self.kind.data not in ACTIVATIONS:
+            raise VerifyException(f"ad.activation kind must be one of {', '.join(ACTIVATIONS)}, got '{self.kind.data}'")
+        if self.input.type != self.result.type:
+            raise VerifyException("ad.activation input and result must have one type")
+        if self.bias is None:
+            return
+        features = _shape(self.input.type)[-1]
+        bias_shape = _shape(self.bias.type)
+        fits = len(bias_shape) == 1 and _dims_compatible(bias_shape[0], features)
+        if not fits or self.bias.type.element_type != self.input.type.element_type:
+            raise VerifyException(
+                f"ad.activation bias must be 1-D of the input's {features} features and its element type"
+            )
+
+    def kernel_label(self) -> str:
+        return f"bias_{self.kind.data}" if self.bias is not None else self.kind.data
+
+
+def _verify_rope_tables(op: Operation, head_dim: int) -> None:
+    """`cos`/`sin` of `op` are one [batch or 1, seq, rotary_dim] type, rotary_dim even and at
+    most `head_dim` (RoPE as `RopeAttentionOp` describes it)."""
+    t = _shape(op.cos.type)
+    if op.cos.type != op.sin.type or len(t) != 3:
+        raise VerifyException(f"{op.name} cos and sin must be one [batch or 1, seq, rotary_dim] type")
+    if t[2] == DYNAMIC_INDEX or t[2] % 2 or (head_dim != DYNAMIC_INDEX and t[2] > head_dim):
+        raise VerifyException(f"{op.name} rotary_dim (the tables' last dim) {t[2]} must be static, even and at "
+                              f"most the head_dim {head_dim}")
+
+
 @irdl_op_definition
 class RopeAttentionOp(KernelOp):
     """Scaled dot-product attention whose query and key get rotary position embedding first,
-    as HF's `apply_rotary_pos_emb` does it in the inputs' dtype: `x * cos + rotate_half(x) *
-    sin` with `cos`/`sin` [batch or 1, seq, head_dim] broadcast over heads. Query
-    [batch, heads, seq, head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query:
-    each kv head serves heads / kv_heads query heads); an optional boolean mask (True =
-    attend) and/or causal masking, causal within a sliding `window` of keys when set; with
-    `softcap`, the scores soft-capped before masking and softmax. With QK-norm weights
-    (`QK_NORM_PROPERTIES`) the query and key heads are RMS-normalized before RoPE. Its kernel is
-    a template (`codegen/attention_kernel.py`)."""
+    as HF's `apply_rotary_pos_emb` does it in the inputs' dtype. Query [batch, heads, seq,
+    head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query: each kv head serves
+    heads / kv_heads query heads); an optional boolean mask (True = attend) and/or causal
+    masking, causal within a sliding `window` of keys when set; with `softcap`, the scores
+    soft-capped before masking and softmax. With QK-norm weights (`QK_NORM_PROPERTIES`) the
+    query and key heads are RMS-normalized before RoPE. Its kernel is a template
+    (`codegen/attention_kernel.py`).
+
+    RoPE (here, in `ad.rope` and `ad.cached_attention`): with tables `cos`, `sin` [batch or 1,
+    seq, rotary_dim] broadcast over heads, the first rotary_dim dims of each head become
+    `x * cos + rotate(x) * sin` and the others pass unchanged (partial rotary: GPT-NeoX, Phi,
+    GLM). rotate is HF's rotate_half, `cat(-x[R/2:], x[:R/2])`, or with `interleaved` the pairs
+    (2i, 2i + 1) of GPT-J and GLM, `stack(-x[1::2], x[0::2], -1).flatten(-2)`. rotary_dim is
+    the tables' last dim (as in HF: `cos.shape[-1]`)."""
 
     name = "ad.rope_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1195,6 +1361,7 @@ class RopeAttentionOp(KernelOp):
     q_norm_weight = opt_operand_def(AdTensor)
     k_norm_weight = opt_operand_def(AdTensor)
     attn_mask = opt_operand_def(AdTensor)
+    interleaved = opt_prop_def(UnitAttr)
     qk_norm_eps = opt_prop_def(FloatAttr[Float64Type])
     qk_norm_offset = opt_prop_def(FloatAttr[Float64Type])
     qk_norm_weight_in_fp32 = opt_prop_def(UnitAttr)
@@ -1206,10 +1373,10 @@ class RopeAttentionOp(KernelOp):
     scale = prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
-        "$query `,` $key `,` $value `rope` $cos `,` $sin " + _QK_NORM_FORMAT + "(`mask` $attn_mask^)? "
-        "(`causal` $is_causal^)? (`window` $window^)? (`softcap` $softcap^)? `scale` $scale attr-dict `:` `(` "
-        "type($query) `,` type($key) `,` type($value) `,` type($cos) `,` type($sin) (`,` type($attn_mask)^)? `)` "
-        "`->` type($result)"
+        "$query `,` $key `,` $value `rope` $cos `,` $sin (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
+        "(`mask` $attn_mask^)? (`causal` $is_causal^)? (`window` $window^)? (`softcap` $softcap^)? "
+        "`scale` $scale attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($cos) `,` "
+        "type($sin) (`,` type($attn_mask)^)? `)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -1220,10 +1387,7 @@ class RopeAttentionOp(KernelOp):
             raise VerifyException("ad.rope_attention key and value must match the query's head_dim and each other")
         if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
             raise VerifyException(f"ad.rope_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
-        for table in (self.cos, self.sin):
-            t = _shape(table.type)
-            if len(t) != 3 or not _dims_compatible(t[2], q[3]):
-                raise VerifyException("ad.rope_attention cos/sin must be [batch or 1, seq, head_dim]")
+        _verify_rope_tables(self, q[3])
         if self.result.type != self.query.type:
             raise VerifyException("ad.rope_attention result must have the query's type")
         if self.window is not None and (self.is_causal is None or self.window.value.data < 1):
@@ -1235,21 +1399,21 @@ class RopeAttentionOp(KernelOp):
 
 @irdl_op_definition
 class RopeOp(KernelOp):
-    """HF's `apply_rotary_pos_emb` on a query and a key together: `x * cos + rotate_half(x) *
-    sin` for each, computed in their dtype, with `cos`/`sin` [batch or 1, seq, head_dim]
-    broadcast over heads. Query [batch, heads, seq, head_dim], key [batch, kv_heads, seq,
-    head_dim]. Its kernel is a template (`codegen/rope_kernel.py`): one launch for both."""
+    """HF's `apply_rotary_pos_emb` on a query and a key together (RoPE as `ad.rope_attention`
+    describes it), computed in their dtype. Query [batch, heads, seq, head_dim], key [batch, kv_heads, seq, head_dim].
+    Its kernel is a template (`codegen/rope_kernel.py`): one launch for both."""
 
     name = "ad.rope"
     query = operand_def(AdTensor)
     key = operand_def(AdTensor)
     cos = operand_def(AdTensor)
     sin = operand_def(AdTensor)
+    interleaved = opt_prop_def(UnitAttr)
     query_out = result_def(AdTensor)
     key_out = result_def(AdTensor)
     assembly_format = (
-        "$query `,` $key `rope` $cos `,` $sin attr-dict `:` `(` type($query) `,` type($key) `,` type($cos) `,` "
-        "type($sin) `)` `->` `(` type($query_out) `,` type($key_out) `)`"
+        "$query `,` $key `rope` $cos `,` $sin (`interleaved` $interleaved^)? attr-dict `:` `(` type($query) `,` "
+        "type($key) `,` type($cos) `,` type($sin) `)` `->` `(` type($query_out) `,` type($key_out) `)`"
     )
 
     def verify_op(self) -> None:
@@ -1258,8 +1422,86 @@ class RopeOp(KernelOp):
             raise VerifyException("ad.rope query/key must be [batch, heads, seq, head_dim] with one head_dim")
         if self.query_out.type != self.query.type or self.key_out.type != self.key.type:
             raise VerifyException("ad.rope results must have the query's and the key's types")
-        if self.cos.type != self.sin.type or len(_shape(self.cos.type)) != 3:
-            raise VerifyException("ad.rope cos and sin must be one [batch or 1, seq, head_dim] type")
+        _verify_rope_tables(self, q[3])
+
+
+# ------------------------------------------------------------------------------ MoE
+
+
+_FLOAT_TYPES = (Float32Type(), Float16Type(), BFloat16Type())
+
+
+@irdl_op_definition
+class MoeOp(KernelOp):
+    """A mixture-of-experts FFN: each token of `input` [tokens, hidden] goes through the
+    `top_k` experts its router picks and the result is their outputs weighted by the router.
+
+    Routing, in fp32: `probs = softmax(float(router_logits))` over the E routed experts
+    ([tokens, E]), the `top_k` largest of them (HF's `torch.topk`), divided by their sum with
+    `normalize` (Mixtral, Qwen's `norm_topk_prob`; a softmax of the top-k logits alone, as some
+    blocks spell it, is the same thing); with `round_weights` the weights are then rounded to
+    the input's dtype (Qwen's `.to(router_logits.dtype)`).
+
+    Experts are stacked: `gate_up` [E + S, 2 * I, hidden] (each expert's gate rows, then its
+    up rows) and `down` [E + S, hidden, I]; expert e computes `silu(x @ gate_e.T) * (x @ up_e.T)
+    @ down_e.T` in the input's dtype, as HF's gated MLP does. The last S = `shared_experts`
+    experts are shared (Qwen2-MoE's shared expert, its intermediate size cut in S slices of I):
+    every token goes through all of them, weighted by `sigmoid(shared_gate)` ([tokens, 1], the
+    shared expert's gate logits; rounded as the routing weights are) or by 1 without it.
+
+    The weighted sum over a token's experts is accumulated in fp32 and rounded once to the
+    input's dtype. Its kernel is a template (`codegen/moe_kernel.py`)."""
+
+    name = "ad.moe"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    router_logits = operand_def(AdTensor)
+    gate_up = operand_def(AdTensor)
+    down = operand_def(AdTensor)
+    shared_gate = opt_operand_def(AdTensor)
+    top_k = prop_def(IntegerAttr[I64])
+    shared_experts = opt_prop_def(IntegerAttr[I64])
+    normalize = opt_prop_def(UnitAttr)
+    round_weights = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $router_logits `experts` $gate_up `,` $down (`shared` $shared_experts^)? "
+        "(`gate` $shared_gate^)? `top_k` $top_k (`normalize` $normalize^)? (`round_weights` $round_weights^)? "
+        "attr-dict `:` `(` type($input) `,` type($router_logits) `,` type($gate_up) `,` type($down) "
+        "(`,` type($shared_gate)^)? `)` `->` type($result)"
+    )
+
+    @property
+    def num_shared(self) -> int:
+        return self.shared_experts.value.data if self.shared_experts is not None else 0
+
+    def verify_op(self) -> None:
+        x, logits = _shape(self.input.type), _shape(self.router_logits.type)
+        gate_up, down = _shape(self.gate_up.type), _shape(self.down.type)
+        if len(x) != 2 or len(logits) != 2 or not _dims_compatible(x[0], logits[0]):
+            raise VerifyException("ad.moe input must be [tokens, hidden] and router_logits [tokens, experts]")
+        for t in (self.input, self.router_logits, self.gate_up, self.down, self.shared_gate):
+            if t is not None and t.type.element_type not in _FLOAT_TYPES:
+                raise VerifyException("ad.moe takes f32, f16 or bf16 tensors")
+        if not self.gate_up.type.element_type == self.input.type.element_type == self.down.type.element_type:
+            raise VerifyException("ad.moe expert weights must have the input's element type")
+        if len(gate_up) != 3 or len(down) != 3 or DYNAMIC_INDEX in (*gate_up, *down, x[1], logits[1]):
+            raise VerifyException("ad.moe expert weights must be static [experts, 2 * I, hidden] and "
+                                  "[experts, hidden, I], the hidden and expert counts static")
+        experts, inter = gate_up[0], down[2]
+        if gate_up != (experts, 2 * inter, x[1]) or down != (experts, x[1], inter):
+            raise VerifyException(f"ad.moe expert weights {_fmt_shape(gate_up)} and {_fmt_shape(down)} do not "
+                                  f"fit hidden {x[1]}: expected [E, 2 * I, {x[1]}] and [E, {x[1]}, I]")
+        if logits[1] + self.num_shared != experts or self.num_shared < 0:
+            raise VerifyException(f"ad.moe has {experts} experts: {logits[1]} routed (router_logits) + "
+                                  f"{self.num_shared} shared expected")
+        if not 1 <= self.top_k.value.data <= logits[1]:
+            raise VerifyException(f"ad.moe top_k {self.top_k.value.data} is not in 1..{logits[1]}")
+        if self.shared_gate is not None:
+            if self.num_shared == 0 or not shapes_compatible(_shape(self.shared_gate.type), (x[0], 1)):
+                raise VerifyException("ad.moe shared_gate must be [tokens, 1], with shared experts")
+        if self.result.type != self.input.type:
+            raise VerifyException("ad.moe result must have the input's type")
 
 
 KV_CACHE_ATTR = "ad.kv_cache"
@@ -1276,7 +1518,7 @@ class CachedAttentionOp(AdOp):
 
     Query [batch, heads, seq, head_dim] and key/value [batch, kv_heads, seq, head_dim] are the
     `seq` new tokens of each row (RoPE applied to the query and the key first, as HF's
-    `apply_rotary_pos_emb` does, when `cos`/`sin` [batch, seq, head_dim] are given). Row b uses
+    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: as `ad.rope_attention`). Row b uses
     slot `slots[b]` of `k_cache`/`v_cache` [slots, max_seq, kv_heads, head_dim], which already
     holds `starts[b]` tokens: the new key and value are written at positions starts[b] ..
     starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with
@@ -1299,6 +1541,7 @@ class CachedAttentionOp(AdOp):
     v_cache = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
     softcap = opt_prop_def(FloatAttr[Float64Type])
@@ -1307,10 +1550,10 @@ class CachedAttentionOp(AdOp):
     qk_norm_weight_in_fp32 = opt_prop_def(UnitAttr)
     result = result_def(AdTensor)
     assembly_format = (
-        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? " + _QK_NORM_FORMAT + "`cache` $k_cache `,` $v_cache "
-        "`slots` $slots `starts` $starts `scale` $scale (`window` $window^)? (`softcap` $softcap^)? attr-dict `:` `(` "
-        "type($query) `,` type($key) `,` type($value) `,` type($k_cache) `,` type($v_cache) `,` type($slots) `,` "
-        "type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
+        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
+        "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
+        "(`softcap` $softcap^)? attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($k_cache) "
+        "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -1333,6 +1576,10 @@ class CachedAttentionOp(AdOp):
                 raise VerifyException("ad.cached_attention slots/starts must be tensor<batch x i64>")
         if (self.cos is None) != (self.sin is None):
             raise VerifyException("ad.cached_attention takes cos and sin together")
+        if self.cos is not None:
+            _verify_rope_tables(self, q[3])
+        elif self.interleaved is not None:
+            raise VerifyException("ad.cached_attention interleaved needs RoPE (cos and sin)")
         if self.result.type != self.query.type:
             raise VerifyException("ad.cached_attention result must have the query's type")
         if self.softcap is not None and not self.softcap.value.data > 0:
@@ -1671,6 +1918,8 @@ Ad = Dialect(
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        LayerNormOp, AddLayerNormOp, MoeOp,
+        GeluAndMulOp, ActivationOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

@@ -254,3 +254,42 @@ class RemoveEvalDropout(RewritePattern):
         train = args[2] if len(args) == 3 else op.kwargs.data.get("train")
         if isinstance(args[0], ad.OperandRefAttr) and isinstance(train, IntegerAttr) and train.value.data == 0:
             _replace_by(rewriter, op, op.operands[0])
+
+
+# ----------------------------------------------------------------------- matmuls
+
+TRANSPOSE_TARGETS = frozenset({"aten.numpy_T.default", "aten.t.default"})
+"""Opaque transposes of a matrix (`w.T`, `w.t()`)."""
+
+
+def _transposed_matrix(value: SSAValue) -> tuple[SSAValue, Operation] | None:
+    """(w, the transpose) when `value` is `w` 2-D transposed: `w.T`/`w.t()` (opaque),
+    `transpose(w, 0, 1)` or `permute(w, [1, 0])`."""
+    op = value.owner
+    if isinstance(op, ad.TorchOp) and op.target.data in TRANSPOSE_TARGETS and len(op.operands) == 1:
+        w = op.operands[0]
+    elif isinstance(op, ad.TransposeOp | ad.PermuteOp):
+        w = op.input
+    else:
+        return None
+    shape = w.type.get_shape() if isinstance(w.type, TensorType) else ()
+    if len(shape) != 2 or value.type != TensorType(w.type.element_type, shape[::-1]):
+        return None
+    return w, op
+
+
+class MatmulOfTransposedMatrixToLinear(RewritePattern):
+    """`x @ w.T` is `linear(x, w)` (torch computes `linear` without a bias as that matmul):
+    Falcon's FalconLinear, so that fuse-gemms and shard see its projections as linears. A
+    transpose left unread goes (an opaque one is not known to be pure, so DCE keeps it)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.MatmulOp, rewriter: PatternRewriter) -> None:
+        if (found := _transposed_matrix(op.other)) is None or len(op.input.type.get_shape()) < 2:
+            return
+        w, transpose = found
+        linear = ad.LinearOp.build(operands=[op.input, w, []], result_types=[op.result.type])
+        rewriter.replace(op, _located_like(op, linear))
+        if isinstance(transpose, ad.TorchOp) and not transpose.results[0].uses:
+            rewriter.erase(transpose)
+

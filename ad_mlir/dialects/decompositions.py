@@ -19,6 +19,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntegerAttr,
     IntegerType,
+    StringAttr,
     TensorType,
     UnitAttr,
     i64,
@@ -114,9 +115,61 @@ def decompose_add_rms_norm(op: ad.AddRmsNormOp) -> Decomposition:
     return b.ops, [_weighted(b, op, total, normed, op.result.type), total]
 
 
+def _layer_normalized(b: _Builder, op: ad.LayerNormBase, x: SSAValue) -> SSAValue:
+    """`torch_ops.layer_norm`'s steps: fp32 math, the biased variance, `* w + b` in fp32, one
+    rounding to the input's type at the end."""
+    xf = b.cast(x, Float32Type())
+    centered = b.add(ad.SubOp(xf, b.row_reduction(ad.MeanOp, xf), xf.type))
+    variance = b.row_reduction(ad.MeanOp, b.add(ad.MulOp(centered, centered, xf.type)))
+    shifted = b.add(ad.AddOp(variance, b.constant(op.eps.value.data), variance.type))
+    normed = b.add(ad.MulOp(centered, b.add(ad.RsqrtOp(shifted)), xf.type))
+    if op.weight is not None:
+        normed = b.add(ad.MulOp(normed, b.cast(op.weight, Float32Type()), xf.type))
+    if op.bias is not None:
+        normed = b.add(ad.AddOp(normed, b.cast(op.bias, Float32Type()), xf.type))
+    return b.cast(normed, x.type.element_type)
+
+
+def decompose_layer_norm(op: ad.LayerNormOp) -> Decomposition:
+    b = _Builder(op.location)
+    return b.ops, [_layer_normalized(b, op, op.input)]
+
+
+def decompose_add_layer_norm(op: ad.AddLayerNormOp) -> Decomposition:
+    b = _Builder(op.location)
+    total = b.add(ad.AddOp(op.input, op.residual, op.sum.type))
+    return b.ops, [_layer_normalized(b, op, total), total]
+
+
 def decompose_silu_and_mul(op: ad.SiluAndMulOp) -> Decomposition:
     b = _Builder(op.location)
     return b.ops, [b.add(ad.MulOp(b.add(ad.SiluOp(op.gate)), op.up, op.result.type))]
+
+
+def _gelu(x: SSAValue, approximate: StringAttr | None) -> ad.GeluOp:
+    return ad.GeluOp.build(operands=[x], properties={"approximate": approximate} if approximate else {},
+                           result_types=[x.type])
+
+
+def decompose_gelu_and_mul(op: ad.GeluAndMulOp) -> Decomposition:
+    b = _Builder(op.location)
+    return b.ops, [b.add(ad.MulOp(b.add(_gelu(op.gate, op.approximate)), op.up, op.result.type))]
+
+
+_ACTIVATIONS: dict[str, Callable[[_Builder, SSAValue], SSAValue]] = {
+    "gelu": lambda b, x: b.add(_gelu(x, None)),
+    "gelu_tanh": lambda b, x: b.add(_gelu(x, StringAttr("tanh"))),
+    "relu": lambda b, x: b.add(ad.ReluOp(x)),
+    "relu2": lambda b, x: b.add(ad.MulOp(r := b.add(ad.ReluOp(x)), r, x.type)),
+    "silu": lambda b, x: b.add(ad.SiluOp(x)),
+}
+"""`ad.activation` kind -> its ops, as `torch_ops.ACTIVATION_FUNCTIONS` computes it."""
+
+
+def decompose_activation(op: ad.ActivationOp) -> Decomposition:
+    b = _Builder(op.location)
+    x = op.input if op.bias is None else b.add(ad.AddOp(op.input, op.bias, op.input.type))
+    return b.ops, [_ACTIVATIONS[op.kind.data](b, x)]
 
 
 def _quantized(b: _Builder, x: SSAValue, scale: SSAValue) -> SSAValue:
@@ -154,7 +207,11 @@ def decompose_dequantize_fp8(op: ad.DequantizeFp8Op) -> Decomposition:
 DECOMPOSITIONS: dict[type[Operation], Callable[..., Decomposition]] = {
     ad.RmsNormOp: decompose_rms_norm,
     ad.AddRmsNormOp: decompose_add_rms_norm,
+    ad.LayerNormOp: decompose_layer_norm,
+    ad.AddLayerNormOp: decompose_add_layer_norm,
     ad.SiluAndMulOp: decompose_silu_and_mul,
+    ad.GeluAndMulOp: decompose_gelu_and_mul,
+    ad.ActivationOp: decompose_activation,
     ad.QuantizeFp8Op: decompose_quantize_fp8,
     ad.QuantizeFp8DynamicOp: decompose_quantize_fp8_dynamic,
     ad.DequantizeFp8Op: decompose_dequantize_fp8,

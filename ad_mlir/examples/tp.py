@@ -1,5 +1,5 @@
 """Tensor-parallel tiny HF model under torchrun: each rank compiles the model with
-`canonicalize,shard{world-size=W}` + a pipeline, runs its shard of the weights on the same tokens, and
+`canonicalize,match-moe,shard{world-size=W}` + a pipeline, runs its shard of the weights on the same tokens, and
 prints its max |error| against the unsharded eager model.
 
     torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama
@@ -114,8 +114,9 @@ def generate_rank(cfg: TinyConfig, pipeline: str = "default", prompts: Sequence[
 
 
 def sharded(pipeline: str, world: int) -> str:
-    """`pipeline` after canonicalize and shard for `world` ranks."""
-    return f"canonicalize,shard{{world-size={world}}},{pipeline}"
+    """`pipeline` after canonicalize and shard for `world` ranks (match-moe first: `shard` splits
+    the experts of an `ad.moe`, not HF's exported grouped-GEMM form)."""
+    return f"canonicalize,match-moe,shard{{world-size={world}}},{pipeline}"
 
 
 def _device() -> torch.device | None:

@@ -76,7 +76,8 @@ class ShardError(ValueError):
 
 def rank_weight(tensor: torch.Tensor, arg_type: Attribute, arg_attrs: DictionaryAttr, rank: Rank) -> torch.Tensor:
     """The value of a weight argument on `rank`: the weight itself, or for a shard
-    (`ad.shard_dim`) the rank's contiguous slice of the argument's local size."""
+    (`ad.shard_dim`) the rank's contiguous slice of the argument's local size (of each chunk,
+    with `ad.shard_chunks`)."""
     if ad.SHARD_DIM_ATTR not in arg_attrs.data:
         return tensor
     dim = arg_attrs.data[ad.SHARD_DIM_ATTR].value.data
@@ -87,7 +88,11 @@ def rank_weight(tensor: torch.Tensor, arg_type: Attribute, arg_attrs: Dictionary
             f"weight '{fqn}' has {tensor.shape[dim]} along dim {dim}, but its shard of {local} on each of "
             f"{rank.world_size} ranks covers {local * rank.world_size}"
         )
-    return tensor.narrow(dim, rank.rank * local, local).contiguous()
+    if ad.SHARD_CHUNKS_ATTR not in arg_attrs.data:
+        return tensor.narrow(dim, rank.rank * local, local).contiguous()
+    chunks = arg_attrs.data[ad.SHARD_CHUNKS_ATTR].value.data
+    part = local // chunks
+    return torch.cat([c.narrow(dim, rank.rank * part, part) for c in tensor.chunk(chunks, dim)], dim)
 
 
 class ImportError_(Exception):

@@ -38,6 +38,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     IntegerType,
     NoneAttr,
+    NoneType,
     Signedness,
     StringAttr,
     TensorType,
@@ -138,7 +139,7 @@ def attr_to_value(attr: Attribute, operands: Sequence[Any] = ()) -> Any:
             return attr.value.data
         case StringAttr():
             return attr.data
-        case NoneAttr():
+        case NoneAttr() | NoneType():  # `none` in IR text parses as the type, which prints the same
             return None
         case DenseArrayBase():
             return list(attr.get_values())
@@ -243,6 +244,12 @@ def schema_default(a: torch._C.Argument) -> Any:
     if isinstance(value, int) and str(t) in _ENUM_DEFAULTS:
         return _ENUM_DEFAULTS[str(t)][value]
     return value
+
+
+def bound_arguments(target: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A call of `target` ("aten.layer_norm.default"): its arguments by schema name, defaults
+    filled in (e.g. to read an `ad.torch_op`'s arguments; raises UnsupportedError)."""
+    return _bind(resolve_target(target)._schema, args, kwargs)
 
 
 def _bind(schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -428,8 +435,12 @@ SPECS: tuple[OpSpec, ...] = (
         for cls in (
             ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
+            ad.GeluAndMulOp, ad.ActivationOp,
         )
     ),
+    OpSpec(ad.LayerNormOp, (Overload(f"{torch_ops.NAMESPACE}.layer_norm.default"),)),
+    OpSpec(ad.AddLayerNormOp, (Overload(f"{torch_ops.NAMESPACE}.add_layer_norm.default"),)),
+    OpSpec(ad.MoeOp, (Overload(f"{torch_ops.NAMESPACE}.moe.default"),)),
     OpSpec(ad.AllReduceOp, (Overload("_c10d_functional.all_reduce.default"),)),
     OpSpec(ad.WaitTensorOp, (Overload("_c10d_functional.wait_tensor.default", {"tensor": "input"}),)),
     OpSpec(ad.DequantizeFp8Op, (Overload(f"{torch_ops.NAMESPACE}.dequantize_fp8.default"),), derived_dtype="dtype"),

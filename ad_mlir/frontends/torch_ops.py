@@ -66,6 +66,49 @@ def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, 
     return normed, torch.empty_like(input)
 
 
+def _layer_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`(x - mean) * rsqrt(var + eps)` in fp32, the variance biased (F.layer_norm's)."""
+    xf = x.to(torch.float32)
+    centered = xf - xf.mean(-1, keepdim=True)
+    return centered * torch.rsqrt((centered * centered).mean(-1, keepdim=True) + eps)
+
+
+def _affine(x: torch.Tensor, normed: torch.Tensor, weight: torch.Tensor | None,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    """F.layer_norm's `normed * weight + bias` in fp32, rounded once to the input's dtype."""
+    if weight is not None:
+        normed = normed * weight.to(torch.float32)
+    if bias is not None:
+        normed = normed + bias.to(torch.float32)
+    return normed.to(x.dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_norm", mutates_args=())
+def layer_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float) -> torch.Tensor:
+    """`F.layer_norm(input, input.shape[-1:], weight, bias, eps)` step by step: the same math
+    and the one rounding at the end, the row sums in torch's order rather than its kernel's."""
+    return _affine(input, _layer_normalize(input, eps), weight, bias)
+
+
+@layer_norm.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::add_layer_norm", mutates_args=())
+def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    total = input + residual
+    return _affine(total, _layer_normalize(total, eps), weight, bias), total
+
+
+@add_layer_norm.register_fake
+def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(input), torch.empty_like(input)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::silu_and_mul", mutates_args=())
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
@@ -74,6 +117,93 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 @silu_and_mul.register_fake
 def _(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(gate)
+
+
+def _route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) [tokens, top_k], as HF's top-k routers compute them, in fp32."""
+    weights, experts = torch.topk(torch.softmax(router_logits.float(), dim=-1), top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def _expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """HF's gated MLP of one expert, in x's dtype."""
+    gate, up = torch.nn.functional.linear(x, gate_up).chunk(2, dim=-1)
+    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, down)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe", mutates_args=())
+def moe(
+    input: torch.Tensor,
+    router_logits: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate: torch.Tensor | None,
+    top_k: int,
+    shared_experts: int = 0,
+    normalize: bool = False,
+    round_weights: bool = False,
+) -> torch.Tensor:
+    """`ad.moe`: the plain loop over experts, each on the tokens routed to it (then the shared
+    experts on every token), the weighted outputs summed in fp32."""
+    weights, experts = _route(router_logits, top_k, normalize)
+    shared = torch.ones_like(input[:, :1], dtype=torch.float32) if shared_gate is None else torch.sigmoid(
+        shared_gate.float())
+    if round_weights:
+        weights, shared = weights.to(input.dtype).float(), shared.to(input.dtype).float()
+    out = torch.zeros(input.shape, dtype=torch.float32, device=input.device)
+    routed = gate_up.shape[0] - shared_experts
+    for e in range(routed):
+        tokens, slot = torch.where(experts == e)
+        y = _expert(input[tokens], gate_up[e], down[e])
+        out.index_add_(0, tokens, y.float() * weights[tokens, slot, None])
+    for e in range(routed, gate_up.shape[0]):
+        out += _expert(input, gate_up[e], down[e]).float() * shared
+    return out.to(input.dtype)
+
+
+@moe.register_fake
+def _(input: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+      shared_gate: torch.Tensor | None, top_k: int, shared_experts: int = 0, normalize: bool = False,
+      round_weights: bool = False) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gelu_and_mul", mutates_args=())
+def gelu_and_mul(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
+@gelu_and_mul.register_fake
+def _(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.empty_like(gate)
+
+
+def _relu2(x: torch.Tensor) -> torch.Tensor:
+    """HF's `ReLUSquaredActivation` (`torch.square`, which exports as `r * r`)."""
+    r = torch.relu(x)
+    return r * r
+
+
+ACTIVATION_FUNCTIONS = {
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "relu": torch.relu,
+    "relu2": _relu2,
+    "silu": torch.nn.functional.silu,
+}
+"""`ad.activation` kind -> its torch function (`ad.ACTIVATIONS`)."""
+
+
+@torch.library.custom_op(f"{NAMESPACE}::activation", mutates_args=())
+def activation(input: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+    return ACTIVATION_FUNCTIONS[kind](input if bias is None else input + bias)
+
+
+@activation.register_fake
+def _(input: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+    return torch.empty_like(input)
 
 
 
@@ -143,24 +273,34 @@ def _(input: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor, weig
     return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """HF's rotate_half, or with `interleaved` its rotate_every_two (GPT-J, GLM)."""
+    if interleaved:
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's `apply_rotary_pos_emb` for one tensor (`cos`/`sin` already unsqueezed over heads)."""
-    return x * cos + _rotate_half(x) * sin
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """HF's `apply_rotary_pos_emb` for one tensor (`cos`/`sin` already unsqueezed over heads): the
+    first `cos.shape[-1]` dims rotate, the rest pass (`ad.RopeAttentionOp`)."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return x * cos + _rotate(x, interleaved) * sin
+    rot = x[..., :rotary_dim]
+    return torch.cat((rot * cos + _rotate(rot, interleaved) * sin, x[..., rotary_dim:]), dim=-1)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::rope", mutates_args=())
-def rope(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+    return _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
 
 
 @rope.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+      interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(query), torch.empty_like(key)
 
 
@@ -176,6 +316,7 @@ def rope_attention(
     is_causal: bool = False,
     window: int | None = None,
     softcap: float | None = None,
+    interleaved: bool = False,
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     qk_norm_eps: float | None = None,
@@ -188,7 +329,7 @@ def rope_attention(
     query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
                           qk_norm_weight_in_fp32)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q, k = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+    q, k = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     groups = query.shape[1] // key.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     if window is not None or (softcap is not None and is_causal):
@@ -218,8 +359,9 @@ def _causal_window(seq: int, window: int | None, device: torch.device) -> torch.
 @rope_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
       attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False, window: int | None = None,
-      softcap: float | None = None, q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-      qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False) -> torch.Tensor:
+      softcap: float | None = None, interleaved: bool = False, q_norm_weight: torch.Tensor | None = None,
+      k_norm_weight: torch.Tensor | None = None, qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0,
+      qk_norm_weight_in_fp32: bool = False) -> torch.Tensor:
     return torch.empty_like(query)
 
 
@@ -237,6 +379,7 @@ def cached_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    interleaved: bool = False,
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     qk_norm_eps: float | None = None,
@@ -252,7 +395,7 @@ def cached_attention(
                           qk_norm_weight_in_fp32)
     if cos is not None and sin is not None:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        query, key = _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+        query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     seq, groups = query.shape[2], query.shape[1] // key.shape[1]
     out = torch.empty_like(query)
     for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
@@ -290,15 +433,17 @@ def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 @cached_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
       k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, scale: float,
-      window: int | None = None, softcap: float | None = None, q_norm_weight: torch.Tensor | None = None,
-      k_norm_weight: torch.Tensor | None = None, qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0,
-      qk_norm_weight_in_fp32: bool = False) -> torch.Tensor:
+      window: int | None = None, softcap: float | None = None, interleaved: bool = False,
+      q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
+      qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
+) -> torch.Tensor:
     return torch.empty_like(query)
 
 
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "rope", "rope_attention", "cached_attention")
+                 "linear_fp8", "rope", "rope_attention", "cached_attention",
+                 "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

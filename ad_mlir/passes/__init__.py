@@ -44,10 +44,28 @@ def _match_rmsnorm() -> type[ModulePass]:
     return MatchRmsNormPass
 
 
+def _match_moe() -> type[ModulePass]:
+    from ad_mlir.passes.match_moe import MatchMoePass
+
+    return MatchMoePass
+
+
 def _fuse_add_rmsnorm() -> type[ModulePass]:
     from ad_mlir.passes.fuse_add_rmsnorm import FuseAddRmsNormPass
 
     return FuseAddRmsNormPass
+
+
+def _match_layernorm() -> type[ModulePass]:
+    from ad_mlir.passes.match_layernorm import MatchLayerNormPass
+
+    return MatchLayerNormPass
+
+
+def _fuse_add_layernorm() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_add_layernorm import FuseAddLayerNormPass
+
+    return FuseAddLayerNormPass
 
 
 def _fuse_gemms() -> type[ModulePass]:
@@ -60,6 +78,18 @@ def _fuse_silu_mul() -> type[ModulePass]:
     from ad_mlir.passes.fuse_silu_mul import FuseSiluMulPass
 
     return FuseSiluMulPass
+
+
+def _fuse_gelu_mul() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_gelu_mul import FuseGeluMulPass
+
+    return FuseGeluMulPass
+
+
+def _fuse_activation() -> type[ModulePass]:
+    from ad_mlir.passes.fuse_activation import FuseActivationPass
+
+    return FuseActivationPass
 
 
 def _quantize_linear_fp8() -> type[ModulePass]:
@@ -116,8 +146,13 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-elementwise": _fuse_elementwise,
     "match-rmsnorm": _match_rmsnorm,
     "fuse-add-rmsnorm": _fuse_add_rmsnorm,
+    "match-layernorm": _match_layernorm,
+    "fuse-add-layernorm": _fuse_add_layernorm,
+    "match-moe": _match_moe,
     "fuse-gemms": _fuse_gemms,
     "fuse-silu-mul": _fuse_silu_mul,
+    "fuse-gelu-mul": _fuse_gelu_mul,
+    "fuse-activation": _fuse_activation,
     "fuse-rope-attention": _fuse_rope_attention,
     "optimize-rope": _optimize_rope,
     "quantize-linear-fp8": _quantize_linear_fp8,

@@ -69,6 +69,8 @@ def evaluate(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.Tensor]
     with torch.no_grad():
         for op in ops:
             env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
+    if env[mask].device.type == "meta":  # the ops were recorded on the meta device: no values to read
+        raise MaskError("its attention mask is computed on the meta device (no values to read)")
     return env[mask]
 
 

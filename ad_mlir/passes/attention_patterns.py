@@ -32,7 +32,8 @@ class Attention:
     key: SSAValue
     value: SSAValue
     rope: tuple[SSAValue, SSAValue] | None
-    """(cos, sin) when the replacing op applies RoPE to the query and the key."""
+    """(cos, sin) when the replacing op applies RoPE to the query and the key (on their first
+    `cos.shape[-1]` dims: partial rotary carries over as the tables' width)."""
     mask: SSAValue | None
     causal: bool
     scale: float
@@ -43,6 +44,8 @@ class Attention:
     """The sliding window of a causal attention op without a mask (its mask already dropped)."""
     qk_norm: tuple[SSAValue, SSAValue, dict[str, Attribute]] | None = None
     """(query weight, key weight, `ad.QK_NORM_PROPERTIES`) of an attention op with QK-norm."""
+    interleaved: bool = False
+    """RoPE rotates pairs (2i, 2i + 1) (`ad.RopeAttentionOp`)."""
 
 
 def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
@@ -93,7 +96,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
         return Attention(weighted, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
-                         [*chain, rope])
+                         [*chain, rope], interleaved=rope.interleaved is not None)
     return Attention(weighted, query, key, value, None, mask, False, scale, softcap, chain)
 
 

@@ -1,35 +1,51 @@
 """`fuse-rope-attention`: HF's RoPE on Q and K, `repeat_kv` and SDPA -> `ad.rope_attention`.
 
-The pattern (`apply_rotary_pos_emb` + `repeat_kv` + `scaled_dot_product_attention`):
-    q_embed = q * unsqueeze(cos, 1) + cat(-q[..., d/2:], q[..., :d/2]) * unsqueeze(sin, 1)
-    k_embed = the same on k, with the same cos/sin
+The pattern (`apply_rotary_pos_emb` + `repeat_kv` + `scaled_dot_product_attention`), in the
+spellings of HF's decoders:
+    rot(x)  = x * C + rotate(x) * S, rotate either rotate_half: cat(-x[..., R/2:], x[..., :R/2])
+              or interleaved pairs (GPT-J, GLM): flatten(stack(-x[..., 1::2], x[..., ::2], -1), -2)
+    q_embed = rot(q)                                  (every dim rotates)
+            | cat(rot(q[..., :R]), q[..., R:])        (partial rotary: GPT-NeoX, Phi, GLM; an empty
+                                                       q[..., R:] when R is the head dim: Phi-3)
+            | transpose(either, 1, 2)                 (GPT-J rotates [b, s, h, d] before its transpose)
+    C, S    = tables broadcast over heads: [b or 1, 1, s, R] ([b or 1, s, 1, R] before a transpose),
+              however computed (unsqueeze(cos, 1); GLM and GPT-J repeat_interleave a half table)
+    k_embed = the same on k, with the same tables (the same values, or the same computation)
     k_rep   = reshape(expand(unsqueeze(k_embed, 2), [b, kv, groups, s, d]), [b, kv * groups, s, d])
               (or k_embed itself: one group, or `enable_gqa`), v_rep likewise on v
     out     = attention(q_embed, k_rep, v_rep, mask?, causal?, scale?)
-becomes `ad.rope_attention(q, k, v, cos, sin, mask)`: one kernel that applies RoPE to the Q
-and K tiles after loading them and reads each kv head once for its query heads (no rotated
-or repeated copies of Q/K/V in memory). The rotated/repeated values must have no other users.
+becomes `ad.rope_attention(q, k, v, cos, sin, mask)` (`interleaved` for pairs), with cos/sin the
+[b or 1, s, R] tables (C's operand when C is an unsqueeze of one, else a squeeze of C) and q, k
+the tensors before RoPE in [b, h, s, d] (a transpose of GPT-J's): one kernel that applies RoPE to
+the Q and K tiles after loading them and reads each kv head once for its query heads (no rotated
+or repeated copies of Q/K/V in memory). Q, K and V from one fused projection (Phi-3's slices of
+`qkv_proj`, GPT-NeoX's chunk of `query_key_value`, Falcon's views) are operands like any other:
+the kernel reads them through their strides. The rotated/repeated values must have no other
+users to disappear. The RoPE must not promote (its result has x's type). HF's eager attention
+(matmul, scale, Gemma2's soft cap, + mask, softmax, matmul: `attention_patterns`) with this RoPE
+on its query and key (or one `ad.rope` of both) becomes the op too, with `softcap`.
 
 The mask HF computes from the token positions is run (`attention_masks`, with the input ids
 of a sequence longer than any number the computation holds): when it is causal, or causal
 within a sliding window of W keys, the op masks causally (with `window` W) instead, and the
 mask's computation goes; any other mask (padding, one computed from a position_ids input)
-stays a boolean mask operand.
-The attention template needs a power-of-two head_dim of at least 32 (RoPE rotates halves that
-feed `tl.dot`, whose depth is at least 16) and float16/bfloat16/float32 operands; other
-attentions stay as they are, and the log says why.
+stays a boolean mask operand. Attentions the template cannot run (dtype, dropout, a float mask
+that stays, a head too wide) stay as they are, and the log says why.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
+    ArrayAttr,
     BFloat16Type,
+    DenseArrayBase,
     Float16Type,
     Float32Type,
     Float64Type,
@@ -37,6 +53,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     IntegerType,
     ModuleOp,
+    TensorType,
     UnitAttr,
     i64,
 )
@@ -51,6 +68,7 @@ from xdsl.pattern_rewriter import (
 )
 from xdsl.rewriter import InsertPoint
 
+from ad_mlir.codegen.attention_kernel import check_rope_dims
 from ad_mlir.dialects import ad
 from ad_mlir.passes.attention_masks import (
     MaskError,
@@ -61,7 +79,14 @@ from ad_mlir.passes.attention_masks import (
     largest_integer,
 )
 from ad_mlir.passes.attention_patterns import match_eager_attention, match_repeat_kv
-from ad_mlir.passes.matching import erase_dead, other_operand, plain_binary, producer
+from ad_mlir.passes.matching import (
+    erase_dead,
+    is_pure,
+    other_operand,
+    plain_binary,
+    producer,
+    same_computation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,30 +95,47 @@ ATTENTION_DTYPES = (Float16Type(), BFloat16Type(), Float32Type())
 
 @dataclass
 class Rope:
+    """One tensor's RoPE as HF spells it (matched; nothing is built until the rewrite)."""
+
     x: SSAValue
+    """The tensor rotated, all of its head dim: [b, h, s, d], or [b, s, h, d] when `heads_dim` is 2."""
     cos: SSAValue
+    """The table that multiplies x's rotated dims, broadcast over heads (4-D, size 1 at heads_dim),
+    or an `ad.rope`'s [b or 1, s, R] operand."""
     sin: SSAValue
+    interleaved: bool
+    heads_dim: int
     chain: list[Operation] = field(default_factory=list)
+    """The pattern's ops, users first (erased once dead); not the tables."""
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.cos.type.get_shape()[-1]
+
+    @property
+    def heads_first_shape(self) -> tuple[int, ...]:
+        """x's shape as [b, h, s, d]."""
+        b, one, two, d = self.x.type.get_shape()
+        return (b, one, two, d) if self.heads_dim == 1 else (b, two, one, d)
 
 
-def _static_slice(op: Operation | None, x: SSAValue) -> tuple[int, int] | None:
-    """(start, end) of a last-dim, step-1 static slice of `x`."""
-    if not isinstance(op, ad.SliceOp) or op.input != x or op.bounds:
+def _last_dim(op: ad.CatOp | ad.SliceOp, rank: int) -> bool:
+    dim = op.dim.value.data if op.dim is not None else 0
+    return ad.normalize_dim(dim, rank) == rank - 1
+
+
+def _static_slice(op: Operation | None, x: SSAValue) -> tuple[int, int, int] | None:
+    """(start, end, step) of a last-dim static slice of `x`, `end` clamped to the dim."""
+    if not isinstance(op, ad.SliceOp) or op.input != x or op.bounds or not _last_dim(op, len(x.type.get_shape())):
         return None
     start, end, step = op.static_bounds.get_values()
-    rank = len(x.type.get_shape())
-    if step != 1 or ad.normalize_dim(op.dim.value.data, rank) != rank - 1:
-        return None
-    return start, min(end, x.type.get_shape()[-1])
+    return start, min(end, x.type.get_shape()[-1]), step
 
 
 def rotate_half_of(value: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
     """`x` when `value` is `cat(-x[..., d/2:], x[..., :d/2])` on the last dim."""
     cat = producer(value, ad.CatOp)
-    if cat is None or len(cat.tensors) != 2:
-        return None
-    rank = len(value.type.get_shape())
-    if ad.normalize_dim(cat.dim.value.data if cat.dim else 0, rank) != rank - 1:
+    if cat is None or len(cat.tensors) != 2 or not _last_dim(cat, len(value.type.get_shape())):
         return None
     neg = producer(cat.tensors[0], ad.NegOp)
     high = neg.input.owner if neg is not None else None
@@ -102,20 +144,59 @@ def rotate_half_of(value: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
         return None
     x = low.input
     d = x.type.get_shape()[-1]
-    if _static_slice(high, x) != (d // 2, d) or _static_slice(low, x) != (0, d // 2) or d % 2:
+    if _static_slice(high, x) != (d // 2, d, 1) or _static_slice(low, x) != (0, d // 2, 1) or d % 2:
         return None
     return x, [cat, neg, high, low]
 
 
-def _table(value: SSAValue) -> tuple[SSAValue, Operation] | None:
-    """`cos` when `value` is `unsqueeze(cos, 1)` of a [batch, seq, head_dim] table."""
-    op = producer(value, ad.UnsqueezeOp)
-    if op is None or op.dim.value.data != 1 or len(op.input.type.get_shape()) != 3:
+def _torch_op(value: SSAValue, target: str) -> ad.TorchOp | None:
+    op = producer(value, ad.TorchOp)
+    return op if op is not None and op.target.data == target and not op.kwargs.data else None
+
+
+def _int_arg(op: ad.TorchOp, i: int, default: int) -> int | None:
+    """The i-th positional argument of a torch op, an int (`default` when not given)."""
+    args = op.args.data
+    if i >= len(args):
+        return default
+    return args[i].value.data if isinstance(args[i], IntegerAttr) else None
+
+
+def rotate_every_two_of(value: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
+    """`x` when `value` is `flatten(stack(-x[..., 1::2], x[..., ::2], -1), -2)` (GPT-J's
+    rotate_every_two; Ernie 4.5's and GLM's rotate_half)."""
+    flatten = _torch_op(value, "aten.flatten.using_ints")
+    stacked = flatten.inputs[0] if flatten is not None else None
+    stack = _torch_op(stacked, "aten.stack.default") if stacked is not None else None
+    if stack is None or len(stack.args.data) < 1 or not isinstance(stack.args.data[0], ArrayAttr):
         return None
-    return op.input, op
+    rank = len(stacked.type.get_shape())
+    dims = (_int_arg(stack, 1, 0), _int_arg(flatten, 1, 0), _int_arg(flatten, 2, -1))
+    if None in dims or tuple(ad.normalize_dim(d, rank) for d in dims) != (rank - 1, rank - 2, rank - 1):
+        return None
+    refs = stack.args.data[0].data
+    if len(refs) != 2 or not all(isinstance(r, ad.OperandRefAttr) for r in refs):
+        return None
+    neg = producer(stack.inputs[refs[0].index.data], ad.NegOp)
+    even = stack.inputs[refs[1].index.data].owner
+    odd = neg.input.owner if neg is not None else None
+    if not isinstance(odd, ad.SliceOp) or not isinstance(even, ad.SliceOp) or odd.input != even.input:
+        return None
+    x = even.input
+    d = x.type.get_shape()[-1]
+    if d % 2 or _static_slice(even, x) != (0, d, 2) or _static_slice(odd, x) != (1, d, 2):
+        return None
+    return x, [flatten, stack, neg, odd, even]
 
 
-def match_rope(value: SSAValue) -> Rope | None:
+def _is_table(table: SSAValue, x: SSAValue, heads_dim: int) -> bool:
+    """`table` broadcasts over the heads of `x`: 4-D, size 1 at heads_dim, x's last dim."""
+    shape, x_shape = table.type.get_shape(), x.type.get_shape()
+    return len(shape) == 4 and shape[heads_dim] == 1 and shape[-1] == x_shape[-1] and shape[0] in (1, x_shape[0])
+
+
+def _rotation(value: SSAValue, heads_dim: int) -> Rope | None:
+    """`x * C + rotate(x) * S` (any operand order), with x's type throughout (no promotion)."""
     add = value.owner
     if not plain_binary(add, ad.AddOp):
         return None
@@ -123,25 +204,123 @@ def match_rope(value: SSAValue) -> Rope | None:
         m1, m2 = producer(straight, ad.MulOp), producer(rotated, ad.MulOp)
         if m1 is None or m2 is None:
             continue
-        for cos_u in m1.operands:
-            x = other_operand(m1, cos_u)
-            for sin_u in m2.operands:
-                rot = rotate_half_of(other_operand(m2, sin_u))
-                cos, sin = _table(cos_u), _table(sin_u)
-                if rot is not None and rot[0] == x and cos is not None and sin is not None:
-                    return Rope(x, cos[0], sin[0], [add, m1, m2, *rot[1], cos[1], sin[1]])
+        for cos in m1.operands:
+            x = other_operand(m1, cos)
+            for sin in m2.operands:
+                turned = other_operand(m2, sin)
+                interleaved, rot = False, rotate_half_of(turned)
+                if rot is None:
+                    interleaved, rot = True, rotate_every_two_of(turned)
+                if (rot is not None and rot[0] == x and _is_table(cos, x, heads_dim) and _is_table(sin, x, heads_dim)
+                        and value.type == m1.result.type == m2.result.type == x.type):
+                    return Rope(x, cos, sin, interleaved, heads_dim, [add, m1, m2, *rot[1]])
     return None
 
 
-def unsupported(query: SSAValue, key: SSAValue, mask: SSAValue | None) -> str | None:
+def _partial(value: SSAValue, heads_dim: int) -> Rope | None:
+    """`cat(rot(x[..., :R]), x[..., R:])`: the rope of x, its dims past R passed through."""
+    cat = producer(value, ad.CatOp)
+    if cat is None or len(cat.tensors) != 2 or not _last_dim(cat, len(value.type.get_shape())):
+        return None
+    rope = _rotation(cat.tensors[0], heads_dim)
+    passed = producer(cat.tensors[1], ad.SliceOp)
+    if rope is None or passed is None:
+        return None
+    x, r = passed.input, rope.rotary_dim
+    if _static_slice(passed, x) != (r, x.type.get_shape()[-1], 1) or value.type != x.type:
+        return None
+    # The rotated part: x[..., :R], or x itself when R is the head dim (canonicalize drops a full slice).
+    if rope.x != x and _static_slice(rope.x.owner, x) != (0, r, 1):
+        return None
+    rope.chain = [cat, *rope.chain, passed, *([rope.x.owner] if rope.x != x else [])]
+    rope.x = x
+    return rope
+
+
+def _rope_of(value: SSAValue, heads_dim: int) -> Rope | None:
+    return _partial(value, heads_dim) or _rotation(value, heads_dim)
+
+
+def _swaps_heads_and_seq(op: ad.TransposeOp) -> bool:
+    rank = len(op.input.type.get_shape())
+    return rank == 4 and {ad.normalize_dim(d.value.data, rank) for d in (op.dim0, op.dim1)} == {1, 2}
+
+
+def match_rope(value: SSAValue) -> Rope | None:
+    """The RoPE that computes `value` ([b, h, s, d]), in any spelling of the module docstring."""
+    if len(value.type.get_shape()) != 4:
+        return None
+    transpose = producer(value, ad.TransposeOp)
+    if transpose is not None and _swaps_heads_and_seq(transpose):
+        rope = _rope_of(transpose.input, heads_dim=2)
+        if rope is not None:
+            rope.chain.insert(0, transpose)
+            return rope
+    return _rope_of(value, heads_dim=1)
+
+
+def same_tables(a: Rope, b: Rope) -> bool:
+    """`a` and `b` rotate alike: the same form, rotary dim and layout, the same tables."""
+    return ((a.interleaved, a.heads_dim, a.rotary_dim) == (b.interleaved, b.heads_dim, b.rotary_dim)
+            and same_computation(a.cos, b.cos) and same_computation(a.sin, b.sin))
+
+
+Insert = Callable[[Operation], Operation]
+"""Inserts a new op where the fused op goes (before it) and returns it."""
+
+
+def heads_first(rope: Rope, insert: Insert) -> SSAValue:
+    """The rotated tensor as [b, h, s, d]: x, or a new transpose of GPT-J's [b, s, h, d]."""
+    if rope.heads_dim == 1:
+        return rope.x
+    x = rope.x.type
+    transpose = ad.TransposeOp.build(operands=[rope.x],
+                                     properties={"dim0": IntegerAttr(1, i64), "dim1": IntegerAttr(2, i64)},
+                                     result_types=[TensorType(x.element_type, rope.heads_first_shape)])
+    return insert(transpose).result
+
+
+def _without_heads(table: SSAValue, heads_dim: int, insert: Insert) -> SSAValue:
+    """The [b or 1, s, R] table that `table` broadcasts over heads: the operand of its unsqueeze,
+    or a new squeeze of it (`table` itself when it is one already: an `ad.rope`'s)."""
+    if len(table.type.get_shape()) == 3:
+        return table
+    unsqueeze = producer(table, ad.UnsqueezeOp)
+    if unsqueeze is not None and ad.normalize_dim(unsqueeze.dim.value.data, 4) == heads_dim:
+        return unsqueeze.input
+    shape = [n for i, n in enumerate(table.type.get_shape()) if i != heads_dim]
+    squeeze = ad.SqueezeOp.build(operands=[table], properties={"dim": DenseArrayBase.from_list(i64, [heads_dim])},
+                                 result_types=[TensorType(table.type.element_type, shape)])
+    return insert(squeeze).result
+
+
+def tables(rope: Rope, insert: Insert) -> tuple[SSAValue, SSAValue]:
+    """The op's cos and sin operands ([b or 1, s, R])."""
+    return _without_heads(rope.cos, rope.heads_dim, insert), _without_heads(rope.sin, rope.heads_dim, insert)
+
+
+def table_ops(*ropes: Rope, depth: int = 4) -> list[Operation]:
+    """The pure ops that made the ropes' 4-D tables, `depth` ops up, users first (erased once
+    dead: the key's copy of GPT-J's tables, an unsqueeze the op reads through)."""
+    found: list[Operation] = []
+    level = [t for r in ropes for t in (r.cos, r.sin)]
+    for _ in range(depth):
+        ops = [v.owner for v in level if isinstance(v.owner, Operation) and is_pure(v.owner)]
+        found += ops
+        level = [v for op in ops for v in op.operands]
+    return found
+
+
+def unsupported(query: SSAValue, key: SSAValue, mask: SSAValue | None, rope: Rope) -> str | None:
     """Why the attention template cannot run an attention of `query` and `key` with `mask`
-    (None where the kernel masks causally), or None."""
+    (None where the kernel masks causally), rotated by `rope`, or None."""
     q = query.type
-    d = q.get_shape()[-1]
     if q.element_type not in ATTENTION_DTYPES or key.type.element_type != q.element_type:
         return f"dtype {q.element_type} (the template takes f16/bf16/f32)"
-    if d < 32 or d & (d - 1):
-        return f"head_dim {d} (the template needs a power of two >= 32)"
+    try:
+        check_rope_dims("the attention template", q.get_shape()[-1], rope.rotary_dim, rope.interleaved)
+    except ValueError as e:
+        return str(e)
     if mask is not None and mask.type.element_type != IntegerType(1):
         return "a float mask that is neither causal nor a causal sliding window (the template takes a boolean mask)"
     return None
@@ -181,11 +360,6 @@ def _whole_projection_norm(x: SSAValue) -> str | None:
         return None
     return (f"the norm at {norm.location} normalizes {norm.input.type.get_shape()[-1]} values (the whole projection, "
             f"OLMo2), not each head's {x.type.get_shape()[-1]}: it needs every head of a token")
-
-
-def _swaps_heads_and_seq(op: ad.TransposeOp) -> bool:
-    rank = len(op.input.type.get_shape())
-    return rank == 4 and {ad.normalize_dim(d.value.data, rank) for d in (op.dim0, op.dim1)} == {1, 2}
 
 
 def _norm_properties(norm: ad.RmsNormOp) -> dict[str, Attribute]:
@@ -308,6 +482,8 @@ class RopeAttentionFusion(RewritePattern):
             reasons = ["only one of the query and the key is normalized"]
         if not reasons and _norm_properties(norms[0][1]) != _norm_properties(norms[1][1]):
             reasons = ["the query's and the key's norms differ in eps, offset or weight form"]
+        if not reasons and fusion.q.heads_dim != 1:
+            reasons = ["the RoPE rotates [batch, seq, heads, head_dim] (GPT-J's layout), the prologue's norm heads first"]
         if reasons:
             log.info("fuse-rope-attention: the QK-norm of the attention at %s stays separate: %s", location, reasons[0])
             return
@@ -329,18 +505,25 @@ class RopeAttentionFusion(RewritePattern):
             properties["window"] = IntegerAttr(fusion.window, i64)
         if fusion.softcap is not None:
             properties["softcap"] = FloatAttr(fusion.softcap, Float64Type())
-        query, key = (norm.query, norm.key) if norm else (fusion.q.x, fusion.k.x)
+        if fusion.q.interleaved:
+            properties["interleaved"] = UnitAttr()
+
+        def insert(new: Operation) -> Operation:
+            new.location = output.location
+            return rewriter.insert(new)
+
+        q, k = fusion.q, fusion.k
+        query, key = (norm.query, norm.key) if norm else (heads_first(q, insert), heads_first(k, insert))
         fused = ad.RopeAttentionOp.build(
-            operands=[query, key, fusion.value, fusion.q.cos, fusion.q.sin, [norm.q_weight] if norm else [],
+            operands=[query, key, fusion.value, *tables(q, insert), [norm.q_weight] if norm else [],
                       [norm.k_weight] if norm else [], [fusion.mask] if fusion.mask else []],
             properties=properties | (norm.properties if norm else {}),
             result_types=[output.results[0].type],
         )
         fused.location = output.location
         rewriter.replace(output, fused)
-        tables = [*fusion.q.chain[-2:], *fusion.k.chain[-2:]]  # the cos/sin unsqueezes, last: both ropes use them
         norms = norm.ops if norm else []
-        erase_dead(rewriter.erase, [*dead, *fusion.q.chain[:-2], *fusion.k.chain[:-2], *norms, *tables])
+        erase_dead(rewriter.erase, [*dead, *q.chain, *k.chain, *norms, *table_ops(q, k)])
         if fusion.dropped_mask is not None:
             erase_computation(fusion.dropped_mask, rewriter.erase)
         self.matches += 1
@@ -351,8 +534,8 @@ class FuseRopeAttention(RopeAttentionFusion):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.AttentionOp, rewriter: PatternRewriter) -> None:
-        q_rope = match_rope(op.query)
-        if q_rope is None:
+        q = match_rope(op.query)
+        if q is None:
             return
         if op.dropout_p is not None and op.dropout_p.value.data != 0.0:
             log.info("fuse-rope-attention: attention at %s not fused: dropout", op.location)
@@ -360,15 +543,18 @@ class FuseRopeAttention(RopeAttentionFusion):
         heads = op.query.type.get_shape()[1]
         k_embed, k_repeat = match_repeat_kv(op.key, heads)
         v, v_repeat = match_repeat_kv(op.value, heads)
-        k_rope = match_rope(k_embed)
-        if k_rope is None or (k_rope.cos, k_rope.sin) != (q_rope.cos, q_rope.sin):
+        k = match_rope(k_embed)
+        if k is None or not same_tables(q, k):
+            log.info("fuse-rope-attention: attention at %s not fused: its query has RoPE but its key is not "
+                     "rotated with the same tables, form and rotary dim", op.location)
             return
-        if k_rope.x.type.get_shape()[1] != v.type.get_shape()[1]:
+        if k.heads_first_shape[1] != v.type.get_shape()[1]:
+            log.info("fuse-rope-attention: attention at %s not fused: key and value heads differ", op.location)
             return
         scale = op.scale.value.data if op.scale is not None else op.query.type.get_shape()[-1] ** -0.5
-        fusion = Fusion(q_rope, k_rope, v, op.attn_mask, op.is_causal is not None, scale)
+        fusion = Fusion(q, k, v, op.attn_mask, op.is_causal is not None, scale)
         self.drop_mask(op, fusion)
-        if (reason := unsupported(op.query, op.key, fusion.mask)) is not None:
+        if (reason := unsupported(op.query, op.key, fusion.mask, q)) is not None:
             log.info("fuse-rope-attention: attention at %s not fused: %s", op.location, reason)
             return
         self.fuse_qk_norm(fusion, [*k_repeat, *v_repeat], op.location)
@@ -388,16 +574,16 @@ class FuseEagerRopeAttention(RopeAttentionFusion):
             log.info("fuse-rope-attention: the softmax at %s is no attention it fuses: %s", op.location, found)
             return
         if found.rope is not None:  # one ad.rope of both (optimize-rope ran first): in found.chain
-            q_rope, k_rope = Rope(found.query, *found.rope), Rope(found.key, *found.rope)
+            q, k = (Rope(x, *found.rope, found.interleaved, heads_dim=1) for x in (found.query, found.key))
         else:
-            q_rope, k_rope = match_rope(found.query), match_rope(found.key)
-        if q_rope is None or k_rope is None or (k_rope.cos, k_rope.sin) != (q_rope.cos, q_rope.sin):
-            log.info("fuse-rope-attention: the eager attention at %s is not fused: no RoPE of its query and key",
-                     found.output.location)
+            q, k = match_rope(found.query), match_rope(found.key)
+        if q is None or k is None or not same_tables(q, k):
+            log.info("fuse-rope-attention: the eager attention at %s is not fused: no RoPE of its query and key "
+                     "with the same tables, form and rotary dim", found.output.location)
             return
-        fusion = Fusion(q_rope, k_rope, found.value, found.mask, found.causal, found.scale, found.softcap)
+        fusion = Fusion(q, k, found.value, found.mask, found.causal, found.scale, found.softcap)
         self.drop_mask(found.output, fusion)
-        if (reason := unsupported(found.query, found.key, fusion.mask)) is not None:
+        if (reason := unsupported(found.query, found.key, fusion.mask, q)) is not None:
             log.info("fuse-rope-attention: the eager attention at %s is not fused: %s", found.output.location, reason)
             return
         self.fuse_qk_norm(fusion, found.chain, found.output.location)

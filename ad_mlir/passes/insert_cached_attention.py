@@ -10,6 +10,9 @@ does besides attention, its window, soft cap and QK-norm, the cached op does too
 - once per function, `cache_slots` and `cache_starts` (tensor<?xi64>: each batch row's cache
   slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`.
 
+The RoPE of an `ad.rope_attention` (or `ad.rope`) carries over whole: its tables (whose width is
+the rotary dim: partial rotary) and `interleaved`; the cache holds the keys rotated.
+
 Gemma2's attention is no attention op but HF's eager form (matmul, scale, soft cap, + mask,
 softmax, matmul: `attention_patterns.match_eager_attention`), which is matched whole and becomes
 `ad.cached_attention` with `softcap` = the cap (q and k possibly the two results of one
@@ -49,6 +52,7 @@ from xdsl.dialects.builtin import (
     NameLoc,
     StringAttr,
     TensorType,
+    UnitAttr,
     i64,
 )
 from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
@@ -123,6 +127,8 @@ class InsertCachedAttentionPass(ModulePass):
                                                     ad.KV_CACHE_ATTR: f"{layer} {role}"})
                   for role in ("key", "value")]
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
+        if attention.interleaved:
+            properties["interleaved"] = UnitAttr()
         if window is not None:
             properties["window"] = IntegerAttr(window, i64)
         if attention.softcap is not None:
@@ -179,6 +185,7 @@ def _from_attention_op(op: ad.RopeAttentionOp | ad.AttentionOp) -> Attention:
     attention = Attention(op, op.query, op.key, op.value, None, op.attn_mask, op.is_causal is not None, scale)
     if isinstance(op, ad.RopeAttentionOp):
         attention.rope = (op.cos, op.sin)
+        attention.interleaved = op.interleaved is not None
         attention.window = op.window.value.data if op.window is not None else None
         attention.softcap = op.softcap.value.data if op.softcap is not None else None
         if op.q_norm_weight is not None:

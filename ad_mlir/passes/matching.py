@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.dialects.builtin import DYNAMIC_INDEX, DenseArrayBase, FloatAttr, IntegerAttr, i64
+from xdsl.ir import Attribute, Block, Operation, OpResult, SSAValue
+from xdsl.traits import Pure
 
 from ad_mlir.dialects import ad
 
@@ -61,6 +62,33 @@ def dominates_op(value: SSAValue, op: Operation) -> bool:
     return owner.parent_block() is op.parent_block() and owner.is_before_in_block(op)
 
 
+PURE_TORCH_TARGETS = frozenset({"aten.repeat_interleave.self_int"})
+"""Opaque torch ops known to have no side effect (the patterns compare and erase them)."""
+
+
+def is_pure(op: Operation) -> bool:
+    """`op` computes its results from its operands alone (an `ad` op marked Pure, or a torch op of
+    PURE_TORCH_TARGETS)."""
+    if isinstance(op, ad.TorchOp):
+        return op.target.data in PURE_TORCH_TARGETS
+    return op.has_trait(Pure)
+
+
+def same_computation(a: SSAValue, b: SSAValue, depth: int = 4) -> bool:
+    """`a` and `b` are one value, or the same result of equal pure ops (name, properties,
+    attributes) on operands that are, at most `depth` ops up (HF code that computes a table once
+    per use: canonicalize's CSE does not merge opaque torch ops)."""
+    if a == b:
+        return True
+    if depth == 0 or not isinstance(a, OpResult) or not isinstance(b, OpResult) or a.index != b.index:
+        return False
+    x, y = a.op, b.op
+    if x.name != y.name or x.properties != y.properties or x.attributes != y.attributes or not is_pure(x):
+        return False
+    return len(x.operands) == len(y.operands) and all(
+        same_computation(u, v, depth - 1) for u, v in zip(x.operands, y.operands, strict=True))
+
+
 def erase_dead(erase: Callable[[Operation], None], ops: Iterable[Operation]) -> None:
     """Erase (with `erase`: a PatternRewriter's `erase`, or `Rewriter.erase_op` outside a
     pattern) the ops of a matched chain that lost their last use, users first, and then the
@@ -73,3 +101,26 @@ def erase_dead(erase: Callable[[Operation], None], ops: Iterable[Operation]) -> 
     for const in constants:
         if const.parent is not None and not const.result.uses:
             erase(const)
+
+
+def keeps_rows(view: ad.ReshapeOp) -> bool:
+    """A reshape that only regroups rows (the last dim stays, static), as OPT's
+    `hidden.reshape(-1, hidden.size(-1))`: row-wise ops (norms, per-token quantization)
+    commute with it."""
+    before, after = view.input.type.get_shape(), view.result.type.get_shape()
+    return bool(before) and bool(after) and before[-1] == after[-1] != DYNAMIC_INDEX
+
+
+def reshape_like(view: ad.ReshapeOp, value: SSAValue, result_type: Attribute, last_size: int | None = None) -> ad.ReshapeOp:
+    """`view`'s reshape applied to `value` (the same sizes; the last one `last_size` if given,
+    e.g. 1 for per-row scales), typed `result_type`."""
+    static = list(view.static_sizes.get_values())
+    if last_size is not None:
+        static[-1] = last_size
+    op = ad.ReshapeOp.build(
+        operands=[value, list(view.sizes)],
+        properties={"static_sizes": DenseArrayBase.from_list(i64, static)},
+        result_types=[result_type],
+    )
+    op.location = view.location
+    return op

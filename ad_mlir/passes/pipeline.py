@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 PIPELINES: dict[str, str] = {
     "default": (
-        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
-        "fuse-rope-attention,optimize-rope,decompose,fuse-elementwise"
+        "canonicalize,match-layernorm,match-rmsnorm,fuse-add-rmsnorm,fuse-add-layernorm,match-moe,fuse-gemms,"
+        "fuse-silu-mul,fuse-gelu-mul,fuse-activation,fuse-rmsnorm-quant,fuse-rope-attention,optimize-rope,decompose,"
+        "fuse-elementwise"
     ),
     "none": "",
 }

@@ -14,8 +14,9 @@ Each block is rewritten for `world-size` ranks, or left whole with the reason in
   reshape/expand sizes that name that dim (head counts) are divided by W;
 - the closing linear row-wise: its weight gets `ad.shard_dim = 1`, `[out, in / W]`; its result
   is each rank's partial sum, so `ad.all_reduce "sum"` + `ad.wait_tensor` follow it, or follow
-  the add where two blocks' partial sums meet (parallel attention + MLP); a closing bias is
-  added once, after the reduction.
+  the add where two blocks' partial sums meet (parallel attention + MLP: one all_reduce per
+  layer); a closing bias is added once, after the reduction (Phi's two biased closers: both
+  after the one reduction of their sum).
 The IR stays the same for every rank: the exporter gives rank r its slice of each sharded
 weight (`fx_import.rank_weight`).
 
@@ -23,6 +24,14 @@ Everything outside blocks is replicated: the embedding and lm_head (whose result
 graph's output) are held whole by every rank, as are the norms. A world size must divide the
 query and the key/value head counts: replicating K/V heads when there are fewer K/V heads than
 ranks is not supported, and is refused with an error naming the layer and the numbers.
+
+An `ad.moe` (`match-moe` must run before `shard`: on HF's grouped form the experts stay
+replicated) is cut like an MLP block, as an "mlp" layer: every expert's gate and up rows
+column-wise over its intermediate size I, its down row-wise, and one all_reduce after the op
+(its combine is linear in the experts' outputs; the routing is computed alike on every rank).
+The stacked gate_up [E, 2I, H] holds two chunks, gate and up, cut alike (`ad.shard_chunks`); the
+weight-only ops `match-moe` stacks the experts with (per-expert linears, a shared expert cut in
+virtual experts) keep the split, their sizes made local.
 
 Hints override detection: `ad.shard = "colwise" | "rowwise" | "replicated"` on an `ad.linear`
 (in its attribute dictionary). A replicated linear takes no part in a block; a colwise one opens
@@ -486,26 +495,26 @@ def _without_bias(closer: ad.LinearOp) -> tuple[ad.LinearOp, SSAValue | None]:
 def insert_reductions(closers: list[ad.LinearOp], group: str) -> int:
     """One all_reduce (+ wait) for each partial sum, after the add where two blocks' partial
     sums meet; returns how many."""
-    partials: dict[SSAValue, tuple[Operation, SSAValue | None]] = {}
+    partials: dict[SSAValue, tuple[Operation, tuple[SSAValue, ...]]] = {}
     for closer in closers:
         linear, bias = _without_bias(closer)
-        partials[linear.result] = (linear, bias)
+        partials[linear.result] = (linear, (bias,) if bias is not None else ())
     pending = list(partials)
     while pending:
         if (merged := _merge_partials(pending.pop(0), partials)) is not None:
             pending.append(merged)
-    for point, (owner, bias) in partials.items():
-        _reduce_after(point, owner, bias, group)
+    for point, (owner, biases) in partials.items():
+        _reduce_after(point, owner, biases, group)
     return len(partials)
 
 
 def _merge_partials(
-    value: SSAValue, partials: dict[SSAValue, tuple[Operation, SSAValue | None]]
+    value: SSAValue, partials: dict[SSAValue, tuple[Operation, tuple[SSAValue, ...]]]
 ) -> SSAValue | None:
-    """`value + other` where both are bias-free partial sums read only there: the sum becomes
-    the partial sum in their place (reduced once), and is returned."""
+    """`value + other` where both are partial sums read only there: the sum becomes the partial
+    sum in their place (reduced once, then both closing biases added), and is returned."""
     def lone_partial(v: SSAValue) -> bool:
-        return v in partials and partials[v][1] is None and v.has_one_use()
+        return v in partials and v.has_one_use()
 
     if not lone_partial(value):
         return None
@@ -515,12 +524,12 @@ def _merge_partials(
     other = add.other if add.input == value else add.input
     if other == value or not lone_partial(other):
         return None
-    del partials[value], partials[other]
-    partials[add.result] = (add, None)
+    biases = partials.pop(value)[1] + partials.pop(other)[1]
+    partials[add.result] = (add, biases)
     return add.result
 
 
-def _reduce_after(value: SSAValue, owner: Operation, bias: SSAValue | None, group: str) -> None:
+def _reduce_after(value: SSAValue, owner: Operation, biases: tuple[SSAValue, ...], group: str) -> None:
     reduce = ad.AllReduceOp.build(
         operands=[value], result_types=[value.type],
         properties={"reduce_op": StringAttr("sum"), "group_name": StringAttr(group)},
@@ -528,12 +537,109 @@ def _reduce_after(value: SSAValue, owner: Operation, bias: SSAValue | None, grou
     wait = ad.WaitTensorOp.build(operands=[reduce.result], result_types=[value.type])
     reduce.result.name_hint, wait.result.name_hint = "all_reduce", "reduced"
     new_ops: list[Operation] = [reduce, wait]
-    if bias is not None:
-        new_ops.append(ad.AddOp.build(operands=[wait.result, bias], result_types=[value.type]))
+    for bias in biases:
+        new_ops.append(ad.AddOp.build(operands=[new_ops[-1].results[0], bias], result_types=[value.type]))
     for new in new_ops:
         new.location = owner.location
     value.replace_uses_with_if(new_ops[-1].results[0], lambda use: use.operation is not reduce)
     Rewriter.insert_op(new_ops, InsertPoint.after(owner))
+
+
+# ------------------------------------------------------------------------ MoE experts
+
+
+@dataclass
+class _ExpertSplit:
+    """An `ad.moe` cut like the dense MLP, each expert's intermediate size I over the ranks: the
+    stacked gate_up [E, 2I, H] along dim 1 (gate and up rows alike), down [E, H, I] along dim 2.
+    The weight arguments behind them, and the weight-only ops stacking those into the op's layout
+    (`match-moe`'s cat/reshape/permute), keep the split on the dim that holds the I's."""
+
+    moe: ad.MoeOp
+    args: dict[SSAValue, tuple[int, int]] = field(default_factory=dict)
+    """Weight argument -> (its split dim, how many chunks of I's that dim holds)."""
+    values: dict[SSAValue, int] = field(default_factory=dict)
+    """Stacking op result -> its split dim."""
+
+    @property
+    def layer(self) -> str:
+        return _op_name(self.moe)
+
+
+def _product(dims: Iterable[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def _reshape_source(op: ad.ReshapeOp, dim: int, chunks: int) -> tuple[int, int]:
+    """The input dim holding the result's split `dim` (merged with the dims just before it, each
+    merged dim multiplying the chunks) and its chunk count."""
+    src, dst = op.input.type.get_shape(), op.result.type.get_shape()
+    for start in range(dim, -1, -1):
+        for d in range(len(src)):
+            if (_product(src[:d]) == _product(dst[:start]) and src[d] == _product(dst[start:dim + 1])
+                    and tuple(src[d + 1:]) == tuple(dst[dim + 1:])):
+                return d, chunks * _product(dst[start:dim])
+    raise _NotShardable(f"ad.reshape {_fmt(op.input.type)} -> {_fmt(op.result.type)} moves the experts' I")
+
+
+def _trace_experts(split: _ExpertSplit, value: SSAValue, dim: int, chunks: int, weights: set[SSAValue]) -> None:
+    """Follow the split of `value` (along `dim`, of `chunks` chunks) back to weight arguments."""
+    if value.type.get_shape()[dim] % chunks:
+        raise _NotShardable(f"%{value.name_hint} does not hold {chunks} chunks along dim {dim}")
+    if isinstance(value, BlockArgument):
+        if value not in weights or not value.has_one_use() or ad.SHARD_DIM_ATTR in _arg_attrs(value).data:
+            raise _NotShardable(f"%{value.name_hint} is not a weight argument that only the experts read")
+        split.args[value] = (dim, chunks)
+        return
+    op = value.owner
+    if not value.has_one_use():
+        raise _NotShardable(f"%{value.name_hint} is read elsewhere")
+    split.values[value] = dim
+    if isinstance(op, ad.ReshapeOp) and not op.sizes:
+        _trace_experts(split, op.input, *_reshape_source(op, dim, chunks), weights)
+    elif isinstance(op, ad.PermuteOp):
+        _trace_experts(split, op.input, ad.normalize_dim(op.dims.get_values()[dim], _rank(op.input)), chunks, weights)
+    elif isinstance(op, ad.CatOp) and _along_dim(op, _rank(value)) != dim:
+        for piece in op.tensors:
+            _trace_experts(split, piece, dim, chunks, weights)
+    elif isinstance(op, ad.CatOp) and chunks % len(op.tensors) == 0 and len({v.type for v in op.tensors}) == 1:
+        for piece in op.tensors:  # whole chunks side by side (gate rows, then up rows)
+            _trace_experts(split, piece, dim, chunks // len(op.tensors), weights)
+    else:
+        raise _NotShardable(f"{op.name} %{value.name_hint} stacks the experts in a way shard does not follow")
+
+
+def plan_experts(moe: ad.MoeOp, world: int, weights: set[SSAValue]) -> _ExpertSplit:
+    split = _ExpertSplit(moe)
+    _trace_experts(split, moe.gate_up, 1, 2, weights)
+    _trace_experts(split, moe.down, 2, 1, weights)
+    inter = moe.down.type.get_shape()[2]
+    if inter % world:
+        raise _NotShardable(f"the experts' intermediate size {inter} does not split in {world} parts")
+    return split
+
+
+def apply_experts(fn: func.FuncOp, split: _ExpertSplit, world: int) -> None:
+    """Local types for the stacking ops and the op's weights, their reshapes' sizes divided,
+    the weight arguments marked; the op's result is then each rank's partial sum."""
+    for value, dim in split.values.items():
+        shape = list(value.type.get_shape())
+        shape[dim] //= world
+        op = value.owner
+        if isinstance(op, ad.ReshapeOp):
+            sizes = list(op.static_sizes.get_values())
+            sizes[dim] = shape[dim]
+            op.properties["static_sizes"] = DenseArrayBase.from_list(i64, sizes)
+        Rewriter.replace_value_with_new_type(value, TensorType(value.type.element_type, shape))
+    for arg, (dim, chunks) in split.args.items():
+        _shard_argument(fn, arg, dim, world)
+        if chunks > 1:
+            attrs = list(fn.arg_attrs.data)
+            attrs[arg.index] = DictionaryAttr({**attrs[arg.index].data, ad.SHARD_CHUNKS_ATTR: IntegerAttr(chunks, i64)})
+            fn.arg_attrs = ArrayAttr(attrs)
 
 
 # ------------------------------------------------------------------------------- pass
@@ -571,9 +677,27 @@ class ShardPass(ModulePass):
             apply_plan(fn, plan)
             log.info("shard: %s: %s", plan.block.layer, plan.block.describe())
         reductions = insert_reductions([plan.block.closer for plan in plans], self.group)
+        for split in self._expert_splits(fn):
+            apply_experts(fn, split, self.world_size)
+            _reduce_after(split.moe.result, split.moe, (), self.group)
+            log.info("shard: %s: each expert's gate/up column-wise, down row-wise", split.layer)
+            reductions += 1
         fn.update_function_type()
         log.info("shard: %d of %d blocks sharded over %d ranks, %d all_reduce", len(plans), len(blocks),
                  self.world_size, reductions)
+
+    def _expert_splits(self, fn: func.FuncOp) -> list[_ExpertSplit]:
+        """The `ad.moe` ops to cut (MoE layers are "mlp" layers), each planned before any is cut."""
+        moes = [op for op in fn.body.block.ops if isinstance(op, ad.MoeOp)]
+        if "mlp" not in self.shard_layers:
+            return []
+        weights, splits = weight_arguments(fn), []
+        for moe in moes:
+            try:
+                splits.append(plan_experts(moe, self.world_size, weights))
+            except _NotShardable as e:
+                log.info("shard: the experts at %s stay replicated: %s", _op_name(moe), e)
+        return splits
 
     def _plan(self, block: _Block, order: dict[Operation, int]) -> _Plan | None:
         if block.kind not in self.shard_layers and not block.hinted:

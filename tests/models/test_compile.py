@@ -68,15 +68,20 @@ LLM_OPS_PER_FAMILY = {
     # one layer: the input norm stands alone (its input is the embedding), the post-attention
     # norm and the final norm follow a residual add; RoPE + repeat_kv + SDPA is one op; the
     # MLP is silu(gate) * up.
-    "llama": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1},
-    "qwen2": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1},
-    "mistral": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1},
-    # Gemma's MLP is gelu(tanh)(gate) * up: no silu_and_mul, fuse-elementwise takes it.
-    "gemma": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 0},
+    "llama": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1,
+              "ad.gelu_and_mul": 0},
+    "qwen2": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1,
+              "ad.gelu_and_mul": 0},
+    "mistral": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 1,
+                "ad.gelu_and_mul": 0},
+    # Gemma's MLP is gelu(tanh)(gate) * up.
+    "gemma": {"ad.rms_norm": 1, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 0,
+              "ad.gelu_and_mul": 1},
     # Gemma2 normalizes the attention and MLP outputs before each residual add (2 more norms
     # on linears), and the pre-feedforward norm follows the first residual add; its attention
     # soft-caps the logits (HF's eager matmul/tanh/softmax, no SDPA), one rope_attention too.
-    "gemma2": {"ad.rms_norm": 3, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 0},
+    "gemma2": {"ad.rms_norm": 3, "ad.add_rms_norm": 2, "ad.rope_attention": 1, "ad.rope": 0, "ad.silu_and_mul": 0,
+               "ad.gelu_and_mul": 1},
 }
 
 
@@ -88,8 +93,8 @@ def test_default_pipeline_matches_every_norm_and_gated_mlp(exported, family: str
     run_pipeline(program.module, "default")
     names = [op.name for op in program.module.walk()]
     assert {name: names.count(name) for name in LLM_OPS_PER_FAMILY[family]} == LLM_OPS_PER_FAMILY[family]
-    # nothing of an RMSNorm spelling or of a silu * up is left anywhere (regions included)
-    assert not {"ad.rsqrt", "ad.mean", "ad.silu"} & set(names)
+    # nothing of an RMSNorm spelling or of a silu/gelu * up is left anywhere (regions included)
+    assert not {"ad.rsqrt", "ad.mean", "ad.silu", "ad.gelu"} & set(names)
     if LLM_OPS_PER_FAMILY[family]["ad.rope_attention"]:
         assert "ad.attention" not in names
 

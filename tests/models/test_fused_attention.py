@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from capped_gemma2 import capped_gemma2
 from xdsl.ir import Operation
 
 from ad_mlir.codegen.cache import KernelCache
@@ -79,16 +80,7 @@ def test_gemma2_soft_capped_sliding_attention_is_the_kernels() -> None:
     of 50 (random init); Q and K scaled by 12 give scores up to ~5 against a cap of 2, in a
     window of 4 (layer 0; layer 1 is global). Without the cap or the window the logits differ
     from eager by over 0.1 (measured)."""
-    model = build_model(TinyConfig(family="gemma2"))
-    model.config.sliding_window, model.config.attn_logit_softcapping = GEMMA2_WINDOW, GEMMA2_SOFTCAP
-    with torch.no_grad():
-        for layer in model.model.layers:
-            attention = layer.self_attn
-            attention.attn_logit_softcapping = GEMMA2_SOFTCAP
-            if attention.sliding_window is not None:
-                attention.sliding_window = GEMMA2_WINDOW
-            attention.q_proj.weight.mul_(GEMMA2_QK_GAIN)
-            attention.k_proj.weight.mul_(GEMMA2_QK_GAIN)
+    model = capped_gemma2(GEMMA2_WINDOW, GEMMA2_SOFTCAP, GEMMA2_QK_GAIN)
     gm, ops = _compiled(model)
     attentions = _attentions(ops)
     assert [(op.name, op.window and op.window.value.data, op.softcap and op.softcap.value.data)

@@ -89,22 +89,29 @@ def _rope_tables(batch: int, seq: int, head_dim: int, dtype: torch.dtype) -> lis
     return [emb.cos().to(dtype).to(DEVICE), emb.sin().to(dtype).to(DEVICE)]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """transformers' rotate_half, or GPT-J's rotate_every_two for interleaved pairs."""
+    if interleaved:
+        return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' apply_rotary_pos_emb (in the inputs' dtypes; fp32 tables promote, and the
-    result goes back to x's dtype as the attention that follows needs)."""
-    return (x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)).to(x.dtype)
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb, partial rotary as GPT-NeoX's (the first cos.shape[-1]
+    dims rotate, the rest pass), in the inputs' dtypes (fp32 tables promote, and the result goes
+    back to x's dtype as the attention that follows needs)."""
+    rotary = cos.shape[-1]
+    rot = x[..., :rotary]
+    rot = rot * cos.unsqueeze(1) + _rotate(rot, interleaved) * sin.unsqueeze(1)
+    return torch.cat((rot.to(x.dtype), x[..., rotary:]), dim=-1)
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None = None,
            sin: torch.Tensor | None = None, mask: torch.Tensor | None = None, causal: bool = False,
-           scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
+           scale: float | None = None, softcap: float | None = None, interleaved: bool = False) -> torch.Tensor:
     if cos is not None:
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        q, k = _apply_rope(q, cos, sin, interleaved), _apply_rope(k, cos, sin, interleaved)
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if softcap is None:
@@ -351,14 +358,104 @@ def test_qk_norm_matches_eager(build, dtype: torch.dtype, head_dim: int, kv_head
     _assert_matches(reference.contiguous(), expected)
 
 
+QK_NORM_ROPE_FORMS = [(80, 32, True), (96, None, False), (80, 20, False)]
+"""(head_dim, rotary_dim, interleaved): pairs plus passed dims split in two pieces (80 - 32 = 32
++ 16), a head that is no power of two, and a rotary half of 10 with a 60-dim pass (32 + 28)."""
+
+
+@pytest.mark.parametrize("gemma", [False, True], ids=["qwen3", "gemma3"])
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved"), QK_NORM_ROPE_FORMS,
+                         ids=[f"d{d}-r{r or d}" + ("-pairs" if i else "") for d, r, i in QK_NORM_ROPE_FORMS])
+def test_qk_norm_over_every_piece_of_the_head(build, head_dim: int, rotary_dim: int | None,  # noqa: ANN001
+                                              interleaved: bool, gemma: bool) -> None:
+    """QK-norm normalizes over the whole head, every piece the kernel holds it in (rotated pairs,
+    passed dims, their tail), and weights each dim by its own weight, then RoPE (partial, in
+    pairs); fp32, tight. Without the norm the output is far off (checked: the test can fail)."""
+    dtype, seq = torch.float32, 17
+    q, k, v = _qkv(2, 4, 2, seq, head_dim, dtype)
+    q, k = q * 3 + 1, k * 3 - 1
+    w_q, w_k = (torch.randn(head_dim, device=DEVICE).mul(0.3).add(0.0 if gemma else 1.0) for _ in range(2))
+    cos, sin = _random_tables(1, seq, rotary_dim or head_dim, dtype)
+    norm = QkNorm(1e-6, 1.0 if gemma else 0.0, gemma)
+    spec = _spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, qk_norm=norm)
+    out = _run(build(spec), [q, k, v, cos, sin, w_q, w_k])
+    rope = {"causal": True, "scale": head_dim**-0.5, "interleaved": interleaved}
+    _assert_matches(out, _eager(_hf_rms_norm(q, w_q, gemma), _hf_rms_norm(k, w_k, gemma), v, cos, sin, **rope))
+    assert (out - _eager(q, k, v, cos, sin, **rope)).abs().max() > 0.1
+
+
 @pytest.mark.parametrize("head_dim", [16, 32, 256])
 def test_other_head_dims(build, head_dim: int) -> None:  # noqa: ANN001
-    """Every power of two in 16..256 (RoPE from 32: each half of the head dim feeds a dot)."""
-    dtype, seq, rope = torch.bfloat16, 17, head_dim >= 32
+    """Powers of two from 16 (each rotated half padded to a dot's depth of 16) to 256."""
+    dtype, seq = torch.bfloat16, 17
     q, k, v = _qkv(1, 2, 1, seq, head_dim, dtype)
-    tables = _rope_tables(1, seq, head_dim, dtype) if rope else []
-    out = _run(build(_spec(head_dim, dtype, rope=rope)), [q, k, v, *tables])
+    tables = _rope_tables(1, seq, head_dim, dtype)
+    out = _run(build(_spec(head_dim, dtype)), [q, k, v, *tables])
     _assert_matches(out, _eager(q, k, v, *tables, causal=True, scale=head_dim**-0.5))
+
+
+def _random_tables(batch: int, seq: int, rotary: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """cos and sin [batch, seq, rotary] uniform in [-1, 1], every dim its own value: a kernel that
+    read a dim's table entry for another dim, or rotated a pass-through dim, would show."""
+    generator = torch.Generator().manual_seed(rotary)
+    return [(torch.rand(batch, seq, rotary, generator=generator) * 2 - 1).to(dtype).to(DEVICE) for _ in range(2)]
+
+
+ROPE_FORMS = [
+    # (head_dim, rotary_dim, interleaved): the head dims of Phi-2 / StableLM-3B (80), Qwen-1.5B,
+    # Gemma-2B-style 96, 112; partial rotary of Phi-2 (32 of 80), Pythia/StableLM-2 (16 of 64),
+    # StableLM-3B (20 of 80: a rotary half of 10), GPT-NeoX-small (8 of 32); interleaved pairs of
+    # GPT-J (64 of 256 is its size; 16 of 64 here), Ernie 4.5 (all 64), GLM (half of 128: 64).
+    (80, None, False), (96, None, False), (112, None, False), (48, None, False),
+    (80, 32, False), (64, 16, False), (80, 20, False), (32, 8, False),
+    (64, None, True), (64, 16, True), (128, 64, True), (96, 48, True),
+]
+
+
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved"), ROPE_FORMS,
+                         ids=[f"d{d}-r{r or d}" + ("-pairs" if i else "") for d, r, i in ROPE_FORMS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_any_head_dim_partial_rotary_and_interleaved_pairs(build, dtype: torch.dtype, head_dim: int,  # noqa: ANN001
+                                                           rotary_dim: int | None, interleaved: bool) -> None:
+    """Head dims that are not powers of two (padded pieces, masked), a rotary dim below the head
+    dim (the rest passed through), interleaved pairs; GQA 4:2, causal, 17 queries (a partial
+    block), random tables per batch row."""
+    q, k, v = _qkv(2, 4, 2, 17, head_dim, dtype)
+    cos, sin = _random_tables(2, 17, rotary_dim or head_dim, dtype)
+    out = _run(build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved)), [q, k, v, cos, sin])
+    _assert_matches(out, _eager(q, k, v, cos, sin, causal=True, scale=head_dim**-0.5, interleaved=interleaved))
+
+
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved", "window", "softcap"),
+                         [(96, None, False, None, None), (80, 32, True, None, None), (80, 32, True, 6, 2.0)])
+def test_matches_the_ops_reference(build, head_dim: int, rotary_dim: int | None, interleaved: bool,  # noqa: ANN001
+                                   window: int | None, softcap: float | None) -> None:
+    """The kernel computes what `ad.rope_attention` means (its torch reference op), in bf16 with
+    GQA, at a head dim that is not a power of two, partial rotary in pairs, and with Gemma2's
+    sliding window and soft cap on top of partial rotary in pairs (a cap of 2 bends most scores,
+    see test_soft_cap_matches_eager_gemma2); eager attention on the window's mask agrees."""
+    dtype, seq = torch.bfloat16, 17
+    q, k, v = _qkv(2, 4, 2, seq, head_dim, dtype)
+    cos, sin = _random_tables(1, seq, rotary_dim or head_dim, dtype)
+    spec = _spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, window=window, softcap=softcap)
+    out = _run(build(spec), [q, k, v, cos, sin])
+    expected = torch_ops.rope_attention(q, k, v, cos, sin, None, head_dim**-0.5, is_causal=True, window=window,
+                                        softcap=softcap, interleaved=interleaved)
+    _assert_matches(out, expected.contiguous())
+    eager = _eager(q, k, v, cos, sin, mask=_sliding_window(seq, window or seq), scale=head_dim**-0.5,
+                   softcap=softcap, interleaved=interleaved)
+    _assert_matches(out, eager.contiguous())
+
+
+@pytest.mark.parametrize("head_dim", [80, 96])
+def test_odd_head_dims_with_a_mask_and_without_rope(build, head_dim: int) -> None:  # noqa: ANN001
+    """Head dims 80 and 96 without RoPE (the head split in two padded halves) and with a random
+    mask (the padded lanes of V and the output stay out of every row)."""
+    dtype, seq = torch.bfloat16, 40
+    q, k, v = _qkv(2, 4, 2, seq, head_dim, dtype)
+    mask = _random_mask((2, 1, seq, seq))
+    out = _run(build(_spec(head_dim, dtype, rope=False, has_mask=True, causal=False)), [q, k, v, mask])
+    _assert_matches(out, _eager(q, k, v, mask=mask, scale=head_dim**-0.5))
 
 
 def test_empty_sequence(build) -> None:  # noqa: ANN001
@@ -371,9 +468,12 @@ def test_empty_sequence(build) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"head_dim": 48}, "head_dim 48 is not a power of two"),
-    ({"head_dim": 512}, "head_dim 512 is not a power of two"),
-    ({"head_dim": 16}, "RoPE needs head_dim >= 32"),
+    ({"head_dim": 512}, "head_dim 512 .* needs tiles 512 wide, over the 256"),
+    ({"head_dim": 256, "rotary_dim": 34}, r"head_dim 256 \(rotary_dim 34\) needs tiles 512 wide"),
+    ({"head_dim": 0}, "head_dim 0 must be positive"),
+    ({"rotary_dim": 15}, "rotary_dim 15 must be even"),
+    ({"rotary_dim": 66}, "rotary_dim 66 must be even and in 2..head_dim 64"),
+    ({"rope": False, "interleaved": True}, "interleaved pairs need RoPE"),
     ({"dtype": torch.float64}, "dtype torch.float64 is not one of"),
     ({"cos_dtype": None}, "rope=True needs cos_dtype"),
     ({"scale": float("nan")}, "softmax scale nan is not finite"),
@@ -407,7 +507,7 @@ def _meta_inputs(spec: AttentionSpec, seq: int = 1024, batch: int = 2, heads: in
 
     tensors = [heads_of(heads), heads_of(kv_heads), heads_of(kv_heads)]
     if spec.rope:
-        tensors += [torch.empty(1, seq, spec.head_dim, dtype=spec.cos_dtype, device="meta")] * 2
+        tensors += [torch.empty(1, seq, spec.rotary, dtype=spec.cos_dtype, device="meta")] * 2
     if spec.qk_norm:
         weight_dtype = torch.float32 if spec.qk_norm.weight_in_fp32 else spec.dtype
         tensors += [torch.empty(spec.head_dim, dtype=weight_dtype, device="meta")] * 2
@@ -460,21 +560,32 @@ def _assert_no_spills(build: Callable[[AttentionSpec], ModuleType], specs: list[
     reports = _compile([specialize_module(m, m.kernel_name, _meta_inputs(s)) for s, m in zip(specs, modules, strict=True)],
                        modules)
     for spec, report in zip(specs, reports, strict=True):
-        blocks = attention_blocks(spec.head_dim, spec.dtype, 1024, spec.qk_norm is not None)
-        usage = (f"head_dim {spec.head_dim} mask={spec.has_mask} causal={spec.causal} window={spec.window} "
-                 f"softcap={spec.softcap} qk_norm={spec.qk_norm} cos {spec.cos_dtype}: "
-                 f"{report.registers} registers, {report.spills} B spilled, {report.shared_memory} B shared")
+        blocks = attention_blocks(spec.pieces.width, spec.dtype, 1024, spec.qk_norm is not None)
+        usage = (f"head_dim {spec.head_dim} rotary {spec.rotary_dim} pairs={spec.interleaved} mask={spec.has_mask} "
+                 f"causal={spec.causal} window={spec.window} softcap={spec.softcap} qk_norm={spec.qk_norm} "
+                 f"cos {spec.cos_dtype}: {report.registers} registers, {report.spills} B spilled, "
+                 f"{report.shared_memory} B shared")
         assert report.registers > 0 and report.spills == 0, usage
         assert report.shared_memory <= H100_SHARED_MEMORY, usage
         assert (report.block_r, report.block_c, report.num_warps) == (blocks.block_m, blocks.block_n,
                                                                      blocks.num_warps), usage
 
 
+PTX_ROPE_FORMS = [
+    # (head_dim, rotary_dim, interleaved) at real model sizes: Phi-2 / StableLM-3B (80, all or
+    # 32 or 20 rotated), 96 and 112 heads, GLM-4 (half of 128, interleaved), Pythia (32 of 128:
+    # its pass piece pads 96 to 128, the widest tiles), GPT-J (64 of 256, interleaved).
+    (80, None, False), (80, 32, False), (80, 20, False), (96, None, False), (112, None, False),
+    (128, 64, True), (128, 32, False), (256, 64, True),
+]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_ptx_for_sm90_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
     """RoPE + mask and RoPE + causal at head_dim 64 and 128 (and all three with fp32 tables, the
     most registers; a sliding window; a soft cap; Gemma2's head_dim 256 with both; QK-norm at
-    Qwen3's and Gemma3's sizes)."""
+    Qwen3's and Gemma3's sizes, and with partial rotary pairs), and the head dims and rotary forms
+    of PTX_ROPE_FORMS with a mask and causal."""
     _assert_no_spills(build, [
         _spec(head_dim, dtype, has_mask=has_mask, causal=not has_mask)
         for head_dim in (64, 128) for has_mask in (True, False)
@@ -485,6 +596,10 @@ def test_ptx_for_sm90_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa:
         _spec(256, dtype, window=4096, softcap=50.0, cos_dtype=torch.float32),  # Gemma2's sizes
         _spec(128, dtype, qk_norm=QkNorm(1e-6)),  # Qwen3's
         _spec(256, dtype, window=4096, qk_norm=QkNorm(1e-6, 1.0, weight_in_fp32=True)),  # Gemma3's
+        _spec(80, dtype, rotary_dim=32, interleaved=True, qk_norm=QkNorm(1e-6)),
+    ] + [
+        _spec(head_dim, dtype, has_mask=True, causal=True, rotary_dim=rotary, interleaved=interleaved)
+        for head_dim, rotary, interleaved in PTX_ROPE_FORMS
     ])
 
 

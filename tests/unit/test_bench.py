@@ -87,7 +87,7 @@ def test_results_are_written_as_json_markdown_and_plots(tmp_path: Path) -> None:
     assert (tmp_path / "results.md").read_text() == text
     assert "- kernels: skipped, no CUDA device" in text
     assert "| 1 | 2.00 | 5.00 | 2.5x | 1.00 | 0.10 | 0.20 | 0.30 | 0.30 | 0.10 |" in text
-    assert "| llama | 4 | 30 | 3.00 | 4 | 1.00 | 1.00 | 3.00 | 1.00 | 1.00 |" in text
+    assert "| llama | 256 | 4 | 30 | 3.00 | 4 | 1.00 | 1.00 | 3.00 | 1.00 | 1.00 |" in text
     for plot in ("compile.png", "traffic.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -63,9 +63,10 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttention
 
 
 def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
-          softcap: float | None = None, qk_norm: QkNorm | None = None) -> CachedAttentionSpec:
+          softcap: float | None = None, rotary_dim: int | None = None, interleaved: bool = False,
+          qk_norm: QkNorm | None = None) -> CachedAttentionSpec:
     return CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, rope, dtype if rope else None, window, softcap,
-                               qk_norm)
+                               rotary_dim, interleaved, qk_norm)
 
 
 class Case:
@@ -73,7 +74,8 @@ class Case:
     holds `starts[b]` tokens already."""
 
     def __init__(self, starts: list[int], seq: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 max_seq: int, rope: bool = True, seed: int = 0, qk_norm: QkNorm | None = None):
+                 max_seq: int, rope: bool = True, seed: int = 0, rotary_dim: int | None = None,
+                 interleaved: bool = False, qk_norm: QkNorm | None = None):
         g = torch.Generator().manual_seed(seed)
         batch = len(starts)
 
@@ -85,10 +87,13 @@ class Case:
         self.starts = torch.tensor(starts, device=DEVICE)
         self.slots = torch.arange(batch, device=DEVICE).flip(0) + 1  # not the row order; slot 0 unused
         positions = self.starts[:, None] + torch.arange(seq, device=DEVICE)[None]
-        inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=DEVICE) / head_dim))
+        rotary = rotary_dim or head_dim
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary, 2, device=DEVICE) / rotary))
         angles = positions[..., None].float() * inv_freq
-        emb = torch.cat([angles, angles], -1)
+        # HF's tables: each angle twice, as the rotated pairs take them (GPT-J's repeat_interleave).
+        emb = angles.repeat_interleave(2, -1) if interleaved else torch.cat([angles, angles], -1)
         self.tables = [emb.cos().to(dtype), emb.sin().to(dtype)] if rope else []
+        self.interleaved = interleaved
         shape = (batch + 1, max_seq, kv_heads, head_dim)
         self.k_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
         self.v_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
@@ -104,12 +109,19 @@ class Case:
                 self.starts]
 
 
-def _rotate(x: torch.Tensor, tables: list[torch.Tensor]) -> torch.Tensor:
+def _rotate(x: torch.Tensor, tables: list[torch.Tensor], interleaved: bool = False) -> torch.Tensor:
+    """HF's apply_rotary_pos_emb: the first cos.shape[-1] dims (GPT-NeoX's partial rotary),
+    rotate_half or (interleaved) GPT-J's rotate_every_two."""
     if not tables:
         return x
     cos, sin = (t.unsqueeze(1) for t in tables)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+    rot, rest = x[..., :cos.shape[-1]], x[..., cos.shape[-1]:]
+    if interleaved:
+        turned = torch.stack([-rot[..., 1::2], rot[..., ::2]], -1).flatten(-2)
+    else:
+        half = rot.shape[-1] // 2
+        turned = torch.cat([-rot[..., half:], rot[..., :half]], -1)
+    return torch.cat([rot * cos + turned * sin, rest], -1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, norm: QkNorm) -> torch.Tensor:
@@ -129,7 +141,7 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
     q, k = case.q, case.k
     if qk_norm is not None:
         q, k = _rms_norm(q, case.norm_weights[0], qk_norm), _rms_norm(k, case.norm_weights[1], qk_norm)
-    q, k = _rotate(q, case.tables), _rotate(k, case.tables)
+    q, k = _rotate(q, case.tables, case.interleaved), _rotate(k, case.tables, case.interleaved)
     seq, group = q.shape[2], q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     for b, (slot, start) in enumerate(zip(case.slots.tolist(), case.starts.tolist(), strict=True)):
@@ -228,6 +240,46 @@ def test_qk_norm_prefill_and_decode(build, norm: QkNorm, dtype: torch.dtype) -> 
         _assert_close(case.k_cache, k_cache, QK_NORM_CACHE_TOLERANCE[spec.dtype])
 
 
+ROPE_FORMS = [
+    # (head_dim, rotary_dim, interleaved): head dims that are not powers of two (Phi-2's 80,
+    # Phi-3's 96), partial rotary (Phi-2's 32 of 80; Pythia's 16 of 64; StableLM-3B's 20 of 80),
+    # interleaved pairs (GPT-J, Ernie 4.5: all of 64; GLM: 32 of 64).
+    (80, None, False), (96, None, False), (80, 32, False), (64, 16, False), (80, 20, False),
+    (64, None, True), (64, 32, True),
+]
+
+
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved"), ROPE_FORMS,
+                         ids=[f"d{d}-r{r or d}" + ("-pairs" if i else "") for d, r, i in ROPE_FORMS])
+def test_any_head_dim_partial_rotary_and_interleaved_pairs(build, head_dim: int, rotary_dim: int | None,  # noqa: ANN001
+                                                           interleaved: bool) -> None:
+    """Prefill (a prompt, a chunk after a cached prefix), then decode at cached lengths around a
+    split edge, GQA 6:2: the cache holds the rotated keys in the head's own dim order (only the
+    first rotary_dim dims rotated) and the padded lanes are never stored."""
+    spec = _spec(head_dim, rotary_dim=rotary_dim, interleaved=interleaved)
+    forms = {"rotary_dim": rotary_dim, "interleaved": interleaved}
+    _check(build(spec), Case([0, 5, 37], 19, 6, 2, head_dim, spec.dtype, max_seq=64, **forms), spec)
+    _check(build(spec), Case([1, 63, 64, 65], 1, 6, 2, head_dim, spec.dtype, max_seq=128, **forms), spec)
+
+
+@pytest.mark.parametrize("seq", [1, 12])
+def test_partial_interleaved_rotary_in_bf16(build, seq: int) -> None:  # noqa: ANN001
+    """GLM's form (half of an 80-dim head, interleaved pairs) in bf16, prefill and decode."""
+    spec = _spec(80, torch.bfloat16, rotary_dim=40, interleaved=True)
+    case = Case([0, 21], seq, 4, 2, 80, torch.bfloat16, max_seq=64, rotary_dim=40, interleaved=True)
+    _check(build(spec), case, spec)
+
+
+def test_qk_norm_with_partial_rotary_pairs(build) -> None:  # noqa: ANN001
+    """QK-norm over the whole 80-dim head (rotated pairs, passed dims and their tail) before
+    RoPE on 32 dims in pairs, prefill and decode: the cache holds the normalized, rotated keys."""
+    norm = QkNorm(1e-6)
+    spec = _spec(80, rotary_dim=32, interleaved=True, qk_norm=norm)
+    for seq, starts in ((9, [0, 5]), (1, [3, 40])):
+        _check(build(spec), Case(starts, seq, 4, 2, 80, spec.dtype, max_seq=64, seed=seq, rotary_dim=32,
+                                 interleaved=True, qk_norm=norm), spec)
+
+
 # ------------------------------------------------------------------------- decode
 
 
@@ -249,14 +301,17 @@ def test_decode_in_bf16_with_a_long_cache(build) -> None:  # noqa: ANN001
     _check(build(spec), Case([0, 127, 128, 2999], 1, 4, 1, 64, torch.bfloat16, max_seq=3000), spec)
 
 
-def test_matches_the_ops_reference(build) -> None:  # noqa: ANN001
-    """The kernel computes what `ad.cached_attention` means (its torch reference op)."""
-    spec = _spec(64, window=8)
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved"), [(64, None, False), (80, 32, True)])
+def test_matches_the_ops_reference(build, head_dim: int, rotary_dim: int | None, interleaved: bool) -> None:  # noqa: ANN001
+    """The kernel computes what `ad.cached_attention` means (its torch reference op), also with
+    partial rotary and interleaved pairs."""
+    spec = _spec(head_dim, window=8, rotary_dim=rotary_dim, interleaved=interleaved)
     for seq, starts in ((6, [0, 4]), (1, [10, 3])):
-        case = Case(starts, seq, 4, 2, 64, spec.dtype, max_seq=32, seed=seq)
+        case = Case(starts, seq, 4, 2, head_dim, spec.dtype, max_seq=32, seed=seq, rotary_dim=rotary_dim,
+                    interleaved=interleaved)
         k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
         expected = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots,
-                                              case.starts, spec.scale, spec.window)
+                                              case.starts, spec.scale, spec.window, interleaved=interleaved)
         out = _check(build(spec), case, spec)
         _assert_close(out, expected, TOLERANCE[spec.dtype])
         torch.testing.assert_close(case.k_cache, k_cache, atol=0, rtol=0)
@@ -305,8 +360,9 @@ def test_a_cache_of_the_wrong_dtype_or_shape_is_refused(build, cache: Callable, 
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"head_dim": 16}, "head_dim 16 is not a power of two in 32..256"),
-    ({"head_dim": 96}, "head_dim 96 is not a power of two"),
+    ({"head_dim": 512}, "head_dim 512 .* needs tiles 512 wide, over the 256"),
+    ({"rotary_dim": 65}, "rotary_dim 65 must be even"),
+    ({"rope": False, "interleaved": True}, "interleaved pairs need RoPE"),
     ({"window": 0}, "window 0 must be positive"),
     ({"softcap": -1.0}, "softcap -1.0 out of range"),
     ({"rope": False, "cos_dtype": None, "qk_norm": QkNorm(1e-6)}, "qk_norm needs rope=True"),
@@ -324,19 +380,33 @@ def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-@pytest.mark.parametrize("qk_norm", [None, QkNorm(1e-6)], ids=["", "qk_norm"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build, dtype: torch.dtype, qk_norm: QkNorm | None) -> None:  # noqa: ANN001
-    """Head dim 128, 32 query / 8 K/V heads, a cache of 16 slots x 8192 positions: a 1024-token
-    prefill (one launch) and a decode step of 8 sequences (split kernel + reduce), compiled for
-    sm_90 as the runtime specializes them; with Qwen3's QK-norm too (Qwen3-8B's sizes)."""
-    module = build(_spec(128, dtype, qk_norm=qk_norm))
+PTX_FORMS = [
+    # (dtype, head_dim, rotary_dim, interleaved, qk_norm): Llama-3-8B in bf16 and fp32; at the
+    # same head counts, Phi-2's head (80, 32 rotated), Phi-3's 96, GLM-4's (half of 128 in pairs),
+    # GPT-J's (64 of 256 in pairs); Qwen3-8B's QK-norm in bf16 and fp32.
+    (torch.bfloat16, 128, None, False, None), (torch.float32, 128, None, False, None),
+    (torch.bfloat16, 80, 32, False, None), (torch.bfloat16, 96, None, False, None),
+    (torch.bfloat16, 128, 64, True, None), (torch.bfloat16, 256, 64, True, None),
+    (torch.bfloat16, 128, None, False, QkNorm(1e-6)), (torch.float32, 128, None, False, QkNorm(1e-6)),
+]
+
+
+@pytest.mark.parametrize(("dtype", "head_dim", "rotary_dim", "interleaved", "qk_norm"), PTX_FORMS,
+                         ids=[f"{str(t)[6:]}-d{d}-r{r or d}" + ("-pairs" if i else "") + ("-qk_norm" if n else "")
+                              for t, d, r, i, n in PTX_FORMS])
+def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build, dtype: torch.dtype, head_dim: int,  # noqa: ANN001
+                                                       rotary_dim: int | None, interleaved: bool,
+                                                       qk_norm: QkNorm | None) -> None:
+    """32 query / 8 K/V heads, a cache of 16 slots x 8192 positions: a 1024-token prefill (one
+    launch) and a decode step of 8 sequences (split kernel + reduce), compiled for sm_90 as the
+    runtime specializes them."""
+    module = build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, qk_norm=qk_norm))
     launches = []
-    weights = [_meta(128, dtype=dtype)] * 2 if qk_norm else []
+    weights = [_meta(head_dim, dtype=dtype)] * 2 if qk_norm else []
     for batch, seq in ((1, 1024), (8, 1)):
-        tensors = [_meta(batch, 32, seq, 128, dtype=dtype), *[_meta(batch, 8, seq, 128, dtype=dtype)] * 2,
-                   *[_meta(batch, seq, 128, dtype=dtype)] * 2, *weights, *[_meta(16, 8192, 8, 128, dtype=dtype)] * 2,
-                   *[_meta(batch, dtype=torch.int64)] * 2]
+        tensors = [_meta(batch, 32, seq, head_dim, dtype=dtype), *[_meta(batch, 8, seq, head_dim, dtype=dtype)] * 2,
+                   *[_meta(batch, seq, rotary_dim or head_dim, dtype=dtype)] * 2, *weights,
+                   *[_meta(16, 8192, 8, head_dim, dtype=dtype)] * 2, *[_meta(batch, dtype=torch.int64)] * 2]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]

@@ -19,8 +19,9 @@ def _yaml(tmp_path: Path, text: str) -> Path:
 
 def test_names_and_pass_strings() -> None:
     assert resolve_pipeline("default") == PIPELINES["default"] == (
-        "canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-gemms,fuse-silu-mul,fuse-rmsnorm-quant,"
-        "fuse-rope-attention,optimize-rope,decompose,fuse-elementwise"
+        "canonicalize,match-layernorm,match-rmsnorm,fuse-add-rmsnorm,fuse-add-layernorm,match-moe,fuse-gemms,"
+        "fuse-silu-mul,fuse-gelu-mul,fuse-activation,fuse-rmsnorm-quant,fuse-rope-attention,optimize-rope,decompose,"
+        "fuse-elementwise"
     )
     assert resolve_pipeline("none") == ""
     assert resolve_pipeline("canonicalize,fuse-elementwise{max-ops=4}") == "canonicalize,fuse-elementwise{max-ops=4}"

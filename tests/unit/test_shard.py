@@ -1,5 +1,5 @@
 """The `shard` pass on real HF graphs: two gloo ranks (spawned, on 127.0.0.1, bounded in time)
-each compile tiny Llama/Qwen2/Mistral with `canonicalize,shard{world-size=2},default` and run
+each compile tiny Llama/Qwen2/Mistral (and a LayerNorm family, OPT) with `canonicalize,shard{world-size=2},default` and run
 their shard; the logits must match the unsharded eager model's (fp32). Plus the pass's
 configuration (YAML), its log for layers it leaves whole, and a world size that does not fit."""
 
@@ -52,6 +52,36 @@ def test_sharded_llama_qwen2_mistral_match_unsharded_logits_on_two_gloo_ranks() 
             # fp32: only the order of the hidden-unit sums differs (two partial sums, then theirs);
             # torch.testing's fp32 atol, on logits of magnitude ~1
             assert result.verdict != "OUT OF TOLERANCE" and max(result.errors.values()) < 1e-5, (family, result)
+
+
+def _layer_norm_family_on_rank(family: str, rank: int) -> tuple[float, tuple[str, ...], int]:
+    """This rank's max |logits error| against the unsharded eager model, its kernels and its
+    all_reduce count, for a family built small from its HF config (same seed on every rank)."""
+    from ad_mlir.examples.tp import ALL_REDUCE
+    from ad_mlir.families import small_model
+    from ad_mlir.models import export_with_ids
+    from ad_mlir.report import max_abs_error
+
+    kernels.run_reference = _refuse_reference
+    model = small_model(family, layers=1)
+    ids = torch.randint(1, 1000, (1, 9), generator=torch.Generator().manual_seed(5))
+    gm = ad_mlir.compile(export_with_ids(model, ids, max_seq=64), pipeline=f"canonicalize,shard{{world-size={WORLD}}},default")
+    with torch.no_grad():
+        error = max_abs_error([model(input_ids=ids).logits], [gm(ids)[0]])
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    return error, tuple(t for t in targets if t.startswith("ad_mlir.")), targets.count(ALL_REDUCE)
+
+
+def test_sharded_opt_keeps_its_layer_norms_whole_and_fused_on_two_gloo_ranks() -> None:
+    """One-layer OPT (LayerNorm with bias, q/k/v/out_proj and fc1/fc2 linears): the attention
+    and MLP blocks are sharded, the norms replicated (a sharded norm weight would not fit the
+    whole hidden size), and each residual add still joins its norm, on the all-reduced sum.
+    fp32, the same tolerance as the Llamas'."""
+    results = run_on_ranks(functools.partial(_layer_norm_family_on_rank, "opt"), WORLD, timeout_s=300)
+    for error, kernel_names, all_reduces in results.values():
+        assert all_reduces == 2  # after out_proj and fc2
+        assert sum("add_layer_norm" in k for k in kernel_names) == 3, kernel_names  # both norms and the final one
+        assert error < 1e-5
 
 
 def test_yaml_config_names_world_size_and_layer_kinds(tmp_path: Path) -> None:

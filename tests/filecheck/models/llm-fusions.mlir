@@ -1,7 +1,7 @@
 // The default pipeline on two-layer tiny HF models (bf16): per decoder layer one RMSNorm op per
 // norm (the residual add fused into every norm that follows one), one rope_attention (RoPE,
-// repeat_kv and SDPA in one kernel) and, for the SiLU MLPs, one silu_and_mul over the fused
-// gate/up GEMM; the spellings they replace are gone.
+// repeat_kv and SDPA in one kernel) and one silu_and_mul (the SiLU MLPs) or gelu_and_mul
+// (Gemma's tanh GELU) over the fused gate/up GEMM; the spellings they replace are gone.
 // RUN: ad-opt --model llama --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,SILU
 // RUN: ad-opt --model qwen2 --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,SILU
 // RUN: ad-opt --model mistral --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,SILU
@@ -16,6 +16,7 @@
 // GONE-NOT:  ad.mean
 // GONE-NOT:  ad.attention
 // GONE-NOT:  ad.silu{{ }}
+// GONE-NOT:  ad.gelu{{ }}
 // GONE-NOT:  ad.neg
 
 // CHECK:      ad.rms_norm %{{.*}} weight %p_model_layers_0_input_layernorm_weight {{.*}} loc("model.layers.0.input_layernorm")
@@ -23,16 +24,16 @@
 // CHECK:      ad.rope_attention {{.*}} loc("model.layers.0.self_attn")
 // CHECK:      ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_0_post_attention_layernorm_weight {{.*}} loc("model.layers.0.post_attention_layernorm")
 // CHECK:      ad.cat %p_model_layers_0_mlp_gate_proj_weight, %p_model_layers_0_mlp_up_proj_weight dim 0
-// SILU-NEXT:  %[[GU:.*]] = ad.linear
-// SILU-NEXT:  %[[G:.*]] = ad.slice %[[GU]] dim 2 [0, 128, 1]
-// SILU-NEXT:  %[[U:.*]] = ad.slice %[[GU]] dim 2 [128, 256, 1]
+// CHECK-NEXT: %[[GU:.*]] = ad.linear
+// CHECK-NEXT: %[[G:.*]] = ad.slice %[[GU]] dim 2 [0, 128, 1]
+// CHECK-NEXT: %[[U:.*]] = ad.slice %[[GU]] dim 2 [128, 256, 1]
 // SILU-NEXT:  ad.silu_and_mul %[[G]], %[[U]] {{.*}} loc("model.layers.0.mlp")
-// GELU:       ad.fused
-// GELU:       ad.gelu
+// GELU-NEXT:  ad.gelu_and_mul %[[G]], %[[U]] approximate "tanh" {{.*}} loc("model.layers.0.mlp")
 // CHECK:      ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_1_input_layernorm_weight {{.*}} loc("model.layers.1.input_layernorm")
 // CHECK:      ad.rope_attention {{.*}} loc("model.layers.1.self_attn")
 // CHECK:      ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_1_post_attention_layernorm_weight
 // SILU:       ad.silu_and_mul
+// GELU:       ad.gelu_and_mul
 // CHECK:      ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_norm_weight {{.*}} loc("model.norm")
 // CHECK-NOT:  ad.rms_norm
 // CHECK-NOT:  ad.rope_attention

@@ -1,5 +1,7 @@
 // fuse-rope-attention: HF's apply_rotary_pos_emb on Q and K, repeat_kv on K and V, and SDPA
-// become one ad.rope_attention on the un-rotated, un-repeated tensors.
+// become one ad.rope_attention on the un-rotated, un-repeated tensors; in every spelling of HF's
+// decoders (full or partial rotary, rotate_half or interleaved pairs, before or after the
+// heads/seq transpose), and for head dims that are not powers of two.
 // RUN: ad-opt %s --split-input-file -p fuse-rope-attention | filecheck %s
 // RUN: ad-opt %s --split-input-file -p fuse-rope-attention -t triton | filecheck %s --check-prefix=KERNEL
 
@@ -8,7 +10,7 @@
 // CHECK-NEXT:    func.return %[[O]]
 // KERNEL-LABEL: kernel 1 of 1: rope_attention_
 // KERNEL:       from ad_mlir.codegen.attention_kernel import attention_blocks
-// KERNEL:       def _load_rotated(
+// KERNEL:       def _load_pieces(
 // KERNEL:       def rope_attention_{{[0-9a-f]+}}(
 // KERNEL:       def launch(kernel, tensors, scalars):
 func.func @hf_attention(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %v: tensor<1x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>, %sin: tensor<1x?x64xbf16>, %m: tensor<1x1x?x?xi1>, %s: index) -> tensor<1x4x?x64xbf16> {
@@ -40,11 +42,10 @@ func.func @hf_attention(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %v
 
 // -----
 
-// Not fused: head_dim 16 is below what the attention template takes (its RoPE halves feed
-// tl.dot, of depth >= 16), so the spelling stays.
+// head_dim 16: each rotated half (8 dims) is padded to a dot's depth of 16 in the kernel.
 // CHECK-LABEL: func.func @small_head_dim
-// CHECK-NOT:     ad.rope_attention
-// CHECK:         ad.attention
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %q, %q rope %cos, %sin causal scale 2.500000e-01 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>, tensor<1x?x16xf32>, tensor<1x?x16xf32>) -> tensor<1x2x?x16xf32>
+// CHECK-NEXT:    func.return %[[O]]
 func.func @small_head_dim(%q: tensor<1x2x?x16xf32>, %cos: tensor<1x?x16xf32>, %sin: tensor<1x?x16xf32>) -> tensor<1x2x?x16xf32> {
   %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
   %su = ad.unsqueeze %sin dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
@@ -55,8 +56,347 @@ func.func @small_head_dim(%q: tensor<1x2x?x16xf32>, %cos: tensor<1x?x16xf32>, %s
   %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x16xf32>
   %qs = ad.mul %qr, %su : tensor<1x2x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x2x?x16xf32>
   %qe = ad.add %qc, %qs : tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
-  %o = ad.attention %qe, %qe, %qe causal : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x16xf32>
+  %o = ad.attention %qe, %qe, %q causal : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x16xf32>
   func.return %o : tensor<1x2x?x16xf32>
+}
+
+// -----
+
+// GPT-NeoX / Phi partial rotary: the first 16 of 32 dims rotate (cat(rope(q[..., :16]), q[..., 16:])),
+// rotary_dim is the tables' width.
+// CHECK-LABEL: func.func @gpt_neox_partial
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin causal scale 0.17677669529663689 : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x?x16xf32>, tensor<1x?x16xf32>) -> tensor<1x4x?x32xf32>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @gpt_neox_partial(%q: tensor<1x4x?x32xf32>, %k: tensor<1x4x?x32xf32>, %v: tensor<1x4x?x32xf32>, %cos: tensor<1x?x16xf32>, %sin: tensor<1x?x16xf32>) -> tensor<1x4x?x32xf32> {
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %qr = ad.slice %q dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qp = ad.slice %q dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qc = ad.mul %qr, %cu : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %q1 = ad.slice %qr dim 3 [0, 8, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %q2 = ad.slice %qr dim 3 [8, 9223372036854775807, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %qn = ad.neg %q2 : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %qrot = ad.cat %qn, %q1 dim -1 : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  %qs = ad.mul %qrot, %su : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qa = ad.add %qc, %qs : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %kr = ad.slice %k dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kp = ad.slice %k dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kc = ad.mul %kr, %cu : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %k1 = ad.slice %kr dim 3 [0, 8, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %k2 = ad.slice %kr dim 3 [8, 9223372036854775807, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %kn = ad.neg %k2 : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %krot = ad.cat %kn, %k1 dim -1 : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  %ks = ad.mul %krot, %su : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %ka = ad.add %kc, %ks : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>) -> tensor<1x4x?x32xf32>
+  func.return %o : tensor<1x4x?x32xf32>
+}
+
+// -----
+
+// Phi-3's partial form with rotary_dim = head_dim: canonicalize dropped q[..., :32], q[..., 32:] is empty.
+// CHECK-LABEL: func.func @phi3_empty_pass
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin causal scale 0.17677669529663689 : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>) -> tensor<1x4x?x32xf32>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @phi3_empty_pass(%q: tensor<1x4x?x32xf32>, %k: tensor<1x4x?x32xf32>, %v: tensor<1x4x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>) -> tensor<1x4x?x32xf32> {
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qp = ad.slice %q dim 3 [32, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x0xf32>
+  %qc = ad.mul %q, %cu : tensor<1x4x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x4x?x32xf32>
+  %q1 = ad.slice %q dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %q2 = ad.slice %q dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qrot = ad.cat %qn, %q1 dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %qs = ad.mul %qrot, %su : tensor<1x4x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x4x?x32xf32>
+  %qa = ad.add %qc, %qs : tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32> -> tensor<1x4x?x32xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x4x?x32xf32>, tensor<1x4x?x0xf32>) -> tensor<1x4x?x32xf32>
+  %kp = ad.slice %k dim 3 [32, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x0xf32>
+  %kc = ad.mul %k, %cu : tensor<1x4x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x4x?x32xf32>
+  %k1 = ad.slice %k dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %k2 = ad.slice %k dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %krot = ad.cat %kn, %k1 dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %ks = ad.mul %krot, %su : tensor<1x4x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x4x?x32xf32>
+  %ka = ad.add %kc, %ks : tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32> -> tensor<1x4x?x32xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x4x?x32xf32>, tensor<1x4x?x0xf32>) -> tensor<1x4x?x32xf32>
+  %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>) -> tensor<1x4x?x32xf32>
+  func.return %o : tensor<1x4x?x32xf32>
+}
+
+// -----
+
+// StableLM-3B's head: 80 dims (not a power of two), 20 of them rotated (a rotary half of 10).
+// CHECK-LABEL: func.func @head_dim_80_partial_20
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin causal scale 0.11180339887498948 : (tensor<1x4x?x80xf32>, tensor<1x4x?x80xf32>, tensor<1x4x?x80xf32>, tensor<1x?x20xf32>, tensor<1x?x20xf32>) -> tensor<1x4x?x80xf32>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @head_dim_80_partial_20(%q: tensor<1x4x?x80xf32>, %k: tensor<1x4x?x80xf32>, %v: tensor<1x4x?x80xf32>, %cos: tensor<1x?x20xf32>, %sin: tensor<1x?x20xf32>) -> tensor<1x4x?x80xf32> {
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x20xf32> -> tensor<1x1x?x20xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x20xf32> -> tensor<1x1x?x20xf32>
+  %qr = ad.slice %q dim 3 [0, 20, 1] : tensor<1x4x?x80xf32> -> tensor<1x4x?x20xf32>
+  %qp = ad.slice %q dim 3 [20, 9223372036854775807, 1] : tensor<1x4x?x80xf32> -> tensor<1x4x?x60xf32>
+  %qc = ad.mul %qr, %cu : tensor<1x4x?x20xf32>, tensor<1x1x?x20xf32> -> tensor<1x4x?x20xf32>
+  %q1 = ad.slice %qr dim 3 [0, 10, 1] : tensor<1x4x?x20xf32> -> tensor<1x4x?x10xf32>
+  %q2 = ad.slice %qr dim 3 [10, 9223372036854775807, 1] : tensor<1x4x?x20xf32> -> tensor<1x4x?x10xf32>
+  %qn = ad.neg %q2 : tensor<1x4x?x10xf32> -> tensor<1x4x?x10xf32>
+  %qrot = ad.cat %qn, %q1 dim -1 : (tensor<1x4x?x10xf32>, tensor<1x4x?x10xf32>) -> tensor<1x4x?x20xf32>
+  %qs = ad.mul %qrot, %su : tensor<1x4x?x20xf32>, tensor<1x1x?x20xf32> -> tensor<1x4x?x20xf32>
+  %qa = ad.add %qc, %qs : tensor<1x4x?x20xf32>, tensor<1x4x?x20xf32> -> tensor<1x4x?x20xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x4x?x20xf32>, tensor<1x4x?x60xf32>) -> tensor<1x4x?x80xf32>
+  %kr = ad.slice %k dim 3 [0, 20, 1] : tensor<1x4x?x80xf32> -> tensor<1x4x?x20xf32>
+  %kp = ad.slice %k dim 3 [20, 9223372036854775807, 1] : tensor<1x4x?x80xf32> -> tensor<1x4x?x60xf32>
+  %kc = ad.mul %kr, %cu : tensor<1x4x?x20xf32>, tensor<1x1x?x20xf32> -> tensor<1x4x?x20xf32>
+  %k1 = ad.slice %kr dim 3 [0, 10, 1] : tensor<1x4x?x20xf32> -> tensor<1x4x?x10xf32>
+  %k2 = ad.slice %kr dim 3 [10, 9223372036854775807, 1] : tensor<1x4x?x20xf32> -> tensor<1x4x?x10xf32>
+  %kn = ad.neg %k2 : tensor<1x4x?x10xf32> -> tensor<1x4x?x10xf32>
+  %krot = ad.cat %kn, %k1 dim -1 : (tensor<1x4x?x10xf32>, tensor<1x4x?x10xf32>) -> tensor<1x4x?x20xf32>
+  %ks = ad.mul %krot, %su : tensor<1x4x?x20xf32>, tensor<1x1x?x20xf32> -> tensor<1x4x?x20xf32>
+  %ka = ad.add %kc, %ks : tensor<1x4x?x20xf32>, tensor<1x4x?x20xf32> -> tensor<1x4x?x20xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x4x?x20xf32>, tensor<1x4x?x60xf32>) -> tensor<1x4x?x80xf32>
+  %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x80xf32>, tensor<1x4x?x80xf32>, tensor<1x4x?x80xf32>) -> tensor<1x4x?x80xf32>
+  func.return %o : tensor<1x4x?x80xf32>
+}
+
+// -----
+
+// GLM: half the head rotates, in interleaved pairs (stack(-x[..., 1::2], x[..., ::2]).flatten(-2)); the
+// tables are the first half of HF's, repeat_interleaved (opaque torch ops, kept), squeezed to [b, s, R].
+// CHECK-LABEL: func.func @glm_partial_pairs
+// CHECK-NOT:     ad.mul
+// CHECK-NOT:     aten.stack
+// CHECK-NOT:     aten.flatten
+// CHECK-NOT:     ad.cat
+// CHECK:         %[[CI:.*]] = ad.torch_op "aten.repeat_interleave.self_int"(%ch)
+// CHECK:         %[[SI:.*]] = ad.torch_op "aten.repeat_interleave.self_int"(%sh)
+// CHECK-NEXT:    %[[C:.*]] = ad.squeeze %[[CI]] dim [1] : tensor<1x1x?x16xf32> -> tensor<1x?x16xf32>
+// CHECK-NEXT:    %[[S:.*]] = ad.squeeze %[[SI]] dim [1] : tensor<1x1x?x16xf32> -> tensor<1x?x16xf32>
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %[[C]], %[[S]] interleaved causal scale 0.17677669529663689 : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x?x16xf32>, tensor<1x?x16xf32>) -> tensor<1x4x?x32xf32>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @glm_partial_pairs(%q: tensor<1x4x?x32xf32>, %k: tensor<1x4x?x32xf32>, %v: tensor<1x4x?x32xf32>, %cos: tensor<1x?x16xf32>, %sin: tensor<1x?x16xf32>) -> tensor<1x4x?x32xf32> {
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %ch = ad.slice %cu dim 3 [0, 8, 1] : tensor<1x1x?x16xf32> -> tensor<1x1x?x8xf32>
+  %ci = ad.torch_op "aten.repeat_interleave.self_int"(%ch) [#ad.ref<0>, 2 : i64, -1 : i64] {} : (tensor<1x1x?x8xf32>) -> tensor<1x1x?x16xf32>
+  %sh = ad.slice %su dim 3 [0, 8, 1] : tensor<1x1x?x16xf32> -> tensor<1x1x?x8xf32>
+  %si = ad.torch_op "aten.repeat_interleave.self_int"(%sh) [#ad.ref<0>, 2 : i64, -1 : i64] {} : (tensor<1x1x?x8xf32>) -> tensor<1x1x?x16xf32>
+  %qr = ad.slice %q dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qp = ad.slice %q dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qc = ad.mul %qr, %ci : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qe = ad.slice %qr dim 3 [0, 9223372036854775807, 2] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %qo = ad.slice %qr dim 3 [1, 9223372036854775807, 2] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %qn = ad.neg %qo : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %qst = ad.torch_op "aten.stack.default"(%qn, %qe) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x8x2xf32>
+  %qrot = ad.torch_op "aten.flatten.using_ints"(%qst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x4x?x8x2xf32>) -> tensor<1x4x?x16xf32>
+  %qs = ad.mul %qrot, %si : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qa = ad.add %qc, %qs : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %kr = ad.slice %k dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kp = ad.slice %k dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kc = ad.mul %kr, %ci : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %ke = ad.slice %kr dim 3 [0, 9223372036854775807, 2] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %ko = ad.slice %kr dim 3 [1, 9223372036854775807, 2] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %kn = ad.neg %ko : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %kst = ad.torch_op "aten.stack.default"(%kn, %ke) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x8x2xf32>
+  %krot = ad.torch_op "aten.flatten.using_ints"(%kst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x4x?x8x2xf32>) -> tensor<1x4x?x16xf32>
+  %ks = ad.mul %krot, %si : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %ka = ad.add %kc, %ks : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>) -> tensor<1x4x?x32xf32>
+  func.return %o : tensor<1x4x?x32xf32>
+}
+
+// -----
+
+// GPT-J: RoPE on [b, s, h, d] before the transpose (the tables unsqueezed at dim 2), interleaved pairs on
+// the first 16 of 32 dims; each rope repeat_interleaves its own copy of the tables (the key's is erased).
+// CHECK-LABEL: func.func @gptj_before_transpose
+// CHECK-NOT:     ad.mul
+// CHECK-NOT:     %kctab
+// CHECK:         %[[CI:.*]] = ad.torch_op "aten.repeat_interleave.self_int"(%qctu) [#ad.ref<0>, 2 : i64, 3 : i64]
+// CHECK:         %[[SI:.*]] = ad.torch_op "aten.repeat_interleave.self_int"(%qstu) [#ad.ref<0>, 2 : i64, 3 : i64]
+// CHECK-NEXT:    %[[Q:.*]] = ad.transpose %q 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
+// CHECK-NEXT:    %[[K:.*]] = ad.transpose %k 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
+// CHECK-NEXT:    %[[C:.*]] = ad.squeeze %[[CI]] dim [2] : tensor<1x?x1x16xf32> -> tensor<1x?x16xf32>
+// CHECK-NEXT:    %[[S:.*]] = ad.squeeze %[[SI]] dim [2] : tensor<1x?x1x16xf32> -> tensor<1x?x16xf32>
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %[[Q]], %[[K]], %v rope %[[C]], %[[S]] interleaved mask %m scale 0.17677669529663687 : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x?x16xf32>, tensor<1x?x16xf32>, tensor<1x1x?x?xi1>) -> tensor<1x4x?x32xf32>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @gptj_before_transpose(%q: tensor<1x?x4x32xf32>, %k: tensor<1x?x4x32xf32>, %v: tensor<1x4x?x32xf32>, %cos: tensor<1x?x8xf32>, %sin: tensor<1x?x8xf32>, %m: tensor<1x1x?x?xi1>) -> tensor<1x4x?x32xf32> {
+  %qctu = ad.unsqueeze %cos dim 2 : tensor<1x?x8xf32> -> tensor<1x?x1x8xf32>
+  %qctab = ad.torch_op "aten.repeat_interleave.self_int"(%qctu) [#ad.ref<0>, 2 : i64, 3 : i64] {} : (tensor<1x?x1x8xf32>) -> tensor<1x?x1x16xf32>
+  %qstu = ad.unsqueeze %sin dim 2 : tensor<1x?x8xf32> -> tensor<1x?x1x8xf32>
+  %qstab = ad.torch_op "aten.repeat_interleave.self_int"(%qstu) [#ad.ref<0>, 2 : i64, 3 : i64] {} : (tensor<1x?x1x8xf32>) -> tensor<1x?x1x16xf32>
+  %qr = ad.slice %q dim 3 [0, 16, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %qp = ad.slice %q dim 3 [16, 9223372036854775807, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %qc = ad.mul %qr, %qctab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %qe = ad.slice %qr dim 3 [0, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %qo = ad.slice %qr dim 3 [1, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %qn = ad.neg %qo : tensor<1x?x4x8xf32> -> tensor<1x?x4x8xf32>
+  %qst = ad.torch_op "aten.stack.default"(%qn, %qe) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x?x4x8xf32>, tensor<1x?x4x8xf32>) -> tensor<1x?x4x8x2xf32>
+  %qrot = ad.torch_op "aten.flatten.using_ints"(%qst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x?x4x8x2xf32>) -> tensor<1x?x4x16xf32>
+  %qs = ad.mul %qrot, %qstab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %qa = ad.add %qc, %qs : tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32> -> tensor<1x?x4x16xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32>) -> tensor<1x?x4x32xf32>
+  %qh = ad.transpose %qcat 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
+  %kctu = ad.unsqueeze %cos dim 2 : tensor<1x?x8xf32> -> tensor<1x?x1x8xf32>
+  %kctab = ad.torch_op "aten.repeat_interleave.self_int"(%kctu) [#ad.ref<0>, 2 : i64, 3 : i64] {} : (tensor<1x?x1x8xf32>) -> tensor<1x?x1x16xf32>
+  %kstu = ad.unsqueeze %sin dim 2 : tensor<1x?x8xf32> -> tensor<1x?x1x8xf32>
+  %kstab = ad.torch_op "aten.repeat_interleave.self_int"(%kstu) [#ad.ref<0>, 2 : i64, 3 : i64] {} : (tensor<1x?x1x8xf32>) -> tensor<1x?x1x16xf32>
+  %kr = ad.slice %k dim 3 [0, 16, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %kp = ad.slice %k dim 3 [16, 9223372036854775807, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %kc = ad.mul %kr, %kctab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %ke = ad.slice %kr dim 3 [0, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %ko = ad.slice %kr dim 3 [1, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %kn = ad.neg %ko : tensor<1x?x4x8xf32> -> tensor<1x?x4x8xf32>
+  %kst = ad.torch_op "aten.stack.default"(%kn, %ke) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x?x4x8xf32>, tensor<1x?x4x8xf32>) -> tensor<1x?x4x8x2xf32>
+  %krot = ad.torch_op "aten.flatten.using_ints"(%kst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x?x4x8x2xf32>) -> tensor<1x?x4x16xf32>
+  %ks = ad.mul %krot, %kstab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %ka = ad.add %kc, %ks : tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32> -> tensor<1x?x4x16xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32>) -> tensor<1x?x4x32xf32>
+  %kh = ad.transpose %kcat 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
+  %o = ad.attention %qh, %kh, %v mask %m scale 0.17677669529663687 : f64 : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<1x4x?x32xf32>
+  func.return %o : tensor<1x4x?x32xf32>
+}
+
+// -----
+
+// Not a partial RoPE: the query's passed dims come from the key. Unchanged.
+// CHECK-LABEL: func.func @pass_from_another_tensor
+// CHECK-NOT:     ad.rope_attention
+// CHECK:         %qcat = ad.cat %qa, %kp dim -1
+// CHECK:         %o = ad.attention %qcat, %kcat, %v causal
+func.func @pass_from_another_tensor(%q: tensor<1x4x?x32xf32>, %k: tensor<1x4x?x32xf32>, %v: tensor<1x4x?x32xf32>, %cos: tensor<1x?x16xf32>, %sin: tensor<1x?x16xf32>) -> tensor<1x4x?x32xf32> {
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %qr = ad.slice %q dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qp = ad.slice %q dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qc = ad.mul %qr, %cu : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %q1 = ad.slice %qr dim 3 [0, 8, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %q2 = ad.slice %qr dim 3 [8, 9223372036854775807, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %qn = ad.neg %q2 : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %qrot = ad.cat %qn, %q1 dim -1 : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  %qs = ad.mul %qrot, %su : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qa = ad.add %qc, %qs : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qcat = ad.cat %qa, %kp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %kr = ad.slice %k dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kp = ad.slice %k dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kc = ad.mul %kr, %cu : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %k1 = ad.slice %kr dim 3 [0, 8, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %k2 = ad.slice %kr dim 3 [8, 9223372036854775807, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %kn = ad.neg %k2 : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %krot = ad.cat %kn, %k1 dim -1 : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  %ks = ad.mul %krot, %su : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %ka = ad.add %kc, %ks : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>) -> tensor<1x4x?x32xf32>
+  func.return %o : tensor<1x4x?x32xf32>
+}
+
+// -----
+
+// stack(-x[..., ::2], x[..., 1::2]): minus the interleaved rotation, not RoPE. Unchanged.
+// CHECK-LABEL: func.func @pairs_of_the_wrong_parity
+// CHECK-NOT:     ad.rope_attention
+// CHECK:         %qst = ad.torch_op "aten.stack.default"(%qn, %qe)
+// CHECK:         %o = ad.attention %qcat, %kcat, %v causal
+func.func @pairs_of_the_wrong_parity(%q: tensor<1x4x?x32xf32>, %k: tensor<1x4x?x32xf32>, %v: tensor<1x4x?x32xf32>, %cos: tensor<1x?x16xf32>, %sin: tensor<1x?x16xf32>) -> tensor<1x4x?x32xf32> {
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %ch = ad.slice %cu dim 3 [0, 8, 1] : tensor<1x1x?x16xf32> -> tensor<1x1x?x8xf32>
+  %ci = ad.torch_op "aten.repeat_interleave.self_int"(%ch) [#ad.ref<0>, 2 : i64, -1 : i64] {} : (tensor<1x1x?x8xf32>) -> tensor<1x1x?x16xf32>
+  %sh = ad.slice %su dim 3 [0, 8, 1] : tensor<1x1x?x16xf32> -> tensor<1x1x?x8xf32>
+  %si = ad.torch_op "aten.repeat_interleave.self_int"(%sh) [#ad.ref<0>, 2 : i64, -1 : i64] {} : (tensor<1x1x?x8xf32>) -> tensor<1x1x?x16xf32>
+  %qr = ad.slice %q dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qp = ad.slice %q dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qc = ad.mul %qr, %ci : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qe = ad.slice %qr dim 3 [1, 9223372036854775807, 2] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %qo = ad.slice %qr dim 3 [0, 9223372036854775807, 2] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %qn = ad.neg %qo : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %qst = ad.torch_op "aten.stack.default"(%qn, %qe) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x8x2xf32>
+  %qrot = ad.torch_op "aten.flatten.using_ints"(%qst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x4x?x8x2xf32>) -> tensor<1x4x?x16xf32>
+  %qs = ad.mul %qrot, %si : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qa = ad.add %qc, %qs : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %kr = ad.slice %k dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kp = ad.slice %k dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kc = ad.mul %kr, %ci : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %ke = ad.slice %kr dim 3 [1, 9223372036854775807, 2] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %ko = ad.slice %kr dim 3 [0, 9223372036854775807, 2] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %kn = ad.neg %ko : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %kst = ad.torch_op "aten.stack.default"(%kn, %ke) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x8x2xf32>
+  %krot = ad.torch_op "aten.flatten.using_ints"(%kst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x4x?x8x2xf32>) -> tensor<1x4x?x16xf32>
+  %ks = ad.mul %krot, %si : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %ka = ad.add %kc, %ks : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>) -> tensor<1x4x?x32xf32>
+  func.return %o : tensor<1x4x?x32xf32>
+}
+
+// -----
+
+// The key rotated with cos and sin swapped: the op takes one pair of tables. Unchanged.
+// CHECK-LABEL: func.func @key_with_other_tables
+// CHECK-NOT:     ad.rope_attention
+// CHECK:         %ks = ad.mul %krot, %cu
+// CHECK:         %o = ad.attention %qcat, %kcat, %v causal
+func.func @key_with_other_tables(%q: tensor<1x4x?x32xf32>, %k: tensor<1x4x?x32xf32>, %v: tensor<1x4x?x32xf32>, %cos: tensor<1x?x16xf32>, %sin: tensor<1x?x16xf32>) -> tensor<1x4x?x32xf32> {
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x16xf32> -> tensor<1x1x?x16xf32>
+  %qr = ad.slice %q dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qp = ad.slice %q dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %qc = ad.mul %qr, %cu : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %q1 = ad.slice %qr dim 3 [0, 8, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %q2 = ad.slice %qr dim 3 [8, 9223372036854775807, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %qn = ad.neg %q2 : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %qrot = ad.cat %qn, %q1 dim -1 : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  %qs = ad.mul %qrot, %su : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qa = ad.add %qc, %qs : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %kr = ad.slice %k dim 3 [0, 16, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kp = ad.slice %k dim 3 [16, 9223372036854775807, 1] : tensor<1x4x?x32xf32> -> tensor<1x4x?x16xf32>
+  %kc = ad.mul %kr, %su : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %k1 = ad.slice %kr dim 3 [0, 8, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %k2 = ad.slice %kr dim 3 [8, 9223372036854775807, 1] : tensor<1x4x?x16xf32> -> tensor<1x4x?x8xf32>
+  %kn = ad.neg %k2 : tensor<1x4x?x8xf32> -> tensor<1x4x?x8xf32>
+  %krot = ad.cat %kn, %k1 dim -1 : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  %ks = ad.mul %krot, %cu : tensor<1x4x?x16xf32>, tensor<1x1x?x16xf32> -> tensor<1x4x?x16xf32>
+  %ka = ad.add %kc, %ks : tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32> -> tensor<1x4x?x16xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x4x?x16xf32>, tensor<1x4x?x16xf32>) -> tensor<1x4x?x32xf32>
+  %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>) -> tensor<1x4x?x32xf32>
+  func.return %o : tensor<1x4x?x32xf32>
+}
+
+// -----
+
+// 34 of 256 dims rotated: the pieces pad to 512 (over the kernel's 256). Unchanged (the log says why).
+// CHECK-LABEL: func.func @head_too_wide
+// CHECK-NOT:     ad.rope_attention
+// CHECK:         %o = ad.attention %qcat, %kcat, %v causal
+func.func @head_too_wide(%q: tensor<1x4x?x256xf32>, %k: tensor<1x4x?x256xf32>, %v: tensor<1x4x?x256xf32>, %cos: tensor<1x?x34xf32>, %sin: tensor<1x?x34xf32>) -> tensor<1x4x?x256xf32> {
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x34xf32> -> tensor<1x1x?x34xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x34xf32> -> tensor<1x1x?x34xf32>
+  %qr = ad.slice %q dim 3 [0, 34, 1] : tensor<1x4x?x256xf32> -> tensor<1x4x?x34xf32>
+  %qp = ad.slice %q dim 3 [34, 9223372036854775807, 1] : tensor<1x4x?x256xf32> -> tensor<1x4x?x222xf32>
+  %qc = ad.mul %qr, %cu : tensor<1x4x?x34xf32>, tensor<1x1x?x34xf32> -> tensor<1x4x?x34xf32>
+  %q1 = ad.slice %qr dim 3 [0, 17, 1] : tensor<1x4x?x34xf32> -> tensor<1x4x?x17xf32>
+  %q2 = ad.slice %qr dim 3 [17, 9223372036854775807, 1] : tensor<1x4x?x34xf32> -> tensor<1x4x?x17xf32>
+  %qn = ad.neg %q2 : tensor<1x4x?x17xf32> -> tensor<1x4x?x17xf32>
+  %qrot = ad.cat %qn, %q1 dim -1 : (tensor<1x4x?x17xf32>, tensor<1x4x?x17xf32>) -> tensor<1x4x?x34xf32>
+  %qs = ad.mul %qrot, %su : tensor<1x4x?x34xf32>, tensor<1x1x?x34xf32> -> tensor<1x4x?x34xf32>
+  %qa = ad.add %qc, %qs : tensor<1x4x?x34xf32>, tensor<1x4x?x34xf32> -> tensor<1x4x?x34xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x4x?x34xf32>, tensor<1x4x?x222xf32>) -> tensor<1x4x?x256xf32>
+  %kr = ad.slice %k dim 3 [0, 34, 1] : tensor<1x4x?x256xf32> -> tensor<1x4x?x34xf32>
+  %kp = ad.slice %k dim 3 [34, 9223372036854775807, 1] : tensor<1x4x?x256xf32> -> tensor<1x4x?x222xf32>
+  %kc = ad.mul %kr, %cu : tensor<1x4x?x34xf32>, tensor<1x1x?x34xf32> -> tensor<1x4x?x34xf32>
+  %k1 = ad.slice %kr dim 3 [0, 17, 1] : tensor<1x4x?x34xf32> -> tensor<1x4x?x17xf32>
+  %k2 = ad.slice %kr dim 3 [17, 9223372036854775807, 1] : tensor<1x4x?x34xf32> -> tensor<1x4x?x17xf32>
+  %kn = ad.neg %k2 : tensor<1x4x?x17xf32> -> tensor<1x4x?x17xf32>
+  %krot = ad.cat %kn, %k1 dim -1 : (tensor<1x4x?x17xf32>, tensor<1x4x?x17xf32>) -> tensor<1x4x?x34xf32>
+  %ks = ad.mul %krot, %su : tensor<1x4x?x34xf32>, tensor<1x1x?x34xf32> -> tensor<1x4x?x34xf32>
+  %ka = ad.add %kc, %ks : tensor<1x4x?x34xf32>, tensor<1x4x?x34xf32> -> tensor<1x4x?x34xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x4x?x34xf32>, tensor<1x4x?x222xf32>) -> tensor<1x4x?x256xf32>
+  %o = ad.attention %qcat, %kcat, %v causal : (tensor<1x4x?x256xf32>, tensor<1x4x?x256xf32>, tensor<1x4x?x256xf32>) -> tensor<1x4x?x256xf32>
+  func.return %o : tensor<1x4x?x256xf32>
 }
 
 // -----

@@ -46,6 +46,23 @@ func.func @window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf
 
 // -----
 
+// Partial rotary in interleaved pairs (GLM: 4 of 8 dims): the cached op keeps the tables (their
+// width is the rotary dim) and `interleaved`.
+// CHECK-LABEL: func.func @partial_pairs
+// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin interleaved cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32>, tensor<2x16x1x8xf32>, tensor<?xi64>, tensor<?xi64>, tensor<1x?x4xf32>, tensor<1x?x4xf32>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @partial_pairs(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<4xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %pf = ad.cast %pu : tensor<1x?x1xi64> -> tensor<1x?x1xf32>
+  %angle = ad.mul %pf, %freq : tensor<1x?x1xf32>, tensor<4xf32> -> tensor<1x?x4xf32>
+  %cos = ad.cos %angle : tensor<1x?x4xf32> -> tensor<1x?x4xf32>
+  %sin = ad.sin %angle : tensor<1x?x4xf32> -> tensor<1x?x4xf32>
+  %o = ad.rope_attention %q, %k, %v rope %cos, %sin interleaved causal scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x?x4xf32>, tensor<1x?x4xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
 // A rope_attention whose window and soft cap fuse-rope-attention found (its mask already
 // dropped, Gemma2's eager chain matched): the cached op keeps both.
 // CHECK-LABEL: func.func @fused_window

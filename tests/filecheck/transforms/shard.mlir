@@ -67,6 +67,35 @@ func.func @parallel(%x: tensor<4x8xf32> {ad.input = "x"}, %w1: tensor<16x8xf32> 
 
 // -----
 
+// Parallel blocks with closing biases (Phi: attention's dense and the MLP's fc2 both have one):
+// the partial sums still meet in one add, reduced once; both biases are added after it.
+// CHECK-LABEL: func.func @parallel_biased
+// CHECK-NEXT:    %h1 = ad.linear %x, %w1 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %o1 = ad.linear %h1, %w2 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %h2 = ad.linear %x, %w3 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %a2 = ad.gelu %h2
+// CHECK-NEXT:    %o2 = ad.linear %a2, %w4 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT:    %s = ad.add %o1, %o2
+// CHECK-NEXT:    %all_reduce = ad.all_reduce %s "sum" group "0"
+// CHECK-NEXT:    %reduced = ad.wait_tensor %all_reduce
+// CHECK-NEXT:    %[[B2:.*]] = ad.add %reduced, %b2 : tensor<4x8xf32>, tensor<8xf32> -> tensor<4x8xf32>
+// CHECK-NEXT:    %[[B4:.*]] = ad.add %[[B2]], %b4 : tensor<4x8xf32>, tensor<8xf32> -> tensor<4x8xf32>
+// CHECK-NEXT:    %r = ad.add %[[B4]], %x
+// CHECK-NEXT:    func.return %r
+// CHECK-NOT:     ad.all_reduce
+func.func @parallel_biased(%x: tensor<4x8xf32> {ad.input = "x"}, %w1: tensor<16x8xf32> {ad.param = "w1"}, %w2: tensor<8x16xf32> {ad.param = "w2"}, %b2: tensor<8xf32> {ad.param = "b2"}, %w3: tensor<16x8xf32> {ad.param = "w3"}, %w4: tensor<8x16xf32> {ad.param = "w4"}, %b4: tensor<8xf32> {ad.param = "b4"}) -> tensor<4x8xf32> {
+  %h1 = ad.linear %x, %w1 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %o1 = ad.linear %h1, %w2 bias %b2 : (tensor<4x16xf32>, tensor<8x16xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %h2 = ad.linear %x, %w3 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %a2 = ad.gelu %h2 : tensor<4x16xf32> -> tensor<4x16xf32>
+  %o2 = ad.linear %a2, %w4 bias %b4 : (tensor<4x16xf32>, tensor<8x16xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %s = ad.add %o1, %o2 : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  %r = ad.add %s, %x : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  func.return %r : tensor<4x8xf32>
+}
+
+// -----
+
 // Left whole (the log says why): a block whose intermediate is also a result of the function,
 // and one whose intermediate is read whole along the split dim (a [16] weight added to a split
 // [4, 16]).

@@ -187,6 +187,36 @@ func.func @int_float_int(%x: tensor<4xi32>) -> (tensor<4xi32>, tensor<4xi8>, ten
 
 // -----
 
+// x @ w.T (Falcon's FalconLinear: aten.numpy_T), w.t(), transpose and permute of a matrix:
+// linear(x, w); the opaque transposes go with their last reader. A transpose read elsewhere
+// too stays for that reader; a batched (3-D) transposed operand and a plain matrix stay. The
+// three spellings of x @ w.T become one linear (CSE).
+// CHECK-LABEL: func.func @matmul_of_transposed_matrix
+// CHECK-NEXT:    %a = ad.linear %x, %w : (tensor<1x?x64xf32>, tensor<32x64xf32>) -> tensor<1x?x32xf32>
+// CHECK-NEXT:    %t2 = ad.torch_op "aten.t.default"(%v)
+// CHECK-NEXT:    %d = ad.linear %x, %v : (tensor<1x?x64xf32>, tensor<32x64xf32>) -> tensor<1x?x32xf32>
+// CHECK-NEXT:    %bt = ad.transpose %bw -1, -2
+// CHECK-NEXT:    %e = ad.matmul %y, %bt
+// CHECK-NEXT:    %f = ad.matmul %x, %m
+// CHECK-NEXT:    func.return %a, %a, %a, %d, %t2, %e, %f
+// CHECK-NOT:     numpy_T
+func.func @matmul_of_transposed_matrix(%x: tensor<1x?x64xf32>, %w: tensor<32x64xf32>, %v: tensor<32x64xf32>, %y: tensor<2x5x64xf32>, %bw: tensor<2x32x64xf32>, %m: tensor<64x32xf32>) -> (tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<64x32xf32>, tensor<2x5x32xf32>, tensor<1x?x32xf32>) {
+  %t = ad.torch_op "aten.numpy_T.default"(%w) [#ad.ref<0>] {} : (tensor<32x64xf32>) -> tensor<64x32xf32>
+  %a = ad.matmul %x, %t : (tensor<1x?x64xf32>, tensor<64x32xf32>) -> tensor<1x?x32xf32>
+  %t1 = ad.transpose %w 0, 1 : tensor<32x64xf32> -> tensor<64x32xf32>
+  %b = ad.matmul %x, %t1 : (tensor<1x?x64xf32>, tensor<64x32xf32>) -> tensor<1x?x32xf32>
+  %p = ad.permute %w [1, 0] : tensor<32x64xf32> -> tensor<64x32xf32>
+  %c = ad.matmul %x, %p : (tensor<1x?x64xf32>, tensor<64x32xf32>) -> tensor<1x?x32xf32>
+  %t2 = ad.torch_op "aten.t.default"(%v) [#ad.ref<0>] {} : (tensor<32x64xf32>) -> tensor<64x32xf32>
+  %d = ad.matmul %x, %t2 : (tensor<1x?x64xf32>, tensor<64x32xf32>) -> tensor<1x?x32xf32>
+  %bt = ad.transpose %bw -1, -2 : tensor<2x32x64xf32> -> tensor<2x64x32xf32>
+  %e = ad.matmul %y, %bt : (tensor<2x5x64xf32>, tensor<2x64x32xf32>) -> tensor<2x5x32xf32>
+  %f = ad.matmul %x, %m : (tensor<1x?x64xf32>, tensor<64x32xf32>) -> tensor<1x?x32xf32>
+  func.return %a, %b, %c, %d, %t2, %e, %f : tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<64x32xf32>, tensor<2x5x32xf32>, tensor<1x?x32xf32>
+}
+
+// -----
+
 // Collectives communicate: canonicalize (CSE, DCE) keeps every one, even unused or repeated.
 // CHECK-LABEL: func.func @collectives_stay
 // CHECK-NEXT:    ad.all_reduce %x "sum" group "0"

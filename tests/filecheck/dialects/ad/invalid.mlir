@@ -171,9 +171,89 @@ func.func @add_rms_norm_types(%x: tensor<2x64xbf16>, %r: tensor<2x64xf32>) {
 
 // -----
 
+func.func @layer_norm_bias_size(%x: tensor<2x64xf32>, %b: tensor<32xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.layer_norm' bias must be 1-D of the normalized size 64, got 32
+  %0 = ad.layer_norm %x bias %b eps 1.0e-05 : (tensor<2x64xf32> bias tensor<32xf32>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
+func.func @layer_norm_weight_rank(%x: tensor<2x64xf32>, %w: tensor<2x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.layer_norm' weight must be 1-D of the normalized size 64, got 2x64
+  %0 = ad.layer_norm %x weight %w eps 1.0e-05 : (tensor<2x64xf32> weight tensor<2x64xf32>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
+func.func @layer_norm_result_type(%x: tensor<2x64xbf16>, %w: tensor<64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.layer_norm' result element type must be the input's, bf16
+  %0 = ad.layer_norm %x weight %w eps 1.0e-05 : (tensor<2x64xbf16> weight tensor<64xf32>) -> tensor<2x64xf32>
+  func.return
+}
+
+// -----
+
+func.func @layer_norm_integer_input(%x: tensor<2x64xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.layer_norm' input must be f32, f16 or bf16
+  %0 = ad.layer_norm %x eps 1.0e-05 : (tensor<2x64xi64>) -> tensor<2x64xi64>
+  func.return
+}
+
+// -----
+
+func.func @add_layer_norm_types(%x: tensor<2x64xbf16>, %r: tensor<2x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.add_layer_norm' input, residual and sum must have one type
+  %0, %1 = ad.add_layer_norm %x, %r eps 1.0e-05 : (tensor<2x64xbf16>, tensor<2x64xf32>) -> (tensor<2x64xbf16>, tensor<2x64xbf16>)
+  func.return
+}
+
+// -----
+
 func.func @silu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x32xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.silu_and_mul' gate, up and result must have one type
   %0 = ad.silu_and_mul %g, %u : (tensor<2x64xbf16>, tensor<2x32xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @gelu_and_mul_types(%g: tensor<2x64xbf16>, %u: tensor<2x64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.gelu_and_mul' gate, up and result must have one type
+  %0 = ad.gelu_and_mul %g, %u : (tensor<2x64xbf16>, tensor<2x64xf32>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @gelu_and_mul_approximation(%g: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.gelu_and_mul' Expected one of "none", "tanh", but got "sigmoid"
+  %0 = ad.gelu_and_mul %g, %g approximate "sigmoid" : (tensor<2x64xbf16>, tensor<2x64xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_kind(%x: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' kind must be one of gelu, gelu_tanh, relu, relu2, silu, got 'swish'
+  %0 = ad.activation "swish" %x : (tensor<2x64xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_bias(%x: tensor<2x64xbf16>, %b: tensor<32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' bias must be 1-D of the input's 64 features and its element type
+  %0 = ad.activation "relu" %x bias %b : (tensor<2x64xbf16>, tensor<32xbf16>) -> tensor<2x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @activation_result(%x: tensor<2x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.activation' input and result must have one type
+  %0 = ad.activation "silu" %x : (tensor<2x64xbf16>) -> tensor<2x64xf32>
   func.return
 }
 
@@ -227,9 +307,73 @@ func.func @cached_attention_metadata(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?
 
 // -----
 
+func.func @rope_attention_rotary_dim_over_head_dim(%q: tensor<1x4x?x64xbf16>, %cos: tensor<1x?x80xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope_attention' rotary_dim (the tables' last dim) 80 must be static, even and at most the head_dim 64
+  %0 = ad.rope_attention %q, %q, %q rope %cos, %cos causal scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>, tensor<1x?x80xbf16>, tensor<1x?x80xbf16>) -> tensor<1x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_expert_count(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48xbf16>, %d: tensor<6x48x32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' has 6 experts: 4 routed (router_logits) + 0 shared expected
+  %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @rope_odd_rotary_dim(%q: tensor<1x4x?x64xbf16>, %cos: tensor<1x?x15xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope' rotary_dim (the tables' last dim) 15 must be static, even and at most the head_dim 64
+  %0, %1 = ad.rope %q, %q rope %cos, %cos interleaved : (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>, tensor<1x?x15xbf16>, tensor<1x?x15xbf16>) -> (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>)
+  func.return
+}
+
+// -----
+
 func.func @rope_attention_window_without_causal(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope_attention' window 4 must be positive and causal
   %0 = ad.rope_attention %q, %k, %k rope %cos, %cos window 4 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @rope_tables_of_two_widths(%q: tensor<1x4x?x64xbf16>, %cos: tensor<1x?x32xbf16>, %sin: tensor<1x?x16xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope' cos and sin must be one [batch or 1, seq, rotary_dim] type
+  %0, %1 = ad.rope %q, %q rope %cos, %sin : (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>, tensor<1x?x32xbf16>, tensor<1x?x16xbf16>) -> (tensor<1x4x?x64xbf16>, tensor<1x4x?x64xbf16>)
+  func.return
+}
+
+// -----
+
+func.func @moe_weight_shapes(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x64x48xbf16>, %d: tensor<4x48x16xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' expert weights 4x64x48 and 4x48x16 do not fit hidden 48: expected [E, 2 * I, 48] and [E, 48, I]
+  %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<4x64x48xbf16>, tensor<4x48x16xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @cached_attention_interleaved_without_rope(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' interleaved needs RoPE (cos and sin)
+  %0 = ad.cached_attention %q, %k, %k interleaved cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_top_k(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x64x48xbf16>, %d: tensor<4x48x32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' top_k 5 is not in 1..4
+  %0 = ad.moe %x, %l experts %gu, %d top_k 5 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<4x64x48xbf16>, tensor<4x48x32xbf16>) -> tensor<?x48xbf16>
+  func.return
+}
+
+// -----
+
+func.func @cached_attention_rotary_dim_over_head_dim(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x66xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' rotary_dim (the tables' last dim) 66 must be static, even and at most the head_dim 64
+  %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x66xbf16>, tensor<?x?x66xbf16>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 

@@ -200,6 +200,36 @@ func.func @llm_ops(%x: tensor<2x?x64xbf16>, %r: tensor<2x?x64xbf16>, %w: tensor<
   func.return
 }
 
+func.func @layer_norm_ops(%x: tensor<2x?x64xbf16>, %r: tensor<2x?x64xbf16>, %w: tensor<64xbf16>, %b: tensor<64xbf16>, %wf: tensor<64xf32>) {
+  // CHECK-LABEL: func.func @layer_norm_ops
+  %0 = ad.layer_norm %x weight %w bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.layer_norm %x weight %w bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  %1 = ad.layer_norm %x eps 1.000000e-06 : (tensor<2x?x64xbf16>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.layer_norm %x eps 1.000000e-06 : (tensor<2x?x64xbf16>) -> tensor<2x?x64xbf16>
+  %2 = ad.layer_norm %x bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16> bias tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.layer_norm %x bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16> bias tensor<64xbf16>) -> tensor<2x?x64xbf16>
+  %3 = ad.layer_norm %x weight %wf eps 1.000000e-05 : (tensor<2x?x64xbf16> weight tensor<64xf32>) -> tensor<2x?x64xbf16>
+  // CHECK-NEXT: ad.layer_norm %x weight %wf eps 1.000000e-05 : (tensor<2x?x64xbf16> weight tensor<64xf32>) -> tensor<2x?x64xbf16>
+  %4, %5 = ad.add_layer_norm %x, %r weight %w bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  // CHECK-NEXT: ad.add_layer_norm %x, %r weight %w bias %b eps 1.000000e-05 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16> weight tensor<64xbf16> bias tensor<64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  %6, %7 = ad.add_layer_norm %x, %r eps 1.000000e-05 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  // CHECK-NEXT: ad.add_layer_norm %x, %r eps 1.000000e-05 : (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>) -> (tensor<2x?x64xbf16>, tensor<2x?x64xbf16>)
+  func.return
+}
+
+func.func @mlp_activations(%g: tensor<2x?x128xbf16>, %u: tensor<2x?x128xbf16>, %b: tensor<128xbf16>, %x: tensor<?x96xf32>) {
+  // CHECK-LABEL: func.func @mlp_activations
+  %0 = ad.gelu_and_mul %g, %u approximate "tanh" : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  // CHECK-NEXT: ad.gelu_and_mul %g, %u approximate "tanh" : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  %1 = ad.gelu_and_mul %g, %u : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  // CHECK-NEXT: ad.gelu_and_mul %g, %u : (tensor<2x?x128xbf16>, tensor<2x?x128xbf16>) -> tensor<2x?x128xbf16>
+  %2 = ad.activation "gelu_tanh" %g bias %b : (tensor<2x?x128xbf16>, tensor<128xbf16>) -> tensor<2x?x128xbf16>
+  // CHECK-NEXT: ad.activation "gelu_tanh" %g bias %b : (tensor<2x?x128xbf16>, tensor<128xbf16>) -> tensor<2x?x128xbf16>
+  %3 = ad.activation "relu2" %x : (tensor<?x96xf32>) -> tensor<?x96xf32>
+  // CHECK-NEXT: ad.activation "relu2" %x : (tensor<?x96xf32>) -> tensor<?x96xf32>
+  func.return
+}
+
 func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f32>) {
   // CHECK-LABEL: func.func @fp8_ops
   %q = ad.quantize_fp8 %x, %s : (tensor<4x?x64xbf16>, tensor<f32>) -> tensor<4x?x64xf8E4M3FN>
@@ -215,7 +245,7 @@ func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f
   func.return
 }
 
-func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64xf32>) {
+func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64xf32>, %part: tensor<?x?x16xbf16>) {
   // CHECK-LABEL: func.func @cached_attention
   %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
@@ -225,28 +255,40 @@ func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 window 128 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   %2 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 6.250000e-02 window 4096 softcap 5.000000e+01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 6.250000e-02 window 4096 softcap 5.000000e+01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
+  // Partial rotary (the tables' width: 16 of 64 dims), interleaved pairs.
+  %3 = ad.cached_attention %q, %k, %k rope %part, %part interleaved cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x16xbf16>, tensor<?x?x16xbf16>) -> tensor<?x4x?x64xbf16>
+  // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %part, %part interleaved cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x16xbf16>, tensor<?x?x16xbf16>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
-func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>, %m: tensor<1x1x?x?xi1>, %wq: tensor<64xbf16>, %wk: tensor<64xbf16>, %wf: tensor<64xf32>) {
+func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>, %m: tensor<1x1x?x?xi1>, %wq: tensor<64xbf16>, %wk: tensor<64xbf16>, %wf: tensor<64xf32>, %part: tensor<1x?x32xf32>) {
   // CHECK-LABEL: func.func @rope_attention
   %0 = ad.rope_attention %q, %k, %k rope %cos, %cos mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
   %1 = ad.rope_attention %q, %k, %k rope %cos, %cos causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
-  %2 = ad.rope_attention %q, %k, %k rope %cos, %cos causal window 4096 softcap 5.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  // Partial rotary (32 of 64 dims: the tables' width), interleaved pairs.
+  %2 = ad.rope_attention %q, %k, %k rope %part, %part interleaved mask %m causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
+  // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %part, %part interleaved mask %m causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
+  // A sliding window and a soft cap.
+  %3 = ad.rope_attention %q, %k, %k rope %cos, %cos causal window 4096 softcap 5.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos causal window 4096 softcap 5.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
-  %3 = ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wq, %wk : tensor<64xbf16>, tensor<64xbf16>) eps 1.000000e-06 mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
+  %qn = ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wq, %wk : tensor<64xbf16>, tensor<64xbf16>) eps 1.000000e-06 mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wq, %wk : tensor<64xbf16>, tensor<64xbf16>) eps 1.000000e-06 mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
-  %4 = ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wf, %wf : tensor<64xf32>, tensor<64xf32>) eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  %qn1 = ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wf, %wf : tensor<64xf32>, tensor<64xf32>) eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wf, %wf : tensor<64xf32>, tensor<64xf32>) eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  // Every property together.
+  %4 = ad.rope_attention %q, %k, %k rope %part, %part interleaved mask %m causal window 16 softcap 3.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
+  // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %part, %part interleaved mask %m causal window 16 softcap 3.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
   func.return
 }
 
-func.func @rope(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>) {
+func.func @rope(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>, %part: tensor<1x?x20xbf16>) {
   // CHECK-LABEL: func.func @rope
   %0, %1 = ad.rope %q, %k rope %cos, %cos : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>)
   // CHECK-NEXT: ad.rope %q, %k rope %cos, %cos : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>)
+  %2, %3 = ad.rope %q, %k rope %part, %part interleaved : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x20xbf16>, tensor<1x?x20xbf16>) -> (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>)
+  // CHECK-NEXT: ad.rope %q, %k rope %part, %part interleaved : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x20xbf16>, tensor<1x?x20xbf16>) -> (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>)
   func.return
 }
 
@@ -256,5 +298,14 @@ func.func @collectives(%x: tensor<4x?xbf16>) {
   // CHECK-NEXT: %[[R:.*]] = ad.all_reduce %x "sum" group "0" : tensor<4x?xbf16> -> tensor<4x?xbf16>
   %1 = ad.wait_tensor %0 : tensor<4x?xbf16> -> tensor<4x?xbf16>
   // CHECK-NEXT: ad.wait_tensor %[[R]] : tensor<4x?xbf16> -> tensor<4x?xbf16>
+  func.return
+}
+
+func.func @moe(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48xbf16>, %d: tensor<6x48x32xbf16>, %g: tensor<?x1xbf16>) {
+  // CHECK-LABEL: func.func @moe
+  %0 = ad.moe %x, %l experts %gu, %d shared 2 gate %g top_k 2 normalize round_weights : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>, tensor<?x1xbf16>) -> tensor<?x48xbf16>
+  // CHECK-NEXT: ad.moe %x, %l experts %gu, %d shared 2 gate %g top_k 2 normalize round_weights : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>, tensor<?x1xbf16>) -> tensor<?x48xbf16>
+  %1 = ad.moe %x, %l experts %gu, %d shared 2 top_k 1 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
+  // CHECK-NEXT: ad.moe %x, %l experts %gu, %d shared 2 top_k 1 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
   func.return
 }
