@@ -102,7 +102,8 @@ class CachedAttentionSpec:
         if not math.isfinite(self.scale) or (self.softcap is not None and not self.softcap > 0):
             raise ValueError(f"cached attention kernel: scale {self.scale} / softcap {self.softcap} out of range")
         if self.qk_norm is not None and not self.rope:
-            raise ValueError("cached attention kernel: qk_norm needs rope=True (QK-norm comes with RoPE from ad.rope_attention)")
+            raise ValueError("cached attention kernel: qk_norm needs rope=True (QK-norm comes with RoPE from "
+                             "ad.rope_attention)")
         if self.window is not None and self.window < 1:
             raise ValueError(f"cached attention kernel: window {self.window} must be positive")
 
@@ -250,14 +251,15 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         r_in = rows < kv_group
         heads = kvh * kv_group + rows
         at_start = rows * 0  # every row reads the new token's cos/sin row
-        q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb, heads * q_sh, q_sd, q_norm, qn_sd, cos + b * cos_sb, at_start, cos_sd,
-                                       sin + b * sin_sb, at_start, sin_sd, r_in,
+        q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb, heads * q_sh, q_sd, q_norm, qn_sd, cos + b * cos_sb, at_start,
+                                       cos_sd, sin + b * sin_sb, at_start, sin_sd, r_in,
                                        HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
         q_a, q_b, q_p, q_t = _scaled(q_a, SCALE), _scaled(q_b, SCALE), _scaled(q_p, SCALE), _scaled(q_t, SCALE)
         one = tl.arange(0, 1)
-        new_k_a, new_k_b, new_k_p, new_k_t = _new_rows(k + b * k_sb + kvh * k_sh, one, k_sd, k_norm, kn_sd, cos + b * cos_sb, one,
-                                                       cos_sd, sin + b * sin_sb, one, sin_sd, one == 0,
-                                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
+        new_k_a, new_k_b, new_k_p, new_k_t = _new_rows(k + b * k_sb + kvh * k_sh, one, k_sd, k_norm, kn_sd,
+                                                       cos + b * cos_sb, one, cos_sd, sin + b * sin_sb, one, sin_sd,
+                                                       one == 0, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE,
+                                                       INTERLEAVED, NORM)
         new_v = tl.load(v + b * v_sb + kvh * v_sh + dims[None, :] * v_sd, mask=d_in[None, :], other=0)
         kc_head = k_cache + slot * kc_s0 + kvh * kc_s2
         vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
@@ -272,8 +274,9 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
             n_pos = n0 + keys
             n_in = n_pos < hi
             cached = n_in & (n_pos < start)
-            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, n_pos, 0, kc_head, n_pos, 0,
-                                           cached, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, 0, kc_head, n_pos, 0,
+                                           kc_head, n_pos, 0, cached, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P,
+                                           False, INTERLEAVED, False)
             v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3,
                              mask=cached[:, None] & d_in[None, :], other=0)
             is_new = (n_pos == start)[:, None]
@@ -322,8 +325,9 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         for n0 in range(lo, start, BLOCK_N):
             n_pos = n0 + keys
             n_in = n_pos < start
-            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, n_pos, 0, kc_head, n_pos, 0,
-                                           n_in, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, 0, kc_head, n_pos, 0,
+                                           kc_head, n_pos, 0, n_in, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P,
+                                           False, INTERLEAVED, False)
             v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3,
                              mask=n_in[:, None] & d_in[None, :], other=0)
             visible = n_in[None, :]
@@ -338,8 +342,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         for n0 in range(lo, tl.minimum(seq_len, start_m + BLOCK_M), BLOCK_N):
             n_pos = n0 + keys
             n_in = n_pos < seq_len
-            k_a, k_b, k_p, k_t = _new_rows(k_new, n_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, n_pos * cos_ss, cos_sd,
-                                           sin + b * sin_sb, n_pos * sin_ss, sin_sd, n_in,
+            k_a, k_b, k_p, k_t = _new_rows(k_new, n_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, n_pos * cos_ss,
+                                           cos_sd, sin + b * sin_sb, n_pos * sin_ss, sin_sd, n_in,
                                            HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
             v_tile = tl.load(v_new + n_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=n_in[:, None] & d_in[None, :],
                              other=0)
@@ -353,8 +357,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         out_rows = (bh.to(tl.int64) * seq_len + m_pos) * HEAD_DIM
         tl.store(out + out_rows[:, None] + dims[None, :], out_tile.to($elem), mask=m_in[:, None] & d_in[None, :])
         if h % kv_group == 0:
-            k_a, k_b, k_p, k_t = _new_rows(k_new, m_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, m_pos * cos_ss, cos_sd,
-                                           sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
+            k_a, k_b, k_p, k_t = _new_rows(k_new, m_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, m_pos * cos_ss,
+                                           cos_sd, sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
                                            HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
             _store_pieces(kc_head, (start + m_pos) * kc_s1, kc_s3, k_a, k_b, k_p, k_t, m_in,
                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, INTERLEAVED)
