@@ -42,7 +42,7 @@ FUSED_OPS: dict[str, dict[str, int]] = {
     "bloom": {"ad.add_layer_norm": 1, "ad.layer_norm": 1},
     "mpt": {"ad.activation": 1, "ad.add_layer_norm": 1, "ad.layer_norm": 1},
     "mixtral": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
-    "qwen3_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 3, "ad.rope_attention": 1},
+    "qwen3_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
     "qwen2_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
 }
 """The LLM-level ops of decoder layer 0 after the default pipeline (generic `ad.fused` regions
