@@ -5,14 +5,16 @@
 kernel cache, the runtime ops and the PTX tool treat it like any generated kernel.
 
 The launch takes `q [B, Hq, S, D]`, `k`, `v [B, Hkv, S, D]`, then with RoPE `cos`, `sin`
-`[Bc, S, R]` (R the rotary dim: the first R dims of each head rotate, the rest pass) and with a mask `mask [Bm, Hm, S, S]` (bool, True = attend), any of them
-non-contiguous (every tensor is read through its strides; a size-1 dim is read with stride 0,
+`[Bc, S, R]` (R the rotary dim: the first R dims of each head rotate, the rest pass), with
+QK-norm `q_norm`, `k_norm [D]` and with a mask `mask [Bm, Hm, S, S]` (bool, True = attend), any
+of them non-contiguous (every tensor is read through its strides; a size-1 dim is read with stride 0,
 which broadcasts it), and returns `out [B, Hq, S, D]`, contiguous.
 
 One program takes BLOCK_M query rows of one (batch, head): grid (B * Hq, cdiv(S, BLOCK_M)).
-It loads its Q tile once, applies RoPE in fp32, folds the softmax scale times log2(e) into it,
-and loops over BLOCK_N key blocks of its kv head (`h // (Hq // Hkv)`: GQA reads the shared K/V
-in place), rotating each K tile after its load. The head dim is held as pieces (`HeadPieces`):
+It loads its Q tile once, RMS-normalizes each row with QK-norm (Qwen3, Gemma3: fp32, rounded
+where HF rounds), applies RoPE in fp32, folds the softmax scale times log2(e) into it, and loops
+over BLOCK_N key blocks of its kv head (`h // (Hq // Hkv)`: GQA reads the shared K/V in place),
+normalizing and rotating each K tile after its load. The head dim is held as pieces (`HeadPieces`):
 the two members of each rotated pair side by side (`a` and `b`: dims i and i + R/2 in HF's
 rotate_half form, 2i and 2i + 1 in the interleaved form of GPT-J, GLM; i < R/2 for a rotary dim
 R), and the dims past R that RoPE passes through (`p`, partial rotary), each padded to a power of
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from string import Template
 
 import torch
 
@@ -127,6 +130,18 @@ def dot_dtype_line(dtype: torch.dtype) -> str:
 
 
 @dataclass(frozen=True)
+class QkNorm:
+    """HF's RMSNorm over head_dim of each query and key head before RoPE (Qwen3, Gemma3), as
+    `ad.rms_norm` computes it: `n = x / sqrt(mean(x^2) + eps)` in fp32, then with
+    `weight_in_fp32` (Gemma) `n * (float(w) + offset)` rounded to the input dtype, else (Llama)
+    n rounded to the input dtype times `w + offset` (in the weight's dtype, the input's)."""
+
+    eps: float
+    offset: float = 0.0
+    weight_in_fp32: bool = False
+
+
+@dataclass(frozen=True)
 class AttentionSpec:
     """What one attention kernel is specialized for (everything but the runtime sizes)."""
 
@@ -153,6 +168,9 @@ class AttentionSpec:
     """With `causal`: key j is seen by query i only when i - window < j (a sliding window)."""
     softcap: float | None = None
     """Scores s = scale * q.k become `softcap * tanh(s / softcap)` (Gemma2) before masking."""
+    qk_norm: QkNorm | None = None
+    """q_norm and k_norm weights [D] are inputs (after the tables): the Q and K tiles are
+    RMS-normalized per head after their load, before RoPE."""
 
     def __post_init__(self) -> None:
         check_rope_dims("attention kernel", self.head_dim, self.rotary if self.rope else None, self.interleaved)
@@ -165,6 +183,8 @@ class AttentionSpec:
             raise ValueError(f"attention kernel: softmax scale {self.scale} is not finite")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
             raise ValueError(f"attention kernel: softcap {self.softcap} is not a positive number")
+        if self.qk_norm is not None and not self.rope:
+            raise ValueError("attention kernel: qk_norm needs rope=True (only ad.rope_attention holds a QK-norm)")
         if self.window is not None and (not self.causal or self.window < 1):
             raise ValueError(f"attention kernel: window {self.window} needs causal=True and must be positive")
 
@@ -211,14 +231,18 @@ _BLOCKS: dict[tuple[int, bool], AttentionBlocks] = {
 }
 
 
-def attention_blocks(width: int, dtype: torch.dtype, seq_len: int) -> AttentionBlocks:
+def attention_blocks(width: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
     """The blocks and launch options for `seq_len` queries of heads held `width` wide
     (`HeadPieces.width`: the head dim for a power of two). Short sequences get fewer rows per
     program (at least 16, the smallest tl.dot) and fewer warps, so a prefill of a few tokens
-    does not compute a 128-row tile of padding."""
+    does not compute a 128-row tile of padding. fp32 tiles with QK-norm run on twice the warps:
+    the norm's rows and weights on top of the dot operands held in registers spilled at head_dim
+    256 (432 bytes at 4 warps; none at 8)."""
     table = _BLOCKS[width, dtype != torch.float32]
     block_m = min(table.block_m, max(16, next_power_of_2(seq_len)))
     num_warps = max(1, table.num_warps * block_m // table.block_m)
+    if qk_norm and dtype == torch.float32:
+        num_warps *= 2
     return AttentionBlocks(block_m, table.block_n, num_warps, table.num_stages)
 
 
@@ -264,6 +288,16 @@ def _passed_piece(x, x_rows, x_sd, row_mask, START: tl.constexpr, WIDTH: tl.cons
 
 
 @triton.jit
+def _rotated(a, b, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF: tl.constexpr, HALF_P: tl.constexpr,
+             INTERLEAVED: tl.constexpr):
+    """RoPE of fp32 pieces a, b (`_pair_pieces`): x * cos + rotate(x) * sin."""
+    cos_a, cos_b = _pair_pieces(cos, cos_rows, cos_sd, row_mask, HALF, HALF_P, INTERLEAVED)
+    sin_a, sin_b = _pair_pieces(sin, sin_rows, sin_sd, row_mask, HALF, HALF_P, INTERLEAVED)
+    cos_a, cos_b, sin_a, sin_b = cos_a.to(tl.float32), cos_b.to(tl.float32), sin_a.to(tl.float32), sin_b.to(tl.float32)
+    return a * cos_a - b * sin_a, b * cos_b + a * sin_b
+
+
+@triton.jit
 def _load_pieces(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
                  HALF: tl.constexpr, HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
                  TAIL: tl.constexpr, TAIL_P: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
@@ -274,10 +308,7 @@ def _load_pieces(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, 
     a, b = _pair_pieces(x, x_rows, x_sd, row_mask, HALF, HALF_P, INTERLEAVED)
     a, b = a.to(tl.float32), b.to(tl.float32)
     if ROPE:
-        cos_a, cos_b = _pair_pieces(cos, cos_rows, cos_sd, row_mask, HALF, HALF_P, INTERLEAVED)
-        sin_a, sin_b = _pair_pieces(sin, sin_rows, sin_sd, row_mask, HALF, HALF_P, INTERLEAVED)
-        cos_a, cos_b, sin_a, sin_b = cos_a.to(tl.float32), cos_b.to(tl.float32), sin_a.to(tl.float32), sin_b.to(tl.float32)
-        a, b = a * cos_a - b * sin_a, b * cos_b + a * sin_b
+        a, b = _rotated(a, b, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF, HALF_P, INTERLEAVED)
     p = a
     if REST > 0:
         p = _passed_piece(x, x_rows, x_sd, row_mask, 2 * HALF, REST, REST_P)
@@ -286,6 +317,48 @@ def _load_pieces(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, 
         t = _passed_piece(x, x_rows, x_sd, row_mask, 2 * HALF + REST, TAIL, TAIL_P)
     return a, b, p, t
 '''
+
+_QK_NORM_HELPER = '''\
+@triton.jit
+def _load_normed_pieces(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+                        HALF: tl.constexpr, HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
+                        TAIL: tl.constexpr, TAIL_P: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """`_load_pieces` of the rows RMS-normalized over the head first (QkNorm, weight w [head_dim]
+    held as the same pieces): fp32 math, rounded to $elem where HF's RMSNorm rounds."""
+    a, b, p, t = _load_pieces(x, x_rows, x_sd, x, x_rows, 0, x, x_rows, 0, row_mask,
+                              HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+    squares = tl.sum(a * a, 1) + tl.sum(b * b, 1)
+    if REST > 0:
+        squares += tl.sum(p * p, 1)
+    if TAIL > 0:
+        squares += tl.sum(t * t, 1)
+    r = tl.rsqrt(squares / (2 * HALF + REST + TAIL) + $eps)[:, None]
+    one = tl.arange(0, 1)  # the weight, as one row
+    w_a, w_b, w_p, w_t = _load_pieces(w, one, w_sd, w, one, 0, w, one, 0, one == 0,
+                                      HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+    a, b, p, t = _weighted(a, r, w_a), _weighted(b, r, w_b), _weighted(p, r, w_p), _weighted(t, r, w_t)
+    if ROPE:
+        a, b = _rotated(a, b, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask, HALF, HALF_P, INTERLEAVED)
+    return a, b, p, t
+
+
+@triton.jit
+def _weighted(x, r, w):
+    """A piece x normalized (times r) and weighted by its weight piece w, rounded to $elem."""
+$weighting
+'''
+_GEMMA_WEIGHTING = '''\
+    return (x * r * (w + $offset)).to($elem).to(tl.float32)'''
+_LLAMA_WEIGHTING = '''\
+    # Llama: the normalized rows rounded to $elem, times (weight + offset) in $elem
+    return ((x * r).to($elem).to(tl.float32) * (w + $offset).to($elem).to(tl.float32)).to($elem).to(tl.float32)'''
+
+
+def qk_norm_helper(norm: QkNorm, dtype: torch.dtype) -> str:
+    """The `_load_normed_pieces` helper of a kernel module (after `_ROPE_HELPER`)."""
+    weighting = _GEMMA_WEIGHTING if norm.weight_in_fp32 else _LLAMA_WEIGHTING
+    fields = {"eps": repr(float(norm.eps)), "offset": repr(float(norm.offset)), "elem": _TL_DTYPE[dtype]}
+    return Template(_QK_NORM_HELPER.replace("$weighting", weighting)).substitute(fields)
 
 
 _SOFTCAP_HELPER = '''\
@@ -315,9 +388,10 @@ class AttentionEmitter:
         self.name = name
         self.pieces = spec.pieces
         self.tables = [_Tensor("cos", "bsd"), _Tensor("sin", "bsd")] if spec.rope else []
+        self.norms = [_Tensor("q_norm", "d"), _Tensor("k_norm", "d")] if spec.qk_norm else []
         self.mask = _Tensor("mask", "bhqk") if spec.has_mask else None
         qkv = [_Tensor(n, "bhsd") for n in "qkv"]
-        self.inputs = [*qkv, *self.tables, *([self.mask] if self.mask else [])]
+        self.inputs = [*qkv, *self.tables, *self.norms, *([self.mask] if self.mask else [])]
 
     @property
     def elem(self) -> str:
@@ -372,11 +446,12 @@ class AttentionEmitter:
             w.line("mask_blk = mask + b * mask_sb + h * mask_sh + start_m64 * mask_sq")
 
     def emit_pieces(self, w: IndentedWriter, x: str, base: str, start: str, rows: str, row_mask: str) -> None:
-        """`x_a, x_b[, x_p] = _load_pieces(...)`: rows `start + rows` of `base`, rotated with RoPE."""
+        """`x_a, x_b, x_p, x_t = _load_pieces(...)`: rows `start + rows` of `base`, normalized with
+        QK-norm and rotated with RoPE."""
         spec, pieces = self.spec, self.pieces
-        w.line(f"{', '.join(f'{x}_{n}' for n in ('a', 'b', 'p', 't'))} = _load_pieces(")
+        w.line(f"{', '.join(f'{x}_{n}' for n in ('a', 'b', 'p', 't'))} = {self.tile_loader}(")
         with w.indent():
-            w.line(f"{base}, {rows} * {x}_ss, {x}_sd,")
+            w.line(f"{base}, {rows} * {x}_ss, {x}_sd," + self.norm_weight(x))
             for t in ("cos", "sin"):
                 # Without RoPE the tables are never read: x stands in for them.
                 w.line(f"{t}_batch + {start} * {t}_ss, {rows} * {t}_ss, {t}_sd," if spec.rope
@@ -391,6 +466,15 @@ class AttentionEmitter:
         self.emit_pieces(w, "q", "q_blk", "start_m64", "rows", "m_in")
         for n in self.pieces.names:
             w.line(f"q_{n} = {self.dot_operand(f'q_{n} * qk_scale')}")
+
+    @property
+    def tile_loader(self) -> str:
+        """The helper that loads and rotates (and with QK-norm normalizes) a Q or K tile."""
+        return "_load_normed_pieces" if self.spec.qk_norm else "_load_pieces"
+
+    def norm_weight(self, x: str) -> str:
+        """The QK-norm weight arguments of `x`'s tile loader ("" without QK-norm)."""
+        return f" {x}_norm, {x}_norm_sd," if self.spec.qk_norm else ""
 
     def emit_loop(self, w: IndentedWriter) -> None:
         spec = self.spec
@@ -483,7 +567,8 @@ class AttentionEmitter:
             w.line("if out.numel() == 0:")
             with w.indent():
                 w.line("return [out]")
-            w.line(f"blocks = attention_blocks({self.pieces.width}, {dtype}, seq_len)")
+            w.line(f"blocks = attention_blocks({self.pieces.width}, {dtype}, seq_len, "
+                   f"qk_norm={spec.qk_norm is not None})")
             # (batch, head) on the unbounded grid dim; q heads that share a kv head run side by side.
             w.line("grid = (batch * n_heads, triton.cdiv(seq_len, blocks.block_m))")
             args = [t.name for t in self.inputs] + ["out", "seq_len", "n_heads", "n_heads // k.shape[1]"]
@@ -516,6 +601,8 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
         "",
     ]
     parts += [_ROPE_HELPER, ""]
+    if spec.qk_norm:
+        parts += [qk_norm_helper(spec.qk_norm, spec.dtype), ""]
     if spec.softcap:
         parts += [_SOFTCAP_HELPER, ""]
     parts += [emitter.emit_kernel(), "", emitter.emit_launcher()]

@@ -3,10 +3,12 @@
 `emit_cached_attention_module` writes a kernel module with the interface of the region kernels
 (a `@triton.jit` function named as asked, `OUTPUT_DTYPES`, `output_shapes`, `launch`). The
 launch takes, in the op's operand order, `q [B, Hq, S, D]`, `k`, `v [B, Hkv, S, D]` (the new
-tokens; any strides), with RoPE `cos`, `sin [B or 1, S, D]`, then `k_cache`, `v_cache [slots,
-max_seq, Hkv, D]`, `slots`, `starts [B]` (int64, on the device: nothing is read on the host),
-writes the new keys (after RoPE) and values into rows `starts[b] ..` of slot `slots[b]` and
-returns `out [B, Hq, S, D]`, contiguous. Nothing copies a cache.
+tokens; any strides), with RoPE `cos`, `sin [B or 1, S, D]`, with QK-norm `q_norm`, `k_norm [D]`
+(Qwen3, Gemma3: each new query and key head RMS-normalized before RoPE, as the attention
+template does), then `k_cache`, `v_cache [slots, max_seq, Hkv, D]`, `slots`, `starts [B]`
+(int64, on the device: nothing is read on the host), writes the new keys (after QK-norm and
+RoPE) and values into rows `starts[b] ..` of slot `slots[b]` and returns `out [B, Hq, S, D]`,
+contiguous. Nothing copies a cache.
 
 One `@triton.jit` function, three phases (a constexpr), so that every launch goes through the
 one kernel object the runtime hands the launcher (wrapped for torch.compile on CUDA, the
@@ -53,10 +55,12 @@ from ad_mlir.codegen.attention_kernel import (
     _TL_DTYPE,
     AttentionBlocks,
     HeadPieces,
+    QkNorm,
     attention_blocks,
     check_rope_dims,
     dot_dtype_line,
     head_pieces,
+    qk_norm_helper,
 )
 from ad_mlir.codegen.blocks import next_power_of_2
 
@@ -85,6 +89,9 @@ class CachedAttentionSpec:
     """With `rope`: the first dims of each head that rotate (partial rotary); None: all."""
     interleaved: bool = False
     """With `rope`: pairs (2i, 2i + 1) rotate (GPT-J, GLM), not rotate_half's (i, i + R/2)."""
+    qk_norm: QkNorm | None = None
+    """q_norm and k_norm weights [D] are inputs (after the tables): the new query and key rows
+    are RMS-normalized per head before RoPE (the cache holds the normalized keys)."""
 
     def __post_init__(self) -> None:
         check_rope_dims("cached attention kernel", self.head_dim, self.rotary if self.rope else None,
@@ -94,6 +101,9 @@ class CachedAttentionSpec:
                              f"{', '.join(map(str, _TL_DTYPE))}")
         if not math.isfinite(self.scale) or (self.softcap is not None and not self.softcap > 0):
             raise ValueError(f"cached attention kernel: scale {self.scale} / softcap {self.softcap} out of range")
+        if self.qk_norm is not None and not self.rope:
+            raise ValueError("cached attention kernel: qk_norm needs rope=True (QK-norm comes with RoPE from "
+                             "ad.rope_attention)")
         if self.window is not None and self.window < 1:
             raise ValueError(f"cached attention kernel: window {self.window} must be positive")
 
@@ -121,10 +131,10 @@ def decode_block_n(width: int, dtype: torch.dtype) -> int:
     return max(16, elements // width)
 
 
-def prefill_blocks(width: int, dtype: torch.dtype, seq_len: int) -> AttentionBlocks:
+def prefill_blocks(width: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
     """The attention template's blocks (`attention_blocks`), with half the keys per step in
     fp32: this kernel also holds the cache's K pieces, and fp32 at head_dim 64 spilled."""
-    blocks = attention_blocks(width, dtype, seq_len)
+    blocks = attention_blocks(width, dtype, seq_len, qk_norm)
     if dtype != torch.float32:
         return blocks
     return dataclasses.replace(blocks, block_n=max(16, blocks.block_n // 2))
@@ -132,13 +142,18 @@ def prefill_blocks(width: int, dtype: torch.dtype, seq_len: int) -> AttentionBlo
 
 _HELPERS = '''\
 @triton.jit
-def _new_rows(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+def _new_rows(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
               HALF: tl.constexpr, HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
-              TAIL: tl.constexpr, TAIL_P: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Pieces of rows of a query or key as the cache holds them: rotated (in fp32) when ROPE,
-    rounded to the element dtype."""
-    a, b, p, t = _load_pieces(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
-                              HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
+              TAIL: tl.constexpr, TAIL_P: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
+              NORM: tl.constexpr):
+    """Pieces of rows of a query or key as the cache holds them: RMS-normalized with the QK-norm
+    weight w when NORM, rotated (in fp32) when ROPE, rounded to the element dtype."""
+    if NORM:
+        a, b, p, t = _load_normed_pieces(x, x_rows, x_sd, w, w_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd,
+                                         row_mask, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
+    else:
+        a, b, p, t = _load_pieces(x, x_rows, x_sd, cos, cos_rows, cos_sd, sin, sin_rows, sin_sd, row_mask,
+                                  HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
     return a.to($elem), b.to($elem), p.to($elem), t.to($elem)
 
 
@@ -198,15 +213,15 @@ def _softmax_step(qk, v_tile, m_i, l_i, acc):
 
 _KERNEL = '''\
 @triton.jit
-def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_ml,
+def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, out, part_o, part_ml,
         seq_len, n_heads, kv_group, n_splits, split_size,
         q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
-        cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+        cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd, qn_sd, kn_sd,
         kc_s0, kc_s1, kc_s2, kc_s3, vc_s0, vc_s1, vc_s2, vc_s3,
         PHASE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_P: tl.constexpr, HALF: tl.constexpr,
         HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
         ROPE: tl.constexpr,
-        INTERLEAVED: tl.constexpr, SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+        INTERLEAVED: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     dims = tl.arange(0, HEAD_P)
     d_in = dims < HEAD_DIM
@@ -236,14 +251,15 @@ def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_
         r_in = rows < kv_group
         heads = kvh * kv_group + rows
         at_start = rows * 0  # every row reads the new token's cos/sin row
-        q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb, heads * q_sh, q_sd, cos + b * cos_sb, at_start, cos_sd,
-                                       sin + b * sin_sb, at_start, sin_sd, r_in,
-                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
+        q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb, heads * q_sh, q_sd, q_norm, qn_sd, cos + b * cos_sb, at_start,
+                                       cos_sd, sin + b * sin_sb, at_start, sin_sd, r_in,
+                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
         q_a, q_b, q_p, q_t = _scaled(q_a, SCALE), _scaled(q_b, SCALE), _scaled(q_p, SCALE), _scaled(q_t, SCALE)
         one = tl.arange(0, 1)
-        new_k_a, new_k_b, new_k_p, new_k_t = _new_rows(k + b * k_sb + kvh * k_sh, one, k_sd, cos + b * cos_sb, one,
-                                                       cos_sd, sin + b * sin_sb, one, sin_sd, one == 0,
-                                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
+        new_k_a, new_k_b, new_k_p, new_k_t = _new_rows(k + b * k_sb + kvh * k_sh, one, k_sd, k_norm, kn_sd,
+                                                       cos + b * cos_sb, one, cos_sd, sin + b * sin_sb, one, sin_sd,
+                                                       one == 0, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE,
+                                                       INTERLEAVED, NORM)
         new_v = tl.load(v + b * v_sb + kvh * v_sh + dims[None, :] * v_sd, mask=d_in[None, :], other=0)
         kc_head = k_cache + slot * kc_s0 + kvh * kc_s2
         vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
@@ -258,8 +274,9 @@ def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_
             n_pos = n0 + keys
             n_in = n_pos < hi
             cached = n_in & (n_pos < start)
-            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, n_pos, 0, kc_head, n_pos, 0,
-                                           cached, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, 0, kc_head, n_pos, 0,
+                                           kc_head, n_pos, 0, cached, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P,
+                                           False, INTERLEAVED, False)
             v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3,
                              mask=cached[:, None] & d_in[None, :], other=0)
             is_new = (n_pos == start)[:, None]
@@ -291,9 +308,9 @@ def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_
         rows = tl.arange(0, BLOCK_M)
         m_pos = start_m + rows
         m_in = m_pos < seq_len
-        q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb + h * q_sh, m_pos * q_ss, q_sd, cos + b * cos_sb,
+        q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb + h * q_sh, m_pos * q_ss, q_sd, q_norm, qn_sd, cos + b * cos_sb,
                                        m_pos * cos_ss, cos_sd, sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
-                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
+                                       HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
         q_a, q_b, q_p, q_t = _scaled(q_a, SCALE), _scaled(q_b, SCALE), _scaled(q_p, SCALE), _scaled(q_t, SCALE)
         kc_head = k_cache + slot * kc_s0 + kvh * kc_s2
         vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
@@ -308,8 +325,9 @@ def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_
         for n0 in range(lo, start, BLOCK_N):
             n_pos = n0 + keys
             n_in = n_pos < start
-            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, n_pos, 0, kc_head, n_pos, 0,
-                                           n_in, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, False, INTERLEAVED)
+            k_a, k_b, k_p, k_t = _new_rows(kc_head, n_pos * kc_s1, kc_s3, kc_head, 0, kc_head, n_pos, 0,
+                                           kc_head, n_pos, 0, n_in, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P,
+                                           False, INTERLEAVED, False)
             v_tile = tl.load(vc_head + n_pos[:, None] * vc_s1 + dims[None, :] * vc_s3,
                              mask=n_in[:, None] & d_in[None, :], other=0)
             visible = n_in[None, :]
@@ -324,9 +342,9 @@ def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_
         for n0 in range(lo, tl.minimum(seq_len, start_m + BLOCK_M), BLOCK_N):
             n_pos = n0 + keys
             n_in = n_pos < seq_len
-            k_a, k_b, k_p, k_t = _new_rows(k_new, n_pos * k_ss, k_sd, cos + b * cos_sb, n_pos * cos_ss, cos_sd,
-                                           sin + b * sin_sb, n_pos * sin_ss, sin_sd, n_in,
-                                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
+            k_a, k_b, k_p, k_t = _new_rows(k_new, n_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, n_pos * cos_ss,
+                                           cos_sd, sin + b * sin_sb, n_pos * sin_ss, sin_sd, n_in,
+                                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
             v_tile = tl.load(v_new + n_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=n_in[:, None] & d_in[None, :],
                              other=0)
             visible = n_in[None, :] & (n_pos[None, :] <= m_pos[:, None])
@@ -339,9 +357,9 @@ def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_
         out_rows = (bh.to(tl.int64) * seq_len + m_pos) * HEAD_DIM
         tl.store(out + out_rows[:, None] + dims[None, :], out_tile.to($elem), mask=m_in[:, None] & d_in[None, :])
         if h % kv_group == 0:
-            k_a, k_b, k_p, k_t = _new_rows(k_new, m_pos * k_ss, k_sd, cos + b * cos_sb, m_pos * cos_ss, cos_sd,
-                                           sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
-                                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED)
+            k_a, k_b, k_p, k_t = _new_rows(k_new, m_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, m_pos * cos_ss,
+                                           cos_sd, sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
+                                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
             _store_pieces(kc_head, (start + m_pos) * kc_s1, kc_s3, k_a, k_b, k_p, k_t, m_in,
                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, INTERLEAVED)
             v_rows = tl.load(v_new + m_pos[:, None] * v_ss + dims[None, :] * v_sd, mask=m_in[:, None] & d_in[None, :],
@@ -352,7 +370,7 @@ def $name(q, k, v, cos, sin, k_cache, v_cache, slots, starts, out, part_o, part_
 
 _LAUNCHER = '''\
 OUTPUT_DTYPES = ($dtype, )
-SPEC = dict(HEAD_DIM=$head_dim, HEAD_P=$head_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, SCALE=$scale,
+SPEC = dict(HEAD_DIM=$head_dim, HEAD_P=$head_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm, SCALE=$scale,
             WINDOW=$window, SOFTCAP=$softcap)
 
 
@@ -388,11 +406,11 @@ def launch(kernel, tensors, scalars):
     out = torch.empty((batch, n_heads, seq_len, head_dim), dtype=$dtype, device=q.device)
     if out.numel() == 0:
         return [out]
-    strides = [_stride(t, d) for t, n in ((q, 4), (k, 4), (v, 4), (cos, 3), (sin, 3), (k_cache, 4), (v_cache, 4))
-               for d in range(n)]
-    common = (q, k, v, cos, sin, k_cache, v_cache, slots, starts, out)
+    strides = [_stride(t, d) for t, n in ((q, 4), (k, 4), (v, 4), (cos, 3), (sin, 3), (q_norm, 1), (k_norm, 1),
+                                          (k_cache, 4), (v_cache, 4)) for d in range(n)]
+    common = (q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, out)
     if seq_len > 1:
-        blocks = prefill_blocks($width, $dtype, seq_len)
+        blocks = prefill_blocks($width, $dtype, seq_len, $norm)
         kernel[(batch * n_heads, triton.cdiv(seq_len, blocks.block_m))](
             *common, out, out, seq_len, n_heads, kv_group, 1, 1, *strides, PHASE=$PREFILL, **SPEC,
             BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, SPLITS=1, num_warps=blocks.num_warps,
@@ -410,6 +428,16 @@ def launch(kernel, tensors, scalars):
         SPLITS=triton.next_power_of_2(n_splits), num_warps=4, num_stages=1, enable_fp_fusion=True)
     return [out]
 '''
+
+
+def _unpack(spec: CachedAttentionSpec) -> str:
+    """The launcher's unpacking of its tensors: the op's operands. Without RoPE the kernel takes
+    no tables, without QK-norm no weights: q stands in for them (never read)."""
+    tables, norms = ["cos", "sin"], ["q_norm", "k_norm"]
+    names = ["q", "k", "v", *(tables if spec.rope else []), *(norms if spec.qk_norm else []), "k_cache", "v_cache",
+             "slots", "starts"]
+    absent = [*([] if spec.rope else tables), *([] if spec.qk_norm else norms)]
+    return ", ".join(names) + " = tensors" + "".join(f"\n    {name} = q" for name in absent)
 
 
 def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: str) -> str:
@@ -431,9 +459,8 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "window": spec.window or 0,
         "softcap": repr(float(spec.softcap or 0.0)),
         "block_n": decode_block_n(pieces.width, spec.dtype),
-        # Without RoPE the kernel takes no tables: q stands in for them (never read).
-        "unpack": "q, k, v, cos, sin, k_cache, v_cache, slots, starts = tensors" if spec.rope
-                  else "q, k, v, k_cache, v_cache, slots, starts = tensors\n    cos = sin = q",
+        "norm": spec.qk_norm is not None,
+        "unpack": _unpack(spec),
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
     }
     parts = [
@@ -452,6 +479,7 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "",
         _SOFTCAP_HELPER,
         "",
+        *([qk_norm_helper(spec.qk_norm, spec.dtype), ""] if spec.qk_norm else []),
         Template(_HELPERS).substitute(fields),
         "",
         Template(_KERNEL).substitute(fields),

@@ -1226,6 +1226,33 @@ class SiluAndMulOp(KernelOp):
             raise VerifyException("ad.silu_and_mul gate, up and result must have one type")
 
 
+QK_NORM_PROPERTIES = ("qk_norm_eps", "qk_norm_offset", "qk_norm_weight_in_fp32")
+"""An attention op's QK-norm: RMSNorm over head_dim of each query and key head before RoPE
+(Qwen3, Gemma3), each with its weight (`q_norm_weight`, `k_norm_weight` [head_dim]), computed as
+`ad.rms_norm` with these `eps`, `offset` and `weight_in_fp32` computes it."""
+_QK_NORM_FORMAT = (
+    "(`qk_norm` `(` $q_norm_weight^ `,` $k_norm_weight `:` type($q_norm_weight) `,` type($k_norm_weight) `)` "
+    "`eps` $qk_norm_eps (`offset` $qk_norm_offset^)? (`weight_in_fp32` $qk_norm_weight_in_fp32^)?)? "
+)
+
+
+def _verify_qk_norm(op: RopeAttentionOp | CachedAttentionOp) -> None:
+    weights = (op.q_norm_weight, op.k_norm_weight)
+    if weights == (None, None):
+        if any(getattr(op, p) is not None for p in QK_NORM_PROPERTIES):
+            raise VerifyException(f"{op.name} QK-norm eps/offset/weight_in_fp32 need q_norm_weight and k_norm_weight")
+        return
+    if None in weights or op.qk_norm_eps is None:
+        raise VerifyException(f"{op.name} QK-norm takes q_norm_weight, k_norm_weight and eps together")
+    head_dim = _shape(op.query.type)[3]
+    for w in weights:
+        if len(_shape(w.type)) != 1 or not _dims_compatible(_shape(w.type)[0], head_dim):
+            raise VerifyException(f"{op.name} QK-norm weights must be [head_dim] = [{head_dim}]")
+        if op.qk_norm_weight_in_fp32 is None and w.type.element_type != op.query.type.element_type:
+            raise VerifyException(f"{op.name} QK-norm weights must have the query's element type, or be "
+                                  "weight_in_fp32 (a Llama-style weight of another type would promote)")
+
+
 # MLP activations (`passes/fuse_gelu_mul.py`, `passes/fuse_activation.py`).
 
 GeluApproximation = AttrSetConstraint(frozenset({StringAttr("none"), StringAttr("tanh")}))
@@ -1313,7 +1340,8 @@ class RopeAttentionOp(KernelOp):
     head_dim], key/value [batch, kv_heads, seq, head_dim] (grouped-query: each kv head serves
     heads / kv_heads query heads); an optional boolean mask (True = attend) and/or causal
     masking, causal within a sliding `window` of keys when set; with `softcap`, the scores
-    soft-capped before masking and softmax. Its kernel is a template
+    soft-capped before masking and softmax. With QK-norm weights (`QK_NORM_PROPERTIES`) the
+    query and key heads are RMS-normalized before RoPE. Its kernel is a template
     (`codegen/attention_kernel.py`).
 
     RoPE (here, in `ad.rope` and `ad.cached_attention`): with tables `cos`, `sin` [batch or 1,
@@ -1330,8 +1358,13 @@ class RopeAttentionOp(KernelOp):
     value = operand_def(AdTensor)
     cos = operand_def(AdTensor)
     sin = operand_def(AdTensor)
+    q_norm_weight = opt_operand_def(AdTensor)
+    k_norm_weight = opt_operand_def(AdTensor)
     attn_mask = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
+    qk_norm_eps = opt_prop_def(FloatAttr[Float64Type])
+    qk_norm_offset = opt_prop_def(FloatAttr[Float64Type])
+    qk_norm_weight_in_fp32 = opt_prop_def(UnitAttr)
     is_causal = opt_prop_def(UnitAttr)
     window = opt_prop_def(IntegerAttr[I64])
     """Causal within a sliding window: key j is seen by query i only when i - window < j."""
@@ -1340,8 +1373,8 @@ class RopeAttentionOp(KernelOp):
     scale = prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
-        "$query `,` $key `,` $value `rope` $cos `,` $sin (`interleaved` $interleaved^)? (`mask` $attn_mask^)? "
-        "(`causal` $is_causal^)? (`window` $window^)? (`softcap` $softcap^)? "
+        "$query `,` $key `,` $value `rope` $cos `,` $sin (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
+        "(`mask` $attn_mask^)? (`causal` $is_causal^)? (`window` $window^)? (`softcap` $softcap^)? "
         "`scale` $scale attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($cos) `,` "
         "type($sin) (`,` type($attn_mask)^)? `)` `->` type($result)"
     )
@@ -1361,6 +1394,7 @@ class RopeAttentionOp(KernelOp):
             raise VerifyException(f"ad.rope_attention window {self.window.value.data} must be positive and causal")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.rope_attention softcap must be positive, not {self.softcap.value.data}")
+        _verify_qk_norm(self)
 
 
 @irdl_op_definition
@@ -1490,7 +1524,9 @@ class CachedAttentionOp(AdOp):
     starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with
     offset; with `window`, only the last `window` of them). Grouped-query attention is native.
     With `softcap` (Gemma2), the scores s = scale * q.k are soft-capped to `tanh(s / softcap) *
-    softcap` before masking and softmax. Not pure: it writes the caches."""
+    softcap` before masking and softmax. With QK-norm weights (`QK_NORM_PROPERTIES`) the new
+    query and key heads are RMS-normalized before RoPE (the cache holds the normalized, rotated
+    keys). Not pure: it writes the caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1499,6 +1535,8 @@ class CachedAttentionOp(AdOp):
     value = operand_def(AdTensor)
     cos = opt_operand_def(AdTensor)
     sin = opt_operand_def(AdTensor)
+    q_norm_weight = opt_operand_def(AdTensor)
+    k_norm_weight = opt_operand_def(AdTensor)
     k_cache = operand_def(AdTensor)
     v_cache = operand_def(AdTensor)
     slots = operand_def(AdTensor)
@@ -1507,12 +1545,15 @@ class CachedAttentionOp(AdOp):
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
     softcap = opt_prop_def(FloatAttr[Float64Type])
+    qk_norm_eps = opt_prop_def(FloatAttr[Float64Type])
+    qk_norm_offset = opt_prop_def(FloatAttr[Float64Type])
+    qk_norm_weight_in_fp32 = opt_prop_def(UnitAttr)
     result = result_def(AdTensor)
     assembly_format = (
-        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? `cache` $k_cache `,` $v_cache `slots` $slots "
-        "`starts` $starts `scale` $scale (`window` $window^)? (`softcap` $softcap^)? attr-dict `:` `(` type($query) "
-        "`,` type($key) `,` type($value) `,` type($k_cache) `,` type($v_cache) `,` type($slots) `,` type($starts) "
-        "(`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
+        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
+        "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
+        "(`softcap` $softcap^)? attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($k_cache) "
+        "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -1543,6 +1584,7 @@ class CachedAttentionOp(AdOp):
             raise VerifyException("ad.cached_attention result must have the query's type")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
+        _verify_qk_norm(self)
 
 
 FP8_MAX = 448.0

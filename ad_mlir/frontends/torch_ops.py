@@ -317,10 +317,17 @@ def rope_attention(
     window: int | None = None,
     softcap: float | None = None,
     interleaved: bool = False,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    qk_norm_eps: float | None = None,
+    qk_norm_offset: float = 0.0,
+    qk_norm_weight_in_fp32: bool = False,
 ) -> torch.Tensor:
-    """HF's RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the ops it replaces (a
-    sliding window is the boolean mask HF would build for it); soft-capped, HF's eager Gemma2
-    attention."""
+    """HF's QK-norm (when given), RoPE (`apply_rotary_pos_emb`) and `repeat_kv`, then SDPA: the
+    ops it replaces (a sliding window is the boolean mask HF would build for it); soft-capped,
+    HF's eager Gemma2 attention."""
+    query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
+                          qk_norm_weight_in_fp32)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q, k = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     groups = query.shape[1] // key.shape[1]
@@ -334,6 +341,15 @@ def rope_attention(
                                                             scale=scale)
 
 
+def _qk_norm(query: torch.Tensor, key: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+             eps: float | None, offset: float, weight_in_fp32: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query and key head RMS-normalized over head_dim (`rms_norm`), or both as given."""
+    if q_weight is None or k_weight is None or eps is None:
+        return query, key
+    return tuple(_apply_weight(x, _normalize(x, eps), w, offset, weight_in_fp32)
+                 for x, w in ((query, q_weight), (key, k_weight)))
+
+
 def _causal_window(seq: int, window: int | None, device: torch.device) -> torch.Tensor:
     """[seq, seq] booleans: key j seen by query i when j <= i (and i - window < j)."""
     query, key = torch.arange(seq, device=device)[:, None], torch.arange(seq, device=device)[None, :]
@@ -343,7 +359,9 @@ def _causal_window(seq: int, window: int | None, device: torch.device) -> torch.
 @rope_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
       attn_mask: torch.Tensor | None, scale: float, is_causal: bool = False, window: int | None = None,
-      softcap: float | None = None, interleaved: bool = False) -> torch.Tensor:
+      softcap: float | None = None, interleaved: bool = False, q_norm_weight: torch.Tensor | None = None,
+      k_norm_weight: torch.Tensor | None = None, qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0,
+      qk_norm_weight_in_fp32: bool = False) -> torch.Tensor:
     return torch.empty_like(query)
 
 
@@ -362,11 +380,19 @@ def cached_attention(
     window: int | None = None,
     softcap: float | None = None,
     interleaved: bool = False,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    qk_norm_eps: float | None = None,
+    qk_norm_offset: float = 0.0,
+    qk_norm_weight_in_fp32: bool = False,
 ) -> torch.Tensor:
-    """`ad.cached_attention`: RoPE on the new query/key (when given), the new key/value written
-    into each row's cache slot after the tokens it holds, then attention over the slot's first
-    start + seq positions, causal with offset (and within `window`), the scores soft-capped with
-    `softcap`. One row at a time: the reference reads each row's slot and start on the host."""
+    """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), the new
+    key/value written into each row's cache slot after the tokens it holds, then attention over
+    the slot's first start + seq positions, causal with offset (and within `window`), the scores
+    soft-capped with `softcap`. One row at a time: the reference reads each row's slot and start
+    on the host."""
+    query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
+                          qk_norm_weight_in_fp32)
     if cos is not None and sin is not None:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
@@ -407,7 +433,10 @@ def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 @cached_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
       k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, scale: float,
-      window: int | None = None, softcap: float | None = None, interleaved: bool = False) -> torch.Tensor:
+      window: int | None = None, softcap: float | None = None, interleaved: bool = False,
+      q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
+      qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
+) -> torch.Tensor:
     return torch.empty_like(query)
 
 

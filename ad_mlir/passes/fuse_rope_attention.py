@@ -66,6 +66,7 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
+from xdsl.rewriter import InsertPoint
 
 from ad_mlir.codegen.attention_kernel import check_rope_dims
 from ad_mlir.dialects import ad
@@ -325,6 +326,48 @@ def unsupported(query: SSAValue, key: SSAValue, mask: SSAValue | None, rope: Rop
     return None
 
 
+def _per_head_norm(x: SSAValue, erased: set[Operation]
+                   ) -> tuple[SSAValue, ad.RmsNormOp, list[Operation], list[Operation]] | str | None:
+    """(the un-normalized x, the norm, its ops users first, new ops) when `x`, a RoPE input
+    [batch, heads, seq, head_dim] that only `erased` ops use, is a per-head RMSNorm with a
+    weight: `rms_norm(y)` (Gemma3) or `transpose(rms_norm(y), 1, 2)` (Qwen3, normalized before
+    the heads are transposed); why not, when it is another norm; None when it has none."""
+    transpose = producer(x, ad.TransposeOp)
+    normed = transpose.input if transpose is not None and _swaps_heads_and_seq(transpose) else x
+    norm = producer(normed, ad.RmsNormOp)
+    if norm is None:
+        return _whole_projection_norm(x)
+    if not all(use.operation in erased for use in x.uses) or (transpose is not None and not normed.has_one_use()):
+        return f"the norm at {norm.location} has other users"
+    if norm.weight is None or norm.result.type != norm.input.type:
+        return f"the norm at {norm.location} has no weight, or one that promotes its input"
+    if transpose is None:
+        return norm.input, norm, [norm], []
+    new = ad.TransposeOp.build(operands=[norm.input], properties=dict(transpose.properties), result_types=[x.type])
+    new.location, new.result.name_hint = transpose.location, transpose.result.name_hint
+    return new.result, norm, [transpose, norm], [new]
+
+
+def _whole_projection_norm(x: SSAValue) -> str | None:
+    """Why `x` is not normalized per head when a view of an RMSNorm over more than head_dim
+    (OLMo2's over the whole q/k projection) computes it: that norm needs every head of a token
+    and cannot run in a per-head prologue. None when no norm computes `x`."""
+    value = x
+    while isinstance(value.owner, ad.TransposeOp | ad.ReshapeOp):
+        value = value.owner.input
+    norm = producer(value, ad.RmsNormOp)
+    if norm is None or value is x:
+        return None
+    return (f"the norm at {norm.location} normalizes {norm.input.type.get_shape()[-1]} values (the whole projection, "
+            f"OLMo2), not each head's {x.type.get_shape()[-1]}: it needs every head of a token")
+
+
+def _norm_properties(norm: ad.RmsNormOp) -> dict[str, Attribute]:
+    """An `ad.rms_norm`'s eps/offset/weight form as an attention op's QK-norm properties."""
+    fields = {"qk_norm_eps": norm.eps, "qk_norm_offset": norm.offset, "qk_norm_weight_in_fp32": norm.weight_in_fp32}
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 MIN_MASK_LEN = 64
 """Masks are evaluated at least at this length, and this far past the largest number their
 computation holds (a sliding window of W shows from W + 2 tokens on)."""
@@ -376,6 +419,23 @@ def _function_of(op: Operation) -> func.FuncOp:
 
 
 @dataclass
+class QkNorm:
+    """Per-head RMSNorms of the query and the key before their RoPE (Qwen3, Gemma3)."""
+
+    query: SSAValue
+    """The query before its norm, as the fused op takes it ([batch, heads, seq, head_dim])."""
+    key: SSAValue
+    q_weight: SSAValue
+    k_weight: SSAValue
+    properties: dict[str, Attribute]
+    """The op's `ad.QK_NORM_PROPERTIES`, from the norms'."""
+    ops: list[Operation]
+    """The norms (after their transposes), erased once the RoPE chains are."""
+    new_ops: list[Operation]
+    """Transposes of the un-normalized query/key to insert (Qwen3 normalizes before its transpose)."""
+
+
+@dataclass
 class Fusion:
     """An attention with RoPE on its query and key, as `ad.rope_attention` takes it."""
 
@@ -389,6 +449,7 @@ class Fusion:
     window: int | None = None
     dropped_mask: SSAValue | None = None
     """The mask the op's causal (window) masking replaces: its computation goes once unused."""
+    qk_norm: QkNorm | None = None
 
 
 class RopeAttentionFusion(RewritePattern):
@@ -409,9 +470,34 @@ class RopeAttentionFusion(RewritePattern):
             return
         fusion.dropped_mask, fusion.mask, fusion.causal = fusion.mask, None, True
 
+    def fuse_qk_norm(self, fusion: Fusion, dead: list[Operation], location: object) -> None:
+        """The query's and the key's per-head RMSNorms into the op, when both have one of the
+        same kind that only this attention uses (else they stay kernels of their own)."""
+        erased = {*dead, *fusion.q.chain, *fusion.k.chain}
+        norms = [_per_head_norm(rope.x, erased) for rope in (fusion.q, fusion.k)]
+        if norms == [None, None]:
+            return
+        reasons = [n for n in norms if isinstance(n, str)]
+        if not reasons and None in norms:
+            reasons = ["only one of the query and the key is normalized"]
+        if not reasons and _norm_properties(norms[0][1]) != _norm_properties(norms[1][1]):
+            reasons = ["the query's and the key's norms differ in eps, offset or weight form"]
+        if not reasons and fusion.q.heads_dim != 1:
+            reasons = ["the RoPE rotates [batch, seq, heads, head_dim] (GPT-J's layout), the prologue's norm heads first"]
+        if reasons:
+            log.info("fuse-rope-attention: the QK-norm of the attention at %s stays separate: %s", location, reasons[0])
+            return
+        (q, q_norm, q_ops, q_new), (k, k_norm, k_ops, k_new) = norms
+        fusion.qk_norm = QkNorm(q, k, q_norm.weight, k_norm.weight, _norm_properties(q_norm), [*q_ops, *k_ops],
+                                [*q_new, *k_new])
+
     def rewrite(self, output: Operation, fusion: Fusion, dead: list[Operation], rewriter: PatternRewriter) -> None:
-        """`output` -> `ad.rope_attention`; `dead` (users first) and the RoPE chains erased once
-        unused."""
+        """`output` -> `ad.rope_attention`; `dead` (users first), the RoPE chains and the fused
+        norms erased once unused."""
+        norm = fusion.qk_norm
+        if norm is not None:
+            for op in norm.new_ops:
+                rewriter.insert(op, InsertPoint.before(output))
         properties: dict[str, Attribute] = {"scale": FloatAttr(fusion.scale, Float64Type())}
         if fusion.causal:
             properties["is_causal"] = UnitAttr()
@@ -427,15 +513,17 @@ class RopeAttentionFusion(RewritePattern):
             return rewriter.insert(new)
 
         q, k = fusion.q, fusion.k
+        query, key = (norm.query, norm.key) if norm else (heads_first(q, insert), heads_first(k, insert))
         fused = ad.RopeAttentionOp.build(
-            operands=[heads_first(q, insert), heads_first(k, insert), fusion.value, *tables(q, insert),
-                      [fusion.mask] if fusion.mask else []],
-            properties=properties,
+            operands=[query, key, fusion.value, *tables(q, insert), [norm.q_weight] if norm else [],
+                      [norm.k_weight] if norm else [], [fusion.mask] if fusion.mask else []],
+            properties=properties | (norm.properties if norm else {}),
             result_types=[output.results[0].type],
         )
         fused.location = output.location
         rewriter.replace(output, fused)
-        erase_dead(rewriter.erase, [*dead, *q.chain, *k.chain, *table_ops(q, k)])
+        norms = norm.ops if norm else []
+        erase_dead(rewriter.erase, [*dead, *q.chain, *k.chain, *norms, *table_ops(q, k)])
         if fusion.dropped_mask is not None:
             erase_computation(fusion.dropped_mask, rewriter.erase)
         self.matches += 1
@@ -469,6 +557,7 @@ class FuseRopeAttention(RopeAttentionFusion):
         if (reason := unsupported(op.query, op.key, fusion.mask, q)) is not None:
             log.info("fuse-rope-attention: attention at %s not fused: %s", op.location, reason)
             return
+        self.fuse_qk_norm(fusion, [*k_repeat, *v_repeat], op.location)
         self.rewrite(op, fusion, [*k_repeat, *v_repeat], rewriter)
 
 
@@ -497,6 +586,7 @@ class FuseEagerRopeAttention(RopeAttentionFusion):
         if (reason := unsupported(found.query, found.key, fusion.mask, q)) is not None:
             log.info("fuse-rope-attention: the eager attention at %s is not fused: %s", found.output.location, reason)
             return
+        self.fuse_qk_norm(fusion, found.chain, found.output.location)
         self.rewrite(found.output, fusion, found.chain, rewriter)
 
 

@@ -1,7 +1,8 @@
 """`insert-cached-attention`: every causal attention becomes `ad.cached_attention` over K/V
 caches that are new arguments of the function (AutoDeploy's cache-initialization stage).
 
-For each `ad.rope_attention` (and plain `ad.attention`), in program order:
+For each `ad.rope_attention` (and plain `ad.attention`), in program order (what the fused op
+does besides attention, its window, soft cap and QK-norm, the cached op does too):
 
 - two arguments `k_cache_<i>` / `v_cache_<i>` of type [max-batch, max-seq-len, kv_heads,
   head_dim] in the key's dtype, marked `ad.kv_cache = "<layer> key|value"` (the layer is the
@@ -54,7 +55,7 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     i64,
 )
-from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 from xdsl.transforms.dead_code_elimination import region_dce
@@ -125,8 +126,7 @@ class InsertCachedAttentionPass(ModulePass):
         caches = [_append_argument(fn, cache_type, {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
                                                     ad.KV_CACHE_ATTR: f"{layer} {role}"})
                   for role in ("key", "value")]
-        properties: dict[str, FloatAttr | IntegerAttr | UnitAttr] = {
-            "scale": FloatAttr(attention.scale, Float64Type())}
+        properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
         if attention.interleaved:
             properties["interleaved"] = UnitAttr()
         if window is not None:
@@ -134,8 +134,12 @@ class InsertCachedAttentionPass(ModulePass):
         if attention.softcap is not None:
             properties["softcap"] = FloatAttr(attention.softcap, Float64Type())
         rope = list(attention.rope) if attention.rope is not None else [[], []]
+        norm_weights: list[SSAValue | list] = [[], []]
+        if attention.qk_norm is not None:
+            *norm_weights, norm_properties = attention.qk_norm
+            properties |= norm_properties
         cached = ad.CachedAttentionOp.build(
-            operands=[attention.query, attention.key, attention.value, *rope, *caches, slots, starts],
+            operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts],
             properties=properties,
             result_types=[attention.output.results[0].type],
         )
@@ -184,6 +188,9 @@ def _from_attention_op(op: ad.RopeAttentionOp | ad.AttentionOp) -> Attention:
         attention.interleaved = op.interleaved is not None
         attention.window = op.window.value.data if op.window is not None else None
         attention.softcap = op.softcap.value.data if op.softcap is not None else None
+        if op.q_norm_weight is not None:
+            norm = {name: op.properties[name] for name in ad.QK_NORM_PROPERTIES if name in op.properties}
+            attention.qk_norm = (op.q_norm_weight, op.k_norm_weight, norm)
     return attention
 
 

@@ -25,8 +25,8 @@ FUSED_OPS: dict[str, dict[str, int]] = {
     "mistral": LLAMA,
     "gemma": {"ad.add_rms_norm": 1, "ad.gelu_and_mul": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
     "gemma2": {"ad.add_rms_norm": 1, "ad.gelu_and_mul": 1, "ad.rms_norm": 3, "ad.rope_attention": 1},
-    "gemma3_text": {"ad.add_rms_norm": 1, "ad.gelu_and_mul": 1, "ad.rms_norm": 5, "ad.rope_attention": 1},
-    "qwen3": {"ad.add_rms_norm": 1, "ad.rms_norm": 3, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
+    "gemma3_text": {"ad.add_rms_norm": 1, "ad.gelu_and_mul": 1, "ad.rms_norm": 3, "ad.rope_attention": 1},
+    "qwen3": {"ad.add_rms_norm": 1, "ad.rms_norm": 1, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
     "olmo2": {"ad.rms_norm": 4, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
     "phi3": {"ad.add_rms_norm": 1, "ad.rms_norm": 1, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
     "gpt2": {"ad.activation": 1, "ad.add_layer_norm": 2, "ad.attention": 1},
@@ -42,7 +42,7 @@ FUSED_OPS: dict[str, dict[str, int]] = {
     "bloom": {"ad.add_layer_norm": 1, "ad.layer_norm": 1},
     "mpt": {"ad.activation": 1, "ad.add_layer_norm": 1, "ad.layer_norm": 1},
     "mixtral": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
-    "qwen3_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 3, "ad.rope_attention": 1},
+    "qwen3_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
     "qwen2_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
 }
 """The LLM-level ops of decoder layer 0 after the default pipeline (generic `ad.fused` regions

@@ -20,7 +20,7 @@ from template_modules import template_builder
 from triton.compiler import make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from ad_mlir.codegen.attention_kernel import AttentionSpec, attention_blocks, emit_attention_module
+from ad_mlir.codegen.attention_kernel import AttentionSpec, QkNorm, attention_blocks, emit_attention_module
 from ad_mlir.codegen.ptx import (
     TARGET,
     PtxReport,
@@ -315,6 +315,75 @@ def test_soft_cap_of_50_on_large_scores(build) -> None:  # noqa: ANN001
     assert (uncapped - expected).abs().max() > 100 * tolerance, "the cap of 50 changed nothing: the test cannot fail"
 
 
+def _hf_rms_norm(x: torch.Tensor, weight: torch.Tensor, gemma: bool) -> torch.Tensor:
+    """transformers' Qwen3RMSNorm (eps 1e-6: fp32 normalization rounded to x's dtype, times the
+    weight in its dtype) or Gemma3RMSNorm (times 1 + the weight in fp32, then rounded)."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (normed * (1.0 + weight.float())).to(x.dtype) if gemma else weight * normed.to(x.dtype)
+
+
+@pytest.mark.parametrize("gemma", [False, True], ids=["qwen3", "gemma3"])
+@pytest.mark.parametrize(("dtype", "head_dim", "kv_heads", "window"),
+                         [(torch.float32, 64, 2, None), (torch.bfloat16, 64, 1, None), (torch.bfloat16, 256, 2, 6)],
+                         ids=str)
+def test_qk_norm_matches_eager(build, dtype: torch.dtype, head_dim: int, kv_heads: int, window: int | None,  # noqa: ANN001
+                               gemma: bool) -> None:
+    """Per-head RMSNorm of q and k before RoPE, Qwen3's form and Gemma3's `1 + w` form (with a
+    sliding window at Gemma3's head_dim 256). q and k have an RMS of ~3 and the weights are
+    not 1: without the norm, or with the other form, the outputs differ by far more than the
+    tolerance."""
+    seq = 40
+    q, k, v = _qkv(2, 4, kv_heads, seq, head_dim, dtype)
+    q, k = q * 3 + 1, k * 3 - 1
+    w_q, w_k = (torch.randn(head_dim, device=DEVICE).mul(0.3).add(0.0 if gemma else 1.0).to(dtype) for _ in range(2))
+    cos, sin = _rope_tables(1, seq, head_dim, dtype)
+    mask = _sliding_window(seq, window or seq)
+    expected = _eager(_hf_rms_norm(q, w_q, gemma), _hf_rms_norm(k, w_k, gemma), v, cos, sin, mask=mask,
+                      scale=head_dim**-0.5)
+    norm = QkNorm(1e-6, 1.0 if gemma else 0.0, gemma)
+    out = _run(build(_spec(head_dim, dtype, window=window, qk_norm=norm)), [q, k, v, cos, sin, w_q, w_k])
+    if dtype == torch.float32 or DEVICE == "cuda":
+        _assert_matches(out, expected)
+    else:
+        # The interpreter truncates every f32 -> bf16 cast (1.0 + 1.1 * 2^-8 becomes 1.0, measured),
+        # and the norm rounds q and k once or twice more than RoPE alone: each a bias of up to an
+        # ulp on the values whose products are the scores (up to ~5 here). Measured k <= 3.8 over
+        # 16 random cases of each form (this file's bound is 3); bound 6.
+        tolerance = 6 * torch.finfo(dtype).eps
+        torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    reference = torch_ops.rope_attention(q, k, v, cos, sin, None, head_dim**-0.5, is_causal=True, window=window,
+                                         q_norm_weight=w_q, k_norm_weight=w_k, qk_norm_eps=1e-6,
+                                         qk_norm_offset=norm.offset, qk_norm_weight_in_fp32=gemma)
+    _assert_matches(reference.contiguous(), expected)
+
+
+QK_NORM_ROPE_FORMS = [(80, 32, True), (96, None, False), (80, 20, False)]
+"""(head_dim, rotary_dim, interleaved): pairs plus passed dims split in two pieces (80 - 32 = 32
++ 16), a head that is no power of two, and a rotary half of 10 with a 60-dim pass (32 + 28)."""
+
+
+@pytest.mark.parametrize("gemma", [False, True], ids=["qwen3", "gemma3"])
+@pytest.mark.parametrize(("head_dim", "rotary_dim", "interleaved"), QK_NORM_ROPE_FORMS,
+                         ids=[f"d{d}-r{r or d}" + ("-pairs" if i else "") for d, r, i in QK_NORM_ROPE_FORMS])
+def test_qk_norm_over_every_piece_of_the_head(build, head_dim: int, rotary_dim: int | None,  # noqa: ANN001
+                                              interleaved: bool, gemma: bool) -> None:
+    """QK-norm normalizes over the whole head, every piece the kernel holds it in (rotated pairs,
+    passed dims, their tail), and weights each dim by its own weight, then RoPE (partial, in
+    pairs); fp32, tight. Without the norm the output is far off (checked: the test can fail)."""
+    dtype, seq = torch.float32, 17
+    q, k, v = _qkv(2, 4, 2, seq, head_dim, dtype)
+    q, k = q * 3 + 1, k * 3 - 1
+    w_q, w_k = (torch.randn(head_dim, device=DEVICE).mul(0.3).add(0.0 if gemma else 1.0) for _ in range(2))
+    cos, sin = _random_tables(1, seq, rotary_dim or head_dim, dtype)
+    norm = QkNorm(1e-6, 1.0 if gemma else 0.0, gemma)
+    spec = _spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, qk_norm=norm)
+    out = _run(build(spec), [q, k, v, cos, sin, w_q, w_k])
+    rope = {"causal": True, "scale": head_dim**-0.5, "interleaved": interleaved}
+    _assert_matches(out, _eager(_hf_rms_norm(q, w_q, gemma), _hf_rms_norm(k, w_k, gemma), v, cos, sin, **rope))
+    assert (out - _eager(q, k, v, cos, sin, **rope)).abs().max() > 0.1
+
+
 @pytest.mark.parametrize("head_dim", [16, 32, 256])
 def test_other_head_dims(build, head_dim: int) -> None:  # noqa: ANN001
     """Powers of two from 16 (each rotated half padded to a dot's depth of 16) to 256."""
@@ -411,6 +480,7 @@ def test_empty_sequence(build) -> None:  # noqa: ANN001
     ({"window": 0}, "window 0 needs causal=True and must be positive"),
     ({"window": 4, "causal": False}, "window 4 needs causal=True"),
     ({"softcap": 0.0}, "softcap 0.0 is not a positive number"),
+    ({"rope": False, "cos_dtype": None, "qk_norm": QkNorm(1e-6)}, "qk_norm needs rope=True"),
 ])
 def test_spec_rejects_what_the_kernel_cannot_do(fields: dict, message: str) -> None:
     args = {"head_dim": 64, "dtype": torch.bfloat16, "rope": True, "has_mask": False, "causal": True,
@@ -438,6 +508,9 @@ def _meta_inputs(spec: AttentionSpec, seq: int = 1024, batch: int = 2, heads: in
     tensors = [heads_of(heads), heads_of(kv_heads), heads_of(kv_heads)]
     if spec.rope:
         tensors += [torch.empty(1, seq, spec.rotary, dtype=spec.cos_dtype, device="meta")] * 2
+    if spec.qk_norm:
+        weight_dtype = torch.float32 if spec.qk_norm.weight_in_fp32 else spec.dtype
+        tensors += [torch.empty(spec.head_dim, dtype=weight_dtype, device="meta")] * 2
     if spec.has_mask:
         tensors.append(torch.empty(1, 1, seq, seq, dtype=torch.bool, device="meta"))
     return tensors
@@ -480,6 +553,24 @@ def _compile(specs: list[Specialization], modules: list[ModuleType]) -> list[Ptx
     return [compile_specialization(s, getattr(m, s.name)) for s, m in zip(specs, modules, strict=True)]
 
 
+def _assert_no_spills(build: Callable[[AttentionSpec], ModuleType], specs: list[AttentionSpec]) -> None:
+    """Each spec's kernel, specialized for a 1024-token prefill with 32 q / 8 kv heads, compiles
+    for sm_90 without a spill, within an H100's shared memory, with the blocks of its table."""
+    modules = [build(s) for s in specs]
+    reports = _compile([specialize_module(m, m.kernel_name, _meta_inputs(s)) for s, m in zip(specs, modules, strict=True)],
+                       modules)
+    for spec, report in zip(specs, reports, strict=True):
+        blocks = attention_blocks(spec.pieces.width, spec.dtype, 1024, spec.qk_norm is not None)
+        usage = (f"head_dim {spec.head_dim} rotary {spec.rotary_dim} pairs={spec.interleaved} mask={spec.has_mask} "
+                 f"causal={spec.causal} window={spec.window} softcap={spec.softcap} qk_norm={spec.qk_norm} "
+                 f"cos {spec.cos_dtype}: {report.registers} registers, {report.spills} B spilled, "
+                 f"{report.shared_memory} B shared")
+        assert report.registers > 0 and report.spills == 0, usage
+        assert report.shared_memory <= H100_SHARED_MEMORY, usage
+        assert (report.block_r, report.block_c, report.num_warps) == (blocks.block_m, blocks.block_n,
+                                                                     blocks.num_warps), usage
+
+
 PTX_ROPE_FORMS = [
     # (head_dim, rotary_dim, interleaved) at real model sizes: Phi-2 / StableLM-3B (80, all or
     # 32 or 20 rotated), 96 and 112 heads, GLM-4 (half of 128, interleaved), Pythia (32 of 128:
@@ -492,10 +583,10 @@ PTX_ROPE_FORMS = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_ptx_for_sm90_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
     """RoPE + mask and RoPE + causal at head_dim 64 and 128 (and all three with fp32 tables, the
-    most registers; a sliding window; a soft cap; and Gemma2's head_dim 256 with both), and the
-    head dims and rotary forms of PTX_ROPE_FORMS with a mask and causal,
-    specialized for a 1024-token prefill with 32 q / 8 kv heads."""
-    specs = [
+    most registers; a sliding window; a soft cap; Gemma2's head_dim 256 with both; QK-norm at
+    Qwen3's and Gemma3's sizes, and with partial rotary pairs), and the head dims and rotary forms
+    of PTX_ROPE_FORMS with a mask and causal."""
+    _assert_no_spills(build, [
         _spec(head_dim, dtype, has_mask=has_mask, causal=not has_mask)
         for head_dim in (64, 128) for has_mask in (True, False)
     ] + [
@@ -503,19 +594,16 @@ def test_ptx_for_sm90_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa:
         _spec(128, dtype, window=4096),
         _spec(128, dtype, softcap=50.0),
         _spec(256, dtype, window=4096, softcap=50.0, cos_dtype=torch.float32),  # Gemma2's sizes
+        _spec(128, dtype, qk_norm=QkNorm(1e-6)),  # Qwen3's
+        _spec(256, dtype, window=4096, qk_norm=QkNorm(1e-6, 1.0, weight_in_fp32=True)),  # Gemma3's
+        _spec(80, dtype, rotary_dim=32, interleaved=True, qk_norm=QkNorm(1e-6)),
     ] + [
         _spec(head_dim, dtype, has_mask=True, causal=True, rotary_dim=rotary, interleaved=interleaved)
         for head_dim, rotary, interleaved in PTX_ROPE_FORMS
-    ]
-    modules = [build(s) for s in specs]
-    reports = _compile([specialize_module(m, m.kernel_name, _meta_inputs(s)) for s, m in zip(specs, modules, strict=True)],
-                       modules)
-    for spec, report in zip(specs, reports, strict=True):
-        blocks = attention_blocks(spec.pieces.width, dtype, 1024)
-        usage = (f"head_dim {spec.head_dim} rotary {spec.rotary_dim} pairs={spec.interleaved} mask={spec.has_mask} "
-                 f"causal={spec.causal} window={spec.window} softcap={spec.softcap} cos {spec.cos_dtype}: "
-                 f"{report.registers} registers, {report.spills} B spilled, {report.shared_memory} B shared")
-        assert report.registers > 0 and report.spills == 0, usage
-        assert report.shared_memory <= H100_SHARED_MEMORY, usage
-        assert (report.block_r, report.block_c, report.num_warps) == (blocks.block_m, blocks.block_n,
-                                                                     blocks.num_warps), usage
+    ])
+
+
+def test_ptx_for_sm90_in_fp32_with_qk_norm_has_no_spills(build) -> None:  # noqa: ANN001
+    """fp32 dots hold their operands in registers: QK-norm on top spilled at head_dim 256 before
+    its tiles got twice the warps."""
+    _assert_no_spills(build, [_spec(head_dim, torch.float32, qk_norm=QkNorm(1e-6)) for head_dim in (128, 256)])

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from template_modules import template_builder
 
+from ad_mlir.codegen.attention_kernel import QkNorm
 from ad_mlir.codegen.cached_attention_kernel import (
     DECODE,
     PREFILL,
@@ -44,6 +45,13 @@ TOLERANCE = {torch.float32: 16 * 2.0**-23, torch.bfloat16: 3 * 2.0**-7}
 CACHE_TOLERANCE = {torch.float32: 0.0, torch.bfloat16: 2.0**-7}
 """The rotated key the kernel writes: fp32 RoPE computes it as eager does (exact); in bf16 the
 kernel rounds once from fp32 where eager rounds after each op (1 ulp of values below 2)."""
+QK_NORM_TOLERANCE = {torch.float32: TOLERANCE[torch.float32], torch.bfloat16: 6 * 2.0**-7}
+QK_NORM_CACHE_TOLERANCE = {torch.float32: 8 * 2.0**-23, torch.bfloat16: 3 * 2.0**-7}
+"""With QK-norm first: Triton's rsqrt and row sum differ from torch's in the last fp32 bits, a
+few ulps of the normalized key (fp32: measured 6e-7 at |k| < 4). In bf16 the interpreter
+truncates each f32 -> bf16 cast (1.0 + 1.1 * 2^-8 becomes 1.0, measured), and the norm rounds q
+and k once or twice more: a bias of up to an ulp on each, measured k <= 3.8 on the output and
+2.2 on the cache over 16 random cases (test_attention_kernel.py's QK-norm bound is the same)."""
 
 H100_SHARED_MEMORY = 227 * 1024
 
@@ -55,9 +63,10 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttention
 
 
 def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
-          softcap: float | None = None, rotary_dim: int | None = None, interleaved: bool = False) -> CachedAttentionSpec:
+          softcap: float | None = None, rotary_dim: int | None = None, interleaved: bool = False,
+          qk_norm: QkNorm | None = None) -> CachedAttentionSpec:
     return CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, rope, dtype if rope else None, window, softcap,
-                               rotary_dim, interleaved)
+                               rotary_dim, interleaved, qk_norm)
 
 
 class Case:
@@ -66,7 +75,7 @@ class Case:
 
     def __init__(self, starts: list[int], seq: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  max_seq: int, rope: bool = True, seed: int = 0, rotary_dim: int | None = None,
-                 interleaved: bool = False):
+                 interleaved: bool = False, qk_norm: QkNorm | None = None):
         g = torch.Generator().manual_seed(seed)
         batch = len(starts)
 
@@ -88,9 +97,16 @@ class Case:
         shape = (batch + 1, max_seq, kv_heads, head_dim)
         self.k_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
         self.v_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+        # QK-norm weights around 1 (offset included, as trained ones are) but not 1, for new q and k
+        # of RMS ~3 (as projections give them)
+        self.norm_weights = [(torch.randn(head_dim, generator=g) * 0.3 + 1 - qk_norm.offset).to(dtype).to(DEVICE)
+                             for _ in range(2)] if qk_norm else []
+        if qk_norm:
+            self.q, self.k = self.q * 3, self.k * 3
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.q, self.k, self.v, *self.tables, self.k_cache, self.v_cache, self.slots, self.starts]
+        return [self.q, self.k, self.v, *self.tables, *self.norm_weights, self.k_cache, self.v_cache, self.slots,
+                self.starts]
 
 
 def _rotate(x: torch.Tensor, tables: list[torch.Tensor], interleaved: bool = False) -> torch.Tensor:
@@ -108,11 +124,24 @@ def _rotate(x: torch.Tensor, tables: list[torch.Tensor], interleaved: bool = Fal
     return torch.cat([rot * cos + turned * sin, rest], -1)
 
 
-def _expected(case: Case, scale: float, window: int | None = None,
-              softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, norm: QkNorm) -> torch.Tensor:
+    """transformers' Qwen3RMSNorm (fp32 normalization rounded to x's dtype, times the weight) or,
+    weight_in_fp32, Gemma3RMSNorm (times offset + the weight in fp32, then rounded)."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
+    if norm.weight_in_fp32:
+        return (normed * (norm.offset + weight.float())).to(x.dtype)
+    return (weight + norm.offset) * normed.to(x.dtype)
+
+
+def _expected(case: Case, scale: float, window: int | None = None, softcap: float | None = None,
+              qk_norm: QkNorm | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, k_cache, v_cache) as eager torch computes them, on copies of the caches."""
     k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-    q, k = _rotate(case.q, case.tables, case.interleaved), _rotate(case.k, case.tables, case.interleaved)
+    q, k = case.q, case.k
+    if qk_norm is not None:
+        q, k = _rms_norm(q, case.norm_weights[0], qk_norm), _rms_norm(k, case.norm_weights[1], qk_norm)
+    q, k = _rotate(q, case.tables, case.interleaved), _rotate(k, case.tables, case.interleaved)
     seq, group = q.shape[2], q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     for b, (slot, start) in enumerate(zip(case.slots.tolist(), case.starts.tolist(), strict=True)):
@@ -141,12 +170,12 @@ def _assert_close(got: torch.Tensor, expected: torch.Tensor, eps: float) -> None
 
 def _check(module: ModuleType, case: Case, spec: CachedAttentionSpec) -> torch.Tensor:
     """Run the kernel on `case` (its caches written in place) and compare all three results."""
-    expected, k_cache, v_cache = _expected(case, spec.scale, spec.window, spec.softcap)
+    expected, k_cache, v_cache = _expected(case, spec.scale, spec.window, spec.softcap, spec.qk_norm)
     cache_ptr = case.k_cache.data_ptr()
     out, = module.launch(getattr(module, module.kernel_name), case.tensors(), [])
     assert case.k_cache.data_ptr() == cache_ptr  # written in place, never reallocated
-    _assert_close(out, expected, TOLERANCE[spec.dtype])
-    _assert_close(case.k_cache, k_cache, CACHE_TOLERANCE[spec.dtype])
+    _assert_close(out, expected, (QK_NORM_TOLERANCE if spec.qk_norm else TOLERANCE)[spec.dtype])
+    _assert_close(case.k_cache, k_cache, (QK_NORM_CACHE_TOLERANCE if spec.qk_norm else CACHE_TOLERANCE)[spec.dtype])
     _assert_close(case.v_cache, v_cache, 0.0)
     return out
 
@@ -191,6 +220,26 @@ def test_soft_capped_scores(build, seq: int) -> None:  # noqa: ANN001
     _check(build(spec), Case([0, 40], seq, 4, 2, 64, spec.dtype, max_seq=64), spec)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("norm", [QkNorm(1e-6), QkNorm(1e-6, 1.0, weight_in_fp32=True)], ids=["qwen3", "gemma3"])
+def test_qk_norm_prefill_and_decode(build, norm: QkNorm, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Qwen3's and Gemma3's QK-norm in every phase: a prefill (and a chunk after a cached prefix)
+    and a decode step; the cache gets the normalized, rotated keys. q and k have an RMS of ~3:
+    without the norm the output and the cache would be far off. Also what the op's reference
+    computes."""
+    spec = _spec(64, dtype, qk_norm=norm)
+    for seq, starts in ((9, [0, 5]), (1, [3, 40])):
+        case = Case(starts, seq, 4, 2, 64, spec.dtype, max_seq=64, seed=seq, qk_norm=norm)
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(
+            case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots, case.starts, spec.scale,
+            q_norm_weight=case.norm_weights[0], k_norm_weight=case.norm_weights[1], qk_norm_eps=norm.eps,
+            qk_norm_offset=norm.offset, qk_norm_weight_in_fp32=norm.weight_in_fp32)
+        out = _check(build(spec), case, spec)
+        _assert_close(out, reference, QK_NORM_TOLERANCE[spec.dtype])
+        _assert_close(case.k_cache, k_cache, QK_NORM_CACHE_TOLERANCE[spec.dtype])
+
+
 ROPE_FORMS = [
     # (head_dim, rotary_dim, interleaved): head dims that are not powers of two (Phi-2's 80,
     # Phi-3's 96), partial rotary (Phi-2's 32 of 80; Pythia's 16 of 64; StableLM-3B's 20 of 80),
@@ -219,6 +268,16 @@ def test_partial_interleaved_rotary_in_bf16(build, seq: int) -> None:  # noqa: A
     spec = _spec(80, torch.bfloat16, rotary_dim=40, interleaved=True)
     case = Case([0, 21], seq, 4, 2, 80, torch.bfloat16, max_seq=64, rotary_dim=40, interleaved=True)
     _check(build(spec), case, spec)
+
+
+def test_qk_norm_with_partial_rotary_pairs(build) -> None:  # noqa: ANN001
+    """QK-norm over the whole 80-dim head (rotated pairs, passed dims and their tail) before
+    RoPE on 32 dims in pairs, prefill and decode: the cache holds the normalized, rotated keys."""
+    norm = QkNorm(1e-6)
+    spec = _spec(80, rotary_dim=32, interleaved=True, qk_norm=norm)
+    for seq, starts in ((9, [0, 5]), (1, [3, 40])):
+        _check(build(spec), Case(starts, seq, 4, 2, 80, spec.dtype, max_seq=64, seed=seq, rotary_dim=32,
+                                 interleaved=True, qk_norm=norm), spec)
 
 
 # ------------------------------------------------------------------------- decode
@@ -306,6 +365,7 @@ def test_a_cache_of_the_wrong_dtype_or_shape_is_refused(build, cache: Callable, 
     ({"rope": False, "interleaved": True}, "interleaved pairs need RoPE"),
     ({"window": 0}, "window 0 must be positive"),
     ({"softcap": -1.0}, "softcap -1.0 out of range"),
+    ({"rope": False, "cos_dtype": None, "qk_norm": QkNorm(1e-6)}, "qk_norm needs rope=True"),
 ])
 def test_spec_rejects_what_the_kernel_cannot_do(fields: dict, message: str) -> None:
     args = {"head_dim": 64, "dtype": torch.float32, "scale": 0.125, "rope": True, "cos_dtype": torch.float32} | fields
@@ -321,26 +381,31 @@ def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 PTX_FORMS = [
-    # (dtype, head_dim, rotary_dim, interleaved): Llama-3-8B in bf16 and fp32; at the same head
-    # counts, Phi-2's head (80, 32 rotated), Phi-3's 96, GLM-4's (half of 128 in pairs), GPT-J's
-    # (64 of 256 in pairs).
-    (torch.bfloat16, 128, None, False), (torch.float32, 128, None, False), (torch.bfloat16, 80, 32, False),
-    (torch.bfloat16, 96, None, False), (torch.bfloat16, 128, 64, True), (torch.bfloat16, 256, 64, True),
+    # (dtype, head_dim, rotary_dim, interleaved, qk_norm): Llama-3-8B in bf16 and fp32; at the
+    # same head counts, Phi-2's head (80, 32 rotated), Phi-3's 96, GLM-4's (half of 128 in pairs),
+    # GPT-J's (64 of 256 in pairs); Qwen3-8B's QK-norm in bf16 and fp32.
+    (torch.bfloat16, 128, None, False, None), (torch.float32, 128, None, False, None),
+    (torch.bfloat16, 80, 32, False, None), (torch.bfloat16, 96, None, False, None),
+    (torch.bfloat16, 128, 64, True, None), (torch.bfloat16, 256, 64, True, None),
+    (torch.bfloat16, 128, None, False, QkNorm(1e-6)), (torch.float32, 128, None, False, QkNorm(1e-6)),
 ]
 
 
-@pytest.mark.parametrize(("dtype", "head_dim", "rotary_dim", "interleaved"), PTX_FORMS,
-                         ids=[f"{str(t)[6:]}-d{d}-r{r or d}" + ("-pairs" if i else "") for t, d, r, i in PTX_FORMS])
+@pytest.mark.parametrize(("dtype", "head_dim", "rotary_dim", "interleaved", "qk_norm"), PTX_FORMS,
+                         ids=[f"{str(t)[6:]}-d{d}-r{r or d}" + ("-pairs" if i else "") + ("-qk_norm" if n else "")
+                              for t, d, r, i, n in PTX_FORMS])
 def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build, dtype: torch.dtype, head_dim: int,  # noqa: ANN001
-                                                       rotary_dim: int | None, interleaved: bool) -> None:
+                                                       rotary_dim: int | None, interleaved: bool,
+                                                       qk_norm: QkNorm | None) -> None:
     """32 query / 8 K/V heads, a cache of 16 slots x 8192 positions: a 1024-token prefill (one
     launch) and a decode step of 8 sequences (split kernel + reduce), compiled for sm_90 as the
     runtime specializes them."""
-    module = build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved))
+    module = build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, qk_norm=qk_norm))
     launches = []
+    weights = [_meta(head_dim, dtype=dtype)] * 2 if qk_norm else []
     for batch, seq in ((1, 1024), (8, 1)):
         tensors = [_meta(batch, 32, seq, head_dim, dtype=dtype), *[_meta(batch, 8, seq, head_dim, dtype=dtype)] * 2,
-                   *[_meta(batch, seq, rotary_dim or head_dim, dtype=dtype)] * 2,
+                   *[_meta(batch, seq, rotary_dim or head_dim, dtype=dtype)] * 2, *weights,
                    *[_meta(16, 8192, 8, head_dim, dtype=dtype)] * 2, *[_meta(batch, dtype=torch.int64)] * 2]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)

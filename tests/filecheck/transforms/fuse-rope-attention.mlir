@@ -803,3 +803,138 @@ func.func @gemma2_eager_mask_from_position_ids(%q: tensor<1x2x?x32xbf16>, %k: te
   %o = ad.matmul %pc, %vrep : (tensor<1x2x?x?xbf16>, tensor<1x2x?x32xbf16>) -> tensor<1x2x?x32xbf16>
   func.return %o : tensor<1x2x?x32xbf16>
 }
+
+// -----
+
+// Qwen3's QK-norm: each head's RMSNorm of q and k before their transpose and RoPE. The op takes
+// the un-normalized heads (transposed) and the norms' weights; the norms and RoPE chains are gone.
+// CHECK-LABEL: func.func @qwen3_qk_norm
+// CHECK-NEXT:    %[[Q:.*]] = ad.transpose %qp 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+// CHECK-NEXT:    %[[K:.*]] = ad.transpose %kp 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %[[Q]], %[[K]], %v rope %cos, %sin qk_norm(%wq, %wk : tensor<32xf32>, tensor<32xf32>) eps 1.000000e-06 causal scale 1.250000e-01 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32>
+// CHECK-NEXT:    func.return %[[O]]
+func.func @qwen3_qk_norm(%qp: tensor<1x?x2x32xf32>, %kp: tensor<1x?x2x32xf32>, %wq: tensor<32xf32>, %wk: tensor<32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32> {
+  %qm = ad.rms_norm %qp weight %wq eps 1.000000e-06 : (tensor<1x?x2x32xf32>, tensor<32xf32>) -> tensor<1x?x2x32xf32>
+  %qt = ad.transpose %qm 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %km = ad.rms_norm %kp weight %wk eps 1.000000e-06 : (tensor<1x?x2x32xf32>, tensor<32xf32>) -> tensor<1x?x2x32xf32>
+  %kt = ad.transpose %km 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %qt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %qt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %qt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %kt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %kt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %kt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v causal scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// Gemma3's QK-norm: after the transpose, in the `1 + w` form (offset 1, weight in fp32).
+// CHECK-LABEL: func.func @gemma3_qk_norm
+// CHECK-NEXT:    %qh = ad.transpose %qp 1, 2
+// CHECK-NEXT:    %kh = ad.transpose %kp 1, 2
+// CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %qh, %kh, %v rope %cos, %sin qk_norm(%wq, %wk : tensor<32xf32>, tensor<32xf32>) eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 causal scale 1.250000e-01 :
+// CHECK-NEXT:    func.return %[[O]]
+func.func @gemma3_qk_norm(%qp: tensor<1x?x2x32xf32>, %kp: tensor<1x?x2x32xf32>, %wq: tensor<32xf32>, %wk: tensor<32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32> {
+  %qh = ad.transpose %qp 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %qt = ad.rms_norm %qh weight %wq eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 : (tensor<1x2x?x32xf32>, tensor<32xf32>) -> tensor<1x2x?x32xf32>
+  %kh = ad.transpose %kp 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %kt = ad.rms_norm %kh weight %wk eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 : (tensor<1x2x?x32xf32>, tensor<32xf32>) -> tensor<1x2x?x32xf32>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %qt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %qt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %qt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %kt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %kt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %kt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v causal scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// Only the query is normalized: the attention is fused, its norm stays a kernel of its own.
+// CHECK-LABEL: func.func @only_the_query_normalized
+// CHECK-NEXT:    %qm = ad.rms_norm %qp weight %wq
+// CHECK-NEXT:    %qt = ad.transpose %qm 1, 2
+// CHECK-NEXT:    %kt = ad.transpose %kp 1, 2
+// CHECK-NEXT:    ad.rope_attention %qt, %kt, %v rope %cos, %sin causal scale 1.250000e-01 :
+func.func @only_the_query_normalized(%qp: tensor<1x?x2x32xf32>, %kp: tensor<1x?x2x32xf32>, %wq: tensor<32xf32>, %wk: tensor<32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32> {
+  %qm = ad.rms_norm %qp weight %wq eps 1.000000e-06 : (tensor<1x?x2x32xf32>, tensor<32xf32>) -> tensor<1x?x2x32xf32>
+  %qt = ad.transpose %qm 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %kt = ad.transpose %kp 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %qt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %qt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %qt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %kt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %kt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %kt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v causal scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}
+
+// -----
+
+// OLMo2's QK-norm normalizes the whole q/k projection (64 values: both heads) before the head
+// view: a per-head prologue cannot compute it, so the norms stay (the log says why).
+// CHECK-LABEL: func.func @olmo2_projection_norm
+// CHECK-NEXT:    %qm = ad.rms_norm %qflat weight %wq
+// CHECK:         %km = ad.rms_norm %kflat weight %wk
+// CHECK:         ad.rope_attention %qt, %kt, %v rope %cos, %sin causal scale 1.250000e-01 :
+// CHECK-NOT:     qk_norm
+func.func @olmo2_projection_norm(%qflat: tensor<1x?x64xf32>, %kflat: tensor<1x?x64xf32>, %n: index, %wq: tensor<64xf32>, %wk: tensor<64xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32> {
+  %qm = ad.rms_norm %qflat weight %wq eps 1.000000e-06 : (tensor<1x?x64xf32>, tensor<64xf32>) -> tensor<1x?x64xf32>
+  %qp = ad.reshape %qm [1, %n, 2, 32] : tensor<1x?x64xf32> -> tensor<1x?x2x32xf32>
+  %qt = ad.transpose %qp 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %km = ad.rms_norm %kflat weight %wk eps 1.000000e-06 : (tensor<1x?x64xf32>, tensor<64xf32>) -> tensor<1x?x64xf32>
+  %kp = ad.reshape %km [1, %n, 2, 32] : tensor<1x?x64xf32> -> tensor<1x?x2x32xf32>
+  %kt = ad.transpose %kp 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %qt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %qt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %qt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %kt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %kt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %kt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v causal scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}

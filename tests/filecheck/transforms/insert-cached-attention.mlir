@@ -80,6 +80,23 @@ func.func @fused_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1
 
 // -----
 
+// A rope_attention with Qwen3's QK-norm (fused by fuse-rope-attention): the cached op normalizes
+// the new query and key heads before RoPE (and caches the normalized keys).
+// CHECK-LABEL: func.func @fused_qk_norm
+// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin qk_norm(%wq, %wk : tensor<8xf32>, tensor<8xf32>) eps 1.000000e-06 cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 :
+// CHECK-NEXT:  func.return
+func.func @fused_qk_norm(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %wq: tensor<8xf32> {ad.param = "model.layers.0.self_attn.q_norm.weight"}, %wk: tensor<8xf32> {ad.param = "model.layers.0.self_attn.k_norm.weight"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %pf = ad.cast %pu : tensor<1x?x1xi64> -> tensor<1x?x1xf32>
+  %angle = ad.mul %pf, %freq : tensor<1x?x1xf32>, tensor<8xf32> -> tensor<1x?x8xf32>
+  %cos = ad.cos %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %sin = ad.sin %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %o = ad.rope_attention %q, %k, %v rope %cos, %sin qk_norm(%wq, %wk : tensor<8xf32>, tensor<8xf32>) eps 1.000000e-06 causal scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
 // SDPA with is_causal and no RoPE (learned positions): cached without cos/sin.
 // CHECK-LABEL: func.func @plain
 // CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>

@@ -384,3 +384,27 @@ func.func @rope_attention_softcap(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64
   %0 = ad.rope_attention %q, %k, %k rope %cos, %cos causal softcap -1.000000e+00 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   func.return
 }
+
+// -----
+
+func.func @rope_attention_qk_norm_weight(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>, %w: tensor<32xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope_attention' QK-norm weights must be [head_dim] = [64]
+  %0 = ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%w, %w : tensor<32xbf16>, tensor<32xbf16>) eps 1.000000e-06 causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @rope_attention_qk_norm_promoting_weight(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>, %w: tensor<64xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.rope_attention' QK-norm weights must have the query's element type, or be weight_in_fp32 (a Llama-style weight of another type would promote)
+  %0 = ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%w, %w : tensor<64xf32>, tensor<64xf32>) eps 1.000000e-06 causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @cached_attention_qk_norm_weight(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64x1xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' QK-norm weights must be [head_dim] = [64]
+  %0 = ad.cached_attention %q, %k, %k qk_norm(%w, %w : tensor<64x1xbf16>, tensor<64x1xbf16>) eps 1.000000e-06 cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}

@@ -245,10 +245,12 @@ func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f
   func.return
 }
 
-func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %part: tensor<?x?x16xbf16>) {
+func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64xf32>, %part: tensor<?x?x16xbf16>) {
   // CHECK-LABEL: func.func @cached_attention
   %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
+  %q1 = ad.cached_attention %q, %k, %k rope %cos, %cos qk_norm(%w, %w : tensor<64xf32>, tensor<64xf32>) eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
+  // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos qk_norm(%w, %w : tensor<64xf32>, tensor<64xf32>) eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
   %1 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 window 128 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 window 128 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   %2 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 6.250000e-02 window 4096 softcap 5.000000e+01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
@@ -259,7 +261,7 @@ func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>
   func.return
 }
 
-func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>, %m: tensor<1x1x?x?xi1>, %part: tensor<1x?x32xf32>) {
+func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>, %m: tensor<1x1x?x?xi1>, %wq: tensor<64xbf16>, %wk: tensor<64xbf16>, %wf: tensor<64xf32>, %part: tensor<1x?x32xf32>) {
   // CHECK-LABEL: func.func @rope_attention
   %0 = ad.rope_attention %q, %k, %k rope %cos, %cos mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
@@ -271,6 +273,10 @@ func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, 
   // A sliding window and a soft cap.
   %3 = ad.rope_attention %q, %k, %k rope %cos, %cos causal window 4096 softcap 5.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos causal window 4096 softcap 5.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  %qn = ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wq, %wk : tensor<64xbf16>, tensor<64xbf16>) eps 1.000000e-06 mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
+  // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wq, %wk : tensor<64xbf16>, tensor<64xbf16>) eps 1.000000e-06 mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
+  %qn1 = ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wf, %wf : tensor<64xf32>, tensor<64xf32>) eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
+  // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %cos, %cos qk_norm(%wf, %wf : tensor<64xf32>, tensor<64xf32>) eps 1.000000e-06 offset 1.000000e+00 weight_in_fp32 causal scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>) -> tensor<2x4x?x64xbf16>
   // Every property together.
   %4 = ad.rope_attention %q, %k, %k rope %part, %part interleaved mask %m causal window 16 softcap 3.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
   // CHECK-NEXT: ad.rope_attention %q, %k, %k rope %part, %part interleaved mask %m causal window 16 softcap 3.000000e+01 scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
