@@ -11,7 +11,8 @@ otherwise the spelling stays as it is.
 - GELU: `ad.gelu` (either approximation), or in f32 the tanh formula spelled out, as HF's
   `NewGELUActivation` (`gelu_new`, GPT-2/Phi/GPT-J), `GELUTanh(use_gelu_tanh_python)` and
   `AccurateGELUActivation` write it: `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 *
-  x^3)))`. In f32 that formula and torch's tanh-GELU kernel are the same math in another
+  x^3)))`, or BLOOM's `bloom_gelu_forward`: `x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715
+  * x * x)))`. In f32 that formula and torch's tanh-GELU kernel are the same math in another
   order of roundings (measured: at most 4.8e-7 apart for |x| < 20, a few fp32 ulps). In a
   16-bit dtype eager rounds each of the formula's 8 steps to 16 bits, where the fused op
   rounds once; that spelling is left to `fuse-elementwise`, whose kernel rounds where eager
@@ -133,14 +134,33 @@ def _cube(value: SSAValue) -> SSAValue | None:
 
 
 def _tanh_gelu_inner(value: SSAValue) -> SSAValue | None:
-    """`x` when `value` is `sqrt(2/pi) * (x + 0.044715 * x^3)`."""
+    """`x` when `value` is `sqrt(2/pi) * (x + 0.044715 * x^3)`, or BLOOM's factored
+    `(sqrt(2/pi) * x) * (1 + 0.044715 * x * x)`."""
     inner = _scaled(value, _SQRT_2_OVER_PI)
+    if inner is None:
+        return _factored_tanh_gelu_inner(value)
     add = producer(inner, ad.AddOp) if inner is not None else None
     if add is None or not plain_binary(add, ad.AddOp) or not inner.has_one_use():
         return None
     for x in add.operands:
         cubed = _scaled(other_operand(add, x), _TANH_GELU_CUBE)
         if cubed is not None and _cube(cubed) == x:
+            return x
+    return None
+
+
+def _factored_tanh_gelu_inner(value: SSAValue) -> SSAValue | None:
+    """`x` when `value` is `(sqrt(2/pi) * x) * (1 + (0.044715 * x) * x)`, any operand order
+    (`bloom_gelu_forward`: its 0.79788456 is sqrt(2/pi) in f32)."""
+    product = producer(value, ad.MulOp)
+    if product is None or not plain_binary(product, ad.MulOp):
+        return None
+    for scaled in product.operands:
+        x = _scaled(scaled, _SQRT_2_OVER_PI)
+        shifted = _shifted_by_one(other_operand(product, scaled))
+        square = producer(shifted, ad.MulOp) if shifted is not None and shifted.has_one_use() else None
+        if x is not None and square is not None and any(
+                _scaled(s, _TANH_GELU_CUBE) == x and other_operand(square, s) == x for s in square.operands):
             return x
     return None
 

@@ -70,7 +70,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         probs = cast.result
     weighted = sole_user(probs, ad.MatmulOp)
     if weighted is None or weighted.input != probs:
-        return None
+        return _bmm_of_heads(probs)
     if len(probs.type.get_shape()) != 4 or ad.normalize_dim(softmax.dim.value.data, 4) != 3:
         return "its scores are not [batch, heads, seq, keys] normalized over the keys"
     add = softmax.input.owner
@@ -98,6 +98,17 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         return Attention(weighted, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
                          [*chain, rope], interleaved=rope.interleaved is not None)
     return Attention(weighted, query, key, value, None, mask, False, scale, softcap, chain)
+
+
+def _bmm_of_heads(probs: SSAValue) -> str | None:
+    """Why the attention is left when `probs` weigh the values as BLOOM does (a view to
+    [batch * heads, seq, keys] and a bmm), else None: no attention."""
+    view = sole_user(probs, ad.ReshapeOp)
+    weighted = sole_user(view.result, ad.BmmOp) if view is not None else None
+    if weighted is None or weighted.input != view.result:
+        return None
+    return ("its probabilities weigh the values with a bmm over [batch * heads] rows (BLOOM's layout, whose "
+            "ALiBi bias no attention op takes)")
 
 
 def _scores(value: SSAValue) -> tuple[ad.MatmulOp, float, float | None, list[Operation]] | None:

@@ -39,7 +39,7 @@ FUSED_OPS: dict[str, dict[str, int]] = {
     "ernie4_5": {"ad.add_rms_norm": 1, "ad.rms_norm": 1, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
     "glm": {"ad.add_rms_norm": 1, "ad.rms_norm": 1, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
     "glm4": {"ad.add_rms_norm": 1, "ad.rms_norm": 3, "ad.rope_attention": 1, "ad.silu_and_mul": 1},
-    "bloom": {"ad.add_layer_norm": 1, "ad.layer_norm": 1},
+    "bloom": {"ad.activation": 1, "ad.add_layer_norm": 1, "ad.layer_norm": 1},
     "mpt": {"ad.activation": 1, "ad.add_layer_norm": 1, "ad.layer_norm": 1},
     "mixtral": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},
     "qwen3_moe": {"ad.add_rms_norm": 1, "ad.moe": 1, "ad.rms_norm": 1, "ad.rope_attention": 1},

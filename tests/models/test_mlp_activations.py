@@ -2,8 +2,8 @@
 weights, biases not zero, fp32) with an activation its config allows, one fused activation op
 per layer, its kernel run in the Triton interpreter (the reference fallback refused) and the
 logits equal to eager's within torch.testing's fp32 tolerance (the kernels compute in fp32 as
-eager does; the spelled-out GELU of GPT-2 differs from torch's tanh-GELU kernel by a few fp32
-ulps, see passes/activations.py)."""
+eager does; the spelled-out GELUs of GPT-2 and BLOOM differ from torch's tanh-GELU kernel by a
+few fp32 ulps, see passes/activations.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "gpt2_gelu_new": ("gpt2", {}, "gelu_tanh_"),
     # OPT's ReLU
     "opt_relu": ("opt", {}, "relu_"),
+    # BLOOM's bloom_gelu_forward, spelled out with the product factored, after a biased linear
+    "bloom_gelu": ("bloom", {}, "gelu_tanh_"),
 }
 
 

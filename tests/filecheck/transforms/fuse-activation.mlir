@@ -96,6 +96,35 @@ func.func @gpt2(%x: tensor<5x64xf32>, %w1: tensor<64x200xf32>, %b1: tensor<200xf
 
 // -----
 
+// BLOOM: bloom_gelu_forward, x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))) in
+// f32, on a linear with its bias: one gelu_tanh activation, the formula's ops gone.
+// CHECK-LABEL: func.func @bloom
+// CHECK-NEXT:    %h = ad.linear %x, %w1 bias %b1
+// CHECK-NEXT:    %[[A:.*]] = ad.activation "gelu_tanh" %h : (tensor<1x?x200xf32>) -> tensor<1x?x200xf32>
+// CHECK-NEXT:    %o = ad.linear %[[A]], %w2
+// CHECK-NOT:     ad.tanh
+func.func @bloom(%x: tensor<1x?x64xf32>, %w1: tensor<200x64xf32>, %b1: tensor<200xf32>, %w2: tensor<64x200xf32>) -> tensor<1x?x64xf32> {
+  %h = ad.linear %x, %w1 bias %b1 : (tensor<1x?x64xf32>, tensor<200x64xf32>, tensor<200xf32>) -> tensor<1x?x200xf32>
+  %half = ad.constant 5.000000e-01 : f64
+  %mul_1 = ad.mul %h, %half : tensor<1x?x200xf32>, f64 -> tensor<1x?x200xf32>
+  %c = ad.constant 0.79788455999999996 : f64
+  %mul_2 = ad.mul %h, %c : tensor<1x?x200xf32>, f64 -> tensor<1x?x200xf32>
+  %k = ad.constant 4.471500e-02 : f64
+  %mul_3 = ad.mul %h, %k : tensor<1x?x200xf32>, f64 -> tensor<1x?x200xf32>
+  %mul_4 = ad.mul %mul_3, %h : tensor<1x?x200xf32>, tensor<1x?x200xf32> -> tensor<1x?x200xf32>
+  %one = ad.constant 1 : i64
+  %add_2 = ad.add %mul_4, %one : tensor<1x?x200xf32>, i64 -> tensor<1x?x200xf32>
+  %mul_5 = ad.mul %mul_2, %add_2 : tensor<1x?x200xf32>, tensor<1x?x200xf32> -> tensor<1x?x200xf32>
+  %tanh = ad.tanh %mul_5 : tensor<1x?x200xf32> -> tensor<1x?x200xf32>
+  %onef = ad.constant 1.000000e+00 : f64
+  %add_3 = ad.add %tanh, %onef : tensor<1x?x200xf32>, f64 -> tensor<1x?x200xf32>
+  %mul_6 = ad.mul %mul_1, %add_3 : tensor<1x?x200xf32>, tensor<1x?x200xf32> -> tensor<1x?x200xf32>
+  %o = ad.linear %mul_6, %w2 : (tensor<1x?x200xf32>, tensor<64x200xf32>) -> tensor<1x?x64xf32>
+  func.return %o : tensor<1x?x64xf32>
+}
+
+// -----
+
 // Read by the down projection's FP8 input quantization (quantize-linear-fp8's), which
 // fuse-rmsnorm-quant then fuses into the activation's kernel.
 // CHECK-LABEL: func.func @fp8_down_projection
