@@ -141,8 +141,26 @@ class QkNorm:
     weight_in_fp32: bool = False
 
 
+class RotaryHead:
+    """The rotary dim and the pieces of the head of a template's spec (its `head_dim`, `rope`
+    and `rotary_dim` fields)."""
+
+    head_dim: int
+    rope: bool
+    rotary_dim: int | None
+
+    @property
+    def rotary(self) -> int:
+        """The rotary dim (the whole head unless `rotary_dim` says less)."""
+        return self.rotary_dim if self.rotary_dim is not None else self.head_dim
+
+    @property
+    def pieces(self) -> HeadPieces:
+        return head_pieces(self.head_dim, self.rotary if self.rope else None)
+
+
 @dataclass(frozen=True)
-class AttentionSpec:
+class AttentionSpec(RotaryHead):
     """What one attention kernel is specialized for (everything but the runtime sizes)."""
 
     head_dim: int
@@ -188,14 +206,6 @@ class AttentionSpec:
         if self.window is not None and (not self.causal or self.window < 1):
             raise ValueError(f"attention kernel: window {self.window} needs causal=True and must be positive")
 
-    @property
-    def rotary(self) -> int:
-        """The rotary dim (the whole head unless `rotary_dim` says less)."""
-        return self.rotary_dim if self.rotary_dim is not None else self.head_dim
-
-    @property
-    def pieces(self) -> HeadPieces:
-        return head_pieces(self.head_dim, self.rotary if self.rope else None)
 
 
 # ------------------------------------------------------------------- block sizes

@@ -54,12 +54,11 @@ from ad_mlir.codegen.attention_kernel import (
     _SOFTCAP_HELPER,
     _TL_DTYPE,
     AttentionBlocks,
-    HeadPieces,
     QkNorm,
+    RotaryHead,
     attention_blocks,
     check_rope_dims,
     dot_dtype_line,
-    head_pieces,
     qk_norm_helper,
 )
 from ad_mlir.codegen.blocks import next_power_of_2
@@ -73,7 +72,7 @@ MIN_SPLIT = 64
 
 
 @dataclass(frozen=True)
-class CachedAttentionSpec:
+class CachedAttentionSpec(RotaryHead):
     """What one cached-attention kernel is specialized for (everything but the runtime sizes)."""
 
     head_dim: int
@@ -107,13 +106,6 @@ class CachedAttentionSpec:
         if self.window is not None and self.window < 1:
             raise ValueError(f"cached attention kernel: window {self.window} must be positive")
 
-    @property
-    def rotary(self) -> int:
-        return self.rotary_dim if self.rotary_dim is not None else self.head_dim
-
-    @property
-    def pieces(self) -> HeadPieces:
-        return head_pieces(self.head_dim, self.rotary if self.rope else None)
 
 
 def decode_splits(max_seq: int) -> tuple[int, int]:

@@ -181,12 +181,16 @@ def gemma2() -> tuple[torch.nn.Module, ad_mlir.LLM]:
     return model, ad_mlir.LLM(model, max_batch=2, max_seq_len=64)
 
 
-def test_gemma2_soft_capped_sliding_attention_generates_hf_greedy_tokens(gemma2) -> None:
-    model, llm = gemma2
+def _assert_greedy_tokens_are_hf(model: torch.nn.Module, llm: ad_mlir.LLM, new_tokens: int = 32) -> None:
+    """Every prompt of PROMPTS generates HF's greedy tokens, the kernels on their reference path."""
     with reference_kernels():
-        outputs = llm.generate(PROMPTS, max_new_tokens=32)
+        outputs = llm.generate(PROMPTS, max_new_tokens=new_tokens)
     for prompt, out in zip(PROMPTS, outputs, strict=True):
-        assert out.token_ids == _hf_tokens(model, prompt, 32)
+        assert out.token_ids == _hf_tokens(model, prompt, new_tokens)
+
+
+def test_gemma2_soft_capped_sliding_attention_generates_hf_greedy_tokens(gemma2) -> None:
+    _assert_greedy_tokens_are_hf(*gemma2)
 
 
 def test_gemma2_step_logits_match_hf_prefill_and_decode(gemma2) -> None:
@@ -229,11 +233,7 @@ def test_qwen3_qk_norm_runs_in_the_cached_attention(qwen3) -> None:
 
 
 def test_qwen3_generates_hf_greedy_tokens(qwen3) -> None:
-    model, llm = qwen3
-    with reference_kernels():
-        outputs = llm.generate(PROMPTS, max_new_tokens=32)
-    for prompt, out in zip(PROMPTS, outputs, strict=True):
-        assert out.token_ids == _hf_tokens(model, prompt, 32)
+    _assert_greedy_tokens_are_hf(*qwen3)
 
 
 def test_qwen3_in_the_interpreter(qwen3, monkeypatch: pytest.MonkeyPatch) -> None:
