@@ -25,6 +25,12 @@ users to disappear. The RoPE must not promote (its result has x's type). HF's ea
 (matmul, scale, Gemma2's soft cap, + mask, softmax, matmul: `attention_patterns`) with this RoPE
 on its query and key (or one `ad.rope` of both) becomes the op too, with `softcap`.
 
+QK-norm: when q and k before RoPE are each a per-head `ad.rms_norm` with a weight (Gemma3's, or
+Qwen3's before the head transpose), of one eps/offset/weight form and used only here, the norms
+move into the op (`q_norm_weight`, `k_norm_weight`, `qk_norm_*`): its kernel normalizes the loaded
+tiles before RoPE. A norm over the whole projection (OLMo2), on GPT-J's [b, s, h, d] layout, or of
+only one of q and k stays a kernel of its own, and the log says why.
+
 The mask HF computes from the token positions is run (`attention_masks`, with the input ids
 of a sequence longer than any number the computation holds): when it is causal, or causal
 within a sliding window of W keys, the op masks causally (with `window` W) instead, and the
