@@ -92,14 +92,21 @@ def _calls_cached_attention_kernels(llm: ad_mlir.LLM) -> bool:
     return bool(attentions) and all(kernels.registered_kernel(t) is not None for t in attentions)
 
 
+def _assert_interpreted_tokens_are_hf(model: torch.nn.Module, llm: ad_mlir.LLM, monkeypatch: pytest.MonkeyPatch,
+                                      prompts: list[list[int]], new_tokens: int) -> None:
+    """The compiled graph calls cached-attention kernels, and with every kernel in the Triton
+    interpreter (the reference fallback refused) `prompts` generate HF's greedy tokens."""
+    assert _calls_cached_attention_kernels(llm)
+    _refuse_reference(monkeypatch)
+    outputs = llm.generate(prompts, max_new_tokens=new_tokens)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == _hf_tokens(model, prompt, new_tokens)
+
+
 def test_llama_in_the_interpreter(llms, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefill and 5 decode steps of two prompts (the second decode batch holds both)."""
     model, llm = llms["llama"]
-    assert _calls_cached_attention_kernels(llm)
-    _refuse_reference(monkeypatch)
-    outputs = llm.generate(PROMPTS[:2], max_new_tokens=6)
-    for prompt, out in zip(PROMPTS[:2], outputs, strict=True):
-        assert out.token_ids == _hf_tokens(model, prompt, 6)
+    _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS[:2], 6)
 
 
 def test_a_reused_slot_starts_clean(llms) -> None:
@@ -159,11 +166,7 @@ def test_partial_and_interleaved_rotary_in_the_interpreter(rotary_llm, monkeypat
     cached = [op for op in llm.program.module.walk() if isinstance(op, ad.CachedAttentionOp)]
     assert len(cached) == 2
     assert {(op.cos.type.get_shape()[-1], op.interleaved is not None) for op in cached} == {ROTARY_FAMILIES[family]}
-    assert _calls_cached_attention_kernels(llm)
-    _refuse_reference(monkeypatch)
-    outputs = llm.generate(PROMPTS[:2], max_new_tokens=6)
-    for prompt, out in zip(PROMPTS[:2], outputs, strict=True):
-        assert out.token_ids == _hf_tokens(model, prompt, 6)
+    _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS[:2], 6)
     _assert_step_logits_match(model, llm, contextlib.nullcontext)
 
 
@@ -201,11 +204,7 @@ def test_gemma2_in_the_interpreter(gemma2, monkeypatch: pytest.MonkeyPatch) -> N
     """The kernel's soft cap and sliding window (6: the prompts of 7 and 11 tokens and the decode
     steps reach past it), three prompts in two slots, 12 new tokens."""
     model, llm = gemma2
-    assert _calls_cached_attention_kernels(llm)
-    _refuse_reference(monkeypatch)
-    outputs = llm.generate(PROMPTS, max_new_tokens=12)
-    for prompt, out in zip(PROMPTS, outputs, strict=True):
-        assert out.token_ids == _hf_tokens(model, prompt, 12)
+    _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS, 12)
 
 
 @pytest.fixture(scope="module")
@@ -240,11 +239,7 @@ def test_qwen3_in_the_interpreter(qwen3, monkeypatch: pytest.MonkeyPatch) -> Non
     """The cached kernel's QK-norm in prefill (the Q tile and the keys it writes to the cache) and
     decode (the new token's q and k): three prompts in two slots, 12 new tokens."""
     model, llm = qwen3
-    assert _calls_cached_attention_kernels(llm)
-    _refuse_reference(monkeypatch)
-    outputs = llm.generate(PROMPTS, max_new_tokens=12)
-    for prompt, out in zip(PROMPTS, outputs, strict=True):
-        assert out.token_ids == _hf_tokens(model, prompt, 12)
+    _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS, 12)
 
 
 class _Bidirectional(torch.nn.Module):
