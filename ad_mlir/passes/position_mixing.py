@@ -1,6 +1,7 @@
 """The ops of a function that mix token positions: a result at one position reads the inputs
 at other positions (a convolution or scan over the sequence, a cumulative op, a reduction or a
-contraction over it, a shift by slicing or concatenation, a sequence cut into chunks).
+contraction over it, a shift by slicing or concatenation, a sequence cut into chunks, positions
+counted inside the graph).
 
 In a graph compiled for generation, a decode step sees only its new tokens: what a position
 needs from earlier ones must come from a cache. `insert-cached-attention` caches attention and
@@ -19,6 +20,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, NameLoc, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
+from ad_mlir.passes.attention_masks import backward_slice
 
 TO_THE_END = 2**63 - 1
 """`ad.slice`'s end bound for "to the end" (torch clamps it)."""
@@ -45,14 +47,25 @@ class PositionMixer:
 
 
 def position_mixers(fn: func.FuncOp) -> list[PositionMixer]:
-    """The ops of `fn` that mix token positions, in program order."""
+    """The ops of `fn` that mix token positions and reach its results, in program order (an op
+    no result depends on, such as an unused mask that DCE keeps for its opaque ops, changes no
+    token)."""
+    live: set[Operation] = set()
+    for value in fn.body.block.last_op.operands:
+        live.update(backward_slice(value)[0])
     found = []
-    for op in fn.body.walk():
+    for op in (inner for top in fn.body.block.ops if top in live for inner in top.walk()):
         rule = _RULES.get(type(op))
         how = rule(op) if rule is not None else None
         if how is not None:
             found.append(PositionMixer(op, how))
     return found
+
+
+def _arange(op: ad.ArangeOp) -> str | None:
+    """A range as long as a token axis numbers the positions of this step only: with a cache
+    it restarts at 0 in every decode step (positions must come from a `position_ids` input)."""
+    return "counts the tokens of the step (positions not from position_ids)" if _token_axes(op.result) else None
 
 
 def _token_axes(value: SSAValue) -> set[int]:
@@ -143,4 +156,5 @@ _RULES: dict[type[Operation], Callable[..., str | None]] = {
     ad.SliceOp: _slice,
     ad.ReshapeOp: _reshape,
     ad.TorchOp: _torch_op,
+    ad.ArangeOp: _arange,
 }
