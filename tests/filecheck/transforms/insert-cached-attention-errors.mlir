@@ -90,3 +90,30 @@ func.func @unmatched_softmax(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tenso
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+// The probabilities are also returned (HF's output_attentions): with a cache they would cover
+// the new tokens only, so the chain is not cached, and generation is refused.
+// CHECK: 2 op(s) mix token positions outside the cached attention{{.*}}: an unnamed module: ad.softmax (softmax over token axis 3); model.layers.0.self_attn: ad.matmul (contracts over token axis 3).
+func.func @probabilities_returned(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %mask: tensor<1x1x?x?xf32> {ad.input = "mask"}) -> (tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %capped = ad.tanh %s : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %masked = ad.add %capped, %mask : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o, %p : tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>
+}
+
+// -----
+// Positions counted inside the graph (a learned position table indexed by arange(seq), as in a
+// model whose forward takes no position_ids): with a cache every decode step would be position 0.
+// CHECK: 1 op(s) mix token positions outside the cached attention{{.*}}: model.embed_positions: ad.arange (counts the tokens of the step (positions not from position_ids)).
+func.func @positions_counted(%x: tensor<1x?x8xf32> {ad.input = "x"}, %table: tensor<64x8xf32> {ad.param = "model.embed_positions.weight"}, %seq: index) -> tensor<1x?x8xf32> {
+  %zero = ad.constant 0 : i64
+  %one = ad.constant 1 : i64
+  %positions = ad.arange %zero, %seq, %one : i64, index, i64 -> tensor<?xi64> loc("model.embed_positions")
+  %e = ad.embedding %table, %positions : (tensor<64x8xf32>, tensor<?xi64>) -> tensor<?x8xf32>
+  %o = ad.add %x, %e : tensor<1x?x8xf32>, tensor<?x8xf32> -> tensor<1x?x8xf32>
+  func.return %o : tensor<1x?x8xf32>
+}
