@@ -440,10 +440,32 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return torch.empty_like(query)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::cached_causal_conv1d", mutates_args=("state",))
+def cached_causal_conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
+                         slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """`ad.cached_causal_conv1d`: each row's new inputs after its slot's state (zeros at start
+    0) through HF's depthwise `conv1d`, the slot left holding the last kernel - 1 inputs. One
+    row at a time: the reference reads each row's slot and start on the host."""
+    history = weight.shape[2] - 1
+    out = torch.empty_like(input)
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        before = state[slot] if start > 0 else torch.zeros_like(state[slot])
+        window = torch.cat([before, input[b]], dim=-1)
+        out[b] = torch.nn.functional.conv1d(window[None], weight, bias, groups=weight.shape[0])[0]
+        state[slot] = window[:, window.shape[-1] - history:]
+    return out
+
+
+@cached_causal_conv1d.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
+      starts: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "rope", "rope_attention", "cached_attention",
+                 "linear_fp8", "rope", "rope_attention", "cached_attention", "cached_causal_conv1d",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

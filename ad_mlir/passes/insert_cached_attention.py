@@ -5,7 +5,7 @@ For each `ad.rope_attention` (and plain `ad.attention`), in program order (what 
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
 
 - two arguments `k_cache_<i>` / `v_cache_<i>` of type [max-batch, max-seq-len, kv_heads,
-  head_dim] in the key's dtype, marked `ad.kv_cache = "<layer> key|value"` (the layer is the
+  head_dim] in the key's dtype, marked `ad.cache = "<layer> key|value"` (the layer is the
   attention's HF module path);
 - once per function, `cache_slots` and `cache_starts` (tensor<?xi64>: each batch row's cache
   slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`.
@@ -134,7 +134,7 @@ class InsertCachedAttentionPass(ModulePass):
         cache_type = TensorType(attention.key.type.element_type, [self.max_batch, self.max_seq_len, key_shape[1],
                                                                   key_shape[3]])
         caches = [_append_argument(fn, cache_type, {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
-                                                    ad.KV_CACHE_ATTR: f"{layer} {role}"})
+                                                    ad.CACHE_ATTR: f"{layer} {role}"})
                   for role in ("key", "value")]
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
         if attention.interleaved:

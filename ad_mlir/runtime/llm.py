@@ -156,7 +156,7 @@ def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
 
     caches = []
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs.data, strict=True):
-        if ad.KV_CACHE_ATTR in attrs.data:
+        if ad.CACHE_ATTR in attrs.data:
             caches.append(CacheArgument(attrs.data[ad.INPUT_ATTR].data, tuple(arg.type.get_shape()),
                                         torch_dtype(arg.type.element_type)))
     return caches

@@ -4,7 +4,7 @@
 // RUN: ad-opt %s --split-input-file -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
 
 // CHECK-LABEL: func.func @causal
-// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "k_cache_0", ad.kv_cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
 // CHECK-NOT:   ad.le
 // CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 :
 // CHECK-NEXT:  func.return
@@ -112,7 +112,7 @@ func.func @plain(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf3
 // dtype's lowest), softmax in f32 cast back, times v: one ad.cached_attention with `softcap`
 // that applies the RoPE itself; the chain and the mask are gone.
 // CHECK-LABEL: func.func @softcapped
-// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xbf16> {ad.input = "k_cache_0", ad.kv_cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xbf16> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
 // CHECK:       %sin = ad.cast %sin32
 // CHECK-NOT:   ad.rope
 // CHECK-NOT:   ad.matmul
