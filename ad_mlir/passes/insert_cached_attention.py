@@ -73,6 +73,7 @@ from ad_mlir.passes.attention_masks import (
     input_name,
 )
 from ad_mlir.passes.attention_patterns import Attention, match_eager_attention
+from ad_mlir.passes.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.matching import erase_dead
 from ad_mlir.passes.position_mixing import position_mixers
 
@@ -107,21 +108,39 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _apply_to(self, fn: func.FuncOp) -> None:
         attentions = _find_attentions(fn)
-        if attentions:
+        convs = _find_short_convs(fn)
+        if attentions or convs:
             slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                      {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
             starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                       {ad.INPUT_ATTR: "cache_starts", ad.CACHE_STARTS_ATTR: ""})
             for i, attention in enumerate(attentions):
                 self._replace(fn, attention, i, slots, starts)
+            for i, conv in enumerate(convs):
+                self._replace_conv(fn, conv, i, slots, starts)
             region_dce(fn.body)
         _refuse_uncached_mixers(fn)
-        if not attentions:
+        if not attentions and not convs:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
             return
-        log.info("insert-cached-attention: %d attentions cached (%d slots x %d tokens)", len(attentions),
-                 self.max_batch, self.max_seq_len)
+        log.info("insert-cached-attention: %d attentions and %d short convolutions cached (%d slots x %d tokens)",
+                 len(attentions), len(convs), self.max_batch, self.max_seq_len)
+
+    def _replace_conv(self, fn: func.FuncOp, conv: ShortConv, i: int, slots: SSAValue, starts: SSAValue) -> None:
+        """The convolution and its cut -> `ad.cached_causal_conv1d` over a state argument
+        [max-batch, channels, kernel - 1] in the input's dtype."""
+        channels, _, kernel = conv.weight.type.get_shape()
+        state_type = TensorType(conv.input.type.element_type, [self.max_batch, channels, kernel - 1])
+        state = _append_argument(fn, state_type, {ad.INPUT_ATTR: f"conv_state_{i}",
+                                                  ad.CACHE_ATTR: f"{_layer(conv.conv)} conv_state"})
+        cached = ad.CachedCausalConv1dOp.build(
+            operands=[conv.input, conv.weight, [conv.bias] if conv.bias is not None else [], state, slots, starts],
+            result_types=[conv.cut.result.type],
+        )
+        cached.location = conv.conv.location
+        Rewriter.replace_op(conv.cut, cached)
+        Rewriter.erase_op(conv.conv)
 
     def _replace(self, fn: func.FuncOp, attention: Attention, i: int, slots: SSAValue, starts: SSAValue) -> None:
         layer = _layer(attention.output)
@@ -187,6 +206,19 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
             f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
             "such sequence mixers (short convolutions, state-space scans, linear attention, attention forms not "
             "matched as attention) are not supported for generation yet")
+
+
+def _find_short_convs(fn: func.FuncOp) -> list[ShortConv]:
+    """HF's short causal convolutions of `fn`, in program order."""
+    found = []
+    for op in fn.body.block.ops:
+        if isinstance(op, ad.TorchOp):
+            match = match_short_conv(op)
+            if isinstance(match, str):
+                log.info("insert-cached-attention: the conv1d at %s is not cached: %s", _layer(op), match)
+            elif match is not None:
+                found.append(match)
+    return found
 
 
 def _find_attentions(fn: func.FuncOp) -> list[Attention]:
