@@ -43,6 +43,16 @@ def test_lfm2_caches_the_conv_state_beside_the_kv_cache(lfm2) -> None:  # noqa: 
     assert ops.count(ad.CachedCausalConv1dOp) == 1 and ops.count(ad.CachedAttentionOp) == 1
 
 
+def test_a_byte_budget_counts_the_conv_state_per_slot(lfm2) -> None:  # noqa: ANN001
+    """2 slots of conv state (128 channels x 2 inputs, fp32: 1 KiB each) beside K/V of 512 bytes a
+    token (one attention layer, 2 K/V heads of 32): the budget for 20 tokens a slot buys exactly
+    that (counting the state per token would give 21 a slot and overrun the budget)."""
+    model, _ = lfm2
+    budget = 2 * 1024 + 2 * 20 * 512
+    llm = ad_mlir.LLM(model, max_batch=2, kv_cache_budget=budget)
+    assert (llm.max_seq_len, llm.state_bytes, llm.cache_bytes) == (20, 2048, budget)
+
+
 def test_lfm2_generates_hf_greedy_tokens(lfm2) -> None:  # noqa: ANN001
     """Three prompts in two slots: a slot is reused, its state reset by the new prompt."""
     model, llm = lfm2
