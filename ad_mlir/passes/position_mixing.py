@@ -20,6 +20,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, AnyFloat, NameLoc, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
+from ad_mlir.frontends.torch_ops import SEQUENCE_MIXER_OPS
 from ad_mlir.passes.attention_masks import backward_slice
 
 TO_THE_END = 2**63 - 1
@@ -163,6 +164,8 @@ def _static_numel(value: SSAValue) -> int:
 
 def _torch_op(op: ad.TorchOp) -> str | None:
     target = op.target.data
+    if target in SEQUENCE_MIXER_OPS:
+        return f"{target}: a scan over the whole sequence whose state is not cached"
     if not target.startswith(MIXING_TORCH_TARGETS):
         return None
     if any(_token_axes(v) for v in op.inputs):

@@ -9,10 +9,12 @@ import pytest
 import torch
 from test_generate import _assert_interpreted_tokens_are_hf, _assert_step_logits_match, _hf_tokens
 from transformers import AutoModelForCausalLM, Lfm2Config
+from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
 from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
+from ad_mlir.families import _build, small_config
 from ad_mlir.runtime import kernels
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.runtime.llm import cached_pipeline, export_for_cache
@@ -108,3 +110,49 @@ def test_every_pass_and_kernel_verified_on_lfm2(lfm2, monkeypatch: pytest.Monkey
     _, program = compile_program(export_for_cache(model, 2, 32), pipeline=cached_pipeline("default", 2, 32),
                                  verify=True)
     assert any(isinstance(op, ad.CachedCausalConv1dOp) for op in program.function.body.walk())
+
+
+# -- scans that export as opaque ops (frontends/export_patches.py) ---------------------------
+
+
+def _small(family: str, **overrides: object) -> torch.nn.Module:
+    config = small_config(family)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    return _build(config)
+
+
+@pytest.mark.parametrize(("family", "overrides", "scan", "lengths"), [
+    # Mamba2 + attention + MoE + MLP layers; chunks of 8, so 11 and 40 span several
+    ("nemotron_h", {"chunk_size": 8}, "mamba2_chunk_scan", (5, 11, 40)),
+    # gated delta rule layers (HF's chunks of 64: 70 spans two)
+    ("qwen3_next", {}, "chunk_gated_delta_rule", (11, 40, 70)),
+])
+def test_chunked_scans_export_with_a_dynamic_length_and_equal_eager(family: str, overrides: dict, scan: str,
+                                                                     lengths: tuple[int, ...]) -> None:
+    """HF's chunk loops would fix the length (torch.export: "Constraints violated (seq)"): routed
+    through an opaque op, one graph serves every length and equals eager (fp32, reference path:
+    the scan is HF's own function, the rest our kernels' torch meaning)."""
+    model = _small(family, **overrides)
+    ids = torch.randint(1, 1000, (1, max(lengths)), generator=torch.Generator().manual_seed(1))
+    seq = torch.export.Dim("seq", min=2, max=256)
+    gm, program = compile_program(model, {"input_ids": ids, "use_cache": False},
+                                          dynamic_shapes={"input_ids": {1: seq}, "use_cache": None})
+    targets = [op.target.data for op in program.function.body.walk() if isinstance(op, ad.TorchOp)]
+    assert f"ad_mlir.{scan}.default" in targets
+    for n in lengths:
+        with torch.no_grad():
+            torch.testing.assert_close(gm(ids[:, :n], False)[0], model(input_ids=ids[:, :n]).logits)
+
+
+@pytest.mark.parametrize(("family", "layer", "scan"), [
+    ("nemotron_h", "model.layers.0.mixer", "mamba2_chunk_scan"),
+    ("qwen3_next", "model.layers.0.linear_attn", "chunk_gated_delta_rule"),
+])
+def test_generation_refuses_an_uncached_scan_naming_it(family: str, layer: str, scan: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AD_MLIR_SKIP_ON_ERROR", "1")
+    with pytest.raises(PassFailedException, match=rf"{layer}: ad\.torch_op \(ad_mlir\.{scan}\.default: a scan over "
+                                                  r"the whole sequence whose state is not cached\)"):
+        ad_mlir.LLM(_small(family), max_batch=2, max_seq_len=32)
