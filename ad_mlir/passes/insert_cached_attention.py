@@ -1,5 +1,7 @@
 """`insert-cached-attention`: every causal attention becomes `ad.cached_attention` over K/V
-caches that are new arguments of the function (AutoDeploy's cache-initialization stage).
+caches, and every short causal convolution `ad.cached_causal_conv1d` over a state, each cache a
+new argument of the function (AutoDeploy's cache-initialization stage); a graph left with any
+other op that mixes token positions is refused.
 
 For each `ad.rope_attention` (and plain `ad.attention`), in program order (what the fused op
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
@@ -20,6 +22,17 @@ softmax, matmul: `attention_patterns.match_eager_attention`), which is matched w
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone and the log says why.
+
+HF's short causal convolution (LFM2: a depthwise `conv1d` padded by kernel - 1 and cut back to
+the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d` over an
+argument `conv_state_<i>` [max-batch, channels, kernel - 1] in the input's dtype, marked
+`ad.cache = "<layer> conv_state"`: the inputs of the kernel - 1 tokens before a step.
+
+After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
+convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
+over a token axis, a shift, an attention softmax not matched, positions counted inside the graph)
+is an error naming each op and its layer: a decode step would run it on its new tokens alone.
+The pass is never skipped on error (`skippable_on_error`), so that error is what `LLM` raises.
 
 The causal mask HF builds is dropped, with every op of its computation that nothing else
 uses: the op masks causally with the cached offset. The pass evaluates the mask's computation
@@ -204,8 +217,8 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
         raise PassFailedException(
             f"insert-cached-attention: {len(mixers)} op(s) mix token positions outside the cached attention, and "
             f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
-            "such sequence mixers (short convolutions, state-space scans, linear attention, attention forms not "
-            "matched as attention) are not supported for generation yet")
+            "such sequence mixers (state-space scans, linear attention, convolutions other than HF's causal short "
+            "convolution, attention forms not matched as attention) are not supported for generation yet")
 
 
 def _find_short_convs(fn: func.FuncOp) -> list[ShortConv]:
