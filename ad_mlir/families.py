@@ -174,6 +174,10 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
     defaults = AutoConfig.for_model(family)
     derived = {k for k in where_present if isinstance(getattr(type(defaults), k, None), property)}
     present = {k: v for k, v in where_present.items() if hasattr(defaults, k) and k not in derived}
+    if "kv_lora_rank" in present:  # MLA: one latent for all heads, RoPE over the rope part of a head
+        sizes["num_key_value_heads"] = sizes["num_attention_heads"]
+        if "head_dim" in present:
+            present["head_dim"] = present["qk_rope_head_dim"]
     return AutoConfig.for_model(family, **sizes, **present)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DYNAMIC_INDEX, AnyFloat, NameLoc, TensorType
+from xdsl.dialects.builtin import DYNAMIC_INDEX, NameLoc, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
@@ -64,10 +64,10 @@ def position_mixers(fn: func.FuncOp) -> list[PositionMixer]:
 
 
 def _arange(op: ad.ArangeOp) -> str | None:
-    """A range as long as a token axis that becomes positions (embedding indices, or numbers:
-    RoPE angles, ALiBi biases) numbers the tokens of this step only: with a cache it restarts at
-    0 in every decode step (positions must come from a `position_ids` input). A range that only
-    indexes rows (an MoE block's token bookkeeping) is no position."""
+    """A range as long as a token axis that becomes positions (embedding indices, or RoPE angles)
+    numbers the tokens of this step only: with a cache it restarts at 0 in every decode step
+    (positions must come from a `position_ids` input). A range that only indexes or counts rows
+    (an MoE block's token bookkeeping) is no position."""
     if not _token_axes(op.result) or not _becomes_positions(op.result):
         return None
     return "counts the tokens of the step (positions not from position_ids)"
@@ -79,9 +79,7 @@ def _becomes_positions(value: SSAValue) -> bool:
     while stack:
         for use in stack.pop().uses:
             user = use.operation
-            if isinstance(user, ad.EmbeddingOp) and use.index == 1:
-                return True
-            if isinstance(user, ad.CastOp) and isinstance(user.result.type.element_type, AnyFloat):
+            if (isinstance(user, ad.EmbeddingOp) and use.index == 1) or isinstance(user, ad.CosOp | ad.SinOp):
                 return True
             if user not in seen:
                 seen.add(user)
