@@ -221,6 +221,7 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
     import torch
 
     from ad_mlir.report import kernels_per_layer, max_abs_error
+    from ad_mlir.runtime.kernels import registered_kernel
 
     row = FamilyRow(family)
     try:
@@ -246,7 +247,7 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
         logging.getLogger(__name__).debug("%s", traceback.format_exc())
         return row
     row.kernels_after = max(kernels_per_layer(module).values(), default=0)
-    row.kernel_calls = sum(1 for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("ad_mlir."))
+    row.kernel_calls = sum(1 for n in gm.graph.nodes if n.op == "call_function" and registered_kernel(n.target))
     row.fused_ops = _layer0_ops(module)
     row.status = "ok"
     for seq in seq_lens:

@@ -34,7 +34,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2", help="smollm2, a tiny family (llama, qwen2, mistral, gemma), a "
                    "checkpoint directory or a .gguf file (default: smollm2)")
     p.add_argument("--prompt", action="append", help=f"a prompt (repeat for a batch; default: '{DEFAULT_PROMPT}')")
-    p.add_argument("--prompt-ids", type=int, nargs="+", help="a prompt as token ids (models without a tokenizer)")
+    p.add_argument("--prompt-ids", type=int, nargs="+", action="append",
+                   help="a prompt as token ids (models without a tokenizer; repeat for a batch)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template to --prompt")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -83,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{args.model}: loaded and compiled in {time.perf_counter() - start:.1f} s "
           f"(compile {llm.compile_seconds:.1f} s); the caches hold {llm.cache_tokens} tokens ({llm.max_batch} slots x "
           f"{llm.max_seq_len}, {llm.cache_bytes / 2**20:.1f} MiB)", file=sys.stderr)
-    prompts: list[str | list[int]] = [args.prompt_ids] if args.prompt_ids else (args.prompt or [DEFAULT_PROMPT])
+    prompts: list[str | list[int]] = args.prompt_ids or args.prompt or [DEFAULT_PROMPT]
     chat = not args.no_chat and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
     try:
         start = time.perf_counter()

@@ -30,6 +30,9 @@ class TinyConfig:
     vocab_size: int = 128
     dtype: str = "float32"
     seed: int = 0
+    hf_overrides: tuple[tuple[str, Any], ...] = ()
+    """HF config fields set after the sizes, e.g. `(("initializer_range", 0.5),)`: random weights
+    that wide give varied greedy tokens (the default init often repeats one token)."""
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -77,7 +80,10 @@ def build_model(cfg: TinyConfig) -> torch.nn.Module:
     heads = cfg.hidden_size // cfg.head_dim
     shape = ModelShape(cfg.hidden_size, 2 * cfg.hidden_size, heads, heads // 2, cfg.head_dim, cfg.vocab_size)
     torch.manual_seed(cfg.seed)
-    model = getattr(transformers, FAMILIES[cfg.family][1])(hf_config(cfg.family, shape, cfg.layers))
+    config = hf_config(cfg.family, shape, cfg.layers)
+    for name, value in cfg.hf_overrides:
+        setattr(config, name, value)
+    model = getattr(transformers, FAMILIES[cfg.family][1])(config)
     with torch.no_grad():  # HF initializes biases (Qwen2's Q/K/V) to zero: a wrong bias would go unseen
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module.bias is not None:

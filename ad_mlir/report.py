@@ -127,14 +127,37 @@ def verdict(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], truth
     return "within tolerance"
 
 
-def quantized_verdict(original: Sequence[torch.Tensor], got: Sequence[torch.Tensor],
-                      reference: Sequence[torch.Tensor]) -> str:
-    """For an FP8-quantized graph: 'within tolerance' when the compiled graph is within 3x the
-    quantization error (`reference`, the quantized IR evaluated in torch, against `original`)
-    of that reference (kernels may round a few fp8 values to a neighbour, as large as their
-    quantization error; tests/unit/test_fp8.py measures 1.3x-2.2x), else 'OUT OF TOLERANCE'."""
-    noise = max_abs_error(original, reference)
-    return "within tolerance" if max_abs_error(reference, got) <= 3 * noise else "OUT OF TOLERANCE"
+E4M3_LOGITS_ERROR = 2 * 2**0.5 * 2.0**-4 / 3**0.5
+"""The relative error (L2 norm over the vocabulary, per position) that FP8-quantized linears
+may give a decoder's logits against the unquantized model, derived from e4m3 itself:
+- e4m3 has 3 mantissa bits: rounding to nearest errs by at most half an ulp, 2^-4 relative;
+  spread uniformly over that half ulp, its rms is at most 2^-4 / sqrt(3) = 0.036;
+- a product x_k * w_k of two rounded operands errs by (1 + a)(1 + b) - 1, rms sqrt(2) x 0.036 =
+  0.051 (independent roundings); over a dot product the independent term errors add in
+  quadrature, as the terms do for random signs, so the output errs by ~0.051 relative (rms).
+  (The worst case, (2 x 2^-4 + 2^-8) x sum |x_k w_k|, is ~sqrt(K) times |y| for random signs:
+  no use as a bound);
+- each residual branch (attention: q/k/v then o; MLP: gate/up then down) holds two quantized
+  linears in sequence, whose relative errors add: 2 x 0.051 = 0.10 per branch; the residual
+  stream, a sum of branches, and the final norm keep that relative error, and the LM head is
+  not quantized.
+So 2 sqrt(2) 2^-4 / sqrt(3) = 0.102. Measured on the tiny Llama (2 layers, fp32 and bf16,
+prefill and 8 decode steps): at most 0.053. A quantization that rounds worse (e.g. to e5m2, 2
+mantissa bits) exceeds it; the bound does not grow with the pipeline's own error."""
+
+
+def fp8_logits_error(original: torch.Tensor, got: torch.Tensor) -> float:
+    """The largest, over positions, L2 relative error of `got` logits against `original`'s."""
+    original, got = original.float(), got.float()
+    return ((got - original).norm(dim=-1) / original.norm(dim=-1)).max().item()
+
+
+def quantized_verdict(original: Sequence[torch.Tensor], got: Sequence[torch.Tensor]) -> str:
+    """For an FP8-quantized graph: 'within tolerance' when the compiled graph's logits (its first
+    output) are within `E4M3_LOGITS_ERROR` of the unquantized graph's (`original`), else 'OUT OF
+    TOLERANCE'."""
+    ok = fp8_logits_error(original[0], got[0]) <= E4M3_LOGITS_ERROR
+    return "within tolerance" if ok else "OUT OF TOLERANCE"
 
 
 def _print_kernels(kernels: dict[Any, Any], cache: KernelCache) -> None:
@@ -199,8 +222,8 @@ def run(name: str, model: torch.nn.Module, fp32_model: Callable[[], torch.nn.Mod
     truth_model = model if dtype == "float32" else fp32_model()
     quantized = any(isinstance(op, ad.LinearFp8Op) for op in program.module.walk())
     if quantized:
-        print("  (FP8 pipeline: the compiled graph is judged against the same quantized IR run by the reference "
-              "evaluator, whose error against the original graph is the quantization's)")
+        print("  (FP8 pipeline: the compiled graph's logits are judged against the original graph's by the relative "
+              f"error e4m3 allows, {E4M3_LOGITS_ERROR:.3f})")
     ok = True
     for seq in seq_lens:
         ids = random_input_ids(model, seq, seed=seq)
@@ -209,7 +232,7 @@ def run(name: str, model: torch.nn.Module, fp32_model: Callable[[], torch.nn.Mod
             out = gm(ids)
             truth = torch.utils._pytree.tree_leaves(truth_model(input_ids=ids))[: len(ref)]
             ev = evaluate(program.module, program.weights, [ids])
-        result = quantized_verdict(ref, out, ev) if quantized else verdict(ref, out, truth)
+        result = quantized_verdict(ref, out) if quantized else verdict(ref, out, truth)
         ok &= result != "OUT OF TOLERANCE"
         print(
             f"  seq {seq:3d}: compiled graph max |err| {max_abs_error(ref, out):.3g} ({result}), "

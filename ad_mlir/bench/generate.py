@@ -6,7 +6,8 @@ The model is the packaged SmolLM2-135M-Instruct when its package is installed, e
 its shape (Llama, 30 layers, hidden 576, 9 heads / 3 K/V heads) with random weights: speed does
 not depend on the weights. bf16 on CUDA, fp32 on the CPU. Prefill and decode are separated by
 timing a run that generates 1 token: decode tok/s = batch x (new - 1) / (t(new) - t(1)).
-Also the modelled HBM bytes of one decode step against its ideal (`bench/decode_traffic.py`)."""
+Before timing, ad-mlir's tokens are checked against HF's (`same_tokens`): a wrong run is not
+timed. Also the modelled HBM bytes of one decode step against its ideal (`bench/decode_traffic.py`)."""
 
 from __future__ import annotations
 
@@ -74,7 +75,10 @@ def run_generate(quick: bool, progress: Callable[[str], None] = lambda _: None) 
     rows = []
     for batch in batches:
         prompts = [[(7 * b + i) % 1000 + 100 for i in range(PROMPT_TOKENS)] for b in range(batch)]
-        for impl, run in _runners(llm, model, prompts).items():
+        runners = _runners(llm, model, prompts)
+        with torch.no_grad(), reference_kernels():
+            same = same_tokens(runners["ad-mlir"](new), runners["HF eager"](new), exact=dtype == torch.float32)
+        for impl, run in runners.items():
             progress(f"{impl}, batch {batch}")
             with torch.no_grad(), reference_kernels():
                 total, prefill = _seconds(lambda r=run: r(new), device), _seconds(lambda r=run: r(1), device)
@@ -84,8 +88,26 @@ def run_generate(quick: bool, progress: Callable[[str], None] = lambda _: None) 
                          "tok_per_s": batch * new / total, "prefill_s": prefill,
                          "decode_ms_per_step": decode / (new - 1) * 1e3,
                          "decode_tok_per_s": batch * (new - 1) / decode,
-                         "compile_s": llm.compile_seconds if impl == "ad-mlir" else None})
+                         "compile_s": llm.compile_seconds if impl == "ad-mlir" else None,
+                         "same_tokens_as_hf": same if impl == "ad-mlir" else None})
     return rows + decode_traffic_rows(llm, name, batches)
+
+
+def same_tokens(ours: list[Any], hf: torch.Tensor, exact: bool) -> int:
+    """The number of leading new tokens (over all prompts, the fewest) that ad-mlir's outputs
+    share with HF's (`hf` holds prompt and new tokens). A run whose tokens are not HF's is not
+    timed: fp32 must give every token (the same ops on the same values), bf16 at least the first
+    (later ones may part at a near tie, as bf16 rounds differently in each)."""
+    from ad_mlir.bench.kernels import BenchmarkError
+
+    expected = hf[:, PROMPT_TOKENS:].tolist()
+    leading = []
+    for i, (got, want) in enumerate(zip((o.token_ids for o in ours), expected, strict=True)):
+        n = next((k for k, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), len(want))
+        if n < (len(want) if exact else 1):
+            raise BenchmarkError(f"prompt {i}: ad-mlir's tokens {got} are not HF eager's {want} (from token {n})")
+        leading.append(n)
+    return min(leading)
 
 
 def decode_traffic_rows(llm: Any, model: str, batches: tuple[int, ...]) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from ad_mlir.models import DTYPES, FAMILIES, TinyConfig, build_model, example_input_ids, export_model
 from ad_mlir.report import max_abs_error, verdict
+from ad_mlir.runtime.kernels import registered_kernel
 
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
 PROMPTS = ((5, 9, 13, 3, 7, 40, 41), (3, 4), (11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21))
@@ -72,7 +73,7 @@ def run_rank(cfg: TinyConfig, pipeline: str = "default", seq_lens: Sequence[int]
         errors[seq] = max_abs_error(expected, got)
         verdicts.add(verdict(expected, got, truth))
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-    kernels = tuple(t for t in targets if t.startswith("ad_mlir."))
+    kernels = tuple(str(n.target) for n in gm.graph.nodes if n.op == "call_function" and registered_kernel(n.target))
     worst = "OUT OF TOLERANCE" if "OUT OF TOLERANCE" in verdicts else "within tolerance"
     return RankResult(rank, world, targets.count(ALL_REDUCE), kernels, errors, worst)
 

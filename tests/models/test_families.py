@@ -12,8 +12,12 @@ ulps that later GEMMs spread; eager's own error is the yardstick."""
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
+import pytest
+from kernel_guard import graph_kernels, no_dropped_ops
+
+from ad_mlir import families
 from ad_mlir.families import MATRIX, SEQ_LENS, sweep_family
 from ad_mlir.runtime import kernels
 
@@ -66,9 +70,29 @@ def kernels_only_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "run_reference", only_when_asked)
 
 
+@pytest.fixture
+def compiled_graphs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The graphs the sweep compiles, in order."""
+    graphs: list[Any] = []
+    real = families._compile
+
+    def spy(*args: Any) -> tuple[Any, Any]:
+        gm, module = real(*args)
+        graphs.append(gm)
+        return gm, module
+
+    monkeypatch.setattr(families, "_compile", spy)
+    return graphs
+
+
 @pytest.mark.parametrize("family", sorted(MATRIX))
-def test_family_compiles_and_matches_eager(family: str, kernels_only_in_the_interpreter: None) -> None:
-    row = sweep_family(family)
+def test_family_compiles_and_matches_eager(family: str, kernels_only_in_the_interpreter: None,
+                                           compiled_graphs: list[Any]) -> None:
+    """Every LLM-level op of the fp32 graph is a generated kernel (none left as its reference op
+    or as torch calls), so its interpreter path runs only kernels."""
+    with no_dropped_ops():
+        row = sweep_family(family)
+    graph_kernels(compiled_graphs[0])
     assert row.status == "ok", f"{family} ({MATRIX[family]}): {row.status}: {row.reason}"
     assert sorted(row.reference_error) == sorted(row.interpreter_error) == sorted(SEQ_LENS), "both paths ran"
     assert {"reference", "interpreter"} <= set(row.bf16_error), "bf16 ran on both paths"

@@ -1,48 +1,68 @@
-"""MoE models end to end: compiled (`match-moe` in the default pipeline, the MoE kernel in the
-Triton interpreter with the reference fallback made to fail) and generating through the cached
-graph (`ad_mlir.LLM`: prefill, then decode steps of one token per sequence) the same greedy
-tokens as HF's own `generate` (fp32)."""
+"""MoE models end to end: compiled (`match-moe` in the default pipeline, every kernel in the
+Triton interpreter, checked by `kernel_guard`) and generating through the cached graph
+(`ad_mlir.LLM`: three prompts in two slots, prefill, then decode steps of one token per
+sequence) the same greedy tokens as HF's own `generate` (fp32), with per-step logits against
+HF's full-prefix forward.
+
+The weights are wide (`initializer_range=0.5`): with the default init, HF's tokens did not
+change when the whole MoE block was zeroed, so a dropped MoE went unseen. Now they vary, and a
+test checks that zeroing the MoE block changes them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from kernel_guard import graph_kernels, kernels_ran
 from transformers import AutoModelForCausalLM
 
 import ad_mlir
 from ad_mlir.families import small_config
-from ad_mlir.runtime import kernels
 
-PROMPTS = [[5, 9, 13, 3, 7], [3, 4]]
+PROMPTS = [[5, 9, 13, 3, 7], [3, 4], [11, 12, 13, 14, 15, 16]]
+NEW_TOKENS = 4
 
 
 def _model(family: str) -> torch.nn.Module:
     """One decoder layer of hidden 64 (Qwen2-MoE's shared expert 2 x the experts' size, not its
-    default 88 x: fewer virtual experts for the interpreter)."""
+    default 88 x: fewer virtual experts for the interpreter), weights of std 0.5."""
     config = small_config(family, layers=1, hidden_size=64)
     if family == "qwen2_moe":
         config.shared_expert_intermediate_size = 2 * config.moe_intermediate_size
+    config.initializer_range = 0.5
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def _hf_tokens(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+def _hf_tokens(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, use_cache=True)
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True)
     return out[0, len(prompt):].tolist()
+
+
+def _moe_block(model: torch.nn.Module) -> torch.nn.Module:
+    return model.model.layers[0].mlp
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_moe_models_generate_hf_tokens_with_the_moe_kernel(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model(family)
     llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
-    moes = [n.target for n in llm.graph.graph.nodes if "moe" in str(n.target)]
-    assert len(moes) == 1 and kernels.registered_kernel(moes[0]) is not None
+    names = graph_kernels(llm.graph)
+    assert sum(name.startswith("moe") for name in names) == 1, names
+    hf = [_hf_tokens(model, prompt) for prompt in PROMPTS]
+    with kernels_ran(monkeypatch):
+        outputs = llm.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
+        sequences = [PROMPTS[0] + hf[0][:1], PROMPTS[2] + hf[2][:1]]
+        with torch.no_grad():
+            for slot, seq in enumerate(sequences):  # prefill, then one decode step of both
+                logits = llm.step(torch.tensor([seq[:-1]]), torch.arange(len(seq) - 1)[None], [slot], [0])
+                torch.testing.assert_close(logits, model(torch.tensor([seq[:-1]])).logits)
+            logits = llm.step(torch.tensor([[s[-1]] for s in sequences]),
+                              torch.tensor([[len(s) - 1] for s in sequences]), [0, 1], [len(s) - 1 for s in sequences])
+            for i, seq in enumerate(sequences):
+                torch.testing.assert_close(logits[i, -1], model(torch.tensor([seq])).logits[0, -1])
+    assert [out.token_ids for out in outputs] == hf
 
-    def refuse(*_: object) -> None:
-        raise AssertionError("a kernel ran its reference semantics")
-
-    monkeypatch.setattr(kernels, "run_reference", refuse)
-    outputs = llm.generate(PROMPTS, max_new_tokens=4)
-    for prompt, out in zip(PROMPTS, outputs, strict=True):
-        assert out.token_ids == _hf_tokens(model, prompt, 4)
+    zeroed = _moe_block(model)
+    monkeypatch.setattr(zeroed, "forward", lambda hidden, *_, **__: torch.zeros_like(hidden))
+    assert [_hf_tokens(model, prompt) for prompt in PROMPTS] != hf, "the MoE block decides the tokens"

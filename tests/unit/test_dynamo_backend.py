@@ -7,6 +7,7 @@ interpreter test (the Triton kernels themselves are covered by the model tests).
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Callable
@@ -15,10 +16,11 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
+from kernel_guard import graph_kernels, kernel_calls, kernels_ran
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import ad_mlir.compiler
-from ad_mlir.dynamo_backend import EagerFallbackWarning
+from ad_mlir.dynamo_backend import EagerFallbackWarning, ad_mlir_backend
 from ad_mlir.families import small_model
 from ad_mlir.models import FAMILIES, TinyConfig, build_model
 from ad_mlir.runtime.kernels import reference_kernels
@@ -34,16 +36,17 @@ def _fresh_dynamo() -> None:
 
 @pytest.fixture
 def compiled_graphs(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
-    """The ATen graphs that reach `ad_mlir.compile` through the backend, in order; each
-    compiled graph is checked to call kernels of ours."""
+    """The ATen graphs that `ad_mlir.compile` compiled through the backend, in order (a graph
+    is counted once compiled, not when it arrives: one whose compile fails is not in the list);
+    each compiled graph is checked to call generated kernels of ours."""
     seen: list[torch.fx.GraphModule] = []
     real = ad_mlir.compiler.compile
 
     def spy(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
-        seen.append(gm)
         compiled = real(gm, *args, **kwargs)
         if kwargs.get("pipeline") != "none":
-            assert _kernel_calls(compiled) > 0, "the compiled graph calls no kernel of ours"
+            assert kernel_calls(compiled), "the compiled graph calls no kernel of ours"
+        seen.append(gm)
         return compiled
 
     monkeypatch.setattr(ad_mlir.compiler, "compile", spy)
@@ -65,10 +68,6 @@ def _logits_error(model: torch.nn.Module, ids: torch.Tensor, options: dict[str, 
     return (got - expected).abs().max().item()
 
 
-def _kernel_calls(gm: torch.fx.GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("ad_mlir."))
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_builtin_family_equals_eager(family: str, compiled_graphs: list[torch.fx.GraphModule]) -> None:
     with reference_kernels():
@@ -87,10 +86,22 @@ def test_family_from_config_equals_eager(family: str, compiled_graphs: list[torc
 
 
 def test_kernels_in_the_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real Triton kernels (interpreted on CPU), checked numerically by `verify`, and the
-    `none` pipeline (imported and exported back, nothing fused) bit-exact."""
+    """The real Triton kernels (interpreted on CPU), checked numerically by `verify` when
+    compiling and run again with nothing but kernels (`kernel_guard`), and the `none` pipeline
+    (imported and exported back, nothing fused) bit-exact."""
     model, ids = build_model(TinyConfig(family="llama", layers=1)), _ids(7)
-    _logits_error(model, ids, {"pipeline": "default", "verify": True})
+    made: list[torch.fx.GraphModule] = []
+    real = ad_mlir.compiler.compile
+    monkeypatch.setattr(ad_mlir.compiler, "compile", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    options = {"pipeline": "default", "verify": True, "fallback": False}
+    compiled = torch.compile(model, backend="ad_mlir", options=options)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        compiled(input_ids=ids)
+        assert len(made) == 1
+        graph_kernels(made[0])
+        with kernels_ran(monkeypatch):
+            torch.testing.assert_close(compiled(input_ids=ids).logits, expected)
     torch._dynamo.reset()
     with torch.no_grad():
         options = {"pipeline": "none", "fallback": False}
@@ -106,7 +117,8 @@ def test_graph_break_compiles_both_parts(compiled_graphs: list[torch.fx.GraphMod
 
     x, w = torch.randn(4, 8), torch.randn(8, 8)
     with torch.no_grad(), reference_kernels():
-        torch.testing.assert_close(torch.compile(f, backend="ad_mlir")(x, w), f(x, w))
+        compiled = torch.compile(f, backend="ad_mlir", options={"fallback": False})
+        torch.testing.assert_close(compiled(x, w), f(x, w))
     targets = [{str(n.target) for n in gm.graph.nodes} for gm in compiled_graphs]
     assert len(targets) == 2, "each side of the break reaches ad_mlir.compile"
     assert "aten.silu.default" in targets[0] and "aten._softmax.default" in targets[1]
@@ -114,7 +126,7 @@ def test_graph_break_compiles_both_parts(compiled_graphs: list[torch.fx.GraphMod
 
 def test_dynamic_sequence_length_compiles_once(compiled_graphs: list[torch.fx.GraphModule]) -> None:
     model = build_model(TinyConfig(family="qwen2", layers=1))
-    counter = CompileCounterWithBackend("ad_mlir")
+    counter = CompileCounterWithBackend(functools.partial(ad_mlir_backend, options={"fallback": False}))
     compiled = torch.compile(model, backend=counter)
     with torch.no_grad(), reference_kernels():
         for seq in (5, 8, 13, 21):

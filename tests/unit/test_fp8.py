@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_guard import kernels_ran
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
@@ -31,6 +32,7 @@ from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.models import TinyConfig, build_model, example_input_ids, export_model
 from ad_mlir.passes.pipeline import make_context, run_pipeline
+from ad_mlir.report import E4M3_LOGITS_ERROR, fp8_logits_error
 from ad_mlir.runtime.kernels import region_kernel
 from ad_mlir.runtime.reference import evaluate, run_op
 
@@ -179,25 +181,36 @@ def _quantizing_regions(ep: torch.export.ExportedProgram, quantize: str, scheme:
     return unfused, fused, [r for r in regions if any(o.name == quant for o in r.body.block.ops)], quant
 
 
+INTERPRETER_FP8_ERROR = 2 * 0.04**0.5 * 0.5 if not torch.cuda.is_available() else 0.0
+"""What the Triton interpreter's fp8 stores add to the kernels' logits error (none on a GPU):
+2-4% of its fp8 stores are wrong, each by half its value (DESIGN.md; measured), an rms relative
+error of sqrt(0.04) x 0.5 = 0.10 on a quantized activation, composed like the e4m3 rounding
+(`report.E4M3_LOGITS_ERROR`) over the two quantized linears of a residual branch: 0.2. Measured:
+the compiled OPT with static scales at 0.129 where its reference is within 0.102."""
+
+
 def _assert_fused_matches_unfused(model: torch.nn.Module, ep, ids: torch.Tensor, quantize: str, unfused,
-                                  fused) -> None:
+                                  fused, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the reference evaluator the fused graph computes the same bits (the fusions only
     regroup ops). The compiled graph runs the kernels in the interpreter, whose fp8 conversions
-    differ from torch's for a few % of values by one e4m3 step, as large as those values'
-    quantization error; the logits therefore differ from the unfused fp8 graph by the order of
-    the fp8 noise itself: at most 3x the unfused fp8 graph's own error against the unquantized
-    model (measured 1.3x-2.2x on the Llama)."""
+    differ from torch's for a few % of values by one e4m3 step; its logits, and the unfused fp8
+    graph's, are within the relative error e4m3 allows of the unquantized model's
+    (`report.E4M3_LOGITS_ERROR`, derived there): a bound that does not grow with the pipeline's
+    own error."""
     with torch.no_grad():
         reference = evaluate(unfused.module, unfused.weights, [ids])[0]
         assert torch.equal(evaluate(fused.module, fused.weights, [ids])[0], reference)
-        compiled = ad_mlir.compile(ep, pipeline=f"{quantize},default")(ids)[0]
+        with kernels_ran(monkeypatch):
+            compiled = ad_mlir.compile(ep, pipeline=f"{quantize},default")(ids)[0]
         unquantized = model(input_ids=ids).logits
-    fp8_noise = (reference.float() - unquantized.float()).abs().max().item()
-    assert (compiled.float() - reference.float()).abs().max().item() <= 3 * fp8_noise
+    for name, logits, bound in (("unfused reference", reference, E4M3_LOGITS_ERROR),
+                                ("compiled", compiled, E4M3_LOGITS_ERROR + INTERPRETER_FP8_ERROR)):
+        error = fp8_logits_error(unquantized[0], logits[0])
+        assert error <= bound, f"{name}: relative error {error:.3g} > {bound:.3g}"
 
 
 @pytest.mark.parametrize("scheme", ["dynamic", "static"])
-def test_quantized_llama_fused_matches_unfused(scheme: str) -> None:
+def test_quantized_llama_fused_matches_unfused(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`quantize-linear-fp8` then the default pipeline (norm/SiLU-mul + quant fused) against
     `quantize-linear-fp8` alone (`_assert_fused_matches_unfused`)."""
     cfg = TinyConfig(family="llama", layers=2, dtype="bfloat16")
@@ -212,11 +225,11 @@ def test_quantized_llama_fused_matches_unfused(scheme: str) -> None:
     assert {o.name for r in quantizing for o in r.body.block.ops} == {
         "ad.rms_norm", "ad.add_rms_norm", "ad.silu_and_mul", quant, "ad.yield"
     }
-    _assert_fused_matches_unfused(model, ep, ids, quantize, unfused, fused)
+    _assert_fused_matches_unfused(model, ep, ids, quantize, unfused, fused, monkeypatch)
 
 
 @pytest.mark.parametrize("scheme", ["dynamic", "static"])
-def test_quantized_layer_norm_model_fused_matches_unfused(scheme: str) -> None:
+def test_quantized_layer_norm_model_fused_matches_unfused(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """OPT (pre-norm LayerNorm with bias, bf16) with its norm-fed projections (q/k/v_proj and
     fc1) in FP8: each add + LayerNorm and its quantization are one kernel."""
     from ad_mlir.families import small_model
@@ -233,4 +246,4 @@ def test_quantized_layer_norm_model_fused_matches_unfused(scheme: str) -> None:
     # every reader of a norm is quantized: each region writes the sum and the fp8 values (and
     # scales), not the bf16 normed value
     assert {len(r.outputs) for r in quantizing} == {3 if scheme == "dynamic" else 2}
-    _assert_fused_matches_unfused(model, ep, ids, quantize, unfused, fused)
+    _assert_fused_matches_unfused(model, ep, ids, quantize, unfused, fused, monkeypatch)

@@ -10,9 +10,13 @@
 // CHECK-NEXT:    %[[S:.*]] = ad.sum %[[E]] dim [-1] keepdim : tensor<2x?x8xf32> -> tensor<2x?x1xf32>
 // CHECK-NEXT:    %[[Q:.*]] = ad.div %[[E]], %[[S]]
 // CHECK-NEXT:    %[[Y:.*]] = ad.cast %[[Q]] : tensor<2x?x8xf32> -> tensor<2x?x8xbf16>
-// CHECK-NEXT:    %[[Z:.*]] = ad.amax %y dim [-1] keepdim : tensor<4x8xf32> -> tensor<4x1xf32>
-// CHECK:         ad.softmax %y dim 0
-// CHECK-NEXT:    func.return %[[Y]]
+// CHECK-NEXT:    %[[YM:.*]] = ad.amax %y dim [-1] keepdim : tensor<4x8xf32> -> tensor<4x1xf32>
+// CHECK-NEXT:    %[[YD:.*]] = ad.sub %y, %[[YM]] : tensor<4x8xf32>, tensor<4x1xf32> -> tensor<4x8xf32>
+// CHECK-NEXT:    %[[YE:.*]] = ad.exp %[[YD]] : tensor<4x8xf32> -> tensor<4x8xf32>
+// CHECK-NEXT:    %[[YS:.*]] = ad.sum %[[YE]] dim [-1] keepdim : tensor<4x8xf32> -> tensor<4x1xf32>
+// CHECK-NEXT:    %[[YQ:.*]] = ad.div %[[YE]], %[[YS]] : tensor<4x8xf32>, tensor<4x1xf32> -> tensor<4x8xf32>
+// CHECK-NEXT:    %[[Y0:.*]] = ad.softmax %y dim 0
+// CHECK-NEXT:    func.return %[[Y]], %[[YQ]], %[[Y0]]
 // FUSED-LABEL: func.func @softmax
 // FUSED-COUNT-2: ad.fused
 // FUSED-NOT:     ad.fused
