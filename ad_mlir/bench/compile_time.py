@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from ad_mlir.models import ModelShape, export_with_ids, meta_model
+from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.passes.pipeline import PIPELINES
+from ad_mlir.zoo.tiny import ModelShape, meta_model
 
 Progress = Callable[[str], None]
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ad_mlir.models import FAMILIES, ModelShape, export_meta_model, meta_model
+from ad_mlir.frontends.export import export_meta_model
+from ad_mlir.zoo.tiny import FAMILIES, ModelShape, meta_model
 
 TOKENS = 256
 """Kernels are specialized as the runtime launches them at this many tokens."""

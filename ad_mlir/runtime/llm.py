@@ -97,7 +97,7 @@ def split_spec(spec: str) -> list[str]:
 def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int) -> torch.export.ExportedProgram:
     """`model(input_ids=, position_ids=, use_cache=False)` with batch and sequence dynamic, under
     no_grad (HF's own cache off: the compiled graph has ours), with inputs on the model's device."""
-    from ad_mlir.models import export_inference
+    from ad_mlir.frontends.export import export_inference
 
     device = model_device(model)
     ids = torch.zeros(2, 3, dtype=torch.int64, device=device)
@@ -136,7 +136,7 @@ class LLM:
 
     `model`: an HF causal-LM module, a built-in tiny family name (`llama`, ...), `smollm2`
     (the packaged SmolLM2-135M-Instruct) or a checkpoint path (a directory with config.json, or a
-    .gguf file); see `ad_mlir.models.load_causal_lm`.
+    .gguf file); see `ad_mlir.zoo.checkpoints.load_causal_lm`.
 
     The caches hold `max_batch` slots of `max_seq_len` tokens (default 512). With
     `kv_cache_budget` (bytes as an int; on CUDA also a float in (0, 1], that fraction of the
@@ -159,7 +159,7 @@ class LLM:
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  pipeline: str = "default", tokenizer: Any = None, kv_cache_budget: int | float | None = None,
                  cuda_graphs: bool | None = None, world_size: int | None = None, rank: int | None = None) -> None:
-        from ad_mlir.models import load_causal_lm
+        from ad_mlir.zoo.checkpoints import load_causal_lm
 
         if isinstance(model, str):
             model, loaded_tokenizer = load_causal_lm(model)

@@ -159,7 +159,7 @@ class AdOptMain(xDSLOptMain):
             "  ad-opt --model qwen2 | ad-opt -p canonicalize --print-op-generic\n"
             "  ad-opt --model llama -p default -t triton      # the Triton kernel of every fused region\n"
         )
-        from ad_mlir.models import DTYPES, FAMILIES
+        from ad_mlir.zoo.tiny import DTYPES, FAMILIES
 
         group = arg_parser.add_argument_group(
             "model input (instead of an .mlir file)",
@@ -240,8 +240,10 @@ class AdOptMain(xDSLOptMain):
             out.close()
 
     def model_module(self) -> ModuleOp:
+        from ad_mlir.frontends.export import export_with_ids
         from ad_mlir.frontends.fx_import import import_program
-        from ad_mlir.models import built_from_config, export_with_ids, named_model, random_input_ids
+        from ad_mlir.zoo.checkpoints import built_from_config, named_model
+        from ad_mlir.zoo.tiny import random_input_ids
 
         name, layers = self.args.model, self.args.layers
         if layers is None and built_from_config(name):

@@ -15,9 +15,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import ad_mlir
 from ad_mlir import generate
-from ad_mlir.models import TinyConfig, build_model
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.runtime.llm import decode_buckets, pad_to_bucket
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15]]
 

@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ad_mlir
-from ad_mlir.families import small_config
-from ad_mlir.models import export_with_ids
+from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.runtime import kernels
+from ad_mlir.zoo.small import small_config
 
 LAYERS = 2
 CASES: dict[str, tuple[str, dict[str, Any], str]] = {

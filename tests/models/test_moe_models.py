@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ad_mlir
-from ad_mlir.families import small_config
 from ad_mlir.runtime import kernels
+from ad_mlir.zoo.small import small_config
 
 PROMPTS = [[5, 9, 13, 3, 7], [3, 4]]
 

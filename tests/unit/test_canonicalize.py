@@ -72,7 +72,7 @@ def test_real_cast_stays() -> None:
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_canonicalized_model_is_bit_exact(exported, family: str, dtype: str) -> None:
-    from ad_mlir.models import example_input_ids
+    from ad_mlir.zoo.tiny import example_input_ids
 
     cfg, ep = exported(family, dtype, False)
     program = import_program(ep)

@@ -22,9 +22,9 @@ from ad_mlir.codegen.ptx import TARGET, PtxCompileError, PtxReport, capture_laun
 from ad_mlir.dialects import ad
 from ad_mlir.frontends import op_table
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import FAMILIES
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.runtime.kernels import RegionKernel, build_kernels
+from ad_mlir.zoo.tiny import FAMILIES
 
 _KERNELS: dict[tuple[str, str], list[RegionKernel]] = {}
 _REPORTS: dict[str, PtxReport] = {}

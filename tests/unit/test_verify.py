@@ -20,11 +20,12 @@ import ad_mlir
 from ad_mlir import passes
 from ad_mlir.codegen import cache
 from ad_mlir.dialects import ad
+from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import FAMILIES, TinyConfig, build_model, export_model
 from ad_mlir.passes.pipeline import PipelineConfigError, load_pipeline, run_pipeline
 from ad_mlir.runtime.verify import NumericMismatch, NumericVerifier, mismatch
 from ad_mlir.tools import ad_opt
+from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model
 
 
 @dataclass(frozen=True)
