@@ -262,10 +262,10 @@ def _export(model: Any, ids: Any) -> Any:
 def _compile(ep: Any, pipeline: str, row: FamilyRow) -> tuple[Any, Any]:
     """`ad_mlir.compile`'s stages, keeping the module to count kernels before and after."""
     from ad_mlir.codegen.cache import KernelCache
-    from ad_mlir.frontends.fx_export import export_program
     from ad_mlir.frontends.fx_import import import_program
     from ad_mlir.passes.pipeline import run_pipeline
     from ad_mlir.report import kernels_per_layer
+    from ad_mlir.runtime.fx_export import export_program
     from ad_mlir.runtime.kernels import build_kernels
 
     program = import_program(ep)

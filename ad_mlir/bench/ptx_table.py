@@ -62,7 +62,7 @@ def generation_specializations(shape: ModelShape, dtype: str) -> list[tuple[str,
     """(phase, specialization) of every launch of a TOKENS-token prefill and of a decode step of
     DECODE_BATCH sequences."""
     from ad_mlir.codegen.ptx import record_launches, specialize_launch
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     kernel = cached_attention_kernel(shape, dtype)
     specs = []

@@ -104,7 +104,7 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     """The kernel module of a lowered region: the attention, cached attention, RoPE or MoE
     template for those ops, the generic region kernel otherwise."""
     from ad_mlir.codegen import attention_kernel, cached_attention_kernel, region_kernel, rope_kernel
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     op = template_op(region)
     if isinstance(op, ad.RopeAttentionOp):
@@ -124,7 +124,7 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
 
 def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
     from ad_mlir.codegen.attention_kernel import AttentionSpec
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     return AttentionSpec(
         head_dim=op.query.type.get_shape()[3],
@@ -154,7 +154,7 @@ def qk_norm_of(op: ad.RopeAttentionOp | ad.CachedAttentionOp) -> QkNorm | None:
 
 def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     return CachedAttentionSpec(
         head_dim=op.query.type.get_shape()[3],
@@ -177,7 +177,7 @@ def rotary_dim(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp) -> int
 
 def moe_spec(op: ad.MoeOp) -> MoeSpec:
     from ad_mlir.codegen.moe_kernel import MoeSpec
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     _, inter, hidden = op.gate_up.type.get_shape()
     return MoeSpec(

@@ -3,7 +3,7 @@
 Values are builtin ranked tensors (dynamic dims are `?`), Python-scalar operands are
 `f64`/`i64`/`i1` values made by `ad.constant`, and symbolic sizes are `index` values
 made by `ad.sym_size`. Operand and property names follow the ATen schema of the op's
-canonical overload (`self` is spelled `input`), so that `frontends/op_table.py` can map
+canonical overload (`self` is spelled `input`), so that `semantics/op_table.py` can map
 between FX nodes and `ad` ops generically. Any FX target without an op here is carried
 by `ad.torch_op`.
 
@@ -1046,7 +1046,7 @@ class AttentionOp(AdOp):
 class KernelOp(AdOp):
     """An op the LLM fusions make: codegen turns each into one kernel (or it joins the
     kernel of the `ad.fused` region that holds it). Its meaning is a torch reference op
-    (`frontends/torch_ops.py`) and, for codegen, a decomposition into elementwise and
+    (`semantics/torch_ops.py`) and, for codegen, a decomposition into elementwise and
     row-reduction ops (`dialects/decompositions.py`) that computes the same thing."""
 
     traits = traits_def(Pure())

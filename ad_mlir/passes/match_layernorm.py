@@ -47,7 +47,6 @@ from xdsl.pattern_rewriter import (
 from xdsl.utils.exceptions import VerifyException
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.op_table import UnsupportedError, attr_to_value, bound_arguments
 from ad_mlir.passes.matching import (
     constant,
     erase_dead,
@@ -57,6 +56,7 @@ from ad_mlir.passes.matching import (
     producer,
     sole_user,
 )
+from ad_mlir.semantics.op_table import UnsupportedError, attr_to_value, bound_arguments
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from xdsl.utils.exceptions import DiagnosticException
 from ad_mlir.passes import get_all_passes
 
 if TYPE_CHECKING:
-    from ad_mlir.runtime.verify import NumericVerifier
+    from ad_mlir.passes.verify import NumericVerifier
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def run_pipeline(
 ) -> list[PassRecord]:
     """Apply `pipeline` (a name in PIPELINES, a YAML file or a pass string) to `module` in
     place, verifying the IR after each pass and, with `numeric`, its results (the module before
-    and after on the same inputs, `runtime/verify.py`); returns what each pass did.
+    and after on the same inputs, `passes/verify.py`); returns what each pass did.
 
     With `skip_on_error` (else the YAML's `skip_on_error`, else on unless
     AD_MLIR_SKIP_ON_ERROR=0), a pass that raises, leaves invalid IR or changes the results is

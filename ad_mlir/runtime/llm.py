@@ -116,7 +116,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
     """The K/V cache arguments of a cached function, in order."""
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     caches = []
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs.data, strict=True):

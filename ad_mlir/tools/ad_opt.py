@@ -36,7 +36,7 @@ from ad_mlir.passes import get_all_passes
 from ad_mlir.passes.pipeline import expand_passes
 
 if TYPE_CHECKING:
-    from ad_mlir.runtime.verify import NumericVerifier
+    from ad_mlir.passes.verify import NumericVerifier
 
 
 def _package_version() -> str:
@@ -194,7 +194,7 @@ class AdOptMain(xDSLOptMain):
     def setup_pipeline(self) -> None:
         numeric = None
         if self.args.verify_each:
-            from ad_mlir.runtime.verify import NumericVerifier
+            from ad_mlir.passes.verify import NumericVerifier
 
             numeric = self._numeric = NumericVerifier()
 

@@ -30,7 +30,7 @@ from ad_mlir.codegen.ptx import (
     record_launch,
     specialize_module,
 )
-from ad_mlir.frontends import torch_ops
+from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

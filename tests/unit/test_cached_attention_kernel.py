@@ -32,7 +32,7 @@ from ad_mlir.codegen.cached_attention_kernel import (
     emit_cached_attention_module,
 )
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.frontends import torch_ops
+from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

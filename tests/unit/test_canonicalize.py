@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.fx_export import export_program
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.runtime.fx_export import export_program
 
 aten, prims = torch.ops.aten, torch.ops.prims
 X = torch.randn(2, 3, 4, 5)

@@ -32,7 +32,7 @@ from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.passes.pipeline import make_context, run_pipeline
 from ad_mlir.runtime.kernels import region_kernel
-from ad_mlir.runtime.reference import evaluate, run_op
+from ad_mlir.semantics.reference import evaluate, run_op
 from ad_mlir.zoo.tiny import TinyConfig, build_model, example_input_ids
 
 X = "tensor<6x96xbf16>"

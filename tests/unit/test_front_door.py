@@ -20,8 +20,8 @@ import ad_mlir
 from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import ImportError_
 from ad_mlir.frontends.graph_sources import SourceError
+from ad_mlir.frontends.input_checks import InputError
 from ad_mlir.runtime import kernels
-from ad_mlir.runtime.input_checks import InputError
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.tiny import TinyConfig, build_model, example_input_ids
 

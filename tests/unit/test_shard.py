@@ -18,11 +18,11 @@ from xdsl.passes import PassPipeline
 import ad_mlir
 from ad_mlir.examples.tp import RankResult, run_rank
 from ad_mlir.frontends.export import export_model
-from ad_mlir.frontends.fx_import import ShardError
 from ad_mlir.passes import get_all_passes
 from ad_mlir.passes.pipeline import make_context, resolve_pipeline, run_pipeline
 from ad_mlir.passes.shard import ShardPass
 from ad_mlir.runtime import kernels
+from ad_mlir.semantics.weights import ShardError
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 WORLD = 2
