@@ -123,7 +123,7 @@ def _stage(row: FamilyRow, name: str, fn: Callable[[], Any]) -> Any:
 
 
 def _layer0_ops(module: Any) -> dict[str, int]:
-    from ad_mlir.report import layer_of
+    from ad_mlir.tools.report import layer_of
 
     counts: Counter[str] = Counter()
     for fn in module.ops:
@@ -139,7 +139,7 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
     each of `seq_lens`, then (`bf16`) the same weights in bf16 at the longest."""
     import torch
 
-    from ad_mlir.report import kernels_per_layer, max_abs_error
+    from ad_mlir.tools.report import kernels_per_layer, max_abs_error
 
     row = FamilyRow(family)
     try:
@@ -206,7 +206,7 @@ def _sweep_bf16(row: FamilyRow, model: Any, ids: Any, pipeline: str) -> None:
     yardstick, as the kernels keep fp32 between ops where eager rounds each result."""
     import torch
 
-    from ad_mlir.report import low_precision_bound, max_abs_error
+    from ad_mlir.tools.report import low_precision_bound, max_abs_error
 
     with torch.no_grad():
         truth = model(input_ids=ids).logits
@@ -264,9 +264,9 @@ def _compile(ep: Any, pipeline: str, row: FamilyRow) -> tuple[Any, Any]:
     from ad_mlir.codegen.cache import KernelCache
     from ad_mlir.frontends.fx_import import import_program
     from ad_mlir.passes.pipeline import run_pipeline
-    from ad_mlir.report import kernels_per_layer
     from ad_mlir.runtime.fx_export import export_program
     from ad_mlir.runtime.kernels import build_kernels
+    from ad_mlir.tools.report import kernels_per_layer
 
     program = import_program(ep)
     row.kernels_before = max(kernels_per_layer(program.module).values(), default=0)

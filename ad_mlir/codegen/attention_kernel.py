@@ -39,85 +39,17 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.blocks import next_power_of_2
 from ad_mlir.codegen.writer import IndentedWriter
+from ad_mlir.dialects.kernel_forms import (
+    HeadPieces,
+    check_rope_dims,
+    head_pieces,
+    next_power_of_2,
+)
 
 LOG2E = 1.4426950408889634
 
 _TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
-
-MAX_HEAD_DIM = 256
-"""The widest head (padded pieces) the block table has tiles for."""
-MIN_PIECE = 16
-"""A piece of the head dim feeds a tl.dot, whose depth is at least 16."""
-
-
-def _padded(width: int) -> int:
-    """A piece's width in registers: a power of two >= MIN_PIECE (0 for no piece)."""
-    return max(MIN_PIECE, next_power_of_2(width)) if width else 0
-
-
-@dataclass(frozen=True)
-class HeadPieces:
-    """How a head of `head_dim` dims is held in registers: the rotated pairs as two pieces `a`,
-    `b` of `half` dims each, then the dims RoPE passes through (partial rotary) as a piece `p` of
-    `rest` dims and a piece `t` of the `tail` dims after it (none when 0); each piece padded to
-    a power of two >= MIN_PIECE (`_padded`). Passed dims are split in two where that pads less
-    (96 as 64 + 32, not 128). Without RoPE the head is split the same way, unrotated: half =
-    head_dim // 2."""
-
-    head_dim: int
-    half: int
-    rest: int
-    tail: int
-
-    @property
-    def head_p(self) -> int:
-        """The head dim padded to a power of two: the V and output tiles' width."""
-        return _padded(self.head_dim)
-
-    @property
-    def width(self) -> int:
-        """The padded width of the pieces together, rounded to a power of two: what sizes the
-        tiles (the block tables' key)."""
-        return max(self.head_p, next_power_of_2(2 * _padded(self.half) + _padded(self.rest) + _padded(self.tail)))
-
-    @property
-    def constexprs(self) -> dict[str, int]:
-        """The `_load_pieces` constexprs: each piece's width and padded width."""
-        return {"HALF": self.half, "HALF_P": _padded(self.half), "REST": self.rest, "REST_P": _padded(self.rest),
-                "TAIL": self.tail, "TAIL_P": _padded(self.tail)}
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The pieces there are, of a, b, p, t."""
-        return ("a", "b") + (("p",) if self.rest else ()) + (("t",) if self.tail else ())
-
-
-def head_pieces(head_dim: int, rotary_dim: int | None) -> HeadPieces:
-    """The pieces of a head rotated on its first `rotary_dim` dims (None: no RoPE)."""
-    half = (rotary_dim if rotary_dim is not None else head_dim) // 2
-    passed = head_dim - 2 * half
-    low = 1 << max(passed.bit_length() - 1, 0)  # the largest power of two <= passed
-    if passed > MIN_PIECE and low < passed and low + _padded(passed - low) < _padded(passed):
-        return HeadPieces(head_dim, half, low, passed - low)
-    return HeadPieces(head_dim, half, passed, 0)
-
-
-def check_rope_dims(what: str, head_dim: int, rotary_dim: int | None, interleaved: bool) -> HeadPieces:
-    """The pieces of a head, or ValueError naming `what` when a template cannot hold it."""
-    if head_dim < 1:
-        raise ValueError(f"{what}: head_dim {head_dim} must be positive")
-    if rotary_dim is not None and (rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim):
-        raise ValueError(f"{what}: rotary_dim {rotary_dim} must be even and in 2..head_dim {head_dim}")
-    if interleaved and rotary_dim is None:
-        raise ValueError(f"{what}: interleaved pairs need RoPE (a rotary_dim)")
-    pieces = head_pieces(head_dim, rotary_dim)
-    if pieces.width > MAX_HEAD_DIM:
-        raise ValueError(f"{what}: head_dim {head_dim} (rotary_dim {rotary_dim}) needs tiles {pieces.width} wide, "
-                         f"over the {MAX_HEAD_DIM} the kernel has registers for; use the unfused attention for it")
-    return pieces
-
 
 def dot_dtype_line(dtype: torch.dtype) -> str:
     """The `DOT_DTYPE` constant of a template: the tiles' dtype for `tl.dot`."""

@@ -35,7 +35,7 @@ Scores are q.k * scale, soft-capped (`softcap * tanh(s / softcap)`, Gemma2) when
 the online softmax runs in fp32 with exp2. Q, K and P are rounded to the input dtype for the dots
 (as FlashAttention does); RoPE, scores and softmax stay in fp32; the cache holds the rotated key
 rounded once to its dtype, in the head's own dim order. The head dim is held as the attention
-template's pieces (`attention_kernel.HeadPieces`: the rotated pairs, rotate_half or interleaved,
+template's pieces (`kernel_forms.HeadPieces`: the rotated pairs, rotate_half or interleaved,
 and the dims past a partial rotary dim, each padded to a power of two and masked), so any head_dim
 and rotary_dim work: QK^T is one dot per piece; V and the output are padded, masked tiles.
 """
@@ -57,11 +57,10 @@ from ad_mlir.codegen.attention_kernel import (
     QkNorm,
     RotaryHead,
     attention_blocks,
-    check_rope_dims,
     dot_dtype_line,
     qk_norm_helper,
 )
-from ad_mlir.codegen.blocks import next_power_of_2
+from ad_mlir.dialects.kernel_forms import check_rope_dims, next_power_of_2
 
 PREFILL, DECODE, REDUCE = 0, 1, 2
 

@@ -48,7 +48,7 @@ from string import Template
 import torch
 
 from ad_mlir.codegen.attention_kernel import _TL_DTYPE, dot_dtype_line
-from ad_mlir.codegen.blocks import next_power_of_2
+from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 ROUTE, ALIGN, GATE_UP, DOWN, COMBINE = range(5)
 

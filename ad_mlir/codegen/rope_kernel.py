@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.blocks import next_power_of_2
+from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 _TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
 

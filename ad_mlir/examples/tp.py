@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ad_mlir.frontends.export import export_model
-from ad_mlir.report import max_abs_error, verdict
+from ad_mlir.tools.report import max_abs_error, verdict
 from ad_mlir.zoo.tiny import DTYPES, FAMILIES, TinyConfig, build_model, example_input_ids
 
 ALL_REDUCE = "_c10d_functional.all_reduce.default"

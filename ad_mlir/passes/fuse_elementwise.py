@@ -7,7 +7,7 @@ broadcast into D: D itself, the per-row shape R = D[:-1] + [1], a per-column wei
 last-dim slices and cats of static widths ("column ops": RoPE's rotate_half), which the kernel
 turns into column index math. Column ops and reductions never share a region (a reduction
 runs over the region's columns). Only ops the Triton codegen can emit join
-(`codegen/region_kernel.supports`), and a group of slices alone stays views. Inputs may
+(`dialects/kernel_forms.supports`), and a group of slices alone stays views. Inputs may
 broadcast to D; a value used both inside and outside becomes an extra output. Two groups
 never merge when a path between them leaves the group (that would make the fused op depend
 on itself).
@@ -39,8 +39,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
-from ad_mlir.codegen import region_kernel
-from ad_mlir.dialects import ad
+from ad_mlir.dialects import ad, kernel_forms
 from ad_mlir.dialects.weights import weight_only_values
 
 log = logging.getLogger(__name__)
@@ -87,10 +86,10 @@ def level_shapes(op: Operation) -> frozenset[Shape]:
 def is_fusible(op: Operation, allow_reductions: bool) -> bool:
     """Pointwise ops, last-dim slices and cats (and row reductions when allowed) of fusible
     types that the Triton codegen can emit."""
-    kinds_ok = isinstance(op, POINTWISE_OPS) or region_kernel.is_column_op(op)
+    kinds_ok = isinstance(op, POINTWISE_OPS) or kernel_forms.is_column_op(op)
     if not (kinds_ok or (allow_reductions and is_row_reduction(op))):
         return False
-    return _types_fusible(op) and region_kernel.supports(op)
+    return _types_fusible(op) and kernel_forms.supports(op)
 
 
 def computes(op: Operation) -> bool:
@@ -127,7 +126,7 @@ class _Group:
 
     @property
     def column_ops(self) -> bool:
-        return any(region_kernel.is_column_op(op) for op in self.ops)
+        return any(kernel_forms.is_column_op(op) for op in self.ops)
 
     @property
     def reductions(self) -> bool:

@@ -74,8 +74,8 @@ from xdsl.pattern_rewriter import (
 )
 from xdsl.rewriter import InsertPoint
 
-from ad_mlir.codegen.attention_kernel import check_rope_dims
 from ad_mlir.dialects import ad
+from ad_mlir.dialects.kernel_forms import check_rope_dims
 from ad_mlir.passes.attention_masks import (
     MaskError,
     backward_slice,

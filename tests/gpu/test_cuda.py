@@ -14,8 +14,8 @@ import torch
 
 import ad_mlir
 from ad_mlir.frontends.export import export_with_ids
-from ad_mlir.report import low_precision_bound
 from ad_mlir.runtime import kernels
+from ad_mlir.tools.report import low_precision_bound
 from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model, example_input_ids
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on CI)")

@@ -19,9 +19,9 @@ import torch
 import ad_mlir
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.passes.pipeline import run_pipeline
-from ad_mlir.report import low_precision_bound
 from ad_mlir.runtime import kernels
 from ad_mlir.semantics.torch_ops import REFERENCE_OPS
+from ad_mlir.tools.report import low_precision_bound
 from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model, example_input_ids
 
 

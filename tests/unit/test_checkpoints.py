@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ad_mlir import report
-from ad_mlir.tools import ad_opt
+from ad_mlir.tools import ad_opt, report
 from ad_mlir.zoo.checkpoints import checkpoint_path, load_causal_lm, named_model
 from ad_mlir.zoo.small import small_model
 from ad_mlir.zoo.tiny import random_input_ids

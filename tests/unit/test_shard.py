@@ -60,7 +60,7 @@ def _layer_norm_family_on_rank(family: str, rank: int) -> tuple[float, tuple[str
     all_reduce count, for a family built small from its HF config (same seed on every rank)."""
     from ad_mlir.examples.tp import ALL_REDUCE
     from ad_mlir.frontends.export import export_with_ids
-    from ad_mlir.report import max_abs_error
+    from ad_mlir.tools.report import max_abs_error
     from ad_mlir.zoo.small import small_model
 
     kernels.run_reference = _refuse_reference

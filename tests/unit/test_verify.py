@@ -107,7 +107,7 @@ def test_verify_each_checks_the_cached_pipeline(capsys: pytest.CaptureFixture) -
 
 def test_compile_verify_checks_the_cached_attention_kernel() -> None:
     """The compiled cached graph (the cached-attention kernel in the interpreter) against its IR."""
-    from ad_mlir.runtime.llm import cached_pipeline, export_for_cache
+    from ad_mlir.llm.llm import cached_pipeline, export_for_cache
 
     ep = export_for_cache(build_model(TinyConfig(layers=1)), max_batch=4, max_seq_len=32)
     gm = ad_mlir.compile(ep, pipeline=cached_pipeline("default", 4, 32), verify=True)
