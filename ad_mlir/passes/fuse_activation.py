@@ -5,7 +5,7 @@ Where it matches: the activation's input is a GEMM's output (through reshapes an
 slices: GPT-2's Conv1D `addmm` + view, Phi's fc1 as a slice of the GEMM `fuse-gemms` made of
 it and Q/K/V), or such an output plus a bias `[N]` of its dtype read only there; and its
 result is read by GEMMs only (through reshapes, or FP8-quantized for one). The spellings it
-reads are in `passes/activations.py` (`ad.gelu`, the tanh formula in f32, `relu`,
+reads are in `passes/patterns/activations.py` (`ad.gelu`, the tanh formula in f32, `relu`,
 `relu(x)^2`, `ad.silu` and its core-ATen form).
 
 Why an op rather than leaving the ops to `fuse-elementwise` (which would also make one kernel
@@ -36,9 +36,8 @@ from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, Rewrite
 from xdsl.rewriter import InsertPoint
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.activations import Activation, gelu_of, relu2_of, relu_of, silu_of
-from ad_mlir.passes.matching import erase_dead, other_operand, plain_binary, producer
-from ad_mlir.passes.pipeline import describe_op
+from ad_mlir.passes.patterns.activations import Activation, gelu_of, relu2_of, relu_of, silu_of
+from ad_mlir.passes.patterns.matching import describe_op, erase_dead, other_operand, plain_binary, producer
 
 log = logging.getLogger(__name__)
 

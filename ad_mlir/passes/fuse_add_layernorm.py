@@ -16,7 +16,7 @@ from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriteWalker
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.fuse_add_rmsnorm import FuseAddNorm
+from ad_mlir.passes.patterns.add_norm import FuseAddNorm
 
 log = logging.getLogger(__name__)
 

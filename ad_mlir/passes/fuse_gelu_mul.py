@@ -2,7 +2,7 @@
 Gemma's and Gemma 3's `gelu_pytorch_tanh`, any gated MLP configured with a GELU).
 
 gelu is `ad.gelu` with either approximation (the op keeps it), or in f32 the tanh formula
-spelled out as HF's `NewGELUActivation` writes it (`passes/activations.py` says why only
+spelled out as HF's `NewGELUActivation` writes it (`passes/patterns/activations.py` says why only
 in f32). Gate and up may be two linears, two last-dim slices of one (after `fuse-gemms`), or
 the two halves of a fused `gate_up_proj` chunked (Phi-3's shape): the kernel reads each
 through its runtime strides. The gelu must have no other user, and gate, up and the product
@@ -21,7 +21,7 @@ from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriteWalker
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.activations import FuseGatedProduct, gelu_of
+from ad_mlir.passes.patterns.activations import FuseGatedProduct, gelu_of
 
 log = logging.getLogger(__name__)
 

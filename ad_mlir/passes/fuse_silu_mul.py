@@ -1,7 +1,7 @@
 """`fuse-silu-mul`: `silu(gate) * up` -> `ad.silu_and_mul(gate, up)` (HF's gated MLP).
 
 silu is `ad.silu` or, in a core-ATen graph, `x * sigmoid(x)` (for bf16/f16 `x`, between a
-cast to f32 and one back: what torch's silu computes; `passes/activations.py`).
+cast to f32 and one back: what torch's silu computes; `passes/patterns/activations.py`).
 
 Gate and up may be two linears, or two last-dim slices of one linear (after `fuse-gemms`):
 the kernel reads either through its runtime strides, so the slices cost no copy. The silu
@@ -20,7 +20,7 @@ from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriteWalker
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.activations import FuseGatedProduct, silu_of
+from ad_mlir.passes.patterns.activations import FuseGatedProduct, silu_of
 
 log = logging.getLogger(__name__)
 

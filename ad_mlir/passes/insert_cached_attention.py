@@ -62,7 +62,7 @@ from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.attention_masks import (
+from ad_mlir.passes.patterns.attention_masks import (
     MaskError,
     NotCausalWindow,
     backward_slice,
@@ -71,8 +71,8 @@ from ad_mlir.passes.attention_masks import (
     evaluate,
     input_name,
 )
-from ad_mlir.passes.attention_patterns import Attention, match_eager_attention
-from ad_mlir.passes.matching import erase_dead
+from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
+from ad_mlir.passes.patterns.matching import erase_dead
 
 log = logging.getLogger(__name__)
 

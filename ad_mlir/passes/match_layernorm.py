@@ -47,7 +47,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.utils.exceptions import VerifyException
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.matching import (
+from ad_mlir.passes.patterns.matching import (
     constant,
     erase_dead,
     is_last_dim_row_reduction,

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, NameLoc
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.dialects.func import FuncOp
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass, PassPipeline
 from xdsl.utils.exceptions import DiagnosticException
 
 from ad_mlir.passes import get_all_passes
+from ad_mlir.passes.patterns.matching import describe_op
 
 if TYPE_CHECKING:
     from ad_mlir.passes.verify import NumericVerifier
@@ -196,13 +197,6 @@ def _apply_checked(p: ModulePass, ctx: Context, module: ModuleOp, verify: bool,
         module.verify()
     if numeric is not None:
         numeric.check_pass(p.name, module)
-
-
-def describe_op(op: Operation) -> str:
-    """`%name = ad.op at <HF module>`: an op as a user finds it in the IR."""
-    name = f"%{op.results[0].name_hint} = " if op.results and op.results[0].name_hint else ""
-    where = f" at {op.location.desc.data}" if isinstance(op.location, NameLoc) else ""
-    return f"{name}{op.name}{where}"
 
 
 def failure(e: BaseException) -> str:

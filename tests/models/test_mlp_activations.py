@@ -3,7 +3,7 @@ weights, biases not zero, fp32) with an activation its config allows, one fused 
 per layer, its kernel run in the Triton interpreter (the reference fallback refused) and the
 logits equal to eager's within torch.testing's fp32 tolerance (the kernels compute in fp32 as
 eager does; the spelled-out GELUs of GPT-2 and BLOOM differ from torch's tanh-GELU kernel by a
-few fp32 ulps, see passes/activations.py)."""
+few fp32 ulps, see passes/patterns/activations.py)."""
 
 from __future__ import annotations
 

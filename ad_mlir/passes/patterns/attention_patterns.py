@@ -19,7 +19,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.matching import constant, other_operand, plain_binary, producer, sole_user
+from ad_mlir.passes.patterns.matching import constant, other_operand, plain_binary, producer, sole_user
 
 
 @dataclass
