@@ -20,10 +20,12 @@ runs as one replayed graph per batch bucket (`CudaGraphDecode`), a batch padded 
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,19 +96,53 @@ def split_spec(spec: str) -> list[str]:
     return [p for p in passes if p]
 
 
+class CacheExportError(ValueError):
+    """The model does not export in the form generation compiles (`export_for_cache`)."""
+
+
 def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int) -> torch.export.ExportedProgram:
-    """`model(input_ids=, position_ids=, use_cache=False)` with batch and sequence dynamic, under
-    no_grad (HF's own cache off: the compiled graph has ours), with inputs on the model's device."""
+    """`model(input_ids=, position_ids=)` with batch and sequence dynamic, under no_grad, with
+    inputs on the model's device and HF's own cache off (the compiled graph has ours): through
+    `use_cache=False` where the forward names it, else through the config (a forward that takes
+    it in `**kwargs`). `position_ids` only where the forward takes it: a model without computes
+    its positions itself, which `insert-cached-attention` refuses unless nothing needs them."""
     from ad_mlir.frontends.export import export_inference
 
+    params = inspect.signature(model.forward).parameters
+    name = type(model).__name__
+    if "input_ids" not in params:
+        raise CacheExportError(f"{name}.forward takes no 'input_ids' parameter: generation needs a causal LM "
+                               "called with token ids")
     device = model_device(model)
-    ids = torch.zeros(2, 3, dtype=torch.int64, device=device)
-    positions = torch.arange(3, device=device).expand(2, 3)
     batch = torch.export.Dim("batch", min=1, max=max(max_batch, 2))
     seq = torch.export.Dim("seq", min=1, max=max_seq_len)
-    dims = {0: batch, 1: seq}
-    return export_inference(model, {"input_ids": ids, "position_ids": positions, "use_cache": False},
-                            {"input_ids": dims, "position_ids": dims, "use_cache": None})
+    kwargs: dict[str, Any] = {"input_ids": torch.zeros(2, 3, dtype=torch.int64, device=device)}
+    dims: dict[str, Any] = {"input_ids": {0: batch, 1: seq}}
+    if "position_ids" in params:
+        kwargs["position_ids"], dims["position_ids"] = torch.arange(3, device=device).expand(2, 3), {0: batch, 1: seq}
+    if "use_cache" in params:
+        kwargs["use_cache"], dims["use_cache"] = False, None
+    try:
+        with _hf_cache_off(model):
+            return export_inference(model, kwargs, dims)
+    except Exception as e:
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        raise CacheExportError(f"{name} does not export for generation, called with {', '.join(kwargs)} (batch and "
+                               f"sequence dynamic): {type(e).__name__}: {first}") from e
+
+
+@contextlib.contextmanager
+def _hf_cache_off(model: torch.nn.Module) -> Iterator[None]:
+    """`config.use_cache = False` while exporting (HF forwards fall back to it), restored after."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "use_cache"):
+        yield
+        return
+    before, config.use_cache = config.use_cache, False
+    try:
+        yield
+    finally:
+        config.use_cache = before
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from xdsl.context import Context
@@ -73,10 +74,13 @@ from ad_mlir.passes.patterns.attention_masks import (
 )
 from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
 from ad_mlir.passes.patterns.matching import erase_dead
+from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
 
 POSITION_INPUT = "position_ids"
+MIXERS_LISTED = 4
+"""Position-mixing ops named in a refusal (the count says how many more)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,9 @@ class InsertCachedAttentionPass(ModulePass):
     """Attention -> `ad.cached_attention` over per-layer K/V cache arguments (module docstring)."""
 
     name = "insert-cached-attention"
+    skippable_on_error: ClassVar[bool] = False
+    """Its refusals name the layer and the op: skipped, they would reach `LLM` as a module
+    without caches."""
 
     max_batch: int = 8
     """Cache slots: sequences that can be in flight at once."""
@@ -100,16 +107,19 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _apply_to(self, fn: func.FuncOp) -> None:
         attentions = _find_attentions(fn)
+        if attentions:
+            slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
+                                     {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
+            starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
+                                      {ad.INPUT_ATTR: "cache_starts", ad.CACHE_STARTS_ATTR: ""})
+            for i, attention in enumerate(attentions):
+                self._replace(fn, attention, i, slots, starts)
+            region_dce(fn.body)
+        _refuse_uncached_mixers(fn)
         if not attentions:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
             return
-        slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]), {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
-        starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
-                                  {ad.INPUT_ATTR: "cache_starts", ad.CACHE_STARTS_ATTR: ""})
-        for i, attention in enumerate(attentions):
-            self._replace(fn, attention, i, slots, starts)
-        region_dce(fn.body)
         log.info("insert-cached-attention: %d attentions cached (%d slots x %d tokens)", len(attentions),
                  self.max_batch, self.max_seq_len)
 
@@ -163,6 +173,20 @@ class InsertCachedAttentionPass(ModulePass):
             raise PassFailedException(f"{layer}: {e}; only those can be cached") from None
         except MaskError as e:
             raise PassFailedException(f"{layer}: {e}") from None
+
+
+def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
+    """Raise naming every op left that mixes token positions: with a cache, a decode step would
+    run it on the new tokens alone, without the earlier ones it reads (a silently wrong token)."""
+    mixers = position_mixers(fn)
+    if mixers:
+        listed = "; ".join(m.describe() for m in mixers[:MIXERS_LISTED])
+        more = f" (and {len(mixers) - MIXERS_LISTED} more)" if len(mixers) > MIXERS_LISTED else ""
+        raise PassFailedException(
+            f"insert-cached-attention: {len(mixers)} op(s) mix token positions outside the cached attention, and "
+            f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
+            "such sequence mixers (short convolutions, state-space scans, linear attention, attention forms not "
+            "matched as attention) are not supported for generation yet")
 
 
 def _find_attentions(fn: func.FuncOp) -> list[Attention]:

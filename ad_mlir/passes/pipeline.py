@@ -166,7 +166,9 @@ def run_pipeline(
     With `skip_on_error` (else the YAML's `skip_on_error`, else on unless
     AD_MLIR_SKIP_ON_ERROR=0), a pass that raises, leaves invalid IR or changes the results is
     undone and skipped with a warning naming it and the op it failed on: the graph stays what
-    it was before that pass, so it stays correct."""
+    it was before that pass, so it stays correct. A pass whose rewrite its caller relies on
+    (`skippable_on_error = False`: the cache insertion, without which `LLM` cannot generate)
+    raises whatever the setting."""
     config = load_pipeline(pipeline)
     if skip_on_error is None:
         skip_on_error = config.skip_on_error if config.skip_on_error is not None else default_skip_on_error()
@@ -178,7 +180,7 @@ def run_pipeline(
         try:
             _apply_checked(p, ctx, module, verify, numeric)
         except Exception as e:
-            if before is None:
+            if before is None or not getattr(p, "skippable_on_error", True):
                 raise
             log.warning("%s: skipped (skip_on_error), the graph is left as before it: %s", p.name, failure(e))
             _restore(module, before)

@@ -55,3 +55,65 @@ func.func @additive_bias(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.2.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+// A short convolution over the sequence (LFM2's conv layer) beside a cached attention: a decode
+// step would convolve the new token alone. The slice back to the sequence's own length is no mixer.
+// CHECK: insert-cached-attention: 1 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.conv: ad.torch_op (aten.conv1d.default on a tensor with a token axis).
+func.func @short_conv(%x: tensor<1x8x?xf32> {ad.input = "x"}, %w: tensor<8x1x3xf32> {ad.param = "model.layers.0.conv.conv.weight"}, %seq: index, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> (tensor<1x8x?xf32>, tensor<1x2x?x8xf32>) {
+  %c = ad.torch_op "aten.conv1d.default"(%x, %w) [#ad.ref<0>, #ad.ref<1>, none, [1 : i64], [2 : i64], [1 : i64], 8 : i64] {} : (tensor<1x8x?xf32>, tensor<8x1x3xf32>) -> tensor<1x8x?xf32> loc("model.layers.0.conv")
+  %s = ad.slice %c dim 2 [0, %seq, 1] : tensor<1x8x?xf32> -> tensor<1x8x?xf32> loc("model.layers.0.conv")
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
+  func.return %s, %o : tensor<1x8x?xf32>, tensor<1x2x?x8xf32>
+}
+
+// -----
+// A model without attention is refused too when it mixes positions: a scan (cumsum) over the
+// sequence, a shift (x[:, :-1]), a mean over the sequence and the sequence cut into chunks.
+// CHECK: insert-cached-attention: 4 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.scan: ad.torch_op (aten.cumsum.default on a tensor with a token axis); model.layers.0.shift: ad.slice (slices token axis 1 by [0:-1:1]); model.layers.0.pool: ad.mean (reduces over token axis 1); model.layers.0.chunks: ad.reshape (cuts a token axis into chunks).
+func.func @no_attention(%x: tensor<1x?x8xf32> {ad.input = "x"}) -> (tensor<1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x1x8xf32>, tensor<1x?x4x8xf32>) {
+  %c = ad.torch_op "aten.cumsum.default"(%x) [#ad.ref<0>, 1 : i64] {} : (tensor<1x?x8xf32>) -> tensor<1x?x8xf32> loc("model.layers.0.scan")
+  %s = ad.slice %x dim 1 [0, -1, 1] : tensor<1x?x8xf32> -> tensor<1x?x8xf32> loc("model.layers.0.shift")
+  %m = ad.mean %x dim [1] keepdim : tensor<1x?x8xf32> -> tensor<1x1x8xf32> loc("model.layers.0.pool")
+  %r = ad.reshape %x [1, -1, 4, 8] : tensor<1x?x8xf32> -> tensor<1x?x4x8xf32> loc("model.layers.0.chunks")
+  func.return %c, %s, %m, %r : tensor<1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x1x8xf32>, tensor<1x?x4x8xf32>
+}
+
+// -----
+// A softmax over the keys that is not matched as attention (here: unscaled scores and no
+// mask) stays a mixer, named with its layer.
+// CHECK: model.layers.0.self_attn: ad.softmax (softmax over token axis 3)
+func.func @unmatched_softmax(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32> loc("model.layers.0.self_attn")
+  %p = ad.softmax %s dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("model.layers.0.self_attn")
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// The probabilities are also returned (HF's output_attentions): with a cache they would cover
+// the new tokens only, so the chain is not cached, and generation is refused.
+// CHECK: 2 op(s) mix token positions outside the cached attention{{.*}}: an unnamed module: ad.softmax (softmax over token axis 3); model.layers.0.self_attn: ad.matmul (contracts over token axis 3).
+func.func @probabilities_returned(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %mask: tensor<1x1x?x?xf32> {ad.input = "mask"}) -> (tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %capped = ad.tanh %s : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %masked = ad.add %capped, %mask : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o, %p : tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>
+}
+
+// -----
+// Positions counted inside the graph (a learned position table indexed by arange(seq), as in a
+// model whose forward takes no position_ids): with a cache every decode step would be position 0.
+// CHECK: 1 op(s) mix token positions outside the cached attention{{.*}}: model.embed_positions: ad.arange (counts the tokens of the step (positions not from position_ids)).
+func.func @positions_counted(%x: tensor<1x?x8xf32> {ad.input = "x"}, %table: tensor<64x8xf32> {ad.param = "model.embed_positions.weight"}, %seq: index) -> tensor<1x?x8xf32> {
+  %zero = ad.constant 0 : i64
+  %one = ad.constant 1 : i64
+  %positions = ad.arange %zero, %seq, %one : i64, index, i64 -> tensor<?xi64> loc("model.embed_positions")
+  %e = ad.embedding %table, %positions : (tensor<64x8xf32>, tensor<?xi64>) -> tensor<?x8xf32>
+  %o = ad.add %x, %e : tensor<1x?x8xf32>, tensor<?x8xf32> -> tensor<1x?x8xf32>
+  func.return %o : tensor<1x?x8xf32>
+}

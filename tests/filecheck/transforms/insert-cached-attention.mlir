@@ -188,21 +188,3 @@ func.func @tanh_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
-
-// -----
-
-// The probabilities are also returned (HF's output_attentions): with a cache they would be
-// computed over the new tokens only, so the chain is left alone (the log says why).
-// CHECK-LABEL: func.func @probabilities_returned
-// CHECK-NOT:   ad.cached_attention
-// CHECK:       %p = ad.softmax
-// CHECK:       %o = ad.matmul %p, %v
-func.func @probabilities_returned(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %mask: tensor<1x1x?x?xf32> {ad.input = "mask"}) -> (tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) {
-  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
-  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
-  %capped = ad.tanh %s : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
-  %masked = ad.add %capped, %mask : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
-  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
-  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
-  func.return %o, %p : tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>
-}

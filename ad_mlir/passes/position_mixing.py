@@ -1,0 +1,160 @@
+"""The ops of a function that mix token positions: a result at one position reads the inputs
+at other positions (a convolution or scan over the sequence, a cumulative op, a reduction or a
+contraction over it, a shift by slicing or concatenation, a sequence cut into chunks, positions
+counted inside the graph).
+
+In a graph compiled for generation, a decode step sees only its new tokens: what a position
+needs from earlier ones must come from a cache. `insert-cached-attention` caches attention and
+nothing else, so any other op that mixes positions would silently see a one-token sequence.
+Token axes are told by their type: the export for the cache makes batch and sequence dynamic,
+and every axis computed from them stays dynamic (`?`), while model sizes are static.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DYNAMIC_INDEX, NameLoc, TensorType
+from xdsl.ir import Operation, SSAValue
+
+from ad_mlir.dialects import ad
+from ad_mlir.passes.patterns.attention_masks import backward_slice
+
+TO_THE_END = 2**63 - 1
+"""`ad.slice`'s end bound for "to the end" (torch clamps it)."""
+
+MIXING_TORCH_TARGETS = (
+    "aten.conv", "aten._convolution", "aten.cumsum", "aten.cumprod", "aten.logcumsumexp", "aten.cummax",
+    "aten.cummin", "aten.flip", "aten.roll", "aten.constant_pad_nd", "aten.pad", "aten.reflection_pad",
+    "aten.replication_pad", "aten.diff", "aten.unfold", "aten.avg_pool", "aten.max_pool", "aten.fft_",
+    "aten._fft",
+)
+"""Prefixes of the opaque targets that combine neighbouring elements along an axis
+(convolutions, scans, shifts, pads, windows, FFTs): a mixer when an operand has a token axis."""
+
+
+@dataclass(frozen=True)
+class PositionMixer:
+    op: Operation
+    how: str
+    """What the op does across positions, e.g. "aten.conv1d.default over a token axis"."""
+
+    def describe(self) -> str:
+        where = self.op.location.desc.data if isinstance(self.op.location, NameLoc) else "an unnamed module"
+        return f"{where}: {self.op.name} ({self.how})"
+
+
+def position_mixers(fn: func.FuncOp) -> list[PositionMixer]:
+    """The ops of `fn` that mix token positions and reach its results, in program order (an op
+    no result depends on, such as an unused mask that DCE keeps for its opaque ops, changes no
+    token)."""
+    live: set[Operation] = set()
+    for value in fn.body.block.last_op.operands:
+        live.update(backward_slice(value)[0])
+    found = []
+    for op in (inner for top in fn.body.block.ops if top in live for inner in top.walk()):
+        rule = _RULES.get(type(op))
+        how = rule(op) if rule is not None else None
+        if how is not None:
+            found.append(PositionMixer(op, how))
+    return found
+
+
+def _arange(op: ad.ArangeOp) -> str | None:
+    """A range as long as a token axis numbers the positions of this step only: with a cache
+    it restarts at 0 in every decode step (positions must come from a `position_ids` input)."""
+    return "counts the tokens of the step (positions not from position_ids)" if _token_axes(op.result) else None
+
+
+def _token_axes(value: SSAValue) -> set[int]:
+    if not isinstance(value.type, TensorType):
+        return set()
+    return {i for i, size in enumerate(value.type.get_shape()) if size == DYNAMIC_INDEX}
+
+
+def _over(axes: Iterator[int] | set[int], value: SSAValue, what: str) -> str | None:
+    mixed = sorted(set(axes) & _token_axes(value))
+    return f"{what} over token axis {mixed[0]}" if mixed else None
+
+
+def _reduction(op: ad.ReductionOp) -> str | None:
+    return _over(op.reduced_dims(), op.input, "reduces")
+
+
+def _softmax(op: ad.SoftmaxOp) -> str | None:
+    rank = len(op.input.type.get_shape())
+    return _over({op.dim.value.data % rank}, op.input, "softmax")
+
+
+def _contraction(lhs: SSAValue) -> str | None:
+    rank = len(lhs.type.get_shape())
+    return _over({rank - 1}, lhs, "contracts") if rank else None
+
+
+def _cat(op: ad.CatOp) -> str | None:
+    rank = len(op.result.type.get_shape())
+    dim = op.dim.value.data if op.dim is not None else 0
+    return _over({dim % rank}, op.result, "concatenates")
+
+
+def _slice(op: ad.SliceOp) -> str | None:
+    """A slice that shifts or strides a token axis (`x[:, :-1]`, `x[:, 1:]`); one up to a
+    dynamic end (the sequence's own length) keeps positions where they are."""
+    rank = len(op.input.type.get_shape())
+    if op.dim.value.data % rank not in _token_axes(op.input):
+        return None
+    start, end, step = op.static_bounds.get_values()
+    if start == 0 and step == 1 and end in (TO_THE_END, DYNAMIC_INDEX):
+        return None
+    return f"slices token axis {op.dim.value.data % rank} by [{_bound(start)}:{_bound(end)}:{_bound(step)}]"
+
+
+def _bound(value: int) -> str:
+    return "?" if value == DYNAMIC_INDEX else "end" if value == TO_THE_END else str(value)
+
+
+def _reshape(op: ad.ReshapeOp) -> str | None:
+    """A reshape whose static sizes grow took a static extent out of a token axis: the
+    sequence cut into chunks, so later ops on that extent mix the positions of a chunk."""
+    if not _token_axes(op.input):
+        return None
+    before, after = _static_numel(op.input), _static_numel(op.result)
+    return None if before % after == 0 else "cuts a token axis into chunks"
+
+
+def _static_numel(value: SSAValue) -> int:
+    n = 1
+    for size in value.type.get_shape():
+        if size != DYNAMIC_INDEX:
+            n *= size
+    return n
+
+
+def _torch_op(op: ad.TorchOp) -> str | None:
+    target = op.target.data
+    if not target.startswith(MIXING_TORCH_TARGETS):
+        return None
+    if any(_token_axes(v) for v in op.inputs):
+        return f"{target} on a tensor with a token axis"
+    return None
+
+
+_RULES: dict[type[Operation], Callable[..., str | None]] = {
+    ad.SumOp: _reduction,
+    ad.MeanOp: _reduction,
+    ad.AmaxOp: _reduction,
+    ad.AminOp: _reduction,
+    ad.SoftmaxOp: _softmax,
+    ad.MatmulOp: lambda op: _contraction(op.input),
+    ad.MmOp: lambda op: _contraction(op.input),
+    ad.BmmOp: lambda op: _contraction(op.input),
+    ad.AddmmOp: lambda op: _contraction(op.mat1),
+    ad.LinearOp: lambda op: _contraction(op.input),
+    ad.CatOp: _cat,
+    ad.SliceOp: _slice,
+    ad.ReshapeOp: _reshape,
+    ad.TorchOp: _torch_op,
+    ad.ArangeOp: _arange,
+}

@@ -1,0 +1,70 @@
+"""Generation's export follows the forward's real signature (`use_cache` named or taken in
+`**kwargs`, `position_ids` present or not), and a model that does not export is our error,
+naming the model class and what it was called with, not torch's."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from test_generate import _assert_step_logits_match, _hf_tokens
+
+import ad_mlir
+from ad_mlir.llm.llm import CacheExportError
+from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.zoo.small import model_from_config, small_config
+
+WIDE_INIT_LOGIT_SCALE = 26.0
+"""The largest |logit| of this test's granitemoe on its prompts (25.7)."""
+PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
+
+
+def test_granitemoe_takes_use_cache_in_kwargs_and_generates_hf_tokens() -> None:
+    config = small_config("granitemoe")
+    config.initializer_range = 0.5  # wide init: greedy tokens vary, so a broken cache shows
+    torch.manual_seed(0)
+    model = model_from_config(config)
+    assert "use_cache" not in inspect.signature(model.forward).parameters  # what this test is about
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=40)
+    assert "use_cache" not in llm.inputs
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=8, ignore_eos=True)
+    expected = [_hf_tokens(model, prompt, 8) for prompt in PROMPTS]
+    assert all(len(set(tokens)) > 1 for tokens in expected)
+    assert [out.token_ids for out in outputs] == expected
+    # fp32, but wide-init logits reach 26: summed in another order (cached attention, MoE kernel),
+    # they differ by up to ~20 ulps of the largest; a cache that misses a token moves them by units
+    _assert_step_logits_match(model, llm, rtol=1.3e-6, atol=4e-6 * WIDE_INIT_LOGIT_SCALE)
+
+
+class _NoInputIds(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+class _DataDependent(torch.nn.Module):
+    """Branches on a token's value: torch.export cannot trace it for every input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        return x if input_ids[0, 0] > 3 else -x
+
+
+def test_a_forward_without_input_ids_is_refused() -> None:
+    with pytest.raises(CacheExportError, match="_NoInputIds.forward takes no 'input_ids' parameter"):
+        ad_mlir.LLM(_NoInputIds(), max_batch=1, max_seq_len=16)
+
+
+def test_an_export_failure_is_our_error_naming_the_model() -> None:
+    with pytest.raises(CacheExportError, match=r"_DataDependent does not export for generation, called with "
+                                               r"input_ids \(batch and sequence dynamic\): \w+"):
+        ad_mlir.LLM(_DataDependent(), max_batch=1, max_seq_len=16)
