@@ -39,6 +39,7 @@ from string import Template
 
 import torch
 
+from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.codegen.writer import IndentedWriter
 from ad_mlir.dialects.kernel_forms import (
     HeadPieces,
@@ -48,18 +49,6 @@ from ad_mlir.dialects.kernel_forms import (
 )
 
 LOG2E = 1.4426950408889634
-
-_TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
-
-def dot_dtype_line(dtype: torch.dtype) -> str:
-    """The `DOT_DTYPE` constant of a template: the tiles' dtype for `tl.dot`."""
-    if dtype != torch.bfloat16:
-        return f"DOT_DTYPE = tl.constexpr({_TL_DTYPE[dtype]})"
-    # The interpreter multiplies bf16 tiles as their raw uint16 bits: there the tiles,
-    # already rounded to bf16, are multiplied in fp32 (the same products, accumulated in
-    # fp32 as the tensor cores do). The jit decorator picks the interpreter the same way.
-    return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
-
 
 @dataclass(frozen=True)
 class QkNorm:
@@ -127,8 +116,8 @@ class AttentionSpec(RotaryHead):
         if self.rope and self.cos_dtype is None:
             raise ValueError("attention kernel: rope=True needs cos_dtype (the dtype of the cos/sin inputs)")
         for what, dtype in (("dtype", self.dtype), ("cos_dtype", self.cos_dtype if self.rope else None)):
-            if dtype is not None and dtype not in _TL_DTYPE:
-                raise ValueError(f"attention kernel: {what} {dtype} is not one of {', '.join(map(str, _TL_DTYPE))}")
+            if dtype is not None and dtype not in TL_DTYPE:
+                raise ValueError(f"attention kernel: {what} {dtype} is not one of {', '.join(map(str, TL_DTYPE))}")
         if not math.isfinite(self.scale):
             raise ValueError(f"attention kernel: softmax scale {self.scale} is not finite")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
@@ -299,7 +288,7 @@ _LLAMA_WEIGHTING = '''\
 def qk_norm_helper(norm: QkNorm, dtype: torch.dtype) -> str:
     """The `_load_normed_pieces` helper of a kernel module (after `_ROPE_HELPER`)."""
     weighting = _GEMMA_WEIGHTING if norm.weight_in_fp32 else _LLAMA_WEIGHTING
-    fields = {"eps": repr(float(norm.eps)), "offset": repr(float(norm.offset)), "elem": _TL_DTYPE[dtype]}
+    fields = {"eps": repr(float(norm.eps)), "offset": repr(float(norm.offset)), "elem": TL_DTYPE[dtype]}
     return Template(_QK_NORM_HELPER.replace("$weighting", weighting)).substitute(fields)
 
 
@@ -337,7 +326,7 @@ class AttentionEmitter:
 
     @property
     def elem(self) -> str:
-        return _TL_DTYPE[self.spec.dtype]
+        return TL_DTYPE[self.spec.dtype]
 
     def dot_operand(self, expr: str) -> str:
         """`expr` rounded to the element dtype, as a tl.dot operand (see DOT_DTYPE)."""
@@ -530,22 +519,11 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
     """The whole kernel file: imports, the `@triton.jit` kernel (and its helpers) and its
     launcher. `header` goes first (the cache's key and provenance comment)."""
     emitter = AttentionEmitter(spec, name)
-    parts = [
-        header,
-        "import torch",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "from ad_mlir.codegen.attention_kernel import attention_blocks",
-        "",
-        dot_dtype_line(emitter.spec.dtype),
-        "",
-        "",
-    ]
-    parts += [_ROPE_HELPER, ""]
+    body = [_ROPE_HELPER]
     if spec.qk_norm:
-        parts += [qk_norm_helper(spec.qk_norm, spec.dtype), ""]
+        body.append(qk_norm_helper(spec.qk_norm, spec.dtype))
     if spec.softcap:
-        parts += [_SOFTCAP_HELPER, ""]
-    parts += [emitter.emit_kernel(), "", emitter.emit_launcher()]
-    return "\n".join(parts)
+        body.append(_SOFTCAP_HELPER)
+    body += [emitter.emit_kernel(), emitter.emit_launcher()]
+    return module_source(header, {"ad_mlir.codegen.attention_kernel": ["attention_blocks"]},
+                         [dot_dtype_line(spec.dtype)], body)

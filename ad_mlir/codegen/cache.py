@@ -70,13 +70,14 @@ def _codegen_fingerprint() -> str:
         lowering,
         moe_kernel,
         rope_kernel,
+        skeleton,
         writer,
     )
     from ad_mlir.dialects import decompositions
 
     h = hashlib.sha256(triton.__version__.encode())
     for module in (region_kernel, attention_kernel, cached_attention_kernel, rope_kernel, lowering, blocks, launch, writer, decompositions, moe_kernel,
-                   kernel_forms):
+                   kernel_forms, skeleton):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 

@@ -37,6 +37,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from ad_mlir.codegen.blocks import row_fits_one_tile
+from ad_mlir.codegen.skeleton import module_source
 from ad_mlir.codegen.writer import IndentedWriter
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import (
@@ -838,18 +839,6 @@ class LauncherEmitter:
 def emit_kernel_module(op: ad.FusedOp, name: str, header: str) -> str:
     """The whole kernel file: imports, the `@triton.jit` kernel and its launcher."""
     plan = plan_kernel(op)
-    parts = [
-        header,
-        "import torch",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "from ad_mlir.codegen.blocks import pointwise_blocks, row_blocks",
-        "from ad_mlir.codegen.launch import broadcast_size, broadcast_stride, narrowed",
-        "",
-        "",
-        KernelEmitter(op, plan, name).emit(),
-        "",
-        LauncherEmitter(plan).emit(),
-    ]
-    return "\n".join(parts)
+    helpers = {"ad_mlir.codegen.blocks": ["pointwise_blocks", "row_blocks"],
+               "ad_mlir.codegen.launch": ["broadcast_size", "broadcast_stride", "narrowed"]}
+    return module_source(header, helpers, [], [KernelEmitter(op, plan, name).emit(), LauncherEmitter(plan).emit()])
