@@ -41,6 +41,7 @@ import torch
 
 from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.codegen.writer import IndentedWriter
+from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.dialects.kernel_forms import (
     HeadPieces,
     check_rope_dims,
@@ -49,18 +50,6 @@ from ad_mlir.dialects.kernel_forms import (
 )
 
 LOG2E = 1.4426950408889634
-
-@dataclass(frozen=True)
-class QkNorm:
-    """HF's RMSNorm over head_dim of each query and key head before RoPE (Qwen3, Gemma3), as
-    `ad.rms_norm` computes it: `n = x / sqrt(mean(x^2) + eps)` in fp32, then with
-    `weight_in_fp32` (Gemma) `n * (float(w) + offset)` rounded to the input dtype, else (Llama)
-    n rounded to the input dtype times `w + offset` (in the weight's dtype, the input's)."""
-
-    eps: float
-    offset: float = 0.0
-    weight_in_fp32: bool = False
-
 
 class RotaryHead:
     """The rotary dim and the pieces of the head of a template's spec (its `head_dim`, `rope`

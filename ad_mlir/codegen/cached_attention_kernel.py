@@ -53,12 +53,12 @@ from ad_mlir.codegen.attention_kernel import (
     _ROPE_HELPER,
     _SOFTCAP_HELPER,
     AttentionBlocks,
-    QkNorm,
     RotaryHead,
     attention_blocks,
     qk_norm_helper,
 )
 from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.dialects.kernel_forms import check_rope_dims, next_power_of_2
 
 PREFILL, DECODE, REDUCE = 0, 1, 2

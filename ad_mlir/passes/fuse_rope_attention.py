@@ -151,12 +151,6 @@ def _whole_projection_norm(x: SSAValue) -> str | None:
             f"OLMo2), not each head's {x.type.get_shape()[-1]}: it needs every head of a token")
 
 
-def _norm_properties(norm: ad.RmsNormOp) -> dict[str, Attribute]:
-    """An `ad.rms_norm`'s eps/offset/weight form as an attention op's QK-norm properties."""
-    fields = {"qk_norm_eps": norm.eps, "qk_norm_offset": norm.offset, "qk_norm_weight_in_fp32": norm.weight_in_fp32}
-    return {name: value for name, value in fields.items() if value is not None}
-
-
 MIN_MASK_LEN = 64
 """Masks are evaluated at least at this length, and this far past the largest number their
 computation holds (a sliding window of W shows from W + 2 tokens on)."""
@@ -208,16 +202,16 @@ def _function_of(op: Operation) -> func.FuncOp:
 
 
 @dataclass
-class QkNorm:
-    """Per-head RMSNorms of the query and the key before their RoPE (Qwen3, Gemma3)."""
+class NormedQk:
+    """Per-head RMSNorms of the query and the key before their RoPE (Qwen3, Gemma3), matched."""
 
     query: SSAValue
     """The query before its norm, as the fused op takes it ([batch, heads, seq, head_dim])."""
     key: SSAValue
     q_weight: SSAValue
     k_weight: SSAValue
-    properties: dict[str, Attribute]
-    """The op's `ad.QK_NORM_PROPERTIES`, from the norms'."""
+    spec: ad.QkNorm
+    """The norms' eps, offset and weight form (the query's and the key's are the same)."""
     ops: list[Operation]
     """The norms (after their transposes), erased once the RoPE chains are."""
     new_ops: list[Operation]
@@ -238,7 +232,7 @@ class Fusion:
     window: int | None = None
     dropped_mask: SSAValue | None = None
     """The mask the op's causal (window) masking replaces: its computation goes once unused."""
-    qk_norm: QkNorm | None = None
+    qk_norm: NormedQk | None = None
 
 
 class RopeAttentionFusion(RewritePattern):
@@ -269,7 +263,7 @@ class RopeAttentionFusion(RewritePattern):
         reasons = [n for n in norms if isinstance(n, str)]
         if not reasons and None in norms:
             reasons = ["only one of the query and the key is normalized"]
-        if not reasons and _norm_properties(norms[0][1]) != _norm_properties(norms[1][1]):
+        if not reasons and ad.QkNorm.of_norm(norms[0][1]) != ad.QkNorm.of_norm(norms[1][1]):
             reasons = ["the query's and the key's norms differ in eps, offset or weight form"]
         if not reasons and fusion.q.heads_dim != 1:
             reasons = ["the RoPE rotates [batch, seq, heads, head_dim] (GPT-J's layout), the prologue's norm heads first"]
@@ -277,8 +271,8 @@ class RopeAttentionFusion(RewritePattern):
             log.info("fuse-rope-attention: the QK-norm of the attention at %s stays separate: %s", location, reasons[0])
             return
         (q, q_norm, q_ops, q_new), (k, k_norm, k_ops, k_new) = norms
-        fusion.qk_norm = QkNorm(q, k, q_norm.weight, k_norm.weight, _norm_properties(q_norm), [*q_ops, *k_ops],
-                                [*q_new, *k_new])
+        fusion.qk_norm = NormedQk(q, k, q_norm.weight, k_norm.weight, ad.QkNorm.of_norm(q_norm), [*q_ops, *k_ops],
+                                  [*q_new, *k_new])
 
     def rewrite(self, output: Operation, fusion: Fusion, dead: list[Operation], rewriter: PatternRewriter) -> None:
         """`output` -> `ad.rope_attention`; `dead` (users first), the RoPE chains and the fused
@@ -306,7 +300,7 @@ class RopeAttentionFusion(RewritePattern):
         fused = ad.RopeAttentionOp.build(
             operands=[query, key, fusion.value, *tables(q, insert), [norm.q_weight] if norm else [],
                       [norm.k_weight] if norm else [], [fusion.mask] if fusion.mask else []],
-            properties=properties | (norm.properties if norm else {}),
+            properties=properties | (norm.spec.properties() if norm else {}),
             result_types=[output.results[0].type],
         )
         fused.location = output.location

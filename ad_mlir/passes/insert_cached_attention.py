@@ -146,8 +146,8 @@ class InsertCachedAttentionPass(ModulePass):
         rope = list(attention.rope) if attention.rope is not None else [[], []]
         norm_weights: list[SSAValue | list] = [[], []]
         if attention.qk_norm is not None:
-            *norm_weights, norm_properties = attention.qk_norm
-            properties |= norm_properties
+            *norm_weights, norm = attention.qk_norm
+            properties |= norm.properties()
         cached = ad.CachedAttentionOp.build(
             operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts],
             properties=properties,
@@ -213,8 +213,7 @@ def _from_attention_op(op: ad.RopeAttentionOp | ad.AttentionOp) -> Attention:
         attention.window = op.window.value.data if op.window is not None else None
         attention.softcap = op.softcap.value.data if op.softcap is not None else None
         if op.q_norm_weight is not None:
-            norm = {name: op.properties[name] for name in ad.QK_NORM_PROPERTIES if name in op.properties}
-            attention.qk_norm = (op.q_norm_weight, op.k_norm_weight, norm)
+            attention.qk_norm = (op.q_norm_weight, op.k_norm_weight, ad.QkNorm.of_op(op))
     return attention
 
 
