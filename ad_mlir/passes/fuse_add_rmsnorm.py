@@ -14,27 +14,21 @@ before its norm) moves after the fused op: the norm of a view of rows is the vie
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
-from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import PatternRewriteWalker
+from xdsl.pattern_rewriter import RewritePattern
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.add_norm import FuseAddNorm
-
-log = logging.getLogger(__name__)
+from ad_mlir.passes.patterns.pattern_pass import PatternPass
 
 
 @dataclass(frozen=True)
-class FuseAddRmsNormPass(ModulePass):
+class FuseAddRmsNormPass(PatternPass):
     """add + rms_norm -> `ad.add_rms_norm` (see the module docstring)."""
 
     name = "fuse-add-rmsnorm"
+    summary = "%d add + RMSNorm pairs fused"
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        pattern = FuseAddNorm(ad.RmsNormOp, ad.AddRmsNormOp, self.name)
-        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
-        log.info("fuse-add-rmsnorm: %d add + RMSNorm pairs fused", pattern.matches)
+    def patterns(self) -> list[RewritePattern]:
+        return [FuseAddNorm(ad.RmsNormOp, ad.AddRmsNormOp, self.name)]

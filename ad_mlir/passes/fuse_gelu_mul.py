@@ -12,27 +12,21 @@ says which products stay and why.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
-from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import PatternRewriteWalker
+from xdsl.pattern_rewriter import RewritePattern
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.activations import FuseGatedProduct, gelu_of
-
-log = logging.getLogger(__name__)
+from ad_mlir.passes.patterns.pattern_pass import PatternPass
 
 
 @dataclass(frozen=True)
-class FuseGeluMulPass(ModulePass):
+class FuseGeluMulPass(PatternPass):
     """gelu(gate) * up -> `ad.gelu_and_mul` (see the module docstring)."""
 
     name = "fuse-gelu-mul"
+    summary = "%d gelu * up fused"
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        pattern = FuseGatedProduct(gelu_of, ad.GeluAndMulOp, self.name)
-        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
-        log.info("fuse-gelu-mul: %d gelu * up fused", pattern.matches)
+    def patterns(self) -> list[RewritePattern]:
+        return [FuseGatedProduct(gelu_of, ad.GeluAndMulOp, self.name)]

@@ -45,7 +45,6 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     BFloat16Type,
@@ -55,16 +54,12 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntegerAttr,
     IntegerType,
-    ModuleOp,
     UnitAttr,
     i64,
 )
 from xdsl.ir import Attribute, Operation, SSAValue
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
@@ -85,6 +80,7 @@ from ad_mlir.passes.patterns.matching import (
     erase_dead,
     producer,
 )
+from ad_mlir.passes.patterns.pattern_pass import PatternPass
 from ad_mlir.passes.patterns.rope import (
     Rope,
     heads_first,
@@ -374,14 +370,15 @@ class FuseEagerRopeAttention(RopeAttentionFusion):
 
 
 @dataclass(frozen=True)
-class FuseRopeAttentionPass(ModulePass):
+class FuseRopeAttentionPass(PatternPass):
     """RoPE + repeat_kv + attention -> `ad.rope_attention` (see the module docstring)."""
 
     name = "fuse-rope-attention"
+    summary = "%d attentions with RoPE fused (%d SDPA, %d eager)"
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
+    def patterns(self) -> list[RewritePattern]:
         masks = CausalMasks()
-        patterns = [FuseRopeAttention(masks), FuseEagerRopeAttention(masks)]
-        PatternRewriteWalker(GreedyRewritePatternApplier(patterns), apply_recursively=False).rewrite_module(op)
-        log.info("fuse-rope-attention: %d attentions with RoPE fused (%d SDPA, %d eager)",
-                 sum(p.matches for p in patterns), *(p.matches for p in patterns))
+        return [FuseRopeAttention(masks), FuseEagerRopeAttention(masks)]
+
+    def counts(self, patterns: list[RewritePattern]) -> tuple[int, ...]:
+        return (sum(p.matches for p in patterns), *(p.matches for p in patterns))

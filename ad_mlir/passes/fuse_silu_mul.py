@@ -11,27 +11,21 @@ each step in that dtype, as HF's module does).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
-from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import PatternRewriteWalker
+from xdsl.pattern_rewriter import RewritePattern
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.activations import FuseGatedProduct, silu_of
-
-log = logging.getLogger(__name__)
+from ad_mlir.passes.patterns.pattern_pass import PatternPass
 
 
 @dataclass(frozen=True)
-class FuseSiluMulPass(ModulePass):
+class FuseSiluMulPass(PatternPass):
     """silu(gate) * up -> `ad.silu_and_mul` (see the module docstring)."""
 
     name = "fuse-silu-mul"
+    summary = "%d silu * up fused"
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        pattern = FuseGatedProduct(silu_of, ad.SiluAndMulOp, self.name)
-        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
-        log.info("fuse-silu-mul: %d silu * up fused", pattern.matches)
+    def patterns(self) -> list[RewritePattern]:
+        return [FuseGatedProduct(silu_of, ad.SiluAndMulOp, self.name)]
