@@ -66,6 +66,7 @@ def _codegen_fingerprint() -> str:
         attention_kernel,
         blocks,
         cached_attention_kernel,
+        causal_conv_kernel,
         launch,
         lowering,
         moe_kernel,
@@ -76,8 +77,8 @@ def _codegen_fingerprint() -> str:
     from ad_mlir.dialects import decompositions
 
     h = hashlib.sha256(triton.__version__.encode())
-    for module in (region_kernel, attention_kernel, cached_attention_kernel, rope_kernel, lowering, blocks, launch, writer, decompositions, moe_kernel,
-                   kernel_forms, skeleton):
+    for module in (region_kernel, attention_kernel, cached_attention_kernel, causal_conv_kernel, rope_kernel, lowering,
+                   blocks, launch, writer, decompositions, moe_kernel, kernel_forms, skeleton):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 

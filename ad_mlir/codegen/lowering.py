@@ -1,7 +1,7 @@
 """What codegen emits for a kernel: the `ad.fused` region of an op, with kernel ops expanded.
 
-A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or `ad.cached_attention`,
-which is not pure: it writes its caches) on its own. Either way
+A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or `ad.cached_attention`
+and `ad.cached_causal_conv1d`, which are not pure: they write their caches) on its own. Either way
 codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
 kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the
 generic region kernel sees elementwise and row-reduction ops only. Attention, RoPE and MoE ops
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
     from ad_mlir.codegen.moe_kernel import MoeSpec
 
-KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp)
+KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.CachedCausalConv1dOp)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
@@ -66,6 +66,8 @@ def written_inputs(op: Operation) -> frozenset[int]:
     """The kernel inputs that the kernel of `op` writes in place."""
     if isinstance(op, ad.CachedAttentionOp):
         return frozenset(op.operands.index(cache) for cache in (op.k_cache, op.v_cache))
+    if isinstance(op, ad.CachedCausalConv1dOp):
+        return frozenset({op.operands.index(op.state)})
     return frozenset()
 
 
@@ -90,20 +92,26 @@ def _kernel_label(op: Operation) -> str:
     return op.kernel_label() if isinstance(op, ad.KernelOp) else op.name.removeprefix("ad.")
 
 
-TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.MoeOp)
+TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.CachedCausalConv1dOp, ad.MoeOp)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
-def template_op(region: ad.FusedOp) -> ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp | ad.MoeOp | None:
+def template_op(region: ad.FusedOp) -> Operation | None:
     """The op of a region that is one templated kernel op alone, else None."""
     ops = [o for o in region.body.block.ops if not isinstance(o, ad.YieldOp)]
     return ops[0] if len(ops) == 1 and isinstance(ops[0], TEMPLATE_OPS) else None
 
 
 def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
-    """The kernel module of a lowered region: the attention, cached attention, RoPE or MoE
-    template for those ops, the generic region kernel otherwise."""
-    from ad_mlir.codegen import attention_kernel, cached_attention_kernel, region_kernel, rope_kernel
+    """The kernel module of a lowered region: the attention, cached attention, cached causal
+    convolution, RoPE or MoE template for those ops, the generic region kernel otherwise."""
+    from ad_mlir.codegen import (
+        attention_kernel,
+        cached_attention_kernel,
+        causal_conv_kernel,
+        region_kernel,
+        rope_kernel,
+    )
     from ad_mlir.semantics.op_table import torch_dtype
 
     op = template_op(region)
@@ -111,6 +119,9 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         return attention_kernel.emit_attention_module(attention_spec(op), name, header)
     if isinstance(op, ad.CachedAttentionOp):
         return cached_attention_kernel.emit_cached_attention_module(cached_attention_spec(op), name, header)
+    if isinstance(op, ad.CachedCausalConv1dOp):
+        return causal_conv_kernel.emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type),
+                                                          op.bias is not None, name, header)
     if isinstance(op, ad.MoeOp):
         from ad_mlir.codegen.moe_kernel import emit_moe_module
 

@@ -1540,9 +1540,10 @@ class MoeOp(KernelOp):
             raise VerifyException("ad.moe result must have the input's type")
 
 
-KV_CACHE_ATTR = "ad.kv_cache"
-"""On a K/V cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value", the
-layer being the HF module path of the attention it serves."""
+CACHE_ATTR = "ad.cache"
+"""On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
+cache, "<layer> conv_state" for a convolution's state, the layer being the HF module path of
+the op it serves."""
 CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 """On the per-sequence metadata arguments of a cached module: each batch row's cache slot, and
 how many tokens that slot already holds."""
@@ -1621,6 +1622,58 @@ class CachedAttentionOp(AdOp):
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
         _verify_qk_norm(self)
+
+
+@irdl_op_definition
+class CachedCausalConv1dOp(AdOp):
+    """A depthwise causal convolution of each batch row's new tokens that continues from the
+    row's convolution state, the state written in place (LFM2's short convolution).
+
+    `input` [batch, channels, seq] holds the new tokens of each row, `weight` [channels, 1,
+    kernel] is a depthwise `conv1d` weight and `bias` [channels] is optional. Row b uses slot
+    `slots[b]` of `state` [slots, channels, kernel - 1]: the inputs of the kernel - 1 tokens
+    before the new ones when `starts[b]` > 0, zeros when it is 0 (a new sequence). Over that
+    history followed by the new inputs x, out[b, c, t] = bias[c] + sum_j weight[c, 0, j] *
+    x[c, t - (kernel - 1) + j] (what `conv1d` with padding kernel - 1 gives on the whole
+    sequence, cut to its length); afterwards the slot holds the last kernel - 1 inputs. Not
+    pure: it writes the state."""
+
+    name = "ad.cached_causal_conv1d"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    weight = operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $weight (`bias` $bias^)? `state` $state `slots` $slots `starts` $starts attr-dict `:` `(` "
+        "type($input) `,` type($weight) `,` type($state) `,` type($slots) `,` type($starts) (`,` type($bias)^)? `)` "
+        "`->` type($result)"
+    )
+
+    def kernel_size(self) -> int:
+        return _shape(self.weight.type)[2]
+
+    def verify_op(self) -> None:
+        x, w, state = _shape(self.input.type), _shape(self.weight.type), _shape(self.state.type)
+        if len(x) != 3 or len(w) != 3 or w[1] != 1 or DYNAMIC_INDEX in w:
+            raise VerifyException("ad.cached_causal_conv1d input must be [batch, channels, seq] and weight a static "
+                                  "[channels, 1, kernel]")
+        if not _dims_compatible(x[1], w[0]):
+            raise VerifyException(f"ad.cached_causal_conv1d input has {x[1]} channels, the weight {w[0]}")
+        if len(state) != 3 or state[1:] != (w[0], w[2] - 1):
+            raise VerifyException(f"ad.cached_causal_conv1d state must be [slots, {w[0]}, {w[2] - 1}]")
+        if self.state.type.element_type != self.input.type.element_type:
+            raise VerifyException("ad.cached_causal_conv1d state must have the input's element type")
+        if self.bias is not None and _shape(self.bias.type) != (w[0],):
+            raise VerifyException(f"ad.cached_causal_conv1d bias must be [{w[0]}]")
+        for meta in (self.slots, self.starts):
+            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
+                raise VerifyException("ad.cached_causal_conv1d slots/starts must be tensor<batch x i64>")
+        if self.result.type != self.input.type:
+            raise VerifyException("ad.cached_causal_conv1d result must have the input's type")
 
 
 FP8_MAX = 448.0
@@ -1953,7 +2006,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
         AllReduceOp, WaitTensorOp,

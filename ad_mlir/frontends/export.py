@@ -45,9 +45,12 @@ def export_inference(model: torch.nn.Module, kwargs: dict[str, Any], dynamic_sha
     grad-mode wrappers) and with SDPA's math backend chosen while tracing: on CUDA the fused
     backends' fake kernels pad the mask to a multiple of 8 and guard on that padding, which a
     dynamic sequence length cannot satisfy (fp32 HF models on an H100, torch 2.11). The graph
-    keeps the SDPA op either way; its backend is chosen again when it runs."""
+    keeps the SDPA op either way; its backend is chosen again when it runs. HF's chunked scans
+    (Mamba2, the gated delta rule) are exported as opaque ops (`frontends/export_patches.py`)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+    from ad_mlir.frontends.export_patches import routed_for_export
+
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export():
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)

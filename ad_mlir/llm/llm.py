@@ -10,7 +10,9 @@ with `insert-cached-attention` in the pipeline, and the one compiled graph serve
   cached length, position = cached length.
 
 The caches are allocated once ([max_batch slots, max_seq_len tokens, kv_heads, head_dim] per layer
-and role), their sizes given or decided by a memory budget (`kv_cache_budget`). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
+and role; a short convolution's state [max_batch slots, channels, kernel - 1], whose size does not
+grow with the tokens), their sizes given or decided by a memory budget (`kv_cache_budget`, which
+counts the per-slot states apart from the bytes per token). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
 queue; a slot is only read up to what its current sequence wrote, so a reused slot starts clean.
 
 The decode step is fit for CUDA graphs (tests/models/test_llm_runtime.py checks the traced graph:
@@ -62,6 +64,13 @@ class CacheArgument:
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    per_token: bool
+    """A K/V cache, which grows with the tokens of a slot; else a state of fixed size per slot
+    (a convolution's)."""
+
+
+PER_TOKEN_ROLES = ("key", "value")
+"""`ad.cache` roles of the caches that hold every token of a slot."""
 
 
 CACHE_BEFORE = ("decompose", "fuse-elementwise")
@@ -151,14 +160,15 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
-    """The K/V cache arguments of a cached function, in order."""
+    """The cache arguments of a cached function (K/V caches and per-slot states), in order."""
     from ad_mlir.semantics.op_table import torch_dtype
 
     caches = []
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs.data, strict=True):
-        if ad.KV_CACHE_ATTR in attrs.data:
+        if ad.CACHE_ATTR in attrs.data:
+            role = attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)[-1]
             caches.append(CacheArgument(attrs.data[ad.INPUT_ATTR].data, tuple(arg.type.get_shape()),
-                                        torch_dtype(arg.type.element_type)))
+                                        torch_dtype(arg.type.element_type), role in PER_TOKEN_ROLES))
     return caches
 
 
@@ -234,7 +244,10 @@ class LLM:
         self.program = program
         """The compiled `ad` module (what the graph runs) and its weights."""
         fn = program.function
-        self.caches = {c.name: torch.zeros(c.shape, dtype=c.dtype, device=self.device) for c in cache_arguments(fn)}
+        arguments = cache_arguments(fn)
+        self.caches = {c.name: torch.zeros(c.shape, dtype=c.dtype, device=self.device) for c in arguments}
+        self.slot_states = frozenset(c.name for c in arguments if not c.per_token)
+        """The caches that are a state of fixed size per slot (not per token)."""
         if not self.caches:
             raise ValueError("the compiled model has no attention to cache (see the insert-cached-attention log)")
         self.inputs = [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
@@ -242,8 +255,13 @@ class LLM:
 
     @property
     def cache_bytes(self) -> int:
-        """Bytes of all K/V caches."""
+        """Bytes of all caches: K/V caches and per-slot states."""
         return sum(c.numel() * c.element_size() for c in self.caches.values())
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the per-slot states (they do not grow with the tokens a slot holds)."""
+        return sum(c.numel() * c.element_size() for name, c in self.caches.items() if name in self.slot_states)
 
     @property
     def cache_tokens(self) -> int:
@@ -257,16 +275,19 @@ class LLM:
         """Tokens per slot that `budget` buys for `max_batch` slots, at most `cap`: measured on a
         probe compile with `PROBE_SEQ_LEN`-token slots."""
         self._compile(ep, pipeline, max_batch, min(PROBE_SEQ_LEN, cap))
-        per_token = self.cache_bytes // self.cache_tokens
+        per_token = (self.cache_bytes - self.state_bytes) // self.cache_tokens
         budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
-        tokens = budget_bytes // per_token
+        if per_token == 0:  # states alone: their size does not depend on the tokens
+            return cap
+        tokens = (budget_bytes - self.state_bytes) // per_token
         if tokens < max_batch:
             raise ValueError(f"kv_cache_budget of {budget_bytes} bytes holds {tokens} tokens ({per_token} bytes each in "
-                             f"the K and V caches of all layers): fewer than one per slot for max_batch={max_batch}; "
-                             "raise the budget or lower max_batch")
+                             f"the K and V caches of all layers, after {self.state_bytes} bytes of per-slot states): "
+                             f"fewer than one per slot for max_batch={max_batch}; raise the budget or lower max_batch")
         seq = min(tokens // max_batch, cap)
-        log.info("LLM: kv_cache_budget of %d bytes holds %d tokens of %d bytes: %d slots x %d tokens%s",
-                 budget_bytes, tokens, per_token, max_batch, seq, f" (capped at {cap})" if seq == cap else "")
+        log.info("LLM: kv_cache_budget of %d bytes holds %d tokens of %d bytes beside %d bytes of per-slot states: "
+                 "%d slots x %d tokens%s", budget_bytes, tokens, per_token, self.state_bytes, max_batch, seq,
+                 f" (capped at {cap})" if seq == cap else "")
         return seq
 
     def _free_cuda_memory_after_forward(self) -> int:

@@ -1,11 +1,13 @@
 """`insert-cached-attention`: every causal attention becomes `ad.cached_attention` over K/V
-caches that are new arguments of the function (AutoDeploy's cache-initialization stage).
+caches, and every short causal convolution `ad.cached_causal_conv1d` over a state, each cache a
+new argument of the function (AutoDeploy's cache-initialization stage); a graph left with any
+other op that mixes token positions is refused.
 
 For each `ad.rope_attention` (and plain `ad.attention`), in program order (what the fused op
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
 
 - two arguments `k_cache_<i>` / `v_cache_<i>` of type [max-batch, max-seq-len, kv_heads,
-  head_dim] in the key's dtype, marked `ad.kv_cache = "<layer> key|value"` (the layer is the
+  head_dim] in the key's dtype, marked `ad.cache = "<layer> key|value"` (the layer is the
   attention's HF module path);
 - once per function, `cache_slots` and `cache_starts` (tensor<?xi64>: each batch row's cache
   slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`.
@@ -20,6 +22,17 @@ softmax, matmul: `attention_patterns.match_eager_attention`), which is matched w
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone and the log says why.
+
+HF's short causal convolution (LFM2: a depthwise `conv1d` padded by kernel - 1 and cut back to
+the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d` over an
+argument `conv_state_<i>` [max-batch, channels, kernel - 1] in the input's dtype, marked
+`ad.cache = "<layer> conv_state"`: the inputs of the kernel - 1 tokens before a step.
+
+After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
+convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
+over a token axis, a shift, an attention softmax not matched, positions counted inside the graph)
+is an error naming each op and its layer: a decode step would run it on its new tokens alone.
+The pass is never skipped on error (`skippable_on_error`), so that error is what `LLM` raises.
 
 The causal mask HF builds is dropped, with every op of its computation that nothing else
 uses: the op masks causally with the cached offset. The pass evaluates the mask's computation
@@ -73,6 +86,7 @@ from ad_mlir.passes.patterns.attention_masks import (
     input_name,
 )
 from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
+from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import erase_dead
 from ad_mlir.passes.position_mixing import position_mixers
 
@@ -107,21 +121,39 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _apply_to(self, fn: func.FuncOp) -> None:
         attentions = _find_attentions(fn)
-        if attentions:
+        convs = _find_short_convs(fn)
+        if attentions or convs:
             slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                      {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
             starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                       {ad.INPUT_ATTR: "cache_starts", ad.CACHE_STARTS_ATTR: ""})
             for i, attention in enumerate(attentions):
                 self._replace(fn, attention, i, slots, starts)
+            for i, conv in enumerate(convs):
+                self._replace_conv(fn, conv, i, slots, starts)
             region_dce(fn.body)
         _refuse_uncached_mixers(fn)
-        if not attentions:
+        if not attentions and not convs:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
             return
-        log.info("insert-cached-attention: %d attentions cached (%d slots x %d tokens)", len(attentions),
-                 self.max_batch, self.max_seq_len)
+        log.info("insert-cached-attention: %d attentions and %d short convolutions cached (%d slots x %d tokens)",
+                 len(attentions), len(convs), self.max_batch, self.max_seq_len)
+
+    def _replace_conv(self, fn: func.FuncOp, conv: ShortConv, i: int, slots: SSAValue, starts: SSAValue) -> None:
+        """The convolution and its cut -> `ad.cached_causal_conv1d` over a state argument
+        [max-batch, channels, kernel - 1] in the input's dtype."""
+        channels, _, kernel = conv.weight.type.get_shape()
+        state_type = TensorType(conv.input.type.element_type, [self.max_batch, channels, kernel - 1])
+        state = _append_argument(fn, state_type, {ad.INPUT_ATTR: f"conv_state_{i}",
+                                                  ad.CACHE_ATTR: f"{_layer(conv.conv)} conv_state"})
+        cached = ad.CachedCausalConv1dOp.build(
+            operands=[conv.input, conv.weight, [conv.bias] if conv.bias is not None else [], state, slots, starts],
+            result_types=[conv.cut.result.type],
+        )
+        cached.location = conv.conv.location
+        Rewriter.replace_op(conv.cut, cached)
+        Rewriter.erase_op(conv.conv)
 
     def _replace(self, fn: func.FuncOp, attention: Attention, i: int, slots: SSAValue, starts: SSAValue) -> None:
         layer = _layer(attention.output)
@@ -134,7 +166,7 @@ class InsertCachedAttentionPass(ModulePass):
         cache_type = TensorType(attention.key.type.element_type, [self.max_batch, self.max_seq_len, key_shape[1],
                                                                   key_shape[3]])
         caches = [_append_argument(fn, cache_type, {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
-                                                    ad.KV_CACHE_ATTR: f"{layer} {role}"})
+                                                    ad.CACHE_ATTR: f"{layer} {role}"})
                   for role in ("key", "value")]
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
         if attention.interleaved:
@@ -185,8 +217,21 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
         raise PassFailedException(
             f"insert-cached-attention: {len(mixers)} op(s) mix token positions outside the cached attention, and "
             f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
-            "such sequence mixers (short convolutions, state-space scans, linear attention, attention forms not "
-            "matched as attention) are not supported for generation yet")
+            "such sequence mixers (state-space scans, linear attention, convolutions other than HF's causal short "
+            "convolution, attention forms not matched as attention) are not supported for generation yet")
+
+
+def _find_short_convs(fn: func.FuncOp) -> list[ShortConv]:
+    """HF's short causal convolutions of `fn`, in program order."""
+    found = []
+    for op in fn.body.block.ops:
+        if isinstance(op, ad.TorchOp):
+            match = match_short_conv(op)
+            if isinstance(match, str):
+                log.info("insert-cached-attention: the conv1d at %s is not cached: %s", _layer(op), match)
+            elif match is not None:
+                found.append(match)
+    return found
 
 
 def _find_attentions(fn: func.FuncOp) -> list[Attention]:

@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DYNAMIC_INDEX, NameLoc, TensorType
+from xdsl.dialects.builtin import DYNAMIC_INDEX, AnyFloat, NameLoc, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.attention_masks import backward_slice
+from ad_mlir.semantics.torch_ops import SEQUENCE_MIXER_OPS
 
 TO_THE_END = 2**63 - 1
 """`ad.slice`'s end bound for "to the end" (torch clamps it)."""
@@ -63,9 +64,29 @@ def position_mixers(fn: func.FuncOp) -> list[PositionMixer]:
 
 
 def _arange(op: ad.ArangeOp) -> str | None:
-    """A range as long as a token axis numbers the positions of this step only: with a cache
-    it restarts at 0 in every decode step (positions must come from a `position_ids` input)."""
-    return "counts the tokens of the step (positions not from position_ids)" if _token_axes(op.result) else None
+    """A range as long as a token axis that becomes positions (embedding indices, or numbers:
+    RoPE angles, ALiBi biases) numbers the tokens of this step only: with a cache it restarts at
+    0 in every decode step (positions must come from a `position_ids` input). A range that only
+    indexes rows (an MoE block's token bookkeeping) is no position."""
+    if not _token_axes(op.result) or not _becomes_positions(op.result):
+        return None
+    return "counts the tokens of the step (positions not from position_ids)"
+
+
+def _becomes_positions(value: SSAValue) -> bool:
+    seen: set[Operation] = set()
+    stack = [value]
+    while stack:
+        for use in stack.pop().uses:
+            user = use.operation
+            if isinstance(user, ad.EmbeddingOp) and use.index == 1:
+                return True
+            if isinstance(user, ad.CastOp) and isinstance(user.result.type.element_type, AnyFloat):
+                return True
+            if user not in seen:
+                seen.add(user)
+                stack += list(user.results)
+    return False
 
 
 def _token_axes(value: SSAValue) -> set[int]:
@@ -116,12 +137,21 @@ def _bound(value: int) -> str:
 
 
 def _reshape(op: ad.ReshapeOp) -> str | None:
-    """A reshape whose static sizes grow took a static extent out of a token axis: the
-    sequence cut into chunks, so later ops on that extent mix the positions of a chunk."""
-    if not _token_axes(op.input):
+    """A reshape whose static sizes grow took a static extent out of a token axis. When the
+    remaining dynamic size is inferred (-1) or divided out, that is the sequence cut into chunks,
+    and later ops on the extent mix the positions of a chunk; when every dynamic size is given as
+    a count of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]), the
+    extent was merged into the axis before and no position moves."""
+    if not _token_axes(op.input) or _static_numel(op.input) % _static_numel(op.result) == 0:
         return None
-    before, after = _static_numel(op.input), _static_numel(op.result)
-    return None if before % after == 0 else "cuts a token axis into chunks"
+    if -1 in op.static_sizes.get_values() or any(_divided(size) for size in op.sizes):
+        return "cuts a token axis into chunks"
+    return None
+
+
+def _divided(size: SSAValue) -> bool:
+    owner = size.owner
+    return isinstance(owner, ad.TorchOp) and owner.target.data.rsplit(".", 1)[-1] in ("floordiv", "truediv", "div")
 
 
 def _static_numel(value: SSAValue) -> int:
@@ -134,6 +164,8 @@ def _static_numel(value: SSAValue) -> int:
 
 def _torch_op(op: ad.TorchOp) -> str | None:
     target = op.target.data
+    if target in SEQUENCE_MIXER_OPS:
+        return f"{target}: a scan over the whole sequence whose state is not cached"
     if not target.startswith(MIXING_TORCH_TARGETS):
         return None
     if any(_token_axes(v) for v in op.inputs):

@@ -76,7 +76,7 @@ def _cache_input(arg: SSAValue, attrs: DictionaryAttr, slots: int) -> torch.Tens
     b % slots (rows sharing a slot are harmless at start 0: nothing is read back), and the
     position ids 0..seq-1 that a prefill has (the pass dropped a mask computed from them)."""
     names = attrs.data
-    if ad.KV_CACHE_ATTR in names:
+    if ad.CACHE_ATTR in names:
         return torch.zeros(arg.type.get_shape(), dtype=T.torch_dtype(arg.type.element_type))
     if ad.CACHE_SLOTS_ATTR in names:
         return torch.arange(SEQ) % slots
@@ -96,7 +96,7 @@ def example_arguments(fn: func.FuncOp, weights: Mapping[str, torch.Tensor] | Non
     generator = torch.Generator().manual_seed(seed)
     block_args, arg_attrs = fn.body.block.args, list(fn.arg_attrs or [])
     slots = min((a.type.get_shape()[0] for a, attrs in zip(block_args, arg_attrs, strict=True)
-                 if ad.KV_CACHE_ATTR in attrs.data), default=1)
+                 if ad.CACHE_ATTR in attrs.data), default=1)
     args = []
     for arg, attrs in zip(block_args, arg_attrs, strict=True):
         weight = weight_of(attrs)

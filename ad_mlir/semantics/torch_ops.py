@@ -10,6 +10,10 @@ same roundings; `dialects/decompositions.py` spells the same steps as `ad` ops f
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ad_mlir.dialects import ad
@@ -440,10 +444,86 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return torch.empty_like(query)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::cached_causal_conv1d", mutates_args=("state",))
+def cached_causal_conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
+                         slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """`ad.cached_causal_conv1d`: each row's new inputs after its slot's state (zeros at start
+    0) through HF's depthwise `conv1d`, the slot left holding the last kernel - 1 inputs. One
+    row at a time: the reference reads each row's slot and start on the host."""
+    history = weight.shape[2] - 1
+    out = torch.empty_like(input)
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        before = state[slot] if start > 0 else torch.zeros_like(state[slot])
+        window = torch.cat([before, input[b]], dim=-1)
+        out[b] = torch.nn.functional.conv1d(window[None], weight, bias, groups=weight.shape[0])[0]
+        state[slot] = window[:, window.shape[-1] - history:]
+    return out
+
+
+@cached_causal_conv1d.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
+      starts: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
+SEQUENCE_MIXER_FUNCTIONS: dict[tuple[str, str], Callable[..., Any]] = {}
+"""(transformers module, function name) -> HF's own function, for the opaque ops below: set by
+`frontends/export_patches.py` when it routes a module's function through one of them."""
+
+
+def _hf_function(module: str, name: str) -> Callable[..., Any]:
+    if (module, name) not in SEQUENCE_MIXER_FUNCTIONS:
+        SEQUENCE_MIXER_FUNCTIONS[module, name] = getattr(importlib.import_module(module), name)
+    return SEQUENCE_MIXER_FUNCTIONS[module, name]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::mamba2_chunk_scan", mutates_args=())
+def mamba2_chunk_scan(module: str, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,  # noqa: N803
+                      B: torch.Tensor, C: torch.Tensor, chunk_size: int, D: torch.Tensor | None,  # noqa: N803
+                      dt_bias: torch.Tensor | None, dt_softplus: bool, dt_min: float, dt_max: float) -> torch.Tensor:
+    """HF's `mamba2_chunk_scan` of `module` (no initial state, no final state returned): the
+    Mamba2 state-space scan over the whole sequence, opaque to torch.export (its chunk loop
+    would fix the sequence length). [batch, seq, heads, head_dim] in fp32."""
+    return _hf_function(module, "mamba2_chunk_scan")(
+        hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+        dt_limit=(dt_min, dt_max))
+
+
+@mamba2_chunk_scan.register_fake
+def _(module: str, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,  # noqa: N803
+      C: torch.Tensor, chunk_size: int, D: torch.Tensor | None, dt_bias: torch.Tensor | None,  # noqa: N803
+      dt_softplus: bool, dt_min: float, dt_max: float) -> torch.Tensor:
+    return hidden_states.new_empty(hidden_states.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_gated_delta_rule", mutates_args=())
+def chunk_gated_delta_rule(module: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           g: torch.Tensor, beta: torch.Tensor, chunk_size: int,
+                           use_qk_l2norm_in_kernel: bool) -> torch.Tensor:
+    """HF's `torch_chunk_gated_delta_rule` of `module` (no initial state, no final state
+    returned): the gated delta rule over the whole sequence, opaque to torch.export (its chunk
+    loop would fix the sequence length). [batch, seq, value heads, value head_dim] in the
+    query's dtype."""
+    out, _ = _hf_function(module, "torch_chunk_gated_delta_rule")(
+        query, key, value, g=g, beta=beta, chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    return out
+
+
+@chunk_gated_delta_rule.register_fake
+def _(module: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+      chunk_size: int, use_qk_l2norm_in_kernel: bool) -> torch.Tensor:
+    return value.new_empty(value.shape, dtype=query.dtype)
+
+
+SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default" for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule"))
+"""The opaque scans above: each mixes every position of the sequence, and nothing caches their
+state yet."""
+
+
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "rope", "rope_attention", "cached_attention",
+                 "linear_fp8", "rope", "rope_attention", "cached_attention", "cached_causal_conv1d",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

@@ -10,10 +10,10 @@
 // CHECK:      %input_ids: tensor<?x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<?x?xi64> {ad.input = "position_ids"}
 // CHECK-SAME: %cache_slots: tensor<?xi64> {ad.input = "cache_slots", ad.cache_slots = ""}
 // CHECK-SAME: %cache_starts: tensor<?xi64> {ad.input = "cache_starts", ad.cache_starts = ""}
-// CHECK-SAME: %[[K0:k_cache[_0-9]*]]: tensor<4x128x1x32xf32> {ad.input = "k_cache_0", ad.kv_cache = "model.layers.0.self_attn key"}
-// CHECK-SAME: %[[V0:v_cache[_0-9]*]]: tensor<4x128x1x32xf32> {ad.input = "v_cache_0", ad.kv_cache = "model.layers.0.self_attn value"}
-// CHECK-SAME: %[[K1:k_cache[_0-9]*]]: tensor<4x128x1x32xf32> {ad.input = "k_cache_1", ad.kv_cache = "model.layers.1.self_attn key"}
-// CHECK-SAME: %[[V1:v_cache[_0-9]*]]: tensor<4x128x1x32xf32> {ad.input = "v_cache_1", ad.kv_cache = "model.layers.1.self_attn value"}
+// CHECK-SAME: %[[K0:k_cache[_0-9]*]]: tensor<4x128x1x32xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
+// CHECK-SAME: %[[V0:v_cache[_0-9]*]]: tensor<4x128x1x32xf32> {ad.input = "v_cache_0", ad.cache = "model.layers.0.self_attn value"}
+// CHECK-SAME: %[[K1:k_cache[_0-9]*]]: tensor<4x128x1x32xf32> {ad.input = "k_cache_1", ad.cache = "model.layers.1.self_attn key"}
+// CHECK-SAME: %[[V1:v_cache[_0-9]*]]: tensor<4x128x1x32xf32> {ad.input = "v_cache_1", ad.cache = "model.layers.1.self_attn value"}
 // CHECK-NOT:  aten.diff
 // CHECK-NOT:  aten.cumsum
 // CHECK-NOT:  aten.index

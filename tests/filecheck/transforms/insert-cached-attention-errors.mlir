@@ -57,14 +57,14 @@ func.func @additive_bias(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x
 }
 
 // -----
-// A short convolution over the sequence (LFM2's conv layer) beside a cached attention: a decode
-// step would convolve the new token alone. The slice back to the sequence's own length is no mixer.
+// A convolution over the sequence that is no causal short convolution (here it also sees the
+// next token: padding 1 of a 3-tap kernel) beside a cached attention: a decode step would
+// convolve the new token alone.
 // CHECK: insert-cached-attention: 1 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.conv: ad.torch_op (aten.conv1d.default on a tensor with a token axis).
-func.func @short_conv(%x: tensor<1x8x?xf32> {ad.input = "x"}, %w: tensor<8x1x3xf32> {ad.param = "model.layers.0.conv.conv.weight"}, %seq: index, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> (tensor<1x8x?xf32>, tensor<1x2x?x8xf32>) {
-  %c = ad.torch_op "aten.conv1d.default"(%x, %w) [#ad.ref<0>, #ad.ref<1>, none, [1 : i64], [2 : i64], [1 : i64], 8 : i64] {} : (tensor<1x8x?xf32>, tensor<8x1x3xf32>) -> tensor<1x8x?xf32> loc("model.layers.0.conv")
-  %s = ad.slice %c dim 2 [0, %seq, 1] : tensor<1x8x?xf32> -> tensor<1x8x?xf32> loc("model.layers.0.conv")
+func.func @centered_conv(%x: tensor<1x8x?xf32> {ad.input = "x"}, %w: tensor<8x1x3xf32> {ad.param = "model.layers.0.conv.conv.weight"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> (tensor<1x8x?xf32>, tensor<1x2x?x8xf32>) {
+  %c = ad.torch_op "aten.conv1d.default"(%x, %w) [#ad.ref<0>, #ad.ref<1>, none, [1 : i64], [1 : i64], [1 : i64], 8 : i64] {} : (tensor<1x8x?xf32>, tensor<8x1x3xf32>) -> tensor<1x8x?xf32> loc("model.layers.0.conv")
   %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
-  func.return %s, %o : tensor<1x8x?xf32>, tensor<1x2x?x8xf32>
+  func.return %c, %o : tensor<1x8x?xf32>, tensor<1x2x?x8xf32>
 }
 
 // -----

@@ -4,7 +4,7 @@
 // RUN: ad-opt %s --split-input-file -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
 
 // CHECK-LABEL: func.func @causal
-// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "k_cache_0", ad.kv_cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
 // CHECK-NOT:   ad.le
 // CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 :
 // CHECK-NEXT:  func.return
@@ -112,7 +112,7 @@ func.func @plain(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf3
 // dtype's lowest), softmax in f32 cast back, times v: one ad.cached_attention with `softcap`
 // that applies the RoPE itself; the chain and the mask are gone.
 // CHECK-LABEL: func.func @softcapped
-// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xbf16> {ad.input = "k_cache_0", ad.kv_cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xbf16> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
 // CHECK:       %sin = ad.cast %sin32
 // CHECK-NOT:   ad.rope
 // CHECK-NOT:   ad.matmul
@@ -187,4 +187,21 @@ func.func @tanh_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x
   %p = ad.softmax %masked dim 3 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
+// LFM2's short convolution: a depthwise conv1d padded by kernel - 1 and cut back to the
+// sequence's length becomes ad.cached_causal_conv1d over a state argument [slots, channels,
+// kernel - 1] (a model with no attention gets the slots and starts all the same).
+// CHECK-LABEL: func.func @short_conv
+// CHECK-SAME:  %conv_state{{.*}}: tensor<2x8x2xf32> {ad.input = "conv_state_0", ad.cache = "model.layers.0.conv conv_state"}
+// CHECK-NOT:   aten.conv1d
+// CHECK:       %[[OUT:.*]] = ad.cached_causal_conv1d %x, %w bias %b state %conv_state slots %cache_slots starts %cache_starts : (tensor<1x8x?xf32>, tensor<8x1x3xf32>, tensor<2x8x2xf32>, tensor<?xi64>, tensor<?xi64>, tensor<8xf32>) -> tensor<1x8x?xf32>
+// CHECK-NEXT:  func.return %[[OUT]]
+func.func @short_conv(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %x: tensor<1x8x?xf32> {ad.input = "x"}, %w: tensor<8x1x3xf32> {ad.param = "model.layers.0.conv.conv.weight"}, %b: tensor<8xf32> {ad.param = "model.layers.0.conv.conv.bias"}) -> tensor<1x8x?xf32> {
+  %seq = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %c = ad.torch_op "aten.conv1d.default"(%x, %w, %b) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, [1 : i64], [2 : i64], [1 : i64], 8 : i64] {} : (tensor<1x8x?xf32>, tensor<8x1x3xf32>, tensor<8xf32>) -> tensor<1x8x?xf32> loc("model.layers.0.conv")
+  %s = ad.slice %c dim 2 [0, %seq, 1] : tensor<1x8x?xf32> -> tensor<1x8x?xf32>
+  func.return %s : tensor<1x8x?xf32>
 }

@@ -1,0 +1,94 @@
+"""HF's sequence-mixer functions that torch.export cannot trace with a dynamic sequence length
+(their reference implementations loop in Python over chunks of the sequence, so the export fixes
+the length: "Constraints violated (seq)"), routed through opaque `ad_mlir` ops with fake
+implementations (`torch_ops.mamba2_chunk_scan`, `torch_ops.chunk_gated_delta_rule`) while the
+project exports a model, and restored after.
+
+transformers 5.x keeps these kernels as module-level functions of each modeling file
+(`mamba2_chunk_scan` in Mamba2, Nemotron-H, Bamba, Zamba2, GraniteMoeHybrid...;
+`torch_chunk_gated_delta_rule` in Qwen3-Next, Olmo-Hybrid...), called by their global name, so
+each loaded modeling module that defines one gets it replaced; a transformers version without
+them is left alone. Only the call the exported inference graph makes is routed: the whole
+sequence from an empty state, no final state asked for (HF's own cache is off), no packed
+sequences; any other call (an initial state, `return_final_states`, `cu_seqlens`) runs HF's
+function as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ad_mlir.semantics import torch_ops
+
+MODELING_MODULES = "transformers.models."
+
+
+def _packed(kwargs: dict[str, Any]) -> bool:
+    """A tensor among the extra arguments: packed-sequence offsets (`cu_seqlens`, `seq_idx`), which
+    the routed op does not take. The model's flags forwarded along (`use_cache`, ...) change
+    nothing in the scan."""
+    return any(isinstance(v, torch.Tensor) for v in kwargs.values())
+
+
+def _route_mamba2_chunk_scan(module: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def routed(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,  # noqa: N803
+               C: torch.Tensor, chunk_size: int, D: torch.Tensor | None = None,  # noqa: N803
+               dt_bias: torch.Tensor | None = None, initial_states: torch.Tensor | None = None,
+               dt_softplus: bool = False, dt_limit: tuple[float, float] = (0.0, float("inf")),
+               return_final_states: bool = False, **kwargs: Any) -> Any:
+        if initial_states is not None or return_final_states or _packed(kwargs):
+            return original(hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, initial_states=initial_states,
+                            dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=return_final_states,
+                            **kwargs)
+        return torch.ops.ad_mlir.mamba2_chunk_scan(module, hidden_states, dt, A, B, C, chunk_size, D, dt_bias,
+                                                   dt_softplus, float(dt_limit[0]), float(dt_limit[1]))
+
+    return routed
+
+
+def _route_chunk_gated_delta_rule(module: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def routed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               chunk_size: int = 64, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+               use_qk_l2norm_in_kernel: bool = False, **kwargs: Any) -> Any:
+        if initial_state is not None or output_final_state or _packed(kwargs):
+            return original(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
+                            output_final_state=output_final_state,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+        out = torch.ops.ad_mlir.chunk_gated_delta_rule(module, query, key, value, g, beta, chunk_size,
+                                                       use_qk_l2norm_in_kernel)
+        return out, None
+
+    return routed
+
+
+ROUTES: dict[str, Callable[[str, Callable[..., Any]], Callable[..., Any]]] = {
+    "mamba2_chunk_scan": _route_mamba2_chunk_scan,
+    "torch_chunk_gated_delta_rule": _route_chunk_gated_delta_rule,
+}
+"""HF function name -> (module name, HF's function) -> the function that routes it."""
+
+
+@contextlib.contextmanager
+def routed_for_export() -> Iterator[list[str]]:
+    """Within it, every loaded transformers modeling module's `ROUTES` functions are routed
+    through the opaque ops; yields the `module.function` names routed."""
+    patched: list[tuple[Any, str, Any]] = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(MODELING_MODULES) or module is None:
+            continue
+        for function, route in ROUTES.items():
+            original = module.__dict__.get(function)
+            if callable(original):
+                torch_ops.SEQUENCE_MIXER_FUNCTIONS[name, function] = original
+                setattr(module, function, route(name, original))
+                patched.append((module, function, original))
+    try:
+        yield [f"{m.__name__}.{f}" for m, f, _ in patched]
+    finally:
+        for module, function, original in patched:
+            setattr(module, function, original)
