@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ad_mlir.compiler import compile
-    from ad_mlir.runtime.llm import LLM
+    from ad_mlir.llm.llm import LLM
 
 __all__ = ["LLM", "compile"]
 
@@ -18,7 +18,7 @@ def __getattr__(name: str) -> Any:
 
         return compile
     if name == "LLM":
-        from ad_mlir.runtime.llm import LLM
+        from ad_mlir.llm.llm import LLM
 
         return LLM
     raise AttributeError(name)

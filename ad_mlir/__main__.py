@@ -1,14 +1,14 @@
 """`python -m ad_mlir`: SmolLM2 answers a question through the compiled, cached graph
 (`ad_mlir.generate`'s options); `python -m ad_mlir --report [...]`: a tiny HF model through the
-pipeline, with a report of every stage (`ad_mlir.report`'s options)."""
+pipeline, with a report of every stage (`ad_mlir.tools.report`'s options)."""
 
 import sys
 
 if "--report" in sys.argv[1:]:
-    from ad_mlir.report import main
+    from ad_mlir.tools.report import main
 
     main([a for a in sys.argv[1:] if a != "--report"])
 else:
-    from ad_mlir.generate import main
+    from ad_mlir.llm.generate import main
 
     main()

@@ -9,11 +9,13 @@ from typing import Any
 import torch
 
 from ad_mlir.codegen.cache import KernelCache
-from ad_mlir.frontends.fx_export import export_program
-from ad_mlir.frontends.fx_import import ImportedProgram, Rank, import_program
+from ad_mlir.frontends.fx_import import ImportedProgram, import_program
 from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.passes.verify import NumericVerifier
+from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import build_kernels
-from ad_mlir.runtime.verify import NumericVerifier, check_compiled
+from ad_mlir.runtime.verify import check_compiled
+from ad_mlir.semantics.weights import Rank
 
 
 def compile(
@@ -42,15 +44,15 @@ def compile(
     `world_size` and `rank` default to the initialized process group's, else 1 and 0.
 
     With `verify`, every pass is checked numerically (the function before and after it, on the
-    same random inputs and the real weights, `runtime/verify.py`), and so is the result: its
-    kernels against the final IR; a difference beyond the dtype's tolerance raises
+    same random inputs and the real weights, `passes/verify.py`), and so is the result: its
+    kernels against the final IR (`runtime/verify.py`); a difference beyond the dtype's tolerance raises
     NumericMismatch naming the pass (and the first op that differs) or the result. A pass that
     raises or breaks the program is skipped instead when the pipeline's YAML says
     `skip_on_error: true` (the default outside the test suite, see `run_pipeline`).
 
     The result checks its inputs at every call before any kernel runs (count, dtype, device type,
     rank, static sizes, the dynamic dims' ranges of the export): a mismatch raises InputError
-    naming the input, expected and actual (`runtime/input_checks.py`)."""
+    naming the input, expected and actual (`frontends/input_checks.py`)."""
     return compile_program(gm, example_inputs, pipeline, cache, world_size, rank, verify, dynamic_shapes)[0]
 
 

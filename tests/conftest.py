@@ -17,7 +17,8 @@ if not torch.cuda.is_available():
 os.environ.setdefault("AD_MLIR_SKIP_ON_ERROR", "0")  # a pass that raises fails its test, not skipped
 os.environ.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_kernels_"))
 
-from ad_mlir.models import TinyConfig, build_model, export_model
+from ad_mlir.frontends.export import export_model
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 
 @functools.cache

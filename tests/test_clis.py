@@ -1,5 +1,5 @@
 """The command lines users run, run as they run them: a subprocess each, tiny models, seconds.
-The family sweep (`python -m ad_mlir.families`: statuses, the timeout, the results table and its
+The family sweep (`python -m ad_mlir.bench.families`: statuses, the timeout, the results table and its
 JSON), the generate CLI's flags (`python -m ad_mlir.generate`: a batch of token-id prompts in
 fewer slots, `--interpret`, sampling, `--benchmark`), the TP example under torchrun (gloo on
 loopback, two ranks) and `ad-bench`'s generate and PTX parts.
@@ -21,8 +21,8 @@ import torch
 
 from ad_mlir.bench.generate import same_tokens
 from ad_mlir.bench.kernels import BenchmarkError
-from ad_mlir.models import named_model
-from ad_mlir.runtime.llm import GenerationOutput
+from ad_mlir.llm.llm import GenerationOutput
+from ad_mlir.zoo.checkpoints import named_model
 
 BIN = Path(sys.executable).parent
 
@@ -43,7 +43,7 @@ def _python(*args: str, interpret: bool = False) -> subprocess.CompletedProcess[
 
 def test_family_sweep_prints_a_row_per_family_and_writes_json(tmp_path: Path) -> None:
     rows_file = tmp_path / "rows.json"
-    proc = _python("ad_mlir.families", "llama", "--jobs", "1", "--json", str(rows_file))
+    proc = _python("ad_mlir.bench.families", "llama", "--jobs", "1", "--json", str(rows_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "### Family sweep: 1 causal-LM families (1 ok)" in proc.stdout
     row = re.search(r"^\| llama \| ok \|.*\| (\d+) -> (\d+) \| (\d+) \| ([^|]+) \|", proc.stdout, re.M)
@@ -55,13 +55,13 @@ def test_family_sweep_prints_a_row_per_family_and_writes_json(tmp_path: Path) ->
 
 
 def test_family_sweep_reports_a_timeout_as_a_failure() -> None:
-    proc = _python("ad_mlir.families", "llama", "--timeout", "1")
+    proc = _python("ad_mlir.bench.families", "llama", "--timeout", "1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert re.search(r"^\| llama \| timeout \|.*did not finish in 1 s", proc.stdout, re.M), proc.stdout
 
 
 def test_family_sweep_names_an_unknown_family() -> None:
-    proc = _python("ad_mlir.families", "no_such_family")
+    proc = _python("ad_mlir.bench.families", "no_such_family")
     assert proc.returncode == 2
     assert "not causal-LM model types of transformers: no_such_family" in proc.stderr
 

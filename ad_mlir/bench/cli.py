@@ -18,7 +18,7 @@
 - matrix: the family sweep (below) over the family matrix only (`families.MATRIX`, ~5 minutes);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
   transformers built small, exported, compiled and checked against eager with the kernels on
-  the reference path and in the Triton interpreter (`ad_mlir/families.py`).
+  the reference path and in the Triton interpreter (`ad_mlir/bench/families.py`).
 
 A run of some parts keeps the other parts of the results already in the output directory.
 
@@ -140,22 +140,23 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         layers = (1, 4) if args.quick else (1, 4, 16, 32)
         return run_compile_time(layers, inductor=not args.no_inductor, progress=progress)
     if part == "traffic":
+        from ad_mlir.bench.families import MATRIX
         from ad_mlir.bench.traffic import run_traffic
-        from ad_mlir.families import MATRIX
 
         return run_traffic((1, 128, 4096), ("llama", "gemma2") if args.quick else tuple(MATRIX))
     if part in ("matrix", "families"):
         from dataclasses import asdict
 
-        from ad_mlir.families import MATRIX, causal_lm_families, run_sweep
+        from ad_mlir.bench.families import MATRIX, run_sweep
+        from ad_mlir.zoo.small import causal_lm_families
 
         if args.quick:
             families = ("llama", "mpt", "glm", "gpt2")
         else:
             families = tuple(MATRIX) if part == "matrix" else causal_lm_families()
         return [asdict(r) for r in run_sweep(families, progress=lambda r: progress(f"{r.family}: {r.status}"))]
+    from ad_mlir.bench.families import MATRIX
     from ad_mlir.bench.ptx_table import run_ptx
-    from ad_mlir.families import MATRIX
 
     return run_ptx(("llama", "gemma2") if args.quick else tuple(MATRIX), progress=progress)
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from ad_mlir.models import ModelShape, export_with_ids, meta_model
+from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.passes.pipeline import PIPELINES
+from ad_mlir.zoo.tiny import ModelShape, meta_model
 
 Progress = Callable[[str], None]
 
@@ -47,9 +48,9 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
     default pipeline, Triton codegen, PTX for sm_90 of each distinct kernel, export back to
     FX), in order."""
     from ad_mlir.codegen.ptx import ptx_reports
-    from ad_mlir.frontends.fx_export import export_program
     from ad_mlir.frontends.fx_import import import_program
     from ad_mlir.passes.pipeline import run_pipeline
+    from ad_mlir.runtime.fx_export import export_program
     from ad_mlir.runtime.kernels import build_kernels
 
     stages: dict[str, float] = {}

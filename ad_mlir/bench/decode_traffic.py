@@ -24,7 +24,7 @@ from xdsl.ir import Operation, SSAValue
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_only_values
 from ad_mlir.frontends.fx_import import ImportedProgram
-from ad_mlir.report import NO_KERNEL, VIEW_OPS
+from ad_mlir.tools.report import NO_KERNEL, VIEW_OPS
 
 
 def decode_bytes(value: SSAValue, batch: int) -> int:

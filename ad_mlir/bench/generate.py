@@ -24,7 +24,7 @@ PROMPT_TOKENS = 32
 def smollm2_or_its_shape(layers: int | None = None) -> tuple[torch.nn.Module, str]:
     """The packaged checkpoint, or (not installed, or `layers` given: a quick run) its shape with
     random weights and `layers` decoder layers (default 30, as the checkpoint)."""
-    from ad_mlir.models import SMOLLM2, load_causal_lm
+    from ad_mlir.zoo.checkpoints import SMOLLM2, load_causal_lm
 
     if layers is None and importlib.util.find_spec(SMOLLM2[0]) is not None:
         return load_causal_lm("smollm2")[0], "SmolLM2-135M-Instruct"

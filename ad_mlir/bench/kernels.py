@@ -24,8 +24,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repea
 
 import ad_mlir
 from ad_mlir.bench.timing import achieved_gbps, copy_bandwidth_gbps, measure
-from ad_mlir.frontends import torch_ops
 from ad_mlir.passes.pipeline import PIPELINES
+from ad_mlir.semantics import torch_ops
 
 FULL_TOKENS = (1, 16, 128, 1024, 4096, 16384)
 FULL_HIDDEN = (4096, 8192)

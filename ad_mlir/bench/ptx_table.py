@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ad_mlir.models import FAMILIES, ModelShape, export_meta_model, meta_model
+from ad_mlir.frontends.export import export_meta_model
+from ad_mlir.zoo.tiny import FAMILIES, ModelShape, meta_model
 
 TOKENS = 256
 """Kernels are specialized as the runtime launches them at this many tokens."""
@@ -61,7 +62,7 @@ def generation_specializations(shape: ModelShape, dtype: str) -> list[tuple[str,
     """(phase, specialization) of every launch of a TOKENS-token prefill and of a decode step of
     DECODE_BATCH sequences."""
     from ad_mlir.codegen.ptx import record_launches, specialize_launch
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     kernel = cached_attention_kernel(shape, dtype)
     specs = []

@@ -86,8 +86,8 @@ def decode_traffic_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def families_table(rows: Sequence[dict[str, Any]], title: str = "Family sweep") -> str:
-    from ad_mlir.families import FamilyRow
-    from ad_mlir.families import markdown as sweep_markdown
+    from ad_mlir.bench.families import FamilyRow
+    from ad_mlir.bench.families import markdown as sweep_markdown
 
     return sweep_markdown([FamilyRow(**r) for r in rows], title)
 

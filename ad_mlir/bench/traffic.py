@@ -28,10 +28,11 @@ from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_only_values
+from ad_mlir.frontends.export import export_meta_model
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import ModelShape, export_meta_model, meta_model
 from ad_mlir.passes.pipeline import run_pipeline
-from ad_mlir.report import GEMM_AND_ATTENTION, NO_KERNEL, VIEW_OPS, layer_of
+from ad_mlir.tools.report import GEMM_AND_ATTENTION, NO_KERNEL, VIEW_OPS, layer_of
+from ad_mlir.zoo.tiny import ModelShape, meta_model
 
 LAYERS, LAYER = 3, 1
 """A middle layer: its first norm takes the previous layer's residual add, as in a real model."""

@@ -39,107 +39,17 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.blocks import next_power_of_2
+from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.codegen.writer import IndentedWriter
+from ad_mlir.dialects.ad import QkNorm
+from ad_mlir.dialects.kernel_forms import (
+    HeadPieces,
+    check_rope_dims,
+    head_pieces,
+    next_power_of_2,
+)
 
 LOG2E = 1.4426950408889634
-
-_TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
-
-MAX_HEAD_DIM = 256
-"""The widest head (padded pieces) the block table has tiles for."""
-MIN_PIECE = 16
-"""A piece of the head dim feeds a tl.dot, whose depth is at least 16."""
-
-
-def _padded(width: int) -> int:
-    """A piece's width in registers: a power of two >= MIN_PIECE (0 for no piece)."""
-    return max(MIN_PIECE, next_power_of_2(width)) if width else 0
-
-
-@dataclass(frozen=True)
-class HeadPieces:
-    """How a head of `head_dim` dims is held in registers: the rotated pairs as two pieces `a`,
-    `b` of `half` dims each, then the dims RoPE passes through (partial rotary) as a piece `p` of
-    `rest` dims and a piece `t` of the `tail` dims after it (none when 0); each piece padded to
-    a power of two >= MIN_PIECE (`_padded`). Passed dims are split in two where that pads less
-    (96 as 64 + 32, not 128). Without RoPE the head is split the same way, unrotated: half =
-    head_dim // 2."""
-
-    head_dim: int
-    half: int
-    rest: int
-    tail: int
-
-    @property
-    def head_p(self) -> int:
-        """The head dim padded to a power of two: the V and output tiles' width."""
-        return _padded(self.head_dim)
-
-    @property
-    def width(self) -> int:
-        """The padded width of the pieces together, rounded to a power of two: what sizes the
-        tiles (the block tables' key)."""
-        return max(self.head_p, next_power_of_2(2 * _padded(self.half) + _padded(self.rest) + _padded(self.tail)))
-
-    @property
-    def constexprs(self) -> dict[str, int]:
-        """The `_load_pieces` constexprs: each piece's width and padded width."""
-        return {"HALF": self.half, "HALF_P": _padded(self.half), "REST": self.rest, "REST_P": _padded(self.rest),
-                "TAIL": self.tail, "TAIL_P": _padded(self.tail)}
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The pieces there are, of a, b, p, t."""
-        return ("a", "b") + (("p",) if self.rest else ()) + (("t",) if self.tail else ())
-
-
-def head_pieces(head_dim: int, rotary_dim: int | None) -> HeadPieces:
-    """The pieces of a head rotated on its first `rotary_dim` dims (None: no RoPE)."""
-    half = (rotary_dim if rotary_dim is not None else head_dim) // 2
-    passed = head_dim - 2 * half
-    low = 1 << max(passed.bit_length() - 1, 0)  # the largest power of two <= passed
-    if passed > MIN_PIECE and low < passed and low + _padded(passed - low) < _padded(passed):
-        return HeadPieces(head_dim, half, low, passed - low)
-    return HeadPieces(head_dim, half, passed, 0)
-
-
-def check_rope_dims(what: str, head_dim: int, rotary_dim: int | None, interleaved: bool) -> HeadPieces:
-    """The pieces of a head, or ValueError naming `what` when a template cannot hold it."""
-    if head_dim < 1:
-        raise ValueError(f"{what}: head_dim {head_dim} must be positive")
-    if rotary_dim is not None and (rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim):
-        raise ValueError(f"{what}: rotary_dim {rotary_dim} must be even and in 2..head_dim {head_dim}")
-    if interleaved and rotary_dim is None:
-        raise ValueError(f"{what}: interleaved pairs need RoPE (a rotary_dim)")
-    pieces = head_pieces(head_dim, rotary_dim)
-    if pieces.width > MAX_HEAD_DIM:
-        raise ValueError(f"{what}: head_dim {head_dim} (rotary_dim {rotary_dim}) needs tiles {pieces.width} wide, "
-                         f"over the {MAX_HEAD_DIM} the kernel has registers for; use the unfused attention for it")
-    return pieces
-
-
-def dot_dtype_line(dtype: torch.dtype) -> str:
-    """The `DOT_DTYPE` constant of a template: the tiles' dtype for `tl.dot`."""
-    if dtype != torch.bfloat16:
-        return f"DOT_DTYPE = tl.constexpr({_TL_DTYPE[dtype]})"
-    # The interpreter multiplies bf16 tiles as their raw uint16 bits: there the tiles,
-    # already rounded to bf16, are multiplied in fp32 (the same products, accumulated in
-    # fp32 as the tensor cores do). The jit decorator picks the interpreter the same way.
-    return "DOT_DTYPE = tl.constexpr(tl.float32 if triton.knobs.runtime.interpret else tl.bfloat16)"
-
-
-@dataclass(frozen=True)
-class QkNorm:
-    """HF's RMSNorm over head_dim of each query and key head before RoPE (Qwen3, Gemma3), as
-    `ad.rms_norm` computes it: `n = x / sqrt(mean(x^2) + eps)` in fp32, then with
-    `weight_in_fp32` (Gemma) `n * (float(w) + offset)` rounded to the input dtype, else (Llama)
-    n rounded to the input dtype times `w + offset` (in the weight's dtype, the input's)."""
-
-    eps: float
-    offset: float = 0.0
-    weight_in_fp32: bool = False
-
 
 class RotaryHead:
     """The rotary dim and the pieces of the head of a template's spec (its `head_dim`, `rope`
@@ -195,8 +105,8 @@ class AttentionSpec(RotaryHead):
         if self.rope and self.cos_dtype is None:
             raise ValueError("attention kernel: rope=True needs cos_dtype (the dtype of the cos/sin inputs)")
         for what, dtype in (("dtype", self.dtype), ("cos_dtype", self.cos_dtype if self.rope else None)):
-            if dtype is not None and dtype not in _TL_DTYPE:
-                raise ValueError(f"attention kernel: {what} {dtype} is not one of {', '.join(map(str, _TL_DTYPE))}")
+            if dtype is not None and dtype not in TL_DTYPE:
+                raise ValueError(f"attention kernel: {what} {dtype} is not one of {', '.join(map(str, TL_DTYPE))}")
         if not math.isfinite(self.scale):
             raise ValueError(f"attention kernel: softmax scale {self.scale} is not finite")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
@@ -367,7 +277,7 @@ _LLAMA_WEIGHTING = '''\
 def qk_norm_helper(norm: QkNorm, dtype: torch.dtype) -> str:
     """The `_load_normed_pieces` helper of a kernel module (after `_ROPE_HELPER`)."""
     weighting = _GEMMA_WEIGHTING if norm.weight_in_fp32 else _LLAMA_WEIGHTING
-    fields = {"eps": repr(float(norm.eps)), "offset": repr(float(norm.offset)), "elem": _TL_DTYPE[dtype]}
+    fields = {"eps": repr(float(norm.eps)), "offset": repr(float(norm.offset)), "elem": TL_DTYPE[dtype]}
     return Template(_QK_NORM_HELPER.replace("$weighting", weighting)).substitute(fields)
 
 
@@ -405,7 +315,7 @@ class AttentionEmitter:
 
     @property
     def elem(self) -> str:
-        return _TL_DTYPE[self.spec.dtype]
+        return TL_DTYPE[self.spec.dtype]
 
     def dot_operand(self, expr: str) -> str:
         """`expr` rounded to the element dtype, as a tl.dot operand (see DOT_DTYPE)."""
@@ -598,22 +508,11 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
     """The whole kernel file: imports, the `@triton.jit` kernel (and its helpers) and its
     launcher. `header` goes first (the cache's key and provenance comment)."""
     emitter = AttentionEmitter(spec, name)
-    parts = [
-        header,
-        "import torch",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "from ad_mlir.codegen.attention_kernel import attention_blocks",
-        "",
-        dot_dtype_line(emitter.spec.dtype),
-        "",
-        "",
-    ]
-    parts += [_ROPE_HELPER, ""]
+    body = [_ROPE_HELPER]
     if spec.qk_norm:
-        parts += [qk_norm_helper(spec.qk_norm, spec.dtype), ""]
+        body.append(qk_norm_helper(spec.qk_norm, spec.dtype))
     if spec.softcap:
-        parts += [_SOFTCAP_HELPER, ""]
-    parts += [emitter.emit_kernel(), "", emitter.emit_launcher()]
-    return "\n".join(parts)
+        body.append(_SOFTCAP_HELPER)
+    body += [emitter.emit_kernel(), emitter.emit_launcher()]
+    return module_source(header, {"ad_mlir.codegen.attention_kernel": ["attention_blocks"]},
+                         [dot_dtype_line(spec.dtype)], body)

@@ -3,15 +3,13 @@ single-tile or a looped row kernel) and the generated launchers (which pick at r
 
 from __future__ import annotations
 
+from ad_mlir.dialects.kernel_forms import next_power_of_2
+
 MAX_ROW_BLOCK = 8192
 """Longest row a row kernel holds in one tile; longer rows loop over tiles of this size."""
 
 POINTWISE_TILE = 1024
 """Elements per program of a pointwise kernel (rows x columns)."""
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def _warps(elements: int) -> int:

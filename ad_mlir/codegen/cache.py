@@ -29,7 +29,7 @@ from xdsl.printer import Printer
 
 from ad_mlir.codegen import region_kernel
 from ad_mlir.codegen.lowering import emit_kernel_source
-from ad_mlir.dialects import ad
+from ad_mlir.dialects import ad, kernel_forms
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,14 @@ def _codegen_fingerprint() -> str:
         lowering,
         moe_kernel,
         rope_kernel,
+        skeleton,
         writer,
     )
     from ad_mlir.dialects import decompositions
 
     h = hashlib.sha256(triton.__version__.encode())
     for module in (region_kernel, attention_kernel, cached_attention_kernel, causal_conv_kernel, rope_kernel, lowering,
-                   blocks, launch, writer, decompositions, moe_kernel):
+                   blocks, launch, writer, decompositions, moe_kernel, kernel_forms, skeleton):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 
@@ -95,7 +96,7 @@ def kernel_name(op: ad.FusedOp, key: str, label: str | None = None) -> str:
     if label is not None:
         return f"{label}_{key[:10]}"
     inner = [o for o in op.body.block.ops if not isinstance(o, ad.ConstantOp | ad.YieldOp)]
-    role = "red" if any(isinstance(o, region_kernel.REDUCTIONS) for o in inner) else "poi"
+    role = "red" if any(isinstance(o, kernel_forms.REDUCTIONS) for o in inner) else "poi"
     names = list(dict.fromkeys(o.name.removeprefix("ad.") for o in inner))[:_ROLE_OPS]
     return "_".join([role, *names, key[:10]])
 

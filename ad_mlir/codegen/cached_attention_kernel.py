@@ -35,7 +35,7 @@ Scores are q.k * scale, soft-capped (`softcap * tanh(s / softcap)`, Gemma2) when
 the online softmax runs in fp32 with exp2. Q, K and P are rounded to the input dtype for the dots
 (as FlashAttention does); RoPE, scores and softmax stay in fp32; the cache holds the rotated key
 rounded once to its dtype, in the head's own dim order. The head dim is held as the attention
-template's pieces (`attention_kernel.HeadPieces`: the rotated pairs, rotate_half or interleaved,
+template's pieces (`kernel_forms.HeadPieces`: the rotated pairs, rotate_half or interleaved,
 and the dims past a partial rotary dim, each padded to a power of two and masked), so any head_dim
 and rotary_dim work: QK^T is one dot per piece; V and the output are padded, masked tiles.
 """
@@ -52,16 +52,14 @@ import torch
 from ad_mlir.codegen.attention_kernel import (
     _ROPE_HELPER,
     _SOFTCAP_HELPER,
-    _TL_DTYPE,
     AttentionBlocks,
-    QkNorm,
     RotaryHead,
     attention_blocks,
-    check_rope_dims,
-    dot_dtype_line,
     qk_norm_helper,
 )
-from ad_mlir.codegen.blocks import next_power_of_2
+from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.dialects.ad import QkNorm
+from ad_mlir.dialects.kernel_forms import check_rope_dims, next_power_of_2
 
 PREFILL, DECODE, REDUCE = 0, 1, 2
 
@@ -95,9 +93,9 @@ class CachedAttentionSpec(RotaryHead):
     def __post_init__(self) -> None:
         check_rope_dims("cached attention kernel", self.head_dim, self.rotary if self.rope else None,
                         self.interleaved)
-        if self.dtype not in _TL_DTYPE or (self.rope and self.cos_dtype not in _TL_DTYPE):
+        if self.dtype not in TL_DTYPE or (self.rope and self.cos_dtype not in TL_DTYPE):
             raise ValueError(f"cached attention kernel: dtypes {self.dtype}, {self.cos_dtype} are not all of "
-                             f"{', '.join(map(str, _TL_DTYPE))}")
+                             f"{', '.join(map(str, TL_DTYPE))}")
         if not math.isfinite(self.scale) or (self.softcap is not None and not self.softcap > 0):
             raise ValueError(f"cached attention kernel: scale {self.scale} / softcap {self.softcap} out of range")
         if self.qk_norm is not None and not self.rope:
@@ -438,7 +436,7 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
     pieces = spec.pieces
     fields = {
         "name": name,
-        "elem": _TL_DTYPE[spec.dtype],
+        "elem": TL_DTYPE[spec.dtype],
         "precision": ', input_precision="ieee"' if spec.dtype == torch.float32 else "",
         "dtype": str(spec.dtype),
         "head_dim": spec.head_dim,
@@ -455,27 +453,9 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "unpack": _unpack(spec),
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
     }
-    parts = [
-        header,
-        "import torch",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "from ad_mlir.codegen.cached_attention_kernel import decode_splits, prefill_blocks",
-        "",
-        dot_dtype_line(spec.dtype),
-        f"LOG2E = tl.constexpr({1 / math.log(2)!r})",
-        "",
-        "",
-        _ROPE_HELPER,
-        "",
-        _SOFTCAP_HELPER,
-        "",
-        *([qk_norm_helper(spec.qk_norm, spec.dtype), ""] if spec.qk_norm else []),
-        Template(_HELPERS).substitute(fields),
-        "",
-        Template(_KERNEL).substitute(fields),
-        "",
-        Template(_LAUNCHER).substitute(fields),
-    ]
-    return "\n".join(parts)
+    constants = [dot_dtype_line(spec.dtype), f"LOG2E = tl.constexpr({1 / math.log(2)!r})"]
+    body = [_ROPE_HELPER, _SOFTCAP_HELPER, *([qk_norm_helper(spec.qk_norm, spec.dtype)] if spec.qk_norm else []),
+            Template(_HELPERS).substitute(fields), Template(_KERNEL).substitute(fields),
+            Template(_LAUNCHER).substitute(fields)]
+    return module_source(header, {"ad_mlir.codegen.cached_attention_kernel": ["decode_splits", "prefill_blocks"]},
+                         constants, body)

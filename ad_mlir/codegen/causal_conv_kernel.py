@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.blocks import next_power_of_2
-
-_TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
+from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 MAX_BLOCK_C = 128
 MAX_BLOCK_R = 32
@@ -100,12 +99,10 @@ def emit_causal_conv_module(kernel_size: int, dtype: torch.dtype, has_bias: bool
     inputs and state of `dtype`, with or without a bias."""
     if kernel_size < 2:
         raise ValueError(f"the causal conv kernel needs 2 or more taps, got {kernel_size}")
-    imports = ("import torch\nimport triton\nimport triton.language as tl\n\n"
-               "from ad_mlir.codegen.causal_conv_kernel import conv_blocks\n")
     names = ["x", "w", *(["bias"] if has_bias else []), "state", "slots", "starts"]
     unpack = ", ".join(names) + " = tensors" + ("" if has_bias else "\n    bias = x")
     kernel = _KERNEL.format(
         name=name, kernel_size=kernel_size, history=kernel_size - 1, block_h=next_power_of_2(kernel_size - 1),
-        dtype=_TL_DTYPE[dtype], torch_dtype=str(dtype), has_bias=has_bias, unpack=unpack,
+        dtype=TL_DTYPE[dtype], torch_dtype=str(dtype), has_bias=has_bias, unpack=unpack,
     )
-    return f"{header}{imports}\n{kernel}"
+    return module_source(header, {"ad_mlir.codegen.causal_conv_kernel": ["conv_blocks"]}, [], [kernel])

@@ -24,7 +24,7 @@ from ad_mlir.dialects.decompositions import DECOMPOSITIONS, NoKernelForm
 from ad_mlir.dialects.weights import weight_only_values
 
 if TYPE_CHECKING:
-    from ad_mlir.codegen.attention_kernel import AttentionSpec, QkNorm
+    from ad_mlir.codegen.attention_kernel import AttentionSpec
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
     from ad_mlir.codegen.moe_kernel import MoeSpec
 
@@ -112,7 +112,7 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         region_kernel,
         rope_kernel,
     )
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     op = template_op(region)
     if isinstance(op, ad.RopeAttentionOp):
@@ -135,7 +135,7 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
 
 def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
     from ad_mlir.codegen.attention_kernel import AttentionSpec
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     return AttentionSpec(
         head_dim=op.query.type.get_shape()[3],
@@ -149,23 +149,13 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
         interleaved=op.interleaved is not None,
         window=op.window.value.data if op.window is not None else None,
         softcap=op.softcap.value.data if op.softcap is not None else None,
-        qk_norm=qk_norm_of(op),
+        qk_norm=ad.QkNorm.of_op(op),
     )
-
-
-def qk_norm_of(op: ad.RopeAttentionOp | ad.CachedAttentionOp) -> QkNorm | None:
-    """The QK-norm an attention op's kernel applies, None without one."""
-    from ad_mlir.codegen.attention_kernel import QkNorm
-
-    if op.q_norm_weight is None:
-        return None
-    offset = op.qk_norm_offset.value.data if op.qk_norm_offset is not None else 0.0
-    return QkNorm(op.qk_norm_eps.value.data, offset, op.qk_norm_weight_in_fp32 is not None)
 
 
 def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     return CachedAttentionSpec(
         head_dim=op.query.type.get_shape()[3],
@@ -175,7 +165,7 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
         cos_dtype=torch_dtype(op.cos.type) if op.cos is not None else None,
         window=op.window.value.data if op.window is not None else None,
         softcap=op.softcap.value.data if op.softcap is not None else None,
-        qk_norm=qk_norm_of(op),
+        qk_norm=ad.QkNorm.of_op(op),
         rotary_dim=rotary_dim(op) if op.cos is not None else None,
         interleaved=op.interleaved is not None,
     )
@@ -188,7 +178,7 @@ def rotary_dim(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp) -> int
 
 def moe_spec(op: ad.MoeOp) -> MoeSpec:
     from ad_mlir.codegen.moe_kernel import MoeSpec
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     _, inter, hidden = op.gate_up.type.get_shape()
     return MoeSpec(

@@ -47,8 +47,8 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.attention_kernel import _TL_DTYPE, dot_dtype_line
-from ad_mlir.codegen.blocks import next_power_of_2
+from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 ROUTE, ALIGN, GATE_UP, DOWN, COMBINE = range(5)
 
@@ -72,8 +72,8 @@ class MoeSpec:
     round_weights: bool
 
     def __post_init__(self) -> None:
-        if self.dtype not in _TL_DTYPE:
-            raise ValueError(f"moe kernel: dtype {self.dtype} is not one of {', '.join(map(str, _TL_DTYPE))}")
+        if self.dtype not in TL_DTYPE:
+            raise ValueError(f"moe kernel: dtype {self.dtype} is not one of {', '.join(map(str, TL_DTYPE))}")
         if not 1 <= self.top_k <= self.experts:
             raise ValueError(f"moe kernel: top_k {self.top_k} is not in 1..{self.experts}")
         if self.shared_gate and not self.shared_experts:
@@ -342,27 +342,12 @@ def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
         "ROUTE": ROUTE, "ALIGN": ALIGN, "GATE_UP": GATE_UP, "DOWN": DOWN, "COMBINE": COMBINE,
     }
     constants = {
-        "ELEM": _TL_DTYPE[spec.dtype], "HIDDEN": spec.hidden, "INTER": spec.intermediate, "EXPERTS": spec.experts,
+        "ELEM": TL_DTYPE[spec.dtype], "HIDDEN": spec.hidden, "INTER": spec.intermediate, "EXPERTS": spec.experts,
         "E_P2": next_power_of_2(spec.experts), "SHARED": spec.shared_experts,
         "S_P2": next_power_of_2(max(spec.shared_experts, 1)), "ALL_EXPERTS": spec.experts + spec.shared_experts,
         "ALL_P2": next_power_of_2(spec.experts + spec.shared_experts), "TOP_K": spec.top_k, "SLOTS": spec.slots,
         "NORMALIZE": spec.normalize, "ROUND_WEIGHTS": spec.round_weights, "HAS_GATE": spec.shared_gate,
     }
-    parts = [
-        header,
-        "import torch",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "from ad_mlir.codegen.moe_kernel import MoeSpec, align_chunk, gemm_blocks, route_block",
-        "",
-        dot_dtype_line(spec.dtype),
-        *(f"{k} = tl.constexpr({v})" for k, v in constants.items()),
-        f"SPEC = {spec!r}",
-        "",
-        "",
-        Template(_KERNEL).substitute(fields),
-        "",
-        Template(_LAUNCHER).substitute(fields),
-    ]
-    return "\n".join(parts)
+    lines = [dot_dtype_line(spec.dtype), *(f"{k} = tl.constexpr({v})" for k, v in constants.items()), f"SPEC = {spec!r}"]
+    return module_source(header, {"ad_mlir.codegen.moe_kernel": ["MoeSpec", "align_chunk", "gemm_blocks", "route_block"]},
+                         lines, [Template(_KERNEL).substitute(fields), Template(_LAUNCHER).substitute(fields)])

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import triton
@@ -38,11 +38,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, mangle_type
 from xdsl.dialects.builtin import DYNAMIC_INDEX
+from xdsl.ir import Attribute
 
-from ad_mlir.frontends.op_table import torch_dtype
-
-if TYPE_CHECKING:
-    from ad_mlir.runtime.kernels import RegionKernel
+from ad_mlir.codegen.cache import CachedKernel
+from ad_mlir.semantics.op_table import torch_dtype
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -50,6 +49,21 @@ DIVISIBILITY = 16
 
 _VECTOR_LOAD = re.compile(r"\bld\.global(?:\.[\w:]+)*\.v[248]\b")
 _VECTOR_STORE = re.compile(r"\bst\.global(?:\.[\w:]+)*\.v[248]\b")
+
+
+class RegionKernel(Protocol):
+    """What a PTX report reads of a region's kernel (the runtime's `RegionKernel` is one)."""
+
+    cached: CachedKernel
+    arg_types: tuple[Attribute, ...]
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def arg_kinds(self) -> tuple[str, ...]:
+        """Per block argument: "tensor", "written", "int" or "float"."""
+        ...
 
 
 class PtxCompileError(Exception):

@@ -30,19 +30,26 @@ from xdsl.dialects.builtin import (
     Float8E4M3FNType,
     Float16Type,
     Float32Type,
-    Float64Type,
     FloatAttr,
-    IndexType,
     IntegerType,
     TensorType,
 )
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from ad_mlir.codegen.blocks import row_fits_one_tile
+from ad_mlir.codegen.skeleton import module_source
 from ad_mlir.codegen.writer import IndentedWriter
 from ad_mlir.dialects import ad
-
-Shape = tuple[int, ...]
+from ad_mlir.dialects.kernel_forms import (
+    REDUCTIONS,
+    CodegenError,
+    Shape,
+    compute_type,
+    is_column_op,
+    pow_exponent,
+    shape_of,
+    supports,
+)
 
 # ------------------------------------------------------------------------ types
 
@@ -64,29 +71,11 @@ _TORCH_DTYPE = {
 _TL_COMPUTE = {"f32": "tl.float32", "i64": "tl.int64", "i32": "tl.int32", "i1": "tl.int1"}
 
 
-def compute_type(t: Attribute) -> str:
-    """How the kernel holds a value of IR type `t`: fp32 for every float, integers as they are."""
-    element = t.element_type if isinstance(t, TensorType) else t
-    if element in _TL_FLOAT or isinstance(element, Float64Type):
-        return "f32"
-    if element in (IntegerType(64), IndexType()):
-        return "i64"
-    if element == IntegerType(32):
-        return "i32"
-    if element == IntegerType(1):
-        return "i1"
-    raise CodegenError(f"no kernel type for {element}")
-
-
 def _promoted(ctypes: Sequence[str]) -> str:
     for c in ("f32", "i64", "i32"):
         if c in ctypes:
             return c
     return "i1"
-
-
-class CodegenError(Exception):
-    """A region the Triton codegen cannot emit (the fuser asks `supports` first)."""
 
 
 # ------------------------------------------------------------- op expressions
@@ -106,7 +95,7 @@ UNARY: dict[type[Operation], str] = {
     ad.SiluOp: "{a} / (1.0 + tl.exp(-{a}))",
     ad.ReluOp: "tl.where({a} < 0, 0, {a})",
 }
-"""Unary ops computed in their result's kernel type, `{a}` the operand."""
+"""Unary ops computed in their result's kernel type, `{a}` the operand (`kernel_forms.UNARY_OPS`)."""
 
 BINARY: dict[type[Operation], str] = {
     ad.MulOp: "{a} * {b}",
@@ -134,7 +123,6 @@ _POW_BY_EXPONENT: dict[float, str] = {
 }
 """`pow` with a constant exponent, in the exact forms torch uses for these exponents."""
 
-REDUCTIONS = (ad.SumOp, ad.MeanOp, ad.AmaxOp, ad.AminOp)
 _NEUTRAL = {
     (ad.SumOp, "f32"): "0.0", (ad.MeanOp, "f32"): "0.0",
     (ad.AmaxOp, "f32"): 'float("-inf")', (ad.AminOp, "f32"): 'float("inf")',
@@ -145,70 +133,7 @@ _NEUTRAL = {
 """Padding lanes take these before a reduction (a masked load's 0 is wrong for exp(x), x+eps...)."""
 
 
-def _pow_exponent(op: ad.PowOp) -> float | None:
-    owner = op.other.owner
-    if isinstance(owner, ad.ConstantOp) and isinstance(op.input.type, TensorType):
-        return float(owner.value.value.data)
-    return None
-
-
-def _static_width(t: Attribute) -> int | None:
-    """The last dim of a tensor type when it is static and more than 1 (a column op's width)."""
-    shape = _shape(t)
-    return shape[-1] if shape and shape[-1] not in (DYNAMIC_INDEX, 0, 1) else None
-
-
-def is_last_dim(op: ad.SliceOp | ad.CatOp) -> bool:
-    rank = len(_shape(op.results[0].type))
-    dim = 0 if op.dim is None else op.dim.value.data  # a cat without `dim` is torch.cat's default, 0
-    return ad.normalize_dim(dim, rank) == rank - 1
-
-
-def is_column_op(op: Operation) -> bool:
-    """A slice or concatenation of the last dim with static widths above 1: columns map to
-    columns of its operands, so it is index math inside a row (RoPE's rotate_half)."""
-    if isinstance(op, ad.SliceOp):
-        return (
-            is_last_dim(op)
-            and not op.bounds
-            and op.static_start() is not None
-            and _static_width(op.input.type) is not None
-            and _static_width(op.result.type) is not None
-        )
-    if isinstance(op, ad.CatOp):
-        ranks = {len(_shape(t.type)) for t in op.tensors}
-        return (
-            is_last_dim(op)
-            and ranks == {len(_shape(op.result.type))}
-            and all(_static_width(t.type) is not None for t in (*op.tensors, op.result))
-        )
-    return False
-
-
-def supports(op: Operation) -> bool:
-    """Whether the codegen can emit `op` inside a region (the fuser leaves other ops out)."""
-    if isinstance(op, ad.SliceOp | ad.CatOp):
-        return is_column_op(op)
-    if isinstance(op, ad.PowOp):
-        return _pow_exponent(op) in _POW_BY_EXPONENT
-    if isinstance(op, ad.DivOp) and op.rounding_mode is not None:
-        return compute_type(op.result.type) == "f32"
-    if isinstance(op, REDUCTIONS):
-        return (type(op), compute_type(op.result.type)) in _NEUTRAL
-    if isinstance(op, ad.BitwiseNotOp | ad.BitwiseAndOp | ad.BitwiseOrOp):
-        return compute_type(op.results[0].type) != "f32"
-    return isinstance(op, tuple(UNARY) + tuple(BINARY) + tuple(COMPARE) + (
-        ad.TanhOp, ad.GeluOp, ad.LogicalNotOp, ad.BitwiseNotOp, ad.CastOp, ad.AddOp, ad.SubOp,
-        ad.DivOp, ad.MaximumOp, ad.MinimumOp, ad.LogicalAndOp, ad.LogicalOrOp, ad.WhereOp,
-        ad.ConstantOp,
-    ))
-
-
 # ------------------------------------------------------------------- the plan
-
-
-def _shape(t: Attribute) -> Shape:
-    return tuple(t.get_shape()) if isinstance(t, TensorType) else ()
 
 
 def region_domain(op: ad.FusedOp) -> Shape:
@@ -216,8 +141,8 @@ def region_domain(op: ad.FusedOp) -> Shape:
     kernel computes every other value per tile, at the columns it feeds). With column ops,
     the widest of those shapes; narrower outputs store their first columns."""
     body = op.body.block.ops
-    shapes = [_shape(r.type) for r in op.outputs]
-    shapes += [_shape(inner.input.type) for inner in body if isinstance(inner, REDUCTIONS)]
+    shapes = [shape_of(r.type) for r in op.outputs]
+    shapes += [shape_of(inner.input.type) for inner in body if isinstance(inner, REDUCTIONS)]
     if not shapes:
         raise CodegenError("ad.fused has no outputs")
     if any(is_column_op(inner) for inner in body):
@@ -253,7 +178,7 @@ class KernelInput:
 def _kernel_input(index: int, value: SSAValue, domain: Shape) -> KernelInput:
     if not isinstance(value.type, TensorType):
         return KernelInput(index, value.type)
-    shape = _shape(value.type)
+    shape = shape_of(value.type)
     offset = len(domain) - len(shape)
     dims = [
         (d, d - offset)
@@ -291,12 +216,12 @@ class KernelPlan:
 
     def is_row_level_output(self, t: TensorType) -> bool:
         """An output that does not vary along the row (its last dim is broadcast)."""
-        shape = _shape(t)
+        shape = shape_of(t)
         return self.domain[-1] != 1 and (not shape or shape[-1] == 1)
 
     def aligned(self, t: TensorType) -> list[tuple[int, int]]:
         """(domain dim, its size in `t` or 1 where `t` broadcasts) for every domain dim."""
-        shape = _shape(t)
+        shape = shape_of(t)
         offset = self.rank - len(shape)
         return [(d, shape[d - offset] if d >= offset else 1) for d in range(self.rank)]
 
@@ -425,7 +350,7 @@ class KernelEmitter:
 
     def key(self, v: SSAValue) -> _Key:
         """Values that vary along the row are kept per column expression."""
-        shape = _shape(v.type)
+        shape = shape_of(v.type)
         varies = bool(shape) and shape[-1] != 1 and self.plan.domain[-1] != 1
         return (v, self.columns if varies else None)
 
@@ -464,7 +389,7 @@ class KernelEmitter:
         terms = [f"i{d} * {inp.stride_arg(d)}" for d in inp.stride_dims if d != last]
         masks = ["row_mask"] if terms else []
         if last in inp.stride_dims:
-            width = _shape(inp.type)[-1]
+            width = shape_of(inp.type)[-1]
             terms.append(f"{self.columns.cols} * {inp.stride_arg(last)}")
             masks.append(self.column_mask(self.plan.n_cols if width == DYNAMIC_INDEX else width))
         if not terms:
@@ -721,7 +646,7 @@ def _emit_div(e: KernelEmitter, op: ad.DivOp, ctype: str) -> Value:
 
 def _emit_pow(e: KernelEmitter, op: ad.PowOp, ctype: str) -> Value:
     a = e.tmp(e.operand(op.input, ctype), ctype).expr
-    return e.tmp(_POW_BY_EXPONENT[_pow_exponent(op)].format(a=a), ctype)
+    return e.tmp(_POW_BY_EXPONENT[pow_exponent(op)].format(a=a), ctype)
 
 
 def _emit_min_max(e: KernelEmitter, op: Operation, ctype: str) -> Value:
@@ -781,7 +706,7 @@ def _emit_cat(e: KernelEmitter, op: ad.CatOp, ctype: str) -> Value:
     """Each operand is computed at the columns it covers, the others' lanes masked off."""
     cols, pieces, offset = e.columns.cols, [], 0
     for t in op.tensors:
-        width = _shape(t.type)[-1]
+        width = shape_of(t.type)[-1]
         inside = f"({cols} >= {offset}) & ({cols} < {offset + width})"
         columns = Columns(f"({cols} - {offset})" if offset else cols, f"{e.columns.mask} & {inside}")
         pieces.append((offset, e.convert(e.value_at(t, columns), ctype)))
@@ -848,24 +773,24 @@ class LauncherEmitter:
         """Output `j`'s shape: the domain's, except where its own inputs set a dynamic size."""
         p, t = self.plan, self.plan.output_types[j]
         own = [i for i in p.inputs if i.is_tensor and i.index in p.output_sources[j]]
-        offset = p.rank - len(_shape(t))
+        offset = p.rank - len(shape_of(t))
         dims = []
-        for k, n in enumerate(_shape(t)):
+        for k, n in enumerate(shape_of(t)):
             d = k + offset
             narrower = n == DYNAMIC_INDEX and self.size_expr(d, own) != self.size_expr(d, p.inputs)
             dims.append(self.size_expr(d, own) if narrower else p.dim_size(d, n))
         return dims
 
-    def output_shape(self, t: TensorType) -> str:
+    def outputshape_of(self, t: TensorType) -> str:
         p = self.plan
-        offset = p.rank - len(_shape(t))
-        return "(" + "".join(f"{p.dim_size(j + offset, n)}, " for j, n in enumerate(_shape(t))) + ")"
+        offset = p.rank - len(shape_of(t))
+        return "(" + "".join(f"{p.dim_size(j + offset, n)}, " for j, n in enumerate(shape_of(t))) + ")"
 
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line(f"OUTPUT_DTYPES = ({''.join(_TORCH_DTYPE[t.element_type] + ', ' for t in p.output_types)})")
         shapes = ["(" + "".join(f"{d}, " for d in self.output_dims(j)) + ")" for j in range(len(p.output_types))]
-        domain_shapes = [self.output_shape(t) for t in p.output_types]
+        domain_shapes = [self.outputshape_of(t) for t in p.output_types]
         w.line()
         w.line()
         w.line("def output_shapes(tensors):")
@@ -914,18 +839,6 @@ class LauncherEmitter:
 def emit_kernel_module(op: ad.FusedOp, name: str, header: str) -> str:
     """The whole kernel file: imports, the `@triton.jit` kernel and its launcher."""
     plan = plan_kernel(op)
-    parts = [
-        header,
-        "import torch",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "from ad_mlir.codegen.blocks import pointwise_blocks, row_blocks",
-        "from ad_mlir.codegen.launch import broadcast_size, broadcast_stride, narrowed",
-        "",
-        "",
-        KernelEmitter(op, plan, name).emit(),
-        "",
-        LauncherEmitter(plan).emit(),
-    ]
-    return "\n".join(parts)
+    helpers = {"ad_mlir.codegen.blocks": ["pointwise_blocks", "row_blocks"],
+               "ad_mlir.codegen.launch": ["broadcast_size", "broadcast_stride", "narrowed"]}
+    return module_source(header, helpers, [], [KernelEmitter(op, plan, name).emit(), LauncherEmitter(plan).emit()])

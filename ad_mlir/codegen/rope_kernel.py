@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.blocks import next_power_of_2
-
-_TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
+from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 MAX_TILE = 4096
 """Elements of a program's [BLOCK_R, D] tile (4096: 16 fp32 registers a thread at 4 warps)."""
@@ -99,12 +98,11 @@ def emit_rope_module(head_dim: int, q_dtype: torch.dtype, k_dtype: torch.dtype, 
     rotary = head_dim if rotary_dim is None else rotary_dim
     if rotary < 2 or rotary % 2 or rotary > head_dim:
         raise ValueError(f"the rope kernel needs an even rotary_dim in 2..head_dim {head_dim}, got {rotary}")
-    imports = "import torch\nimport triton\nimport triton.language as tl\n\nfrom ad_mlir.codegen.rope_kernel import rope_blocks\n"
     half = rotary // 2
     kernel = _KERNEL.format(
         name=name, head_dim=head_dim, head_p=next_power_of_2(head_dim), rotary=rotary,
         partner="dims ^ 1" if interleaved else f"tl.where(dims < {half}, dims + {half}, dims - {half})",
         negated="dims % 2 == 0" if interleaved else f"dims < {half}",
-        q_dtype=_TL_DTYPE[q_dtype], k_dtype=_TL_DTYPE[k_dtype], q_torch=str(q_dtype), k_torch=str(k_dtype),
+        q_dtype=TL_DTYPE[q_dtype], k_dtype=TL_DTYPE[k_dtype], q_torch=str(q_dtype), k_torch=str(k_dtype),
     )
-    return f"{header}{imports}\n{kernel}"
+    return module_source(header, {"ad_mlir.codegen.rope_kernel": ["rope_blocks"]}, [], [kernel])

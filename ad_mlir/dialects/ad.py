@@ -3,7 +3,7 @@
 Values are builtin ranked tensors (dynamic dims are `?`), Python-scalar operands are
 `f64`/`i64`/`i1` values made by `ad.constant`, and symbolic sizes are `index` values
 made by `ad.sym_size`. Operand and property names follow the ATen schema of the op's
-canonical overload (`self` is spelled `input`), so that `frontends/op_table.py` can map
+canonical overload (`self` is spelled `input`), so that `semantics/op_table.py` can map
 between FX nodes and `ad` ops generically. Any FX target without an op here is carried
 by `ad.torch_op`.
 
@@ -1046,7 +1046,7 @@ class AttentionOp(AdOp):
 class KernelOp(AdOp):
     """An op the LLM fusions make: codegen turns each into one kernel (or it joins the
     kernel of the `ad.fused` region that holds it). Its meaning is a torch reference op
-    (`frontends/torch_ops.py`) and, for codegen, a decomposition into elementwise and
+    (`semantics/torch_ops.py`) and, for codegen, a decomposition into elementwise and
     row-reduction ops (`dialects/decompositions.py`) that computes the same thing."""
 
     traits = traits_def(Pure())
@@ -1230,6 +1230,42 @@ QK_NORM_PROPERTIES = ("qk_norm_eps", "qk_norm_offset", "qk_norm_weight_in_fp32")
 """An attention op's QK-norm: RMSNorm over head_dim of each query and key head before RoPE
 (Qwen3, Gemma3), each with its weight (`q_norm_weight`, `k_norm_weight` [head_dim]), computed as
 `ad.rms_norm` with these `eps`, `offset` and `weight_in_fp32` computes it."""
+
+
+@dataclass(frozen=True)
+class QkNorm:
+    """The one QK-norm spec (`QK_NORM_PROPERTIES`): HF's RMSNorm over head_dim of each query and
+    key head before RoPE, as `ad.rms_norm` computes it: `n = x / sqrt(mean(x^2) + eps)` in fp32,
+    then with `weight_in_fp32` (Gemma) `n * (float(w) + offset)` rounded to the input dtype, else
+    (Llama) n rounded to the input dtype times `w + offset` (in the weight's dtype, the input's)."""
+
+    eps: float
+    offset: float = 0.0
+    weight_in_fp32: bool = False
+
+    @staticmethod
+    def of_norm(norm: RmsNormOp) -> QkNorm:
+        return QkNorm(norm.eps.value.data, norm.offset.value.data if norm.offset is not None else 0.0,
+                      norm.weight_in_fp32 is not None)
+
+    @staticmethod
+    def of_op(op: RopeAttentionOp | CachedAttentionOp) -> QkNorm | None:
+        """The QK-norm of an attention op, None without one."""
+        if op.q_norm_weight is None:
+            return None
+        offset = op.qk_norm_offset.value.data if op.qk_norm_offset is not None else 0.0
+        return QkNorm(op.qk_norm_eps.value.data, offset, op.qk_norm_weight_in_fp32 is not None)
+
+    def properties(self) -> dict[str, Attribute]:
+        """The attention op's `QK_NORM_PROPERTIES` (offset and weight_in_fp32 only when set)."""
+        props: dict[str, Attribute] = {"qk_norm_eps": FloatAttr(self.eps, Float64Type())}
+        if self.offset:
+            props["qk_norm_offset"] = FloatAttr(self.offset, Float64Type())
+        if self.weight_in_fp32:
+            props["qk_norm_weight_in_fp32"] = UnitAttr()
+        return props
+
+
 _QK_NORM_FORMAT = (
     "(`qk_norm` `(` $q_norm_weight^ `,` $k_norm_weight `:` type($q_norm_weight) `,` type($k_norm_weight) `)` "
     "`eps` $qk_norm_eps (`offset` $qk_norm_offset^)? (`weight_in_fp32` $qk_norm_weight_in_fp32^)?)? "

@@ -2,7 +2,7 @@
 
 Codegen emits a kernel op through its decomposition: the generic region emitter then reads
 each input once, keeps the math in fp32, and rounds where a step's IR type is narrower, so
-the kernel rounds where the torch reference (`frontends/torch_ops.py`) rounds. Each function
+the kernel rounds where the torch reference (`semantics/torch_ops.py`) rounds. Each function
 takes the op and returns the new ops (to insert before it) and the values that replace its
 results.
 """

@@ -17,6 +17,14 @@ from xdsl.traits import Pure
 from ad_mlir.dialects import ad
 
 
+def weight_of(arg_attrs: DictionaryAttr) -> tuple[str, str] | None:
+    """(attribute name, FQN) of a weight argument, None for a user input."""
+    for name in ad.WEIGHT_ATTRS:
+        if name in arg_attrs.data:
+            return name, arg_attrs.data[name].data
+    return None
+
+
 def weight_arguments(fn: func.FuncOp) -> set[SSAValue]:
     """The entry-block arguments that stand for weights (not user inputs)."""
     attrs = fn.arg_attrs.data if fn.arg_attrs is not None else ()

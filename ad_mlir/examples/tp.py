@@ -28,9 +28,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ad_mlir.models import DTYPES, FAMILIES, TinyConfig, build_model, example_input_ids, export_model
-from ad_mlir.report import max_abs_error, verdict
+from ad_mlir.frontends.export import export_model
 from ad_mlir.runtime.kernels import registered_kernel
+from ad_mlir.tools.report import max_abs_error, verdict
+from ad_mlir.zoo.tiny import DTYPES, FAMILIES, TinyConfig, build_model, example_input_ids
 
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
 PROMPTS = ((5, 9, 13, 3, 7, 40, 41), (3, 4), (11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21))

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ad_mlir.frontends import torch_ops
+from ad_mlir.semantics import torch_ops
 
 MODELING_MODULES = "transformers.models."
 

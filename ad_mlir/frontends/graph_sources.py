@@ -49,7 +49,7 @@ def export_module(
 ) -> ExportedProgram:
     """Export for inference: positional example inputs (a sequence) or keyword ones (a mapping);
     `dynamic_shapes` as `torch.export.export` takes it (None: every size static)."""
-    from ad_mlir.models import export_inference
+    from ad_mlir.frontends.export import export_inference
 
     what = "a torch-level GraphModule" if isinstance(module, torch.fx.GraphModule) else f"nn.Module {type(module).__name__}"
     if example_inputs is None:

@@ -5,7 +5,7 @@ Where it matches: the activation's input is a GEMM's output (through reshapes an
 slices: GPT-2's Conv1D `addmm` + view, Phi's fc1 as a slice of the GEMM `fuse-gemms` made of
 it and Q/K/V), or such an output plus a bias `[N]` of its dtype read only there; and its
 result is read by GEMMs only (through reshapes, or FP8-quantized for one). The spellings it
-reads are in `passes/activations.py` (`ad.gelu`, the tanh formula in f32, `relu`,
+reads are in `passes/patterns/activations.py` (`ad.gelu`, the tanh formula in f32, `relu`,
 `relu(x)^2`, `ad.silu` and its core-ATen form).
 
 Why an op rather than leaving the ops to `fuse-elementwise` (which would also make one kernel
@@ -28,17 +28,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from xdsl.context import Context
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, ModuleOp, StringAttr, TensorType
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, StringAttr, TensorType
 from xdsl.ir import Operation, SSAValue
-from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern
+from xdsl.pattern_rewriter import PatternRewriter, RewritePattern
 from xdsl.rewriter import InsertPoint
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.activations import Activation, gelu_of, relu2_of, relu_of, silu_of
-from ad_mlir.passes.matching import erase_dead, other_operand, plain_binary, producer
-from ad_mlir.passes.pipeline import describe_op
+from ad_mlir.passes.patterns.activations import Activation, gelu_of, relu2_of, relu_of, silu_of
+from ad_mlir.passes.patterns.matching import describe_op, erase_dead, other_operand, plain_binary, producer
+from ad_mlir.passes.patterns.pattern_pass import PatternPass
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +122,11 @@ class FuseActivation(RewritePattern):
 
 
 @dataclass(frozen=True)
-class FuseActivationPass(ModulePass):
+class FuseActivationPass(PatternPass):
     """An MLP's bias add + activation between GEMMs -> `ad.activation` (see the module docstring)."""
 
     name = "fuse-activation"
+    summary = "%d activations fused"
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        pattern = FuseActivation()
-        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
-        log.info("fuse-activation: %d activations fused", pattern.matches)
+    def patterns(self) -> list[RewritePattern]:
+        return [FuseActivation()]

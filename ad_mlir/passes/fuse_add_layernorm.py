@@ -7,27 +7,21 @@ input: that norm then reads the fused op's sum.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
-from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import PatternRewriteWalker
+from xdsl.pattern_rewriter import RewritePattern
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.fuse_add_rmsnorm import FuseAddNorm
-
-log = logging.getLogger(__name__)
+from ad_mlir.passes.patterns.add_norm import FuseAddNorm
+from ad_mlir.passes.patterns.pattern_pass import PatternPass
 
 
 @dataclass(frozen=True)
-class FuseAddLayerNormPass(ModulePass):
+class FuseAddLayerNormPass(PatternPass):
     """add + layer_norm -> `ad.add_layer_norm` (see the module docstring)."""
 
     name = "fuse-add-layernorm"
+    summary = "%d add + LayerNorm pairs fused"
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        pattern = FuseAddNorm(ad.LayerNormOp, ad.AddLayerNormOp, self.name)
-        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
-        log.info("fuse-add-layernorm: %d add + LayerNorm pairs fused", pattern.matches)
+    def patterns(self) -> list[RewritePattern]:
+        return [FuseAddNorm(ad.LayerNormOp, ad.AddLayerNormOp, self.name)]

@@ -7,7 +7,7 @@ broadcast into D: D itself, the per-row shape R = D[:-1] + [1], a per-column wei
 last-dim slices and cats of static widths ("column ops": RoPE's rotate_half), which the kernel
 turns into column index math. Column ops and reductions never share a region (a reduction
 runs over the region's columns). Only ops the Triton codegen can emit join
-(`codegen/region_kernel.supports`), and a group of slices alone stays views. Inputs may
+(`dialects/kernel_forms.supports`), and a group of slices alone stays views. Inputs may
 broadcast to D; a value used both inside and outside becomes an extra output. Two groups
 never merge when a path between them leaves the group (that would make the fused op depend
 on itself).
@@ -19,9 +19,8 @@ alone (a concatenation of weights, a cast of one) stay out: the exporter compute
 
 from __future__ import annotations
 
-import heapq
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -36,12 +35,12 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     TensorType,
 )
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from ad_mlir.codegen import region_kernel
-from ad_mlir.dialects import ad
+from ad_mlir.dialects import ad, kernel_forms
 from ad_mlir.dialects.weights import weight_only_values
+from ad_mlir.passes.patterns.regions import outline, sort_topologically
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +86,10 @@ def level_shapes(op: Operation) -> frozenset[Shape]:
 def is_fusible(op: Operation, allow_reductions: bool) -> bool:
     """Pointwise ops, last-dim slices and cats (and row reductions when allowed) of fusible
     types that the Triton codegen can emit."""
-    kinds_ok = isinstance(op, POINTWISE_OPS) or region_kernel.is_column_op(op)
+    kinds_ok = isinstance(op, POINTWISE_OPS) or kernel_forms.is_column_op(op)
     if not (kinds_ok or (allow_reductions and is_row_reduction(op))):
         return False
-    return _types_fusible(op) and region_kernel.supports(op)
+    return _types_fusible(op) and kernel_forms.supports(op)
 
 
 def computes(op: Operation) -> bool:
@@ -127,7 +126,7 @@ class _Group:
 
     @property
     def column_ops(self) -> bool:
-        return any(region_kernel.is_column_op(op) for op in self.ops)
+        return any(kernel_forms.is_column_op(op) for op in self.ops)
 
     @property
     def reductions(self) -> bool:
@@ -200,83 +199,6 @@ class _Fuser:
 
 
 # ----------------------------------------------------------------------- outlining
-
-
-def outline(members: Sequence[Operation], order: dict[Operation, int]) -> ad.FusedOp:
-    """Replace `members` (ops of one block) by one `ad.fused` whose body holds copies of
-    them; scalar constants are copied in, other outside values become inputs."""
-    members = sorted(members, key=order.__getitem__)
-    member_set = set(members)
-    inputs: list[SSAValue] = []
-    constants: list[ad.ConstantOp] = []
-    for m in members:
-        for v in m.operands:
-            owner = v.owner
-            if owner in member_set or v in inputs or owner in constants:
-                continue
-            if isinstance(owner, ad.ConstantOp):
-                constants.append(owner)
-            else:
-                inputs.append(v)
-    outputs = [r for m in members for r in m.results if any(u.operation not in member_set for u in r.uses)]
-
-    block = Block(arg_types=[v.type for v in inputs])
-    mapping: dict[SSAValue, SSAValue] = {}
-    for v, arg in zip(inputs, block.args, strict=True):
-        mapping[v] = arg
-        arg.name_hint = v.name_hint
-    for c in constants:
-        clone = c.clone(value_mapper=mapping)
-        block.add_op(clone)
-        mapping[c.result] = clone.result
-    for m in members:
-        block.add_op(m.clone(value_mapper=mapping))
-    block.add_op(ad.YieldOp(*(mapping[r] for r in outputs)))
-
-    fused = ad.FusedOp.build(operands=[inputs], result_types=[[r.type for r in outputs]], regions=[Region(block)])
-    fused.location = members[0].location
-    last = members[-1]
-    last.parent_block().insert_op_after(fused, last)
-    for old, new in zip(outputs, fused.outputs, strict=True):
-        new.name_hint = old.name_hint
-        old.replace_uses_with_if(new, lambda use: use.operation not in member_set)
-    for m in reversed(members):
-        m.detach()
-        m.erase()
-    for c in constants:  # copied into the region; drop the outside one if nothing else uses it
-        if not c.result.uses:
-            c.detach()
-            c.erase()
-    return fused
-
-
-def sort_topologically(block: Block) -> None:
-    """Stable topological order (outlining at the last member can put a user of an early
-    member's value before the fused op)."""
-    ops = list(block.ops)
-    index = {op: i for i, op in enumerate(ops)}
-    users: dict[Operation, list[Operation]] = {op: [] for op in ops}
-    waiting = dict.fromkeys(ops, 0)
-    for op in ops:
-        for p in {v.owner for v in op.operands if v.owner in index}:
-            users[p].append(op)
-            waiting[op] += 1
-    ready = [index[op] for op in ops if waiting[op] == 0]
-    heapq.heapify(ready)
-    ordered: list[Operation] = []
-    while ready:
-        op = ops[heapq.heappop(ready)]
-        ordered.append(op)
-        for u in users[op]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, index[u])
-    if ordered == ops:
-        return
-    for op in ops:
-        op.detach()
-    for op in ordered:
-        block.add_op(op)
 
 
 # --------------------------------------------------------------------------- pass

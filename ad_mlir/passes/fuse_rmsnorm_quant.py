@@ -23,8 +23,8 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.fuse_elementwise import outline, sort_topologically
-from ad_mlir.passes.matching import keeps_rows, producer, reshape_like
+from ad_mlir.passes.patterns.matching import keeps_rows, producer, reshape_like
+from ad_mlir.passes.patterns.regions import outline, sort_topologically
 
 log = logging.getLogger(__name__)
 

@@ -76,7 +76,7 @@ from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.attention_masks import (
+from ad_mlir.passes.patterns.attention_masks import (
     MaskError,
     NotCausalWindow,
     backward_slice,
@@ -85,9 +85,9 @@ from ad_mlir.passes.attention_masks import (
     evaluate,
     input_name,
 )
-from ad_mlir.passes.attention_patterns import Attention, match_eager_attention
-from ad_mlir.passes.conv_patterns import ShortConv, match_short_conv
-from ad_mlir.passes.matching import erase_dead
+from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
+from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
+from ad_mlir.passes.patterns.matching import erase_dead
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
@@ -178,8 +178,8 @@ class InsertCachedAttentionPass(ModulePass):
         rope = list(attention.rope) if attention.rope is not None else [[], []]
         norm_weights: list[SSAValue | list] = [[], []]
         if attention.qk_norm is not None:
-            *norm_weights, norm_properties = attention.qk_norm
-            properties |= norm_properties
+            *norm_weights, norm = attention.qk_norm
+            properties |= norm.properties()
         cached = ad.CachedAttentionOp.build(
             operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts],
             properties=properties,
@@ -258,8 +258,7 @@ def _from_attention_op(op: ad.RopeAttentionOp | ad.AttentionOp) -> Attention:
         attention.window = op.window.value.data if op.window is not None else None
         attention.softcap = op.softcap.value.data if op.softcap is not None else None
         if op.q_norm_weight is not None:
-            norm = {name: op.properties[name] for name in ad.QK_NORM_PROPERTIES if name in op.properties}
-            attention.qk_norm = (op.q_norm_weight, op.k_norm_weight, norm)
+            attention.qk_norm = (op.q_norm_weight, op.k_norm_weight, ad.QkNorm.of_op(op))
     return attention
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from xdsl.context import Context
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     BFloat16Type,
@@ -32,23 +31,18 @@ from xdsl.dialects.builtin import (
     Float32Type,
     Float64Type,
     FloatAttr,
-    ModuleOp,
     TensorType,
 )
 from xdsl.ir import Attribute, Operation, SSAValue
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
 from xdsl.utils.exceptions import VerifyException
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.op_table import UnsupportedError, attr_to_value, bound_arguments
-from ad_mlir.passes.matching import (
+from ad_mlir.passes.patterns.matching import (
     constant,
     erase_dead,
     is_last_dim_row_reduction,
@@ -57,6 +51,8 @@ from ad_mlir.passes.matching import (
     producer,
     sole_user,
 )
+from ad_mlir.passes.patterns.pattern_pass import PatternPass
+from ad_mlir.semantics.op_table import UnsupportedError, attr_to_value, bound_arguments
 
 log = logging.getLogger(__name__)
 
@@ -264,12 +260,11 @@ class MatchTorchLayerNorm(RewritePattern):
 
 
 @dataclass(frozen=True)
-class MatchLayerNormPass(ModulePass):
+class MatchLayerNormPass(PatternPass):
     """LayerNorm spellings -> `ad.layer_norm` (see the module docstring)."""
 
     name = "match-layernorm"
+    summary = "%d torch LayerNorms, %d spelled out, %d casts folded"
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        patterns = [MatchTorchLayerNorm(), MatchSpelledLayerNorm(), FoldLayerNormCasts()]
-        PatternRewriteWalker(GreedyRewritePatternApplier(patterns), apply_recursively=False).rewrite_module(op)
-        log.info("match-layernorm: %d torch LayerNorms, %d spelled out, %d casts folded", *(p.matches for p in patterns))
+    def patterns(self) -> list[RewritePattern]:
+        return [MatchTorchLayerNorm(), MatchSpelledLayerNorm(), FoldLayerNormCasts()]

@@ -68,8 +68,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_only_values
-from ad_mlir.passes.activations import silu_of
-from ad_mlir.passes.matching import other_operand, plain_binary, producer, sole_user
+from ad_mlir.passes.patterns.activations import silu_of
+from ad_mlir.passes.patterns.matching import other_operand, plain_binary, producer, sole_user
 
 log = logging.getLogger(__name__)
 

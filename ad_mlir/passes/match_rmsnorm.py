@@ -14,22 +14,18 @@ by one op; otherwise the spelling stays as it is). The same spellings arrive fro
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
-from xdsl.context import Context
-from xdsl.dialects.builtin import Float32Type, Float64Type, FloatAttr, ModuleOp, UnitAttr
+from xdsl.dialects.builtin import Float32Type, Float64Type, FloatAttr, UnitAttr
 from xdsl.ir import Operation, SSAValue
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.matching import (
+from ad_mlir.passes.patterns.matching import (
     constant,
     erase_dead,
     is_last_dim_row_reduction,
@@ -38,8 +34,7 @@ from ad_mlir.passes.matching import (
     producer,
     sole_user,
 )
-
-log = logging.getLogger(__name__)
+from ad_mlir.passes.patterns.pattern_pass import PatternPass
 
 
 @dataclass
@@ -189,12 +184,11 @@ class MatchRmsNorm(RewritePattern):
 
 
 @dataclass(frozen=True)
-class MatchRmsNormPass(ModulePass):
+class MatchRmsNormPass(PatternPass):
     """RMSNorm spellings -> `ad.rms_norm` (see the module docstring)."""
 
     name = "match-rmsnorm"
+    summary = "%d RMSNorms matched"
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        pattern = MatchRmsNorm()
-        PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
-        log.info("match-rmsnorm: %d RMSNorms matched", pattern.matches)
+    def patterns(self) -> list[RewritePattern]:
+        return [MatchRmsNorm()]

@@ -25,8 +25,8 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.fuse_rope_attention import Rope, heads_first, match_rope, same_tables, table_ops, tables
-from ad_mlir.passes.matching import erase_dead
+from ad_mlir.passes.patterns.matching import erase_dead
+from ad_mlir.passes.patterns.rope import Rope, heads_first, match_rope, same_tables, table_ops, tables
 
 log = logging.getLogger(__name__)
 

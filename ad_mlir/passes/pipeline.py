@@ -11,16 +11,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, NameLoc
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.dialects.func import FuncOp
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass, PassPipeline
 from xdsl.utils.exceptions import DiagnosticException
 
 from ad_mlir.passes import get_all_passes
+from ad_mlir.passes.patterns.matching import describe_op
 
 if TYPE_CHECKING:
-    from ad_mlir.runtime.verify import NumericVerifier
+    from ad_mlir.passes.verify import NumericVerifier
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def run_pipeline(
 ) -> list[PassRecord]:
     """Apply `pipeline` (a name in PIPELINES, a YAML file or a pass string) to `module` in
     place, verifying the IR after each pass and, with `numeric`, its results (the module before
-    and after on the same inputs, `runtime/verify.py`); returns what each pass did.
+    and after on the same inputs, `passes/verify.py`); returns what each pass did.
 
     With `skip_on_error` (else the YAML's `skip_on_error`, else on unless
     AD_MLIR_SKIP_ON_ERROR=0), a pass that raises, leaves invalid IR or changes the results is
@@ -198,13 +199,6 @@ def _apply_checked(p: ModulePass, ctx: Context, module: ModuleOp, verify: bool,
         module.verify()
     if numeric is not None:
         numeric.check_pass(p.name, module)
-
-
-def describe_op(op: Operation) -> str:
-    """`%name = ad.op at <HF module>`: an op as a user finds it in the IR."""
-    name = f"%{op.results[0].name_hint} = " if op.results and op.results[0].name_hint else ""
-    where = f" at {op.location.desc.data}" if isinstance(op.location, NameLoc) else ""
-    return f"{name}{op.name}{where}"
 
 
 def failure(e: BaseException) -> str:

@@ -20,8 +20,8 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, NameLoc, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.torch_ops import SEQUENCE_MIXER_OPS
-from ad_mlir.passes.attention_masks import backward_slice
+from ad_mlir.passes.patterns.attention_masks import backward_slice
+from ad_mlir.semantics.torch_ops import SEQUENCE_MIXER_OPS
 
 TO_THE_END = 2**63 - 1
 """`ad.slice`'s end bound for "to the end" (torch clamps it)."""

@@ -182,7 +182,7 @@ def region_kernel(op: Operation, cache: KernelCache) -> RegionKernel:
     cached = cache.get(lowered.region, lowered.label)
     if cached.name in _REGISTERED:
         return dataclasses.replace(_REGISTERED[cached.name], cached=cached)
-    from ad_mlir.frontends.fx_export import block_graph
+    from ad_mlir.runtime.fx_export import block_graph
 
     block = lowered.region.body.block
     kernel = RegionKernel(cached, block_graph(block), tuple(a.type for a in block.args), written_inputs(op))

@@ -36,7 +36,7 @@ from ad_mlir.passes import get_all_passes
 from ad_mlir.passes.pipeline import expand_passes
 
 if TYPE_CHECKING:
-    from ad_mlir.runtime.verify import NumericVerifier
+    from ad_mlir.passes.verify import NumericVerifier
 
 
 def _package_version() -> str:
@@ -159,7 +159,7 @@ class AdOptMain(xDSLOptMain):
             "  ad-opt --model qwen2 | ad-opt -p canonicalize --print-op-generic\n"
             "  ad-opt --model llama -p default -t triton      # the Triton kernel of every fused region\n"
         )
-        from ad_mlir.models import DTYPES, FAMILIES
+        from ad_mlir.zoo.tiny import DTYPES, FAMILIES
 
         group = arg_parser.add_argument_group(
             "model input (instead of an .mlir file)",
@@ -194,7 +194,7 @@ class AdOptMain(xDSLOptMain):
     def setup_pipeline(self) -> None:
         numeric = None
         if self.args.verify_each:
-            from ad_mlir.runtime.verify import NumericVerifier
+            from ad_mlir.passes.verify import NumericVerifier
 
             numeric = self._numeric = NumericVerifier()
 
@@ -240,15 +240,17 @@ class AdOptMain(xDSLOptMain):
             out.close()
 
     def model_module(self) -> ModuleOp:
+        from ad_mlir.frontends.export import export_with_ids
         from ad_mlir.frontends.fx_import import import_program
-        from ad_mlir.models import built_from_config, export_with_ids, named_model, random_input_ids
+        from ad_mlir.zoo.checkpoints import built_from_config, named_model
+        from ad_mlir.zoo.tiny import random_input_ids
 
         name, layers = self.args.model, self.args.layers
         if layers is None and built_from_config(name):
             layers = 1  # a built model: one decoder layer shows every op a family has
         model = named_model(name, self.args.dtype, layers, self.args.hidden_size, self.args.head_dim)
         if self.args.for_generation:
-            from ad_mlir.runtime.llm import export_for_cache
+            from ad_mlir.llm.llm import export_for_cache
 
             ep = export_for_cache(model, max_batch=8, max_seq_len=4096)
         else:

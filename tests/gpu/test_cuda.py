@@ -14,9 +14,10 @@ import torch
 from kernel_guard import graph_kernels
 
 import ad_mlir
-from ad_mlir.models import FAMILIES, TinyConfig, build_model, example_input_ids, export_with_ids
-from ad_mlir.report import low_precision_bound
+from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.runtime import kernels
+from ad_mlir.tools.report import low_precision_bound
+from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model, example_input_ids
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on CI)")
 

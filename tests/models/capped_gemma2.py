@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.models import TinyConfig, build_model
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 
 def capped_gemma2(window: int, softcap: float = 2.0, qk_gain: float = 12.0) -> torch.nn.Module:

@@ -18,11 +18,11 @@ import torch
 
 import ad_mlir
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.frontends.torch_ops import REFERENCE_OPS
-from ad_mlir.models import FAMILIES, TinyConfig, build_model, example_input_ids
 from ad_mlir.passes.pipeline import run_pipeline
-from ad_mlir.report import low_precision_bound
 from ad_mlir.runtime import kernels
+from ad_mlir.semantics.torch_ops import REFERENCE_OPS
+from ad_mlir.tools.report import low_precision_bound
+from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model, example_input_ids
 
 
 def _kernel_calls(gm: torch.fx.GraphModule) -> int:

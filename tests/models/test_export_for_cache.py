@@ -11,9 +11,9 @@ import torch
 from test_generate import _assert_step_logits_match, _hf_tokens
 
 import ad_mlir
-from ad_mlir.families import _build, small_config
+from ad_mlir.llm.llm import CacheExportError
 from ad_mlir.runtime.kernels import reference_kernels
-from ad_mlir.runtime.llm import CacheExportError
+from ad_mlir.zoo.small import model_from_config, small_config
 
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
 
@@ -22,7 +22,7 @@ def test_granitemoe_takes_use_cache_in_kwargs_and_generates_hf_tokens() -> None:
     config = small_config("granitemoe")
     config.initializer_range = 0.5  # wide init: greedy tokens vary, so a broken cache shows
     torch.manual_seed(0)
-    model = _build(config)
+    model = model_from_config(config)
     assert "use_cache" not in inspect.signature(model.forward).parameters  # what this test is about
     llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=40)
     assert "use_cache" not in llm.inputs

@@ -1,4 +1,4 @@
-"""The family matrix (`ad_mlir.families.MATRIX`; the full sweep is `ad-bench --parts families`):
+"""The family matrix (`ad_mlir.bench.families.MATRIX`; the full sweep is `ad-bench --parts families`):
 causal LMs of every common decoder shape built small from their HF config classes, exported with
 a dynamic sequence length, compiled with the default pipeline and run against eager, with the
 kernels as their torch reference and in the Triton interpreter (a region that ran its reference
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from kernel_guard import graph_kernels, no_dropped_ops
 
-from ad_mlir import families
-from ad_mlir.families import MATRIX, SEQ_LENS, sweep_family
+from ad_mlir.bench import families
+from ad_mlir.bench.families import MATRIX, SEQ_LENS, sweep_family
 from ad_mlir.runtime import kernels
 
 LLAMA = {"ad.add_rms_norm": 1, "ad.rms_norm": 1, "ad.rope_attention": 1, "ad.silu_and_mul": 1}

@@ -21,13 +21,14 @@ from xdsl.ir import Operation
 
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.dialects import ad
-from ad_mlir.families import small_model
-from ad_mlir.frontends.fx_export import export_program
+from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import TinyConfig, build_model, export_with_ids
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.runtime import kernels
+from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import build_kernels
+from ad_mlir.zoo.small import small_model
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 SEQ_LENS = (5, 11)
 

@@ -27,9 +27,10 @@ from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
 from ad_mlir.dialects import ad
-from ad_mlir.families import small_model
-from ad_mlir.models import TinyConfig, build_model, load_causal_lm
 from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.zoo.checkpoints import load_causal_lm
+from ad_mlir.zoo.small import small_model
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
 FAMILIES = ["llama", "qwen2", "mistral", "gemma"]

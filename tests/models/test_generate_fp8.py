@@ -12,9 +12,9 @@ import torch
 from kernel_guard import kernel_calls, kernels_ran
 
 import ad_mlir
-from ad_mlir.models import TinyConfig, build_model
-from ad_mlir.report import E4M3_LOGITS_ERROR, fp8_logits_error
 from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.tools.report import E4M3_LOGITS_ERROR, fp8_logits_error
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 PIPELINE = "quantize-linear-fp8,default"
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]

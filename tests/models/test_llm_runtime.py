@@ -15,9 +15,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import ad_mlir
 from ad_mlir import generate
-from ad_mlir.models import TinyConfig, build_model
+from ad_mlir.llm.llm import decode_buckets, pad_to_bucket
 from ad_mlir.runtime.kernels import reference_kernels
-from ad_mlir.runtime.llm import decode_buckets, pad_to_bucket
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15]]
 
@@ -57,7 +57,7 @@ def _hf_tokens(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
 def test_a_byte_budget_decides_the_tokens_per_slot(model: torch.nn.Module, caplog: pytest.LogCaptureFixture) -> None:
     per_token = _bytes_per_token(model)
     budget = per_token * 2 * 40 + per_token - 1  # 80 tokens and a bit: 2 slots of 40
-    with caplog.at_level(logging.INFO, logger="ad_mlir.runtime.llm"):
+    with caplog.at_level(logging.INFO, logger="ad_mlir.llm.llm"):
         llm = ad_mlir.LLM(model, max_batch=2, kv_cache_budget=budget)
     assert (llm.max_batch, llm.max_seq_len, llm.cache_tokens) == (2, 40, 80)
     assert llm.cache_bytes == 80 * per_token <= budget

@@ -3,7 +3,7 @@ weights, biases not zero, fp32) with an activation its config allows, one fused 
 per layer, its kernel run in the Triton interpreter (the reference fallback refused) and the
 logits equal to eager's within torch.testing's fp32 tolerance (the kernels compute in fp32 as
 eager does; the spelled-out GELUs of GPT-2 and BLOOM differ from torch's tanh-GELU kernel by a
-few fp32 ulps, see passes/activations.py)."""
+few fp32 ulps, see passes/patterns/activations.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ad_mlir
-from ad_mlir.families import small_config
-from ad_mlir.models import export_with_ids
+from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.runtime import kernels
+from ad_mlir.zoo.small import small_config
 
 LAYERS = 2
 CASES: dict[str, tuple[str, dict[str, Any], str]] = {

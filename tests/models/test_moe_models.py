@@ -16,7 +16,7 @@ from kernel_guard import graph_kernels, kernels_ran
 from transformers import AutoModelForCausalLM
 
 import ad_mlir
-from ad_mlir.families import small_config
+from ad_mlir.zoo.small import small_config
 
 PROMPTS = [[5, 9, 13, 3, 7], [3, 4], [11, 12, 13, 14, 15, 16]]
 NEW_TOKENS = 4

@@ -10,11 +10,11 @@ from xdsl.dialects.builtin import NameLoc
 from xdsl.parser import Parser
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.fx_export import export_program
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import FAMILIES, example_input_ids
 from ad_mlir.passes.pipeline import make_context
-from ad_mlir.runtime.reference import evaluate
+from ad_mlir.runtime.fx_export import export_program
+from ad_mlir.semantics.reference import evaluate
+from ad_mlir.zoo.tiny import FAMILIES, example_input_ids
 
 SEQ_LENS = (5, 11)
 CASES = [

@@ -20,9 +20,9 @@ from xdsl.utils.exceptions import PassFailedException
 import ad_mlir
 from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
-from ad_mlir.families import _build, small_config
+from ad_mlir.llm.llm import cached_pipeline, export_for_cache
 from ad_mlir.runtime.kernels import reference_kernels
-from ad_mlir.runtime.llm import cached_pipeline, export_for_cache
+from ad_mlir.zoo.small import model_from_config, small_config
 
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
 
@@ -120,7 +120,7 @@ def _small(family: str, **overrides: object) -> torch.nn.Module:
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(0)
-    return _build(config)
+    return model_from_config(config)
 
 
 @pytest.mark.parametrize(("family", "overrides", "scan", "lengths"), [

@@ -22,9 +22,10 @@ import torch
 from kernel_guard import graph_kernels, kernel_calls, kernels_ran, no_dropped_ops
 
 import ad_mlir
-from ad_mlir.families import _build, small_config
-from ad_mlir.models import FAMILIES, TinyConfig, build_model, export_inference
+from ad_mlir.frontends.export import export_inference
 from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.zoo.small import model_from_config, small_config
+from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model
 
 HF_FAMILIES = ("qwen3", "phi3", "olmo2", "starcoder2", "gpt_neox", "falcon")
 SOURCES = ("exported", "ep.module()", "grad-mode export", "nn.Module")
@@ -43,7 +44,7 @@ def _model(family: str) -> tuple[torch.nn.Module, int]:
         return build_model(cfg), cfg.vocab_size
     config = small_config(family)
     config.num_hidden_layers = 1
-    return _build(config), config.vocab_size
+    return model_from_config(config), config.vocab_size
 
 
 def _ids(vocab: int, seq: int) -> torch.Tensor:

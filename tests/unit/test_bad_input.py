@@ -11,10 +11,11 @@ import torch
 
 import ad_mlir
 from ad_mlir.codegen.cache import KernelCache
+from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import ImportError_, import_program
 from ad_mlir.frontends.graph_sources import SourceError
-from ad_mlir.models import TinyConfig, build_model, export_model
 from ad_mlir.runtime.kernels import build_kernels
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 
 class _WithSubmodule(torch.nn.Module):
@@ -95,7 +96,8 @@ def _compile_into(cache: str, start: Any, results: Any) -> None:
 
     os.environ["AD_MLIR_CACHE_DIR"] = cache
     try:
-        from ad_mlir.models import TinyConfig, build_model, example_input_ids, export_model
+        from ad_mlir.frontends.export import export_model
+        from ad_mlir.zoo.tiny import TinyConfig, build_model, example_input_ids
 
         cfg = TinyConfig(layers=1)
         model = build_model(cfg)

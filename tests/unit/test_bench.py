@@ -14,8 +14,8 @@ from ad_mlir.bench import cli
 from ad_mlir.bench.compile_time import run_compile_time
 from ad_mlir.bench.report import write_results
 from ad_mlir.bench.traffic import ideal_bytes, launch_bytes, layer_launches, run_traffic
-from ad_mlir.models import ModelShape
 from ad_mlir.passes.pipeline import PIPELINES, make_context
+from ad_mlir.zoo.tiny import ModelShape
 
 TINY = ModelShape(hidden_size=256, intermediate_size=512, heads=2, kv_heads=1, head_dim=128, vocab_size=128)
 
@@ -111,7 +111,7 @@ def test_decode_traffic_counts_weights_caches_and_new_kv() -> None:
     batch's rows only) against the ideal worked out from its sizes."""
     import ad_mlir
     from ad_mlir.bench.decode_traffic import decode_step_traffic
-    from ad_mlir.models import TinyConfig, build_model
+    from ad_mlir.zoo.tiny import TinyConfig, build_model
 
     model = build_model(TinyConfig(family="llama", layers=1))
     llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=32)

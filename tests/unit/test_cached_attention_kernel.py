@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from template_modules import template_builder
 
-from ad_mlir.codegen.attention_kernel import QkNorm
 from ad_mlir.codegen.cached_attention_kernel import (
     DECODE,
     PREFILL,
@@ -32,7 +31,8 @@ from ad_mlir.codegen.cached_attention_kernel import (
     emit_cached_attention_module,
 )
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.frontends import torch_ops
+from ad_mlir.dialects.ad import QkNorm
+from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.fx_export import export_program
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.runtime.fx_export import export_program
 
 aten, prims = torch.ops.aten, torch.ops.prims
 X = torch.randn(2, 3, 4, 5)
@@ -72,7 +72,7 @@ def test_real_cast_stays() -> None:
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_canonicalized_model_is_bit_exact(exported, family: str, dtype: str) -> None:
-    from ad_mlir.models import example_input_ids
+    from ad_mlir.zoo.tiny import example_input_ids
 
     cfg, ep = exported(family, dtype, False)
     program = import_program(ep)

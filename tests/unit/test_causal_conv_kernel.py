@@ -22,7 +22,7 @@ from template_modules import template_builder
 
 from ad_mlir.codegen.causal_conv_kernel import emit_causal_conv_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.frontends import torch_ops
+from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

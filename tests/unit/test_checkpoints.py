@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ad_mlir import report
-from ad_mlir.families import small_model
-from ad_mlir.models import checkpoint_path, load_causal_lm, named_model, random_input_ids
-from ad_mlir.tools import ad_opt
+from ad_mlir.tools import ad_opt, report
+from ad_mlir.zoo.checkpoints import checkpoint_path, load_causal_lm, named_model
+from ad_mlir.zoo.small import small_model
+from ad_mlir.zoo.tiny import random_input_ids
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,11 @@ from gloo_ranks import run_on_ranks
 from xdsl.parser import Parser
 
 import ad_mlir
-from ad_mlir.frontends.fx_export import export_program
-from ad_mlir.frontends.fx_import import ImportedProgram, Rank, ShardError, import_program
+from ad_mlir.frontends.fx_import import ImportedProgram, import_program
 from ad_mlir.passes.pipeline import make_context
-from ad_mlir.runtime.reference import evaluate
+from ad_mlir.runtime.fx_export import export_program
+from ad_mlir.semantics.reference import evaluate
+from ad_mlir.semantics.weights import Rank, ShardError
 
 WORLD = 2
 TIMEOUT_S = 120

@@ -57,8 +57,8 @@ import ad_mlir
 from ad_mlir.codegen import region_kernel
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.dialects import ad
-from ad_mlir.frontends import op_table
 from ad_mlir.runtime import kernels
+from ad_mlir.semantics import op_table
 
 Shape = tuple[int, ...]
 

@@ -21,12 +21,12 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import ad_mlir.compiler
 from ad_mlir.dynamo_backend import EagerFallbackWarning, ad_mlir_backend
-from ad_mlir.families import small_model
-from ad_mlir.models import FAMILIES, TinyConfig, build_model
 from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.zoo.small import small_model
+from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model
 
 MORE_FAMILIES = ("qwen3", "phi3", "olmo2", "starcoder2", "gpt_neox", "falcon", "gpt2")
-"""Built from their configs (ad_mlir/families.py): QK-norm, fused QKV, post-norms, LayerNorm + GELU."""
+"""Built from their configs (ad_mlir/zoo/small.py): QK-norm, fused QKV, post-norms, LayerNorm + GELU."""
 
 
 @pytest.fixture(autouse=True)

@@ -29,12 +29,13 @@ import ad_mlir
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.codegen.lowering import kernel_ops
 from ad_mlir.dialects import ad
+from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import TinyConfig, build_model, example_input_ids, export_model
 from ad_mlir.passes.pipeline import make_context, run_pipeline
-from ad_mlir.report import E4M3_LOGITS_ERROR, fp8_logits_error
 from ad_mlir.runtime.kernels import region_kernel
-from ad_mlir.runtime.reference import evaluate, run_op
+from ad_mlir.semantics.reference import evaluate, run_op
+from ad_mlir.tools.report import E4M3_LOGITS_ERROR, fp8_logits_error
+from ad_mlir.zoo.tiny import TinyConfig, build_model, example_input_ids
 
 X = "tensor<6x96xbf16>"
 PROGRAMS = {
@@ -232,8 +233,8 @@ def test_quantized_llama_fused_matches_unfused(scheme: str, monkeypatch: pytest.
 def test_quantized_layer_norm_model_fused_matches_unfused(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """OPT (pre-norm LayerNorm with bias, bf16) with its norm-fed projections (q/k/v_proj and
     fc1) in FP8: each add + LayerNorm and its quantization are one kernel."""
-    from ad_mlir.families import small_model
-    from ad_mlir.models import export_with_ids
+    from ad_mlir.frontends.export import export_with_ids
+    from ad_mlir.zoo.small import small_model
 
     model = small_model("opt", layers=2).to(torch.bfloat16)
     ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(3))

@@ -16,12 +16,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ad_mlir
+from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import ImportError_
 from ad_mlir.frontends.graph_sources import SourceError
-from ad_mlir.models import TinyConfig, build_model, example_input_ids, export_model
+from ad_mlir.frontends.input_checks import InputError
 from ad_mlir.runtime import kernels
-from ad_mlir.runtime.input_checks import InputError
 from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.zoo.tiny import TinyConfig, build_model, example_input_ids
 
 
 class Regions(torch.nn.Module):

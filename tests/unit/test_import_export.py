@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.fx_export import export_program
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.runtime.reference import evaluate
+from ad_mlir.runtime.fx_export import export_program
+from ad_mlir.semantics.reference import evaluate
 
 
 def _round_trip(fn, *inputs: torch.Tensor, dynamic_dim0: bool = False):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.runtime.reference import evaluate
+from ad_mlir.semantics.reference import evaluate
 
 
 def _assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:

@@ -24,10 +24,10 @@ from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.codegen.lowering import kernel_region
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.frontends.op_table import torch_dtype
 from ad_mlir.passes.pipeline import make_context
 from ad_mlir.runtime.kernels import region_kernel
-from ad_mlir.runtime.reference import evaluate, run_block, run_op
+from ad_mlir.semantics.op_table import torch_dtype
+from ad_mlir.semantics.reference import evaluate, run_block, run_op
 
 X_BF16, X_F32 = "%x: tensor<5x96xbf16>", "%x: tensor<5x96xf32>"
 CASES = {
@@ -322,7 +322,7 @@ def test_rope_reference_is_hf(family: str, rotary_dim: int, dtype: torch.dtype) 
     (GPT-NeoX's 8 of 32, Phi-3's slice of all), interleaved pairs with GLM's partial rotary and
     Ernie 4.5's full; GLM and Ernie take the first half of HF's table and repeat_interleave it,
     which is what the op's tables are (`ad.RopeAttentionOp`)."""
-    from ad_mlir.frontends import torch_ops
+    from ad_mlir.semantics import torch_ops
 
     generator = torch.Generator().manual_seed(1)
     q, k = (torch.randn(2, h, 5, 32, generator=generator).to(dtype) for h in (4, 2))
@@ -341,7 +341,7 @@ def test_rope_reference_is_gptj(dtype: torch.dtype) -> None:
     """GPT-J rotates [b, s, h, d] with its half tables (sin, cos [b, s, R/2]) repeat_interleaved,
     then concatenates the dims past rotary_dim: the reference on the transposed tensors, with the
     repeated tables and `interleaved`, gives the same bits."""
-    from ad_mlir.frontends import torch_ops
+    from ad_mlir.semantics import torch_ops
 
     gptj = _hf_module("gptj")
     generator = torch.Generator().manual_seed(2)

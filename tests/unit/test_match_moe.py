@@ -14,7 +14,7 @@ from moe_blocks import LoopMoe, hf_block, moe_config
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_import import ImportedProgram, import_program
 from ad_mlir.passes.pipeline import run_pipeline
-from ad_mlir.runtime.reference import evaluate
+from ad_mlir.semantics.reference import evaluate
 
 GONE = ("aten.topk.default", "aten.sort.default", "aten.histc.default", "aten.cumsum.default",
         "transformers.grouped_mm_fallback.default", "aten._grouped_mm.default", "aten.index.Tensor",

@@ -18,7 +18,7 @@ from template_modules import template_builder
 
 from ad_mlir.codegen.moe_kernel import ALIGN, COMBINE, DOWN, GATE_UP, ROUTE, MoeSpec, emit_moe_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.frontends import torch_ops
+from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H100_SHARED_MEMORY = 227 * 1024

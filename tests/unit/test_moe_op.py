@@ -8,7 +8,7 @@ import pytest
 import torch
 from moe_blocks import hf_block, moe_config, moe_operands
 
-from ad_mlir.frontends import torch_ops
+from ad_mlir.semantics import torch_ops
 
 
 def _hf_and_reference(family: str, dtype: torch.dtype, tokens: int = 37, **config: object):

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends import op_table as T
+from ad_mlir.semantics import op_table as T
 
 _scalars = st.one_of(
     st.booleans(),

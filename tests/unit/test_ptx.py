@@ -20,11 +20,11 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from ad_mlir.codegen.ptx import TARGET, PtxCompileError, PtxReport, capture_launch, ptx_reports, specialize
 from ad_mlir.dialects import ad
-from ad_mlir.frontends import op_table
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import FAMILIES
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.runtime.kernels import RegionKernel, build_kernels
+from ad_mlir.semantics import op_table
+from ad_mlir.zoo.tiny import FAMILIES
 
 _KERNELS: dict[tuple[str, str], list[RegionKernel]] = {}
 _REPORTS: dict[str, PtxReport] = {}

@@ -17,12 +17,13 @@ from xdsl.passes import PassPipeline
 
 import ad_mlir
 from ad_mlir.examples.tp import RankResult, run_rank
-from ad_mlir.frontends.fx_import import ShardError
-from ad_mlir.models import TinyConfig, build_model, export_model
+from ad_mlir.frontends.export import export_model
 from ad_mlir.passes import get_all_passes
 from ad_mlir.passes.pipeline import make_context, resolve_pipeline, run_pipeline
 from ad_mlir.passes.shard import ShardPass
 from ad_mlir.runtime import kernels
+from ad_mlir.semantics.weights import ShardError
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 WORLD = 2
 LAYERS = 2
@@ -58,9 +59,9 @@ def _layer_norm_family_on_rank(family: str, rank: int) -> tuple[float, tuple[str
     """This rank's max |logits error| against the unsharded eager model, its kernels and its
     all_reduce count, for a family built small from its HF config (same seed on every rank)."""
     from ad_mlir.examples.tp import ALL_REDUCE
-    from ad_mlir.families import small_model
-    from ad_mlir.models import export_with_ids
-    from ad_mlir.report import max_abs_error
+    from ad_mlir.frontends.export import export_with_ids
+    from ad_mlir.tools.report import max_abs_error
+    from ad_mlir.zoo.small import small_model
 
     kernels.run_reference = _refuse_reference
     model = small_model(family, layers=1)

@@ -13,8 +13,8 @@ from moe_blocks import LoopMoe
 from transformers import AutoModelForCausalLM
 
 import ad_mlir
-from ad_mlir.families import small_config
 from ad_mlir.runtime import kernels
+from ad_mlir.zoo.small import small_config
 
 WORLD = 2
 PIPELINE = f"canonicalize,match-moe,shard{{world-size={WORLD}}},default"

@@ -21,9 +21,9 @@ from gloo_ranks import run_on_ranks
 
 import ad_mlir
 from ad_mlir.examples.tp import ALL_REDUCE
-from ad_mlir.families import small_model
-from ad_mlir.models import export_with_ids
+from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.runtime import kernels
+from ad_mlir.zoo.small import small_model
 
 WORLD = 2
 LAYERS = 2

@@ -20,11 +20,12 @@ import ad_mlir
 from ad_mlir import passes
 from ad_mlir.codegen import cache
 from ad_mlir.dialects import ad
+from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import FAMILIES, TinyConfig, build_model, export_model
 from ad_mlir.passes.pipeline import PipelineConfigError, load_pipeline, run_pipeline
-from ad_mlir.runtime.verify import NumericMismatch, NumericVerifier, mismatch
+from ad_mlir.passes.verify import NumericMismatch, NumericVerifier, mismatch
 from ad_mlir.tools import ad_opt
+from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def test_verify_each_checks_the_cached_pipeline(capsys: pytest.CaptureFixture) -
 
 def test_compile_verify_checks_the_cached_attention_kernel() -> None:
     """The compiled cached graph (the cached-attention kernel in the interpreter) against its IR."""
-    from ad_mlir.runtime.llm import cached_pipeline, export_for_cache
+    from ad_mlir.llm.llm import cached_pipeline, export_for_cache
 
     ep = export_for_cache(build_model(TinyConfig(layers=1)), max_batch=4, max_seq_len=32)
     gm = ad_mlir.compile(ep, pipeline=cached_pipeline("default", 4, 32), verify=True)
@@ -216,8 +217,8 @@ def test_passes_after_sharding_are_not_checked_and_say_so(caplog: pytest.LogCapt
     cfg = TinyConfig(layers=1, hidden_size=128)
     program = import_program(export_model(build_model(cfg), cfg))
     numeric = NumericVerifier(program.weights)
-    with caplog.at_level(logging.WARNING, logger="ad_mlir.runtime.verify"):
+    with caplog.at_level(logging.WARNING, logger="ad_mlir.passes.verify"):
         run_pipeline(program.module, "canonicalize,shard{world-size=2},fuse-silu-mul", numeric=numeric)
     assert numeric.skipped == ["shard", "fuse-silu-mul"]
     assert "verify: shard not checked numerically: the module holds collectives, which one process cannot run" in [
-        r.getMessage() for r in caplog.records if r.name == "ad_mlir.runtime.verify"]
+        r.getMessage() for r in caplog.records if r.name == "ad_mlir.passes.verify"]

@@ -3,9 +3,9 @@
 dynamic sequence length, compiled with a pipeline (default: `default`) and run on CPU against
 eager, with the kernels on their reference path and in the Triton interpreter.
 
-    python -m ad_mlir.families                     # every family, 2 at a time, table on stdout
-    python -m ad_mlir.families llama mpt glm -v    # some families
-    ad-bench --parts families                      # the same, written under benchmarks/results/
+    python -m ad_mlir.bench.families                    # every family, 2 at a time, table on stdout
+    python -m ad_mlir.bench.families llama mpt glm -v   # some families
+    ad-bench --parts families                           # the same, written under benchmarks/results/
 
 Each family runs in a child process of its own, bounded in time. A row says how far the
 family got: not built / not exported (the model's or torch.export's reason: not ours),
@@ -32,40 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SIZES: dict[str, Any] = {
-    "num_hidden_layers": 2,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "pad_token_id": 0,
-    "max_position_embeddings": 2048,
-    "use_cache": False,
-}
-"""Config keywords every family gets (HF maps them to the family's own names)."""
-
-WHERE_PRESENT: dict[str, Any] = {
-    "head_dim": 32,
-    "rotary_dim": 16,
-    "qk_rope_head_dim": 16,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 32,
-    "kv_lora_rank": 32,
-    "q_lora_rank": 64,
-    "num_experts": 4,
-    "num_local_experts": 4,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 64,
-    "shared_expert_intermediate_size": 128,
-    "n_group": 1,
-    "topk_group": 1,
-}
-"""Set where the config has them: head sizes its defaults would not derive from SIZES (a
-default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
-export), and a few experts (a default of 64-256 experts is slow to export) with a small shared
-expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`)."""
+from ad_mlir.zoo.small import SIZES, WHERE_PRESENT, causal_lm_families, model_from_config, small_config
 
 SEQ_LENS = (5, 11)
 MAX_SEQ = 1024
@@ -139,54 +106,6 @@ class FamilyRow:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def causal_lm_families() -> list[str]:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-
-
-SCALED_WITH_HIDDEN = ("head_dim", "rotary_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-                      "kv_lora_rank", "q_lora_rank", "moe_intermediate_size", "shared_expert_intermediate_size")
-"""WHERE_PRESENT's sizes (set for SIZES' hidden 128) that scale with another hidden size, so that
-heads times head_dim stays the hidden size."""
-
-
-def small_config(family: str, layers: int | None = None, hidden_size: int | None = None) -> Any:
-    """The family's config with the sweep's sizes (WHERE_PRESENT's where the config has them as
-    settings, not as properties derived from others: Falcon's head_dim); `layers` and
-    `hidden_size` (a multiple of 32: 4 heads, rotary dims of hidden / 8) replace the sweep's,
-    the intermediate and head sizes following the hidden size."""
-    from transformers import AutoConfig
-
-    if family not in causal_lm_families():
-        raise ValueError(f"'{family}' is not a causal-LM model type of transformers (see "
-                         "`python -m ad_mlir.families --help`; e.g. llama, qwen3, phi3, gpt2)")
-    sizes, where_present = dict(SIZES), dict(WHERE_PRESENT)
-    if layers is not None:
-        sizes["num_hidden_layers"] = layers
-    if hidden_size is not None:
-        if hidden_size <= 0 or hidden_size % 32:
-            raise ValueError(f"hidden size {hidden_size} must be a positive multiple of 32 (4 heads, rotary "
-                             "dims of hidden / 8)")
-        sizes.update(hidden_size=hidden_size, intermediate_size=2 * hidden_size)
-        scale = hidden_size // 32
-        where_present.update({k: where_present[k] * scale // 4 for k in SCALED_WITH_HIDDEN})
-    defaults = AutoConfig.for_model(family)
-    derived = {k for k in where_present if isinstance(getattr(type(defaults), k, None), property)}
-    present = {k: v for k, v in where_present.items() if hasattr(defaults, k) and k not in derived}
-    if "kv_lora_rank" in present:  # MLA: one latent for all heads, RoPE over the rope part of a head
-        sizes["num_key_value_heads"] = sizes["num_attention_heads"]
-        if "head_dim" in present:
-            present["head_dim"] = present["qk_rope_head_dim"]
-    return AutoConfig.for_model(family, **sizes, **present)
-
-
-def small_model(family: str, layers: int | None = None, hidden_size: int | None = None) -> Any:
-    """The family's causal LM built from `small_config` (random weights, biases not zero, fp32,
-    eval mode)."""
-    return _build(small_config(family, layers, hidden_size))
-
-
 def _error_line(e: BaseException) -> str:
     """The exception's first line, and for torch.export's constraint errors the first
     constraint it names (the first line only says which dim)."""
@@ -204,7 +123,7 @@ def _stage(row: FamilyRow, name: str, fn: Callable[[], Any]) -> Any:
 
 
 def _layer0_ops(module: Any) -> dict[str, int]:
-    from ad_mlir.report import layer_of
+    from ad_mlir.tools.report import layer_of
 
     counts: Counter[str] = Counter()
     for fn in module.ops:
@@ -220,8 +139,8 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
     each of `seq_lens`, then (`bf16`) the same weights in bf16 at the longest."""
     import torch
 
-    from ad_mlir.report import kernels_per_layer, max_abs_error
     from ad_mlir.runtime.kernels import registered_kernel
+    from ad_mlir.tools.report import kernels_per_layer, max_abs_error
 
     row = FamilyRow(family)
     try:
@@ -230,7 +149,7 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
         if row.parameters > MAX_PARAMETERS:
             row.status, row.reason = "skipped", f"{row.parameters / 1e6:.0f}M parameters at the sweep's sizes"
             return row
-        model = _stage(row, "build", lambda: _build(config))
+        model = _stage(row, "build", lambda: model_from_config(config))
     except Exception as e:  # noqa: BLE001 (a family that transformers cannot build is a row, not a crash)
         row.reason = _error_line(e)
         return row
@@ -288,7 +207,7 @@ def _sweep_bf16(row: FamilyRow, model: Any, ids: Any, pipeline: str) -> None:
     yardstick, as the kernels keep fp32 between ops where eager rounds each result."""
     import torch
 
-    from ad_mlir.report import low_precision_bound, max_abs_error
+    from ad_mlir.tools.report import low_precision_bound, max_abs_error
 
     with torch.no_grad():
         truth = model(input_ids=ids).logits
@@ -335,21 +254,8 @@ def _size_on_meta(config: Any) -> tuple[str, int]:
     return type(model).__name__, sum(p.numel() for p in model.parameters())
 
 
-def _build(config: Any) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # HF zero-initializes biases: a misplaced bias would go unseen
-        for m in model.modules():
-            if isinstance(m, torch.nn.Linear) and m.bias is not None:
-                m.bias.normal_(std=0.02)
-    return model.eval().float()
-
-
 def _export(model: Any, ids: Any) -> Any:
-    from ad_mlir.models import export_with_ids
+    from ad_mlir.frontends.export import export_with_ids
 
     return export_with_ids(model, ids, max_seq=MAX_SEQ)
 
@@ -357,11 +263,11 @@ def _export(model: Any, ids: Any) -> Any:
 def _compile(ep: Any, pipeline: str, row: FamilyRow) -> tuple[Any, Any]:
     """`ad_mlir.compile`'s stages, keeping the module to count kernels before and after."""
     from ad_mlir.codegen.cache import KernelCache
-    from ad_mlir.frontends.fx_export import export_program
     from ad_mlir.frontends.fx_import import import_program
     from ad_mlir.passes.pipeline import run_pipeline
-    from ad_mlir.report import kernels_per_layer
+    from ad_mlir.runtime.fx_export import export_program
     from ad_mlir.runtime.kernels import build_kernels
+    from ad_mlir.tools.report import kernels_per_layer
 
     program = import_program(ep)
     row.kernels_before = max(kernels_per_layer(program.module).values(), default=0)
@@ -374,7 +280,7 @@ def _compile(ep: Any, pipeline: str, row: FamilyRow) -> tuple[Any, Any]:
 
 
 def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str]) -> FamilyRow:
-    cmd = [sys.executable, "-m", "ad_mlir.families", "--child", "--pipeline", pipeline, family]
+    cmd = [sys.executable, "-m", "ad_mlir.bench.families", "--child", "--pipeline", pipeline, family]
     start = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -456,7 +362,7 @@ def markdown(rows: Sequence[FamilyRow], title: str = "Family sweep") -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ad_mlir.families", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m ad_mlir.bench.families", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("families", nargs="*", help="model types (default: every one AutoModelForCausalLM maps)")

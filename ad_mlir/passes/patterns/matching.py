@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from xdsl.dialects.builtin import DYNAMIC_INDEX, DenseArrayBase, FloatAttr, IntegerAttr, i64
+from xdsl.dialects.builtin import DYNAMIC_INDEX, DenseArrayBase, FloatAttr, IntegerAttr, NameLoc, i64
 from xdsl.ir import Attribute, Block, Operation, OpResult, SSAValue
 from xdsl.traits import Pure
 
@@ -124,3 +124,10 @@ def reshape_like(view: ad.ReshapeOp, value: SSAValue, result_type: Attribute, la
     )
     op.location = view.location
     return op
+
+
+def describe_op(op: Operation) -> str:
+    """`%name = ad.op at <HF module>`: an op as a user finds it in the IR."""
+    name = f"%{op.results[0].name_hint} = " if op.results and op.results[0].name_hint else ""
+    where = f" at {op.location.desc.data}" if isinstance(op.location, NameLoc) else ""
+    return f"{name}{op.name}{where}"

@@ -27,11 +27,12 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from ad_mlir.codegen.lowering import kernel_inputs, kernel_outputs
 from ad_mlir.dialects import ad
-from ad_mlir.dialects.weights import computes_from_weights_only
-from ad_mlir.frontends import op_table as T
-from ad_mlir.frontends.fx_import import INPUT_ATTR, SINGLE_RANK, ImportedProgram, Rank, rank_weight, weight_of
-from ad_mlir.runtime.input_checks import DynamicDim, InputChecks, InputSpec
-from ad_mlir.runtime.reference import run_op
+from ad_mlir.dialects.weights import computes_from_weights_only, weight_of
+from ad_mlir.frontends.fx_import import INPUT_ATTR, ImportedProgram
+from ad_mlir.frontends.input_checks import DynamicDim, InputChecks, InputSpec
+from ad_mlir.semantics import op_table as T
+from ad_mlir.semantics.reference import run_op
+from ad_mlir.semantics.weights import SINGLE_RANK, Rank, rank_weight
 
 if TYPE_CHECKING:
     from ad_mlir.runtime.kernels import RegionKernel
@@ -49,7 +50,7 @@ def export_program(
     With `fold_weights`, pure ops on weights alone are computed now and the graph holds their
     results instead of the weights only they read (else the graph keeps every weight). Sharded
     weight arguments hold `rank`'s shard (`fx_import.rank_weight`). The module checks its inputs
-    before running (`runtime/input_checks.py`; its `input_checks` attribute)."""
+    before running (`frontends/input_checks.py`; its `input_checks` attribute)."""
     kernels = kernels or {}
     fn = program.function
     graph = torch.fx.Graph()

@@ -56,7 +56,7 @@ def input_name(fn: func.FuncOp, arg: BlockArgument) -> str | None:
 def evaluate(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The mask computed from `inputs` (user input name -> value); a mask that reads anything
     else (a padding mask, a weight) is a MaskError."""
-    from ad_mlir.runtime.reference import run_op
+    from ad_mlir.semantics.reference import run_op
 
     ops, args = backward_slice(mask)
     env: dict[SSAValue, object] = {}

@@ -11,7 +11,7 @@ other renames are per overload), so the mapping is generic:
   by `ad.torch_op` instead (an argument is never dropped).
 
 The importer (`fx_import`), the exporter (`fx_export`) and the reference evaluator
-(`runtime/reference.py`) all go through `bind_node` / `build_call` below.
+(`semantics/reference.py`) all go through `bind_node` / `build_call` below.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from xdsl.ir import Attribute, Operation, TypeAttribute
 from xdsl.irdl import IRDLOperation, OptionalDef, VarOperandDef
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends import torch_ops
+from ad_mlir.semantics import torch_ops
 
 # ----------------------------------------------------------------------- dtypes
 

@@ -115,7 +115,7 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int) -
     `use_cache=False` where the forward names it, else through the config (a forward that takes
     it in `**kwargs`). `position_ids` only where the forward takes it: a model without computes
     its positions itself, which `insert-cached-attention` refuses unless nothing needs them."""
-    from ad_mlir.models import export_inference
+    from ad_mlir.frontends.export import export_inference
 
     params = inspect.signature(model.forward).parameters
     name = type(model).__name__
@@ -161,7 +161,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
     """The cache arguments of a cached function (K/V caches and per-slot states), in order."""
-    from ad_mlir.frontends.op_table import torch_dtype
+    from ad_mlir.semantics.op_table import torch_dtype
 
     caches = []
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs.data, strict=True):
@@ -182,7 +182,7 @@ class LLM:
 
     `model`: an HF causal-LM module, a built-in tiny family name (`llama`, ...), `smollm2`
     (the packaged SmolLM2-135M-Instruct) or a checkpoint path (a directory with config.json, or a
-    .gguf file); see `ad_mlir.models.load_causal_lm`.
+    .gguf file); see `ad_mlir.zoo.checkpoints.load_causal_lm`.
 
     The caches hold `max_batch` slots of `max_seq_len` tokens (default 512). With
     `kv_cache_budget` (bytes as an int; on CUDA also a float in (0, 1], that fraction of the
@@ -205,7 +205,7 @@ class LLM:
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  pipeline: str = "default", tokenizer: Any = None, kv_cache_budget: int | float | None = None,
                  cuda_graphs: bool | None = None, world_size: int | None = None, rank: int | None = None) -> None:
-        from ad_mlir.models import load_causal_lm
+        from ad_mlir.zoo.checkpoints import load_causal_lm
 
         if isinstance(model, str):
             model, loaded_tokenizer = load_causal_lm(model)

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.matching import constant, other_operand, plain_binary, producer, sole_user
+from ad_mlir.passes.patterns.matching import constant, other_operand, plain_binary, producer, sole_user
 
 
 @dataclass
@@ -42,8 +42,8 @@ class Attention:
     """Ops besides `output` that only computed the attention, users first (erased once dead)."""
     window: int | None = None
     """The sliding window of a causal attention op without a mask (its mask already dropped)."""
-    qk_norm: tuple[SSAValue, SSAValue, dict[str, Attribute]] | None = None
-    """(query weight, key weight, `ad.QK_NORM_PROPERTIES`) of an attention op with QK-norm."""
+    qk_norm: tuple[SSAValue, SSAValue, ad.QkNorm] | None = None
+    """(query weight, key weight, the norm) of an attention op with QK-norm."""
     interleaved: bool = False
     """RoPE rotates pairs (2i, 2i + 1) (`ad.RopeAttentionOp`)."""
 

@@ -34,8 +34,14 @@ from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.matching import constant, erase_dead, other_operand, plain_binary, producer
-from ad_mlir.passes.pipeline import describe_op
+from ad_mlir.passes.patterns.matching import (
+    constant,
+    describe_op,
+    erase_dead,
+    other_operand,
+    plain_binary,
+    producer,
+)
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ from xdsl.interpreters.func import FuncFunctions
 from xdsl.ir import Block, Operation, SSAValue
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends import op_table as T
-from ad_mlir.frontends.fx_import import SINGLE_RANK, Rank, rank_weight, weight_of
+from ad_mlir.dialects.weights import weight_of
+from ad_mlir.semantics import op_table as T
+from ad_mlir.semantics.weights import SINGLE_RANK, Rank, rank_weight
 
 
 def run_op(op: Operation, values: Sequence[Any]) -> tuple[Any, ...]:

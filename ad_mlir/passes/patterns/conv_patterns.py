@@ -10,7 +10,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX
 from xdsl.ir import SSAValue
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.op_table import attr_to_value
+from ad_mlir.semantics.op_table import attr_to_value
 
 CONV1D = "aten.conv1d.default"
 

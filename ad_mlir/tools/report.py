@@ -27,12 +27,14 @@ from xdsl.dialects.builtin import NameLoc
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_only_values
-from ad_mlir.frontends.fx_export import export_program
+from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.models import DTYPES, FAMILIES, built_from_config, export_with_ids, named_model, random_input_ids
 from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import build_kernels
-from ad_mlir.runtime.reference import evaluate
+from ad_mlir.semantics.reference import evaluate
+from ad_mlir.zoo.checkpoints import built_from_config, named_model
+from ad_mlir.zoo.tiny import DTYPES, FAMILIES, random_input_ids
 
 R = TypeVar("R")
 

@@ -1,0 +1,56 @@
+"""The project's inference export: `torch.export` of a model under no_grad, with SDPA's math
+backend and a dynamic sequence length."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ad_mlir.zoo.tiny import TinyConfig, example_input_ids
+
+if TYPE_CHECKING:  # torch loads lazily: `ad-opt file.mlir` should not pay 1.7 s for it
+    import torch
+
+
+def export_meta_model(model: torch.nn.Module) -> torch.export.ExportedProgram:
+    """A `meta_model`'s export at 8 tokens, the sequence dynamic up to 1024 (MPT's export
+    refuses 2048, its ALiBi table's length)."""
+    import torch
+
+    return export_with_ids(model, torch.zeros(1, 8, dtype=torch.long, device="meta"), max_seq=1024)
+
+
+def export_model(
+    model: torch.nn.Module, cfg: TinyConfig, seq_len: int = 8, decompose: bool = False
+) -> torch.export.ExportedProgram:
+    """Export `model(input_ids=...)` with a dynamic sequence length, under no_grad
+    (inference graphs; no grad-mode wrappers)."""
+    return export_with_ids(model, example_input_ids(cfg, seq_len), decompose)
+
+
+def export_with_ids(
+    model: torch.nn.Module, input_ids: torch.Tensor, decompose: bool = False, max_seq: int = 4096
+) -> torch.export.ExportedProgram:
+    """`export_model` for given `input_ids` (e.g. on the meta device, for a `meta_model`);
+    the sequence length is dynamic in [2, max_seq]."""
+    import torch
+
+    seq = torch.export.Dim("seq", min=2, max=max_seq)
+    ep = export_inference(model, {"input_ids": input_ids}, {"input_ids": {1: seq}})
+    return ep.run_decompositions() if decompose else ep
+
+
+def export_inference(model: torch.nn.Module, kwargs: dict[str, Any], dynamic_shapes: Any,
+                     args: tuple[Any, ...] = ()) -> torch.export.ExportedProgram:
+    """`torch.export.export(model, args, kwargs)`, non-strict, under no_grad (inference graphs: no
+    grad-mode wrappers) and with SDPA's math backend chosen while tracing: on CUDA the fused
+    backends' fake kernels pad the mask to a multiple of 8 and guard on that padding, which a
+    dynamic sequence length cannot satisfy (fp32 HF models on an H100, torch 2.11). The graph
+    keeps the SDPA op either way; its backend is chosen again when it runs. HF's chunked scans
+    (Mamba2, the gated delta rule) are exported as opaque ops (`frontends/export_patches.py`)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ad_mlir.frontends.export_patches import routed_for_export
+
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export():
+        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)

@@ -1,0 +1,130 @@
+"""Generate text with a model compiled by ad-mlir with K/V caches (`ad_mlir.LLM`).
+
+    python -m ad_mlir.generate                                    # SmolLM2-135M-Instruct, a default question
+    python -m ad_mlir.generate --model smollm2 --prompt "What is the capital of France?"
+    python -m ad_mlir.generate --model path/to/model.gguf --prompt "..." --max-new-tokens 64
+    python -m ad_mlir.generate --model llama --prompt-ids 5 9 13  # a tiny built-in family (random weights)
+    python -m ad_mlir.generate --benchmark                        # also HF eager generate, same prompt
+    python -m ad_mlir.generate --kv-cache-budget 100000000         # caches sized to 100 MB (CUDA: or 0.9)
+
+Without CUDA the kernels run as their torch reference (`--interpret`: in the Triton interpreter,
+slow: minutes for SmolLM2). The answer is greedy unless `--temperature` is above 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch loads after the arguments are parsed: --help stays fast
+    from ad_mlir.llm.llm import LLM, GenerationOutput
+
+DEFAULT_PROMPT = "What is the capital of France?"
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ad_mlir.generate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--model", default="smollm2", help="smollm2, a tiny family (llama, qwen2, mistral, gemma), a "
+                   "checkpoint directory or a .gguf file (default: smollm2)")
+    p.add_argument("--prompt", action="append", help=f"a prompt (repeat for a batch; default: '{DEFAULT_PROMPT}')")
+    p.add_argument("--prompt-ids", type=int, nargs="+", action="append",
+                   help="a prompt as token ids (models without a tokenizer; repeat for a batch)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template to --prompt")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch", type=int, default=4, help="cache slots (sequences in flight)")
+    p.add_argument("--max-seq-len", type=int, default=None, help="tokens a cache slot holds (default 512; with "
+                   "--kv-cache-budget the most a slot may hold, default the model's max_position_embeddings)")
+    p.add_argument("--kv-cache-budget", type=_budget, default=None, metavar="BYTES|FRACTION",
+                   help="size the caches from a memory budget instead: bytes (an integer), or on CUDA a fraction in "
+                   "(0, 1] of the device memory free after one forward pass; --max-batch slots share it")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, run decode steps without CUDA graphs")
+    p.add_argument("--pipeline", default="default")
+    p.add_argument("--interpret", action="store_true", help="without CUDA, run the kernels in the Triton "
+                   "interpreter instead of their torch reference")
+    p.add_argument("--benchmark", action="store_true", help="time prefill and decode, and HF eager generate on the "
+                   "same prompts")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the compilation")
+    return p.parse_args(argv)
+
+
+def _budget(text: str) -> int | float:
+    """Bytes when `text` is an integer, else a fraction (checked by `LLM`)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is neither bytes (an integer) nor a fraction") from None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parse(argv)
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel module is imported
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    from ad_mlir.llm.llm import LLM
+
+    start = time.perf_counter()
+    try:
+        llm = LLM(args.model, max_batch=args.max_batch, max_seq_len=args.max_seq_len, pipeline=args.pipeline,
+                  kv_cache_budget=args.kv_cache_budget, cuda_graphs=False if args.no_cuda_graphs else None)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    print(f"{args.model}: loaded and compiled in {time.perf_counter() - start:.1f} s "
+          f"(compile {llm.compile_seconds:.1f} s); the caches hold {llm.cache_tokens} tokens ({llm.max_batch} slots x "
+          f"{llm.max_seq_len}, {llm.cache_bytes / 2**20:.1f} MiB)", file=sys.stderr)
+    prompts: list[str | list[int]] = args.prompt_ids or args.prompt or [DEFAULT_PROMPT]
+    chat = not args.no_chat and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
+    try:
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, args.max_new_tokens, args.temperature, args.top_p, args.seed, chat=chat)
+        seconds = time.perf_counter() - start
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    for prompt, out in zip(prompts, outputs, strict=True):
+        print(f"> {prompt}")
+        print(out.text if out.text is not None else out.token_ids)
+    tokens = sum(len(o.token_ids) for o in outputs)
+    print(f"{tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tokens/s)", file=sys.stderr)
+    if args.benchmark:
+        _benchmark(llm, outputs)
+
+
+def _benchmark(llm: LLM, outputs: list[GenerationOutput]) -> None:
+    """Prefill time, time per decode token and tokens/s of ad-mlir and of HF eager `generate`
+    (greedy, HF's dynamic cache) on the same prompts, one prompt at a time."""
+    import torch
+
+    for out in outputs:
+        ids = out.prompt_token_ids
+        n = len(out.token_ids)
+        start = time.perf_counter()
+        llm.generate([ids], max_new_tokens=1)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        llm.generate([ids], max_new_tokens=n)
+        ours = time.perf_counter() - start
+        with torch.no_grad():
+            start = time.perf_counter()
+            llm.model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               use_cache=True)
+            hf = time.perf_counter() - start
+        per_token = (ours - prefill) / max(n - 1, 1)
+        print(f"prompt of {len(ids)} tokens, {n} new: ad-mlir prefill {prefill * 1e3:.0f} ms, "
+              f"{per_token * 1e3:.0f} ms per decode token, {n / ours:.1f} tokens/s; "
+              f"HF eager {n / hf:.1f} tokens/s ({hf * 1e3 / n:.0f} ms per token)")
+
+
+if __name__ == "__main__":
+    main()

