@@ -52,6 +52,7 @@ def test_family_sweep_prints_a_row_per_family_and_writes_json(tmp_path: Path) ->
     (saved,) = json.loads(rows_file.read_text())
     assert (saved["family"], saved["status"], saved["kernel_calls"]) == ("llama", "ok", int(row[3]))
     assert saved["kernel_calls"] > 0 and sorted(saved["interpreter_error"]) == sorted(saved["reference_error"])
+    assert saved["generation"] == "equal"
 
 
 def test_family_sweep_reports_a_timeout_as_a_failure() -> None:

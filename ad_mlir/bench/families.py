@@ -11,7 +11,10 @@ Each family runs in a child process of its own, bounded in time. A row says how 
 family got: not built / not exported (the model's or torch.export's reason: not ours),
 compile error, call error or wrong (ours: defects), or ok; and the max |error| of the logits
 against eager at two sequence lengths on each path, the kernels per decoder layer before and
-after the pipeline, and the fused ops of a layer.
+after the pipeline, and the fused ops of a layer. The generation column (`--no-generation` skips
+it) builds the family again with a wide init (varied greedy tokens) and a hybrid's layer kinds in
+turn, and compares `ad_mlir.LLM`'s greedy tokens with HF `generate`'s: a family that equals eager
+but generates other tokens is a defect ("different"), one that `LLM` refuses says why.
 """
 
 from __future__ import annotations
@@ -104,6 +107,11 @@ class FamilyRow:
     ("eager"), of the compiled bf16 model on each path ("reference", "interpreter"), and the
     bound those may reach ("bound", `report.low_precision_bound`)."""
     seconds: dict[str, float] = field(default_factory=dict)
+    generation: str = "-"
+    """`LLM` greedy tokens against HF `generate` (`check_generation`): "equal", "different" (a defect of
+    ours), "refused" (our error, in `generation_reason`), "HF repeats" (HF's tokens do not vary,
+    so equal tokens would prove nothing), or "-" (not run)."""
+    generation_reason: str = ""
 
 
 def _error_line(e: BaseException) -> str:
@@ -134,9 +142,10 @@ def _layer0_ops(module: Any) -> dict[str, int]:
 
 
 def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int] = SEQ_LENS,
-                 bf16: bool = True) -> FamilyRow:
+                 bf16: bool = True, generation: bool = False) -> FamilyRow:
     """One family, in this process (the sweep runs it in a child; see `run_sweep`): fp32 at
-    each of `seq_lens`, then (`bf16`) the same weights in bf16 at the longest."""
+    each of `seq_lens`, then (`bf16`) the same weights in bf16 at the longest, then (`generation`)
+    `LLM`'s greedy tokens against HF's."""
     import torch
 
     from ad_mlir.runtime.kernels import registered_kernel
@@ -186,6 +195,8 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
                     "" if path == "reference" else " (Triton interpreter)")
     if bf16 and row.status == "ok":
         _sweep_bf16(row, model, ids[:, : max(seq_lens)], pipeline)
+    if generation and row.status == "ok":
+        _stage(row, "generation", lambda: check_generation(row))
     return row
 
 
@@ -279,8 +290,61 @@ def _compile(ep: Any, pipeline: str, row: FamilyRow) -> tuple[Any, Any]:
 # ----------------------------------------------------------------- the sweep
 
 
-def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str]) -> FamilyRow:
-    cmd = [sys.executable, "-m", "ad_mlir.bench.families", "--child", "--pipeline", pipeline, family]
+GENERATION_PROMPTS = ([5, 9, 13, 7], [21, 3, 8, 30, 11, 2, 17], [40, 41, 42])
+"""Three prompts for two slots: one waits for a freed slot."""
+GENERATION_TOKENS = 8
+WIDE_INIT = 0.5
+"""`initializer_range` of the generation column's model: random weights that wide give varied
+greedy tokens (the default init often repeats one token, which a broken cache reproduces)."""
+
+
+LAYER_KINDS = {"lfm2": ("conv", "full_attention"), "lfm2_moe": ("conv", "full_attention")}
+"""Hybrids whose default config does not show their layer kinds (all attention, or none)."""
+
+
+def generation_config(family: str) -> Any:
+    """`small_config` with a wide init and, for a hybrid model, its layer kinds in turn (one layer
+    of each of the first two kinds in two layers: LFM2's convolution and attention)."""
+    from transformers import AutoConfig
+
+    config = small_config(family)
+    config.initializer_range = WIDE_INIT
+    kinds = LAYER_KINDS.get(family) or list(dict.fromkeys(getattr(AutoConfig.for_model(family), "layer_types", None)
+                                                         or []))
+    if len(kinds) > 1 and getattr(config, "layer_types", None):
+        config.layer_types = [kinds[i % len(kinds)] for i in range(config.num_hidden_layers)]
+    return config
+
+
+def check_generation(row: FamilyRow) -> None:
+    """`ad_mlir.LLM` (2 slots, kernels on their torch reference) against HF `generate`, greedy,
+    `GENERATION_TOKENS` new tokens of each of `GENERATION_PROMPTS`."""
+    import torch
+
+    import ad_mlir
+    from ad_mlir.runtime.kernels import reference_kernels
+
+    torch.manual_seed(0)
+    model = model_from_config(generation_config(row.family))
+    with torch.no_grad():
+        expected = [model.generate(torch.tensor([p]), max_new_tokens=GENERATION_TOKENS, do_sample=False)[0, len(p):]
+                    .tolist() for p in GENERATION_PROMPTS]
+    try:
+        llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=64)
+        with reference_kernels():
+            got = [o.token_ids for o in llm.generate(list(GENERATION_PROMPTS), max_new_tokens=GENERATION_TOKENS)]
+    except Exception as e:  # noqa: BLE001 (a refusal is a row: ours when it is not our own error)
+        row.generation, row.generation_reason = "refused", _error_line(e)
+        return
+    if all(len(set(tokens)) <= 1 for tokens in expected):
+        row.generation = "HF repeats"
+    else:
+        row.generation = "equal" if got == expected else "different"
+
+
+def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str], generation: bool) -> FamilyRow:
+    cmd = [sys.executable, "-m", "ad_mlir.bench.families", "--child", "--pipeline", pipeline, family,
+           *([] if generation else ["--no-generation"])]
     start = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -303,7 +367,7 @@ def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str]) 
 
 def run_sweep(
     families: Sequence[str], pipeline: str = "default", timeout: float = 600, jobs: int = 2,
-    progress: Callable[[FamilyRow], None] | None = None,
+    progress: Callable[[FamilyRow], None] | None = None, generation: bool = True,
 ) -> list[FamilyRow]:
     """Each family in a child process (kernels in the interpreter where CUDA is absent, a
     fresh kernel cache for the sweep, passes strict so a failing pass is a compile error, one
@@ -312,7 +376,7 @@ def run_sweep(
     env.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_sweep_"))
     rows: dict[str, FamilyRow] = {}
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = {pool.submit(_run_child, f, pipeline, timeout, env): f for f in families}
+        futures = {pool.submit(_run_child, f, pipeline, timeout, env, generation): f for f in families}
         for future in concurrent.futures.as_completed(futures):
             row = future.result()
             rows[row.family] = row
@@ -337,14 +401,14 @@ def _bf16_errors(errors: dict[str, float]) -> str:
 
 def table(rows: Sequence[FamilyRow]) -> str:
     header = ["family", "status", "max err ref", "max err interp", "bf16 err eager / ref / interp",
-              "kernels/layer", "kernel calls", "fused ops (layer 0)", "s", "reason"]
+              "kernels/layer", "kernel calls", "fused ops (layer 0)", "generation", "s", "reason"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         kernels = "-" if r.kernels_after is None else f"{r.kernels_before} -> {r.kernels_after}"
         fused = ", ".join(f"{k.removeprefix('ad.')} {v}" for k, v in r.fused_ops.items()) or "-"
-        reason = r.reason.replace("|", "\\|")
+        reason = "; ".join(x for x in (r.reason, r.generation_reason) if x).replace("|", "\\|")
         lines.append(f"| {r.family} | {r.status} | {_errors(r.reference_error)} | {_errors(r.interpreter_error)} "
-                     f"| {_bf16_errors(r.bf16_error)} | {kernels} | {r.kernel_calls} | {fused} "
+                     f"| {_bf16_errors(r.bf16_error)} | {kernels} | {r.kernel_calls} | {fused} | {r.generation} "
                      f"| {r.seconds.get('total', '-')} | {reason} |")
     return "\n".join(lines)
 
@@ -357,7 +421,9 @@ def markdown(rows: Sequence[FamilyRow], title: str = "Family sweep") -> str:
             f"errors are max |logits - eager| at seq {' / '.join(map(str, SEQ_LENS))}; bf16 errors are max "
             f"|logits - fp32 eager| at seq {max(SEQ_LENS)} of eager bf16 and of the compiled bf16 model (allowed: "
             "twice eager's plus one bf16 ulp of the largest logit); 'kernels/layer' is "
-            "the most kernels of a decoder layer outside GEMMs and attention, imported -> compiled.\n\n"
+            "the most kernels of a decoder layer outside GEMMs and attention, imported -> compiled; 'generation' "
+            f"is `ad_mlir.LLM`'s greedy tokens (2 slots, {len(GENERATION_PROMPTS)} prompts, {GENERATION_TOKENS} new "
+            f"tokens) against HF generate's, with initializer_range={WIDE_INIT} and a hybrid's layer kinds in turn.\n\n"
             + table(rows))
 
 
@@ -370,12 +436,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=600, help="seconds per family")
     p.add_argument("--jobs", type=int, default=2, help="families at a time")
     p.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
+    p.add_argument("--no-generation", dest="generation", action="store_false",
+                   help="skip the generation column (LLM's greedy tokens against HF generate's)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true", help="a line per family as it finishes")
     args = p.parse_args(argv)
     if args.child:
         logging.basicConfig(level=logging.WARNING)
-        print(json.dumps(asdict(sweep_family(args.families[0], args.pipeline))))
+        print(json.dumps(asdict(sweep_family(args.families[0], args.pipeline, generation=args.generation))))
         return
     families = args.families or causal_lm_families()
     unknown = set(families) - set(causal_lm_families())
@@ -386,12 +454,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.verbose:
             print(f"{row.family}: {row.status} {row.reason}", file=sys.stderr, flush=True)
 
-    rows = run_sweep(families, args.pipeline, args.timeout, args.jobs, progress)
+    rows = run_sweep(families, args.pipeline, args.timeout, args.jobs, progress, args.generation)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=1)
     print(markdown(rows))
-    sys.exit(1 if any(r.status in OURS for r in rows) else 0)
+    sys.exit(1 if any(r.status in OURS or r.generation == "different" for r in rows) else 0)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, Lfm2Config
 from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
+from ad_mlir.bench.families import FamilyRow, check_generation, generation_config
 from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
 from ad_mlir.llm.llm import cached_pipeline, export_for_cache
@@ -110,6 +111,15 @@ def test_every_pass_and_kernel_verified_on_lfm2(lfm2, monkeypatch: pytest.Monkey
     _, program = compile_program(export_for_cache(model, 2, 32), pipeline=cached_pipeline("default", 2, 32),
                                  verify=True)
     assert any(isinstance(op, ad.CachedCausalConv1dOp) for op in program.function.body.walk())
+
+
+def test_the_sweeps_generation_column_runs_lfm2_with_its_conv_layer() -> None:
+    """The family sweep's generation column gives a hybrid one layer of each kind: LFM2's conv
+    layer is in the model it compares, and its tokens equal HF's."""
+    assert generation_config("lfm2").layer_types == ["conv", "full_attention"]
+    row = FamilyRow("lfm2", status="ok")
+    check_generation(row)
+    assert (row.generation, row.generation_reason) == ("equal", "")
 
 
 # -- scans that export as opaque ops (frontends/export_patches.py) ---------------------------
