@@ -131,7 +131,7 @@ def test_doc_command_runs(doc: DocCommand, tmp_path: Path) -> None:
     else:
         argv = ["bash", "-o", "pipefail", "-c", command_to_run(doc.text, tmp_path)]
     start = time.perf_counter()
-    run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     output = run.stdout + run.stderr
     print(f"{doc.id}: exit {run.returncode} in {time.perf_counter() - start:.1f} s")
     expected = EXPECTED_FAILURES.get(doc.text) if doc.kind == "sh" else None
