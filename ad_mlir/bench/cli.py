@@ -94,10 +94,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
 
     from ad_mlir.bench.report import write_results
+    from ad_mlir.codegen.interpreter import default_to_interpreter
 
     cuda = torch.cuda.is_available()
     if not cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # PTX still compiles for sm_90 (in a child)
+        default_to_interpreter()  # PTX still compiles for sm_90 (in a child)
     parts = args.parts.split(",")
     results: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "parts": {}, "skipped": {}}
     from tqdm import tqdm

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ad_mlir.codegen.interpreter import default_to_interpreter
 from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.passes.pipeline import PIPELINES
 from ad_mlir.zoo.tiny import ModelShape, meta_model
@@ -103,7 +104,7 @@ def _measure(which: str, layers: int, shape: ModelShape, dtype: str, ptx: bool, 
     for variable in CACHE_VARIABLES:
         os.environ[variable] = str(Path(caches) / variable.lower())
     if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels load as on a CPU machine; PTX in a child
+        default_to_interpreter()  # kernels load as on a CPU machine; PTX in a child
     if which == "ad-mlir":
         return time_ad_mlir(meta_model("llama", shape, layers, dtype), ptx)
     if which == "inductor":

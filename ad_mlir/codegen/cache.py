@@ -28,6 +28,7 @@ from types import ModuleType
 from xdsl.printer import Printer
 
 from ad_mlir.codegen import region_kernel
+from ad_mlir.codegen.interpreter import kernel_loading
 from ad_mlir.codegen.lowering import emit_kernel_source
 from ad_mlir.dialects import ad, kernel_forms
 
@@ -183,7 +184,8 @@ def _import(path: Path, name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        with kernel_loading():
+            spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[module_name]  # a half-made module must not stand in for a later, good file
         raise

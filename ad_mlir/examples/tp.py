@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ad_mlir.codegen.interpreter import default_to_interpreter
 from ad_mlir.frontends.export import export_model
 from ad_mlir.runtime.kernels import registered_kernel
-from ad_mlir.tools.report import max_abs_error, verdict
 from ad_mlir.zoo.tiny import DTYPES, FAMILIES, TinyConfig, build_model, example_input_ids
 
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
@@ -55,6 +55,7 @@ def run_rank(cfg: TinyConfig, pipeline: str = "default", seq_lens: Sequence[int]
     """Compile `cfg`'s model sharded over the initialized process group and compare this rank's
     logits with the unsharded model's (every rank builds the same weights from the seed)."""
     import ad_mlir
+    from ad_mlir.tools.report import max_abs_error, verdict
 
     world, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(cfg)
@@ -166,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if gpus:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     elif not args.no_interpret:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel module is imported
+        default_to_interpreter()  # ad_mlir.tools.report and ad_mlir.compile import triton: none is imported yet
     dist.init_process_group("nccl" if gpus else "gloo")
     try:
         world = dist.get_world_size()

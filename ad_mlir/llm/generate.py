@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -71,7 +70,9 @@ def _budget(text: str) -> int | float:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(argv)
     if args.interpret:
-        os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel module is imported
+        from ad_mlir.codegen.interpreter import use_interpreter
+
+        use_interpreter()  # before the import below: it imports triton
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     from ad_mlir.llm.llm import LLM
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 from xdsl.dialects.builtin import NameLoc
 
 from ad_mlir.codegen.cache import KernelCache
+from ad_mlir.codegen.interpreter import default_to_interpreter
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_only_values
 from ad_mlir.frontends.export import export_with_ids
@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log each pass")
     args = p.parse_args(argv)
     if not args.no_interpret and not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel module is imported
+        default_to_interpreter()  # a no-op when `python -m ad_mlir --report` decided it before importing triton
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     layers = args.layers
     if layers is None and built_from_config(args.model):
