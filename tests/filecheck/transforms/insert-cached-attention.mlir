@@ -25,7 +25,7 @@ func.func @causal(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf
 // -----
 
 // CHECK-LABEL: func.func @window
-// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "k_cache_0", ad.kv_cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
 // CHECK-NOT:   ad.le
 // CHECK-NOT:   ad.gt
 // CHECK-NOT:   ad.logical_and
