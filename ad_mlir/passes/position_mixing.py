@@ -12,6 +12,7 @@ and every axis computed from them stays dynamic (`?`), while model sizes are sta
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -135,15 +136,24 @@ def _bound(value: int) -> str:
 
 
 def _reshape(op: ad.ReshapeOp) -> str | None:
-    """A reshape whose static sizes grow took a static extent out of a token axis. When the
-    remaining dynamic size is inferred (-1) or divided out, that is the sequence cut into chunks,
-    and later ops on the extent mix the positions of a chunk; when every dynamic size is given as
-    a count of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]), the
-    extent was merged into the axis before and no position moves."""
+    """A reshape that splits a static extent off a token axis, just inside it, with the rest of
+    the axis inferred (-1) or divided out: the sequence cut into chunks ([b, s, h] -> [b, s / c,
+    c, h]), so later ops on the extent mix the positions of a chunk. Not a split given as counts
+    of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]), nor a static
+    extent outside the token axis (Llama-4's [experts * tokens, h] -> [experts, tokens, h])."""
     if not _token_axes(op.input) or _static_numel(op.input) % _static_numel(op.result) == 0:
         return None
-    if -1 in op.static_sizes.get_values() or any(_divided(size) for size in op.sizes):
-        return "cuts a token axis into chunks"
+    if -1 not in op.static_sizes.get_values() and not any(_divided(size) for size in op.sizes):
+        return None
+    shape = op.result.type.get_shape()
+    carried = Counter(size for size in op.input.type.get_shape() if size != DYNAMIC_INDEX)
+    for i, size in enumerate(shape):
+        if size == DYNAMIC_INDEX:
+            continue
+        if carried[size]:  # a size the input had: not split off
+            carried[size] -= 1
+        elif i > 0 and shape[i - 1] == DYNAMIC_INDEX:
+            return "cuts a token axis into chunks"
     return None
 
 
