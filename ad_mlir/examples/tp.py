@@ -145,6 +145,13 @@ def _format(result: RankResult, cfg: TinyConfig) -> str:
     )
 
 
+
+def _print_line(text: str) -> None:
+    """One write of the line and its newline: the ranks print at once to one pipe, and a print's
+    text and end written apart interleave (seen: two ranks' lines glued, their newlines after)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node W -m ad_mlir.examples.tp",
                                 description=__doc__.split("\n\n")[0])
@@ -175,11 +182,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                          hidden_size=args.hidden_size or 64 * world)
         if args.generate:
             generated = generate_rank(cfg, args.pipeline, max_new_tokens=args.max_new_tokens)
-            print(_format_generate(generated, cfg), flush=True)
+            _print_line(_format_generate(generated, cfg))
             ok = generated.equal
         else:
             result = run_rank(cfg, args.pipeline, args.seq_lens)
-            print(_format(result, cfg), flush=True)
+            _print_line(_format(result, cfg))
             ok = result.verdict != "OUT OF TOLERANCE"
     finally:
         dist.destroy_process_group()
