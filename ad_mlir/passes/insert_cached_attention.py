@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 from xdsl.context import Context
@@ -91,6 +91,7 @@ from ad_mlir.passes.patterns.matching import erase_dead
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
+Match = TypeVar("Match")
 
 POSITION_INPUT = "position_ids"
 MIXERS_LISTED = 4
@@ -223,15 +224,8 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
 
 def _find_short_convs(fn: func.FuncOp) -> list[ShortConv]:
     """HF's short causal convolutions of `fn`, in program order."""
-    found = []
-    for op in fn.body.block.ops:
-        if isinstance(op, ad.TorchOp):
-            match = match_short_conv(op)
-            if isinstance(match, str):
-                log.info("insert-cached-attention: the conv1d at %s is not cached: %s", _layer(op), match)
-            elif match is not None:
-                found.append(match)
-    return found
+    matches = (_logged(match_short_conv(op), op, "conv1d") for op in fn.body.block.ops if isinstance(op, ad.TorchOp))
+    return [m for m in matches if m is not None]
 
 
 def _find_attentions(fn: func.FuncOp) -> list[Attention]:
@@ -240,13 +234,17 @@ def _find_attentions(fn: func.FuncOp) -> list[Attention]:
     for op in fn.body.block.ops:
         if isinstance(op, ad.RopeAttentionOp | ad.AttentionOp):
             found.append(_from_attention_op(op))
-        elif isinstance(op, ad.SoftmaxOp):
-            match = match_eager_attention(op)
-            if isinstance(match, str):
-                log.info("insert-cached-attention: the softmax at %s is not cached: %s", _layer(op), match)
-            elif match is not None:
-                found.append(match)
+        elif isinstance(op, ad.SoftmaxOp) and (match := _logged(match_eager_attention(op), op, "softmax")) is not None:
+            found.append(match)
     return found
+
+
+def _logged(match: Match | str | None, op: Operation, what: str) -> Match | None:
+    """A matcher's result: the match, or None; why a near miss is not cached goes to the log."""
+    if isinstance(match, str):
+        log.info("insert-cached-attention: the %s at %s is not cached: %s", what, _layer(op), match)
+        return None
+    return match
 
 
 def _from_attention_op(op: ad.RopeAttentionOp | ad.AttentionOp) -> Attention:

@@ -14,7 +14,7 @@ and every axis computed from them stays dynamic (`?`), while model sizes are sta
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from xdsl.dialects import func
@@ -95,7 +95,7 @@ def _token_axes(value: SSAValue) -> set[int]:
     return {i for i, size in enumerate(value.type.get_shape()) if size == DYNAMIC_INDEX}
 
 
-def _over(axes: Iterator[int] | set[int], value: SSAValue, what: str) -> str | None:
+def _over(axes: Iterable[int], value: SSAValue, what: str) -> str | None:
     mixed = sorted(set(axes) & _token_axes(value))
     return f"{what} over token axis {mixed[0]}" if mixed else None
 
