@@ -29,11 +29,13 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from xdsl.dialects import func
 
+from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ CACHE_BEFORE = ("decompose", "fuse-elementwise")
 """`insert-cached-attention` goes before the first of these passes."""
 
 
-def cached_pipeline(pipeline: str, max_batch: int, max_seq_len: int) -> str:
+def cached_pipeline(pipeline: str | Path, max_batch: int, max_seq_len: int) -> str:
     """`pipeline` with `insert-cached-attention` spliced in before its first `decompose` or
     `fuse-elementwise` (`default` counts as the passes it runs), else appended. So it runs after
     `shard` (each rank's caches get its local K/V heads), `quantize-linear-fp8` and the LLM
@@ -200,11 +202,15 @@ class LLM:
     Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
     each rank compiles the same IR, holds its slice of the weights and caches of its local K/V
     heads, and gets the same logits (the all_reduce after each block); `world_size` and `rank`
-    default to the initialized process group's (`ad_mlir.compile`'s)."""
+    default to the initialized process group's.
+
+    How it compiles is `ad_mlir.compile`'s `CompileOptions` (`pipeline`, `verify`, `cache`,
+    `world_size`, `rank`), given as `options=` and/or keywords (`LLM(model, pipeline="none")`);
+    `insert-cached-attention` is spliced into the pipeline (`cached_pipeline`)."""
 
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
-                 pipeline: str = "default", tokenizer: Any = None, kv_cache_budget: int | float | None = None,
-                 cuda_graphs: bool | None = None, world_size: int | None = None, rank: int | None = None) -> None:
+                 tokenizer: Any = None, kv_cache_budget: int | float | None = None, cuda_graphs: bool | None = None,
+                 *, options: CompileOptions | None = None, **overrides: Any) -> None:
         from ad_mlir.zoo.checkpoints import load_causal_lm
 
         if isinstance(model, str):
@@ -217,7 +223,7 @@ class LLM:
         _check_sizes(max_batch, max_seq_len)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device (it is on {self.device})")
-        self._world_size, self._rank = world_size, rank
+        self.options = CompileOptions.of(options, **overrides)
         start = time.perf_counter()
         if kv_cache_budget is None:
             max_seq_len = max_seq_len or DEFAULT_MAX_SEQ_LEN
@@ -226,21 +232,19 @@ class LLM:
             _check_budget(kv_cache_budget, self.device)
             cap = max_seq_len or _max_positions(self.model)
             ep = export_for_cache(self.model, max_batch, cap)
-            max_seq_len = self._seq_len_for_budget(ep, pipeline, max_batch, cap, kv_cache_budget)
-        self._compile(ep, pipeline, max_batch, max_seq_len)
+            max_seq_len = self._seq_len_for_budget(ep, max_batch, cap, kv_cache_budget)
+        self._compile(ep, max_batch, max_seq_len)
         self.compile_seconds = time.perf_counter() - start
         log.info("LLM: compiled in %.1f s; %d caches of %s, %.2f MiB in all: %d tokens fit (%d slots x %d tokens)",
                  self.compile_seconds, len(self.caches), next(iter(self.caches.values())).shape,
                  self.cache_bytes / 2**20, self.cache_tokens, max_batch, max_seq_len)
         self.decode_graphs = self._capture_decode(cuda_graphs)
 
-    def _compile(self, ep: torch.export.ExportedProgram, pipeline: str, max_batch: int, max_seq_len: int) -> None:
+    def _compile(self, ep: torch.export.ExportedProgram, max_batch: int, max_seq_len: int) -> None:
         """Compile `ep` with caches of `max_batch` x `max_seq_len` tokens and allocate them."""
-        from ad_mlir.compiler import compile_program
-
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
-        self.graph, program = compile_program(ep, pipeline=cached_pipeline(pipeline, max_batch, max_seq_len),
-                                              world_size=self._world_size, rank=self._rank)
+        pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
+        self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
         self.program = program
         """The compiled `ad` module (what the graph runs) and its weights."""
         fn = program.function
@@ -270,11 +274,11 @@ class LLM:
 
     # -- cache size from a memory budget ---------------------------------------------
 
-    def _seq_len_for_budget(self, ep: torch.export.ExportedProgram, pipeline: str, max_batch: int, cap: int,
+    def _seq_len_for_budget(self, ep: torch.export.ExportedProgram, max_batch: int, cap: int,
                             budget: int | float) -> int:
         """Tokens per slot that `budget` buys for `max_batch` slots, at most `cap`: measured on a
         probe compile with `PROBE_SEQ_LEN`-token slots."""
-        self._compile(ep, pipeline, max_batch, min(PROBE_SEQ_LEN, cap))
+        self._compile(ep, max_batch, min(PROBE_SEQ_LEN, cap))
         per_token = (self.cache_bytes - self.state_bytes) // self.cache_tokens
         budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
         if per_token == 0:  # states alone: their size does not depend on the tokens

@@ -19,7 +19,7 @@ import torch._dynamo
 from kernel_guard import graph_kernels, kernel_calls, kernels_ran
 from torch._dynamo.testing import CompileCounterWithBackend
 
-import ad_mlir.compiler
+import ad_mlir.dynamo_backend
 from ad_mlir.dynamo_backend import EagerFallbackWarning, ad_mlir_backend
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import small_model
@@ -40,16 +40,16 @@ def compiled_graphs(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModul
     is counted once compiled, not when it arrives: one whose compile fails is not in the list);
     each compiled graph is checked to call generated kernels of ours."""
     seen: list[torch.fx.GraphModule] = []
-    real = ad_mlir.compiler.compile
+    real = ad_mlir.dynamo_backend.compile
 
     def spy(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
         compiled = real(gm, *args, **kwargs)
-        if kwargs.get("pipeline") != "none":
+        if kwargs["options"].pipeline != "none":  # the backend passes its BackendOptions
             assert kernel_calls(compiled), "the compiled graph calls no kernel of ours"
         seen.append(gm)
         return compiled
 
-    monkeypatch.setattr(ad_mlir.compiler, "compile", spy)
+    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", spy)
     return seen
 
 
@@ -91,8 +91,8 @@ def test_kernels_in_the_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> N
     (imported and exported back, nothing fused) bit-exact."""
     model, ids = build_model(TinyConfig(family="llama", layers=1)), _ids(7)
     made: list[torch.fx.GraphModule] = []
-    real = ad_mlir.compiler.compile
-    monkeypatch.setattr(ad_mlir.compiler, "compile", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    real = ad_mlir.dynamo_backend.compile
+    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     options = {"pipeline": "default", "verify": True, "fallback": False}
     compiled = torch.compile(model, backend="ad_mlir", options=options)
     with torch.no_grad():
@@ -201,7 +201,7 @@ def test_graph_needing_gradients_runs_eager(compiled_graphs: list[torch.fx.Graph
     assert not compiled_graphs
 
 
-@pytest.mark.parametrize("options, match", [({"pipelin": "none"}, "unknown ad_mlir backend option"),
+@pytest.mark.parametrize("options, match", [({"pipelin": "none"}, "unknown BackendOptions option"),
                                              ({"pipeline": "no-such-pass"}, "no-such-pass")])
 def test_bad_options_are_named(options: dict[str, Any], match: str) -> None:
     run: Callable[[torch.Tensor], torch.Tensor] = torch.compile(
