@@ -213,3 +213,31 @@ func.func @short_conv(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %x: tensor
   %s = ad.slice %c dim 2 [0, %seq, 1] : tensor<1x8x?xf32> -> tensor<1x8x?xf32>
   func.return %s : tensor<1x8x?xf32>
 }
+
+// -----
+
+// An MoE block's expert groups beside the attention mix no positions: the tokens per expert (a
+// sum over the token axis) only size the groups, each group goes through its own expert, and
+// the groups are joined back in split order; a [tokens * top_k, h] list viewed back as
+// [batch, seq, top_k, -1] infers a model size, not a token count. So the attention is cached
+// and the expert ops stay.
+// CHECK-LABEL: func.func @expert_groups
+// CHECK:       ad.sum %assigned dim [0]
+// CHECK:       ad.split %x [%n0, %n1]
+// CHECK:       %[[JOINED:.*]] = ad.cat %y0, %y1 :
+// CHECK:       %[[VIEW:.*]] = ad.reshape %[[JOINED]]
+// CHECK:       %[[O:.*]] = ad.cached_attention %q, %k, %v cache
+// CHECK-NEXT:  func.return %[[VIEW]], %[[O]]
+func.func @expert_groups(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %x: tensor<?x8xf32> {ad.input = "x"}, %assigned: tensor<?x2xi64> {ad.input = "assigned"}, %w0: tensor<8x8xf32> {ad.param = "model.layers.0.mlp.experts.0.weight"}, %w1: tensor<8x8xf32> {ad.param = "model.layers.0.mlp.experts.1.weight"}, %b: index, %s: index) -> (tensor<?x?x2x4xf32>, tensor<1x2x?x8xf32>) {
+  %counts = ad.sum %assigned dim [0] : tensor<?x2xi64> -> tensor<2xi64>
+  %c0, %c1 = ad.torch_op "aten.unbind.int"(%counts) [#ad.ref<0>] {} unpack : (tensor<2xi64>) -> (tensor<i64>, tensor<i64>)
+  %n0 = ad.torch_op "aten.item.default"(%c0) [#ad.ref<0>] {} : (tensor<i64>) -> index
+  %n1 = ad.torch_op "aten.item.default"(%c1) [#ad.ref<0>] {} : (tensor<i64>) -> index
+  %x0, %x1 = ad.split %x [%n0, %n1] : tensor<?x8xf32> -> tensor<?x8xf32>, tensor<?x8xf32>
+  %y0 = ad.linear %x0, %w0 : (tensor<?x8xf32>, tensor<8x8xf32>) -> tensor<?x8xf32>
+  %y1 = ad.linear %x1, %w1 : (tensor<?x8xf32>, tensor<8x8xf32>) -> tensor<?x8xf32>
+  %joined = ad.cat %y0, %y1 : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x8xf32> loc("model.layers.0.mlp")
+  %view = ad.reshape %joined [%b, %s, 2, -1] : tensor<?x8xf32> -> tensor<?x?x2x4xf32> loc("model.layers.0.mlp")
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %view, %o : tensor<?x?x2x4xf32>, tensor<1x2x?x8xf32>
+}
