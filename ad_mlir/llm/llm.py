@@ -26,9 +26,8 @@ import contextlib
 import inspect
 import logging
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,28 +36,9 @@ from xdsl.dialects import func
 
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
+from ad_mlir.llm.engine import Engine, GenerationOutput, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerationOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    """The new tokens only."""
-    text: str | None = None
-    """The new tokens decoded (None without a tokenizer)."""
-    finish_reason: str = ""
-    """"stop" (EOS) or "length" (max_new_tokens)."""
-
-
-@dataclass
-class _Running:
-    index: int
-    slot: int
-    output: GenerationOutput
-    cached: int
-    """Tokens the slot holds for this sequence."""
 
 
 @dataclass(frozen=True)
@@ -357,12 +337,14 @@ class LLM:
     # -- generation ----------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 32, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None, chat: bool = False,
-                 ignore_eos: bool = False) -> list[GenerationOutput]:
+                 top_p: float = 1.0, seed: int | None = None, chat: bool = False, ignore_eos: bool = False,
+                 top_k: int = 0, stop: Sequence[str] = ()) -> list[GenerationOutput]:
         """One output per prompt (a string, tokenized with the model's tokenizer, under its chat
-        template with `chat`; or token ids). Greedy when `temperature` is 0, else sampled with
-        `top_p` nucleus filtering from a generator seeded with `seed`. With `ignore_eos` every
-        sequence runs to `max_new_tokens` (benchmarks)."""
+        template with `chat`; or token ids), through the continuous-batching `Engine` (prompts
+        beyond the slots wait for one). Greedy when `temperature` is 0, else sampled with `top_k`
+        and `top_p` filtering, each prompt from its own generator seeded with `seed`. A sequence
+        stops at EOS (unless `ignore_eos`, for benchmarks), a `stop` string or `max_new_tokens`."""
+        params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
         token_lists = [self._tokenize(p, chat) for p in prompts]
         for i, ids in enumerate(token_lists):
             if not ids:
@@ -370,45 +352,13 @@ class LLM:
             if len(ids) + max_new_tokens > self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens: with max_new_tokens={max_new_tokens} it needs "
                                  f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len} cache positions")
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        stop = set() if ignore_eos else self.eos
-        outputs = [GenerationOutput(list(ids)) for ids in token_lists]
-        queue = deque(range(len(token_lists)))
-        free = list(range(self.max_batch))
-        running: list[_Running] = []
-        while queue or running:
-            while queue and free:  # prefill the next prompt in a free slot
-                index = queue.popleft()
-                seq = _Running(index, free.pop(0), outputs[index], len(outputs[index].prompt_token_ids))
-                ids = torch.tensor([seq.output.prompt_token_ids])
-                logits = self.step(ids, torch.arange(seq.cached)[None], [seq.slot], [0])
-                self._append(seq, logits[0, -1], temperature, top_p, generator, max_new_tokens, stop)
-                if seq.output.finish_reason:
-                    free.insert(0, seq.slot)
-                else:
-                    running.append(seq)
-            if not running:
-                continue
-            logits = self.decode([s.output.token_ids[-1] for s in running], [s.slot for s in running],
-                                 [s.cached for s in running], free)
-            for i, seq in enumerate(running):
-                seq.cached += 1
-                self._append(seq, logits[i], temperature, top_p, generator, max_new_tokens, stop)
-            free += [s.slot for s in running if s.output.finish_reason]
-            running = [s for s in running if not s.output.finish_reason]
-        if self.tokenizer is not None:
-            for out in outputs:
-                out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        return outputs
-
-    def _append(self, seq: _Running, logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None, max_new_tokens: int, stop: set[int]) -> None:
-        token = sample(logits, temperature, top_p, generator)
-        seq.output.token_ids.append(token)
-        if token in stop:
-            seq.output.finish_reason = "stop"
-        elif len(seq.output.token_ids) >= max_new_tokens:
-            seq.output.finish_reason = "length"
+        engine = Engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
+        requests = [engine.add(ids, params) for ids in token_lists]
+        while engine.has_work:
+            engine.step()
+        for request in requests:
+            request.output.text = request.text if self.tokenizer is not None else None
+        return [request.output for request in requests]
 
     def _tokenize(self, prompt: str | Sequence[int], chat: bool) -> list[int]:
         if not isinstance(prompt, str):
@@ -510,21 +460,6 @@ class CudaGraphDecode:
             static[name].copy_(torch.tensor(values).view(static[name].shape), non_blocking=True)
         graph.replay()
         return out
-
-
-def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
-    """Greedy (argmax) at temperature 0; else from softmax(logits / temperature), keeping the
-    smallest set of most likely tokens whose probability reaches `top_p`. Runs on the CPU (the
-    generator is a CPU one; the token is read on the host anyway)."""
-    logits = logits.cpu()
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(0) - sorted_probs < top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
