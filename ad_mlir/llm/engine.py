@@ -19,13 +19,9 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from ad_mlir.llm.llm import LLM
-
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
@@ -56,6 +52,21 @@ class GenerationOutput:
     """The new tokens decoded (None without a tokenizer)."""
     finish_reason: str = ""
     """"stop" (EOS or a stop string), "length" (max tokens) or "abort"."""
+
+
+class CachedModel(Protocol):
+    """What the engine needs of a compiled model with caches (`LLM`)."""
+
+    max_batch: int
+    max_seq_len: int
+    eos: set[int]
+    tokenizer: Any
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: Sequence[int],
+             starts: Sequence[int]) -> torch.Tensor: ...
+
+    def decode(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int],
+               free: Sequence[int]) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -127,7 +138,7 @@ class Engine:
     the tokens one step feeds: every running decode, then prefill chunks of the waiting prompts
     in arrival order within what is left (at least one token of prefill per step)."""
 
-    def __init__(self, llm: LLM, max_step_tokens: int = 256) -> None:
+    def __init__(self, llm: CachedModel, max_step_tokens: int = 256) -> None:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be at least 1, got {max_step_tokens}")
         self.llm = llm
@@ -144,16 +155,20 @@ class Engine:
     def add(self, prompt: Sequence[int], params: SamplingParams, request_id: str | None = None) -> Request:
         """Queue a request; one that can never fit a slot is refused here, before it queues."""
         prompt = [int(t) for t in prompt]
+        self.check_fits(prompt, params)
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        request = Request(request_id or f"req-{next(self._ids)}", params, GenerationOutput(prompt), generator)
+        self.waiting.append(request)
+        return request
+
+    def check_fits(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """Raises ValueError, saying why, for a request that can never fit a slot."""
         if not prompt:
             raise ValueError("the prompt is empty")
         need = len(prompt) + params.max_tokens
         if need > self.llm.max_seq_len:
             raise ValueError(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it needs "
                              f"{need} > max_seq_len={self.llm.max_seq_len} cache positions")
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        request = Request(request_id or f"req-{next(self._ids)}", params, GenerationOutput(prompt), generator)
-        self.waiting.append(request)
-        return request
 
     def abort(self, request_id: str) -> bool:
         """Drop a request (waiting or running) and free its slot; False if it is not here."""
