@@ -2,7 +2,9 @@
 tokenizer's chat template), each streamed as server-sent events or not, `/v1/models`,
 `/health` and `/metrics` (Prometheus).
 
-A request body that does not validate gets a 400 with an OpenAI-style error
+The server serves only the model it was started with and binds 127.0.0.1 unless told otherwise
+(`ad-mlir serve --host`); `--api-key` makes the `/v1` routes need it. A request body that does
+not validate gets a 400 with an OpenAI-style error
 (`{"error": {"message", "type": "invalid_request_error", "param", "code"}}`), an unknown model a
 404 (`model_not_found`), a request that can never fit a cache slot a 400 before it queues. A
 client that disconnects cancels its request: the engine frees its slot.
@@ -27,6 +29,8 @@ from ad_mlir.serve.runner import EngineRunner
 
 DISCONNECT_POLL_S = 0.5
 """How often a non-streaming request checks that its client is still there."""
+MAX_BODY_BYTES = 1 << 20
+"""The largest request body read (a prompt longer than any cache slot fits in far less)."""
 
 
 class _Sampling(BaseModel):
@@ -73,11 +77,23 @@ def _error(status: int, message: str, param: str | None = None, code: str | None
                                    "code": code}}, status_code=status)
 
 
-def build_app(runner: EngineRunner, model_name: str, tokenizer: Any = None, default_max_tokens: int = 256) -> FastAPI:
+def build_app(runner: EngineRunner, model_name: str, tokenizer: Any = None, default_max_tokens: int = 256,
+              api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The app serving `runner`'s engine as `model_name` (`tokenizer`: for text prompts, chat and
-    text outputs; without one, prompts are token ids and outputs carry token ids only)."""
+    text outputs; without one, prompts are token ids and outputs carry token ids only). With
+    `api_key`, the `/v1` routes need `Authorization: Bearer <api_key>` (401 otherwise); a body
+    over `max_body_bytes` is refused (413) before it is read."""
     app = FastAPI(title="ad-mlir", summary="OpenAI-compatible completions over an ad-mlir compiled model")
     created = int(time.time())
+
+    @app.middleware("http")
+    async def guard(http: Request, call_next: Any) -> Response:
+        if http.url.path.startswith("/v1/") and api_key is not None and \
+                http.headers.get("authorization") != f"Bearer {api_key}":
+            return _error(401, "a valid API key is needed (Authorization: Bearer ...)", None, "invalid_api_key")
+        if int(http.headers.get("content-length") or 0) > max_body_bytes:
+            return _error(413, f"the request body is over {max_body_bytes} bytes", None, "body_too_large")
+        return await call_next(http)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:

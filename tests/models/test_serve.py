@@ -9,6 +9,7 @@ token t to the letter chr(97 + t % 26), so a completion's text says which tokens
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ import openai
 import pytest
 import torch
 import uvicorn
+from fastapi import FastAPI
 from test_engine import CharTokenizer
 from test_generate import PROMPTS, _family_model, _hf_tokens
 
@@ -93,18 +95,25 @@ def served() -> Iterator[Served]:
     llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=MAX_SEQ)
     llm.tokenizer = LetterTokenizer()
     runner = EngineRunner(Engine(llm, max_step_tokens=8)).start()
+    with _serving(build_app(runner, "llama", llm.tokenizer, default_max_tokens=NEW)) as url, reference_kernels():
+        yield Served(model, runner, url)  # the engine's thread runs the kernels as their torch reference
+    runner.stop()
+
+
+@contextlib.contextmanager
+def _serving(app: FastAPI) -> Iterator[str]:
+    """`app` served by uvicorn on a free loopback port, in a thread; yields its URL."""
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(runner, "llama", llm.tokenizer, default_max_tokens=NEW),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, 30)
-    with reference_kernels():  # the engine's thread runs the kernels as their torch reference
-        yield Served(model, runner, url)
-    server.should_exit = True
-    thread.join(timeout=10)
-    runner.stop()
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def test_concurrent_completions_equal_hf_streaming_or_not(served: Served) -> None:
@@ -168,6 +177,20 @@ def test_bad_completion_requests_get_openai_errors(served: Served, body: dict, s
     assert error["error"]["type"] == "invalid_request_error" and error["error"]["param"] == param
     assert words in error["error"]["message"], error
     assert served.runner.in_flight == 0, "a refused request was queued"
+
+
+def test_an_api_key_and_a_body_bound_when_asked_for(served: Served) -> None:
+    app = build_app(served.runner, "llama", served.runner.engine.llm.tokenizer, api_key="sesame", max_body_bytes=200)
+    with _serving(app) as url:
+        body = {"model": "llama", "prompt": [5, 9], "max_tokens": 2, "temperature": 0}
+        assert _post(f"{url}/v1/completions", body)[1]["error"]["code"] == "invalid_api_key"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0)
+        assert client.completions.create(**body).choices[0].finish_reason == "length"
+        with pytest.raises(openai.APIStatusError, match="over 200 bytes") as raised:
+            client.completions.create(**{**body, "prompt": [5] * 100})
+        assert raised.value.status_code == 413
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+            assert r.status == 200, "health needs no key"
 
 
 def test_chat_without_a_chat_template_is_refused(served: Served) -> None:
