@@ -828,7 +828,7 @@ class SliceOp(AdOp):
 @irdl_op_definition
 class CatOp(AdOp):
     name = "ad.cat"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveEmptyCatOperands")
     tensors = var_operand_def(AdTensor)
     dim = opt_prop_def(IntegerAttr[I64])
     result = result_def(AdTensor)
@@ -878,7 +878,7 @@ class CloneOp(AdOp):
     """A copy; `memory_format` (a `#ad.torch<memory_format ...>`) as in torch."""
 
     name = "ad.clone"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveClone")
     input = operand_def(AdTensor)
     memory_format = opt_prop_def(TorchValueAttr)
     result = result_def(AdTensor)
@@ -895,7 +895,7 @@ class LinearOp(AdOp):
     """`input @ weight.T + bias` (weight is [out, in])."""
 
     name = "ad.linear"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("LinearOfFlattenedRows")
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     input = operand_def(AdTensor)
     weight = operand_def(AdTensor)
@@ -932,6 +932,7 @@ class TwoOperandMatmulOp(AdOp):
 @irdl_op_definition
 class MmOp(TwoOperandMatmulOp):
     name = "ad.mm"
+    traits = _pure_canonicalized_by("MmOfTransposedMatrixToLinear")
 
     def verify_op(self) -> None:
         a, b = _shape(self.input.type), _shape(self.mat2.type)
@@ -968,7 +969,7 @@ class AddmmOp(AdOp):
     """`beta * input + alpha * (mat1 @ mat2)`."""
 
     name = "ad.addmm"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("MmOfTransposedMatrixToLinear")
     input = operand_def(AdTensor)
     mat1 = operand_def(AdTensor)
     mat2 = operand_def(AdTensor)
@@ -1958,7 +1959,7 @@ class TorchOp(IRDLOperation):
     operand. `unpack` marks a target that returns a sequence (results are its items)."""
 
     name = "ad.torch_op"
-    traits = traits_def(CanonicalizedBy(("RemoveNoValueTorchOp", "RemoveEvalDropout")))
+    traits = traits_def(CanonicalizedBy(("RemoveNoValueTorchOp", "RemoveEvalDropout", "SdpaBackendToAttention")))
     target = prop_def(StringAttr)
     args = prop_def(ArrayAttr)
     kwargs = prop_def(DictionaryAttr)
