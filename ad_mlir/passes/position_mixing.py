@@ -140,13 +140,15 @@ def _reshape(op: ad.ReshapeOp) -> str | None:
     """A reshape that splits a static extent off a token axis, just inside it, with the rest of
     the axis inferred (-1) or divided out: the sequence cut into chunks ([b, s, h] -> [b, s / c,
     c, h]), so later ops on the extent mix the positions of a chunk. Not a split given as counts
-    of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]), nor a static
+    of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]; Qwen3-Next's
+    flat [b * s * heads, v] back to [b, s, -1], the -1 a static extent), nor a static
     extent outside the token axis (Llama-4's [experts * tokens, h] -> [experts, tokens, h])."""
     if not _token_axes(op.input) or _static_numel(op.input) % _static_numel(op.result) == 0:
         return None
-    if -1 not in op.static_sizes.get_values() and not any(_divided(size) for size in op.sizes):
-        return None
     shape = op.result.type.get_shape()
+    inferred = any(size == -1 and shape[i] == DYNAMIC_INDEX for i, size in enumerate(op.static_sizes.get_values()))
+    if not inferred and not any(_divided(size) for size in op.sizes):
+        return None
     carried = Counter(size for size in op.input.type.get_shape() if size != DYNAMIC_INDEX)
     for i, size in enumerate(shape):
         if size == DYNAMIC_INDEX:
