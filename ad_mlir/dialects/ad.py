@@ -1542,7 +1542,8 @@ class MoeOp(KernelOp):
 
 CACHE_ATTR = "ad.cache"
 """On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
-cache, "<layer> conv_state" for a convolution's state, the layer being the HF module path of
+cache, "<layer> conv_state" for a convolution's state, "<layer> ssm_state" / "<layer>
+recurrent_state" for a Mamba2 / gated-delta-rule state, the layer being the HF module path of
 the op it serves."""
 CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 """On the per-sequence metadata arguments of a cached module: each batch row's cache slot, and

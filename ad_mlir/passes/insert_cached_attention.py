@@ -1,7 +1,8 @@
 """`insert-cached-attention`: every causal attention becomes `ad.cached_attention` over K/V
-caches, and every short causal convolution `ad.cached_causal_conv1d` over a state, each cache a
-new argument of the function (AutoDeploy's cache-initialization stage); a graph left with any
-other op that mixes token positions is refused.
+caches, every short causal convolution `ad.cached_causal_conv1d` over a state, and every
+recurrent scan `ad.cached_ssm_scan` / `ad.cached_gated_delta_rule` over a state, each cache a new
+argument of the function (AutoDeploy's cache-initialization stage); a graph left with any other
+op that mixes token positions is refused.
 
 For each `ad.rope_attention` (and plain `ad.attention`), in program order (what the fused op
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
@@ -27,6 +28,15 @@ HF's short causal convolution (LFM2: a depthwise `conv1d` padded by kernel - 1 a
 the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d` over an
 argument `conv_state_<i>` [max-batch, channels, kernel - 1] in the input's dtype, marked
 `ad.cache = "<layer> conv_state"`: the inputs of the kernel - 1 tokens before a step.
+
+HF's chunked scans, as the export patches route them (`frontends/export_patches.py`: one
+opaque op over the whole sequence, `scan_patterns`), become their cached ops over an fp32 state
+argument marked `ad.cache = "<layer> ssm_state|recurrent_state"`: Mamba2's
+`ad_mlir.mamba2_chunk_scan` `ad.cached_ssm_scan` over `ssm_state_<i>` [max-batch, heads,
+head_dim, state_size] (its D, dt_bias, softplus and time-step limits carried), the gated delta
+rule's `ad_mlir.chunk_gated_delta_rule` `ad.cached_gated_delta_rule` over `recurrent_state_<i>`
+[max-batch, value heads, key dim, value dim] (its q/k L2 norm carried). HF keeps both states in
+fp32 too.
 
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
@@ -259,8 +269,9 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
         raise PassFailedException(
             f"insert-cached-attention: {len(mixers)} op(s) mix token positions outside the cached attention, and "
             f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
-            "such sequence mixers (state-space scans, linear attention, convolutions other than HF's causal short "
-            "convolution, attention forms not matched as attention) are not supported for generation yet")
+            "such sequence mixers (scans other than Mamba2's and the gated delta rule's, e.g. Mamba1's; linear "
+            "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
+            "attention) are not supported for generation yet")
 
 
 def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule]:

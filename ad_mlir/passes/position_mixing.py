@@ -4,9 +4,9 @@ contraction over it, a shift by slicing or concatenation, a sequence cut into ch
 counted inside the graph).
 
 In a graph compiled for generation, a decode step sees only its new tokens: what a position
-needs from earlier ones must come from a cache. `insert-cached-attention` caches attention and
-HF's short causal convolution, so any other op that mixes positions would silently see a
-one-token sequence.
+needs from earlier ones must come from a cache. `insert-cached-attention` caches attention, HF's
+short causal convolution and the export patches' chunked scans, so any other op that mixes
+positions would silently see a one-token sequence.
 Token axes are told by their type: the export for the cache makes batch and sequence dynamic,
 and every axis computed from them stays dynamic (`?`), while model sizes are static.
 """

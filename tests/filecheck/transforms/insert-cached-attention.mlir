@@ -213,3 +213,34 @@ func.func @short_conv(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %x: tensor
   %s = ad.slice %c dim 2 [0, %seq, 1] : tensor<1x8x?xf32> -> tensor<1x8x?xf32>
   func.return %s : tensor<1x8x?xf32>
 }
+
+// -----
+
+// Mamba2's scan as the export patches route it (HF's mamba2_chunk_scan: x, dt, A, B, C, chunk
+// size, D, dt_bias, softplus, dt limits (0.001, inf)) becomes ad.cached_ssm_scan over an fp32
+// state argument [slots, heads, head_dim, state_size]: D, dt_bias, softplus and the lower limit
+// carried, no upper one.
+// CHECK-LABEL: func.func @mamba2_scan
+// CHECK-SAME:  %ssm_state{{.*}}: tensor<2x4x16x8xf32> {ad.input = "ssm_state_0", ad.cache = "model.layers.0.mixer ssm_state"}
+// CHECK-NOT:   ad.torch_op
+// CHECK:       %[[OUT:.*]] = ad.cached_ssm_scan %x, %dt, %a, %b, %c d %d dt_bias %dt_bias dt_softplus dt_min 1.000000e-03 state %ssm_state slots %cache_slots starts %cache_starts : (tensor<?x?x4x16xf32>, tensor<?x?x4xf32>, tensor<4xf32>, tensor<?x?x2x8xf32>, tensor<?x?x2x8xf32>, tensor<2x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>, d tensor<4xf32>, dt_bias tensor<4xf32>) -> tensor<?x?x4x16xf32>
+// CHECK-NEXT:  func.return %[[OUT]]
+func.func @mamba2_scan(%x: tensor<?x?x4x16xf32> {ad.input = "x"}, %dt: tensor<?x?x4xf32> {ad.input = "dt"}, %a: tensor<4xf32> {ad.input = "a"}, %b: tensor<?x?x2x8xf32> {ad.input = "b"}, %c: tensor<?x?x2x8xf32> {ad.input = "c"}, %d: tensor<4xf32> {ad.param = "model.layers.0.mixer.D"}, %dt_bias: tensor<4xf32> {ad.param = "model.layers.0.mixer.dt_bias"}) -> tensor<?x?x4x16xf32> {
+  %y = ad.torch_op "ad_mlir.mamba2_chunk_scan.default"(%x, %dt, %a, %b, %c, %d, %dt_bias) ["transformers.models.nemotron_h.modeling_nemotron_h", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 8 : i64, #ad.ref<5>, #ad.ref<6>, true, 1.000000e-03 : f64, 0x7ff0000000000000 : f64] {} : (tensor<?x?x4x16xf32>, tensor<?x?x4xf32>, tensor<4xf32>, tensor<?x?x2x8xf32>, tensor<?x?x2x8xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<?x?x4x16xf32> loc("model.layers.0.mixer")
+  func.return %y : tensor<?x?x4x16xf32>
+}
+
+// -----
+
+// The gated delta rule as the export patches route it (HF's torch_chunk_gated_delta_rule: q, k,
+// v, g, beta, chunk size, q/k L2 norm) becomes ad.cached_gated_delta_rule over an fp32 state
+// argument [slots, value heads, key dim, value dim].
+// CHECK-LABEL: func.func @gated_delta_rule
+// CHECK-SAME:  %recurrent_state{{.*}}: tensor<2x4x16x8xf32> {ad.input = "recurrent_state_0", ad.cache = "model.layers.0.linear_attn recurrent_state"}
+// CHECK-NOT:   ad.torch_op
+// CHECK:       %[[OUT:.*]] = ad.cached_gated_delta_rule %q, %k, %v, %g, %beta use_qk_l2norm state %recurrent_state slots %cache_slots starts %cache_starts : (tensor<?x?x2x16xbf16>, tensor<?x?x2x16xbf16>, tensor<?x?x4x8xbf16>, tensor<?x?x4xf32>, tensor<?x?x4xbf16>, tensor<2x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x4x8xbf16>
+// CHECK-NEXT:  func.return %[[OUT]]
+func.func @gated_delta_rule(%q: tensor<?x?x2x16xbf16> {ad.input = "q"}, %k: tensor<?x?x2x16xbf16> {ad.input = "k"}, %v: tensor<?x?x4x8xbf16> {ad.input = "v"}, %g: tensor<?x?x4xf32> {ad.input = "g"}, %beta: tensor<?x?x4xbf16> {ad.input = "beta"}) -> tensor<?x?x4x8xbf16> {
+  %o = ad.torch_op "ad_mlir.chunk_gated_delta_rule.default"(%q, %k, %v, %g, %beta) ["transformers.models.qwen3_next.modeling_qwen3_next", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 64 : i64, true] {} : (tensor<?x?x2x16xbf16>, tensor<?x?x2x16xbf16>, tensor<?x?x4x8xbf16>, tensor<?x?x4xf32>, tensor<?x?x4xbf16>) -> tensor<?x?x4x8xbf16> loc("model.layers.0.linear_attn")
+  func.return %o : tensor<?x?x4x8xbf16>
+}
