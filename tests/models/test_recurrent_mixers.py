@@ -21,7 +21,9 @@ from test_generate import (
 from transformers import AutoModelForCausalLM, NemotronHConfig, Qwen3NextConfig
 
 import ad_mlir
+from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
+from ad_mlir.llm.llm import cached_pipeline, export_for_cache
 from ad_mlir.runtime.kernels import reference_kernels
 
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
@@ -119,3 +121,16 @@ def test_in_the_interpreter(llms, family: str, monkeypatch: pytest.MonkeyPatch) 
     assert any(name.startswith(SCAN_OPS[family].name.removeprefix("ad.")) for name in kernels), kernels
     assert any(name.startswith("cached_causal_conv1d") for name in kernels), kernels
     _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS, 6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_pass_and_kernel_verified(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`verify=True`: each pass (the cached function at start 0, the sequential scan, computes
+    what the uncached one did with HF's chunked scan) and the compiled kernels against the IR, on
+    the same random inputs; strict (no pass may be skipped)."""
+    monkeypatch.setenv("AD_MLIR_SKIP_ON_ERROR", "0")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS[family]).eval()
+    _, program = compile_program(export_for_cache(model, 2, 32), pipeline=cached_pipeline("default", 2, 32),
+                                 verify=True)
+    assert any(isinstance(op, SCAN_OPS[family]) for op in program.function.body.walk())
