@@ -170,8 +170,8 @@ class InsertCachedAttentionPass(ModulePass):
             _, _, heads, head_dim = scan.input.type.get_shape()
             shape, role = [heads, head_dim, scan.b.type.get_shape()[3]], "ssm_state"
         else:
-            shape, role = [*scan.value.type.get_shape()[2:3], scan.key.type.get_shape()[3],
-                           scan.value.type.get_shape()[3]], "recurrent_state"
+            _, _, v_heads, v_dim = scan.value.type.get_shape()
+            shape, role = [v_heads, scan.key.type.get_shape()[3], v_dim], "recurrent_state"
         state = _append_argument(fn, TensorType(Float32Type(), [self.max_batch, *shape]),
                                  {ad.INPUT_ATTR: f"{role}_{i}", ad.CACHE_ATTR: f"{_layer(scan.op)} {role}"})
         if isinstance(scan, SsmScan):
