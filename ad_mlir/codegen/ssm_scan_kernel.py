@@ -106,7 +106,7 @@ def _time_step(dtype: torch.dtype, has_dt_bias: bool, dt_softplus: bool, dt_min:
     if has_dt_bias:
         lines.append(f"step = {_round('step + bias_h', dtype)}")
     if dt_softplus:
-        lines += ["e = tl.exp(step)", "w = 1.0 + e",
+        lines += [f"e = tl.exp(tl.minimum(step, {SOFTPLUS_THRESHOLD!r}))", "w = 1.0 + e",
                   "log1p = tl.where(w == 1.0, e, tl.log(w) * e / (w - 1.0))",
                   f"step = {_round(f'tl.where(step > {SOFTPLUS_THRESHOLD!r}, step, log1p)', dtype)}"]
     clamp = f"tl.maximum(step, {float(dt_min)!r})"

@@ -122,14 +122,27 @@ def _cat(op: ad.CatOp) -> str | None:
 
 def _slice(op: ad.SliceOp) -> str | None:
     """A slice that shifts or strides a token axis (`x[:, :-1]`, `x[:, 1:]`); one up to a
-    dynamic end (the sequence's own length) keeps positions where they are."""
+    dynamic end (the sequence's own length), or from minus a token count to the end (Olmo-Hybrid's
+    `x[..., -seq_len:]` after its convolution), keeps positions where they are."""
     rank = len(op.input.type.get_shape())
     if op.dim.value.data % rank not in _token_axes(op.input):
         return None
     start, end, step = op.static_bounds.get_values()
     if start == 0 and step == 1 and end in (TO_THE_END, DYNAMIC_INDEX):
         return None
+    if start == DYNAMIC_INDEX and step == 1 and end == TO_THE_END and _minus_a_token_count(op.bounds[0]):
+        return None
     return f"slices token axis {op.dim.value.data % rank} by [{_bound(start)}:{_bound(end)}:{_bound(step)}]"
+
+
+def _minus_a_token_count(bound: SSAValue) -> bool:
+    """`-n` with n the size of a token axis (the types carry no symbols to tell which sequence it
+    measures, as for a dynamic end)."""
+    neg = bound.owner
+    if not isinstance(neg, ad.TorchOp) or neg.target.data != "_operator.neg" or len(neg.inputs) != 1:
+        return False
+    size = neg.inputs[0].owner
+    return isinstance(size, ad.SymSizeOp) and size.input.type.get_shape()[size.dim.value.data] == DYNAMIC_INDEX
 
 
 def _bound(value: int) -> str:

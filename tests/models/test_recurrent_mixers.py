@@ -1,7 +1,7 @@
 """Recurrent sequence mixers generating through their per-slot states: Mamba2's scan
 (`ad.cached_ssm_scan`, Nemotron-H: Mamba2, MoE, attention and MLP layers) and the gated delta
 rule (`ad.cached_gated_delta_rule`, Qwen3-Next: linear attention and gated full attention with
-partial rotary), each beside its short convolution (`ad.cached_causal_conv1d`) and the K/V
+partial rotary; Olmo-Hybrid), each beside its short convolution (`ad.cached_causal_conv1d`) and the K/V
 cache. Tiny configs built with a wide init (0.5), so that greedy tokens vary and a state that is
 wrong or missing shows; chunks of 8 tokens (Nemotron-H's `chunk_size`; Qwen3-Next's scan is
 chunked by 64) so that HF's prefill spans chunks; per-step logits against HF's full-prefix
@@ -18,7 +18,7 @@ from test_generate import (
     _assert_step_logits_match,
     _hf_tokens,
 )
-from transformers import AutoModelForCausalLM, NemotronHConfig, Qwen3NextConfig
+from transformers import AutoModelForCausalLM, NemotronHConfig, OlmoHybridConfig, Qwen3NextConfig
 
 import ad_mlir
 from ad_mlir.compiler import compile_program
@@ -38,14 +38,20 @@ CONFIGS = {
         **COMMON, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], linear_key_head_dim=16,
         linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    # the delta rule with negative eigenvalues (beta up to 2) and its conv cut by x[..., -seq_len:]
+    "olmo_hybrid": OlmoHybridConfig(
+        **COMMON, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], linear_key_head_dim=16,
+        linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, linear_conv_kernel_dim=4),
 }
 STATES = {
     # conv channels: Mamba2's x, B and C (4 x 16 + 2 x 2 x 16); the delta rule's q, k, v (2 x 2 x 16 + 4 x 8)
     "nemotron_h": {"conv_state_0": (2, 128, 3), "ssm_state_0": (2, 4, 16, 16)},
     "qwen3_next": {"conv_state_0": (2, 96, 3), "recurrent_state_0": (2, 4, 16, 8)},
+    "olmo_hybrid": {"conv_state_0": (2, 80, 3), "recurrent_state_0": (2, 2, 16, 8)},
 }
-SCAN_OPS = {"nemotron_h": ad.CachedSsmScanOp, "qwen3_next": ad.CachedGatedDeltaRuleOp}
-STATE_NAMES = {"nemotron_h": "ssm_state_0", "qwen3_next": "recurrent_state_0"}
+SCAN_OPS = {"nemotron_h": ad.CachedSsmScanOp, "qwen3_next": ad.CachedGatedDeltaRuleOp,
+            "olmo_hybrid": ad.CachedGatedDeltaRuleOp}
+STATE_NAMES = {"nemotron_h": "ssm_state_0", "qwen3_next": "recurrent_state_0", "olmo_hybrid": "recurrent_state_0"}
 FAMILIES = list(CONFIGS)
 
 

@@ -244,3 +244,23 @@ func.func @gated_delta_rule(%q: tensor<?x?x2x16xbf16> {ad.input = "q"}, %k: tens
   %o = ad.torch_op "ad_mlir.chunk_gated_delta_rule.default"(%q, %k, %v, %g, %beta) ["transformers.models.qwen3_next.modeling_qwen3_next", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 64 : i64, true] {} : (tensor<?x?x2x16xbf16>, tensor<?x?x2x16xbf16>, tensor<?x?x4x8xbf16>, tensor<?x?x4xf32>, tensor<?x?x4xbf16>) -> tensor<?x?x4x8xbf16> loc("model.layers.0.linear_attn")
   func.return %o : tensor<?x?x4x8xbf16>
 }
+
+// -----
+
+// Two forms that keep token positions where they are, beside a cached attention, are no mixers:
+// Olmo-Hybrid's cut of its convolution's output to the last seq_len tokens (x[..., -seq_len:],
+// the whole sequence as far as the types tell) and Qwen3-Next's flat [b * s * heads, v] back to
+// [b, s, -1] (the -1 a static extent, no token count inferred).
+// CHECK-LABEL: func.func @no_mixers
+// CHECK:       ad.slice %x dim 2 [%neg, 9223372036854775807, 1]
+// CHECK:       ad.reshape %flat [%b, %n, -1]
+// CHECK:       ad.cached_attention
+func.func @no_mixers(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %x: tensor<?x8x?xf32> {ad.input = "x"}, %flat: tensor<?x8xf32> {ad.input = "flat"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> (tensor<?x8x?xf32>, tensor<?x?x32xf32>, tensor<1x2x?x8xf32>) {
+  %b = ad.sym_size %ids dim 0 : tensor<?x?xi64>
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %neg = ad.torch_op "_operator.neg"(%n) [#ad.ref<0>] {} : (index) -> index
+  %tail = ad.slice %x dim 2 [%neg, 9223372036854775807, 1] : tensor<?x8x?xf32> -> tensor<?x8x?xf32> loc("model.layers.0.linear_attn")
+  %merged = ad.reshape %flat [%b, %n, -1] : tensor<?x8xf32> -> tensor<?x?x32xf32> loc("model.layers.0.linear_attn")
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
+  func.return %tail, %merged, %o : tensor<?x8x?xf32>, tensor<?x?x32xf32>, tensor<1x2x?x8xf32>
+}
