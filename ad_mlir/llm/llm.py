@@ -67,7 +67,7 @@ class CacheArgument:
     dtype: torch.dtype
     per_token: bool
     """A K/V cache, which grows with the tokens of a slot; else a state of fixed size per slot
-    (a convolution's)."""
+    (a convolution's, a recurrent scan's)."""
 
 
 PER_TOKEN_ROLES = ("key", "value")
