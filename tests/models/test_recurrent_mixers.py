@@ -71,6 +71,8 @@ def test_the_scan_state_is_cached_per_slot_in_fp32(llms, family: str) -> None:  
     states = {name: tuple(c.shape) for name, c in llm.caches.items() if name in llm.slot_states}
     assert states == STATES[family]
     assert llm.caches[STATE_NAMES[family]].dtype == torch.float32  # HF keeps it in fp32 too
+    # kv_cache_budget counts these states per slot, apart from the K/V bytes per token (fp32 model: 4 bytes)
+    assert llm.state_bytes == sum(4 * torch.Size(shape).numel() for shape in STATES[family].values())
     ops = [type(op) for op in llm.program.function.body.walk()]
     assert ops.count(SCAN_OPS[family]) == 1 and ops.count(ad.CachedCausalConv1dOp) == 1
     assert ops.count(ad.CachedAttentionOp) == 1
