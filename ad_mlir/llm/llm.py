@@ -10,8 +10,9 @@ with `insert-cached-attention` in the pipeline, and the one compiled graph serve
   cached length, position = cached length.
 
 The caches are allocated once ([max_batch slots, max_seq_len tokens, kv_heads, head_dim] per layer
-and role; a short convolution's state [max_batch slots, channels, kernel - 1], whose size does not
-grow with the tokens), their sizes given or decided by a memory budget (`kv_cache_budget`, which
+and role; a short convolution's state [max_batch slots, channels, kernel - 1] and a recurrent
+scan's fp32 state (Mamba2's [max_batch, heads, head_dim, state_size], the gated delta rule's
+[max_batch, value heads, key dim, value dim]), whose sizes do not grow with the tokens), their sizes given or decided by a memory budget (`kv_cache_budget`, which
 counts the per-slot states apart from the bytes per token). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
 queue; a slot is only read up to what its current sequence wrote, so a reused slot starts clean.
 
@@ -48,7 +49,7 @@ class CacheArgument:
     dtype: torch.dtype
     per_token: bool
     """A K/V cache, which grows with the tokens of a slot; else a state of fixed size per slot
-    (a convolution's)."""
+    (a convolution's, a recurrent scan's)."""
 
 
 PER_TOKEN_ROLES = ("key", "value")

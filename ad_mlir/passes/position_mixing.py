@@ -4,9 +4,9 @@ contraction over it, a shift by slicing or concatenation, a sequence cut into ch
 counted inside the graph).
 
 In a graph compiled for generation, a decode step sees only its new tokens: what a position
-needs from earlier ones must come from a cache. `insert-cached-attention` caches attention and
-HF's short causal convolution, so any other op that mixes positions would silently see a
-one-token sequence.
+needs from earlier ones must come from a cache. `insert-cached-attention` caches attention, HF's
+short causal convolution and the export patches' chunked scans, so any other op that mixes
+positions would silently see a one-token sequence.
 Token axes are told by their type: the export for the cache makes batch and sequence dynamic,
 and every axis computed from them stays dynamic (`?`), while model sizes are static.
 """
@@ -159,14 +159,27 @@ def _read_values(value: SSAValue) -> set[SSAValue]:
 
 def _slice(op: ad.SliceOp) -> str | None:
     """A slice that shifts or strides a token axis (`x[:, :-1]`, `x[:, 1:]`); one up to a
-    dynamic end (the sequence's own length) keeps positions where they are."""
+    dynamic end (the sequence's own length), or from minus a token count to the end (Olmo-Hybrid's
+    `x[..., -seq_len:]` after its convolution), keeps positions where they are."""
     rank = len(op.input.type.get_shape())
     if op.dim.value.data % rank not in _token_axes(op.input):
         return None
     start, end, step = op.static_bounds.get_values()
     if start == 0 and step == 1 and end in (TO_THE_END, DYNAMIC_INDEX):
         return None
+    if start == DYNAMIC_INDEX and step == 1 and end == TO_THE_END and _minus_a_token_count(op.bounds[0]):
+        return None
     return f"slices token axis {op.dim.value.data % rank} by [{_bound(start)}:{_bound(end)}:{_bound(step)}]"
+
+
+def _minus_a_token_count(bound: SSAValue) -> bool:
+    """`-n` with n the size of a token axis (the types carry no symbols to tell which sequence it
+    measures, as for a dynamic end)."""
+    neg = bound.owner
+    if not isinstance(neg, ad.TorchOp) or neg.target.data != "_operator.neg" or len(neg.inputs) != 1:
+        return False
+    size = neg.inputs[0].owner
+    return isinstance(size, ad.SymSizeOp) and size.input.type.get_shape()[size.dim.value.data] == DYNAMIC_INDEX
 
 
 def _bound(value: int) -> str:
@@ -175,9 +188,11 @@ def _bound(value: int) -> str:
 
 def _reshape(op: ad.ReshapeOp) -> str | None:
     """A reshape that splits a static extent off a token axis, just inside it, with the rest of
-    the axis inferred (-1 where the result has a token axis) or divided out: the sequence cut into chunks ([b, s, h] -> [b, s / c,
-    c, h]), so later ops on the extent mix the positions of a chunk. Not a split given as counts
-    of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]), nor a static
+    the axis inferred (-1 where the result has a token axis) or divided out: the sequence cut
+    into chunks ([b, s, h] -> [b, s / c, c, h]), so later ops on the extent mix the positions of
+    a chunk. Not a split given as counts
+    of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]; Qwen3-Next's
+    flat [b * s * heads, v] back to [b, s, -1], the -1 a static extent), nor a static
     extent outside the token axis (Llama-4's [experts * tokens, h] -> [experts, tokens, h])."""
     if not _token_axes(op.input) or _static_numel(op.input) % _static_numel(op.result) == 0:
         return None
