@@ -29,6 +29,7 @@ from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import small_model
 from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model
 
+MOE_FAMILIES = ("mixtral", "qwen2_moe")
 MORE_FAMILIES = ("qwen3", "phi3", "olmo2", "starcoder2", "gpt_neox", "falcon", "gpt2")
 """Built from their configs (ad_mlir/zoo/small.py): QK-norm, fused QKV, post-norms, LayerNorm + GELU."""
 
@@ -105,11 +106,12 @@ def _llm_ops(program: ImportedProgram) -> collections.Counter[str]:
 
 
 @pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.xfail(reason=SAME_LLM_OPS_XFAIL[f], strict=True))
-                                    if f in SAME_LLM_OPS_XFAIL else f for f in (*sorted(FAMILIES), *MORE_FAMILIES)])
+                                    if f in SAME_LLM_OPS_XFAIL else f for f in (*sorted(FAMILIES), *MORE_FAMILIES, *MOE_FAMILIES)])
 def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same model through Dynamo/AOTAutograd and through torch.export makes the same fused
-    program (AOTAutograd leaves linears as t + mm/addmm and SDPA as a backend op; canonicalize
-    turns them back)."""
+    program (AOTAutograd leaves linears as t + mm/addmm, SDPA as a backend op, an MoE block's
+    gate/up chunk as a split and its index_put_ functional; canonicalize and match-moe take
+    them), and the compiled model equals eager."""
     model = build_model(TinyConfig(family=family, layers=1)) if family in FAMILIES else small_model(family, layers=1)
     ids = _ids(9, model.config.vocab_size)
     programs: list[ImportedProgram] = []
@@ -121,7 +123,8 @@ def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypat
 
     monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", keep)
     with torch.no_grad(), reference_kernels():
-        torch.compile(model, backend="ad_mlir", options={"fallback": False})(input_ids=ids)
+        got = torch.compile(model, backend="ad_mlir", options={"fallback": False})(input_ids=ids).logits
+        torch.testing.assert_close(got, model(input_ids=ids).logits)  # fp32: torch's default tolerance
     exported = compile_program(torch.export.export(model, (), {"input_ids": ids}))[1]
     assert len(programs) == 1
     through_export = _llm_ops(exported)
