@@ -259,3 +259,22 @@ def test_bad_options_are_named(options: dict[str, Any], match: str) -> None:
 
 def test_registered_under_its_name() -> None:
     assert "ad_mlir" in torch._dynamo.list_backends()
+
+
+def test_hf_generate_with_a_static_cache_on_a_compiled_forward_gives_hf_tokens(
+        compiled_graphs: list[torch.fx.GraphModule]) -> None:
+    """HF's own generation loop over `torch.compile(model.forward, backend="ad_mlir")` with
+    HF's static cache (the cache tensors are graph inputs written in place: AOTAutograd returns
+    the new values and writes them back): a prefill graph and a decode graph, HF's greedy tokens.
+    Wide weights, so the tokens vary and a decode that lost the cache would show."""
+    model = build_model(TinyConfig(family="llama", layers=2, hf_overrides=(("initializer_range", 0.5),)))
+    ids = torch.tensor([[5, 9, 13, 3, 7, 40, 41]])
+    generate = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static", "use_cache": True}
+    with torch.no_grad():
+        expected = model.generate(ids, **generate)[0, ids.shape[1]:].tolist()
+    assert len(set(expected)) > 4, expected
+    model.forward = torch.compile(model.forward, backend="ad_mlir", options={"fallback": False})
+    with torch.no_grad(), reference_kernels():
+        got = model.generate(ids, **generate)[0, ids.shape[1]:].tolist()
+    assert got == expected
+    assert len(compiled_graphs) >= 2, "prefill and decode compiled by ad-mlir"
