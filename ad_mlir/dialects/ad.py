@@ -943,6 +943,7 @@ class MmOp(TwoOperandMatmulOp):
 @irdl_op_definition
 class BmmOp(TwoOperandMatmulOp):
     name = "ad.bmm"
+    traits = _pure_canonicalized_by("BmmOverMergedBatchToMatmul")
 
     def verify_op(self) -> None:
         a, b = _shape(self.input.type), _shape(self.mat2.type)

@@ -440,3 +440,35 @@ class RemoveEmptyCatOperands(RewritePattern):
         cat = ad.CatOp.build(operands=[kept], properties={"dim": op.dim} if op.dim is not None else {},
                              result_types=[op.result.type])
         rewriter.replace(op, _located_like(op, cat))
+
+
+class BmmOverMergedBatchToMatmul(RewritePattern):
+    """`bmm(a.view(B*H, m, k), b.view(B*H, k, n)).view(B, H, m, n)` is
+    `matmul(a.view(B, H, m, k), b.view(B, H, k, n))`: how torch computes a 4-D matmul, which
+    AOTAutograd (torch.compile) leaves written out; the views then fold into the operands'
+    own (an eager attention's scores and weighted values, as in a torch.export graph)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.BmmOp, rewriter: PatternRewriter) -> None:
+        if not op.result.has_one_use() or not isinstance(view := op.result.get_user_of_unique_use(), ad.ReshapeOp):
+            return
+        sizes = list(view.static_sizes.get_values())
+        shape = view.result.type.get_shape()
+        if len(sizes) < 4 or -1 in sizes or shape[-2:] != op.result.type.get_shape()[-2:]:
+            return
+        dynamic = iter(view.sizes)
+        values = [next(dynamic) if s == DYNAMIC_INDEX else None for s in sizes]
+        lhs = _view(op.input, sizes[:-1] + [-1], values[:-1], (*shape[:-1], op.input.type.get_shape()[-1]))
+        rhs = _view(op.mat2, sizes[:-2] + [-1, sizes[-1]], [*values[:-2], values[-1]],
+                    (*shape[:-2], op.mat2.type.get_shape()[-2], shape[-1]))
+        matmul = ad.MatmulOp.build(operands=[lhs.result, rhs.result], result_types=[view.result.type])
+        rewriter.insert_op([lhs, rhs], InsertPoint.before(op))
+        rewriter.replace(view, _located_like(view, matmul))
+        rewriter.erase(op)
+
+
+def _view(value: SSAValue, sizes: list[int], operands: list[SSAValue | None], shape: tuple[int, ...]) -> ad.ReshapeOp:
+    """`value` viewed as `sizes` (its DYNAMIC_INDEX entries given by `operands`, one -1) of type `shape`."""
+    return ad.ReshapeOp.build(operands=[value, [v for v in operands if v is not None]],
+                              properties={"static_sizes": DenseArrayBase.from_list(i64, sizes)},
+                              result_types=[TensorType(value.type.element_type, shape)])

@@ -93,8 +93,6 @@ def test_family_from_config_equals_eager(family: str, compiled_graphs: list[torc
 SAME_LLM_OPS_XFAIL = {
     "falcon": "AOTAutograd writes Falcon's SDPA out as matmuls around aten._safe_softmax, which the attention "
               "matcher does not take yet",
-    "gemma2": "AOTAutograd writes Gemma2's eager (soft-capped) attention's 4-D matmuls as bmm over [batch * heads] "
-              "rows, which the attention matcher does not take yet",
 }
 
 

@@ -290,3 +290,23 @@ func.func @clones_and_empty_cats(%x: tensor<2x4xf32>, %e: tensor<2x0xf32>) -> (t
   %cat = ad.cat %x, %e, %x dim 1 : (tensor<2x4xf32>, tensor<2x0xf32>, tensor<2x4xf32>) -> tensor<2x8xf32>
   func.return %r, %kept, %one, %cat : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x8xf32>
 }
+
+// -----
+
+// A 4-D matmul as AOTAutograd writes it out (operands viewed as [batch * heads] rows, bmm, the
+// result viewed back) is the matmul over [batch, heads] (Gemma2's eager scores through
+// torch.compile); the operands' views fold. A bmm whose result is not viewed back stays.
+// CHECK-LABEL: func.func @bmm_over_merged_batch
+// CHECK-NEXT:    %q3 = ad.reshape %q [4, 9, 32]
+// CHECK-NEXT:    %k3 = ad.reshape %kt [4, 32, 9]
+// CHECK-NEXT:    %s = ad.matmul %q, %kt : (tensor<1x4x9x32xf32>, tensor<1x4x32x9xf32>) -> tensor<1x4x9x9xf32>
+// CHECK-NEXT:    %flat = ad.bmm %q3, %k3
+// CHECK-NEXT:    func.return %s, %flat
+func.func @bmm_over_merged_batch(%q: tensor<1x4x9x32xf32>, %kt: tensor<1x4x32x9xf32>) -> (tensor<1x4x9x9xf32>, tensor<4x9x9xf32>) {
+  %q3 = ad.reshape %q [4, 9, 32] : tensor<1x4x9x32xf32> -> tensor<4x9x32xf32>
+  %k3 = ad.reshape %kt [4, 32, 9] : tensor<1x4x32x9xf32> -> tensor<4x32x9xf32>
+  %b = ad.bmm %q3, %k3 : (tensor<4x9x32xf32>, tensor<4x32x9xf32>) -> tensor<4x9x9xf32>
+  %s = ad.reshape %b [1, 4, 9, 9] : tensor<4x9x9xf32> -> tensor<1x4x9x9xf32>
+  %flat = ad.bmm %q3, %k3 : (tensor<4x9x32xf32>, tensor<4x32x9xf32>) -> tensor<4x9x9xf32>
+  func.return %s, %flat : tensor<1x4x9x9xf32>, tensor<4x9x9xf32>
+}
