@@ -6,7 +6,7 @@ launch takes, in the op's operand order, `q [B, Hq, S, D]`, `k`, `v [B, Hkv, S, 
 tokens; any strides), with RoPE `cos`, `sin [B or 1, S, D]`, with QK-norm `q_norm`, `k_norm [D]`
 (Qwen3, Gemma3: each new query and key head RMS-normalized before RoPE, as the attention
 template does), then `k_cache`, `v_cache [slots, max_seq, Hkv, D]`, `slots`, `starts [B]`
-(int64, on the device: nothing is read on the host), writes the new keys (after QK-norm and
+(int64, on the device: nothing is read on the host), with sinks `sinks [Hq]` (contiguous), writes the new keys (after QK-norm and
 RoPE) and values into rows `starts[b] ..` of slot `slots[b]` and returns `out [B, Hq, S, D]`,
 contiguous. Nothing copies a cache.
 
@@ -32,7 +32,9 @@ interpreter's on CPU, a recorder for the PTX report):
 
 Scores are q.k * scale, soft-capped (`softcap * tanh(s / softcap)`, Gemma2) when asked, masked
 (cached length, causal offset, sliding `window`: key position > query position - window), then
-the online softmax runs in fp32 with exp2. Q, K and P are rounded to the input dtype for the dots
+the online softmax runs in fp32 with exp2. A head's sink logit (gpt-oss) is one more term of
+the softmax with no value: prefill starts each row's online softmax from it (max = sink, sum =
+1), decode adds it once when the splits merge. Q, K and P are rounded to the input dtype for the dots
 (as FlashAttention does); RoPE, scores and softmax stay in fp32; the cache holds the rotated key
 rounded once to its dtype, in the head's own dim order. The head dim is held as the attention
 template's pieces (`kernel_forms.HeadPieces`: the rotated pairs, rotate_half or interleaved,
@@ -89,6 +91,8 @@ class CachedAttentionSpec(RotaryHead):
     qk_norm: QkNorm | None = None
     """q_norm and k_norm weights [D] are inputs (after the tables): the new query and key rows
     are RMS-normalized per head before RoPE (the cache holds the normalized keys)."""
+    sinks: bool = False
+    """A sink logit per query head [Hq] is an input (after `starts`): it joins each row's softmax."""
 
     def __post_init__(self) -> None:
         check_rope_dims("cached attention kernel", self.head_dim, self.rotary if self.rope else None,
@@ -203,7 +207,7 @@ def _softmax_step(qk, v_tile, m_i, l_i, acc):
 
 _KERNEL = '''\
 @triton.jit
-def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, out, part_o, part_ml,
+def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, starts, out, part_o, part_ml,
         seq_len, n_heads, kv_group, n_splits, split_size,
         q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
         cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd, qn_sd, kn_sd,
@@ -212,7 +216,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
         ROPE: tl.constexpr,
         INTERLEAVED: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+        SINKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     dims = tl.arange(0, HEAD_P)
     d_in = dims < HEAD_DIM
     keys = tl.arange(0, BLOCK_N)
@@ -225,9 +229,17 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         m = tl.load(part_ml + part * 2, mask=s_in, other=float("-inf"))
         l = tl.load(part_ml + part * 2 + 1, mask=s_in, other=0.0)
         # Position `start` is in every sequence's range: some split is not empty, m_max is finite.
-        w = tl.exp2(m - tl.max(m, 0))
+        m_max = tl.max(m, 0)
+        if SINKS:
+            # The head's sink is one more softmax term (weight exp(sink), no value): merged once, here.
+            sink = tl.load(sinks + bh % n_heads).to(tl.float32) * LOG2E
+            m_max = tl.maximum(m_max, sink)
+        w = tl.exp2(m - m_max)
         o = tl.load(part_o + part[:, None] * HEAD_DIM + dims[None, :], mask=s_in[:, None] & d_in[None, :], other=0.0)
-        result = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
+        denominator = tl.sum(l * w, 0)
+        if SINKS:
+            denominator += tl.exp2(sink - m_max)
+        result = tl.sum(o * w[:, None], 0) / denominator
         tl.store(out + bh * HEAD_DIM + dims, result.to($elem), mask=d_in)
     elif PHASE == 1:
         # DECODE: every query head of one K/V head, one split of the positions [0, start].
@@ -306,8 +318,13 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
         k_new = k + b * k_sb + kvh * k_sh
         v_new = v + b * v_sb + kvh * v_sh
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
+        if SINKS:
+            # The online softmax starts from the sink's term: max = sink, sum = exp(sink - max) = 1.
+            m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks + h).to(tl.float32) * LOG2E
+            l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+        else:
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_P], tl.float32)
         lo = 0
         if WINDOW > 0:
@@ -361,7 +378,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
 _LAUNCHER = '''\
 OUTPUT_DTYPES = ($dtype, )
 SPEC = dict(HEAD_DIM=$head_dim, HEAD_P=$head_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm, SCALE=$scale,
-            WINDOW=$window, SOFTCAP=$softcap)
+            WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks)
 
 
 def output_shapes(tensors):
@@ -398,7 +415,7 @@ def launch(kernel, tensors, scalars):
         return [out]
     strides = [_stride(t, d) for t, n in ((q, 4), (k, 4), (v, 4), (cos, 3), (sin, 3), (q_norm, 1), (k_norm, 1),
                                           (k_cache, 4), (v_cache, 4)) for d in range(n)]
-    common = (q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, out)
+    common = (q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, starts, out)
     if seq_len > 1:
         blocks = prefill_blocks($width, $dtype, seq_len, $norm)
         kernel[(batch * n_heads, triton.cdiv(seq_len, blocks.block_m))](
@@ -422,11 +439,12 @@ def launch(kernel, tensors, scalars):
 
 def _unpack(spec: CachedAttentionSpec) -> str:
     """The launcher's unpacking of its tensors: the op's operands. Without RoPE the kernel takes
-    no tables, without QK-norm no weights: q stands in for them (never read)."""
-    tables, norms = ["cos", "sin"], ["q_norm", "k_norm"]
+    no tables, without QK-norm no weights, without sinks no sinks: q stands in for them (never
+    read)."""
+    tables, norms, sinks = ["cos", "sin"], ["q_norm", "k_norm"], ["sinks"]
     names = ["q", "k", "v", *(tables if spec.rope else []), *(norms if spec.qk_norm else []), "k_cache", "v_cache",
-             "slots", "starts"]
-    absent = [*([] if spec.rope else tables), *([] if spec.qk_norm else norms)]
+             "slots", "starts", *(sinks if spec.sinks else [])]
+    absent = [*([] if spec.rope else tables), *([] if spec.qk_norm else norms), *([] if spec.sinks else sinks)]
     return ", ".join(names) + " = tensors" + "".join(f"\n    {name} = q" for name in absent)
 
 
@@ -450,6 +468,7 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "softcap": repr(float(spec.softcap or 0.0)),
         "block_n": decode_block_n(pieces.width, spec.dtype),
         "norm": spec.qk_norm is not None,
+        "sinks": spec.sinks,
         "unpack": _unpack(spec),
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
     }

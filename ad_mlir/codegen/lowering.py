@@ -168,6 +168,7 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
         qk_norm=ad.QkNorm.of_op(op),
         rotary_dim=rotary_dim(op) if op.cos is not None else None,
         interleaved=op.interleaved is not None,
+        sinks=op.sinks is not None,
     )
 
 

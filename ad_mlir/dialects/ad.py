@@ -1563,7 +1563,10 @@ class CachedAttentionOp(AdOp):
     With `softcap` (Gemma2), the scores s = scale * q.k are soft-capped to `tanh(s / softcap) *
     softcap` before masking and softmax. With QK-norm weights (`QK_NORM_PROPERTIES`) the new
     query and key heads are RMS-normalized before RoPE (the cache holds the normalized, rotated
-    keys). Not pure: it writes the caches."""
+    keys). With `sinks` [heads] (gpt-oss), each head's learned sink logit joins the softmax
+    of every query of that head: softmax over [scores, sink] with the sink's column dropped, so
+    the sink takes a share of the probability and attends to no value. Not pure: it writes the
+    caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1578,6 +1581,7 @@ class CachedAttentionOp(AdOp):
     v_cache = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    sinks = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
@@ -1589,7 +1593,8 @@ class CachedAttentionOp(AdOp):
     assembly_format = (
         "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
         "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
-        "(`softcap` $softcap^)? attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($k_cache) "
+        "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? attr-dict `:` `(` type($query) `,` type($key) "
+        "`,` type($value) `,` type($k_cache) "
         "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
 
@@ -1621,6 +1626,8 @@ class CachedAttentionOp(AdOp):
             raise VerifyException("ad.cached_attention result must have the query's type")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
+        if self.sinks is not None and (_shape(self.sinks.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
+            raise VerifyException(f"ad.cached_attention sinks must be [heads] = [{q[1]}], one logit per query head")
         _verify_qk_norm(self)
 
 

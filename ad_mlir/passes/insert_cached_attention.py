@@ -18,7 +18,9 @@ the rotary dim: partial rotary) and `interleaved`; the cache holds the keys rota
 Gemma2's attention is no attention op but HF's eager form (matmul, scale, soft cap, + mask,
 softmax, matmul: `attention_patterns.match_eager_attention`), which is matched whole and becomes
 `ad.cached_attention` with `softcap` = the cap (q and k possibly the two results of one
-`ad.rope`, which the cached op then applies itself). The pass runs before `decompose` (as
+`ad.rope`, which the cached op then applies itself). gpt-oss's eager form concatenates each
+head's learned sink logit to the masked scores as one more softmax column and drops it after:
+the sinks [heads] become the cached op's `sinks` operand. The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone and the log says why.
@@ -181,8 +183,10 @@ class InsertCachedAttentionPass(ModulePass):
         if attention.qk_norm is not None:
             *norm_weights, norm = attention.qk_norm
             properties |= norm.properties()
+        sinks = [attention.sinks] if attention.sinks is not None else []
         cached = ad.CachedAttentionOp.build(
-            operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts],
+            operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts,
+                      sinks],
             properties=properties,
             result_types=[attention.output.results[0].type],
         )

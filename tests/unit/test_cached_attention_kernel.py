@@ -64,9 +64,9 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttention
 
 def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
           softcap: float | None = None, rotary_dim: int | None = None, interleaved: bool = False,
-          qk_norm: QkNorm | None = None) -> CachedAttentionSpec:
+          qk_norm: QkNorm | None = None, sinks: bool = False) -> CachedAttentionSpec:
     return CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, rope, dtype if rope else None, window, softcap,
-                               rotary_dim, interleaved, qk_norm)
+                               rotary_dim, interleaved, qk_norm, sinks)
 
 
 class Case:
@@ -75,7 +75,7 @@ class Case:
 
     def __init__(self, starts: list[int], seq: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  max_seq: int, rope: bool = True, seed: int = 0, rotary_dim: int | None = None,
-                 interleaved: bool = False, qk_norm: QkNorm | None = None):
+                 interleaved: bool = False, qk_norm: QkNorm | None = None, sinks: bool = False):
         g = torch.Generator().manual_seed(seed)
         batch = len(starts)
 
@@ -103,10 +103,13 @@ class Case:
                              for _ in range(2)] if qk_norm else []
         if qk_norm:
             self.q, self.k = self.q * 3, self.k * 3
+        # gpt-oss's sink logits, one per query head, spread as wide as the scores (std ~1 here)
+        # and more, so that some heads' sinks take most of the probability and others little
+        self.sinks = [(torch.randn(heads, generator=g) * 2).to(dtype).to(DEVICE)] if sinks else []
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.q, self.k, self.v, *self.tables, *self.norm_weights, self.k_cache, self.v_cache, self.slots,
-                self.starts]
+                self.starts, *self.sinks]
 
 
 def _rotate(x: torch.Tensor, tables: list[torch.Tensor], interleaved: bool = False) -> torch.Tensor:
@@ -154,12 +157,19 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
         allowed = key_pos <= query_pos
         if window is not None:
             allowed &= key_pos > query_pos - window
-        if softcap is None:
+        if softcap is None and not case.sinks:
             out[b] = F.scaled_dot_product_attention(q[b], keys, values, attn_mask=allowed, scale=scale)
+            continue
+        scores = q[b].float() @ keys.float().transpose(1, 2) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        if case.sinks:  # gpt-oss: the sink column joins the softmax, then goes
+            sink = case.sinks[0].float()[:, None, None].expand(-1, seq, 1)
+            probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
         else:
-            scores = torch.tanh(q[b].float() @ keys.float().transpose(1, 2) * scale / softcap) * softcap
-            probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-            out[b] = (probs.to(q.dtype) @ values).to(q.dtype)
+            probs = scores.softmax(-1)
+        out[b] = (probs.to(q.dtype) @ values).to(q.dtype)
     return out, k_cache, v_cache
 
 
@@ -218,6 +228,26 @@ def test_soft_capped_scores(build, seq: int) -> None:  # noqa: ANN001
     """Gemma2's `softcap * tanh(s / softcap)`; a cap of 2 bends the scores of random inputs hard."""
     spec = _spec(64, softcap=2.0)
     _check(build(spec), Case([0, 40], seq, 4, 2, 64, spec.dtype, max_seq=64), spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_sinks_prefill_and_decode(build, dtype: torch.dtype, window: int | None) -> None:  # noqa: ANN001
+    """gpt-oss's per-head sink logit in the softmax, with and without its sliding window: a
+    prefill (a prompt, a chunk after a cached prefix) and a decode step over several splits
+    (a cache of 256: 4 splits of 64, the sink merged once), GQA 6:2; also what the op's
+    reference computes. Sinks of std 2 move the outputs far beyond the tolerance (checked)."""
+    spec = _spec(64, dtype, window=window, sinks=True)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, seed=seq, sinks=True)
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots,
+                                               case.starts, spec.scale, window, sinks=case.sinks[0])
+        out = _check(build(spec), case, spec)
+        _assert_close(out, reference, TOLERANCE[dtype])
+        sinkless = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache.clone(), v_cache.clone(),
+                                              case.slots, case.starts, spec.scale, window)
+        assert (out.float() - sinkless.float()).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -401,17 +431,39 @@ def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build, dtype: torch.dtype
     launch) and a decode step of 8 sequences (split kernel + reduce), compiled for sm_90 as the
     runtime specializes them."""
     module = build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, qk_norm=qk_norm))
-    launches = []
     weights = [_meta(head_dim, dtype=dtype)] * 2 if qk_norm else []
+    _assert_compiles_without_spills(module, dtype, 32, 8, head_dim, rotary_dim or head_dim, weights, [])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_gpt_oss_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """gpt-oss-120b's attention: 64 query / 8 K/V heads of 64, sink logits, a sliding window of
+    128 (its sliding layers; the full ones are the same kernel without it), RoPE applied before
+    (its half-table RoPE is not matched: the cache pass caches q and k as they come)."""
+    module = build(_spec(64, dtype, rope=False, window=128, sinks=True))
+    _assert_compiles_without_spills(module, dtype, 64, 8, 64, None, [], [_meta(64, dtype=dtype)])
+
+
+def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: int,
+                                    head_dim: int, rotary_dim: int | None, weights: list[torch.Tensor],
+                                    trailing: list[torch.Tensor]) -> None:
+    """A 1024-token prefill (one launch) and a decode step of 8 sequences (split kernel +
+    reduce) over a cache of 16 slots x 8192 positions (RoPE tables of `rotary_dim` when set),
+    specialized as the runtime launches them
+    and compiled for sm_90: no spills, shared memory within an H100's."""
+    launches = []
     for batch, seq in ((1, 1024), (8, 1)):
-        tensors = [_meta(batch, 32, seq, head_dim, dtype=dtype), *[_meta(batch, 8, seq, head_dim, dtype=dtype)] * 2,
-                   *[_meta(batch, seq, rotary_dim or head_dim, dtype=dtype)] * 2, *weights,
-                   *[_meta(16, 8192, 8, head_dim, dtype=dtype)] * 2, *[_meta(batch, dtype=torch.int64)] * 2]
+        tensors = [_meta(batch, heads, seq, head_dim, dtype=dtype),
+                   *[_meta(batch, kv_heads, seq, head_dim, dtype=dtype)] * 2,
+                   *([_meta(batch, seq, rotary_dim, dtype=dtype)] * 2 if rotary_dim else []), *weights,
+                   *[_meta(16, 8192, kv_heads, head_dim, dtype=dtype)] * 2, *[_meta(batch, dtype=torch.int64)] * 2,
+                   *trailing]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
     assert [s.constexprs["PHASE"] for s in specs] == [PREFILL, DECODE, REDUCE]
-    assert [s.grid for s in specs] == [(32, 1024 // specs[0].constexprs["BLOCK_M"]), (64, 32), (256,)]
+    assert [s.grid for s in specs] == [(heads, 1024 // specs[0].constexprs["BLOCK_M"]), (8 * kv_heads, 32),
+                                       (8 * heads,)]
     for spec, report in zip(specs, compile_all(specs), strict=True):
         assert report.spills == 0, (spec.constexprs["PHASE"], report)
         assert report.shared_memory <= H100_SHARED_MEMORY, (spec.constexprs["PHASE"], report)

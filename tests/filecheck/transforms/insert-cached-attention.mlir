@@ -199,6 +199,48 @@ func.func @tanh_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x
 
 // -----
 
+// gpt-oss's eager attention with sinks: each head's logit concatenated to the masked scores as
+// one more column, the row max subtracted, softmax, the sink column sliced off, times v. One
+// ad.cached_attention with the sinks as an operand; the concatenation, max, softmax, slice,
+// the sinks' view and the mask are gone (the window of 4 kept).
+// CHECK-LABEL: func.func @sinks
+// CHECK-NOT:   ad.cat
+// CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.softmax
+// CHECK-NOT:   ad.slice
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 sinks %sinks : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @sinks(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %sinks: tensor<2xf32> {ad.param = "model.layers.0.self_attn.sinks"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %scaling = ad.constant 0.35355339059327379 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %causal = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %four = ad.constant 4 : i64
+  %lo = ad.sub %a, %four : tensor<1x?x1xi64>, i64 -> tensor<1x?x1xi64>
+  %near = ad.gt %b, %lo : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %m = ad.logical_and %causal, %near : tensor<1x?x?xi1>, tensor<1x?x?xi1> -> tensor<1x?x?xi1>
+  %mu = ad.unsqueeze %m dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %inf = ad.constant 0xFFF0000000000000 : f64
+  %mask = ad.where %mu, %zero, %inf : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xf32>
+  %masked = ad.add %scaled, %mask : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %n = ad.sym_size %q dim 2 : tensor<1x2x?x8xf32>
+  %sv = ad.reshape %sinks [1, -1, 1, 1] : tensor<2xf32> -> tensor<1x2x1x1xf32>
+  %se = ad.expand %sv [1, -1, %n, -1] : tensor<1x2x1x1xf32> -> tensor<1x2x?x1xf32>
+  %c = ad.cat %masked, %se dim -1 : (tensor<1x2x?x?xf32>, tensor<1x2x?x1xf32>) -> tensor<1x2x?x?xf32>
+  %max, %idx = ad.torch_op "aten.max.dim"(%c) [#ad.ref<0>, -1 : i64, true] {} unpack : (tensor<1x2x?x?xf32>) -> (tensor<1x2x?x1xf32>, tensor<1x2x?x1xi64>)
+  %shifted = ad.sub %c, %max : tensor<1x2x?x?xf32>, tensor<1x2x?x1xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %shifted dim -1 dtype f32 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %dropped = ad.slice %p dim 3 [0, -1, 1] : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %dropped, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
 // LFM2's short convolution: a depthwise conv1d padded by kernel - 1 and cut back to the
 // sequence's length becomes ad.cached_causal_conv1d over a state argument [slots, channels,
 // kernel - 1] (a model with no attention gets the slots and starts all the same).
