@@ -6,7 +6,8 @@ launch takes, in the op's operand order, `q [B, Hq, S, D]`, `k`, `v [B, Hkv, S, 
 tokens; any strides), with RoPE `cos`, `sin [B or 1, S, D]`, with QK-norm `q_norm`, `k_norm [D]`
 (Qwen3, Gemma3: each new query and key head RMS-normalized before RoPE, as the attention
 template does), then `k_cache`, `v_cache [slots, max_seq, Hkv, D]`, `slots`, `starts [B]`
-(int64, on the device: nothing is read on the host), with sinks `sinks [Hq]` (contiguous), writes the new keys (after QK-norm and
+(int64, on the device: nothing is read on the host), with sinks `sinks [Hq]`, with ALiBi
+`alibi [Hq]` slopes (both contiguous), writes the new keys (after QK-norm and
 RoPE) and values into rows `starts[b] ..` of slot `slots[b]` and returns `out [B, Hq, S, D]`,
 contiguous. Nothing copies a cache.
 
@@ -32,7 +33,8 @@ interpreter's on CPU, a recorder for the PTX report):
 
 Scores are q.k * scale, soft-capped (`softcap * tanh(s / softcap)`, Gemma2) when asked, masked
 (cached length, causal offset, sliding `window`: key position > query position - window), then
-the online softmax runs in fp32 with exp2. A head's sink logit (gpt-oss) is one more term of
+the online softmax runs in fp32 with exp2. ALiBi adds slope * (key - query position) to the
+scores after the soft cap (in fp32, from the absolute positions). A head's sink logit (gpt-oss) is one more term of
 the softmax with no value: prefill starts each row's online softmax from it (max = sink, sum =
 1), decode adds it once when the splits merge. Q, K and P are rounded to the input dtype for the dots
 (as FlashAttention does); RoPE, scores and softmax stay in fp32; the cache holds the rotated key
@@ -93,6 +95,9 @@ class CachedAttentionSpec(RotaryHead):
     are RMS-normalized per head before RoPE (the cache holds the normalized keys)."""
     sinks: bool = False
     """A sink logit per query head [Hq] is an input (after `starts`): it joins each row's softmax."""
+    alibi: bool = False
+    """ALiBi slopes per query head [Hq] are an input (after the sinks): scores get slope * (key -
+    query position)."""
 
     def __post_init__(self) -> None:
         check_rope_dims("cached attention kernel", self.head_dim, self.rotary if self.rope else None,
@@ -177,10 +182,11 @@ def _scaled(x, SCALE: tl.constexpr):
 
 
 @triton.jit
-def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP: tl.constexpr, REST: tl.constexpr,
-            TAIL: tl.constexpr):
-    """(q . k) (q already scaled), one dot per piece, soft-capped when SOFTCAP > 0, in log2
-    units; -inf where not visible."""
+def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, distance, SOFTCAP: tl.constexpr,
+            ALIBI: tl.constexpr, REST: tl.constexpr, TAIL: tl.constexpr):
+    """(q . k) (q already scaled), one dot per piece, soft-capped when SOFTCAP > 0, plus ALiBi's
+    slope (one per row) times the key's distance from the query (key - query position) when
+    ALIBI, in log2 units; -inf where not visible."""
     qk = tl.dot(q_a, tl.trans(k_a.to(DOT_DTYPE))$precision)
     qk = tl.dot(q_b, tl.trans(k_b.to(DOT_DTYPE)), qk$precision)
     if REST > 0:
@@ -189,6 +195,8 @@ def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP: tl.constex
         qk = tl.dot(q_t, tl.trans(k_t.to(DOT_DTYPE)), qk$precision)
     if SOFTCAP > 0:
         qk = _soft_capped(qk, SOFTCAP)
+    if ALIBI:
+        qk += slope[:, None] * distance.to(tl.float32)
     return tl.where(visible, qk * LOG2E, float("-inf"))
 
 
@@ -207,7 +215,7 @@ def _softmax_step(qk, v_tile, m_i, l_i, acc):
 
 _KERNEL = '''\
 @triton.jit
-def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, starts, out, part_o, part_ml,
+def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slots, starts, out, part_o, part_ml,
         seq_len, n_heads, kv_group, n_splits, split_size,
         q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
         cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd, qn_sd, kn_sd,
@@ -216,7 +224,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, sta
         HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
         ROPE: tl.constexpr,
         INTERLEAVED: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        SINKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+        SINKS: tl.constexpr, ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     dims = tl.arange(0, HEAD_P)
     d_in = dims < HEAD_DIM
     keys = tl.arange(0, BLOCK_N)
@@ -253,6 +261,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, sta
         r_in = rows < kv_group
         heads = kvh * kv_group + rows
         at_start = rows * 0  # every row reads the new token's cos/sin row
+        slope = tl.load(alibi + heads, mask=r_in, other=0.0).to(tl.float32) if ALIBI else 0.0
         q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb, heads * q_sh, q_sd, q_norm, qn_sd, cos + b * cos_sb, at_start,
                                        cos_sd, sin + b * sin_sb, at_start, sin_sd, r_in,
                                        HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
@@ -287,7 +296,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, sta
             k_p = tl.where(is_new, new_k_p, k_p)
             k_t = tl.where(is_new, new_k_t, k_t)
             v_tile = tl.where(is_new, new_v, v_tile)
-            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], SOFTCAP, REST, TAIL)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], slope, n_pos[None, :] - start, SOFTCAP,
+                         ALIBI, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         part = (b * n_heads + heads) * n_splits + split
         tl.store(part_o + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=r_in[:, None] & d_in[None, :])
@@ -310,6 +320,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, sta
         rows = tl.arange(0, BLOCK_M)
         m_pos = start_m + rows
         m_in = m_pos < seq_len
+        slope = tl.zeros([BLOCK_M], tl.float32) + tl.load(alibi + h).to(tl.float32) if ALIBI else 0.0
         q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb + h * q_sh, m_pos * q_ss, q_sd, q_norm, qn_sd, cos + b * cos_sb,
                                        m_pos * cos_ss, cos_sd, sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
                                        HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
@@ -340,7 +351,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, sta
             visible = n_in[None, :]
             if WINDOW > 0:
                 visible = visible & (n_pos[None, :] > start + m_pos[:, None] - WINDOW)
-            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP, REST, TAIL)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, n_pos[None, :] - (start + m_pos[:, None]),
+                         SOFTCAP, ALIBI, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         lo = 0
         if WINDOW > 0:
@@ -357,7 +369,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, sta
             visible = n_in[None, :] & (n_pos[None, :] <= m_pos[:, None])
             if WINDOW > 0:
                 visible = visible & (n_pos[None, :] > m_pos[:, None] - WINDOW)
-            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP, REST, TAIL)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, n_pos[None, :] - m_pos[:, None],
+                         SOFTCAP, ALIBI, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         # Every query sees its own key: l_i > 0 on every row in range.
         out_tile = acc / tl.where(m_in, l_i, 1.0)[:, None]
@@ -378,7 +391,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, sta
 _LAUNCHER = '''\
 OUTPUT_DTYPES = ($dtype, )
 SPEC = dict(HEAD_DIM=$head_dim, HEAD_P=$head_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm, SCALE=$scale,
-            WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks)
+            WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks, ALIBI=$alibi)
 
 
 def output_shapes(tensors):
@@ -415,7 +428,7 @@ def launch(kernel, tensors, scalars):
         return [out]
     strides = [_stride(t, d) for t, n in ((q, 4), (k, 4), (v, 4), (cos, 3), (sin, 3), (q_norm, 1), (k_norm, 1),
                                           (k_cache, 4), (v_cache, 4)) for d in range(n)]
-    common = (q, k, v, cos, sin, q_norm, k_norm, sinks, k_cache, v_cache, slots, starts, out)
+    common = (q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slots, starts, out)
     if seq_len > 1:
         blocks = prefill_blocks($width, $dtype, seq_len, $norm)
         kernel[(batch * n_heads, triton.cdiv(seq_len, blocks.block_m))](
@@ -439,13 +452,14 @@ def launch(kernel, tensors, scalars):
 
 def _unpack(spec: CachedAttentionSpec) -> str:
     """The launcher's unpacking of its tensors: the op's operands. Without RoPE the kernel takes
-    no tables, without QK-norm no weights, without sinks no sinks: q stands in for them (never
-    read)."""
-    tables, norms, sinks = ["cos", "sin"], ["q_norm", "k_norm"], ["sinks"]
-    names = ["q", "k", "v", *(tables if spec.rope else []), *(norms if spec.qk_norm else []), "k_cache", "v_cache",
-             "slots", "starts", *(sinks if spec.sinks else [])]
-    absent = [*([] if spec.rope else tables), *([] if spec.qk_norm else norms), *([] if spec.sinks else sinks)]
-    return ", ".join(names) + " = tensors" + "".join(f"\n    {name} = q" for name in absent)
+    no tables, without QK-norm no weights, without sinks or ALiBi no per-head values: q stands in
+    for them (never read)."""
+    given = {"cos": spec.rope, "sin": spec.rope, "q_norm": spec.qk_norm is not None,
+             "k_norm": spec.qk_norm is not None, "sinks": spec.sinks, "alibi": spec.alibi}
+    order = ["q", "k", "v", "cos", "sin", "q_norm", "k_norm", "k_cache", "v_cache", "slots", "starts", "sinks", "alibi"]
+    present = [name for name in order if given.get(name, True)]
+    absent = [name for name in order if not given.get(name, True)]
+    return ", ".join(present) + " = tensors" + "".join(f"\n    {name} = q" for name in absent)
 
 
 def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: str) -> str:
@@ -469,6 +483,7 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "block_n": decode_block_n(pieces.width, spec.dtype),
         "norm": spec.qk_norm is not None,
         "sinks": spec.sinks,
+        "alibi": spec.alibi,
         "unpack": _unpack(spec),
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
     }

@@ -169,6 +169,7 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
         rotary_dim=rotary_dim(op) if op.cos is not None else None,
         interleaved=op.interleaved is not None,
         sinks=op.sinks is not None,
+        alibi=op.alibi_slopes is not None,
     )
 
 

@@ -1565,8 +1565,10 @@ class CachedAttentionOp(AdOp):
     query and key heads are RMS-normalized before RoPE (the cache holds the normalized, rotated
     keys). With `sinks` [heads] (gpt-oss), each head's learned sink logit joins the softmax
     of every query of that head: softmax over [scores, sink] with the sink's column dropped, so
-    the sink takes a share of the probability and attends to no value. Not pure: it writes the
-    caches."""
+    the sink takes a share of the probability and attends to no value. With `alibi_slopes`
+    [heads] (BLOOM, MPT), the scores of head h get ALiBi's linear bias `slope[h] * (key position
+    - query position)` (after scale and soft cap; HF's `slope * key position` differs from it by a
+    constant per query, which the softmax cancels). Not pure: it writes the caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1582,6 +1584,7 @@ class CachedAttentionOp(AdOp):
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
     sinks = opt_operand_def(AdTensor)
+    alibi_slopes = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
@@ -1593,7 +1596,8 @@ class CachedAttentionOp(AdOp):
     assembly_format = (
         "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
         "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
-        "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? attr-dict `:` `(` type($query) `,` type($key) "
+        "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
+        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? attr-dict `:` `(` type($query) `,` type($key) "
         "`,` type($value) `,` type($k_cache) "
         "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
@@ -1626,8 +1630,9 @@ class CachedAttentionOp(AdOp):
             raise VerifyException("ad.cached_attention result must have the query's type")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
-        if self.sinks is not None and (_shape(self.sinks.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
-            raise VerifyException(f"ad.cached_attention sinks must be [heads] = [{q[1]}], one logit per query head")
+        for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):
+            if per_head is not None and (_shape(per_head.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
+                raise VerifyException(f"ad.cached_attention {name} must be [heads] = [{q[1]}], one per query head")
         _verify_qk_norm(self)
 
 

@@ -20,7 +20,13 @@ softmax, matmul: `attention_patterns.match_eager_attention`), which is matched w
 `ad.cached_attention` with `softcap` = the cap (q and k possibly the two results of one
 `ad.rope`, which the cached op then applies itself). gpt-oss's eager form concatenates each
 head's learned sink logit to the masked scores as one more softmax column and drops it after:
-the sinks [heads] become the cached op's `sinks` operand. The pass runs before `decompose` (as
+the sinks [heads] become the cached op's `sinks` operand. ALiBi (BLOOM, MPT): a bias added to
+the scaled scores (MPT's eager form, whose mask is a boolean `masked_fill` that is True where it
+masks; BLOOM's `baddbmm(bias, q, k^T)` over [batch * heads] rows, viewed as heads, with a bmm of
+the values) is evaluated at max-seq-len tokens as the mask is: it must be `slope[h] * key
+position` plus a constant per query, and its computation must hold the slopes ([heads], or MPT's
+[1, heads, 1, 1], then viewed as [heads]), which become the op's `alibi_slopes`; anything else is
+an error naming the layer. The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone and the log says why.
@@ -59,6 +65,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     ArrayAttr,
+    DenseArrayBase,
     DictionaryAttr,
     Float64Type,
     FloatAttr,
@@ -73,7 +80,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.rewriter import Rewriter
+from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
 
@@ -81,6 +88,7 @@ from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.attention_masks import (
     MaskError,
     NotCausalWindow,
+    alibi_slopes,
     backward_slice,
     causal_window,
     erase_computation,
@@ -184,17 +192,19 @@ class InsertCachedAttentionPass(ModulePass):
             *norm_weights, norm = attention.qk_norm
             properties |= norm.properties()
         sinks = [attention.sinks] if attention.sinks is not None else []
+        slopes = [self._alibi_slopes(fn, attention, layer)] if attention.alibi is not None else []
         cached = ad.CachedAttentionOp.build(
             operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts,
-                      sinks],
+                      sinks, slopes],
             properties=properties,
             result_types=[attention.output.results[0].type],
         )
         cached.location = attention.output.location
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
-        if attention.mask is not None:
-            erase_computation(attention.mask, Rewriter.erase_op)
+        for computed in (attention.mask, attention.alibi):
+            if computed is not None:
+                erase_computation(computed, Rewriter.erase_op)
 
     def _window(self, fn: func.FuncOp, attention: Attention, layer: str) -> int | None:
         """None for causal attention, the window of a sliding-window mask; raises otherwise."""
@@ -202,14 +212,43 @@ class InsertCachedAttentionPass(ModulePass):
             if not attention.causal:
                 raise PassFailedException(f"{layer}: attention without a mask and not causal cannot be cached")
             return attention.window
-        n = self.max_seq_len
-        inputs = {"input_ids": torch.zeros(1, n, dtype=torch.int64), POSITION_INPUT: torch.arange(n)[None, :]}
         try:
-            return causal_window(evaluate(fn, attention.mask, inputs))
+            mask = evaluate(fn, attention.mask, self._inputs())
+            if attention.mask_fills:  # masked_fill's mask: True where masked
+                if mask.dtype != torch.bool:
+                    raise MaskError(f"its masked_fill mask is {mask.dtype}, not boolean")
+                mask = ~mask
+            return causal_window(mask)
         except NotCausalWindow as e:
             raise PassFailedException(f"{layer}: {e}; only those can be cached") from None
         except MaskError as e:
             raise PassFailedException(f"{layer}: {e}") from None
+
+    def _alibi_slopes(self, fn: func.FuncOp, attention: Attention, layer: str) -> SSAValue:
+        """The [heads] slopes of the bias added to the scores, which must be ALiBi's (viewed as
+        [heads], once for every layer, when the graph holds them as [1, heads, 1, 1]); raises
+        otherwise."""
+        heads = attention.query.type.get_shape()[1]
+        try:
+            slopes = alibi_slopes(fn, attention.alibi, heads, self._inputs())
+        except MaskError as e:
+            raise PassFailedException(f"{layer}: {e}; only ALiBi's bias can be cached") from None
+        if slopes.type.get_shape() == (heads,):
+            return slopes
+        viewed = TensorType(slopes.type.element_type, [heads])
+        done = next((u.operation for u in slopes.uses if isinstance(u.operation, ad.ReshapeOp)
+                     and u.operation.result.type == viewed), None)
+        if done is not None:
+            return done.result
+        view = ad.ReshapeOp.build(operands=[slopes, []], properties={"static_sizes": DenseArrayBase.from_list(i64, [heads])},
+                                  result_types=[viewed])
+        Rewriter.insert_op(view, InsertPoint.after(slopes.owner))
+        return view.result
+
+    def _inputs(self) -> dict[str, torch.Tensor]:
+        """Inputs of max-seq-len new tokens, at which the mask and bias computations run."""
+        n = self.max_seq_len
+        return {"input_ids": torch.zeros(1, n, dtype=torch.int64), POSITION_INPUT: torch.arange(n)[None, :]}
 
 
 def _refuse_uncached_mixers(fn: func.FuncOp) -> None:

@@ -390,12 +390,14 @@ def cached_attention(
     qk_norm_offset: float = 0.0,
     qk_norm_weight_in_fp32: bool = False,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), the new
     key/value written into each row's cache slot after the tokens it holds, then attention over
     the slot's first start + seq positions, causal with offset (and within `window`), the scores
-    soft-capped with `softcap`, each head's sink logit in its softmax (`sinks`). One row at a
-    time: the reference reads each row's slot and start on the host."""
+    soft-capped with `softcap`, ALiBi's `slope * (key - query position)` added (`alibi_slopes`),
+    each head's sink logit in its softmax (`sinks`). One row at a time: the reference reads each
+    row's slot and start on the host."""
     query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
                           qk_norm_weight_in_fp32)
     if cos is not None and sin is not None:
@@ -414,23 +416,27 @@ def cached_attention(
         allowed = keys <= position
         if window is not None:
             allowed &= keys > position - window
-        if softcap is None and sinks is None:
+        if softcap is None and sinks is None and alibi_slopes is None:
             out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], k, v, attn_mask=allowed, scale=scale)
         else:
-            out[b] = _eager_attention(query[b], k, v, allowed, scale, softcap, sinks)
+            bias = alibi_slopes.float()[:, None, None] * (keys - position) if alibi_slopes is not None else None
+            out[b] = _eager_attention(query[b], k, v, allowed, scale, softcap, sinks, bias)
     return out
 
 
 def _eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
-                     scale: float, softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """HF's eager attention where SDPA cannot say it: Gemma2's soft cap, gpt-oss's sink logits
-    (one per head of query [..., heads, seq, head_dim], a softmax column of its own that is
-    dropped after), in fp32 up to the probabilities, which are cast to the query's dtype before
+                     scale: float, softcap: float | None = None, sinks: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """HF's eager attention where SDPA cannot say it: Gemma2's soft cap, a float `bias` added to
+    the scores after it (ALiBi), gpt-oss's sink logits (one per head of query [..., heads, seq,
+    head_dim], a softmax column of its own that is dropped after), in fp32 up to the probabilities, which are cast to the query's dtype before
     they weigh the values, as HF does. A query that may see no key gets 0, as SDPA gives it
     (without a sink; with one, the sink takes all the probability: 0 too)."""
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     if sinks is not None:
@@ -449,7 +455,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       window: int | None = None, softcap: float | None = None, interleaved: bool = False,
       q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
-      sinks: torch.Tensor | None = None) -> torch.Tensor:
+      sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     return torch.empty_like(query)
 
 

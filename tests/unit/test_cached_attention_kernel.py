@@ -13,6 +13,7 @@ sequence), so a kernel reading past `start` would be seen."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -64,9 +65,9 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttention
 
 def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
           softcap: float | None = None, rotary_dim: int | None = None, interleaved: bool = False,
-          qk_norm: QkNorm | None = None, sinks: bool = False) -> CachedAttentionSpec:
+          qk_norm: QkNorm | None = None, sinks: bool = False, alibi: bool = False) -> CachedAttentionSpec:
     return CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, rope, dtype if rope else None, window, softcap,
-                               rotary_dim, interleaved, qk_norm, sinks)
+                               rotary_dim, interleaved, qk_norm, sinks, alibi)
 
 
 class Case:
@@ -75,7 +76,8 @@ class Case:
 
     def __init__(self, starts: list[int], seq: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  max_seq: int, rope: bool = True, seed: int = 0, rotary_dim: int | None = None,
-                 interleaved: bool = False, qk_norm: QkNorm | None = None, sinks: bool = False):
+                 interleaved: bool = False, qk_norm: QkNorm | None = None, sinks: bool = False,
+                 alibi: bool = False):
         g = torch.Generator().manual_seed(seed)
         batch = len(starts)
 
@@ -106,10 +108,21 @@ class Case:
         # gpt-oss's sink logits, one per query head, spread as wide as the scores (std ~1 here)
         # and more, so that some heads' sinks take most of the probability and others little
         self.sinks = [(torch.randn(heads, generator=g) * 2).to(dtype).to(DEVICE)] if sinks else []
+        # BLOOM's and MPT's slopes for 6 heads (2^-(8/8 * (i + 1)) over the next power of two, 8,
+        # interleaved: 0.5, 0.125, ... then 0.707 ...), always fp32 as HF builds them
+        self.alibi = [_alibi_slopes(heads).to(DEVICE)] if alibi else []
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.q, self.k, self.v, *self.tables, *self.norm_weights, self.k_cache, self.v_cache, self.slots,
-                self.starts, *self.sinks]
+                self.starts, *self.sinks, *self.alibi]
+
+
+def _alibi_slopes(heads: int) -> torch.Tensor:
+    """transformers' `build_alibi_tensor` slopes (BLOOM), for any head count."""
+    closest = 2 ** math.floor(math.log2(heads))
+    slopes = [2 ** (-8 * (i + 1) / closest) for i in range(closest)]
+    extra = [2 ** (-4 * (2 * i + 1) / closest) for i in range(heads - closest)]
+    return torch.tensor(slopes + extra, dtype=torch.float32)
 
 
 def _rotate(x: torch.Tensor, tables: list[torch.Tensor], interleaved: bool = False) -> torch.Tensor:
@@ -157,15 +170,20 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
         allowed = key_pos <= query_pos
         if window is not None:
             allowed &= key_pos > query_pos - window
-        if softcap is None and not case.sinks:
+        if softcap is None and not case.sinks and not case.alibi:
             out[b] = F.scaled_dot_product_attention(q[b], keys, values, attn_mask=allowed, scale=scale)
             continue
-        scores = q[b].float() @ keys.float().transpose(1, 2) * scale
+        # With ALiBi in fp64: HF's bias grows with the key position (100 at position 200 for a
+        # slope of 0.5), and fp32 would round it by more than the kernel's error on its distances
+        work = torch.float64 if case.alibi else torch.float32
+        scores = q[b].to(work) @ keys.to(work).transpose(1, 2) * scale
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
+        if case.alibi:  # BLOOM's form: slope * key position (constant per query: the softmax cancels it)
+            scores = scores + case.alibi[0][:, None, None] * key_pos
         scores = scores.masked_fill(~allowed, float("-inf"))
         if case.sinks:  # gpt-oss: the sink column joins the softmax, then goes
-            sink = case.sinks[0].float()[:, None, None].expand(-1, seq, 1)
+            sink = case.sinks[0].to(work)[:, None, None].expand(-1, seq, 1)
             probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
         else:
             probs = scores.softmax(-1)
@@ -248,6 +266,26 @@ def test_attention_sinks_prefill_and_decode(build, dtype: torch.dtype, window: i
         sinkless = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache.clone(), v_cache.clone(),
                                               case.slots, case.starts, spec.scale, window)
         assert (out.float() - sinkless.float()).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_alibi_prefill_and_decode(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """BLOOM's ALiBi (6 heads: the non-power-of-two slopes) without RoPE: a prefill (a prompt, a
+    chunk after a cached prefix) and decode steps over several splits (a cache of 256), GQA 6:2
+    (MPT-style grouped heads); the expectation adds HF's `slope * key position`, the kernel the
+    relative distance: equal after the softmax. Also what the op's reference computes; without
+    the bias the outputs move far beyond the tolerance (checked)."""
+    spec = _spec(64, dtype, rope=False, alibi=True)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, rope=False, seed=seq, alibi=True)
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+                                               case.starts, spec.scale, alibi_slopes=case.alibi[0])
+        out = _check(build(spec), case, spec)
+        _assert_close(out, reference, TOLERANCE[dtype])
+        plain = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache.clone(), v_cache.clone(),
+                                           case.slots, case.starts, spec.scale)
+        assert (out.float() - plain.float()).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -442,6 +480,13 @@ def test_ptx_for_sm90_at_gpt_oss_sizes_has_no_spills(build, dtype: torch.dtype) 
     (its half-table RoPE is not matched: the cache pass caches q and k as they come)."""
     module = build(_spec(64, dtype, rope=False, window=128, sinks=True))
     _assert_compiles_without_spills(module, dtype, 64, 8, 64, None, [], [_meta(64, dtype=dtype)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_bloom_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """BLOOM-7B1's attention: 32 heads of 128 (no GQA), ALiBi slopes, no RoPE."""
+    module = build(_spec(128, dtype, rope=False, alibi=True))
+    _assert_compiles_without_spills(module, dtype, 32, 32, 128, None, [], [_meta(32, dtype=torch.float32)])
 
 
 def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: int,

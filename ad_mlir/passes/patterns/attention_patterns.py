@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import DYNAMIC_INDEX, IntegerAttr, TensorType
+import torch
+from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
@@ -30,6 +31,7 @@ from ad_mlir.passes.patterns.matching import (
     producer,
     sole_user,
 )
+from ad_mlir.semantics.op_table import torch_dtype
 
 
 @dataclass
@@ -58,6 +60,11 @@ class Attention:
     """RoPE rotates pairs (2i, 2i + 1) (`ad.RopeAttentionOp`)."""
     sinks: SSAValue | None = None
     """[heads]: each head's sink logit, a softmax column of its own (gpt-oss)."""
+    alibi: SSAValue | None = None
+    """A bias added to the scaled scores, to be ALiBi's (BLOOM, MPT): the insert pass evaluates
+    it and finds its slopes."""
+    mask_fills: bool = False
+    """The mask is boolean and True where masked (MPT's `masked_fill`), not True where attended."""
 
 
 def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
@@ -84,7 +91,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         probs = cast.result
     weighted = sole_user(probs, ad.MatmulOp)
     if weighted is None or weighted.input != probs:
-        return _bmm_of_heads(probs)
+        return _match_bmm_of_heads(softmax) if sink_dropped is None and cast is None else None
     if len(probs.type.get_shape()) != 4 or ad.normalize_dim(softmax.dim.value.data, 4) != 3:
         return "its scores are not [batch, heads, seq, keys] normalized over the keys"
     logits, sinks, sink_ops = softmax.input, None, []
@@ -93,16 +100,10 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         if isinstance(found, str):
             return found
         logits, sinks, sink_ops = found
-    add = logits.owner
-    if not plain_binary(add, ad.AddOp) or not logits.has_one_use():
-        return "its input is not the scores plus a mask (used only there)"
-    scores = next(((x, m) for x in add.operands if (m := _scores(x)) is not None), None)
-    if scores is None:
-        return "its masked scores are not matmul(q, k^T) * scale, soft-capped or not, each used only there"
-    mask = other_operand(add, scores[0])
-    if not isinstance(mask.type, TensorType):
-        return "its scores plus a number, not a mask"
-    qk, scale, softcap, score_ops = scores[1]
+    masked = _masked_scores(logits)
+    if isinstance(masked, str):
+        return masked
+    (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops = masked
     query = qk.input
     heads = query.type.get_shape()[1] if len(query.type.get_shape()) == 4 else DYNAMIC_INDEX
     transpose = producer(qk.other, ad.TransposeOp)
@@ -114,13 +115,61 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         return "its query, key and value are not [batch, heads or kv_heads, seq, head_dim] of one type"
     if sinks is not None and sinks.type.get_shape() != (heads,):
         return f"its sink logits are not one per head: {sinks.type}"
-    chain = [*([cast] if cast else []), *([sink_dropped] if sink_dropped else []), softmax, *sink_ops, add,
+    chain = [*([cast] if cast else []), *([sink_dropped] if sink_dropped else []), softmax, *sink_ops, *mask_ops,
              *score_ops, qk, transpose, *key_repeat, *value_repeat]
+    forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills}
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
         return Attention(weighted, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
-                         [*chain, rope], interleaved=rope.interleaved is not None, sinks=sinks)
-    return Attention(weighted, query, key, value, None, mask, False, scale, softcap, chain, sinks=sinks)
+                         [*chain, rope], interleaved=rope.interleaved is not None, **forms)
+    return Attention(weighted, query, key, value, None, mask, False, scale, softcap, chain, **forms)
+
+
+Scores = tuple[ad.MatmulOp, float, float | None, list[Operation], SSAValue | None]
+"""(matmul, scale, softcap, ops users first, ALiBi bias or None)."""
+
+
+def _masked_scores(logits: SSAValue) -> tuple[Scores, SSAValue, bool, list[Operation]] | str:
+    """(scores, mask, whether the mask marks what is masked, ops) when `logits` is the scores
+    plus a mask, or MPT's `masked_fill(scores, mask, very negative)` (at most half the dtype's
+    lowest: HF fills with the lowest); the scores possibly plus ALiBi's bias."""
+    op = logits.owner
+    if not logits.has_one_use():
+        return "its input has other users"
+    if isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2:
+        fill = op.args.data[2] if len(op.args.data) == 3 else None
+        lowest = torch.finfo(torch_dtype(logits.type.element_type)).min
+        if not isinstance(fill, FloatAttr) or fill.value.data > lowest / 2 or op.args.data[0] != ad.OperandRefAttr(0):
+            return "its masked_fill does not fill the scores with a very negative number"
+        scores = _biased_scores(op.inputs[0])
+        if scores is None:
+            return "its masked scores are not matmul(q, k^T) * scale (+ a bias), each used only there"
+        return scores, op.inputs[1], True, [op]
+    if not plain_binary(op, ad.AddOp):
+        return "its input is not the scores plus a mask, nor masked_fill of them"
+    found = next(((x, m) for x in op.operands if (m := _biased_scores(x)) is not None), None)
+    if found is None:
+        return "its masked scores are not matmul(q, k^T) * scale, soft-capped or not (+ a bias), each used only there"
+    mask = other_operand(op, found[0])
+    if not isinstance(mask.type, TensorType):
+        return "its scores plus a number, not a mask"
+    return found[1], mask, False, [op]
+
+
+def _biased_scores(value: SSAValue) -> Scores | None:
+    """`_scores(value)`, or of one operand of `value` = scores + bias (ALiBi, BLOOM and MPT: a
+    tensor the insert pass evaluates)."""
+    if (scores := _scores(value)) is not None:
+        return (*scores, None)
+    add = value.owner
+    if not plain_binary(add, ad.AddOp) or not value.has_one_use():
+        return None
+    for x in add.operands:
+        bias = other_operand(add, x)
+        if isinstance(bias.type, TensorType) and (scores := _scores(x)) is not None:
+            qk, scale, softcap, ops = scores
+            return qk, scale, softcap, [add, *ops], bias
+    return None
 
 
 def _last_column_dropped(probs: SSAValue) -> ad.SliceOp | None:
@@ -168,15 +217,40 @@ def _row_max_of(value: SSAValue, x: SSAValue) -> Operation | None:
     return op
 
 
-def _bmm_of_heads(probs: SSAValue) -> str | None:
-    """Why the attention is left when `probs` weigh the values as BLOOM does (a view to
-    [batch * heads, seq, keys] and a bmm), else None: no attention."""
-    view = sole_user(probs, ad.ReshapeOp)
+def _match_bmm_of_heads(softmax: ad.SoftmaxOp) -> Attention | str | None:
+    """BLOOM's attention (module docstring), None when the softmax weighs no values with a bmm
+    over [batch * heads] rows."""
+    view = sole_user(softmax.result, ad.ReshapeOp)
     weighted = sole_user(view.result, ad.BmmOp) if view is not None else None
     if weighted is None or weighted.input != view.result:
         return None
-    return ("its probabilities weigh the values with a bmm over [batch * heads] rows (BLOOM's layout, whose "
-            "ALiBi bias no attention op takes)")
+    output = sole_user(weighted.result, ad.ReshapeOp)
+    add = softmax.input.owner
+    scores = next((s for x in add.operands if (s := producer(x, ad.ReshapeOp)) is not None
+                   and _is_baddbmm(s.input)), None) if plain_binary(add, ad.AddOp) else None
+    baddbmm = scores.input.owner if scores is not None else None
+    if output is None or baddbmm is None or not all(v.has_one_use() for v in (softmax.input, scores.result)):
+        return ("its probabilities weigh the values with a bmm over [batch * heads] rows, but its scores are not "
+                "BLOOM's baddbmm(bias, q, k^T) viewed as [batch, heads, seq, keys] plus a mask")
+    bias, q_rows, k_t = baddbmm.inputs
+    beta, alpha = (baddbmm.kwargs.data.get(name) for name in ("beta", "alpha"))
+    k_rows = producer(k_t, ad.TransposeOp)
+    q_view, k_view, v_view = (producer(x, ad.ReshapeOp) if x is not None else None
+                              for x in (q_rows, k_rows.input if k_rows else None, weighted.mat2))
+    if not isinstance(beta, FloatAttr) or beta.value.data != 1 or not isinstance(alpha, FloatAttr) \
+            or None in (q_view, k_view, v_view) or {ad.normalize_dim(d.value.data, 3) for d in (k_rows.dim0, k_rows.dim1)} != {1, 2}:
+        return "its baddbmm is not bias + scale * q @ k^T of [batch * heads] rows viewed from [batch, heads, seq, dim]"
+    query, key, value = q_view.input, k_view.input, v_view.input
+    if not (len(query.type.get_shape()) == 4 and query.type == key.type == value.type == output.result.type):
+        return "its query, key and value are not [batch, heads, seq, head_dim] of one type"
+    chain = [weighted, view, softmax, add, scores, baddbmm, q_view, k_rows, k_view, v_view]
+    return Attention(output, query, key, value, None, other_operand(add, scores.result), False, alpha.value.data,
+                     chain=chain, alibi=bias)
+
+
+def _is_baddbmm(value: SSAValue) -> bool:
+    op = value.owner
+    return isinstance(op, ad.TorchOp) and op.target.data == "aten.baddbmm.default" and len(op.args.data) == 3
 
 
 def _scores(value: SSAValue) -> tuple[ad.MatmulOp, float, float | None, list[Operation]] | None:

@@ -300,7 +300,7 @@ func.func @cached_attention_softcap(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x
 // -----
 
 func.func @cached_attention_sinks(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %sinks: tensor<2xbf16>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' sinks must be [heads] = [4], one logit per query head
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' sinks must be [heads] = [4], one per query head
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 sinks %sinks : tensor<2xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
