@@ -1555,7 +1555,9 @@ class CachedAttentionOp(AdOp):
 
     Query [batch, heads, seq, head_dim] and key/value [batch, kv_heads, seq, head_dim] are the
     `seq` new tokens of each row (RoPE applied to the query and the key first, as HF's
-    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: as `ad.rope_attention`). Row b uses
+    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: as `ad.rope_attention`); the value
+    may have a head dim of its own (DeepSeek: query/key 192, value 128), which `v_cache` and the
+    result [batch, heads, seq, value head_dim] then have. Row b uses
     slot `slots[b]` of `k_cache`/`v_cache` [slots, max_seq, kv_heads, head_dim], which already
     holds `starts[b]` tokens: the new key and value are written at positions starts[b] ..
     starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with
@@ -1608,14 +1610,16 @@ class CachedAttentionOp(AdOp):
         if not len(q) == len(k) == len(v) == len(kc) == len(vc) == 4:
             raise VerifyException("ad.cached_attention query/key/value must be [batch, heads, seq, head_dim] and "
                                   "the caches [slots, max_seq, kv_heads, head_dim]")
-        if k != v or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
-            raise VerifyException("ad.cached_attention key and value must be one [batch, kv_heads, seq, head_dim] "
-                                  "type matching the query's batch, seq and head_dim")
+        if k[:3] != v[:3] or self.key.type.element_type != self.value.type.element_type \
+                or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
+            raise VerifyException("ad.cached_attention key and value must be [batch, kv_heads, seq, head_dim] of one "
+                                  "element type matching the query's batch, seq and (the key) head_dim")
         if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
             raise VerifyException(f"ad.cached_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
-        if self.k_cache.type != self.v_cache.type or kc[2:] != k[1:2] + k[3:]:
-            raise VerifyException(f"ad.cached_attention caches must be one [slots, max_seq, {k[1]}, {k[3]}] type")
-        if self.k_cache.type.element_type != self.key.type.element_type:
+        if kc[:2] != vc[:2] or kc[2:] != k[1:2] + k[3:] or vc[2:] != v[1:2] + v[3:]:
+            raise VerifyException(f"ad.cached_attention caches must be [slots, max_seq, {k[1]}, {k[3]}] (key) and "
+                                  f"[slots, max_seq, {v[1]}, {v[3]}] (value) of the same slots and max_seq")
+        if not self.k_cache.type.element_type == self.v_cache.type.element_type == self.key.type.element_type:
             raise VerifyException("ad.cached_attention caches must have the key's element type")
         for meta in (self.slots, self.starts):
             if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
@@ -1626,8 +1630,8 @@ class CachedAttentionOp(AdOp):
             _verify_rope_tables(self, q[3])
         elif self.interleaved is not None:
             raise VerifyException("ad.cached_attention interleaved needs RoPE (cos and sin)")
-        if self.result.type != self.query.type:
-            raise VerifyException("ad.cached_attention result must have the query's type")
+        if self.result.type != TensorType(self.query.type.element_type, [*q[:3], v[3]]):
+            raise VerifyException("ad.cached_attention result must have the query's type with the value's head_dim")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
         for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):

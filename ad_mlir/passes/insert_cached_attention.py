@@ -7,7 +7,8 @@ For each `ad.rope_attention` (and plain `ad.attention`), in program order (what 
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
 
 - two arguments `k_cache_<i>` / `v_cache_<i>` of type [max-batch, max-seq-len, kv_heads,
-  head_dim] in the key's dtype, marked `ad.cache = "<layer> key|value"` (the layer is the
+  head_dim] in the key's dtype (the value cache of the value's head_dim where it differs:
+  DeepSeek's MLA heads, whose full per-head K and V are cached, not the compressed latent), marked `ad.cache = "<layer> key|value"` (the layer is the
   attention's HF module path);
 - once per function, `cache_slots` and `cache_starts` (tensor<?xi64>: each batch row's cache
   slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`.
@@ -173,12 +174,9 @@ class InsertCachedAttentionPass(ModulePass):
                 f"{layer}: the RoPE positions do not come from a '{POSITION_INPUT}' input; export the model with "
                 f"{POSITION_INPUT} as an input so the cache can offset them")
         window = self._window(fn, attention, layer)
-        key_shape = attention.key.type.get_shape()
-        cache_type = TensorType(attention.key.type.element_type, [self.max_batch, self.max_seq_len, key_shape[1],
-                                                                  key_shape[3]])
-        caches = [_append_argument(fn, cache_type, {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
-                                                    ad.CACHE_ATTR: f"{layer} {role}"})
-                  for role in ("key", "value")]
+        caches = [_append_argument(fn, self._cache_type(x), {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
+                                                             ad.CACHE_ATTR: f"{layer} {role}"})
+                  for role, x in (("key", attention.key), ("value", attention.value))]
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
         if attention.interleaved:
             properties["interleaved"] = UnitAttr()
@@ -205,6 +203,12 @@ class InsertCachedAttentionPass(ModulePass):
         for computed in (attention.mask, attention.alibi):
             if computed is not None:
                 erase_computation(computed, Rewriter.erase_op)
+
+    def _cache_type(self, x: SSAValue) -> TensorType:
+        """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
+        head dim of its own gets a value cache of its own width)."""
+        _, heads, _, head_dim = x.type.get_shape()
+        return TensorType(x.type.element_type, [self.max_batch, self.max_seq_len, heads, head_dim])
 
     def _window(self, fn: func.FuncOp, attention: Attention, layer: str) -> int | None:
         """None for causal attention, the window of a sliding-window mask; raises otherwise."""

@@ -404,7 +404,7 @@ def cached_attention(
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     seq, groups = query.shape[2], query.shape[1] // key.shape[1]
-    out = torch.empty_like(query)
+    out = query.new_empty((*query.shape[:3], value.shape[3]))
     for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
         end = start + seq
         k_cache[slot, start:end] = key[b].transpose(0, 1)
@@ -456,7 +456,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
       sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.empty_like(query)
+    return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::cached_causal_conv1d", mutates_args=("state",))

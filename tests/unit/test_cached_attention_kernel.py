@@ -65,9 +65,10 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttention
 
 def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
           softcap: float | None = None, rotary_dim: int | None = None, interleaved: bool = False,
-          qk_norm: QkNorm | None = None, sinks: bool = False, alibi: bool = False) -> CachedAttentionSpec:
+          qk_norm: QkNorm | None = None, sinks: bool = False, alibi: bool = False,
+          v_head_dim: int | None = None) -> CachedAttentionSpec:
     return CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, rope, dtype if rope else None, window, softcap,
-                               rotary_dim, interleaved, qk_norm, sinks, alibi)
+                               rotary_dim, interleaved, qk_norm, sinks, alibi, v_head_dim)
 
 
 class Case:
@@ -77,15 +78,16 @@ class Case:
     def __init__(self, starts: list[int], seq: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  max_seq: int, rope: bool = True, seed: int = 0, rotary_dim: int | None = None,
                  interleaved: bool = False, qk_norm: QkNorm | None = None, sinks: bool = False,
-                 alibi: bool = False):
+                 alibi: bool = False, v_head_dim: int | None = None):
         g = torch.Generator().manual_seed(seed)
         batch = len(starts)
 
-        def heads_view(h: int) -> torch.Tensor:
-            flat = torch.randn(batch, seq, h * head_dim, generator=g).to(dtype)
-            return flat.view(batch, seq, h, head_dim).transpose(1, 2).to(DEVICE)
+        def heads_view(h: int, d: int = head_dim) -> torch.Tensor:
+            flat = torch.randn(batch, seq, h * d, generator=g).to(dtype)
+            return flat.view(batch, seq, h, d).transpose(1, 2).to(DEVICE)
 
-        self.q, self.k, self.v = heads_view(heads), heads_view(kv_heads), heads_view(kv_heads)
+        v_dim = v_head_dim or head_dim
+        self.q, self.k, self.v = heads_view(heads), heads_view(kv_heads), heads_view(kv_heads, v_dim)
         self.starts = torch.tensor(starts, device=DEVICE)
         self.slots = torch.arange(batch, device=DEVICE).flip(0) + 1  # not the row order; slot 0 unused
         positions = self.starts[:, None] + torch.arange(seq, device=DEVICE)[None]
@@ -98,7 +100,7 @@ class Case:
         self.interleaved = interleaved
         shape = (batch + 1, max_seq, kv_heads, head_dim)
         self.k_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
-        self.v_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+        self.v_cache = torch.randn((*shape[:3], v_dim), generator=g).to(dtype).to(DEVICE)
         # QK-norm weights around 1 (offset included, as trained ones are) but not 1, for new q and k
         # of RMS ~3 (as projections give them)
         self.norm_weights = [(torch.randn(head_dim, generator=g) * 0.3 + 1 - qk_norm.offset).to(dtype).to(DEVICE)
@@ -159,7 +161,7 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
         q, k = _rms_norm(q, case.norm_weights[0], qk_norm), _rms_norm(k, case.norm_weights[1], qk_norm)
     q, k = _rotate(q, case.tables, case.interleaved), _rotate(k, case.tables, case.interleaved)
     seq, group = q.shape[2], q.shape[1] // k.shape[1]
-    out = torch.empty_like(q)
+    out = q.new_empty((*q.shape[:3], case.v.shape[3]))
     for b, (slot, start) in enumerate(zip(case.slots.tolist(), case.starts.tolist(), strict=True)):
         keys = torch.cat([k_cache[slot, :start].transpose(0, 1), k[b]], 1).repeat_interleave(group, 0)
         values = torch.cat([v_cache[slot, :start].transpose(0, 1), case.v[b]], 1).repeat_interleave(group, 0)
@@ -266,6 +268,24 @@ def test_attention_sinks_prefill_and_decode(build, dtype: torch.dtype, window: i
         sinkless = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache.clone(), v_cache.clone(),
                                               case.slots, case.starts, spec.scale, window)
         assert (out.float() - sinkless.float()).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("head_dim", "v_head_dim"), [(96, 64), (48, 80)])
+def test_a_value_head_dim_of_its_own(build, dtype: torch.dtype, head_dim: int, v_head_dim: int) -> None:  # noqa: ANN001
+    """DeepSeek's heads at a small scale (query/key 96 = 64 nope + 32 rope, value 64: the value
+    narrower) and the other way round (value 80, wider, no power of two): prefill (a prompt, a
+    chunk after a cached prefix) and decode over several splits, GQA 4:2; the value cache has
+    its own width and the output the value's head dim. Also what the op's reference computes."""
+    spec = _spec(head_dim, dtype, rope=False, v_head_dim=v_head_dim)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 4, 2, head_dim, dtype, max_seq=max_seq, rope=False, seed=seq, v_head_dim=v_head_dim)
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+                                               case.starts, spec.scale)
+        out = _check(build(spec), case, spec)
+        assert out.shape == (len(starts), 4, seq, v_head_dim)
+        _assert_close(out, reference, TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -489,19 +509,29 @@ def test_ptx_for_sm90_at_bloom_sizes_has_no_spills(build, dtype: torch.dtype) ->
     _assert_compiles_without_spills(module, dtype, 32, 32, 128, None, [], [_meta(32, dtype=torch.float32)])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """DeepSeek-V3's heads cached in full (not the latent): 128 heads, query/key 192 (128 nope +
+    64 rope, rotated before), value 128."""
+    module = build(_spec(192, dtype, rope=False, v_head_dim=128))
+    _assert_compiles_without_spills(module, dtype, 128, 128, 192, None, [], [], v_head_dim=128)
+
+
 def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: int,
                                     head_dim: int, rotary_dim: int | None, weights: list[torch.Tensor],
-                                    trailing: list[torch.Tensor]) -> None:
+                                    trailing: list[torch.Tensor], v_head_dim: int | None = None) -> None:
     """A 1024-token prefill (one launch) and a decode step of 8 sequences (split kernel +
     reduce) over a cache of 16 slots x 8192 positions (RoPE tables of `rotary_dim` when set),
     specialized as the runtime launches them
     and compiled for sm_90: no spills, shared memory within an H100's."""
     launches = []
     for batch, seq in ((1, 1024), (8, 1)):
-        tensors = [_meta(batch, heads, seq, head_dim, dtype=dtype),
-                   *[_meta(batch, kv_heads, seq, head_dim, dtype=dtype)] * 2,
+        v_dim = v_head_dim or head_dim
+        tensors = [_meta(batch, heads, seq, head_dim, dtype=dtype), _meta(batch, kv_heads, seq, head_dim, dtype=dtype),
+                   _meta(batch, kv_heads, seq, v_dim, dtype=dtype),
                    *([_meta(batch, seq, rotary_dim, dtype=dtype)] * 2 if rotary_dim else []), *weights,
-                   *[_meta(16, 8192, kv_heads, head_dim, dtype=dtype)] * 2, *[_meta(batch, dtype=torch.int64)] * 2,
+                   _meta(16, 8192, kv_heads, head_dim, dtype=dtype), _meta(16, 8192, kv_heads, v_dim, dtype=dtype),
+                   *[_meta(batch, dtype=torch.int64)] * 2,
                    *trailing]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)

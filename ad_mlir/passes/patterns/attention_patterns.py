@@ -111,7 +111,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         return "its scores are not matmul(q, transpose(k, 2, 3)) of a [batch, heads, seq, head_dim] q"
     key, key_repeat = match_repeat_kv(transpose.input, heads)
     value, value_repeat = match_repeat_kv(weighted.other, heads)
-    if key.type != value.type or weighted.result.type != query.type or heads % key.type.get_shape()[1]:
+    if not _heads_of(query, key, value, weighted.result) or heads % key.type.get_shape()[1]:
         return "its query, key and value are not [batch, heads or kv_heads, seq, head_dim] of one type"
     if sinks is not None and sinks.type.get_shape() != (heads,):
         return f"its sink logits are not one per head: {sinks.type}"
@@ -170,6 +170,14 @@ def _biased_scores(value: SSAValue) -> Scores | None:
             qk, scale, softcap, ops = scores
             return qk, scale, softcap, [add, *ops], bias
     return None
+
+
+def _heads_of(query: SSAValue, key: SSAValue, value: SSAValue, output: SSAValue) -> bool:
+    """Key and value are one [batch, kv_heads, seq, head_dim] type, but for the value's head dim,
+    which the output [batch, heads, seq, ...] has (DeepSeek's heads: value 128, query/key 192)."""
+    (q, k, v, o), types = (x.type.get_shape() for x in (query, key, value, output)), (key.type, value.type)
+    return (k[:3] == v[:3] and k[3] == q[3] and o == (*q[:3], v[3]) and len({t.element_type for t in types}) == 1
+            and output.type.element_type == query.type.element_type)
 
 
 def _last_column_dropped(probs: SSAValue) -> ad.SliceOp | None:

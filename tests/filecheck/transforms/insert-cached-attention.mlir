@@ -199,6 +199,21 @@ func.func @tanh_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x
 
 // -----
 
+// DeepSeek's heads through SDPA: query and key 12 wide (8 nope + 4 rope), value 8: a key cache
+// [slots, max_seq, heads, 12] and a value cache [slots, max_seq, heads, 8]; the result 8 wide.
+// CHECK-LABEL: func.func @value_head_dim
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x2x12xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %v_cache{{.*}}: tensor<2x16x2x8xf32> {ad.input = "v_cache_0", ad.cache = "model.layers.0.self_attn value"}
+// CHECK-NOT:   ad.attention
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.288{{[0-9]*}} : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x12xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @value_head_dim(%q: tensor<1x2x?x12xf32> {ad.input = "q"}, %k: tensor<1x2x?x12xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
 // gpt-oss's eager attention with sinks: each head's logit concatenated to the masked scores as
 // one more column, the row max subtracted, softmax, the sink column sliced off, times v. One
 // ad.cached_attention with the sinks as an operand; the concatenation, max, softmax, slice,

@@ -245,7 +245,7 @@ func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f
   func.return
 }
 
-func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64xf32>, %part: tensor<?x?x16xbf16>, %w4: tensor<4xbf16>) {
+func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64xf32>, %part: tensor<?x?x16xbf16>, %w4: tensor<4xbf16>, %part2: tensor<?x2x?x32xbf16>, %vc32: tensor<8x512x2x32xbf16>) {
   // CHECK-LABEL: func.func @cached_attention
   %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
@@ -261,6 +261,9 @@ func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>
   // BLOOM: ALiBi slopes per query head.
   %alibi = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 alibi %w4 : tensor<4xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 alibi %w4 : tensor<4xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  // DeepSeek's heads: the value (its cache and the result) 32 wide, the query and key 64.
+  %mla = ad.cached_attention %q, %k, %part2 cache %kc, %vc32 slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x32xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x32xbf16>
+  // CHECK-NEXT: ad.cached_attention %q, %k, %part2 cache %kc, %vc32 slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x32xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x32xbf16>
   // Partial rotary (the tables' width: 16 of 64 dims), interleaved pairs.
   %3 = ad.cached_attention %q, %k, %k rope %part, %part interleaved cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x16xbf16>, tensor<?x?x16xbf16>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %part, %part interleaved cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x16xbf16>, tensor<?x?x16xbf16>) -> tensor<?x4x?x64xbf16>
