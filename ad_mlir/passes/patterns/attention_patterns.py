@@ -9,7 +9,15 @@ a bare tanh is cap 1, whose division and product canonicalize drops; without the
 eager attention, there is no soft cap). gpt-oss's attention sinks are this form with one more
 softmax column, each head's learned logit, dropped after:
     l   = cat([scores + mask, expand(reshape(sinks, [1, heads, 1, 1]), [b, heads, s, 1])], -1)
-    p   = softmax(l - max(l, -1, keepdim))[..., :-1]       (the max subtracted or not) The softmax must still be an `ad.softmax` (before
+    p   = softmax(l - max(l, -1, keepdim))[..., :-1]       (the max subtracted or not)
+ALiBi's scores carry a bias (`Attention.alibi`, which the insert pass evaluates), MPT's under a
+boolean mask that is True where it masks:
+    p   = softmax(masked_fill(matmul(q, k^T) * scale + bias, mask, lowest))
+and BLOOM's are computed over [batch * heads] rows:
+    s   = view(baddbmm(bias, view(q, [b * h, s, d]), transpose(view(k, ...), -1, -2), beta=1,
+               alpha=scale), [b, h, s, keys])
+    out = view(bmm(view(softmax(s + mask), [b * h, s, keys]), view(v, ...)), [b, h, s, d])
+(the softmax possibly in f32 and cast back). The softmax must still be an `ad.softmax` (before
 `decompose`). The scores and probabilities must have no other user; a softmax that feeds a
 matmul but does not match exactly is reported with the reason.
 """
@@ -91,7 +99,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         probs = cast.result
     weighted = sole_user(probs, ad.MatmulOp)
     if weighted is None or weighted.input != probs:
-        return _match_bmm_of_heads(softmax) if sink_dropped is None and cast is None else None
+        return _match_bmm_of_heads(softmax, probs) if sink_dropped is None else None
     if len(probs.type.get_shape()) != 4 or ad.normalize_dim(softmax.dim.value.data, 4) != 3:
         return "its scores are not [batch, heads, seq, keys] normalized over the keys"
     logits, sinks, sink_ops = softmax.input, None, []
@@ -175,9 +183,9 @@ def _biased_scores(value: SSAValue) -> Scores | None:
 def _heads_of(query: SSAValue, key: SSAValue, value: SSAValue, output: SSAValue) -> bool:
     """Key and value are one [batch, kv_heads, seq, head_dim] type, but for the value's head dim,
     which the output [batch, heads, seq, ...] has (DeepSeek's heads: value 128, query/key 192)."""
-    (q, k, v, o), types = (x.type.get_shape() for x in (query, key, value, output)), (key.type, value.type)
-    return (k[:3] == v[:3] and k[3] == q[3] and o == (*q[:3], v[3]) and len({t.element_type for t in types}) == 1
-            and output.type.element_type == query.type.element_type)
+    q, k, v, o = (x.type.get_shape() for x in (query, key, value, output))
+    return (k[:3] == v[:3] and k[3] == q[3] and o == (*q[:3], v[3])
+            and key.type.element_type == value.type.element_type and output.type.element_type == query.type.element_type)
 
 
 def _last_column_dropped(probs: SSAValue) -> ad.SliceOp | None:
@@ -225,10 +233,10 @@ def _row_max_of(value: SSAValue, x: SSAValue) -> Operation | None:
     return op
 
 
-def _match_bmm_of_heads(softmax: ad.SoftmaxOp) -> Attention | str | None:
-    """BLOOM's attention (module docstring), None when the softmax weighs no values with a bmm
-    over [batch * heads] rows."""
-    view = sole_user(softmax.result, ad.ReshapeOp)
+def _match_bmm_of_heads(softmax: ad.SoftmaxOp, probs: SSAValue) -> Attention | str | None:
+    """BLOOM's attention (module docstring) around `softmax` whose probabilities (cast back from
+    f32 or not) are `probs`, None when they weigh no values with a bmm over [batch * heads] rows."""
+    view = sole_user(probs, ad.ReshapeOp)
     weighted = sole_user(view.result, ad.BmmOp) if view is not None else None
     if weighted is None or weighted.input != view.result:
         return None
@@ -251,7 +259,8 @@ def _match_bmm_of_heads(softmax: ad.SoftmaxOp) -> Attention | str | None:
     query, key, value = q_view.input, k_view.input, v_view.input
     if not (len(query.type.get_shape()) == 4 and query.type == key.type == value.type == output.result.type):
         return "its query, key and value are not [batch, heads, seq, head_dim] of one type"
-    chain = [weighted, view, softmax, add, scores, baddbmm, q_view, k_rows, k_view, v_view]
+    cast = [probs.owner] if probs != softmax.result else []
+    chain = [weighted, view, *cast, softmax, add, scores, baddbmm, q_view, k_rows, k_view, v_view]
     return Attention(output, query, key, value, None, other_operand(add, scores.result), False, alpha.value.data,
                      chain=chain, alibi=bias)
 

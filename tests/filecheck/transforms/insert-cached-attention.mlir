@@ -295,17 +295,19 @@ func.func @alibi_masked_fill(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q:
 
 // -----
 
-// BLOOM's attention over [batch * heads] rows: baddbmm(ALiBi bias, q, k^T, beta 1, alpha = the
-// scale) viewed as [batch, heads, seq, keys], plus an additive causal mask, softmax, viewed back,
+// BLOOM's attention over [batch * heads] rows (bf16): baddbmm(ALiBi bias, q, k^T, beta 1, alpha =
+// the scale) viewed as [batch, heads, seq, keys], plus an additive causal mask, softmax in f32 cast
+// back, viewed back,
 // bmm with v, viewed as [batch, heads, seq, head_dim]: one ad.cached_attention on the
 // [batch, heads, seq, head_dim] q, k and v, with the slopes; the rows' views, baddbmm, bmm and
 // the position computations are gone.
 // CHECK-LABEL: func.func @alibi_bmm_rows
 // CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.softmax
 // CHECK-NOT:   ad.bmm
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 alibi %slopes : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 alibi %slopes : tensor<2xf32> : (tensor<1x2x?x8xbf16>, tensor<1x2x?x8xbf16>, tensor<1x2x?x8xbf16>, tensor<2x16x2x8xbf16>, tensor<2x16x2x8xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xbf16>
 // CHECK-NEXT:  func.return
-func.func @alibi_bmm_rows(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+func.func @alibi_bmm_rows(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xbf16> {ad.input = "q"}, %k: tensor<1x2x?x8xbf16> {ad.input = "k"}, %v: tensor<1x2x?x8xbf16> {ad.input = "v"}) -> tensor<1x2x?x8xbf16> {
   %c0 = ad.constant 0 : i64
   %c1 = ad.constant 1 : i64
   %c3 = ad.constant 3 : i64
@@ -316,25 +318,27 @@ func.func @alibi_bmm_rows(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: te
   %sv = ad.reshape %slopes [2, 1, 1] : tensor<2xf32> -> tensor<2x1x1xf32>
   %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
   %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
-  %bias = ad.mul %sv, %pos : tensor<2x1x1xf32>, tensor<?xi64> -> tensor<2x1x?xf32>
+  %bias32 = ad.mul %sv, %pos : tensor<2x1x1xf32>, tensor<?xi64> -> tensor<2x1x?xf32>
+  %bias = ad.cast %bias32 : tensor<2x1x?xf32> -> tensor<2x1x?xbf16>
   %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
   %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
   %seen = ad.le %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
   %zero = ad.constant 0.000000e+00 : f64
   %lowest = ad.constant -3.4028234663852886e+38 : f64
-  %mask = ad.where %seen, %zero, %lowest : tensor<?x?xi1>, f64, f64 -> tensor<?x?xf32>
-  %qr = ad.reshape %q [2, -1, 8] : tensor<1x2x?x8xf32> -> tensor<2x?x8xf32>
-  %kr = ad.reshape %k [2, -1, 8] : tensor<1x2x?x8xf32> -> tensor<2x?x8xf32>
-  %kt = ad.transpose %kr -1, -2 : tensor<2x?x8xf32> -> tensor<2x8x?xf32>
-  %vr = ad.reshape %v [2, -1, 8] : tensor<1x2x?x8xf32> -> tensor<2x?x8xf32>
-  %s = ad.torch_op "aten.baddbmm.default"(%bias, %qr, %kt) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {beta = 1.000000e+00 : f64, alpha = 0.35355339059327379 : f64} : (tensor<2x1x?xf32>, tensor<2x?x8xf32>, tensor<2x8x?xf32>) -> tensor<2x?x?xf32>
-  %s4 = ad.reshape %s [1, 2, %n, -1] : tensor<2x?x?xf32> -> tensor<1x2x?x?xf32>
-  %masked = ad.add %s4, %mask : tensor<1x2x?x?xf32>, tensor<?x?xf32> -> tensor<1x2x?x?xf32>
-  %p = ad.softmax %masked dim -1 dtype f32 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
-  %p3 = ad.reshape %p [2, %n, -1] : tensor<1x2x?x?xf32> -> tensor<2x?x?xf32>
-  %o3 = ad.bmm %p3, %vr : (tensor<2x?x?xf32>, tensor<2x?x8xf32>) -> tensor<2x?x8xf32>
-  %o = ad.reshape %o3 [1, 2, %n, 8] : tensor<2x?x8xf32> -> tensor<1x2x?x8xf32> loc("transformer.h.0.self_attention")
-  func.return %o : tensor<1x2x?x8xf32>
+  %mask = ad.where %seen, %zero, %lowest : tensor<?x?xi1>, f64, f64 -> tensor<?x?xbf16>
+  %qr = ad.reshape %q [2, -1, 8] : tensor<1x2x?x8xbf16> -> tensor<2x?x8xbf16>
+  %kr = ad.reshape %k [2, -1, 8] : tensor<1x2x?x8xbf16> -> tensor<2x?x8xbf16>
+  %kt = ad.transpose %kr -1, -2 : tensor<2x?x8xbf16> -> tensor<2x8x?xbf16>
+  %vr = ad.reshape %v [2, -1, 8] : tensor<1x2x?x8xbf16> -> tensor<2x?x8xbf16>
+  %s = ad.torch_op "aten.baddbmm.default"(%bias, %qr, %kt) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {beta = 1.000000e+00 : f64, alpha = 0.35355339059327379 : f64} : (tensor<2x1x?xbf16>, tensor<2x?x8xbf16>, tensor<2x8x?xbf16>) -> tensor<2x?x?xbf16>
+  %s4 = ad.reshape %s [1, 2, %n, -1] : tensor<2x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %masked = ad.add %s4, %mask : tensor<1x2x?x?xbf16>, tensor<?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %p32 = ad.softmax %masked dim -1 dtype f32 : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xf32>
+  %p = ad.cast %p32 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xbf16>
+  %p3 = ad.reshape %p [2, %n, -1] : tensor<1x2x?x?xbf16> -> tensor<2x?x?xbf16>
+  %o3 = ad.bmm %p3, %vr : (tensor<2x?x?xbf16>, tensor<2x?x8xbf16>) -> tensor<2x?x8xbf16>
+  %o = ad.reshape %o3 [1, 2, %n, 8] : tensor<2x?x8xbf16> -> tensor<1x2x?x8xbf16> loc("transformer.h.0.self_attention")
+  func.return %o : tensor<1x2x?x8xbf16>
 }
 
 // -----
