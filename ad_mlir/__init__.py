@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ad_mlir.compiler import compile
+    from ad_mlir.compiler import CompileOptions, compile
     from ad_mlir.llm.llm import LLM
 
-__all__ = ["LLM", "compile"]
+__all__ = ["LLM", "CompileOptions", "compile"]
 
 
 def __getattr__(name: str) -> Any:
     # torch is imported only when compile() or LLM is used, so `ad-opt` on .mlir starts fast.
-    if name == "compile":
-        from ad_mlir.compiler import compile
+    if name in ("compile", "CompileOptions"):
+        from ad_mlir import compiler
 
-        return compile
+        return getattr(compiler, name)
     if name == "LLM":
         from ad_mlir.llm.llm import LLM
 

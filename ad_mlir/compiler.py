@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -18,17 +19,52 @@ from ad_mlir.runtime.verify import check_compiled
 from ad_mlir.semantics.weights import Rank
 
 
+@dataclass(frozen=True)
+class CompileOptions:
+    """How to compile: the options `ad_mlir.compile`, `compile_program`, `LLM(...)` and
+    `torch.compile(..., backend="ad_mlir", options={...})` share. Each of them takes an
+    `options=` object and/or the fields as keywords (`compile(ep, pipeline="none")`); a keyword
+    overrides the object's field."""
+
+    pipeline: str | Path = "default"
+    """The pass pipeline: "default", "none", "pass,pass{option=value}" or a pipeline YAML file."""
+    verify: bool = False
+    """Check every pass numerically (the function before and after it, `passes/verify.py`) and
+    the result's kernels against the final IR (`runtime/verify.py`)."""
+    cache: KernelCache | None = None
+    """Where generated kernels are kept (default: `KernelCache()`, on disk, see `codegen/cache.py`)."""
+    world_size: int | None = None
+    """Tensor-parallel world size for a pipeline with `shard` (default: the initialized process
+    group's, else 1)."""
+    rank: int | None = None
+    """This process's rank in `world_size` (default: the process group's, else 0)."""
+
+    @classmethod
+    def of(cls, options: CompileOptions | Mapping[str, Any] | None = None, **overrides: Any) -> Self:
+        """`options` (an options object, whose fields this class shares, or a mapping of field
+        names) with `overrides` applied; an unknown name in a mapping or the overrides raises
+        ValueError listing the known ones."""
+        known = {f.name for f in fields(cls)}
+        given = {f.name: getattr(options, f.name) for f in fields(options) if f.name in known} \
+            if is_dataclass(options) else dict(options or {})
+        given.update(overrides)
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} option(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(known))})")
+        return cls(**given)
+
+
 def compile(
     gm: torch.nn.Module | torch.export.ExportedProgram,
     example_inputs: Sequence[Any] | Mapping[str, Any] | None = None,
-    pipeline: str | Path = "default",
-    cache: KernelCache | None = None,
-    world_size: int | None = None,
-    rank: int | None = None,
-    verify: bool = False,
+    *,
     dynamic_shapes: Any = None,
+    options: CompileOptions | None = None,
+    **overrides: Any,
 ) -> torch.fx.GraphModule:
-    """Compile a graph through `pipeline` ("default", "none", "pass,pass" or a YAML file). `gm` is
+    """Compile a graph through the pipeline (`CompileOptions`: `pipeline`, `verify`, `cache`,
+    `world_size`, `rank`, given as `options=` and/or keywords). `gm` is
     an ExportedProgram (grad-mode exports included: grad-mode and disabled-autocast regions are
     inlined, an enabled autocast region gets its casts made explicit), `ep.module()`, an
     ATen-level GraphModule (`make_fx`, AOTAutograd) with `meta["val"]` or `example_inputs`, or an
@@ -40,8 +76,7 @@ def compile(
     (kernels are cached on disk, see `codegen/cache.py`). The result takes the graph's user
     inputs in order and returns a tuple. Ops on weights alone (e.g. the weight concatenation of
     `fuse-gemms`) run once, here: the result holds their outputs in place of those weights.
-    Weight arguments that are tensor-parallel shards (`ad.shard_dim`) hold `rank`'s slice;
-    `world_size` and `rank` default to the initialized process group's, else 1 and 0.
+    Weight arguments that are tensor-parallel shards (`ad.shard_dim`) hold `rank`'s slice.
 
     With `verify`, every pass is checked numerically (the function before and after it, on the
     same random inputs and the real weights, `passes/verify.py`), and so is the result: its
@@ -53,27 +88,26 @@ def compile(
     The result checks its inputs at every call before any kernel runs (count, dtype, device type,
     rank, static sizes, the dynamic dims' ranges of the export): a mismatch raises InputError
     naming the input, expected and actual (`frontends/input_checks.py`)."""
-    return compile_program(gm, example_inputs, pipeline, cache, world_size, rank, verify, dynamic_shapes)[0]
+    return compile_program(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options, **overrides)[0]
 
 
 def compile_program(
     gm: torch.nn.Module | torch.export.ExportedProgram,
     example_inputs: Sequence[Any] | Mapping[str, Any] | None = None,
-    pipeline: str | Path = "default",
-    cache: KernelCache | None = None,
-    world_size: int | None = None,
-    rank: int | None = None,
-    verify: bool = False,
+    *,
     dynamic_shapes: Any = None,
+    options: CompileOptions | None = None,
+    **overrides: Any,
 ) -> tuple[torch.fx.GraphModule, ImportedProgram]:
     """`compile`, also returning the program the pipeline made (its function's arguments say
     what the compiled graph takes, e.g. the K/V caches `insert-cached-attention` added)."""
+    opts = CompileOptions.of(options, **overrides)
     program = import_program(gm, example_inputs, dynamic_shapes)
-    run_pipeline(program.module, pipeline, numeric=NumericVerifier(program.weights) if verify else None)
+    run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
     compiled = export_program(
-        program, build_kernels(program.module, cache), fold_weights=True, rank=_rank(world_size, rank)
+        program, build_kernels(program.module, opts.cache), fold_weights=True, rank=_rank(opts.world_size, opts.rank)
     )
-    if verify:
+    if opts.verify:
         check_compiled(compiled, program.module, program.weights)
     return compiled, program
 

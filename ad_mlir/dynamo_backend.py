@@ -2,7 +2,8 @@
 
     model = torch.compile(model, backend="ad_mlir")                        # the default pipeline
     model = torch.compile(model, backend="ad_mlir", options={"pipeline": "none", "verify": True})
-    options: pipeline, verify, fallback, freeze_weights (see BackendOptions)
+    options: ad_mlir.compile's (pipeline, verify, cache, world_size, rank) and fallback,
+    freeze_weights (see BackendOptions)
 
 The backend is registered under the `torch_dynamo_backends` entry point (pyproject.toml), so the
 name works once the package is installed. Dynamo hands each graph it captures (one per side of a
@@ -26,12 +27,13 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.fx.graph_module import _copy_attr
+
+from ad_mlir.compiler import CompileOptions, compile
 
 
 class EagerFallbackWarning(UserWarning):
@@ -39,13 +41,9 @@ class EagerFallbackWarning(UserWarning):
 
 
 @dataclass(frozen=True)
-class BackendOptions:
-    """`torch.compile(..., options=...)` keys."""
+class BackendOptions(CompileOptions):
+    """`torch.compile(..., options=...)` keys: `ad_mlir.compile`'s (`CompileOptions`) and these."""
 
-    pipeline: str | Path = "default"
-    """As `ad_mlir.compile`'s: "default", "none", "pass,pass" or a pipeline YAML file."""
-    verify: bool = False
-    """Check every pass and the kernels numerically (`ad_mlir.compile(verify=True)`)."""
     fallback: bool = True
     """Run a graph the pipeline cannot take eagerly with a warning; False: raise its error."""
     freeze_weights: bool = True
@@ -55,16 +53,6 @@ class BackendOptions:
     compile time do not follow later in-place changes: call `torch._dynamo.reset()` after
     changing weights, or set False to keep them graph inputs."""
 
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options or {}) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown ad_mlir backend option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
-            )
-        return cls(**(options or {}))
-
 
 def ad_mlir_backend(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None
@@ -73,7 +61,7 @@ def ad_mlir_backend(
     compiled by ad-mlir, a graph that needs gradients runs eagerly (see the module's docstring)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    opts = BackendOptions.from_options(options)
+    opts = BackendOptions.of(options)
     weights = _LiftedWeights(gm, example_inputs) if opts.freeze_weights else None
     return aot_autograd(
         inference_compiler=lambda fw, inputs: _compile_inference(fw, inputs, opts, weights),
@@ -86,15 +74,12 @@ def _compile_inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
                        weights: _LiftedWeights | None) -> Any:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from ad_mlir.compiler import compile
-
     frozen, kept = weights.freeze(gm, example_inputs) if weights else (gm, list(range(len(example_inputs))))
     try:
         # AOTAutograd calls us under its fake mode; compiling folds weights and `verify` runs
         # the program, both on real tensors.
         with unset_fake_temporarily():
-            compiled = compile(frozen, [example_inputs[i] for i in kept], pipeline=opts.pipeline,
-                               verify=opts.verify)
+            compiled = compile(frozen, [example_inputs[i] for i in kept], options=opts)
     except Exception as e:  # noqa: BLE001 (any failure of ours leaves the graph eager, named in the warning)
         if not opts.fallback:
             raise

@@ -21,7 +21,7 @@ import torch
 
 from ad_mlir.bench.generate import same_tokens
 from ad_mlir.bench.kernels import BenchmarkError
-from ad_mlir.llm.llm import GenerationOutput
+from ad_mlir.llm.engine import GenerationOutput
 from ad_mlir.zoo.checkpoints import named_model
 
 BIN = Path(sys.executable).parent

@@ -68,18 +68,21 @@ def _codegen_fingerprint() -> str:
         blocks,
         cached_attention_kernel,
         causal_conv_kernel,
+        gated_delta_rule_kernel,
         launch,
         lowering,
         moe_kernel,
         rope_kernel,
         skeleton,
+        ssm_scan_kernel,
         writer,
     )
     from ad_mlir.dialects import decompositions
 
     h = hashlib.sha256(triton.__version__.encode())
     for module in (region_kernel, attention_kernel, cached_attention_kernel, causal_conv_kernel, rope_kernel, lowering,
-                   blocks, launch, writer, decompositions, moe_kernel, kernel_forms, skeleton):
+                   blocks, launch, writer, decompositions, moe_kernel, kernel_forms, skeleton, ssm_scan_kernel,
+                   gated_delta_rule_kernel):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
     from ad_mlir.codegen.moe_kernel import MoeSpec
 
-KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.CachedCausalConv1dOp)
+RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp)
+"""Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
+KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.CachedCausalConv1dOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
@@ -66,7 +68,7 @@ def written_inputs(op: Operation) -> frozenset[int]:
     """The kernel inputs that the kernel of `op` writes in place."""
     if isinstance(op, ad.CachedAttentionOp):
         return frozenset(op.operands.index(cache) for cache in (op.k_cache, op.v_cache))
-    if isinstance(op, ad.CachedCausalConv1dOp):
+    if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
         return frozenset({op.operands.index(op.state)})
     return frozenset()
 
@@ -92,7 +94,7 @@ def _kernel_label(op: Operation) -> str:
     return op.kernel_label() if isinstance(op, ad.KernelOp) else op.name.removeprefix("ad.")
 
 
-TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.CachedCausalConv1dOp, ad.MoeOp)
+TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
@@ -122,6 +124,8 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     if isinstance(op, ad.CachedCausalConv1dOp):
         return causal_conv_kernel.emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type),
                                                           op.bias is not None, name, header)
+    if isinstance(op, RECURRENT_OPS):
+        return _emit_recurrent_module(op, name, header)
     if isinstance(op, ad.MoeOp):
         from ad_mlir.codegen.moe_kernel import emit_moe_module
 
@@ -131,6 +135,19 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         return rope_kernel.emit_rope_module(head_dim, torch_dtype(op.query.type), torch_dtype(op.key.type), name,
                                             header, rotary_dim(op), op.interleaved is not None)
     return region_kernel.emit_kernel_module(region, name, header)
+
+
+def _emit_recurrent_module(op: ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp, name: str, header: str) -> str:
+    from ad_mlir.codegen.gated_delta_rule_kernel import emit_gated_delta_rule_module
+    from ad_mlir.codegen.ssm_scan_kernel import emit_ssm_scan_module
+    from ad_mlir.semantics.op_table import torch_dtype
+
+    if isinstance(op, ad.CachedSsmScanOp):
+        return emit_ssm_scan_module(torch_dtype(op.dt.type), op.d is not None, op.dt_bias is not None,
+                                    op.dt_softplus is not None, op.dt_min.value.data if op.dt_min is not None else 0.0,
+                                    op.dt_max.value.data if op.dt_max is not None else None, name, header)
+    return emit_gated_delta_rule_module(torch_dtype(op.query.type), op.query.type.get_shape()[3],
+                                        op.use_qk_l2norm is not None, name, header)
 
 
 def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:

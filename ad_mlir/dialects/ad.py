@@ -828,7 +828,7 @@ class SliceOp(AdOp):
 @irdl_op_definition
 class CatOp(AdOp):
     name = "ad.cat"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveEmptyCatOperands")
     tensors = var_operand_def(AdTensor)
     dim = opt_prop_def(IntegerAttr[I64])
     result = result_def(AdTensor)
@@ -878,7 +878,7 @@ class CloneOp(AdOp):
     """A copy; `memory_format` (a `#ad.torch<memory_format ...>`) as in torch."""
 
     name = "ad.clone"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("RemoveClone")
     input = operand_def(AdTensor)
     memory_format = opt_prop_def(TorchValueAttr)
     result = result_def(AdTensor)
@@ -895,7 +895,7 @@ class LinearOp(AdOp):
     """`input @ weight.T + bias` (weight is [out, in])."""
 
     name = "ad.linear"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("LinearOfFlattenedRows")
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     input = operand_def(AdTensor)
     weight = operand_def(AdTensor)
@@ -932,6 +932,7 @@ class TwoOperandMatmulOp(AdOp):
 @irdl_op_definition
 class MmOp(TwoOperandMatmulOp):
     name = "ad.mm"
+    traits = _pure_canonicalized_by("MmOfTransposedMatrixToLinear")
 
     def verify_op(self) -> None:
         a, b = _shape(self.input.type), _shape(self.mat2.type)
@@ -968,7 +969,7 @@ class AddmmOp(AdOp):
     """`beta * input + alpha * (mat1 @ mat2)`."""
 
     name = "ad.addmm"
-    traits = traits_def(Pure())
+    traits = _pure_canonicalized_by("MmOfTransposedMatrixToLinear")
     input = operand_def(AdTensor)
     mat1 = operand_def(AdTensor)
     mat2 = operand_def(AdTensor)
@@ -1542,7 +1543,8 @@ class MoeOp(KernelOp):
 
 CACHE_ATTR = "ad.cache"
 """On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
-cache, "<layer> conv_state" for a convolution's state, the layer being the HF module path of
+cache, "<layer> conv_state" for a convolution's state, "<layer> ssm_state" / "<layer>
+recurrent_state" for a Mamba2 / gated-delta-rule state, the layer being the HF module path of
 the op it serves."""
 CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 """On the per-sequence metadata arguments of a cached module: each batch row's cache slot, and
@@ -1690,6 +1692,125 @@ class CachedCausalConv1dOp(AdOp):
                 raise VerifyException("ad.cached_causal_conv1d slots/starts must be tensor<batch x i64>")
         if self.result.type != self.input.type:
             raise VerifyException("ad.cached_causal_conv1d result must have the input's type")
+
+
+def _verify_state_metadata(op: Operation, name: str, state_shape: tuple[int, ...]) -> None:
+    """A recurrent state [slots, *state_shape] in fp32 and tensor<batch x i64> slots/starts."""
+    state = _shape(op.state.type)
+    if state is None or state[1:] != state_shape or op.state.type.element_type != Float32Type():
+        raise VerifyException(f"{name} state must be [slots, {', '.join(map(str, state_shape))}] in f32")
+    for meta in (op.slots, op.starts):
+        if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
+            raise VerifyException(f"{name} slots/starts must be tensor<batch x i64>")
+
+
+@irdl_op_definition
+class CachedSsmScanOp(AdOp):
+    """Mamba2's state-space scan of each batch row's new tokens, continuing from the row's SSM
+    state, the state written in place (HF's `mamba2_chunk_scan` and its one-token
+    `selective_state_update`, in one op: Nemotron-H, Bamba, Zamba2, Falcon-H1...).
+
+    `input` [batch, seq, heads, head_dim] is x, `dt` [batch, seq, heads] the time steps, `a`
+    [heads] the (negative) decay rates A, `b`/`c` [batch, seq, groups, state_size] B and C
+    (head h reads group h // (heads / groups)), `d` [heads] the optional skip D and `dt_bias`
+    [heads] an optional bias of dt. Each time step is dt + dt_bias, then softplus (with
+    `dt_softplus`), then clamped to [`dt_min`, `dt_max`] (no upper bound without `dt_max`), in
+    dt's dtype, as HF computes it. Row b uses slot `slots[b]` of `state` [slots, heads,
+    head_dim, state_size] (fp32): the state after the tokens before the new ones when
+    `starts[b]` > 0, zeros when it is 0 (a new sequence). For each new token t, in order:
+    h = h * exp(dt_t * a) + (dt_t * x_t) B_t^T, y_t = h C_t + d * x_t, with x, B and C in
+    fp32. The result [batch, seq, heads, head_dim] is fp32 (as HF's scan returns it);
+    afterwards the slot holds h after the last token. Not pure: it writes the state."""
+
+    name = "ad.cached_ssm_scan"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    dt = operand_def(AdTensor)
+    a = operand_def(AdTensor)
+    b = operand_def(AdTensor)
+    c = operand_def(AdTensor)
+    d = opt_operand_def(AdTensor)
+    dt_bias = opt_operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    dt_softplus = opt_prop_def(UnitAttr)
+    dt_min = opt_prop_def(FloatAttr[Float64Type])
+    dt_max = opt_prop_def(FloatAttr[Float64Type])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $dt `,` $a `,` $b `,` $c (`d` $d^)? (`dt_bias` $dt_bias^)? (`dt_softplus` $dt_softplus^)? "
+        "(`dt_min` $dt_min^)? (`dt_max` $dt_max^)? `state` $state `slots` $slots `starts` $starts attr-dict `:` "
+        "`(` type($input) `,` type($dt) `,` type($a) `,` type($b) `,` type($c) `,` type($state) `,` type($slots) "
+        "`,` type($starts) (`,` `d` type($d)^)? (`,` `dt_bias` type($dt_bias)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        x, dt, a, b, c = (_shape(v.type) for v in (self.input, self.dt, self.a, self.b, self.c))
+        if len(x) != 4 or DYNAMIC_INDEX in x[2:]:
+            raise VerifyException("ad.cached_ssm_scan input must be [batch, seq, heads, head_dim], heads and "
+                                  "head_dim static")
+        heads = x[2]
+        if len(dt) != 3 or dt[2] != heads or a != (heads,):
+            raise VerifyException(f"ad.cached_ssm_scan dt must be [batch, seq, {heads}] and a [{heads}]")
+        if len(b) != 4 or b != c or DYNAMIC_INDEX in b[2:] or heads % b[2]:
+            raise VerifyException(f"ad.cached_ssm_scan b and c must be one [batch, seq, groups, state_size] type, "
+                                  f"groups static and dividing {heads} heads")
+        for extra in (self.d, self.dt_bias):
+            if extra is not None and _shape(extra.type) != (heads,):
+                raise VerifyException(f"ad.cached_ssm_scan d and dt_bias must be [{heads}]")
+        _verify_state_metadata(self, self.name, (heads, x[3], b[3]))
+        if _shape(self.result.type) != x or self.result.type.element_type != Float32Type():
+            raise VerifyException("ad.cached_ssm_scan result must be the input's shape in f32")
+
+
+@irdl_op_definition
+class CachedGatedDeltaRuleOp(AdOp):
+    """The gated delta rule of each batch row's new tokens, continuing from the row's recurrent
+    state, the state written in place (HF's `torch_chunk_gated_delta_rule` and its one-token
+    `torch_recurrent_gated_delta_rule`, in one op: Qwen3-Next, Qwen3.5, Olmo-Hybrid...).
+
+    `query`/`key` [batch, seq, k_heads, k_dim], `value` [batch, seq, v_heads, v_dim] (value head
+    h reads key head h // (v_heads / k_heads)), `g` [batch, seq, v_heads] the log decays (<= 0)
+    and `beta` [batch, seq, v_heads] the write strengths. In fp32: with `use_qk_l2norm`, q and k
+    are L2-normalized (q * rsqrt(sum q^2 + 1e-6)), and q is scaled by k_dim^-0.5. Row b uses
+    slot `slots[b]` of `state` [slots, v_heads, k_dim, v_dim] (fp32): the state after the tokens
+    before the new ones when `starts[b]` > 0, zeros when it is 0 (a new sequence). For each new
+    token t, in order: S = S * exp(g_t); S = S + k_t (beta_t (v_t - k_t^T S))^T; o_t = q_t^T S.
+    The result [batch, seq, v_heads, v_dim] has the query's dtype; afterwards the slot holds S
+    after the last token. Not pure: it writes the state."""
+
+    name = "ad.cached_gated_delta_rule"
+    query = operand_def(AdTensor)
+    key = operand_def(AdTensor)
+    value = operand_def(AdTensor)
+    g = operand_def(AdTensor)
+    beta = operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    use_qk_l2norm = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$query `,` $key `,` $value `,` $g `,` $beta (`use_qk_l2norm` $use_qk_l2norm^)? `state` $state `slots` "
+        "$slots `starts` $starts attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($g) `,` "
+        "type($beta) `,` type($state) `,` type($slots) `,` type($starts) `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        q, k, v, g, beta = (_shape(x.type) for x in (self.query, self.key, self.value, self.g, self.beta))
+        if len(q) != 4 or q != k or DYNAMIC_INDEX in q[2:]:
+            raise VerifyException("ad.cached_gated_delta_rule query and key must be one [batch, seq, k_heads, "
+                                  "k_dim] type, k_heads and k_dim static")
+        if len(v) != 4 or DYNAMIC_INDEX in v[2:] or v[2] % q[2]:
+            raise VerifyException(f"ad.cached_gated_delta_rule value must be [batch, seq, v_heads, v_dim], v_heads "
+                                  f"static and a multiple of {q[2]} key heads")
+        if len(g) != 3 or g != beta or g[2] != v[2]:
+            raise VerifyException(f"ad.cached_gated_delta_rule g and beta must be one [batch, seq, {v[2]}] type")
+        _verify_state_metadata(self, self.name, (v[2], q[3], v[3]))
+        if _shape(self.result.type) != v or self.result.type.element_type != self.query.type.element_type:
+            raise VerifyException("ad.cached_gated_delta_rule result must be the value's shape in the query's "
+                                  "dtype")
 
 
 FP8_MAX = 448.0
@@ -1974,7 +2095,7 @@ class TorchOp(IRDLOperation):
     operand. `unpack` marks a target that returns a sequence (results are its items)."""
 
     name = "ad.torch_op"
-    traits = traits_def(CanonicalizedBy(("RemoveNoValueTorchOp", "RemoveEvalDropout")))
+    traits = traits_def(CanonicalizedBy(("RemoveNoValueTorchOp", "RemoveEvalDropout", "SdpaBackendToAttention")))
     target = prop_def(StringAttr)
     args = prop_def(ArrayAttr)
     kwargs = prop_def(DictionaryAttr)
@@ -2025,6 +2146,7 @@ Ad = Dialect(
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
+        CachedSsmScanOp, CachedGatedDeltaRuleOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

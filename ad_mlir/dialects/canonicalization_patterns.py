@@ -5,9 +5,11 @@ and never changes a value (bit for bit, up to the sign of a zero)."""
 
 from __future__ import annotations
 
+from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     BFloat16Type,
+    DenseArrayBase,
     Float8E4M3FNType,
     Float16Type,
     Float32Type,
@@ -16,9 +18,12 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     IntegerType,
     TensorType,
+    UnitAttr,
+    i64,
 )
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
+from xdsl.rewriter import InsertPoint
 
 from ad_mlir.dialects import ad
 
@@ -293,3 +298,145 @@ class MatmulOfTransposedMatrixToLinear(RewritePattern):
         if isinstance(transpose, ad.TorchOp) and not transpose.results[0].uses:
             rewriter.erase(transpose)
 
+
+
+def _plain_addmm(op: ad.AddmmOp) -> bool:
+    """beta = alpha = 1 (as `linear` adds its bias)."""
+    return all(attr is None or attr.value.data == 1 for attr in (op.beta, op.alpha))
+
+
+class MmOfTransposedMatrixToLinear(RewritePattern):
+    """`mm(x, w.t())` is `linear(x, w)` and `addmm(b, x, w.t())` is `linear(x, w, b)`: torch
+    computes a 2-D `linear` as exactly these, and AOTAutograd (`torch.compile`) leaves linears in
+    that form."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.MmOp | ad.AddmmOp, rewriter: PatternRewriter) -> None:
+        other = op.mat2
+        if (found := _transposed_matrix(other)) is None:
+            return
+        w, transpose = found
+        bias: list[SSAValue] = []
+        if isinstance(op, ad.AddmmOp):
+            if not _plain_addmm(op) or op.input.type.get_shape() != (w.type.get_shape()[0],):
+                return
+            bias = [op.input]
+        x = op.input if isinstance(op, ad.MmOp) else op.mat1
+        linear = ad.LinearOp.build(operands=[x, w, bias], result_types=[op.result.type])
+        rewriter.replace(op, _located_like(op, linear))
+        if isinstance(transpose, ad.TorchOp) and not transpose.results[0].uses:
+            rewriter.erase(transpose)
+
+
+class LinearOfFlattenedRows(RewritePattern):
+    """`linear(x.view(-1, h), w)` is `linear(x, w).view(-1, out)`: a linear acts on each row, so
+    it commutes with merging the leading dims (torch's own N-D linear flattens them so). The
+    reshape then meets the one after it, as in a torch.export graph, where the projections take
+    [batch, seq, h]."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.LinearOp, rewriter: PatternRewriter) -> None:
+        flatten = op.input.owner
+        if not isinstance(flatten, ad.ReshapeOp) or not isinstance(flatten.input.type, TensorType):
+            return
+        rows = flatten.input.type.get_shape()
+        flat = op.input.type.get_shape()
+        if len(rows) < 3 or len(flat) != 2 or rows[-1] != flat[1] or rows[-1] == DYNAMIC_INDEX:
+            return
+        out = op.result.type.get_shape()[-1]
+        linear = ad.LinearOp.build(operands=[flatten.input, op.weight, [op.bias] if op.bias else []],
+                                   result_types=[TensorType(op.result.type.element_type, (*rows[:-1], out))])
+        view = ad.ReshapeOp.build(operands=[linear.result, []],
+                                  properties={"static_sizes": DenseArrayBase.from_list(i64, [-1, out])},
+                                  result_types=[op.result.type])
+        rewriter.replace(op, [_located_like(op, linear), view])
+
+
+SDPA_BACKEND_ARGS: dict[str, tuple[str, ...]] = {
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": (
+        "query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"),
+    "aten._scaled_dot_product_flash_attention.default": (
+        "query", "key", "value", "dropout_p", "is_causal", "return_debug_mask", "scale"),
+    "aten._scaled_dot_product_efficient_attention.default": (
+        "query", "key", "value", "attn_mask", "compute_log_sumexp", "dropout_p", "is_causal", "scale"),
+    "aten._scaled_dot_product_cudnn_attention.default": (
+        "query", "key", "value", "attn_mask", "compute_log_sumexp", "dropout_p", "is_causal", "return_debug_mask",
+        "scale"),
+    "aten._scaled_dot_product_attention_math.default": (
+        "query", "key", "value", "attn_mask", "dropout_p", "is_causal", "dropout_mask", "scale", "enable_gqa"),
+}
+"""The argument names, in schema order, of the SDPA backend ops that `scaled_dot_product_attention`
+becomes after AOTAutograd's decompositions (keyword-only ones last, as a kwargs dict holds them)."""
+
+
+class SdpaBackendToAttention(RewritePattern):
+    """A backend's SDPA op (`_scaled_dot_product_flash_attention_for_cpu`, flash, efficient,
+    cuDNN, math), whose extra results (log-sum-exp, debug masks, probabilities) nothing reads, is
+    `ad.attention` with its mask, causal flag and scale: so the torch.compile path's graphs meet
+    the attention fusions and the cache as the torch.export path's do. The value is the same
+    attention, though torch may compute it through another backend."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        names = SDPA_BACKEND_ARGS.get(op.target.data)
+        if names is None or any(r.uses for r in op.results[1:]):
+            return
+        args = {**dict(zip(names, op.args.data, strict=False)), **op.kwargs.data}
+        operand = {n: op.operands[a.index.data] for n, a in args.items() if isinstance(a, ad.OperandRefAttr)}
+        if any(n not in operand for n in ("query", "key", "value")) or set(operand) - {"query", "key", "value",
+                                                                                        "attn_mask"}:
+            return
+        if _number(args.get("dropout_p")) not in (None, 0.0):
+            return
+        scale = _number(args.get("scale"))
+        properties: dict[str, Attribute] = {}
+        if _number(args.get("is_causal")):
+            properties["is_causal"] = UnitAttr()
+        if scale is not None:
+            properties["scale"] = FloatAttr(scale, Float64Type())
+        if _number(args.get("enable_gqa")):
+            properties["enable_gqa"] = UnitAttr()
+        attention = ad.AttentionOp.build(
+            operands=[operand["query"], operand["key"], operand["value"],
+                      [operand["attn_mask"]] if "attn_mask" in operand else []],
+            properties=properties, result_types=[op.results[0].type])
+        rewriter.insert_op(_located_like(op, attention), InsertPoint.before(op))
+        rewriter.replace_all_uses_with(op.results[0], attention.result)
+        rewriter.erase(op)
+
+
+def _number(attr: Attribute | None) -> float | None:
+    """An IntegerAttr / FloatAttr argument's value; None for none or a missing argument."""
+    return attr.value.data if isinstance(attr, IntegerAttr | FloatAttr) else None
+
+
+class RemoveClone(RewritePattern):
+    """A clone holds its input's values (in a functional graph nothing writes either), so ops
+    read the input: AOTAutograd leaves `repeat_kv`'s reshape as clone + view, which then matches
+    as the GQA form the torch.export path has. A clone the function returns stays (the caller
+    gets a tensor of its own)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.CloneOp, rewriter: PatternRewriter) -> None:
+        if any(isinstance(use.operation, func.ReturnOp) for use in op.result.uses):
+            return
+        _replace_by(rewriter, op, op.input)
+
+
+class RemoveEmptyCatOperands(RewritePattern):
+    """Operands with no extent along the cat's dim add nothing (a partial rotary's pass-through
+    part when the rotary dim is the whole head); a cat of one operand is that operand."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.CatOp, rewriter: PatternRewriter) -> None:
+        rank = len(op.result.type.get_shape())
+        dim = (op.dim.value.data if op.dim is not None else 0) % rank
+        kept = [t for t in op.tensors if t.type.get_shape()[dim] != 0]
+        if len(kept) == len(op.tensors) or not kept:
+            return
+        if len(kept) == 1:
+            _replace_by(rewriter, op, kept[0])
+            return
+        cat = ad.CatOp.build(operands=[kept], properties={"dim": op.dim} if op.dim is not None else {},
+                             result_types=[op.result.type])
+        rewriter.replace(op, _located_like(op, cat))

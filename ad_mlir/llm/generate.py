@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads after the arguments are parsed: --help stays fast
-    from ad_mlir.llm.llm import LLM, GenerationOutput
+    from ad_mlir.llm.engine import GenerationOutput
+    from ad_mlir.llm.llm import LLM
 
 DEFAULT_PROMPT = "What is the capital of France?"
 BENCHMARK_REPEATS = 3

@@ -10,8 +10,9 @@ with `insert-cached-attention` in the pipeline, and the one compiled graph serve
   cached length, position = cached length.
 
 The caches are allocated once ([max_batch slots, max_seq_len tokens, kv_heads, head_dim] per layer
-and role; a short convolution's state [max_batch slots, channels, kernel - 1], whose size does not
-grow with the tokens), their sizes given or decided by a memory budget (`kv_cache_budget`, which
+and role; a short convolution's state [max_batch slots, channels, kernel - 1] and a recurrent
+scan's fp32 state (Mamba2's [max_batch, heads, head_dim, state_size], the gated delta rule's
+[max_batch, value heads, key dim, value dim]), whose sizes do not grow with the tokens), their sizes given or decided by a memory budget (`kv_cache_budget`, which
 counts the per-slot states apart from the bytes per token). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
 queue; a slot is only read up to what its current sequence wrote, so a reused slot starts clean.
 
@@ -26,37 +27,19 @@ import contextlib
 import inspect
 import logging
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from xdsl.dialects import func
 
+from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
+from ad_mlir.llm.engine import Engine, GenerationOutput, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerationOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    """The new tokens only."""
-    text: str | None = None
-    """The new tokens decoded (None without a tokenizer)."""
-    finish_reason: str = ""
-    """"stop" (EOS) or "length" (max_new_tokens)."""
-
-
-@dataclass
-class _Running:
-    index: int
-    slot: int
-    output: GenerationOutput
-    cached: int
-    """Tokens the slot holds for this sequence."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +49,7 @@ class CacheArgument:
     dtype: torch.dtype
     per_token: bool
     """A K/V cache, which grows with the tokens of a slot; else a state of fixed size per slot
-    (a convolution's)."""
+    (a convolution's, a recurrent scan's)."""
 
 
 PER_TOKEN_ROLES = ("key", "value")
@@ -77,7 +60,7 @@ CACHE_BEFORE = ("decompose", "fuse-elementwise")
 """`insert-cached-attention` goes before the first of these passes."""
 
 
-def cached_pipeline(pipeline: str, max_batch: int, max_seq_len: int) -> str:
+def cached_pipeline(pipeline: str | Path, max_batch: int, max_seq_len: int) -> str:
     """`pipeline` with `insert-cached-attention` spliced in before its first `decompose` or
     `fuse-elementwise` (`default` counts as the passes it runs), else appended. So it runs after
     `shard` (each rank's caches get its local K/V heads), `quantize-linear-fp8` and the LLM
@@ -200,11 +183,15 @@ class LLM:
     Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
     each rank compiles the same IR, holds its slice of the weights and caches of its local K/V
     heads, and gets the same logits (the all_reduce after each block); `world_size` and `rank`
-    default to the initialized process group's (`ad_mlir.compile`'s)."""
+    default to the initialized process group's.
+
+    How it compiles is `ad_mlir.compile`'s `CompileOptions` (`pipeline`, `verify`, `cache`,
+    `world_size`, `rank`), given as `options=` and/or keywords (`LLM(model, pipeline="none")`);
+    `insert-cached-attention` is spliced into the pipeline (`cached_pipeline`)."""
 
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
-                 pipeline: str = "default", tokenizer: Any = None, kv_cache_budget: int | float | None = None,
-                 cuda_graphs: bool | None = None, world_size: int | None = None, rank: int | None = None) -> None:
+                 tokenizer: Any = None, kv_cache_budget: int | float | None = None, cuda_graphs: bool | None = None,
+                 *, options: CompileOptions | None = None, **overrides: Any) -> None:
         from ad_mlir.zoo.checkpoints import load_causal_lm
 
         if isinstance(model, str):
@@ -217,7 +204,7 @@ class LLM:
         _check_sizes(max_batch, max_seq_len)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device (it is on {self.device})")
-        self._world_size, self._rank = world_size, rank
+        self.options = CompileOptions.of(options, **overrides)
         start = time.perf_counter()
         if kv_cache_budget is None:
             max_seq_len = max_seq_len or DEFAULT_MAX_SEQ_LEN
@@ -226,21 +213,19 @@ class LLM:
             _check_budget(kv_cache_budget, self.device)
             cap = max_seq_len or _max_positions(self.model)
             ep = export_for_cache(self.model, max_batch, cap)
-            max_seq_len = self._seq_len_for_budget(ep, pipeline, max_batch, cap, kv_cache_budget)
-        self._compile(ep, pipeline, max_batch, max_seq_len)
+            max_seq_len = self._seq_len_for_budget(ep, max_batch, cap, kv_cache_budget)
+        self._compile(ep, max_batch, max_seq_len)
         self.compile_seconds = time.perf_counter() - start
         log.info("LLM: compiled in %.1f s; %d caches of %s, %.2f MiB in all: %d tokens fit (%d slots x %d tokens)",
                  self.compile_seconds, len(self.caches), next(iter(self.caches.values())).shape,
                  self.cache_bytes / 2**20, self.cache_tokens, max_batch, max_seq_len)
         self.decode_graphs = self._capture_decode(cuda_graphs)
 
-    def _compile(self, ep: torch.export.ExportedProgram, pipeline: str, max_batch: int, max_seq_len: int) -> None:
+    def _compile(self, ep: torch.export.ExportedProgram, max_batch: int, max_seq_len: int) -> None:
         """Compile `ep` with caches of `max_batch` x `max_seq_len` tokens and allocate them."""
-        from ad_mlir.compiler import compile_program
-
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
-        self.graph, program = compile_program(ep, pipeline=cached_pipeline(pipeline, max_batch, max_seq_len),
-                                              world_size=self._world_size, rank=self._rank)
+        pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
+        self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
         self.program = program
         """The compiled `ad` module (what the graph runs) and its weights."""
         fn = program.function
@@ -270,11 +255,11 @@ class LLM:
 
     # -- cache size from a memory budget ---------------------------------------------
 
-    def _seq_len_for_budget(self, ep: torch.export.ExportedProgram, pipeline: str, max_batch: int, cap: int,
+    def _seq_len_for_budget(self, ep: torch.export.ExportedProgram, max_batch: int, cap: int,
                             budget: int | float) -> int:
         """Tokens per slot that `budget` buys for `max_batch` slots, at most `cap`: measured on a
         probe compile with `PROBE_SEQ_LEN`-token slots."""
-        self._compile(ep, pipeline, max_batch, min(PROBE_SEQ_LEN, cap))
+        self._compile(ep, max_batch, min(PROBE_SEQ_LEN, cap))
         per_token = (self.cache_bytes - self.state_bytes) // self.cache_tokens
         budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
         if per_token == 0:  # states alone: their size does not depend on the tokens
@@ -353,12 +338,14 @@ class LLM:
     # -- generation ----------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 32, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None, chat: bool = False,
-                 ignore_eos: bool = False) -> list[GenerationOutput]:
+                 top_p: float = 1.0, seed: int | None = None, chat: bool = False, ignore_eos: bool = False,
+                 top_k: int = 0, stop: Sequence[str] = ()) -> list[GenerationOutput]:
         """One output per prompt (a string, tokenized with the model's tokenizer, under its chat
-        template with `chat`; or token ids). Greedy when `temperature` is 0, else sampled with
-        `top_p` nucleus filtering from a generator seeded with `seed`. With `ignore_eos` every
-        sequence runs to `max_new_tokens` (benchmarks)."""
+        template with `chat`; or token ids), through the continuous-batching `Engine` (prompts
+        beyond the slots wait for one). Greedy when `temperature` is 0, else sampled with `top_k`
+        and `top_p` filtering, each prompt from its own generator seeded with `seed`. A sequence
+        stops at EOS (unless `ignore_eos`, for benchmarks), a `stop` string or `max_new_tokens`."""
+        params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
         token_lists = [self._tokenize(p, chat) for p in prompts]
         for i, ids in enumerate(token_lists):
             if not ids:
@@ -366,45 +353,13 @@ class LLM:
             if len(ids) + max_new_tokens > self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens: with max_new_tokens={max_new_tokens} it needs "
                                  f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len} cache positions")
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        stop = set() if ignore_eos else self.eos
-        outputs = [GenerationOutput(list(ids)) for ids in token_lists]
-        queue = deque(range(len(token_lists)))
-        free = list(range(self.max_batch))
-        running: list[_Running] = []
-        while queue or running:
-            while queue and free:  # prefill the next prompt in a free slot
-                index = queue.popleft()
-                seq = _Running(index, free.pop(0), outputs[index], len(outputs[index].prompt_token_ids))
-                ids = torch.tensor([seq.output.prompt_token_ids])
-                logits = self.step(ids, torch.arange(seq.cached)[None], [seq.slot], [0])
-                self._append(seq, logits[0, -1], temperature, top_p, generator, max_new_tokens, stop)
-                if seq.output.finish_reason:
-                    free.insert(0, seq.slot)
-                else:
-                    running.append(seq)
-            if not running:
-                continue
-            logits = self.decode([s.output.token_ids[-1] for s in running], [s.slot for s in running],
-                                 [s.cached for s in running], free)
-            for i, seq in enumerate(running):
-                seq.cached += 1
-                self._append(seq, logits[i], temperature, top_p, generator, max_new_tokens, stop)
-            free += [s.slot for s in running if s.output.finish_reason]
-            running = [s for s in running if not s.output.finish_reason]
-        if self.tokenizer is not None:
-            for out in outputs:
-                out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        return outputs
-
-    def _append(self, seq: _Running, logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None, max_new_tokens: int, stop: set[int]) -> None:
-        token = sample(logits, temperature, top_p, generator)
-        seq.output.token_ids.append(token)
-        if token in stop:
-            seq.output.finish_reason = "stop"
-        elif len(seq.output.token_ids) >= max_new_tokens:
-            seq.output.finish_reason = "length"
+        engine = Engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
+        requests = [engine.add(ids, params) for ids in token_lists]
+        while engine.has_work:
+            engine.step()
+        for request in requests:
+            request.output.text = request.text if self.tokenizer is not None else None
+        return [request.output for request in requests]
 
     def _tokenize(self, prompt: str | Sequence[int], chat: bool) -> list[int]:
         if not isinstance(prompt, str):
@@ -506,21 +461,6 @@ class CudaGraphDecode:
             static[name].copy_(torch.tensor(values).view(static[name].shape), non_blocking=True)
         graph.replay()
         return out
-
-
-def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
-    """Greedy (argmax) at temperature 0; else from softmax(logits / temperature), keeping the
-    smallest set of most likely tokens whose probability reaches `top_p`. Runs on the CPU (the
-    generator is a CPU one; the token is read on the host anyway)."""
-    logits = logits.cpu()
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(0) - sorted_probs < top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:

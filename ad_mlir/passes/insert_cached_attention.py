@@ -1,7 +1,8 @@
 """`insert-cached-attention`: every causal attention becomes `ad.cached_attention` over K/V
-caches, and every short causal convolution `ad.cached_causal_conv1d` over a state, each cache a
-new argument of the function (AutoDeploy's cache-initialization stage); a graph left with any
-other op that mixes token positions is refused.
+caches, every short causal convolution `ad.cached_causal_conv1d` over a state, and every
+recurrent scan `ad.cached_ssm_scan` / `ad.cached_gated_delta_rule` over a state, each cache a new
+argument of the function (AutoDeploy's cache-initialization stage); a graph left with any other
+op that mixes token positions is refused.
 
 For each `ad.rope_attention` (and plain `ad.attention`), in program order (what the fused op
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
@@ -37,6 +38,15 @@ the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d
 argument `conv_state_<i>` [max-batch, channels, kernel - 1] in the input's dtype, marked
 `ad.cache = "<layer> conv_state"`: the inputs of the kernel - 1 tokens before a step.
 
+HF's chunked scans, as the export patches route them (`frontends/export_patches.py`: one
+opaque op over the whole sequence, `scan_patterns`), become their cached ops over an fp32 state
+argument marked `ad.cache = "<layer> ssm_state|recurrent_state"`: Mamba2's
+`ad_mlir.mamba2_chunk_scan` `ad.cached_ssm_scan` over `ssm_state_<i>` [max-batch, heads,
+head_dim, state_size] (its D, dt_bias, softplus and time-step limits carried), the gated delta
+rule's `ad_mlir.chunk_gated_delta_rule` `ad.cached_gated_delta_rule` over `recurrent_state_<i>`
+[max-batch, value heads, key dim, value dim] (its q/k L2 norm carried). HF keeps both states in
+fp32 too.
+
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
 over a token axis, a shift, an attention softmax not matched, positions counted inside the graph)
@@ -68,6 +78,7 @@ from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
     DictionaryAttr,
+    Float32Type,
     Float64Type,
     FloatAttr,
     FunctionType,
@@ -99,6 +110,12 @@ from ad_mlir.passes.patterns.attention_masks import (
 from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import erase_dead
+from ad_mlir.passes.patterns.scan_patterns import (
+    GatedDeltaRule,
+    SsmScan,
+    match_gated_delta_rule,
+    match_ssm_scan,
+)
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
@@ -134,7 +151,8 @@ class InsertCachedAttentionPass(ModulePass):
     def _apply_to(self, fn: func.FuncOp) -> None:
         attentions = _find_attentions(fn)
         convs = _find_short_convs(fn)
-        if attentions or convs:
+        scans = _find_scans(fn)
+        if attentions or convs or scans:
             slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                      {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
             starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
@@ -143,14 +161,47 @@ class InsertCachedAttentionPass(ModulePass):
                 self._replace(fn, attention, i, slots, starts)
             for i, conv in enumerate(convs):
                 self._replace_conv(fn, conv, i, slots, starts)
+            for i, scan in enumerate(scans):
+                self._replace_scan(fn, scan, i, slots, starts)
             region_dce(fn.body)
         _refuse_uncached_mixers(fn)
-        if not attentions and not convs:
+        if not attentions and not convs and not scans:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
             return
-        log.info("insert-cached-attention: %d attentions and %d short convolutions cached (%d slots x %d tokens)",
-                 len(attentions), len(convs), self.max_batch, self.max_seq_len)
+        log.info("insert-cached-attention: %d attentions, %d short convolutions and %d scans cached (%d slots x %d "
+                 "tokens)", len(attentions), len(convs), len(scans), self.max_batch, self.max_seq_len)
+
+    def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule, i: int, slots: SSAValue,
+                      starts: SSAValue) -> None:
+        """An opaque chunked scan -> its cached op over a state argument in fp32: Mamba2's
+        `ssm_state_<i>` [max-batch, heads, head_dim, state_size], the gated delta rule's
+        `recurrent_state_<i>` [max-batch, value heads, key dim, value dim]."""
+        if isinstance(scan, SsmScan):
+            _, _, heads, head_dim = scan.input.type.get_shape()
+            shape, role = [heads, head_dim, scan.b.type.get_shape()[3]], "ssm_state"
+        else:
+            _, _, v_heads, v_dim = scan.value.type.get_shape()
+            shape, role = [v_heads, scan.key.type.get_shape()[3], v_dim], "recurrent_state"
+        state = _append_argument(fn, TensorType(Float32Type(), [self.max_batch, *shape]),
+                                 {ad.INPUT_ATTR: f"{role}_{i}", ad.CACHE_ATTR: f"{_layer(scan.op)} {role}"})
+        if isinstance(scan, SsmScan):
+            properties: dict[str, Attribute] = {"dt_min": FloatAttr(scan.dt_min, Float64Type())}
+            if scan.dt_softplus:
+                properties["dt_softplus"] = UnitAttr()
+            if scan.dt_max is not None:
+                properties["dt_max"] = FloatAttr(scan.dt_max, Float64Type())
+            cached = ad.CachedSsmScanOp.build(
+                operands=[scan.input, scan.dt, scan.a, scan.b, scan.c, _optional(scan.d), _optional(scan.dt_bias),
+                          state, slots, starts],
+                properties=properties, result_types=[scan.op.results[0].type])
+        else:
+            cached = ad.CachedGatedDeltaRuleOp.build(
+                operands=[scan.query, scan.key, scan.value, scan.g, scan.beta, state, slots, starts],
+                properties={"use_qk_l2norm": UnitAttr()} if scan.use_qk_l2norm else {},
+                result_types=[scan.op.results[0].type])
+        cached.location = scan.op.location
+        Rewriter.replace_op(scan.op, cached)
 
     def _replace_conv(self, fn: func.FuncOp, conv: ShortConv, i: int, slots: SSAValue, starts: SSAValue) -> None:
         """The convolution and its cut -> `ad.cached_causal_conv1d` over a state argument
@@ -265,8 +316,19 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
         raise PassFailedException(
             f"insert-cached-attention: {len(mixers)} op(s) mix token positions outside the cached attention, and "
             f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
-            "such sequence mixers (state-space scans, linear attention, convolutions other than HF's causal short "
-            "convolution, attention forms not matched as attention) are not supported for generation yet")
+            "such sequence mixers (scans other than Mamba2's and the gated delta rule's, e.g. Mamba1's; linear "
+            "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
+            "attention) are not supported for generation yet")
+
+
+def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule]:
+    """HF's chunked scans (the opaque ops of the export patches) of `fn`, in program order."""
+    ops = [op for op in fn.body.block.ops if isinstance(op, ad.TorchOp)]
+    return [m for op in ops if (m := match_ssm_scan(op) or match_gated_delta_rule(op)) is not None]
+
+
+def _optional(value: SSAValue | None) -> list[SSAValue]:
+    return [value] if value is not None else []
 
 
 def _find_short_convs(fn: func.FuncOp) -> list[ShortConv]:

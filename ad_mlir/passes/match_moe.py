@@ -278,8 +278,8 @@ def match_grouped(r: Routing) -> Experts:
     down_mm, down_args, kwargs = _call_of(other_operand(weighted, unsqueeze.result), GROUPED_MM, "down grouped_mm")
     _expect(len(down_args) == 3 and not kwargs and down_args[2] is offsets, "a down grouped_mm on other offsets")
     gate, up, act_ops = _gated(down_args[0])
-    chunk, chunk_args, _ = _call_of(gate, ("aten.chunk.default",), "gate/up chunk")
-    _expect(list(chunk.results) == [gate, up] and chunk_args[1] == 2 and _is_dim(chunk_args[2], gate, -1),
+    chunk, chunk_args, _ = _call_of(gate, HALVES, "gate/up chunk")
+    _expect(list(chunk.results) == [gate, up] and _in_halves(chunk, chunk_args) and _is_dim(chunk_args[2], gate, -1),
             "gate/up split otherwise than in two halves of the last dim")
     up_mm, up_args, kwargs = _call_of(chunk_args[0], GROUPED_MM, "gate/up grouped_mm")
     _expect(len(up_args) == 3 and not kwargs and up_args[2] is offsets, "a gate/up grouped_mm on other offsets")
@@ -292,6 +292,18 @@ def match_grouped(r: Routing) -> Experts:
     ops = [*restore_ops, weighted, down_mm, down, *act_ops, chunk, up_mm, gate_up, gather, divide, unsqueeze,
            w_sorted, flat_w, *offset_ops, sort, flat_ids]
     return Experts(gather_args[0], result, gate_up.input, down.input, ops)
+
+
+HALVES = ("aten.chunk.default", "aten.split.Tensor")
+"""`chunk(x, 2, -1)`, as HF writes the gate/up split, and `split(x, half, -1)`, what AOTAutograd
+(torch.compile) makes of it."""
+
+
+def _in_halves(op: ad.TorchOp, args: list) -> bool:
+    """The call cuts its input in two equal halves (chunk into 2, or split by half the size)."""
+    if op.target.data == "aten.chunk.default":
+        return args[1] == 2
+    return len(op.results) == 2 and isinstance(args[1], int) and 2 * args[1] == _shape(args[0])[args[2]]
 
 
 def _match_offsets(sorted_ids: SSAValue, r: Routing) -> tuple[SSAValue, list[Operation]]:
@@ -312,7 +324,9 @@ def _match_restore(weighted: ad.MulOp, perm: SSAValue, top_k: int) -> tuple[SSAV
     restored, args, _ = _call(_only_user(weighted.result, "the weighted outputs"), ("aten.index.Tensor",),
                               "rows restored to token order")
     _expect(len(args[1]) == 1, "rows restored by more than one index")
-    inverse, inv_args, kwargs = _call_of(args[1][0], ("aten.index_put_.default",), "inverse permutation")
+    # index_put_ in a torch.export graph, index_put (functional) after AOTAutograd
+    inverse, inv_args, kwargs = _call_of(args[1][0], ("aten.index_put_.default", "aten.index_put.default"),
+                                         "inverse permutation")
     _expect(len(inv_args) == 3 and not kwargs and inv_args[1] == [perm], "rows restored otherwise than by perm^-1")
     empty, empty_args, _ = _call_of(inv_args[0], ("aten.empty_like.default",), "inverse permutation buffer")
     arange = _of_type(inv_args[2].owner, ad.ArangeOp, "inverse permutation values")

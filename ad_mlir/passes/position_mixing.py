@@ -4,9 +4,9 @@ contraction over it, a shift by slicing or concatenation, a sequence cut into ch
 counted inside the graph).
 
 In a graph compiled for generation, a decode step sees only its new tokens: what a position
-needs from earlier ones must come from a cache. `insert-cached-attention` caches attention and
-HF's short causal convolution, so any other op that mixes positions would silently see a
-one-token sequence.
+needs from earlier ones must come from a cache. `insert-cached-attention` caches attention, HF's
+short causal convolution and the export patches' chunked scans, so any other op that mixes
+positions would silently see a one-token sequence.
 Token axes are told by their type: the export for the cache makes batch and sequence dynamic,
 and every axis computed from them stays dynamic (`?`), while model sizes are static.
 """
@@ -18,11 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DYNAMIC_INDEX, NameLoc, TensorType
+from xdsl.dialects.builtin import DYNAMIC_INDEX, IndexType, NameLoc, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.patterns.attention_masks import backward_slice
 from ad_mlir.semantics.torch_ops import SEQUENCE_MIXER_OPS
 
 TO_THE_END = 2**63 - 1
@@ -53,9 +52,7 @@ def position_mixers(fn: func.FuncOp) -> list[PositionMixer]:
     """The ops of `fn` that mix token positions and reach its results, in program order (an op
     no result depends on, such as an unused mask that DCE keeps for its opaque ops, changes no
     token)."""
-    live: set[Operation] = set()
-    for value in fn.body.block.last_op.operands:
-        live.update(backward_slice(value)[0])
+    live = _data_slice(fn.body.block.last_op.operands)
     found = []
     for op in (inner for top in fn.body.block.ops if top in live for inner in top.walk()):
         rule = _RULES.get(type(op))
@@ -63,6 +60,21 @@ def position_mixers(fn: func.FuncOp) -> list[PositionMixer]:
         if how is not None:
             found.append(PositionMixer(op, how))
     return found
+
+
+def _data_slice(results: Iterable[SSAValue]) -> set[Operation]:
+    """The ops whose values the results are computed from. Index operands (sizes, bounds, split
+    sizes) carry no token's values, so ops that only size tensors are left out: an MoE block's
+    tokens-per-expert count (a sum over tokens) decides how its expert groups are cut, not what
+    a token's output is; the ops working on those groups are checked on their own."""
+    ops: set[Operation] = set()
+    stack = [v for v in results if not isinstance(v.type, IndexType)]
+    while stack:
+        owner = stack.pop().owner
+        if isinstance(owner, Operation) and owner not in ops:
+            ops.add(owner)
+            stack += [v for v in owner.operands if not isinstance(v.type, IndexType)]
+    return ops
 
 
 def _arange(op: ad.ArangeOp) -> str | None:
@@ -116,20 +128,58 @@ def _contraction(lhs: SSAValue) -> str | None:
 
 def _cat(op: ad.CatOp) -> str | None:
     rank = len(op.result.type.get_shape())
-    dim = op.dim.value.data if op.dim is not None else 0
-    return _over({dim % rank}, op.result, "concatenates")
+    dim = (op.dim.value.data if op.dim is not None else 0) % rank
+    if _rejoins_split(op, dim):
+        return None
+    return _over({dim}, op.result, "concatenates")
+
+
+def _rejoins_split(op: ad.CatOp, dim: int) -> bool:
+    """The pieces of one `ad.split` along the same axis, each gone through its own ops, joined
+    back in their order (an MoE block's expert groups): every row returns to where it was, and
+    an op that moved rows within a piece is a mixer on its own."""
+    return any(_rejoins(split, op, dim) for split in _data_slice(op.tensors[:1]) if isinstance(split, ad.SplitOp))
+
+
+def _rejoins(split: ad.SplitOp, op: ad.CatOp, dim: int) -> bool:
+    rank = len(split.input.type.get_shape())
+    if (split.dim.value.data if split.dim is not None else 0) % rank != dim or len(split.outputs) != len(op.tensors):
+        return False
+    for piece, joined in zip(split.outputs, op.tensors, strict=True):
+        read = _read_values(joined)
+        if piece not in read or any(other in read for other in split.outputs if other is not piece):
+            return False
+    return True
+
+
+def _read_values(value: SSAValue) -> set[SSAValue]:
+    """`value` and every value its computation reads."""
+    return {value, *(v for o in _data_slice([value]) for v in o.operands)}
 
 
 def _slice(op: ad.SliceOp) -> str | None:
     """A slice that shifts or strides a token axis (`x[:, :-1]`, `x[:, 1:]`); one up to a
-    dynamic end (the sequence's own length) keeps positions where they are."""
+    dynamic end (the sequence's own length), or from minus a token count to the end (Olmo-Hybrid's
+    `x[..., -seq_len:]` after its convolution), keeps positions where they are."""
     rank = len(op.input.type.get_shape())
     if op.dim.value.data % rank not in _token_axes(op.input):
         return None
     start, end, step = op.static_bounds.get_values()
     if start == 0 and step == 1 and end in (TO_THE_END, DYNAMIC_INDEX):
         return None
+    if start == DYNAMIC_INDEX and step == 1 and end == TO_THE_END and _minus_a_token_count(op.bounds[0]):
+        return None
     return f"slices token axis {op.dim.value.data % rank} by [{_bound(start)}:{_bound(end)}:{_bound(step)}]"
+
+
+def _minus_a_token_count(bound: SSAValue) -> bool:
+    """`-n` with n the size of a token axis (the types carry no symbols to tell which sequence it
+    measures, as for a dynamic end)."""
+    neg = bound.owner
+    if not isinstance(neg, ad.TorchOp) or neg.target.data != "_operator.neg" or len(neg.inputs) != 1:
+        return False
+    size = neg.inputs[0].owner
+    return isinstance(size, ad.SymSizeOp) and size.input.type.get_shape()[size.dim.value.data] == DYNAMIC_INDEX
 
 
 def _bound(value: int) -> str:
@@ -138,15 +188,18 @@ def _bound(value: int) -> str:
 
 def _reshape(op: ad.ReshapeOp) -> str | None:
     """A reshape that splits a static extent off a token axis, just inside it, with the rest of
-    the axis inferred (-1) or divided out: the sequence cut into chunks ([b, s, h] -> [b, s / c,
-    c, h]), so later ops on the extent mix the positions of a chunk. Not a split given as counts
-    of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]), nor a static
+    the axis inferred (-1 where the result has a token axis) or divided out: the sequence cut
+    into chunks ([b, s, h] -> [b, s / c, c, h]), so later ops on the extent mix the positions of
+    a chunk. Not a split given as counts
+    of tokens (an MoE block's flat [tokens * top_k] list back to [tokens, top_k]; Qwen3-Next's
+    flat [b * s * heads, v] back to [b, s, -1], the -1 a static extent), nor a static
     extent outside the token axis (Llama-4's [experts * tokens, h] -> [experts, tokens, h])."""
     if not _token_axes(op.input) or _static_numel(op.input) % _static_numel(op.result) == 0:
         return None
-    if -1 not in op.static_sizes.get_values() and not any(_divided(size) for size in op.sizes):
-        return None
     shape = op.result.type.get_shape()
+    inferred = any(size == -1 and shape[i] == DYNAMIC_INDEX for i, size in enumerate(op.static_sizes.get_values()))
+    if not inferred and not any(_divided(size) for size in op.sizes):
+        return None
     carried = Counter(size for size in op.input.type.get_shape() if size != DYNAMIC_INDEX)
     for i, size in enumerate(shape):
         if size == DYNAMIC_INDEX:

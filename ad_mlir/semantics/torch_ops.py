@@ -481,6 +481,89 @@ def _(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stat
     return torch.empty_like(input)
 
 
+def ssm_time_steps(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_min: float,
+                   dt_max: float | None) -> torch.Tensor:
+    """HF's Mamba2 time steps in fp32: dt + dt_bias, softplus, clamped, each step in dt's dtype."""
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    if dt_softplus:
+        dt = torch.nn.functional.softplus(dt)
+    return torch.clamp(dt, min=dt_min, max=dt_max).float()
+
+
+@torch.library.custom_op(f"{NAMESPACE}::cached_ssm_scan", mutates_args=("state",))
+def cached_ssm_scan(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                    d: torch.Tensor | None, dt_bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
+                    starts: torch.Tensor, dt_softplus: bool = False, dt_min: float = 0.0,
+                    dt_max: float | None = None) -> torch.Tensor:
+    """`ad.cached_ssm_scan`: Mamba2's recurrence token by token (HF's one-token
+    `selective_state_update` repeated) from each row's slot state (zeros at start 0), in fp32,
+    the slot left holding the state after the last token. One row at a time: the reference reads
+    each row's slot and start on the host."""
+    heads, groups = input.shape[2], b.shape[2]
+    steps = ssm_time_steps(dt, dt_bias, dt_softplus, dt_min, dt_max)
+    x = input.float()
+    b, c = (v.float().repeat_interleave(heads // groups, dim=2) for v in (b, c))
+    a = a.float()[:, None, None]
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        h = state[slot] if start > 0 else torch.zeros_like(state[slot])
+        for t in range(x.shape[1]):
+            step = steps[row, t][:, None, None]
+            h = h * torch.exp(step * a) + (step * x[row, t, :, :, None]) * b[row, t, :, None, :]
+            out[row, t] = (h * c[row, t, :, None, :]).sum(-1)
+        state[slot] = h
+    if d is not None:
+        out += d.float()[:, None] * x
+    return out
+
+
+@cached_ssm_scan.register_fake
+def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None,
+      dt_bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+      dt_softplus: bool = False, dt_min: float = 0.0, dt_max: float | None = None) -> torch.Tensor:
+    return input.new_empty(input.shape, dtype=torch.float32)
+
+
+L2NORM_EPS = 1e-6
+"""HF's (and FLA's) `l2norm` epsilon in the gated delta rule."""
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::cached_gated_delta_rule", mutates_args=("state",))
+def cached_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                            beta: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+                            use_qk_l2norm: bool = False) -> torch.Tensor:
+    """`ad.cached_gated_delta_rule`: HF's `torch_recurrent_gated_delta_rule` token by token from
+    each row's slot state (zeros at start 0), in fp32, the slot left holding the state after the
+    last token. One row at a time: the reference reads each row's slot and start on the host."""
+    groups = value.shape[2] // key.shape[2]
+    q, k = (x.float().repeat_interleave(groups, dim=2) for x in (query, key))
+    if use_qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+    q = q * q.shape[-1] ** -0.5
+    v, decay, beta = value.float(), g.float().exp(), beta.float()
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        s = state[slot] if start > 0 else torch.zeros_like(state[slot])
+        for t in range(v.shape[1]):
+            s = s * decay[row, t, :, None, None]
+            delta = (v[row, t] - (s * k[row, t, :, :, None]).sum(-2)) * beta[row, t, :, None]
+            s = s + k[row, t, :, :, None] * delta[:, None, :]
+            out[row, t] = (s * q[row, t, :, :, None]).sum(-2)
+        state[slot] = s
+    return out.to(query.dtype)
+
+
+@cached_gated_delta_rule.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+      state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, use_qk_l2norm: bool = False) -> torch.Tensor:
+    return value.new_empty(value.shape, dtype=query.dtype)
+
+
 SEQUENCE_MIXER_FUNCTIONS: dict[tuple[str, str], Callable[..., Any]] = {}
 """(transformers module, function name) -> HF's own function, for the opaque ops below: set by
 `frontends/export_patches.py` when it routes a module's function through one of them."""
@@ -531,14 +614,15 @@ def _(module: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 
 SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default" for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule"))
-"""The opaque scans above: each mixes every position of the sequence, and nothing caches their
-state yet."""
+"""The opaque scans above: each mixes every position of the sequence; `insert-cached-attention`
+replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`)."""
 
 
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "cached_causal_conv1d",
-                 "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation")
+                 "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
+                 "cached_ssm_scan", "cached_gated_delta_rule")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

@@ -13,10 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_guard import graph_kernels, kernels_ran
+from test_generate import _assert_step_logits_match
 from transformers import AutoModelForCausalLM
 
 import ad_mlir
-from ad_mlir.zoo.small import small_config
+from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.zoo.small import model_from_config, small_config
 
 PROMPTS = [[5, 9, 13, 3, 7], [3, 4], [11, 12, 13, 14, 15, 16]]
 NEW_TOKENS = 4
@@ -66,3 +68,20 @@ def test_moe_models_generate_hf_tokens_with_the_moe_kernel(family: str, monkeypa
     zeroed = _moe_block(model)
     monkeypatch.setattr(zeroed, "forward", lambda hidden, *_, **__: torch.zeros_like(hidden))
     assert [_hf_tokens(model, prompt) for prompt in PROMPTS] != hf, "the MoE block decides the tokens"
+
+
+def test_jetmoe_expert_groups_beside_the_cache_generate_hf_tokens() -> None:
+    """JetMoE routes tokens through experts in its attention and MLP by splitting the sorted
+    tokens into groups sized by a count over the tokens, and joining the groups back: no position
+    mixing, so generation is not refused (it was, by the static check, before the check knew
+    that sizes carry no token values and that rejoined split groups keep rows in place)."""
+    config = small_config("jetmoe")
+    config.initializer_range = 0.5
+    torch.manual_seed(0)
+    model = model_from_config(config)
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=40)
+    hf = [_hf_tokens(model, prompt) for prompt in PROMPTS]  # both stop at the EOS token
+    assert all(len(set(tokens)) > 1 for tokens in hf)
+    with reference_kernels():
+        assert [out.token_ids for out in llm.generate(PROMPTS, max_new_tokens=NEW_TOKENS)] == hf
+    _assert_step_logits_match(model, llm)

@@ -119,6 +119,22 @@ func.func @positions_counted(%x: tensor<1x?x8xf32> {ad.input = "x"}, %table: ten
 }
 
 // -----
+// Expert groups joined back out of split order (or with a group reading another's tokens) move
+// rows between positions: the cat is a mixer. The token count that sizes the groups is not.
+// CHECK: insert-cached-attention: 1 op(s) mix token positions outside the cached attention{{.*}}: model.layers.0.mlp: ad.cat (concatenates over token axis 0).
+func.func @groups_out_of_order(%x: tensor<?x8xf32> {ad.input = "x"}, %assigned: tensor<?x2xi64> {ad.input = "assigned"}, %w0: tensor<8x8xf32> {ad.param = "model.layers.0.mlp.experts.0.weight"}, %w1: tensor<8x8xf32> {ad.param = "model.layers.0.mlp.experts.1.weight"}) -> tensor<?x8xf32> {
+  %counts = ad.sum %assigned dim [0] : tensor<?x2xi64> -> tensor<2xi64>
+  %c0, %c1 = ad.torch_op "aten.unbind.int"(%counts) [#ad.ref<0>] {} unpack : (tensor<2xi64>) -> (tensor<i64>, tensor<i64>)
+  %n0 = ad.torch_op "aten.item.default"(%c0) [#ad.ref<0>] {} : (tensor<i64>) -> index
+  %n1 = ad.torch_op "aten.item.default"(%c1) [#ad.ref<0>] {} : (tensor<i64>) -> index
+  %x0, %x1 = ad.split %x [%n0, %n1] : tensor<?x8xf32> -> tensor<?x8xf32>, tensor<?x8xf32>
+  %y0 = ad.linear %x0, %w0 : (tensor<?x8xf32>, tensor<8x8xf32>) -> tensor<?x8xf32>
+  %y1 = ad.linear %x1, %w1 : (tensor<?x8xf32>, tensor<8x8xf32>) -> tensor<?x8xf32>
+  %joined = ad.cat %y1, %y0 : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x8xf32> loc("model.layers.0.mlp")
+  func.return %joined : tensor<?x8xf32>
+}
+
+// -----
 // A bias added to the scores that is not ALiBi's (quadratic in the key position): refused.
 // CHECK: transformer.blocks.0.attn: its scores' bias is not ALiBi's (a slope per head times the key position); only ALiBi's bias can be cached
 func.func @not_alibi(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {

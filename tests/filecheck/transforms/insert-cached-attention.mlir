@@ -357,3 +357,82 @@ func.func @short_conv(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %x: tensor
   %s = ad.slice %c dim 2 [0, %seq, 1] : tensor<1x8x?xf32> -> tensor<1x8x?xf32>
   func.return %s : tensor<1x8x?xf32>
 }
+
+// -----
+
+// An MoE block's expert groups beside the attention mix no positions: the tokens per expert (a
+// sum over the token axis) only size the groups, each group goes through its own expert, and
+// the groups are joined back in split order; a [tokens * top_k, h] list viewed back as
+// [batch, seq, top_k, -1] infers a model size, not a token count. So the attention is cached
+// and the expert ops stay.
+// CHECK-LABEL: func.func @expert_groups
+// CHECK:       ad.sum %assigned dim [0]
+// CHECK:       ad.split %x [%n0, %n1]
+// CHECK:       %[[JOINED:.*]] = ad.cat %y0, %y1 :
+// CHECK:       %[[VIEW:.*]] = ad.reshape %[[JOINED]]
+// CHECK:       %[[O:.*]] = ad.cached_attention %q, %k, %v cache
+// CHECK-NEXT:  func.return %[[VIEW]], %[[O]]
+func.func @expert_groups(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %x: tensor<?x8xf32> {ad.input = "x"}, %assigned: tensor<?x2xi64> {ad.input = "assigned"}, %w0: tensor<8x8xf32> {ad.param = "model.layers.0.mlp.experts.0.weight"}, %w1: tensor<8x8xf32> {ad.param = "model.layers.0.mlp.experts.1.weight"}, %b: index, %s: index) -> (tensor<?x?x2x4xf32>, tensor<1x2x?x8xf32>) {
+  %counts = ad.sum %assigned dim [0] : tensor<?x2xi64> -> tensor<2xi64>
+  %c0, %c1 = ad.torch_op "aten.unbind.int"(%counts) [#ad.ref<0>] {} unpack : (tensor<2xi64>) -> (tensor<i64>, tensor<i64>)
+  %n0 = ad.torch_op "aten.item.default"(%c0) [#ad.ref<0>] {} : (tensor<i64>) -> index
+  %n1 = ad.torch_op "aten.item.default"(%c1) [#ad.ref<0>] {} : (tensor<i64>) -> index
+  %x0, %x1 = ad.split %x [%n0, %n1] : tensor<?x8xf32> -> tensor<?x8xf32>, tensor<?x8xf32>
+  %y0 = ad.linear %x0, %w0 : (tensor<?x8xf32>, tensor<8x8xf32>) -> tensor<?x8xf32>
+  %y1 = ad.linear %x1, %w1 : (tensor<?x8xf32>, tensor<8x8xf32>) -> tensor<?x8xf32>
+  %joined = ad.cat %y0, %y1 : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x8xf32> loc("model.layers.0.mlp")
+  %view = ad.reshape %joined [%b, %s, 2, -1] : tensor<?x8xf32> -> tensor<?x?x2x4xf32> loc("model.layers.0.mlp")
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %view, %o : tensor<?x?x2x4xf32>, tensor<1x2x?x8xf32>
+}
+
+// -----
+
+// Mamba2's scan as the export patches route it (HF's mamba2_chunk_scan: x, dt, A, B, C, chunk
+// size, D, dt_bias, softplus, dt limits (0.001, inf)) becomes ad.cached_ssm_scan over an fp32
+// state argument [slots, heads, head_dim, state_size]: D, dt_bias, softplus and the lower limit
+// carried, no upper one.
+// CHECK-LABEL: func.func @mamba2_scan
+// CHECK-SAME:  %ssm_state{{.*}}: tensor<2x4x16x8xf32> {ad.input = "ssm_state_0", ad.cache = "model.layers.0.mixer ssm_state"}
+// CHECK-NOT:   ad.torch_op
+// CHECK:       %[[OUT:.*]] = ad.cached_ssm_scan %x, %dt, %a, %b, %c d %d dt_bias %dt_bias dt_softplus dt_min 1.000000e-03 state %ssm_state slots %cache_slots starts %cache_starts : (tensor<?x?x4x16xf32>, tensor<?x?x4xf32>, tensor<4xf32>, tensor<?x?x2x8xf32>, tensor<?x?x2x8xf32>, tensor<2x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>, d tensor<4xf32>, dt_bias tensor<4xf32>) -> tensor<?x?x4x16xf32>
+// CHECK-NEXT:  func.return %[[OUT]]
+func.func @mamba2_scan(%x: tensor<?x?x4x16xf32> {ad.input = "x"}, %dt: tensor<?x?x4xf32> {ad.input = "dt"}, %a: tensor<4xf32> {ad.input = "a"}, %b: tensor<?x?x2x8xf32> {ad.input = "b"}, %c: tensor<?x?x2x8xf32> {ad.input = "c"}, %d: tensor<4xf32> {ad.param = "model.layers.0.mixer.D"}, %dt_bias: tensor<4xf32> {ad.param = "model.layers.0.mixer.dt_bias"}) -> tensor<?x?x4x16xf32> {
+  %y = ad.torch_op "ad_mlir.mamba2_chunk_scan.default"(%x, %dt, %a, %b, %c, %d, %dt_bias) ["transformers.models.nemotron_h.modeling_nemotron_h", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 8 : i64, #ad.ref<5>, #ad.ref<6>, true, 1.000000e-03 : f64, 0x7ff0000000000000 : f64] {} : (tensor<?x?x4x16xf32>, tensor<?x?x4xf32>, tensor<4xf32>, tensor<?x?x2x8xf32>, tensor<?x?x2x8xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<?x?x4x16xf32> loc("model.layers.0.mixer")
+  func.return %y : tensor<?x?x4x16xf32>
+}
+
+// -----
+
+// The gated delta rule as the export patches route it (HF's torch_chunk_gated_delta_rule: q, k,
+// v, g, beta, chunk size, q/k L2 norm) becomes ad.cached_gated_delta_rule over an fp32 state
+// argument [slots, value heads, key dim, value dim].
+// CHECK-LABEL: func.func @gated_delta_rule
+// CHECK-SAME:  %recurrent_state{{.*}}: tensor<2x4x16x8xf32> {ad.input = "recurrent_state_0", ad.cache = "model.layers.0.linear_attn recurrent_state"}
+// CHECK-NOT:   ad.torch_op
+// CHECK:       %[[OUT:.*]] = ad.cached_gated_delta_rule %q, %k, %v, %g, %beta use_qk_l2norm state %recurrent_state slots %cache_slots starts %cache_starts : (tensor<?x?x2x16xbf16>, tensor<?x?x2x16xbf16>, tensor<?x?x4x8xbf16>, tensor<?x?x4xf32>, tensor<?x?x4xbf16>, tensor<2x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x4x8xbf16>
+// CHECK-NEXT:  func.return %[[OUT]]
+func.func @gated_delta_rule(%q: tensor<?x?x2x16xbf16> {ad.input = "q"}, %k: tensor<?x?x2x16xbf16> {ad.input = "k"}, %v: tensor<?x?x4x8xbf16> {ad.input = "v"}, %g: tensor<?x?x4xf32> {ad.input = "g"}, %beta: tensor<?x?x4xbf16> {ad.input = "beta"}) -> tensor<?x?x4x8xbf16> {
+  %o = ad.torch_op "ad_mlir.chunk_gated_delta_rule.default"(%q, %k, %v, %g, %beta) ["transformers.models.qwen3_next.modeling_qwen3_next", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 64 : i64, true] {} : (tensor<?x?x2x16xbf16>, tensor<?x?x2x16xbf16>, tensor<?x?x4x8xbf16>, tensor<?x?x4xf32>, tensor<?x?x4xbf16>) -> tensor<?x?x4x8xbf16> loc("model.layers.0.linear_attn")
+  func.return %o : tensor<?x?x4x8xbf16>
+}
+
+// -----
+
+// Two forms that keep token positions where they are, beside a cached attention, are no mixers:
+// Olmo-Hybrid's cut of its convolution's output to the last seq_len tokens (x[..., -seq_len:],
+// the whole sequence as far as the types tell) and Qwen3-Next's flat [b * s * heads, v] back to
+// [b, s, -1] (the -1 a static extent, no token count inferred).
+// CHECK-LABEL: func.func @no_mixers
+// CHECK:       ad.slice %x dim 2 [%neg, 9223372036854775807, 1]
+// CHECK:       ad.reshape %flat [%b, %n, -1]
+// CHECK:       ad.cached_attention
+func.func @no_mixers(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %x: tensor<?x8x?xf32> {ad.input = "x"}, %flat: tensor<?x8xf32> {ad.input = "flat"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> (tensor<?x8x?xf32>, tensor<?x?x32xf32>, tensor<1x2x?x8xf32>) {
+  %b = ad.sym_size %ids dim 0 : tensor<?x?xi64>
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %neg = ad.torch_op "_operator.neg"(%n) [#ad.ref<0>] {} : (index) -> index
+  %tail = ad.slice %x dim 2 [%neg, 9223372036854775807, 1] : tensor<?x8x?xf32> -> tensor<?x8x?xf32> loc("model.layers.0.linear_attn")
+  %merged = ad.reshape %flat [%b, %n, -1] : tensor<?x8xf32> -> tensor<?x?x32xf32> loc("model.layers.0.linear_attn")
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
+  func.return %tail, %merged, %o : tensor<?x8x?xf32>, tensor<?x?x32xf32>, tensor<1x2x?x8xf32>
+}

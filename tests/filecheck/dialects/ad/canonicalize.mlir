@@ -227,3 +227,66 @@ func.func @collectives_stay(%x: tensor<4xf32>) {
   %1 = ad.all_reduce %x "sum" group "0" : tensor<4xf32> -> tensor<4xf32>
   func.return
 }
+
+// -----
+
+// AOTAutograd's linears (torch.compile): mm(x2d, w.t()) and addmm(b, x2d, w.t()) are linears;
+// one over rows flattened out of [batch, seq, h] becomes the linear over [batch, seq, h] and the
+// flattening view after it, which folds into the head split. An addmm with beta != 1, or a
+// bias that is not [out], stays.
+// CHECK-LABEL: func.func @aot_linears
+// CHECK-NEXT:    %flat = ad.reshape %x [10, 64]
+// CHECK-NEXT:    %[[Q:.*]] = ad.linear %x, %w : (tensor<2x5x64xf32>, tensor<32x64xf32>) -> tensor<2x5x32xf32>
+// CHECK-NEXT:    %heads = ad.reshape %[[Q]] [2, 5, -1, 8] : tensor<2x5x32xf32> -> tensor<2x5x4x8xf32>
+// CHECK-NEXT:    %[[B:.*]] = ad.linear %x, %w bias %b : (tensor<2x5x64xf32>, tensor<32x64xf32>, tensor<32xf32>) -> tensor<2x5x32xf32>
+// CHECK-NEXT:    %[[BV:.*]] = ad.reshape %[[B]] [-1, 32] : tensor<2x5x32xf32> -> tensor<10x32xf32>
+// CHECK-NEXT:    %t2 = ad.torch_op "aten.t.default"(%w)
+// CHECK-NEXT:    %scaled = ad.addmm %b, %flat, %t2 beta 2 : i64 :
+// CHECK-NEXT:    func.return %heads, %[[BV]], %scaled
+// CHECK-NOT:     ad.mm
+func.func @aot_linears(%x: tensor<2x5x64xf32>, %w: tensor<32x64xf32>, %b: tensor<32xf32>) -> (tensor<2x5x4x8xf32>, tensor<10x32xf32>, tensor<10x32xf32>) {
+  %flat = ad.reshape %x [10, 64] : tensor<2x5x64xf32> -> tensor<10x64xf32>
+  %t = ad.torch_op "aten.t.default"(%w) [#ad.ref<0>] {} : (tensor<32x64xf32>) -> tensor<64x32xf32>
+  %q = ad.mm %flat, %t : (tensor<10x64xf32>, tensor<64x32xf32>) -> tensor<10x32xf32>
+  %heads = ad.reshape %q [2, 5, -1, 8] : tensor<10x32xf32> -> tensor<2x5x4x8xf32>
+  %t1 = ad.torch_op "aten.t.default"(%w) [#ad.ref<0>] {} : (tensor<32x64xf32>) -> tensor<64x32xf32>
+  %biased = ad.addmm %b, %flat, %t1 : (tensor<32xf32>, tensor<10x64xf32>, tensor<64x32xf32>) -> tensor<10x32xf32>
+  %t2 = ad.torch_op "aten.t.default"(%w) [#ad.ref<0>] {} : (tensor<32x64xf32>) -> tensor<64x32xf32>
+  %scaled = ad.addmm %b, %flat, %t2 beta 2 : i64 : (tensor<32xf32>, tensor<10x64xf32>, tensor<64x32xf32>) -> tensor<10x32xf32>
+  func.return %heads, %biased, %scaled : tensor<2x5x4x8xf32>, tensor<10x32xf32>, tensor<10x32xf32>
+}
+
+// -----
+
+// The SDPA backend ops AOTAutograd leaves (the CPU flash op with its mask and scale, the
+// efficient op with is_causal) are ad.attention when their extra results are unused; the math
+// op whose probabilities are read stays.
+// CHECK-LABEL: func.func @sdpa_backends
+// CHECK-NEXT:    %flash = ad.attention %q, %k, %v mask %mask scale 2.500000e-01 : f64 :
+// CHECK-NEXT:    %efficient = ad.attention %q, %k, %v causal :
+// CHECK-NEXT:    %math, %probs = ad.torch_op "aten._scaled_dot_product_attention_math.default"
+// CHECK-NEXT:    func.return %flash, %efficient, %math, %probs
+func.func @sdpa_backends(%q: tensor<1x2x5x8xf32>, %k: tensor<1x2x5x8xf32>, %v: tensor<1x2x5x8xf32>, %mask: tensor<1x1x5x5xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>) {
+  %flash, %lse = ad.torch_op "aten._scaled_dot_product_flash_attention_for_cpu.default"(%q, %k, %v, %mask) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {attn_mask = #ad.ref<3>, scale = 2.500000e-01 : f64} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x1x5x5xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>)
+  %efficient, %lse2, %seed, %offset = ad.torch_op "aten._scaled_dot_product_efficient_attention.default"(%q, %k, %v) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, none, false, 0.000000e+00 : f64, true] {} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>, tensor<i64>, tensor<i64>)
+  %math, %probs = ad.torch_op "aten._scaled_dot_product_attention_math.default"(%q, %k, %v) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>)
+  func.return %flash, %efficient, %math, %probs : tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>
+}
+
+// -----
+
+// A clone is its input's value (repeat_kv's clone before the view, through torch.compile); a
+// clone the function returns stays. A cat drops operands with no extent along its dim, and a
+// cat of one operand is that operand.
+// CHECK-LABEL: func.func @clones_and_empty_cats
+// CHECK-NEXT:    %kept = ad.clone %x
+// CHECK-NEXT:    %cat = ad.cat %x, %x dim 1 : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x8xf32>
+// CHECK-NEXT:    func.return %x, %kept, %x, %cat
+func.func @clones_and_empty_cats(%x: tensor<2x4xf32>, %e: tensor<2x0xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x8xf32>) {
+  %c = ad.clone %x : tensor<2x4xf32> -> tensor<2x4xf32>
+  %r = ad.reshape %c [2, 4] : tensor<2x4xf32> -> tensor<2x4xf32>
+  %kept = ad.clone %x : tensor<2x4xf32> -> tensor<2x4xf32>
+  %one = ad.cat %x, %e dim 1 : (tensor<2x4xf32>, tensor<2x0xf32>) -> tensor<2x4xf32>
+  %cat = ad.cat %x, %e, %x dim 1 : (tensor<2x4xf32>, tensor<2x0xf32>, tensor<2x4xf32>) -> tensor<2x8xf32>
+  func.return %r, %kept, %one, %cat : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x8xf32>
+}

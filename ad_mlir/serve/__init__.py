@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server over the continuous-batching engine (`ad-mlir serve`)."""

@@ -1,0 +1,158 @@
+"""The engine in its own thread: HTTP handlers (asyncio) submit requests and read each one's
+updates from an asyncio queue; the thread steps the engine while it has work and sleeps
+otherwise. Requests and aborts reach the engine through a command queue, so only the engine's
+thread touches it. The Prometheus metrics are kept here, where the times are known."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ad_mlir.llm.engine import Engine, RequestUpdate, SamplingParams
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of their own (one per server)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running = Gauge("ad_mlir_requests_running", "Requests holding a cache slot", registry=r)
+        self.waiting = Gauge("ad_mlir_requests_waiting", "Requests waiting for a cache slot", registry=r)
+        self.slots_in_use = Gauge("ad_mlir_cache_slots_in_use", "Cache slots held by requests", registry=r)
+        self.prompt_tokens = Counter("ad_mlir_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generated_tokens = Counter("ad_mlir_generation_tokens", "Tokens generated", registry=r)
+        self.finished = Counter("ad_mlir_requests_finished", "Requests finished, by reason", ["reason"], registry=r)
+        self.ttft = Histogram("ad_mlir_time_to_first_token_seconds", "From arrival to the first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("ad_mlir_inter_token_latency_seconds", "Between two tokens of a request",
+                             buckets=LATENCY_BUCKETS, registry=r)
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    updates: asyncio.Queue[RequestUpdate]
+    arrival: float
+    last_token: float | None = None
+    prompt_tokens: int = 0
+
+
+@dataclass
+class EngineRunner:
+    """Steps `engine` in a daemon thread (see the module's docstring)."""
+
+    engine: Engine
+    metrics: Metrics = field(default_factory=Metrics)
+    idle_wait_s: float = 0.05
+    _commands: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    _streams: dict[str, _Stream] = field(default_factory=dict)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _ids: itertools.count = field(default_factory=itertools.count)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> EngineRunner:
+        self._thread = threading.Thread(target=self._loop, name="ad-mlir-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> tuple[str, asyncio.Queue[RequestUpdate]]:
+        """Queue a request (a ValueError, before it queues, if it can never fit); its updates
+        arrive on the returned queue, the last one with a finish_reason. Call from the event loop."""
+        prompt = [int(t) for t in prompt]
+        self.engine.check_fits(prompt, params)
+        request_id = f"cmpl-{next(self._ids)}"
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter(), prompt_tokens=len(prompt))
+        self._streams[request_id] = stream
+        self._commands.put(("add", request_id, prompt, params))
+        self._wake.set()
+        return request_id, stream.updates
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request that is not finished (a client that went away); its slot is freed."""
+        if request_id in self._streams:
+            self._commands.put(("abort", request_id))
+            self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished."""
+        return len(self._streams)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._run_commands()
+            if not self.engine.has_work:
+                self._wake.wait(self.idle_wait_s)
+                self._wake.clear()
+                continue
+            try:
+                updates = self.engine.step()
+            except Exception as e:  # noqa: BLE001 (a failed step ends its requests with an error, not the server)
+                log.exception("engine step failed")
+                self._fail_all(e)
+                continue
+            now = time.perf_counter()
+            for update in updates:
+                self._deliver(update, now)
+            self._gauge()
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                _, request_id, prompt, params = command
+                self.engine.add(prompt, params, request_id=request_id)
+                self.metrics.prompt_tokens.inc(len(prompt))
+            elif self.engine.abort(command[1]):
+                self._deliver(RequestUpdate(command[1], finish_reason="abort"), time.perf_counter())
+        self._gauge()
+
+    def _deliver(self, update: RequestUpdate, now: float) -> None:
+        stream = self._streams.get(update.request_id)
+        if stream is None:
+            return
+        if update.token_ids:
+            self.metrics.generated_tokens.inc(len(update.token_ids))
+            if stream.last_token is None:
+                self.metrics.ttft.observe(now - stream.arrival)
+            else:
+                self.metrics.itl.observe(now - stream.last_token)
+            stream.last_token = now
+        if update.finish_reason:
+            self.metrics.finished.labels(update.finish_reason).inc()
+            del self._streams[update.request_id]
+        stream.loop.call_soon_threadsafe(stream.updates.put_nowait, update)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request in [*self.engine.running, *self.engine.waiting]:
+            self.engine.abort(request.id)
+            self._deliver(RequestUpdate(request.id, finish_reason=f"error: {type(error).__name__}: {error}"),
+                          time.perf_counter())
+
+    def _gauge(self) -> None:
+        self.metrics.running.set(len(self.engine.running))
+        self.metrics.waiting.set(len(self.engine.waiting))
+        self.metrics.slots_in_use.set(self.engine.llm.max_batch - len(self.engine.free_slots))
