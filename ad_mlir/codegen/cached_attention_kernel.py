@@ -2,12 +2,14 @@
 
 `emit_cached_attention_module` writes a kernel module with the interface of the region kernels
 (a `@triton.jit` function named as asked, `OUTPUT_DTYPES`, `output_shapes`, `launch`). The
-launch takes, in the op's operand order, `q [B, Hq, S, D]`, `k`, `v [B, Hkv, S, D]` (the new
-tokens; any strides), with RoPE `cos`, `sin [B or 1, S, D]`, with QK-norm `q_norm`, `k_norm [D]`
-(Qwen3, Gemma3: each new query and key head RMS-normalized before RoPE, as the attention
-template does), then `k_cache`, `v_cache [slots, max_seq, Hkv, D]`, `slots`, `starts [B]`
-(int64, on the device: nothing is read on the host), writes the new keys (after QK-norm and
-RoPE) and values into rows `starts[b] ..` of slot `slots[b]` and returns `out [B, Hq, S, D]`,
+launch takes, in the op's operand order, `q [B, Hq, S, D]`, `k [B, Hkv, S, D]`, `v [B, Hkv, S, Dv]`
+(the new tokens; any strides; Dv = D but for DeepSeek's heads), with RoPE `cos`, `sin [B or 1, S,
+D]`, with QK-norm `q_norm`, `k_norm [D]` (Qwen3, Gemma3: each new query and key head
+RMS-normalized before RoPE, as the attention template does), then `k_cache [slots, max_seq, Hkv,
+D]`, `v_cache [slots, max_seq, Hkv, Dv]`, `slots`, `starts [B]` (int64, on the device: nothing is
+read on the host), with sinks `sinks [Hq]`, with ALiBi `alibi [Hq]` slopes (both contiguous),
+writes the new keys (after QK-norm and RoPE) and values into rows `starts[b] ..` of slot
+`slots[b]` and returns `out [B, Hq, S, Dv]`,
 contiguous. Nothing copies a cache.
 
 One `@triton.jit` function, three phases (a constexpr), so that every launch goes through the
@@ -32,7 +34,10 @@ interpreter's on CPU, a recorder for the PTX report):
 
 Scores are q.k * scale, soft-capped (`softcap * tanh(s / softcap)`, Gemma2) when asked, masked
 (cached length, causal offset, sliding `window`: key position > query position - window), then
-the online softmax runs in fp32 with exp2. Q, K and P are rounded to the input dtype for the dots
+the online softmax runs in fp32 with exp2. ALiBi adds slope * (key - query position) to the
+scores after the soft cap (in fp32, from the absolute positions). A head's sink logit (gpt-oss) is one more term of
+the softmax with no value: prefill starts each row's online softmax from it (max = sink, sum =
+1), decode adds it once when the splits merge. Q, K and P are rounded to the input dtype for the dots
 (as FlashAttention does); RoPE, scores and softmax stay in fp32; the cache holds the rotated key
 rounded once to its dtype, in the head's own dim order. The head dim is held as the attention
 template's pieces (`kernel_forms.HeadPieces`: the rotated pairs, rotate_half or interleaved,
@@ -59,7 +64,7 @@ from ad_mlir.codegen.attention_kernel import (
 )
 from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.dialects.ad import QkNorm
-from ad_mlir.dialects.kernel_forms import check_rope_dims, next_power_of_2
+from ad_mlir.dialects.kernel_forms import MAX_HEAD_DIM, check_rope_dims, next_power_of_2, padded_width
 
 PREFILL, DECODE, REDUCE = 0, 1, 2
 
@@ -89,6 +94,18 @@ class CachedAttentionSpec(RotaryHead):
     qk_norm: QkNorm | None = None
     """q_norm and k_norm weights [D] are inputs (after the tables): the new query and key rows
     are RMS-normalized per head before RoPE (the cache holds the normalized keys)."""
+    sinks: bool = False
+    """A sink logit per query head [Hq] is an input (after `starts`): it joins each row's softmax."""
+    alibi: bool = False
+    """ALiBi slopes per query head [Hq] are an input (after the sinks): scores get slope * (key -
+    query position)."""
+    v_head_dim: int | None = None
+    """The value's (and the output's) head dim where it differs from the query's and key's
+    (DeepSeek's MLA heads: q/k 192, v 128); None: the same."""
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim if self.v_head_dim is not None else self.head_dim
 
     def __post_init__(self) -> None:
         check_rope_dims("cached attention kernel", self.head_dim, self.rotary if self.rope else None,
@@ -103,6 +120,8 @@ class CachedAttentionSpec(RotaryHead):
                              "ad.rope_attention)")
         if self.window is not None and self.window < 1:
             raise ValueError(f"cached attention kernel: window {self.window} must be positive")
+        if not 0 < self.value_dim <= MAX_HEAD_DIM:
+            raise ValueError(f"cached attention kernel: value head_dim {self.value_dim} must be in 1..{MAX_HEAD_DIM}")
 
 
 
@@ -119,6 +138,12 @@ def decode_block_n(width: int, dtype: torch.dtype) -> int:
     that: measured for sm_90 without spills by tests/unit/test_cached_attention_kernel.py."""
     elements = 4096 if dtype != torch.float32 else 1024
     return max(16, elements // width)
+
+
+def decode_warps(width: int, dtype: torch.dtype) -> int:
+    """Warps of a decode program: 4, or 8 for fp32 heads held 256 wide (DeepSeek's 192 = 128 +
+    64), whose pieces, tiles and accumulator spill 4 warps' registers at the smallest BLOCK_N."""
+    return 8 if dtype == torch.float32 and width > 128 else 4
 
 
 def prefill_blocks(width: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
@@ -173,10 +198,11 @@ def _scaled(x, SCALE: tl.constexpr):
 
 
 @triton.jit
-def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP: tl.constexpr, REST: tl.constexpr,
-            TAIL: tl.constexpr):
-    """(q . k) (q already scaled), one dot per piece, soft-capped when SOFTCAP > 0, in log2
-    units; -inf where not visible."""
+def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, distance, SOFTCAP: tl.constexpr,
+            ALIBI: tl.constexpr, REST: tl.constexpr, TAIL: tl.constexpr):
+    """(q . k) (q already scaled), one dot per piece, soft-capped when SOFTCAP > 0, plus ALiBi's
+    slope (one per row) times the key's distance from the query (key - query position) when
+    ALIBI, in log2 units; -inf where not visible."""
     qk = tl.dot(q_a, tl.trans(k_a.to(DOT_DTYPE))$precision)
     qk = tl.dot(q_b, tl.trans(k_b.to(DOT_DTYPE)), qk$precision)
     if REST > 0:
@@ -185,6 +211,8 @@ def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP: tl.constex
         qk = tl.dot(q_t, tl.trans(k_t.to(DOT_DTYPE)), qk$precision)
     if SOFTCAP > 0:
         qk = _soft_capped(qk, SOFTCAP)
+    if ALIBI:
+        qk += slope[:, None] * distance.to(tl.float32)
     return tl.where(visible, qk * LOG2E, float("-inf"))
 
 
@@ -203,18 +231,18 @@ def _softmax_step(qk, v_tile, m_i, l_i, acc):
 
 _KERNEL = '''\
 @triton.jit
-def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, out, part_o, part_ml,
+def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slots, starts, out, part_o, part_ml,
         seq_len, n_heads, kv_group, n_splits, split_size,
         q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
         cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd, qn_sd, kn_sd,
         kc_s0, kc_s1, kc_s2, kc_s3, vc_s0, vc_s1, vc_s2, vc_s3,
-        PHASE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_P: tl.constexpr, HALF: tl.constexpr,
+        PHASE: tl.constexpr, V_DIM: tl.constexpr, V_P: tl.constexpr, HALF: tl.constexpr,
         HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
         ROPE: tl.constexpr,
         INTERLEAVED: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
-    dims = tl.arange(0, HEAD_P)
-    d_in = dims < HEAD_DIM
+        SINKS: tl.constexpr, ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    dims = tl.arange(0, V_P)  # of a value / output row (Q and K are held as pieces)
+    d_in = dims < V_DIM
     keys = tl.arange(0, BLOCK_N)
     if PHASE == 2:
         # REDUCE: one (batch, head); its splits' partials, merged.
@@ -225,10 +253,18 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         m = tl.load(part_ml + part * 2, mask=s_in, other=float("-inf"))
         l = tl.load(part_ml + part * 2 + 1, mask=s_in, other=0.0)
         # Position `start` is in every sequence's range: some split is not empty, m_max is finite.
-        w = tl.exp2(m - tl.max(m, 0))
-        o = tl.load(part_o + part[:, None] * HEAD_DIM + dims[None, :], mask=s_in[:, None] & d_in[None, :], other=0.0)
-        result = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
-        tl.store(out + bh * HEAD_DIM + dims, result.to($elem), mask=d_in)
+        m_max = tl.max(m, 0)
+        if SINKS:
+            # The head's sink is one more softmax term (weight exp(sink), no value): merged once, here.
+            sink = tl.load(sinks + bh % n_heads).to(tl.float32) * LOG2E
+            m_max = tl.maximum(m_max, sink)
+        w = tl.exp2(m - m_max)
+        o = tl.load(part_o + part[:, None] * V_DIM + dims[None, :], mask=s_in[:, None] & d_in[None, :], other=0.0)
+        denominator = tl.sum(l * w, 0)
+        if SINKS:
+            denominator += tl.exp2(sink - m_max)
+        result = tl.sum(o * w[:, None], 0) / denominator
+        tl.store(out + bh * V_DIM + dims, result.to($elem), mask=d_in)
     elif PHASE == 1:
         # DECODE: every query head of one K/V head, one split of the positions [0, start].
         n_kv = n_heads // kv_group
@@ -241,6 +277,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         r_in = rows < kv_group
         heads = kvh * kv_group + rows
         at_start = rows * 0  # every row reads the new token's cos/sin row
+        slope = tl.load(alibi + heads, mask=r_in, other=0.0).to(tl.float32) if ALIBI else 0.0
         q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb, heads * q_sh, q_sd, q_norm, qn_sd, cos + b * cos_sb, at_start,
                                        cos_sd, sin + b * sin_sb, at_start, sin_sd, r_in,
                                        HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
@@ -255,7 +292,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_P], tl.float32)
+        acc = tl.zeros([BLOCK_M, V_P], tl.float32)
         lo = split * split_size
         hi = tl.minimum(lo + split_size, start + 1)
         if WINDOW > 0:
@@ -275,10 +312,11 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
             k_p = tl.where(is_new, new_k_p, k_p)
             k_t = tl.where(is_new, new_k_t, k_t)
             v_tile = tl.where(is_new, new_v, v_tile)
-            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], SOFTCAP, REST, TAIL)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], slope, n_pos[None, :] - start, SOFTCAP,
+                         ALIBI, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         part = (b * n_heads + heads) * n_splits + split
-        tl.store(part_o + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=r_in[:, None] & d_in[None, :])
+        tl.store(part_o + part[:, None] * V_DIM + dims[None, :], acc, mask=r_in[:, None] & d_in[None, :])
         tl.store(part_ml + part * 2, m_i, mask=r_in)
         tl.store(part_ml + part * 2 + 1, l_i, mask=r_in)
         if split == 0:
@@ -298,6 +336,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         rows = tl.arange(0, BLOCK_M)
         m_pos = start_m + rows
         m_in = m_pos < seq_len
+        slope = tl.zeros([BLOCK_M], tl.float32) + tl.load(alibi + h).to(tl.float32) if ALIBI else 0.0
         q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb + h * q_sh, m_pos * q_ss, q_sd, q_norm, qn_sd, cos + b * cos_sb,
                                        m_pos * cos_ss, cos_sd, sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
                                        HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
@@ -306,9 +345,14 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
         vc_head = v_cache + slot * vc_s0 + kvh * vc_s2
         k_new = k + b * k_sb + kvh * k_sh
         v_new = v + b * v_sb + kvh * v_sh
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_P], tl.float32)
+        if SINKS:
+            # The online softmax starts from the sink's term: max = sink, sum = exp(sink - max) = 1.
+            m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks + h).to(tl.float32) * LOG2E
+            l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+        else:
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, V_P], tl.float32)
         lo = 0
         if WINDOW > 0:
             lo = tl.maximum(lo, start + start_m - WINDOW + 1)
@@ -323,7 +367,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
             visible = n_in[None, :]
             if WINDOW > 0:
                 visible = visible & (n_pos[None, :] > start + m_pos[:, None] - WINDOW)
-            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP, REST, TAIL)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, n_pos[None, :] - (start + m_pos[:, None]),
+                         SOFTCAP, ALIBI, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         lo = 0
         if WINDOW > 0:
@@ -340,11 +385,12 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
             visible = n_in[None, :] & (n_pos[None, :] <= m_pos[:, None])
             if WINDOW > 0:
                 visible = visible & (n_pos[None, :] > m_pos[:, None] - WINDOW)
-            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, SOFTCAP, REST, TAIL)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, n_pos[None, :] - m_pos[:, None],
+                         SOFTCAP, ALIBI, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         # Every query sees its own key: l_i > 0 on every row in range.
         out_tile = acc / tl.where(m_in, l_i, 1.0)[:, None]
-        out_rows = (bh.to(tl.int64) * seq_len + m_pos) * HEAD_DIM
+        out_rows = (bh.to(tl.int64) * seq_len + m_pos) * V_DIM
         tl.store(out + out_rows[:, None] + dims[None, :], out_tile.to($elem), mask=m_in[:, None] & d_in[None, :])
         if h % kv_group == 0:
             k_a, k_b, k_p, k_t = _new_rows(k_new, m_pos * k_ss, k_sd, k_norm, kn_sd, cos + b * cos_sb, m_pos * cos_ss,
@@ -360,12 +406,12 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, ou
 
 _LAUNCHER = '''\
 OUTPUT_DTYPES = ($dtype, )
-SPEC = dict(HEAD_DIM=$head_dim, HEAD_P=$head_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm, SCALE=$scale,
-            WINDOW=$window, SOFTCAP=$softcap)
+SPEC = dict(V_DIM=$v_dim, V_P=$v_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm, SCALE=$scale,
+            WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks, ALIBI=$alibi)
 
 
 def output_shapes(tensors):
-    return [tuple(tensors[0].shape)]
+    return [(*tensors[0].shape[:3], $v_dim)]
 
 
 def _stride(t, dim):
@@ -373,13 +419,14 @@ def _stride(t, dim):
     return 0 if t.shape[dim] == 1 else t.stride(dim)
 
 
-def _check(q, k, k_cache, v_cache, slots, starts):
+def _check(q, k, v, k_cache, v_cache, slots, starts):
     batch, n_heads, _, head_dim = q.shape
-    expected = (k.shape[1], $head_dim)
-    if head_dim != $head_dim or n_heads % k.shape[1] != 0:
-        raise ValueError(f"cached attention kernel for head_dim $head_dim: q {tuple(q.shape)} and k "
-                         f"{tuple(k.shape)} do not fit (the q heads must be a multiple of the kv heads)")
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+    if head_dim != $head_dim or v.shape[3] != $v_dim or n_heads % k.shape[1] != 0:
+        raise ValueError(f"cached attention kernel for head_dim $head_dim, value head_dim $v_dim: q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)} and v {tuple(v.shape)} do not fit (the q heads must be a multiple of the "
+                         "kv heads)")
+    for name, cache, dim in (("k_cache", k_cache, $head_dim), ("v_cache", v_cache, $v_dim)):
+        expected = (k.shape[1], dim)
         if cache.dtype != $dtype or cache.dim() != 4 or tuple(cache.shape[2:]) != expected:
             raise ValueError(f"cached attention: {name} is {cache.dtype} {tuple(cache.shape)}, expected $dtype "
                              f"[slots, max_seq, {expected[0]}, {expected[1]}]")
@@ -390,15 +437,15 @@ def _check(q, k, k_cache, v_cache, slots, starts):
 
 def launch(kernel, tensors, scalars):
     $unpack
-    _check(q, k, k_cache, v_cache, slots, starts)
-    batch, n_heads, seq_len, head_dim = q.shape
+    _check(q, k, v, k_cache, v_cache, slots, starts)
+    batch, n_heads, seq_len, _ = q.shape
     kv_group = n_heads // k.shape[1]
-    out = torch.empty((batch, n_heads, seq_len, head_dim), dtype=$dtype, device=q.device)
+    out = torch.empty((batch, n_heads, seq_len, $v_dim), dtype=$dtype, device=q.device)
     if out.numel() == 0:
         return [out]
     strides = [_stride(t, d) for t, n in ((q, 4), (k, 4), (v, 4), (cos, 3), (sin, 3), (q_norm, 1), (k_norm, 1),
                                           (k_cache, 4), (v_cache, 4)) for d in range(n)]
-    common = (q, k, v, cos, sin, q_norm, k_norm, k_cache, v_cache, slots, starts, out)
+    common = (q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slots, starts, out)
     if seq_len > 1:
         blocks = prefill_blocks($width, $dtype, seq_len, $norm)
         kernel[(batch * n_heads, triton.cdiv(seq_len, blocks.block_m))](
@@ -407,12 +454,12 @@ def launch(kernel, tensors, scalars):
             num_stages=blocks.num_stages, enable_fp_fusion=True)
         return [out]
     n_splits, split_size = decode_splits(k_cache.shape[1])
-    part_o = torch.empty((batch, n_heads, n_splits, head_dim), dtype=torch.float32, device=q.device)
+    part_o = torch.empty((batch, n_heads, n_splits, $v_dim), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, n_heads, n_splits, 2), dtype=torch.float32, device=q.device)
     sizes = (seq_len, n_heads, kv_group, n_splits, split_size)
     kernel[(batch * k.shape[1], n_splits)](
         *common, part_o, part_ml, *sizes, *strides, PHASE=$DECODE, **SPEC, BLOCK_M=max(16, triton.next_power_of_2(kv_group)),
-        BLOCK_N=$block_n, SPLITS=1, num_warps=4, num_stages=2, enable_fp_fusion=True)
+        BLOCK_N=$block_n, SPLITS=1, num_warps=$decode_warps, num_stages=2, enable_fp_fusion=True)
     kernel[(batch * n_heads,)](
         *common, part_o, part_ml, *sizes, *strides, PHASE=$REDUCE, **SPEC, BLOCK_M=16, BLOCK_N=16,
         SPLITS=triton.next_power_of_2(n_splits), num_warps=4, num_stages=1, enable_fp_fusion=True)
@@ -422,12 +469,14 @@ def launch(kernel, tensors, scalars):
 
 def _unpack(spec: CachedAttentionSpec) -> str:
     """The launcher's unpacking of its tensors: the op's operands. Without RoPE the kernel takes
-    no tables, without QK-norm no weights: q stands in for them (never read)."""
-    tables, norms = ["cos", "sin"], ["q_norm", "k_norm"]
-    names = ["q", "k", "v", *(tables if spec.rope else []), *(norms if spec.qk_norm else []), "k_cache", "v_cache",
-             "slots", "starts"]
-    absent = [*([] if spec.rope else tables), *([] if spec.qk_norm else norms)]
-    return ", ".join(names) + " = tensors" + "".join(f"\n    {name} = q" for name in absent)
+    no tables, without QK-norm no weights, without sinks or ALiBi no per-head values: q stands in
+    for them (never read)."""
+    given = {"cos": spec.rope, "sin": spec.rope, "q_norm": spec.qk_norm is not None,
+             "k_norm": spec.qk_norm is not None, "sinks": spec.sinks, "alibi": spec.alibi}
+    order = ["q", "k", "v", "cos", "sin", "q_norm", "k_norm", "k_cache", "v_cache", "slots", "starts", "sinks", "alibi"]
+    present = [name for name in order if given.get(name, True)]
+    absent = [name for name in order if not given.get(name, True)]
+    return ", ".join(present) + " = tensors" + "".join(f"\n    {name} = q" for name in absent)
 
 
 def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: str) -> str:
@@ -440,16 +489,20 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "precision": ', input_precision="ieee"' if spec.dtype == torch.float32 else "",
         "dtype": str(spec.dtype),
         "head_dim": spec.head_dim,
-        "head_p": pieces.head_p,
+        "v_dim": spec.value_dim,
+        "v_p": padded_width(spec.value_dim),
         "pieces": ", ".join(f"{k}={v}" for k, v in pieces.constexprs.items()),
-        "width": pieces.width,
+        "width": max(pieces.width, padded_width(spec.value_dim)),
         "rope": spec.rope,
         "interleaved": spec.interleaved,
         "scale": repr(spec.scale),
         "window": spec.window or 0,
         "softcap": repr(float(spec.softcap or 0.0)),
-        "block_n": decode_block_n(pieces.width, spec.dtype),
+        "block_n": decode_block_n(max(pieces.width, padded_width(spec.value_dim)), spec.dtype),
+        "decode_warps": decode_warps(max(pieces.width, padded_width(spec.value_dim)), spec.dtype),
         "norm": spec.qk_norm is not None,
+        "sinks": spec.sinks,
+        "alibi": spec.alibi,
         "unpack": _unpack(spec),
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
     }

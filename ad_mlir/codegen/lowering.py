@@ -185,6 +185,9 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
         qk_norm=ad.QkNorm.of_op(op),
         rotary_dim=rotary_dim(op) if op.cos is not None else None,
         interleaved=op.interleaved is not None,
+        sinks=op.sinks is not None,
+        alibi=op.alibi_slopes is not None,
+        v_head_dim=v_dim if (v_dim := op.value.type.get_shape()[3]) != op.query.type.get_shape()[3] else None,
     )
 
 

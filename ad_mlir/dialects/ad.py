@@ -1558,7 +1558,9 @@ class CachedAttentionOp(AdOp):
 
     Query [batch, heads, seq, head_dim] and key/value [batch, kv_heads, seq, head_dim] are the
     `seq` new tokens of each row (RoPE applied to the query and the key first, as HF's
-    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: as `ad.rope_attention`). Row b uses
+    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: as `ad.rope_attention`); the value
+    may have a head dim of its own (DeepSeek: query/key 192, value 128), which `v_cache` and the
+    result [batch, heads, seq, value head_dim] then have. Row b uses
     slot `slots[b]` of `k_cache`/`v_cache` [slots, max_seq, kv_heads, head_dim], which already
     holds `starts[b]` tokens: the new key and value are written at positions starts[b] ..
     starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with
@@ -1566,7 +1568,12 @@ class CachedAttentionOp(AdOp):
     With `softcap` (Gemma2), the scores s = scale * q.k are soft-capped to `tanh(s / softcap) *
     softcap` before masking and softmax. With QK-norm weights (`QK_NORM_PROPERTIES`) the new
     query and key heads are RMS-normalized before RoPE (the cache holds the normalized, rotated
-    keys). Not pure: it writes the caches."""
+    keys). With `sinks` [heads] (gpt-oss), each head's learned sink logit joins the softmax
+    of every query of that head: softmax over [scores, sink] with the sink's column dropped, so
+    the sink takes a share of the probability and attends to no value. With `alibi_slopes`
+    [heads] (BLOOM, MPT), the scores of head h get ALiBi's linear bias `slope[h] * (key position
+    - query position)` (after scale and soft cap; HF's `slope * key position` differs from it by a
+    constant per query, which the softmax cancels). Not pure: it writes the caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1581,6 +1588,8 @@ class CachedAttentionOp(AdOp):
     v_cache = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    sinks = opt_operand_def(AdTensor)
+    alibi_slopes = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
@@ -1592,7 +1601,9 @@ class CachedAttentionOp(AdOp):
     assembly_format = (
         "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
         "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
-        "(`softcap` $softcap^)? attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($k_cache) "
+        "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
+        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? attr-dict `:` `(` type($query) `,` type($key) "
+        "`,` type($value) `,` type($k_cache) "
         "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
 
@@ -1602,14 +1613,16 @@ class CachedAttentionOp(AdOp):
         if not len(q) == len(k) == len(v) == len(kc) == len(vc) == 4:
             raise VerifyException("ad.cached_attention query/key/value must be [batch, heads, seq, head_dim] and "
                                   "the caches [slots, max_seq, kv_heads, head_dim]")
-        if k != v or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
-            raise VerifyException("ad.cached_attention key and value must be one [batch, kv_heads, seq, head_dim] "
-                                  "type matching the query's batch, seq and head_dim")
+        if k[:3] != v[:3] or self.key.type.element_type != self.value.type.element_type \
+                or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
+            raise VerifyException("ad.cached_attention key and value must be [batch, kv_heads, seq, head_dim] of one "
+                                  "element type matching the query's batch, seq and (the key) head_dim")
         if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
             raise VerifyException(f"ad.cached_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
-        if self.k_cache.type != self.v_cache.type or kc[2:] != k[1:2] + k[3:]:
-            raise VerifyException(f"ad.cached_attention caches must be one [slots, max_seq, {k[1]}, {k[3]}] type")
-        if self.k_cache.type.element_type != self.key.type.element_type:
+        if kc[:2] != vc[:2] or kc[2:] != k[1:2] + k[3:] or vc[2:] != v[1:2] + v[3:]:
+            raise VerifyException(f"ad.cached_attention caches must be [slots, max_seq, {k[1]}, {k[3]}] (key) and "
+                                  f"[slots, max_seq, {v[1]}, {v[3]}] (value) of the same slots and max_seq")
+        if not self.k_cache.type.element_type == self.v_cache.type.element_type == self.key.type.element_type:
             raise VerifyException("ad.cached_attention caches must have the key's element type")
         for meta in (self.slots, self.starts):
             if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
@@ -1620,10 +1633,13 @@ class CachedAttentionOp(AdOp):
             _verify_rope_tables(self, q[3])
         elif self.interleaved is not None:
             raise VerifyException("ad.cached_attention interleaved needs RoPE (cos and sin)")
-        if self.result.type != self.query.type:
-            raise VerifyException("ad.cached_attention result must have the query's type")
+        if self.result.type != TensorType(self.query.type.element_type, [*q[:3], v[3]]):
+            raise VerifyException("ad.cached_attention result must have the query's type with the value's head_dim")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
+        for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):
+            if per_head is not None and (_shape(per_head.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
+                raise VerifyException(f"ad.cached_attention {name} must be [heads] = [{q[1]}], one per query head")
         _verify_qk_norm(self)
 
 

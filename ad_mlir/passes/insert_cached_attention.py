@@ -8,7 +8,8 @@ For each `ad.rope_attention` (and plain `ad.attention`), in program order (what 
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
 
 - two arguments `k_cache_<i>` / `v_cache_<i>` of type [max-batch, max-seq-len, kv_heads,
-  head_dim] in the key's dtype, marked `ad.cache = "<layer> key|value"` (the layer is the
+  head_dim] in the key's dtype (the value cache of the value's head_dim where it differs:
+  DeepSeek's MLA heads, whose full per-head K and V are cached, not the compressed latent), marked `ad.cache = "<layer> key|value"` (the layer is the
   attention's HF module path);
 - once per function, `cache_slots` and `cache_starts` (tensor<?xi64>: each batch row's cache
   slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`.
@@ -19,7 +20,15 @@ the rotary dim: partial rotary) and `interleaved`; the cache holds the keys rota
 Gemma2's attention is no attention op but HF's eager form (matmul, scale, soft cap, + mask,
 softmax, matmul: `attention_patterns.match_eager_attention`), which is matched whole and becomes
 `ad.cached_attention` with `softcap` = the cap (q and k possibly the two results of one
-`ad.rope`, which the cached op then applies itself). The pass runs before `decompose` (as
+`ad.rope`, which the cached op then applies itself). gpt-oss's eager form concatenates each
+head's learned sink logit to the masked scores as one more softmax column and drops it after:
+the sinks [heads] become the cached op's `sinks` operand. ALiBi (BLOOM, MPT): a bias added to
+the scaled scores (MPT's eager form, whose mask is a boolean `masked_fill` that is True where it
+masks; BLOOM's `baddbmm(bias, q, k^T)` over [batch * heads] rows, viewed as heads, with a bmm of
+the values) is evaluated at max-seq-len tokens as the mask is: it must be `slope[h] * key
+position` plus a constant per query, and its computation must hold the slopes ([heads], or MPT's
+[1, heads, 1, 1], then viewed as [heads]), which become the op's `alibi_slopes`; anything else is
+an error naming the layer. The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone and the log says why.
@@ -67,6 +76,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     ArrayAttr,
+    DenseArrayBase,
     DictionaryAttr,
     Float32Type,
     Float64Type,
@@ -82,7 +92,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.rewriter import Rewriter
+from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
 
@@ -90,6 +100,7 @@ from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.attention_masks import (
     MaskError,
     NotCausalWindow,
+    alibi_slopes,
     backward_slice,
     causal_window,
     erase_computation,
@@ -214,12 +225,9 @@ class InsertCachedAttentionPass(ModulePass):
                 f"{layer}: the RoPE positions do not come from a '{POSITION_INPUT}' input; export the model with "
                 f"{POSITION_INPUT} as an input so the cache can offset them")
         window = self._window(fn, attention, layer)
-        key_shape = attention.key.type.get_shape()
-        cache_type = TensorType(attention.key.type.element_type, [self.max_batch, self.max_seq_len, key_shape[1],
-                                                                  key_shape[3]])
-        caches = [_append_argument(fn, cache_type, {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
-                                                    ad.CACHE_ATTR: f"{layer} {role}"})
-                  for role in ("key", "value")]
+        caches = [_append_argument(fn, self._cache_type(x), {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
+                                                             ad.CACHE_ATTR: f"{layer} {role}"})
+                  for role, x in (("key", attention.key), ("value", attention.value))]
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
         if attention.interleaved:
             properties["interleaved"] = UnitAttr()
@@ -232,16 +240,26 @@ class InsertCachedAttentionPass(ModulePass):
         if attention.qk_norm is not None:
             *norm_weights, norm = attention.qk_norm
             properties |= norm.properties()
+        sinks = [attention.sinks] if attention.sinks is not None else []
+        slopes = [self._alibi_slopes(fn, attention, layer)] if attention.alibi is not None else []
         cached = ad.CachedAttentionOp.build(
-            operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts],
+            operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts,
+                      sinks, slopes],
             properties=properties,
             result_types=[attention.output.results[0].type],
         )
         cached.location = attention.output.location
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
-        if attention.mask is not None:
-            erase_computation(attention.mask, Rewriter.erase_op)
+        for computed in (attention.mask, attention.alibi):
+            if computed is not None:
+                erase_computation(computed, Rewriter.erase_op)
+
+    def _cache_type(self, x: SSAValue) -> TensorType:
+        """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
+        head dim of its own gets a value cache of its own width)."""
+        _, heads, _, head_dim = x.type.get_shape()
+        return TensorType(x.type.element_type, [self.max_batch, self.max_seq_len, heads, head_dim])
 
     def _window(self, fn: func.FuncOp, attention: Attention, layer: str) -> int | None:
         """None for causal attention, the window of a sliding-window mask; raises otherwise."""
@@ -249,14 +267,43 @@ class InsertCachedAttentionPass(ModulePass):
             if not attention.causal:
                 raise PassFailedException(f"{layer}: attention without a mask and not causal cannot be cached")
             return attention.window
-        n = self.max_seq_len
-        inputs = {"input_ids": torch.zeros(1, n, dtype=torch.int64), POSITION_INPUT: torch.arange(n)[None, :]}
         try:
-            return causal_window(evaluate(fn, attention.mask, inputs))
+            mask = evaluate(fn, attention.mask, self._inputs())
+            if attention.mask_fills:  # masked_fill's mask: True where masked
+                if mask.dtype != torch.bool:
+                    raise MaskError(f"its masked_fill mask is {mask.dtype}, not boolean")
+                mask = ~mask
+            return causal_window(mask)
         except NotCausalWindow as e:
             raise PassFailedException(f"{layer}: {e}; only those can be cached") from None
         except MaskError as e:
             raise PassFailedException(f"{layer}: {e}") from None
+
+    def _alibi_slopes(self, fn: func.FuncOp, attention: Attention, layer: str) -> SSAValue:
+        """The [heads] slopes of the bias added to the scores, which must be ALiBi's (viewed as
+        [heads], once for every layer, when the graph holds them as [1, heads, 1, 1]); raises
+        otherwise."""
+        heads = attention.query.type.get_shape()[1]
+        try:
+            slopes = alibi_slopes(fn, attention.alibi, heads, self._inputs())
+        except MaskError as e:
+            raise PassFailedException(f"{layer}: {e}; only ALiBi's bias can be cached") from None
+        if slopes.type.get_shape() == (heads,):
+            return slopes
+        viewed = TensorType(slopes.type.element_type, [heads])
+        done = next((u.operation for u in slopes.uses if isinstance(u.operation, ad.ReshapeOp)
+                     and u.operation.result.type == viewed), None)
+        if done is not None:
+            return done.result
+        view = ad.ReshapeOp.build(operands=[slopes, []], properties={"static_sizes": DenseArrayBase.from_list(i64, [heads])},
+                                  result_types=[viewed])
+        Rewriter.insert_op(view, InsertPoint.after(slopes.owner))
+        return view.result
+
+    def _inputs(self) -> dict[str, torch.Tensor]:
+        """Inputs of max-seq-len new tokens, at which the mask and bias computations run."""
+        n = self.max_seq_len
+        return {"input_ids": torch.zeros(1, n, dtype=torch.int64), POSITION_INPUT: torch.arange(n)[None, :]}
 
 
 def _refuse_uncached_mixers(fn: func.FuncOp) -> None:

@@ -340,7 +340,7 @@ def rope_attention(
         allowed = _causal_window(query.shape[2], window, query.device)
         attn_mask, is_causal = allowed if attn_mask is None else attn_mask & allowed, False
     if softcap is not None:
-        return _softcapped_attention(q, k, v, attn_mask, scale, softcap)
+        return _eager_attention(q, k, v, attn_mask, scale, softcap)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                             scale=scale)
 
@@ -389,19 +389,22 @@ def cached_attention(
     qk_norm_eps: float | None = None,
     qk_norm_offset: float = 0.0,
     qk_norm_weight_in_fp32: bool = False,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), the new
     key/value written into each row's cache slot after the tokens it holds, then attention over
     the slot's first start + seq positions, causal with offset (and within `window`), the scores
-    soft-capped with `softcap`. One row at a time: the reference reads each row's slot and start
-    on the host."""
+    soft-capped with `softcap`, ALiBi's `slope * (key - query position)` added (`alibi_slopes`),
+    each head's sink logit in its softmax (`sinks`). One row at a time: the reference reads each
+    row's slot and start on the host."""
     query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
                           qk_norm_weight_in_fp32)
     if cos is not None and sin is not None:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     seq, groups = query.shape[2], query.shape[1] // key.shape[1]
-    out = torch.empty_like(query)
+    out = query.new_empty((*query.shape[:3], value.shape[3]))
     for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
         end = start + seq
         k_cache[slot, start:end] = key[b].transpose(0, 1)
@@ -413,24 +416,36 @@ def cached_attention(
         allowed = keys <= position
         if window is not None:
             allowed &= keys > position - window
-        if softcap is None:
+        if softcap is None and sinks is None and alibi_slopes is None:
             out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], k, v, attn_mask=allowed, scale=scale)
         else:
-            out[b] = _softcapped_attention(query[b], k, v, allowed, scale, softcap)
+            bias = alibi_slopes.float()[:, None, None] * (keys - position) if alibi_slopes is not None else None
+            out[b] = _eager_attention(query[b], k, v, allowed, scale, softcap, sinks, bias)
     return out
 
 
-def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
-                          scale: float, softcap: float) -> torch.Tensor:
-    """HF's eager Gemma2 attention (SDPA cannot soft-cap), in fp32 up to the probabilities,
-    which are cast to the query's dtype before they weigh the values, as HF does. A query that
-    may see no key gets 0, as SDPA gives it."""
+def _eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
+                     scale: float, softcap: float | None = None, sinks: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """HF's eager attention where SDPA cannot say it: Gemma2's soft cap, a float `bias` added to
+    the scores after it (ALiBi), gpt-oss's sink logits (one per head of query [..., heads, seq,
+    head_dim], a softmax column of its own that is dropped after), in fp32 up to the probabilities, which are cast to the query's dtype before
+    they weigh the values, as HF does. A query that may see no key gets 0, as SDPA gives it
+    (without a sink; with one, the sink takes all the probability: 0 too)."""
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
-    if allowed is None:
-        return torch.matmul(torch.softmax(scores, dim=-1).to(query.dtype), value)
-    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    probs = torch.where(allowed.any(-1, keepdim=True), probs, 0.0)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().reshape(-1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    if allowed is not None:
+        probs = torch.where(allowed.any(-1, keepdim=True), probs, 0.0)
     return torch.matmul(probs.to(query.dtype), value)
 
 
@@ -440,8 +455,8 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       window: int | None = None, softcap: float | None = None, interleaved: bool = False,
       q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
-) -> torch.Tensor:
-    return torch.empty_like(query)
+      sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::cached_causal_conv1d", mutates_args=("state",))

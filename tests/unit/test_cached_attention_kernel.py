@@ -13,6 +13,7 @@ sequence), so a kernel reading past `start` would be seen."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -64,9 +65,10 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttention
 
 def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
           softcap: float | None = None, rotary_dim: int | None = None, interleaved: bool = False,
-          qk_norm: QkNorm | None = None) -> CachedAttentionSpec:
+          qk_norm: QkNorm | None = None, sinks: bool = False, alibi: bool = False,
+          v_head_dim: int | None = None) -> CachedAttentionSpec:
     return CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, rope, dtype if rope else None, window, softcap,
-                               rotary_dim, interleaved, qk_norm)
+                               rotary_dim, interleaved, qk_norm, sinks, alibi, v_head_dim)
 
 
 class Case:
@@ -75,15 +77,17 @@ class Case:
 
     def __init__(self, starts: list[int], seq: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  max_seq: int, rope: bool = True, seed: int = 0, rotary_dim: int | None = None,
-                 interleaved: bool = False, qk_norm: QkNorm | None = None):
+                 interleaved: bool = False, qk_norm: QkNorm | None = None, sinks: bool = False,
+                 alibi: bool = False, v_head_dim: int | None = None):
         g = torch.Generator().manual_seed(seed)
         batch = len(starts)
 
-        def heads_view(h: int) -> torch.Tensor:
-            flat = torch.randn(batch, seq, h * head_dim, generator=g).to(dtype)
-            return flat.view(batch, seq, h, head_dim).transpose(1, 2).to(DEVICE)
+        def heads_view(h: int, d: int = head_dim) -> torch.Tensor:
+            flat = torch.randn(batch, seq, h * d, generator=g).to(dtype)
+            return flat.view(batch, seq, h, d).transpose(1, 2).to(DEVICE)
 
-        self.q, self.k, self.v = heads_view(heads), heads_view(kv_heads), heads_view(kv_heads)
+        v_dim = v_head_dim or head_dim
+        self.q, self.k, self.v = heads_view(heads), heads_view(kv_heads), heads_view(kv_heads, v_dim)
         self.starts = torch.tensor(starts, device=DEVICE)
         self.slots = torch.arange(batch, device=DEVICE).flip(0) + 1  # not the row order; slot 0 unused
         positions = self.starts[:, None] + torch.arange(seq, device=DEVICE)[None]
@@ -96,17 +100,31 @@ class Case:
         self.interleaved = interleaved
         shape = (batch + 1, max_seq, kv_heads, head_dim)
         self.k_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
-        self.v_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+        self.v_cache = torch.randn((*shape[:3], v_dim), generator=g).to(dtype).to(DEVICE)
         # QK-norm weights around 1 (offset included, as trained ones are) but not 1, for new q and k
         # of RMS ~3 (as projections give them)
         self.norm_weights = [(torch.randn(head_dim, generator=g) * 0.3 + 1 - qk_norm.offset).to(dtype).to(DEVICE)
                              for _ in range(2)] if qk_norm else []
         if qk_norm:
             self.q, self.k = self.q * 3, self.k * 3
+        # gpt-oss's sink logits, one per query head, spread as wide as the scores (std ~1 here)
+        # and more, so that some heads' sinks take most of the probability and others little
+        self.sinks = [(torch.randn(heads, generator=g) * 2).to(dtype).to(DEVICE)] if sinks else []
+        # BLOOM's and MPT's slopes for 6 heads (2^-(8/8 * (i + 1)) over the next power of two, 8,
+        # interleaved: 0.5, 0.125, ... then 0.707 ...), always fp32 as HF builds them
+        self.alibi = [_alibi_slopes(heads).to(DEVICE)] if alibi else []
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.q, self.k, self.v, *self.tables, *self.norm_weights, self.k_cache, self.v_cache, self.slots,
-                self.starts]
+                self.starts, *self.sinks, *self.alibi]
+
+
+def _alibi_slopes(heads: int) -> torch.Tensor:
+    """transformers' `build_alibi_tensor` slopes (BLOOM), for any head count."""
+    closest = 2 ** math.floor(math.log2(heads))
+    slopes = [2 ** (-8 * (i + 1) / closest) for i in range(closest)]
+    extra = [2 ** (-4 * (2 * i + 1) / closest) for i in range(heads - closest)]
+    return torch.tensor(slopes + extra, dtype=torch.float32)
 
 
 def _rotate(x: torch.Tensor, tables: list[torch.Tensor], interleaved: bool = False) -> torch.Tensor:
@@ -143,7 +161,7 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
         q, k = _rms_norm(q, case.norm_weights[0], qk_norm), _rms_norm(k, case.norm_weights[1], qk_norm)
     q, k = _rotate(q, case.tables, case.interleaved), _rotate(k, case.tables, case.interleaved)
     seq, group = q.shape[2], q.shape[1] // k.shape[1]
-    out = torch.empty_like(q)
+    out = q.new_empty((*q.shape[:3], case.v.shape[3]))
     for b, (slot, start) in enumerate(zip(case.slots.tolist(), case.starts.tolist(), strict=True)):
         keys = torch.cat([k_cache[slot, :start].transpose(0, 1), k[b]], 1).repeat_interleave(group, 0)
         values = torch.cat([v_cache[slot, :start].transpose(0, 1), case.v[b]], 1).repeat_interleave(group, 0)
@@ -154,12 +172,24 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
         allowed = key_pos <= query_pos
         if window is not None:
             allowed &= key_pos > query_pos - window
-        if softcap is None:
+        if softcap is None and not case.sinks and not case.alibi:
             out[b] = F.scaled_dot_product_attention(q[b], keys, values, attn_mask=allowed, scale=scale)
+            continue
+        # With ALiBi in fp64: HF's bias grows with the key position (100 at position 200 for a
+        # slope of 0.5), and fp32 would round it by more than the kernel's error on its distances
+        work = torch.float64 if case.alibi else torch.float32
+        scores = q[b].to(work) @ keys.to(work).transpose(1, 2) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if case.alibi:  # BLOOM's form: slope * key position (constant per query: the softmax cancels it)
+            scores = scores + case.alibi[0][:, None, None] * key_pos
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        if case.sinks:  # gpt-oss: the sink column joins the softmax, then goes
+            sink = case.sinks[0].to(work)[:, None, None].expand(-1, seq, 1)
+            probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
         else:
-            scores = torch.tanh(q[b].float() @ keys.float().transpose(1, 2) * scale / softcap) * softcap
-            probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-            out[b] = (probs.to(q.dtype) @ values).to(q.dtype)
+            probs = scores.softmax(-1)
+        out[b] = (probs.to(q.dtype) @ values).to(q.dtype)
     return out, k_cache, v_cache
 
 
@@ -218,6 +248,64 @@ def test_soft_capped_scores(build, seq: int) -> None:  # noqa: ANN001
     """Gemma2's `softcap * tanh(s / softcap)`; a cap of 2 bends the scores of random inputs hard."""
     spec = _spec(64, softcap=2.0)
     _check(build(spec), Case([0, 40], seq, 4, 2, 64, spec.dtype, max_seq=64), spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_sinks_prefill_and_decode(build, dtype: torch.dtype, window: int | None) -> None:  # noqa: ANN001
+    """gpt-oss's per-head sink logit in the softmax, with and without its sliding window: a
+    prefill (a prompt, a chunk after a cached prefix) and a decode step over several splits
+    (a cache of 256: 4 splits of 64, the sink merged once), GQA 6:2; also what the op's
+    reference computes. Sinks of std 2 move the outputs far beyond the tolerance (checked)."""
+    spec = _spec(64, dtype, window=window, sinks=True)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, seed=seq, sinks=True)
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots,
+                                               case.starts, spec.scale, window, sinks=case.sinks[0])
+        out = _check(build(spec), case, spec)
+        _assert_close(out, reference, TOLERANCE[dtype])
+        sinkless = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache.clone(), v_cache.clone(),
+                                              case.slots, case.starts, spec.scale, window)
+        assert (out.float() - sinkless.float()).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("head_dim", "v_head_dim"), [(96, 64), (48, 80)])
+def test_a_value_head_dim_of_its_own(build, dtype: torch.dtype, head_dim: int, v_head_dim: int) -> None:  # noqa: ANN001
+    """DeepSeek's heads at a small scale (query/key 96 = 64 nope + 32 rope, value 64: the value
+    narrower) and the other way round (value 80, wider, no power of two): prefill (a prompt, a
+    chunk after a cached prefix) and decode over several splits, GQA 4:2; the value cache has
+    its own width and the output the value's head dim. Also what the op's reference computes."""
+    spec = _spec(head_dim, dtype, rope=False, v_head_dim=v_head_dim)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 4, 2, head_dim, dtype, max_seq=max_seq, rope=False, seed=seq, v_head_dim=v_head_dim)
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+                                               case.starts, spec.scale)
+        out = _check(build(spec), case, spec)
+        assert out.shape == (len(starts), 4, seq, v_head_dim)
+        _assert_close(out, reference, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_alibi_prefill_and_decode(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """BLOOM's ALiBi (6 heads: the non-power-of-two slopes) without RoPE: a prefill (a prompt, a
+    chunk after a cached prefix) and decode steps over several splits (a cache of 256), GQA 6:2
+    (MPT-style grouped heads); the expectation adds HF's `slope * key position`, the kernel the
+    relative distance: equal after the softmax. Also what the op's reference computes; without
+    the bias the outputs move far beyond the tolerance (checked)."""
+    spec = _spec(64, dtype, rope=False, alibi=True)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, rope=False, seed=seq, alibi=True)
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+                                               case.starts, spec.scale, alibi_slopes=case.alibi[0])
+        out = _check(build(spec), case, spec)
+        _assert_close(out, reference, TOLERANCE[dtype])
+        plain = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache.clone(), v_cache.clone(),
+                                           case.slots, case.starts, spec.scale)
+        assert (out.float() - plain.float()).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -401,17 +489,56 @@ def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build, dtype: torch.dtype
     launch) and a decode step of 8 sequences (split kernel + reduce), compiled for sm_90 as the
     runtime specializes them."""
     module = build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, qk_norm=qk_norm))
-    launches = []
     weights = [_meta(head_dim, dtype=dtype)] * 2 if qk_norm else []
+    _assert_compiles_without_spills(module, dtype, 32, 8, head_dim, rotary_dim or head_dim, weights, [])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_gpt_oss_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """gpt-oss-120b's attention: 64 query / 8 K/V heads of 64, sink logits, a sliding window of
+    128 (its sliding layers; the full ones are the same kernel without it), RoPE applied before
+    (its half-table RoPE is not matched: the cache pass caches q and k as they come)."""
+    module = build(_spec(64, dtype, rope=False, window=128, sinks=True))
+    _assert_compiles_without_spills(module, dtype, 64, 8, 64, None, [], [_meta(64, dtype=dtype)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_bloom_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """BLOOM-7B1's attention: 32 heads of 128 (no GQA), ALiBi slopes, no RoPE."""
+    module = build(_spec(128, dtype, rope=False, alibi=True))
+    _assert_compiles_without_spills(module, dtype, 32, 32, 128, None, [], [_meta(32, dtype=torch.float32)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """DeepSeek-V3's heads cached in full (not the latent): 128 heads, query/key 192 (128 nope +
+    64 rope, rotated before), value 128."""
+    module = build(_spec(192, dtype, rope=False, v_head_dim=128))
+    _assert_compiles_without_spills(module, dtype, 128, 128, 192, None, [], [], v_head_dim=128)
+
+
+def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: int,
+                                    head_dim: int, rotary_dim: int | None, weights: list[torch.Tensor],
+                                    trailing: list[torch.Tensor], v_head_dim: int | None = None) -> None:
+    """A 1024-token prefill (one launch) and a decode step of 8 sequences (split kernel +
+    reduce) over a cache of 16 slots x 8192 positions (RoPE tables of `rotary_dim` when set),
+    specialized as the runtime launches them
+    and compiled for sm_90: no spills, shared memory within an H100's."""
+    launches = []
     for batch, seq in ((1, 1024), (8, 1)):
-        tensors = [_meta(batch, 32, seq, head_dim, dtype=dtype), *[_meta(batch, 8, seq, head_dim, dtype=dtype)] * 2,
-                   *[_meta(batch, seq, rotary_dim or head_dim, dtype=dtype)] * 2, *weights,
-                   *[_meta(16, 8192, 8, head_dim, dtype=dtype)] * 2, *[_meta(batch, dtype=torch.int64)] * 2]
+        v_dim = v_head_dim or head_dim
+        tensors = [_meta(batch, heads, seq, head_dim, dtype=dtype), _meta(batch, kv_heads, seq, head_dim, dtype=dtype),
+                   _meta(batch, kv_heads, seq, v_dim, dtype=dtype),
+                   *([_meta(batch, seq, rotary_dim, dtype=dtype)] * 2 if rotary_dim else []), *weights,
+                   _meta(16, 8192, kv_heads, head_dim, dtype=dtype), _meta(16, 8192, kv_heads, v_dim, dtype=dtype),
+                   *[_meta(batch, dtype=torch.int64)] * 2,
+                   *trailing]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
     assert [s.constexprs["PHASE"] for s in specs] == [PREFILL, DECODE, REDUCE]
-    assert [s.grid for s in specs] == [(32, 1024 // specs[0].constexprs["BLOCK_M"]), (64, 32), (256,)]
+    assert [s.grid for s in specs] == [(heads, 1024 // specs[0].constexprs["BLOCK_M"]), (8 * kv_heads, 32),
+                                       (8 * heads,)]
     for spec, report in zip(specs, compile_all(specs), strict=True):
         assert report.spills == 0, (spec.constexprs["PHASE"], report)
         assert report.shared_memory <= H100_SHARED_MEMORY, (spec.constexprs["PHASE"], report)

@@ -7,6 +7,10 @@ kernel (`fuse-rope-attention`, `insert-cached-attention`) run that computation w
 reference semantics at a known length and compare the result with the masks the kernels
 build: causal, or causal within a sliding window of the last W keys. Anything else is a
 `MaskError` saying what the mask is, and the mask stays (or the pass refuses).
+
+ALiBi's bias (BLOOM, MPT) is found the same way: run, it must be `slope[h] * key position` plus
+a constant per query row (which the softmax cancels: MPT counts positions from the last key), and
+its computation must hold the slopes as a [heads] tensor, which the cached attention then reads.
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ def input_name(fn: func.FuncOp, arg: BlockArgument) -> str | None:
 def evaluate(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The mask computed from `inputs` (user input name -> value); a mask that reads anything
     else (a padding mask, a weight) is a MaskError."""
+    return evaluate_slice(fn, mask, inputs)[mask]
+
+
+def evaluate_slice(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.Tensor]) -> dict[SSAValue, object]:
+    """`evaluate`, with every value of the computation (program order)."""
     from ad_mlir.semantics.reference import run_op
 
     ops, args = backward_slice(mask)
@@ -71,7 +80,7 @@ def evaluate(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.Tensor]
             env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
     if env[mask].device.type == "meta":  # the ops were recorded on the meta device: no values to read
         raise MaskError("its attention mask is computed on the meta device (no values to read)")
-    return env[mask]
+    return env
 
 
 def attended(mask: torch.Tensor) -> torch.Tensor:
@@ -102,6 +111,32 @@ def causal_window(mask: torch.Tensor) -> int | None:
     if not torch.equal(mask[0], (cols <= rows) & (cols > rows - window)):
         raise NotCausalWindow("its attention mask is neither causal nor a causal sliding window")
     return None if window == n else window
+
+
+def alibi_slopes(fn: func.FuncOp, bias: SSAValue, heads: int, inputs: Mapping[str, torch.Tensor]) -> SSAValue:
+    """The value of `bias`'s computation that holds ALiBi's slopes (a [heads] tensor, or one with
+    other dims of size 1: MPT's [1, heads, 1, 1]), when `bias`, run on
+    `inputs` (n tokens), is `slope[h] * key position` plus a constant per row for every row and
+    head ([batch * heads or heads, queries or 1, n] or [batch, heads, queries or 1, n]); a
+    MaskError otherwise."""
+    env = evaluate_slice(fn, bias, inputs)
+    values = env[bias]
+    n = values.shape[-1]
+    if n < 2 or values.dim() not in (3, 4) or values.numel() % (heads * n) or not values.is_floating_point():
+        raise MaskError(f"its scores' bias {tuple(values.shape)} is not ALiBi's [heads, queries, keys]")
+    rows = values.double().reshape(-1, heads, values.shape[-2], n)
+    relative = rows - rows[..., :1]
+    slopes = relative[..., -1].mean((0, 2)) / (n - 1)
+    expected = slopes[:, None, None] * torch.arange(n, dtype=torch.float64)
+    if not torch.allclose(relative, expected.expand_as(relative), rtol=1e-5, atol=1e-5 * float(rows.abs().max())):
+        raise MaskError("its scores' bias is not ALiBi's (a slope per head times the key position)")
+    found = [v for v, x in env.items() if isinstance(x, torch.Tensor) and x.numel() == heads in x.shape
+             and x.is_floating_point() and torch.allclose(x.double().flatten(), slopes, rtol=1e-5)
+             and not backward_slice(v)[1]]
+    if not found:
+        raise MaskError(f"its ALiBi bias has slopes {slopes.tolist()}, but its computation holds no [heads] tensor of "
+                        "them")
+    return ([v for v in found if v.type.get_shape() == (heads,)] or found)[-1]
 
 
 def largest_integer(ops: Iterable[Operation]) -> int:

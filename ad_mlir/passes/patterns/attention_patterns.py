@@ -6,7 +6,18 @@ HF's eager attention (Gemma2's soft-capped one is only this form) is matched who
     out = matmul(p, repeat_kv(v))
 (the softmax possibly in f32 and cast back; q and k possibly the two results of one `ad.rope`;
 a bare tanh is cap 1, whose division and product canonicalize drops; without the tanh, plain
-eager attention, there is no soft cap). The softmax must still be an `ad.softmax` (before
+eager attention, there is no soft cap). gpt-oss's attention sinks are this form with one more
+softmax column, each head's learned logit, dropped after:
+    l   = cat([scores + mask, expand(reshape(sinks, [1, heads, 1, 1]), [b, heads, s, 1])], -1)
+    p   = softmax(l - max(l, -1, keepdim))[..., :-1]       (the max subtracted or not)
+ALiBi's scores carry a bias (`Attention.alibi`, which the insert pass evaluates), MPT's under a
+boolean mask that is True where it masks:
+    p   = softmax(masked_fill(matmul(q, k^T) * scale + bias, mask, lowest))
+and BLOOM's are computed over [batch * heads] rows:
+    s   = view(baddbmm(bias, view(q, [b * h, s, d]), transpose(view(k, ...), -1, -2), beta=1,
+               alpha=scale), [b, h, s, keys])
+    out = view(bmm(view(softmax(s + mask), [b * h, s, keys]), view(v, ...)), [b, h, s, d])
+(the softmax possibly in f32 and cast back). The softmax must still be an `ad.softmax` (before
 `decompose`). The scores and probabilities must have no other user; a softmax that feeds a
 matmul but does not match exactly is reported with the reason.
 """
@@ -15,11 +26,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
+import torch
+from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.patterns.matching import constant, other_operand, plain_binary, producer, sole_user
+from ad_mlir.passes.patterns.matching import (
+    constant,
+    is_last_dim_row_reduction,
+    other_operand,
+    plain_binary,
+    producer,
+    sole_user,
+)
+from ad_mlir.semantics.op_table import torch_dtype
 
 
 @dataclass
@@ -46,6 +66,13 @@ class Attention:
     """(query weight, key weight, the norm) of an attention op with QK-norm."""
     interleaved: bool = False
     """RoPE rotates pairs (2i, 2i + 1) (`ad.RopeAttentionOp`)."""
+    sinks: SSAValue | None = None
+    """[heads]: each head's sink logit, a softmax column of its own (gpt-oss)."""
+    alibi: SSAValue | None = None
+    """A bias added to the scaled scores, to be ALiBi's (BLOOM, MPT): the insert pass evaluates
+    it and finds its slopes."""
+    mask_fills: bool = False
+    """The mask is boolean and True where masked (MPT's `masked_fill`), not True where attended."""
 
 
 def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
@@ -66,23 +93,25 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     """HF's eager attention around `softmax` (module docstring). None when the softmax weighs no
     values with a matmul (it is no attention); why not, when it does but the rest differs."""
     probs = softmax.result
+    if (sink_dropped := _last_column_dropped(probs)) is not None:
+        probs = sink_dropped.result
     if (cast := sole_user(probs, ad.CastOp)) is not None:
         probs = cast.result
     weighted = sole_user(probs, ad.MatmulOp)
     if weighted is None or weighted.input != probs:
-        return _bmm_of_heads(probs)
+        return _match_bmm_of_heads(softmax, probs) if sink_dropped is None else None
     if len(probs.type.get_shape()) != 4 or ad.normalize_dim(softmax.dim.value.data, 4) != 3:
         return "its scores are not [batch, heads, seq, keys] normalized over the keys"
-    add = softmax.input.owner
-    if not plain_binary(add, ad.AddOp) or not softmax.input.has_one_use():
-        return "its input is not the scores plus a mask (used only there)"
-    scores = next(((x, m) for x in add.operands if (m := _scores(x)) is not None), None)
-    if scores is None:
-        return "its masked scores are not matmul(q, k^T) * scale, soft-capped or not, each used only there"
-    mask = other_operand(add, scores[0])
-    if not isinstance(mask.type, TensorType):
-        return "its scores plus a number, not a mask"
-    qk, scale, softcap, score_ops = scores[1]
+    logits, sinks, sink_ops = softmax.input, None, []
+    if sink_dropped is not None:
+        found = _sink_logits(softmax)
+        if isinstance(found, str):
+            return found
+        logits, sinks, sink_ops = found
+    masked = _masked_scores(logits)
+    if isinstance(masked, str):
+        return masked
+    (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops = masked
     query = qk.input
     heads = query.type.get_shape()[1] if len(query.type.get_shape()) == 4 else DYNAMIC_INDEX
     transpose = producer(qk.other, ad.TransposeOp)
@@ -90,25 +119,155 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         return "its scores are not matmul(q, transpose(k, 2, 3)) of a [batch, heads, seq, head_dim] q"
     key, key_repeat = match_repeat_kv(transpose.input, heads)
     value, value_repeat = match_repeat_kv(weighted.other, heads)
-    if key.type != value.type or weighted.result.type != query.type or heads % key.type.get_shape()[1]:
+    if not _heads_of(query, key, value, weighted.result) or heads % key.type.get_shape()[1]:
         return "its query, key and value are not [batch, heads or kv_heads, seq, head_dim] of one type"
-    chain = [*([cast] if cast else []), softmax, add, *score_ops, qk, transpose, *key_repeat, *value_repeat]
+    if sinks is not None and sinks.type.get_shape() != (heads,):
+        return f"its sink logits are not one per head: {sinks.type}"
+    chain = [*([cast] if cast else []), *([sink_dropped] if sink_dropped else []), softmax, *sink_ops, *mask_ops,
+             *score_ops, qk, transpose, *key_repeat, *value_repeat]
+    forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills}
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
         return Attention(weighted, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
-                         [*chain, rope], interleaved=rope.interleaved is not None)
-    return Attention(weighted, query, key, value, None, mask, False, scale, softcap, chain)
+                         [*chain, rope], interleaved=rope.interleaved is not None, **forms)
+    return Attention(weighted, query, key, value, None, mask, False, scale, softcap, chain, **forms)
 
 
-def _bmm_of_heads(probs: SSAValue) -> str | None:
-    """Why the attention is left when `probs` weigh the values as BLOOM does (a view to
-    [batch * heads, seq, keys] and a bmm), else None: no attention."""
+Scores = tuple[ad.MatmulOp, float, float | None, list[Operation], SSAValue | None]
+"""(matmul, scale, softcap, ops users first, ALiBi bias or None)."""
+
+
+def _masked_scores(logits: SSAValue) -> tuple[Scores, SSAValue, bool, list[Operation]] | str:
+    """(scores, mask, whether the mask marks what is masked, ops) when `logits` is the scores
+    plus a mask, or MPT's `masked_fill(scores, mask, very negative)` (at most half the dtype's
+    lowest: HF fills with the lowest); the scores possibly plus ALiBi's bias."""
+    op = logits.owner
+    if not logits.has_one_use():
+        return "its input has other users"
+    if isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2:
+        fill = op.args.data[2] if len(op.args.data) == 3 else None
+        lowest = torch.finfo(torch_dtype(logits.type.element_type)).min
+        if not isinstance(fill, FloatAttr) or fill.value.data > lowest / 2 or op.args.data[0] != ad.OperandRefAttr(0):
+            return "its masked_fill does not fill the scores with a very negative number"
+        scores = _biased_scores(op.inputs[0])
+        if scores is None:
+            return "its masked scores are not matmul(q, k^T) * scale (+ a bias), each used only there"
+        return scores, op.inputs[1], True, [op]
+    if not plain_binary(op, ad.AddOp):
+        return "its input is not the scores plus a mask, nor masked_fill of them"
+    found = next(((x, m) for x in op.operands if (m := _biased_scores(x)) is not None), None)
+    if found is None:
+        return "its masked scores are not matmul(q, k^T) * scale, soft-capped or not (+ a bias), each used only there"
+    mask = other_operand(op, found[0])
+    if not isinstance(mask.type, TensorType):
+        return "its scores plus a number, not a mask"
+    return found[1], mask, False, [op]
+
+
+def _biased_scores(value: SSAValue) -> Scores | None:
+    """`_scores(value)`, or of one operand of `value` = scores + bias (ALiBi, BLOOM and MPT: a
+    tensor the insert pass evaluates)."""
+    if (scores := _scores(value)) is not None:
+        return (*scores, None)
+    add = value.owner
+    if not plain_binary(add, ad.AddOp) or not value.has_one_use():
+        return None
+    for x in add.operands:
+        bias = other_operand(add, x)
+        if isinstance(bias.type, TensorType) and (scores := _scores(x)) is not None:
+            qk, scale, softcap, ops = scores
+            return qk, scale, softcap, [add, *ops], bias
+    return None
+
+
+def _heads_of(query: SSAValue, key: SSAValue, value: SSAValue, output: SSAValue) -> bool:
+    """Key and value are one [batch, kv_heads, seq, head_dim] type, but for the value's head dim,
+    which the output [batch, heads, seq, ...] has (DeepSeek's heads: value 128, query/key 192)."""
+    q, k, v, o = (x.type.get_shape() for x in (query, key, value, output))
+    return (k[:3] == v[:3] and k[3] == q[3] and o == (*q[:3], v[3])
+            and key.type.element_type == value.type.element_type and output.type.element_type == query.type.element_type)
+
+
+def _last_column_dropped(probs: SSAValue) -> ad.SliceOp | None:
+    """The sole user of `probs` when it is `probs[..., :-1]` of [batch, heads, seq, keys + 1]."""
+    cut = sole_user(probs, ad.SliceOp)
+    if cut is None or len(probs.type.get_shape()) != 4 or ad.normalize_dim(cut.dim.value.data, 4) != 3:
+        return None
+    return cut if tuple(cut.static_bounds.get_values()) == (0, -1, 1) else None
+
+
+def _sink_logits(softmax: ad.SoftmaxOp) -> tuple[SSAValue, SSAValue, list[Operation]] | str:
+    """(scores + mask, sinks [heads], ops users first) when the softmax's input is the module
+    docstring's `l` or `l - max(l)`; why not, when its dropped last column is something else."""
+    logits, ops = softmax.input, []
+    sub = logits.owner
+    if plain_binary(sub, ad.SubOp) and logits.has_one_use() and (row_max := _row_max_of(sub.other, sub.input)):
+        logits, ops = sub.input, [sub, row_max]
+    cat = producer(logits, ad.CatOp)
+    if cat is None or len(cat.tensors) != 2 or ad.normalize_dim(cat.dim.value.data if cat.dim else 0, 4) != 3:
+        return "its probabilities drop a last column that is not concatenated to the scores"
+    if any(use.operation not in (softmax, *ops) for use in logits.uses):
+        return "its scores with the sink column have other users"
+    scores, column = cat.tensors
+    expand = producer(column, ad.ExpandOp)
+    per_head = producer(expand.input, ad.ReshapeOp) if expand is not None and column.has_one_use() else None
+    if per_head is None or not expand.input.has_one_use() or len(per_head.input.type.get_shape()) != 1 \
+            or tuple(per_head.result.type.get_shape()) != (1, per_head.input.type.get_shape()[0], 1, 1):
+        return "the column concatenated to its scores is not a logit per head ([heads] viewed as [1, heads, 1, 1])"
+    return scores, per_head.input, [*ops, cat, expand, per_head]
+
+
+def _row_max_of(value: SSAValue, x: SSAValue) -> Operation | None:
+    """The op when `value` is x's max over its last dim, kept (`x.max(-1, keepdim=True).values`
+    or `amax`), used only there."""
+    op = value.owner
+    if isinstance(op, ad.AmaxOp) and op.input == x and is_last_dim_row_reduction(op) and value.has_one_use():
+        return op
+    if not isinstance(op, ad.TorchOp) or op.target.data != "aten.max.dim" or tuple(op.inputs) != (x,):
+        return None
+    _, dim, *keep = (a.value.data if isinstance(a, IntegerAttr) else a for a in op.args.data)
+    rank = len(x.type.get_shape())
+    if ad.normalize_dim(dim, rank) != rank - 1 or list(map(bool, keep)) != [True] or value.index != 0 or not value.has_one_use() \
+            or op.results[1].uses:
+        return None
+    return op
+
+
+def _match_bmm_of_heads(softmax: ad.SoftmaxOp, probs: SSAValue) -> Attention | str | None:
+    """BLOOM's attention (module docstring) around `softmax` whose probabilities (cast back from
+    f32 or not) are `probs`, None when they weigh no values with a bmm over [batch * heads] rows."""
     view = sole_user(probs, ad.ReshapeOp)
     weighted = sole_user(view.result, ad.BmmOp) if view is not None else None
     if weighted is None or weighted.input != view.result:
         return None
-    return ("its probabilities weigh the values with a bmm over [batch * heads] rows (BLOOM's layout, whose "
-            "ALiBi bias no attention op takes)")
+    output = sole_user(weighted.result, ad.ReshapeOp)
+    add = softmax.input.owner
+    scores = next((s for x in add.operands if (s := producer(x, ad.ReshapeOp)) is not None
+                   and _is_baddbmm(s.input)), None) if plain_binary(add, ad.AddOp) else None
+    baddbmm = scores.input.owner if scores is not None else None
+    if output is None or baddbmm is None or not all(v.has_one_use() for v in (softmax.input, scores.result)):
+        return ("its probabilities weigh the values with a bmm over [batch * heads] rows, but its scores are not "
+                "BLOOM's baddbmm(bias, q, k^T) viewed as [batch, heads, seq, keys] plus a mask")
+    bias, q_rows, k_t = baddbmm.inputs
+    beta, alpha = (baddbmm.kwargs.data.get(name) for name in ("beta", "alpha"))
+    k_rows = producer(k_t, ad.TransposeOp)
+    q_view, k_view, v_view = (producer(x, ad.ReshapeOp) if x is not None else None
+                              for x in (q_rows, k_rows.input if k_rows else None, weighted.mat2))
+    if not isinstance(beta, FloatAttr) or beta.value.data != 1 or not isinstance(alpha, FloatAttr) \
+            or None in (q_view, k_view, v_view) or {ad.normalize_dim(d.value.data, 3) for d in (k_rows.dim0, k_rows.dim1)} != {1, 2}:
+        return "its baddbmm is not bias + scale * q @ k^T of [batch * heads] rows viewed from [batch, heads, seq, dim]"
+    query, key, value = q_view.input, k_view.input, v_view.input
+    if not (len(query.type.get_shape()) == 4 and query.type == key.type == value.type == output.result.type):
+        return "its query, key and value are not [batch, heads, seq, head_dim] of one type"
+    cast = [probs.owner] if probs != softmax.result else []
+    chain = [weighted, view, *cast, softmax, add, scores, baddbmm, q_view, k_rows, k_view, v_view]
+    return Attention(output, query, key, value, None, other_operand(add, scores.result), False, alpha.value.data,
+                     chain=chain, alibi=bias)
+
+
+def _is_baddbmm(value: SSAValue) -> bool:
+    op = value.owner
+    return isinstance(op, ad.TorchOp) and op.target.data == "aten.baddbmm.default" and len(op.args.data) == 3
 
 
 def _scores(value: SSAValue) -> tuple[ad.MatmulOp, float, float | None, list[Operation]] | None:

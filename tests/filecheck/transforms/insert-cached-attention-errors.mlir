@@ -133,3 +133,31 @@ func.func @groups_out_of_order(%x: tensor<?x8xf32> {ad.input = "x"}, %assigned: 
   %joined = ad.cat %y1, %y0 : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x8xf32> loc("model.layers.0.mlp")
   func.return %joined : tensor<?x8xf32>
 }
+
+// -----
+// A bias added to the scores that is not ALiBi's (quadratic in the key position): refused.
+// CHECK: transformer.blocks.0.attn: its scores' bias is not ALiBi's (a slope per head times the key position); only ALiBi's bias can be cached
+func.func @not_alibi(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %c3 = ad.constant 3 : i64
+  %h = ad.arange %c1, %c3, %c1 : i64, i64, i64 -> tensor<2xi64>
+  %slopes = ad.cast %h : tensor<2xi64> -> tensor<2xf32>
+  %sv = ad.reshape %slopes [2, 1, 1] : tensor<2xf32> -> tensor<2x1x1xf32>
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %squares = ad.mul %pos, %pos : tensor<?xi64>, tensor<?xi64> -> tensor<?xi64>
+  %bias = ad.mul %sv, %squares : tensor<2x1x1xf32>, tensor<?xi64> -> tensor<2x1x?xf32>
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %scaling = ad.constant 0.35355339059327379 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %biased = ad.add %scaled, %bias : tensor<1x2x?x?xf32>, tensor<2x1x?xf32> -> tensor<1x2x?x?xf32>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %later = ad.gt %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %masked = ad.torch_op "aten.masked_fill.Scalar"(%biased, %later) [#ad.ref<0>, #ad.ref<1>, -3.4028234663852886e+38 : f64] {} : (tensor<1x2x?x?xf32>, tensor<?x?xi1>) -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.blocks.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}

@@ -199,6 +199,150 @@ func.func @tanh_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x
 
 // -----
 
+// DeepSeek's heads through SDPA: query and key 12 wide (8 nope + 4 rope), value 8: a key cache
+// [slots, max_seq, heads, 12] and a value cache [slots, max_seq, heads, 8]; the result 8 wide.
+// CHECK-LABEL: func.func @value_head_dim
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x2x12xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %v_cache{{.*}}: tensor<2x16x2x8xf32> {ad.input = "v_cache_0", ad.cache = "model.layers.0.self_attn value"}
+// CHECK-NOT:   ad.attention
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.288{{[0-9]*}} : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x12xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @value_head_dim(%q: tensor<1x2x?x12xf32> {ad.input = "q"}, %k: tensor<1x2x?x12xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
+// gpt-oss's eager attention with sinks: each head's logit concatenated to the masked scores as
+// one more column, the row max subtracted, softmax, the sink column sliced off, times v. One
+// ad.cached_attention with the sinks as an operand; the concatenation, max, softmax, slice,
+// the sinks' view and the mask are gone (the window of 4 kept).
+// CHECK-LABEL: func.func @sinks
+// CHECK-NOT:   ad.cat
+// CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.softmax
+// CHECK-NOT:   ad.slice
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 sinks %sinks : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @sinks(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %sinks: tensor<2xf32> {ad.param = "model.layers.0.self_attn.sinks"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %scaling = ad.constant 0.35355339059327379 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %causal = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %four = ad.constant 4 : i64
+  %lo = ad.sub %a, %four : tensor<1x?x1xi64>, i64 -> tensor<1x?x1xi64>
+  %near = ad.gt %b, %lo : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %m = ad.logical_and %causal, %near : tensor<1x?x?xi1>, tensor<1x?x?xi1> -> tensor<1x?x?xi1>
+  %mu = ad.unsqueeze %m dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %inf = ad.constant 0xFFF0000000000000 : f64
+  %mask = ad.where %mu, %zero, %inf : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xf32>
+  %masked = ad.add %scaled, %mask : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %n = ad.sym_size %q dim 2 : tensor<1x2x?x8xf32>
+  %sv = ad.reshape %sinks [1, -1, 1, 1] : tensor<2xf32> -> tensor<1x2x1x1xf32>
+  %se = ad.expand %sv [1, -1, %n, -1] : tensor<1x2x1x1xf32> -> tensor<1x2x?x1xf32>
+  %c = ad.cat %masked, %se dim -1 : (tensor<1x2x?x?xf32>, tensor<1x2x?x1xf32>) -> tensor<1x2x?x?xf32>
+  %max, %idx = ad.torch_op "aten.max.dim"(%c) [#ad.ref<0>, -1 : i64, true] {} unpack : (tensor<1x2x?x?xf32>) -> (tensor<1x2x?x1xf32>, tensor<1x2x?x1xi64>)
+  %shifted = ad.sub %c, %max : tensor<1x2x?x?xf32>, tensor<1x2x?x1xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %shifted dim -1 dtype f32 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %dropped = ad.slice %p dim 3 [0, -1, 1] : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %dropped, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
+// MPT's eager attention: ALiBi's bias (slopes per head times the key position, the slopes
+// computed from constants), added to the scaled scores, then masked_fill with a boolean mask
+// that is True where masked (key after query). One ad.cached_attention that reads the slopes;
+// the bias's position computation, the mask and the chain are gone.
+// CHECK-LABEL: func.func @alibi_masked_fill
+// CHECK:       %slopes = ad.mul %hf, %quarter
+// CHECK-NOT:   ad.sym_size
+// CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.softmax
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 alibi %slopes : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @alibi_masked_fill(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %c3 = ad.constant 3 : i64
+  %h = ad.arange %c1, %c3, %c1 : i64, i64, i64 -> tensor<2xi64>
+  %hf = ad.cast %h : tensor<2xi64> -> tensor<2xf32>
+  %quarter = ad.constant 2.500000e-01 : f64
+  %slopes = ad.mul %hf, %quarter : tensor<2xf32>, f64 -> tensor<2xf32>
+  %sv = ad.reshape %slopes [2, 1, 1] : tensor<2xf32> -> tensor<2x1x1xf32>
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %bias = ad.mul %sv, %pos : tensor<2x1x1xf32>, tensor<?xi64> -> tensor<2x1x?xf32>
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %scaling = ad.constant 0.35355339059327379 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %biased = ad.add %scaled, %bias : tensor<1x2x?x?xf32>, tensor<2x1x?xf32> -> tensor<1x2x?x?xf32>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %later = ad.gt %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %masked = ad.torch_op "aten.masked_fill.Scalar"(%biased, %later) [#ad.ref<0>, #ad.ref<1>, -3.4028234663852886e+38 : f64] {} : (tensor<1x2x?x?xf32>, tensor<?x?xi1>) -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.blocks.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
+// BLOOM's attention over [batch * heads] rows (bf16): baddbmm(ALiBi bias, q, k^T, beta 1, alpha =
+// the scale) viewed as [batch, heads, seq, keys], plus an additive causal mask, softmax in f32 cast
+// back, viewed back,
+// bmm with v, viewed as [batch, heads, seq, head_dim]: one ad.cached_attention on the
+// [batch, heads, seq, head_dim] q, k and v, with the slopes; the rows' views, baddbmm, bmm and
+// the position computations are gone.
+// CHECK-LABEL: func.func @alibi_bmm_rows
+// CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.softmax
+// CHECK-NOT:   ad.bmm
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 alibi %slopes : tensor<2xf32> : (tensor<1x2x?x8xbf16>, tensor<1x2x?x8xbf16>, tensor<1x2x?x8xbf16>, tensor<2x16x2x8xbf16>, tensor<2x16x2x8xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xbf16>
+// CHECK-NEXT:  func.return
+func.func @alibi_bmm_rows(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xbf16> {ad.input = "q"}, %k: tensor<1x2x?x8xbf16> {ad.input = "k"}, %v: tensor<1x2x?x8xbf16> {ad.input = "v"}) -> tensor<1x2x?x8xbf16> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %c3 = ad.constant 3 : i64
+  %h = ad.arange %c1, %c3, %c1 : i64, i64, i64 -> tensor<2xi64>
+  %hf = ad.cast %h : tensor<2xi64> -> tensor<2xf32>
+  %quarter = ad.constant 2.500000e-01 : f64
+  %slopes = ad.mul %hf, %quarter : tensor<2xf32>, f64 -> tensor<2xf32>
+  %sv = ad.reshape %slopes [2, 1, 1] : tensor<2xf32> -> tensor<2x1x1xf32>
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %bias32 = ad.mul %sv, %pos : tensor<2x1x1xf32>, tensor<?xi64> -> tensor<2x1x?xf32>
+  %bias = ad.cast %bias32 : tensor<2x1x?xf32> -> tensor<2x1x?xbf16>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %seen = ad.le %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %lowest = ad.constant -3.4028234663852886e+38 : f64
+  %mask = ad.where %seen, %zero, %lowest : tensor<?x?xi1>, f64, f64 -> tensor<?x?xbf16>
+  %qr = ad.reshape %q [2, -1, 8] : tensor<1x2x?x8xbf16> -> tensor<2x?x8xbf16>
+  %kr = ad.reshape %k [2, -1, 8] : tensor<1x2x?x8xbf16> -> tensor<2x?x8xbf16>
+  %kt = ad.transpose %kr -1, -2 : tensor<2x?x8xbf16> -> tensor<2x8x?xbf16>
+  %vr = ad.reshape %v [2, -1, 8] : tensor<1x2x?x8xbf16> -> tensor<2x?x8xbf16>
+  %s = ad.torch_op "aten.baddbmm.default"(%bias, %qr, %kt) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {beta = 1.000000e+00 : f64, alpha = 0.35355339059327379 : f64} : (tensor<2x1x?xbf16>, tensor<2x?x8xbf16>, tensor<2x8x?xbf16>) -> tensor<2x?x?xbf16>
+  %s4 = ad.reshape %s [1, 2, %n, -1] : tensor<2x?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %masked = ad.add %s4, %mask : tensor<1x2x?x?xbf16>, tensor<?x?xbf16> -> tensor<1x2x?x?xbf16>
+  %p32 = ad.softmax %masked dim -1 dtype f32 : tensor<1x2x?x?xbf16> -> tensor<1x2x?x?xf32>
+  %p = ad.cast %p32 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xbf16>
+  %p3 = ad.reshape %p [2, %n, -1] : tensor<1x2x?x?xbf16> -> tensor<2x?x?xbf16>
+  %o3 = ad.bmm %p3, %vr : (tensor<2x?x?xbf16>, tensor<2x?x8xbf16>) -> tensor<2x?x8xbf16>
+  %o = ad.reshape %o3 [1, 2, %n, 8] : tensor<2x?x8xbf16> -> tensor<1x2x?x8xbf16> loc("transformer.h.0.self_attention")
+  func.return %o : tensor<1x2x?x8xbf16>
+}
+
+// -----
+
 // LFM2's short convolution: a depthwise conv1d padded by kernel - 1 and cut back to the
 // sequence's length becomes ad.cached_causal_conv1d over a state argument [slots, channels,
 // kernel - 1] (a model with no attention gets the slots and starts all the same).
