@@ -400,7 +400,7 @@ class SdpaBackendToAttention(RewritePattern):
             operands=[operand["query"], operand["key"], operand["value"],
                       [operand["attn_mask"]] if "attn_mask" in operand else []],
             properties=properties, result_types=[op.results[0].type])
-        rewriter.insert_op(_located_like(op, attention), InsertPoint.before(op))
+        rewriter.insert(_located_like(op, attention), InsertPoint.before(op))
         rewriter.replace_all_uses_with(op.results[0], attention.result)
         rewriter.erase(op)
 
@@ -462,7 +462,7 @@ class BmmOverMergedBatchToMatmul(RewritePattern):
         rhs = _view(op.mat2, sizes[:-2] + [-1, sizes[-1]], [*values[:-2], values[-1]],
                     (*shape[:-2], op.mat2.type.get_shape()[-2], shape[-1]))
         matmul = ad.MatmulOp.build(operands=[lhs.result, rhs.result], result_types=[view.result.type])
-        rewriter.insert_op([lhs, rhs], InsertPoint.before(op))
+        rewriter.insert([lhs, rhs], InsertPoint.before(op))
         rewriter.replace(view, _located_like(view, matmul))
         rewriter.erase(op)
 

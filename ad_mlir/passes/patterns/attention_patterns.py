@@ -97,6 +97,8 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         probs = sink_dropped.result
     if (cast := sole_user(probs, ad.CastOp)) is not None:
         probs = cast.result
+    if sink_dropped is None and _baddbmm_scores(softmax) is not None:
+        return _match_bmm_of_heads(softmax, probs)
     weighted = sole_user(probs, ad.MatmulOp)
     if weighted is None or weighted.input != probs:
         return _match_bmm_of_heads(softmax, probs) if sink_dropped is None else None
@@ -235,34 +237,62 @@ def _row_max_of(value: SSAValue, x: SSAValue) -> Operation | None:
 
 def _match_bmm_of_heads(softmax: ad.SoftmaxOp, probs: SSAValue) -> Attention | str | None:
     """BLOOM's attention (module docstring) around `softmax` whose probabilities (cast back from
-    f32 or not) are `probs`, None when they weigh no values with a bmm over [batch * heads] rows."""
+    f32 or not) are `probs`, None when they weigh no values with a bmm over [batch * heads] rows.
+    The value product is the bmm of views, or the 4-D matmul canonicalize makes of it."""
+    weighted = _values_weighted(probs)
+    found = _baddbmm_scores(softmax)
+    if weighted is None:
+        return None
+    output, value, value_ops = weighted
+    if found is None or not all(v.has_one_use() for v in (softmax.input, found[1].result)):
+        return ("its probabilities weigh the values with a bmm over [batch * heads] rows, but its scores are not "
+                "BLOOM's baddbmm(bias, q, k^T) viewed as [batch, heads, seq, keys] plus a mask")
+    add, scores = found
+    baddbmm = scores.input.owner
+    bias, q_rows, k_t = baddbmm.inputs
+    beta, alpha = (baddbmm.kwargs.data.get(name) for name in ("beta", "alpha"))
+    k_rows = producer(k_t, ad.TransposeOp)
+    q_view, k_view = (producer(x, ad.ReshapeOp) if x is not None else None
+                      for x in (q_rows, k_rows.input if k_rows else None))
+    if not isinstance(beta, FloatAttr) or beta.value.data != 1 or not isinstance(alpha, FloatAttr) \
+            or None in (q_view, k_view, value) or {ad.normalize_dim(d.value.data, 3) for d in (k_rows.dim0, k_rows.dim1)} != {1, 2}:
+        return "its baddbmm is not bias + scale * q @ k^T of [batch * heads] rows viewed from [batch, heads, seq, dim]"
+    query, key = q_view.input, k_view.input
+    if not (len(query.type.get_shape()) == 4 and query.type == key.type == value.type == output.result.type):
+        return "its query, key and value are not [batch, heads, seq, head_dim] of one type"
+    cast = [probs.owner] if probs != softmax.result else []
+    chain = [*value_ops, *cast, softmax, add, scores, baddbmm, q_view, k_rows, k_view]
+    return Attention(output, query, key, value, None, other_operand(add, scores.result), False, alpha.value.data,
+                     chain=chain, alibi=bias)
+
+
+def _values_weighted(probs: SSAValue) -> tuple[Operation, SSAValue | None, list[Operation]] | None:
+    """(the op whose result is the attention's output, the [batch, heads, keys, head_dim] values,
+    the value product's ops) when `probs` weigh values as `bmm(view(probs), view(v))` viewed
+    back to heads, or as the 4-D `matmul(probs, v)`; None otherwise."""
+    same = sole_user(probs, ad.ReshapeOp)  # a view to its own shape, which dynamic sizes keep from folding
+    viewed, same_ops = (same.result, [same]) if same is not None and same.result.type == probs.type else (probs, [])
+    if (matmul := sole_user(viewed, ad.MatmulOp)) is not None and matmul.input == viewed:
+        return matmul, matmul.other, [matmul, *same_ops]
     view = sole_user(probs, ad.ReshapeOp)
     weighted = sole_user(view.result, ad.BmmOp) if view is not None else None
     if weighted is None or weighted.input != view.result:
         return None
     output = sole_user(weighted.result, ad.ReshapeOp)
+    v_view = producer(weighted.mat2, ad.ReshapeOp)
+    if output is None:
+        return None
+    return output, v_view.input if v_view is not None else None, [weighted, view, *([v_view] if v_view else [])]
+
+
+def _baddbmm_scores(softmax: ad.SoftmaxOp) -> tuple[ad.AddOp, ad.ReshapeOp] | None:
+    """(the add, the view of the scores) when `softmax` reads BLOOM's `view(baddbmm(...)) + mask`."""
     add = softmax.input.owner
-    scores = next((s for x in add.operands if (s := producer(x, ad.ReshapeOp)) is not None
-                   and _is_baddbmm(s.input)), None) if plain_binary(add, ad.AddOp) else None
-    baddbmm = scores.input.owner if scores is not None else None
-    if output is None or baddbmm is None or not all(v.has_one_use() for v in (softmax.input, scores.result)):
-        return ("its probabilities weigh the values with a bmm over [batch * heads] rows, but its scores are not "
-                "BLOOM's baddbmm(bias, q, k^T) viewed as [batch, heads, seq, keys] plus a mask")
-    bias, q_rows, k_t = baddbmm.inputs
-    beta, alpha = (baddbmm.kwargs.data.get(name) for name in ("beta", "alpha"))
-    k_rows = producer(k_t, ad.TransposeOp)
-    q_view, k_view, v_view = (producer(x, ad.ReshapeOp) if x is not None else None
-                              for x in (q_rows, k_rows.input if k_rows else None, weighted.mat2))
-    if not isinstance(beta, FloatAttr) or beta.value.data != 1 or not isinstance(alpha, FloatAttr) \
-            or None in (q_view, k_view, v_view) or {ad.normalize_dim(d.value.data, 3) for d in (k_rows.dim0, k_rows.dim1)} != {1, 2}:
-        return "its baddbmm is not bias + scale * q @ k^T of [batch * heads] rows viewed from [batch, heads, seq, dim]"
-    query, key, value = q_view.input, k_view.input, v_view.input
-    if not (len(query.type.get_shape()) == 4 and query.type == key.type == value.type == output.result.type):
-        return "its query, key and value are not [batch, heads, seq, head_dim] of one type"
-    cast = [probs.owner] if probs != softmax.result else []
-    chain = [weighted, view, *cast, softmax, add, scores, baddbmm, q_view, k_rows, k_view, v_view]
-    return Attention(output, query, key, value, None, other_operand(add, scores.result), False, alpha.value.data,
-                     chain=chain, alibi=bias)
+    if not plain_binary(add, ad.AddOp):
+        return None
+    scores = next((s for x in add.operands if (s := producer(x, ad.ReshapeOp)) is not None and _is_baddbmm(s.input)),
+                  None)
+    return (add, scores) if scores is not None else None
 
 
 def _is_baddbmm(value: SSAValue) -> bool:
