@@ -78,7 +78,8 @@ TESTS: dict[str, Tests] = {
                                             ("tests/unit/test_canonicalize.py", "-k", "cast or llama")),
     "ad_mlir/passes/decompose.py": Tests(_lit("decompose"), ("tests/unit/test_llm_ops.py", "-k", "decomposition")),
     "ad_mlir/passes/default.py": Tests((), ("tests/unit/test_pipeline_config.py", "tests/unit/test_kernel_ops.py")),
-    "ad_mlir/passes/fuse_activation.py": Tests(_lit("fuse-activation"), ("tests/unit/test_llm_ops.py", "-k", "activation")),
+    "ad_mlir/passes/fuse_activation.py": Tests(_lit("fuse-activation"), ("tests/unit/test_pass_logs.py",
+                                                                         "tests/unit/test_llm_ops.py", "-k", "activation")),
     "ad_mlir/passes/fuse_add_layernorm.py": Tests(_lit("fuse-add-layernorm"),
                                                   ("tests/unit/test_layer_norm.py", "-k", "not sm90")),
     "ad_mlir/passes/fuse_add_rmsnorm.py": Tests(_lit("fuse-add-rmsnorm"), ("tests/unit/test_verify.py", "-k", "wrong_rewrite")),
@@ -109,7 +110,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/patterns/conv_patterns.py": Tests(_lit(*_CACHED)),
     "ad_mlir/passes/patterns/matching.py": Tests(_lit("fuse-rope-attention", "match-rmsnorm", "match-layernorm",
                                                       "fuse-silu-mul", "match-moe", *_CACHED)),
-    "ad_mlir/passes/patterns/pattern_pass.py": Tests(_lit("fuse-silu-mul", "fuse-add-rmsnorm", "match-rmsnorm")),
+    "ad_mlir/passes/patterns/pattern_pass.py": Tests(_lit("fuse-silu-mul", "fuse-add-rmsnorm", "match-rmsnorm"),
+                                                     ("tests/unit/test_pass_logs.py",)),
     "ad_mlir/passes/patterns/regions.py": Tests(_lit("fuse-elementwise", _TRITON)),
     "ad_mlir/passes/patterns/rope.py": Tests(_lit("fuse-rope-attention", "optimize-rope")),
     # codegen: the kernels' own tests in the interpreter (PTX tests left out: seconds each)
@@ -125,7 +127,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/causal_conv_kernel.py": Tests((), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/interpreter.py": Tests((), ("tests/unit/test_interpreter_switch.py",)),
     "ad_mlir/codegen/launch.py": Tests((), _NUMERIC),
-    "ad_mlir/codegen/lowering.py": Tests((), ("tests/unit/test_llm_ops.py", "tests/unit/test_kernel_ops.py")),
+    "ad_mlir/codegen/lowering.py": Tests((), ("tests/unit/test_llm_ops.py", "tests/unit/test_kernel_ops.py",
+                                              "tests/unit/test_verify.py::test_compile_verify_checks_the_cached_attention_kernel")),
     "ad_mlir/codegen/moe_kernel.py": Tests((), ("tests/unit/test_moe_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/ptx.py": Tests((), ("tests/unit/test_ptx.py", "-k", "vectorized or rejects")),
     "ad_mlir/codegen/region_kernel.py": Tests((_TRITON,), (*_NUMERIC, *_REGIONS)),
@@ -139,7 +142,10 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/runtime/kernels.py": Tests((), (*_NUMERIC, "tests/unit/test_llm_ops.py", "-k", "kernel")),
     "ad_mlir/runtime/verify.py": Tests((), ("tests/unit/test_verify.py", "-k", "compile_verify")),
     # the cache parts of llm.py
-    "ad_mlir/llm/llm.py": Tests(_lit(*_CACHED), ("tests/models/test_llm_runtime.py", "-k", "not command_line")),
+    "ad_mlir/llm/llm.py": Tests(_lit(*_CACHED), (
+        "tests/models/test_llm_runtime.py", "-k", "not command_line",
+        "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",
+        "tests/models/test_sequence_mixers.py::test_a_byte_budget_leaves_a_model_of_states_alone_at_its_longest")),
 }
 """Source file (relative to the repository) -> the tests its mutants run against. Every file
 that `mutated_files` returns has an entry (tests/unit/test_mutation.py checks it)."""
@@ -441,6 +447,9 @@ def report(results: dict[str, Any], notes: dict[str, str]) -> str:
     for file, info in sorted(results["files"].items()):
         mine = [x for x in results["mutants"] if x["file"] == file]
         tests = " ".join(info["tests"]["lit"] + info["tests"]["pytest"])
+        again = info.get("rerun_tests")
+        if again and again != info["tests"]:
+            tests += "; run again with: " + " ".join(again["lit"] + again["pytest"])
         lines.append(f"| {file} | {len(mine)} | {sum(x.get('status') in KILLED for x in mine)} | "
                      f"{info.get('baseline_s', '')} | {tests} |")
     return "\n".join(lines) + "\n"
@@ -505,6 +514,8 @@ def execute(results: dict[str, Any], args: argparse.Namespace, rerun: bool) -> N
         seconds = baseline(scratch, [m["file"] for m in todo])
         for file, s in seconds.items():
             results["files"][file]["rerun_baseline_s" if rerun else "baseline_s"] = s
+            if rerun:  # the tests may have grown since (tests that kill survivors)
+                results["files"][file]["rerun_tests"] = dataclasses.asdict(TESTS[file])
         start = time.monotonic()
         for i, m in enumerate(todo, 1):
             mutant = Mutant(**{k: m[k] for k in ("file", "operator", "occurrence", "line", "column")},

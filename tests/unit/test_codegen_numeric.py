@@ -126,3 +126,22 @@ def test_compiled_graph_exports_again() -> None:
     assert kernel_calls(again.graph_module) == kernel_calls(gm)
     longer = torch.randn(11, 48)
     torch.testing.assert_close(again.module()(longer, w)[0], _rmsnorm(longer, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+def test_integer_min_and_max_over_rows_longer_than_one_tile(dtype: torch.dtype) -> None:
+    """A looped row reduction starts from the dtype's extreme, its neutral element: positive rows
+    keep a min above 0, negative rows a max below 0, and a row holding the extremes keeps them."""
+    x = torch.randint(1, 1000, (3, 10000), dtype=dtype)
+    x[1] = -x[1]
+    x[2, 7], x[2, 9000] = torch.iinfo(dtype).max, torch.iinfo(dtype).min
+    gm = _compiled(lambda t: (t.amin(-1, keepdim=True), t.amax(-1, keepdim=True)), x)
+    low, high = gm(x)
+    assert torch.equal(low, x.amin(-1, keepdim=True)) and torch.equal(high, x.amax(-1, keepdim=True))
+
+
+def test_a_region_of_zero_dim_tensors() -> None:
+    """0-d inputs and output: the kernel's domain is one element, written once."""
+    a, b = torch.tensor(1.5), torch.tensor(-0.25)
+    gm = _compiled(lambda x, y: torch.exp(x) * y + 1, a, b)
+    torch.testing.assert_close(gm(a, b)[0], torch.exp(a) * b + 1)

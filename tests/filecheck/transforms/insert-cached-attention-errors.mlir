@@ -1,8 +1,10 @@
 // insert-cached-attention: what cannot be cached is an error naming the layer.
 // RUN: ad-opt %s --split-input-file --verify-diagnostics -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
 // RUN: not ad-opt %s -p 'insert-cached-attention{max-batch=0}' 2>&1 | filecheck %s --check-prefix=ZERO
+// RUN: not ad-opt %s -p 'insert-cached-attention{max-seq-len=0}' 2>&1 | filecheck %s --check-prefix=ZERO-LEN
 
 // ZERO: {{^}}error: insert-cached-attention: max-batch 0 and max-seq-len 2048 must be positive{{$}}
+// ZERO-LEN: {{^}}error: insert-cached-attention: max-batch 8 and max-seq-len 0 must be positive{{$}}
 
 // CHECK: model.layers.3.self_attn: its attention mask is neither causal nor a causal sliding window; only those can be cached
 func.func @not_causal(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
