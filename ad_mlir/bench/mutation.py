@@ -111,7 +111,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/patterns/matching.py": Tests(_lit("fuse-rope-attention", "match-rmsnorm", "match-layernorm",
                                                       "fuse-silu-mul", "match-moe", *_CACHED),
                                                  ("tests/unit/test_matching.py",)),
-    "ad_mlir/passes/patterns/pattern_pass.py": Tests(_lit("fuse-silu-mul", "fuse-add-rmsnorm", "match-rmsnorm"),
+    "ad_mlir/passes/patterns/pattern_pass.py": Tests(_lit("fuse-silu-mul", "fuse-add-rmsnorm", "match-rmsnorm",
+                                                          "match-layernorm"),  # three patterns in one walk
                                                      ("tests/unit/test_pass_logs.py",)),
     "ad_mlir/passes/patterns/regions.py": Tests(_lit("fuse-elementwise", _TRITON)),
     "ad_mlir/passes/patterns/rope.py": Tests(_lit("fuse-rope-attention", "optimize-rope")),
