@@ -119,3 +119,17 @@ func.func @positions_counted(%x: tensor<1x?x8xf32> {ad.input = "x"}, %table: ten
   %o = ad.add %x, %e : tensor<1x?x8xf32>, tensor<?x8xf32> -> tensor<1x?x8xf32>
   func.return %o : tensor<1x?x8xf32>
 }
+
+// -----
+// A shift along the sequence by a concatenation (each token would see the step's tokens only).
+// A range that indexes the step's rows (`x[arange(seq)]`) reaches no embedding and no RoPE
+// table: it is no position, and only the concatenation is named.
+// CHECK: 1 op(s) mix token positions outside the cached attention{{.*}}: model.shift: ad.cat (concatenates over token axis 1).
+func.func @shift_by_cat(%x: tensor<1x?x8xf32> {ad.input = "x"}, %h: tensor<?x8xf32> {ad.input = "h"}, %seq: index) -> (tensor<1x?x8xf32>, tensor<?x8xf32>) {
+  %zero = ad.constant 0 : i64
+  %one = ad.constant 1 : i64
+  %rows = ad.arange %zero, %seq, %one : i64, index, i64 -> tensor<?xi64> loc("model.rows")
+  %picked = ad.torch_op "aten.index.Tensor"(%h, %rows) [#ad.ref<0>, [#ad.ref<1>]] {} : (tensor<?x8xf32>, tensor<?xi64>) -> tensor<?x8xf32>
+  %s = ad.cat %x, %x dim 1 : (tensor<1x?x8xf32>, tensor<1x?x8xf32>) -> tensor<1x?x8xf32> loc("model.shift")
+  func.return %s, %picked : tensor<1x?x8xf32>, tensor<?x8xf32>
+}
