@@ -133,3 +133,26 @@ def test_world_size_one_compiles_the_unsharded_graph() -> None:
     ids = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(gm(ids)[0], model(input_ids=ids).logits)
+
+
+UNLOCATED = """
+func.func @forward(%x: tensor<4x8xf32> {ad.input = "x"}, %w1: tensor<16x8xf32> {ad.param = "w1"},
+                   %w2: tensor<8x16xf32> {ad.param = "w2"}, %w3: tensor<16x8xf32> {ad.param = "w3"})
+                   -> (tensor<4x8xf32>, tensor<4x16xf32>) {
+  %h = ad.linear %x, %w1 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %0 = ad.linear %h, %w2 : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  %1 = ad.linear %x, %w3 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  func.return %0, %1 : tensor<4x8xf32>, tensor<4x16xf32>
+}
+"""
+
+
+def test_the_log_names_ops_without_a_location_by_their_value_or_their_op(caplog: pytest.LogCaptureFixture) -> None:
+    """No module path to name them by (IR written by hand): a linear is named by its value (%h),
+    or, unnamed (%1), by its op."""
+    module = Parser(make_context(), UNLOCATED).parse_module()
+    with caplog.at_level(logging.INFO, logger="ad_mlir.passes.shard"):
+        run_pipeline(module, "shard{world-size=2}")
+    assert "shard: ad.linear stays replicated: its result reaches the function's results" in caplog.messages
+    assert any("%h column-wise" in m for m in caplog.messages), caplog.messages
+    assert "shard: 1 of 1 blocks sharded over 2 ranks, 1 all_reduce" in caplog.messages
