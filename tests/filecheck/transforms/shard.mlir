@@ -152,3 +152,20 @@ func.func @unhinted(%x: tensor<4x8xf32> {ad.input = "x"}, %wa: tensor<16x8xf32> 
   %c = ad.linear %r, %wc : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
   func.return %c : tensor<4x8xf32>
 }
+
+// -----
+
+// Views with explicit sizes inside a block (heads written out, as older HF attention code does):
+// the size at the split dim becomes the local one (4 heads -> 2, 16 features -> 8); -1 stays.
+// CHECK-LABEL: func.func @mlp_with_views
+// CHECK:         %v = ad.reshape %u [2, -1, 2, 4] : tensor<2x?x8xf32> -> tensor<2x?x2x4xf32>
+// CHECK:         %b = ad.reshape %a [2, -1, 8] : tensor<2x?x2x4xf32> -> tensor<2x?x8xf32>
+// CHECK:         ad.all_reduce %d "sum"
+func.func @mlp_with_views(%x: tensor<2x?x8xf32> {ad.input = "x"}, %wu: tensor<16x8xf32> {ad.param = "mlp.up.weight"}, %wd: tensor<8x16xf32> {ad.param = "mlp.down.weight"}) -> tensor<2x?x8xf32> {
+  %u = ad.linear %x, %wu : (tensor<2x?x8xf32>, tensor<16x8xf32>) -> tensor<2x?x16xf32>
+  %v = ad.reshape %u [2, -1, 4, 4] : tensor<2x?x16xf32> -> tensor<2x?x4x4xf32>
+  %a = ad.relu %v : tensor<2x?x4x4xf32> -> tensor<2x?x4x4xf32>
+  %b = ad.reshape %a [2, -1, 16] : tensor<2x?x4x4xf32> -> tensor<2x?x16xf32>
+  %d = ad.linear %b, %wd : (tensor<2x?x16xf32>, tensor<8x16xf32>) -> tensor<2x?x8xf32>
+  func.return %d : tensor<2x?x8xf32>
+}
