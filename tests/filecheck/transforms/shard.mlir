@@ -169,3 +169,32 @@ func.func @mlp_with_views(%x: tensor<2x?x8xf32> {ad.input = "x"}, %wu: tensor<16
   %d = ad.linear %b, %wd : (tensor<2x?x16xf32>, tensor<8x16xf32>) -> tensor<2x?x8xf32>
   func.return %d : tensor<2x?x8xf32>
 }
+
+// -----
+
+// Eager attention (two matmuls over [b, heads, s, d] and a softmax, no SDPA op): split along the
+// heads, a batch dim of both matmuls (2 heads -> 1 per rank); one all_reduce after o.
+// CHECK-LABEL: func.func @eager_attention
+// CHECK:         %s = ad.matmul %qt, %ktt : (tensor<1x1x?x4xf32>, tensor<1x1x4x?xf32>) -> tensor<1x1x?x?xf32>
+// CHECK:         %a = ad.matmul %p, %vt : (tensor<1x1x?x?xf32>, tensor<1x1x?x4xf32>) -> tensor<1x1x?x4xf32>
+// CHECK:         %o = ad.linear %ar, %wo : (tensor<1x?x4xf32>, tensor<8x4xf32>) -> tensor<1x?x8xf32>
+// CHECK-NEXT:    ad.all_reduce %o "sum"
+func.func @eager_attention(%x: tensor<1x?x8xf32> {ad.input = "x"}, %wq: tensor<8x8xf32> {ad.param = "attn.q.weight"}, %wk: tensor<8x8xf32> {ad.param = "attn.k.weight"}, %wv: tensor<8x8xf32> {ad.param = "attn.v.weight"}, %wo: tensor<8x8xf32> {ad.param = "attn.o.weight"}) -> tensor<1x?x8xf32> {
+  %q = ad.linear %x, %wq : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %k = ad.linear %x, %wk : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %v = ad.linear %x, %wv : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %qh = ad.reshape %q [1, -1, 2, 4] : tensor<1x?x8xf32> -> tensor<1x?x2x4xf32>
+  %kh = ad.reshape %k [1, -1, 2, 4] : tensor<1x?x8xf32> -> tensor<1x?x2x4xf32>
+  %vh = ad.reshape %v [1, -1, 2, 4] : tensor<1x?x8xf32> -> tensor<1x?x2x4xf32>
+  %qt = ad.transpose %qh 1, 2 : tensor<1x?x2x4xf32> -> tensor<1x2x?x4xf32>
+  %kt = ad.transpose %kh 1, 2 : tensor<1x?x2x4xf32> -> tensor<1x2x?x4xf32>
+  %vt = ad.transpose %vh 1, 2 : tensor<1x?x2x4xf32> -> tensor<1x2x?x4xf32>
+  %ktt = ad.transpose %kt 2, 3 : tensor<1x2x?x4xf32> -> tensor<1x2x4x?xf32>
+  %s = ad.matmul %qt, %ktt : (tensor<1x2x?x4xf32>, tensor<1x2x4x?xf32>) -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %s dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %a = ad.matmul %p, %vt : (tensor<1x2x?x?xf32>, tensor<1x2x?x4xf32>) -> tensor<1x2x?x4xf32>
+  %at = ad.transpose %a 1, 2 : tensor<1x2x?x4xf32> -> tensor<1x?x2x4xf32>
+  %ar = ad.reshape %at [1, -1, 8] : tensor<1x?x2x4xf32> -> tensor<1x?x8xf32>
+  %o = ad.linear %ar, %wo : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  func.return %o : tensor<1x?x8xf32>
+}
