@@ -198,3 +198,22 @@ func.func @eager_attention(%x: tensor<1x?x8xf32> {ad.input = "x"}, %wq: tensor<8
   %o = ad.linear %ar, %wo : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
   func.return %o : tensor<1x?x8xf32>
 }
+
+// -----
+
+// A matmul whose split dim is its rows on one side and what it contracts on the other (a
+// [.., 2, 4] @ [.., 4, 2] of two split linears): the block stays whole.
+// CHECK-LABEL: func.func @matmul_over_the_split_dim
+// CHECK-SAME:    %wa: tensor<8x8xf32> {ad.param = "blk.a.weight"}
+// CHECK-NOT:     ad.all_reduce
+// CHECK:         func.return
+func.func @matmul_over_the_split_dim(%x: tensor<1x?x8xf32> {ad.input = "x"}, %wa: tensor<8x8xf32> {ad.param = "blk.a.weight"}, %wb: tensor<8x8xf32> {ad.param = "blk.b.weight"}, %wo: tensor<8x4xf32> {ad.param = "blk.o.weight"}) -> tensor<1x?x8xf32> {
+  %a = ad.linear %x, %wa : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %b = ad.linear %x, %wb : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %ah = ad.reshape %a [1, -1, 2, 4] : tensor<1x?x8xf32> -> tensor<1x?x2x4xf32>
+  %bh = ad.reshape %b [1, -1, 4, 2] : tensor<1x?x8xf32> -> tensor<1x?x4x2xf32>
+  %m = ad.matmul %ah, %bh : (tensor<1x?x2x4xf32>, tensor<1x?x4x2xf32>) -> tensor<1x?x2x2xf32>
+  %mr = ad.reshape %m [1, -1, 4] : tensor<1x?x2x2xf32> -> tensor<1x?x4xf32>
+  %o = ad.linear %mr, %wo : (tensor<1x?x4xf32>, tensor<8x4xf32>) -> tensor<1x?x8xf32>
+  func.return %o : tensor<1x?x8xf32>
+}
