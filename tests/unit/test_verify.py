@@ -155,6 +155,9 @@ def test_tolerances_by_dtype() -> None:
     b = x.bfloat16()
     assert mismatch((b.float() * (1 + 2**-8)).bfloat16(), b) is None  # one bf16 ulp
     assert mismatch(b + 0.1, b) is not None
+    h = x.half()
+    assert mismatch((h.float() * (1 + 2**-10)).half(), h) is None  # one fp16 ulp
+    assert mismatch((h.float() * 1.05).half(), h) is not None  # 5%: far past fp16's two ulps
     assert mismatch(torch.tensor([1, 2]), torch.tensor([1, 3])) == "values differ (exact dtype)"
     assert mismatch(torch.tensor([float("nan")]), torch.tensor([1.0])).startswith("NaN/inf")
     assert mismatch(x[:3], x) == "torch.float32[3] instead of torch.float32[64]"
