@@ -437,6 +437,15 @@ def report(results: dict[str, Any], notes: dict[str, str]) -> str:
     if after:
         lines.append(f"- **after the new tests (survivors run again): {after['killed']} / {after['ran']} = "
                      f"{after['percent']}%**")
+    survivors = [m for m in results["mutants"] if m.get("status") == "survived"]
+    kinds = {kind: sum(notes.get(m["id"], "").startswith(kind) for m in survivors)
+             for kind in ("killed by", "equivalent", "not killed")}
+    if survivors:
+        equivalent = kinds["equivalent"]
+        lines.append(f"- survivors: {kinds['killed by']} killed by tests added since, {equivalent} equivalent, "
+                     f"{kinds['not killed']} not killed yet, {len(survivors) - sum(kinds.values())} unexplained"
+                     + (f"; without the equivalent mutants: {after['killed']} / {after['ran'] - equivalent} = "
+                        f"{100 * after['killed'] / max(after['ran'] - equivalent, 1):.1f}%" if after else ""))
     lines += ["", "## Survivors", "",
               "| mutant | line | mutation | run again | explanation |", "|---|---|---|---|---|"]
     for mut in results["mutants"]:
@@ -498,9 +507,10 @@ def new_run(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, A
     everything = [m for f in files for m in enumerate_mutants(ROOT, f)]
     sample = [describe(ROOT, m) for m in draw(everything, args.sample, args.seed)]
     return {
-        "command": shlex.join(["python -m ad_mlir.bench.mutation", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python -m ad_mlir.bench.mutation", shlex.join(argv if argv is not None else sys.argv[1:])]),
         "tool": f"cosmic-ray {_need_cosmic_ray()}",
-        "operators": sorted({n.split("_")[0].split("/")[-1] for n in cosmic_ray.plugins.operator_names()}),
+        "operators": sorted({n.split("_")[0].split("/")[-1] for n in cosmic_ray.plugins.operator_names()
+                             if not cosmic_ray.plugins.get_operator(n).arguments()}),
         "machine": machine(), "machine_note": args.machine_note,
         "seed": args.seed, "sample": args.sample, "started": _now(),
         "sites": len({m.site for m in everything}), "mutants_total": len(everything),
