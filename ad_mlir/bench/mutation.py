@@ -430,6 +430,9 @@ def report(results: dict[str, Any], notes: dict[str, str]) -> str:
         f"- mutated: {len(results['files'])} files of passes/, codegen/, runtime/ and llm/llm.py's cache parts; "
         f"{results['sites']} sites, {results['mutants_total']} mutants in all",
         f"- sample: {results['sample']} sites (seed {results['seed']}), one mutant each",
+        *([f"- sources: {results['sources']}"] if results.get("sources") else []),
+        *([f"- survivors run again: `{results['rerun']['command']}`, {results['rerun']['started']} to "
+           f"{results['rerun']['finished']}"] if isinstance(results.get("rerun"), dict) else []),
         f"- **score: {s['killed']} killed / {s['ran']} run = {s['percent']}%** ({s['survived']} survived, "
         f"{s['not_run']} not run)",
     ]
