@@ -1,9 +1,9 @@
-# The two commands of the README (run, test), and lint, docs and gpu. Each sets up .venv first (idempotent).
+# The two commands of the README (run, test), and lint, docs, gpu and mutation. Each sets up .venv first (idempotent).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint docs gpu
+.PHONY: setup run test lint docs gpu mutation
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,3 +33,8 @@ gpu: setup
 	@$(PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu: no CUDA GPU on this machine (torch.cuda.is_available() is False); run it where one is')"
 	$(PY) -m pytest tests/gpu -q
 	$(VENV)/bin/ad-bench --parts kernels,generate
+
+# The mutation run (a benchmark, about an hour on 2 cores): results in benchmarks/results/mutation/.
+mutation: setup
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[mutation]'
+	$(PY) -m ad_mlir.bench.mutation --sample 150 --seed 27

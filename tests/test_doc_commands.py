@@ -58,6 +58,8 @@ SHORTER: dict[str, tuple[str, str]] = {
 NOT_RUN: dict[str, str] = {
     "make test": "the whole suite, of which this test is a part (CI runs it: .ci/run)",
     "make docs": ".ci/run builds the docs right after the suite; building them here too would double its 20-80 s",
+    "make mutation": "a benchmark of about an hour (150 mutants, each against its file's tests) that installs the "
+                     "mutation extra; tests/unit/test_mutation.py checks its command",
 }
 """Documented command -> why it does not run here."""
 

@@ -263,6 +263,9 @@ class LLM:
         per_token = (self.cache_bytes - self.state_bytes) // self.cache_tokens
         budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
         if per_token == 0:  # states alone: their size does not depend on the tokens
+            if budget_bytes < self.state_bytes:
+                raise ValueError(f"kv_cache_budget of {budget_bytes} bytes does not hold the {self.state_bytes} bytes of "
+                                 f"per-slot states for max_batch={max_batch}; raise the budget or lower max_batch")
             return cap
         tokens = (budget_bytes - self.state_bytes) // per_token
         if tokens < max_batch:

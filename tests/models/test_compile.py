@@ -13,32 +13,25 @@ own error, plus one bf16 ulp (2^-8) of the logits' largest magnitude."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
+from kernel_guard import graph_kernels, kernels_ran
 
 import ad_mlir
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.passes.pipeline import run_pipeline
-from ad_mlir.runtime import kernels
-from ad_mlir.semantics.torch_ops import REFERENCE_OPS
 from ad_mlir.tools.report import low_precision_bound
 from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model, example_input_ids
 
 
-def _kernel_calls(gm: torch.fx.GraphModule) -> int:
-    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-    assert not REFERENCE_OPS & set(targets), "an LLM-level op was exported unfused, not as a kernel"
-    return sum(1 for t in targets if t.startswith("ad_mlir."))
-
-
 @pytest.fixture
-def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail if a region runs as its torch reference instead of its Triton kernel."""
-
-    def refuse(*_: object) -> None:
-        raise AssertionError("a region ran its reference semantics, not its kernel")
-
-    monkeypatch.setattr(kernels, "run_reference", refuse)
+def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail if a region runs as its torch reference instead of its Triton kernel, or an op was
+    left without a kernel (tests/kernel_guard.py)."""
+    with kernels_ran(monkeypatch):
+        yield
 
 
 @pytest.mark.usefixtures("no_reference_fallback")
@@ -47,7 +40,7 @@ def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_compiled_kernels_match_eager(exported, family: str, dtype: str) -> None:
     cfg, ep = exported(family, dtype, False)
     gm = ad_mlir.compile(ep)
-    assert _kernel_calls(gm) >= 4  # two norms, the MLP activation, the final norm at least
+    graph_kernels(gm, at_least=4)  # two norms, the MLP activation, the final norm at least
     truth_model = build_model(TinyConfig(family=family, layers=1, dtype="float32"))
     for seq in (6, 13):
         ids = example_input_ids(cfg, seq, seed=seq)

@@ -56,6 +56,22 @@ def test_a_byte_budget_counts_the_conv_state_per_slot(lfm2) -> None:  # noqa: AN
     assert (llm.max_seq_len, llm.state_bytes, llm.cache_bytes) == (20, 2048, budget)
 
 
+def test_a_byte_budget_leaves_a_model_of_states_alone_at_its_longest() -> None:
+    """Two conv layers and no attention: the caches are per-slot states (2 slots x 128 channels x
+    2 inputs, fp32: 2 KiB a layer) that do not grow with the tokens, so a budget that holds them buys the
+    longest slots the model has positions for, and one that does not is refused."""
+    config = Lfm2Config(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "conv"],
+                        pad_token_id=0, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="kv_cache_budget of 3072 bytes does not hold the 4096 bytes of per-slot states"):
+        ad_mlir.LLM(model, max_batch=2, kv_cache_budget=3 * 1024)
+    llm = ad_mlir.LLM(model, max_batch=2, kv_cache_budget=4 * 1024)
+    assert set(llm.caches) == {"conv_state_0", "conv_state_1"}
+    assert (llm.max_seq_len, llm.state_bytes, llm.cache_bytes) == (256, 4096, 4096)
+
+
 def test_lfm2_generates_hf_greedy_tokens(lfm2) -> None:  # noqa: ANN001
     """Three prompts in two slots: a slot is reused, its state reset by the new prompt."""
     model, llm = lfm2

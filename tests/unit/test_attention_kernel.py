@@ -524,6 +524,21 @@ def test_blocks_shrink_for_short_sequences() -> None:
     assert (short.block_m, short.block_n, short.num_warps) == (16, 32, 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_head_width_gets_tiles_and_options_triton_accepts(dtype: torch.dtype) -> None:
+    """The interpreter ignores warps and stages, so only this sees a bad table entry on the CPU:
+    at every head width, length and QK-norm, the tiles are ones tl.dot takes (powers of two, at
+    least 16) and the options pass Triton's own sm_90 checks (num_warps a power of two)."""
+    backend = make_backend(TARGET)
+    for width in (16, 32, 64, 128, 256):
+        for seq_len in (1, 5, 100, 4096):
+            for qk_norm in (False, True):
+                blocks = attention_blocks(width, dtype, seq_len, qk_norm)
+                tiles = (blocks.block_m, blocks.block_n)
+                assert all(t >= 16 and t & (t - 1) == 0 for t in tiles), (width, seq_len, blocks)
+                backend.parse_options({"num_warps": blocks.num_warps, "num_stages": blocks.num_stages})
+
+
 def test_launch_on_meta_tensors_is_specialized_as_triton_does(build) -> None:  # noqa: ANN001
     """One launch, grid (B * Hq, query blocks), and the types, constexprs and divisibility marks
     Triton's own binder gives the same arguments (unit strides become constexprs)."""

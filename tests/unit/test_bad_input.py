@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from kernel_guard import graph_kernels, kernels_ran
 
 import ad_mlir
 from ad_mlir.codegen.cache import KernelCache
@@ -70,7 +71,7 @@ class _ComplexAndInt8(torch.nn.Module):
         return torch.view_as_real(z * z).sum(-1), (a + b) * 3, torch.exp(x) + 1
 
 
-def test_complex_and_int8_math_stay_out_of_kernels_and_stay_correct() -> None:
+def test_complex_and_int8_math_stay_out_of_kernels_and_stay_correct(monkeypatch: pytest.MonkeyPatch) -> None:
     """Types the kernels do not support (complex, int8) are carried as torch calls, outside any
     fused region; the float math around them still fuses; results equal eager's."""
     x = torch.randn(4, 6)
@@ -84,9 +85,8 @@ def test_complex_and_int8_math_stay_out_of_kernels_and_stay_correct() -> None:
         types = [str(v.type) for v in (*region.inputs, *region.outputs)]
         assert not any("complex" in t or "i8>" in t for t in types), types
     gm = ad_mlir.compile(ep)
-    kernels = [n for n in gm.graph.nodes if str(n.target).startswith("ad_mlir.")]
-    assert kernels, "the float math around them fuses"
-    with torch.no_grad():
+    graph_kernels(gm)  # the float math around them fuses
+    with torch.no_grad(), kernels_ran(monkeypatch):
         for got, expected in zip(gm(x, a, b), _ComplexAndInt8()(x, a, b), strict=True):
             torch.testing.assert_close(got, expected, rtol=1.3e-6, atol=1e-5)
 

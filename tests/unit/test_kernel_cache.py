@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import ad_mlir
@@ -39,7 +40,7 @@ def _fused_ops(ep: torch.export.ExportedProgram) -> list[ad.FusedOp]:
     return [op for op in program.module.walk() if isinstance(op, ad.FusedOp)]
 
 
-def test_second_compile_generates_nothing(tmp_path: Path) -> None:
+def test_second_compile_generates_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     ep, args = _example()
     first = KernelCache(tmp_path)
     gm = ad_mlir.compile(ep, pipeline=PIPELINE, cache=first)
@@ -47,8 +48,10 @@ def test_second_compile_generates_nothing(tmp_path: Path) -> None:
     assert first.generated == len(files) >= 1 and first.hits == 0
 
     second = KernelCache(tmp_path)
-    gm_again = ad_mlir.compile(ep, pipeline=PIPELINE, cache=second)
+    with caplog.at_level(logging.INFO, logger="ad_mlir.runtime.kernels"):
+        gm_again = ad_mlir.compile(ep, pipeline=PIPELINE, cache=second)
     assert second.generated == 0 and second.hits == len(files)
+    assert any(f"(0 generated, {len(files)} read from the cache" in m for m in caplog.messages), caplog.messages
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.py")} == files
     torch.testing.assert_close(gm_again(*args)[0], gm(*args)[0])
 

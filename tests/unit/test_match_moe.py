@@ -136,3 +136,57 @@ def test_a_loop_that_skips_an_expert_stays_byte_identical(caplog: pytest.LogCapt
         run_pipeline(program.module, "match-moe")
     assert str(program.module) == before
     assert "a loop that does not visit every expert once" in caplog.text
+
+
+class _LoopVariant(LoopMoe):
+    """`LoopMoe` (its default form: softmax, top-k, normalized) with one thing changed: the
+    softmax over `softmax_dim`, the normalization out of place (`w / w.sum(...)`, an `ad.div`,
+    where HF's `w /= ...` stays torch's `div_`), or each expert's up projection reading its
+    tokens reversed along the hidden dim."""
+
+    def __init__(self, softmax_dim: int = 1, out_of_place: bool = False, flip_up: bool = False):
+        super().__init__(experts=3)
+        self.softmax_dim, self.out_of_place, self.flip_up = softmax_dim, out_of_place, flip_up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(self.gate(x), dim=self.softmax_dim, dtype=torch.float)
+        weights, chosen = torch.topk(weights, self.top_k, dim=-1)
+        total = weights.sum(dim=-1, keepdim=True)
+        if self.out_of_place:
+            weights = weights / total
+        else:
+            weights /= total
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        mask = torch.nn.functional.one_hot(chosen, num_classes=self.num_experts).permute(2, 1, 0)
+        for e, expert in enumerate(self.experts):
+            slot, tokens = torch.where(mask[e])
+            h = x[tokens]
+            up = expert.w3(h.flip(-1) if self.flip_up else h)
+            y = expert.w2(torch.nn.functional.silu(expert.w1(h)) * up) * weights[tokens, slot, None]
+            out.index_add_(0, tokens, y.to(x.dtype))
+        return out
+
+
+def test_a_normalization_written_out_of_place_is_matched_too() -> None:
+    torch.manual_seed(0)
+    block = _LoopVariant(out_of_place=True).eval()
+    program = _export(block, torch.randn(5, 48), 0)
+    assert any(isinstance(op, ad.DivOp) for op in _ops(program))
+    assert _matched(program).normalize is not None
+    _check_outputs(program, block, [(1, 48), (13, 48)], torch.float32)
+
+
+@pytest.mark.parametrize(("variant", "reason"), [
+    ({"softmax_dim": 0}, "the top-k values"),  # a softmax over the tokens is no router: its top-k is read otherwise
+    ({"flip_up": True}, "an expert's gate and up projections that are not linears of its tokens"),
+])
+def test_near_misses_of_the_loop_stay_byte_identical(variant: dict, reason: str,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    program = _export(_LoopVariant(**variant).eval(), torch.randn(5, 48), 0)
+    before = str(program.module)
+    with caplog.at_level(logging.INFO, logger="ad_mlir.passes.match_moe"):
+        run_pipeline(program.module, "match-moe")
+    assert str(program.module) == before
+    assert "is not an MoE block this pass knows" in caplog.text and reason in caplog.text, caplog.text

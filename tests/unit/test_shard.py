@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from gloo_ranks import run_on_ranks
+from kernel_guard import graph_kernels, kernels_ran
 from xdsl.parser import Parser
 from xdsl.passes import PassPipeline
 
@@ -21,7 +22,6 @@ from ad_mlir.frontends.export import export_model
 from ad_mlir.passes import get_all_passes
 from ad_mlir.passes.pipeline import make_context, resolve_pipeline, run_pipeline
 from ad_mlir.passes.shard import ShardPass
-from ad_mlir.runtime import kernels
 from ad_mlir.semantics.weights import ShardError
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
@@ -30,15 +30,12 @@ LAYERS = 2
 FAMILIES = ("llama", "qwen2", "mistral")
 
 
-def _refuse_reference(*_: object) -> None:
-    raise AssertionError("a region ran its reference semantics, not its kernel")
-
-
 def _families_on_rank(families: tuple[str, ...], rank: int) -> dict[str, RankResult]:
-    # the kernels run (in the Triton interpreter without CUDA: conftest's environment is inherited)
-    kernels.run_reference = _refuse_reference
-    # hidden 128: 4 query heads and 2 key/value heads of 32, two of each per rank
-    return {f: run_rank(TinyConfig(family=f, layers=LAYERS, hidden_size=128), seq_lens=(5, 12)) for f in families}
+    # the kernels run (in the Triton interpreter without CUDA: conftest's environment is inherited),
+    # never their reference semantics, and no op is left without a kernel (tests/kernel_guard.py)
+    with pytest.MonkeyPatch.context() as patch, kernels_ran(patch):
+        # hidden 128: 4 query heads and 2 key/value heads of 32, two of each per rank
+        return {f: run_rank(TinyConfig(family=f, layers=LAYERS, hidden_size=128), seq_lens=(5, 12)) for f in families}
 
 
 def test_sharded_llama_qwen2_mistral_match_unsharded_logits_on_two_gloo_ranks() -> None:
@@ -63,14 +60,14 @@ def _layer_norm_family_on_rank(family: str, rank: int) -> tuple[float, tuple[str
     from ad_mlir.tools.report import max_abs_error
     from ad_mlir.zoo.small import small_model
 
-    kernels.run_reference = _refuse_reference
     model = small_model(family, layers=1)
     ids = torch.randint(1, 1000, (1, 9), generator=torch.Generator().manual_seed(5))
-    gm = ad_mlir.compile(export_with_ids(model, ids, max_seq=64), pipeline=f"canonicalize,shard{{world-size={WORLD}}},default")
-    with torch.no_grad():
-        error = max_abs_error([model(input_ids=ids).logits], [gm(ids)[0]])
+    with pytest.MonkeyPatch.context() as patch, kernels_ran(patch):
+        gm = ad_mlir.compile(export_with_ids(model, ids, max_seq=64), pipeline=f"canonicalize,shard{{world-size={WORLD}}},default")
+        with torch.no_grad():
+            error = max_abs_error([model(input_ids=ids).logits], [gm(ids)[0]])
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-    return error, tuple(t for t in targets if t.startswith("ad_mlir.")), targets.count(ALL_REDUCE)
+    return error, tuple(graph_kernels(gm)), targets.count(ALL_REDUCE)
 
 
 def test_sharded_opt_keeps_its_layer_norms_whole_and_fused_on_two_gloo_ranks() -> None:
@@ -136,3 +133,26 @@ def test_world_size_one_compiles_the_unsharded_graph() -> None:
     ids = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(gm(ids)[0], model(input_ids=ids).logits)
+
+
+UNLOCATED = """
+func.func @forward(%x: tensor<4x8xf32> {ad.input = "x"}, %w1: tensor<16x8xf32> {ad.param = "w1"},
+                   %w2: tensor<8x16xf32> {ad.param = "w2"}, %w3: tensor<16x8xf32> {ad.param = "w3"})
+                   -> (tensor<4x8xf32>, tensor<4x16xf32>) {
+  %h = ad.linear %x, %w1 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %0 = ad.linear %h, %w2 : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  %1 = ad.linear %x, %w3 : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  func.return %0, %1 : tensor<4x8xf32>, tensor<4x16xf32>
+}
+"""
+
+
+def test_the_log_names_ops_without_a_location_by_their_value_or_their_op(caplog: pytest.LogCaptureFixture) -> None:
+    """No module path to name them by (IR written by hand): a linear is named by its value (%h),
+    or, unnamed (%1), by its op."""
+    module = Parser(make_context(), UNLOCATED).parse_module()
+    with caplog.at_level(logging.INFO, logger="ad_mlir.passes.shard"):
+        run_pipeline(module, "shard{world-size=2}")
+    assert "shard: ad.linear stays replicated: its result reaches the function's results" in caplog.messages
+    assert any("%h column-wise" in m for m in caplog.messages), caplog.messages
+    assert "shard: 1 of 1 blocks sharded over 2 ranks, 1 all_reduce" in caplog.messages

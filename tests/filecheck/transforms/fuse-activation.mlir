@@ -96,6 +96,62 @@ func.func @gpt2(%x: tensor<5x64xf32>, %w1: tensor<64x200xf32>, %b1: tensor<200xf
 
 // -----
 
+// Near misses of GPT-2's tanh GELU stay as they are: x^4 where the formula has x^3, and
+// 1 + tanh added with alpha 2 (that is 2 + tanh).
+// CHECK-LABEL: func.func @fourth_power
+// CHECK-NOT:     ad.activation
+// CHECK:         %pow = ad.pow %v, %1
+// CHECK-NOT:     ad.activation
+// CHECK:         func.return
+func.func @fourth_power(%x: tensor<5x64xf32>, %w1: tensor<64x200xf32>, %b1: tensor<200xf32>, %w2: tensor<200x64xf32>, %b2: tensor<64xf32>) -> tensor<5x64xf32> {
+  %h = ad.addmm %b1, %x, %w1 : (tensor<200xf32>, tensor<5x64xf32>, tensor<64x200xf32>) -> tensor<5x200xf32>
+  %v = ad.reshape %h [1, 5, 200] : tensor<5x200xf32> -> tensor<1x5x200xf32>
+  %0 = ad.constant 5.000000e-01 : f64
+  %mul = ad.mul %v, %0 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %1 = ad.constant 4.000000e+00 : f64
+  %pow = ad.pow %v, %1 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %2 = ad.constant 4.471500e-02 : f64
+  %mul_1 = ad.mul %pow, %2 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %add = ad.add %v, %mul_1 : tensor<1x5x200xf32>, tensor<1x5x200xf32> -> tensor<1x5x200xf32>
+  %3 = ad.constant 0.79788456080286541 : f64
+  %mul_2 = ad.mul %add, %3 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %tanh = ad.tanh %mul_2 : tensor<1x5x200xf32> -> tensor<1x5x200xf32>
+  %4 = ad.constant 1.000000e+00 : f64
+  %add_1 = ad.add %tanh, %4 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %mul_3 = ad.mul %mul, %add_1 : tensor<1x5x200xf32>, tensor<1x5x200xf32> -> tensor<1x5x200xf32>
+  %v2 = ad.reshape %mul_3 [-1, 200] : tensor<1x5x200xf32> -> tensor<5x200xf32>
+  %o = ad.addmm %b2, %v2, %w2 : (tensor<64xf32>, tensor<5x200xf32>, tensor<200x64xf32>) -> tensor<5x64xf32>
+  func.return %o : tensor<5x64xf32>
+}
+
+// CHECK-LABEL: func.func @one_plus_tanh_with_alpha
+// CHECK-NOT:     ad.activation
+// CHECK:         %add_1 = ad.add %tanh, %4 alpha 2
+// CHECK-NOT:     ad.activation
+// CHECK:         func.return
+func.func @one_plus_tanh_with_alpha(%x: tensor<5x64xf32>, %w1: tensor<64x200xf32>, %b1: tensor<200xf32>, %w2: tensor<200x64xf32>, %b2: tensor<64xf32>) -> tensor<5x64xf32> {
+  %h = ad.addmm %b1, %x, %w1 : (tensor<200xf32>, tensor<5x64xf32>, tensor<64x200xf32>) -> tensor<5x200xf32>
+  %v = ad.reshape %h [1, 5, 200] : tensor<5x200xf32> -> tensor<1x5x200xf32>
+  %0 = ad.constant 5.000000e-01 : f64
+  %mul = ad.mul %v, %0 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %1 = ad.constant 3.000000e+00 : f64
+  %pow = ad.pow %v, %1 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %2 = ad.constant 4.471500e-02 : f64
+  %mul_1 = ad.mul %pow, %2 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %add = ad.add %v, %mul_1 : tensor<1x5x200xf32>, tensor<1x5x200xf32> -> tensor<1x5x200xf32>
+  %3 = ad.constant 0.79788456080286541 : f64
+  %mul_2 = ad.mul %add, %3 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %tanh = ad.tanh %mul_2 : tensor<1x5x200xf32> -> tensor<1x5x200xf32>
+  %4 = ad.constant 1.000000e+00 : f64
+  %add_1 = ad.add %tanh, %4 alpha 2 : i64 : tensor<1x5x200xf32>, f64 -> tensor<1x5x200xf32>
+  %mul_3 = ad.mul %mul, %add_1 : tensor<1x5x200xf32>, tensor<1x5x200xf32> -> tensor<1x5x200xf32>
+  %v2 = ad.reshape %mul_3 [-1, 200] : tensor<1x5x200xf32> -> tensor<5x200xf32>
+  %o = ad.addmm %b2, %v2, %w2 : (tensor<64xf32>, tensor<5x200xf32>, tensor<200x64xf32>) -> tensor<5x64xf32>
+  func.return %o : tensor<5x64xf32>
+}
+
+// -----
+
 // BLOOM: bloom_gelu_forward, x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))) in
 // f32, on a linear with its bias: one gelu_tanh activation, the formula's ops gone.
 // CHECK-LABEL: func.func @bloom

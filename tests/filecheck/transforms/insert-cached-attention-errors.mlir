@@ -1,8 +1,10 @@
 // insert-cached-attention: what cannot be cached is an error naming the layer.
 // RUN: ad-opt %s --split-input-file --verify-diagnostics -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
 // RUN: not ad-opt %s -p 'insert-cached-attention{max-batch=0}' 2>&1 | filecheck %s --check-prefix=ZERO
+// RUN: not ad-opt %s -p 'insert-cached-attention{max-seq-len=0}' 2>&1 | filecheck %s --check-prefix=ZERO-LEN
 
 // ZERO: {{^}}error: insert-cached-attention: max-batch 0 and max-seq-len 2048 must be positive{{$}}
+// ZERO-LEN: {{^}}error: insert-cached-attention: max-batch 8 and max-seq-len 0 must be positive{{$}}
 
 // CHECK: model.layers.3.self_attn: its attention mask is neither causal nor a causal sliding window; only those can be cached
 func.func @not_causal(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
@@ -160,4 +162,18 @@ func.func @not_alibi(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<
   %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.blocks.0.attn")
   func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// A shift along the sequence by a concatenation (each token would see the step's tokens only).
+// A range that indexes the step's rows (`x[arange(seq)]`) reaches no embedding and no RoPE
+// table: it is no position, and only the concatenation is named.
+// CHECK: 1 op(s) mix token positions outside the cached attention{{.*}}: model.shift: ad.cat (concatenates over token axis 1).
+func.func @shift_by_cat(%x: tensor<1x?x8xf32> {ad.input = "x"}, %h: tensor<?x8xf32> {ad.input = "h"}, %seq: index) -> (tensor<1x?x8xf32>, tensor<?x8xf32>) {
+  %zero = ad.constant 0 : i64
+  %one = ad.constant 1 : i64
+  %rows = ad.arange %zero, %seq, %one : i64, index, i64 -> tensor<?xi64> loc("model.rows")
+  %picked = ad.torch_op "aten.index.Tensor"(%h, %rows) [#ad.ref<0>, [#ad.ref<1>]] {} : (tensor<?x8xf32>, tensor<?xi64>) -> tensor<?x8xf32>
+  %s = ad.cat %x, %x dim 1 : (tensor<1x?x8xf32>, tensor<1x?x8xf32>) -> tensor<1x?x8xf32> loc("model.shift")
+  func.return %s, %picked : tensor<1x?x8xf32>, tensor<?x8xf32>
 }

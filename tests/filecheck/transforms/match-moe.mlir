@@ -129,6 +129,61 @@ func.func @qwen2_moe_bf16(%p_gate_weight: tensor<4x16xbf16> {ad.param = "gate.we
 
 // -----
 
+// The same block with the shared expert's up projection weight an input of the graph, not a
+// weight: the routed experts become ad.moe, the shared expert stays outside (no shared experts).
+// CHECK-LABEL: func.func @qwen2_moe_shared_expert_of_inputs
+// CHECK:         ad.linear %view, %p_shared_expert_up_proj_weight
+// CHECK:         ad.moe %{{.*}} experts %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}} top_k 2 round_weights :
+// CHECK:         func.return
+func.func @qwen2_moe_shared_expert_of_inputs(%p_gate_weight: tensor<4x16xbf16> {ad.param = "gate.weight"}, %p_experts_gate_up_proj: tensor<4x16x16xbf16> {ad.param = "experts.gate_up_proj"}, %p_experts_down_proj: tensor<4x16x8xbf16> {ad.param = "experts.down_proj"}, %p_shared_expert_gate_proj_weight: tensor<16x16xbf16> {ad.param = "shared_expert.gate_proj.weight"}, %p_shared_expert_up_proj_weight: tensor<16x16xbf16> {ad.input = "shared_up"}, %p_shared_expert_down_proj_weight: tensor<16x16xbf16> {ad.param = "shared_expert.down_proj.weight"}, %p_shared_expert_gate_weight: tensor<1x16xbf16> {ad.param = "shared_expert_gate.weight"}, %hidden_states: tensor<1x?x16xbf16> {ad.input = "hidden_states"}) -> tensor<1x?x16xbf16> {
+  %sym_size_int = ad.sym_size %hidden_states dim 1 : tensor<1x?x16xbf16>
+  %view = ad.reshape %hidden_states [-1, 16] : tensor<1x?x16xbf16> -> tensor<?x16xbf16>
+  %linear = ad.linear %view, %p_shared_expert_gate_proj_weight : (tensor<?x16xbf16>, tensor<16x16xbf16>) -> tensor<?x16xbf16>
+  %silu = ad.silu %linear : tensor<?x16xbf16> -> tensor<?x16xbf16>
+  %linear_1 = ad.linear %view, %p_shared_expert_up_proj_weight : (tensor<?x16xbf16>, tensor<16x16xbf16>) -> tensor<?x16xbf16>
+  %mul = ad.mul %silu, %linear_1 : tensor<?x16xbf16>, tensor<?x16xbf16> -> tensor<?x16xbf16>
+  %linear_2 = ad.linear %mul, %p_shared_expert_down_proj_weight : (tensor<?x16xbf16>, tensor<16x16xbf16>) -> tensor<?x16xbf16>
+  %linear_3 = ad.linear %view, %p_gate_weight : (tensor<?x16xbf16>, tensor<4x16xbf16>) -> tensor<?x4xbf16>
+  %softmax = ad.softmax %linear_3 dim -1 dtype f32 : tensor<?x4xbf16> -> tensor<?x4xf32>
+  %topk, %topk_1 = ad.torch_op "aten.topk.default"(%softmax) [#ad.ref<0>, 2 : i64] {} unpack : (tensor<?x4xf32>) -> (tensor<?x2xf32>, tensor<?x2xi64>)
+  %to = ad.cast %topk : tensor<?x2xf32> -> tensor<?x2xbf16>
+  %reshape = ad.reshape %to [-1] : tensor<?x2xbf16> -> tensor<?xbf16>
+  %reshape_1 = ad.reshape %topk_1 [-1] : tensor<?x2xi64> -> tensor<?xi64>
+  %sort, %sort_1 = ad.torch_op "aten.sort.default"(%reshape_1) [#ad.ref<0>] {} unpack : (tensor<?xi64>) -> (tensor<?xi64>, tensor<?xi64>)
+  %floor_divide = ad.torch_op "aten.floor_divide.default"(%sort_1) [#ad.ref<0>, 2 : i64] {} : (tensor<?xi64>) -> tensor<?xi64>
+  %index = ad.torch_op "aten.index.Tensor"(%view, %floor_divide) [#ad.ref<0>, [#ad.ref<1>]] {} : (tensor<?x16xbf16>, tensor<?xi64>) -> tensor<?x16xbf16>
+  %index_1 = ad.torch_op "aten.index.Tensor"(%reshape, %sort_1) [#ad.ref<0>, [#ad.ref<1>]] {} : (tensor<?xbf16>, tensor<?xi64>) -> tensor<?xbf16>
+  %to_1 = ad.cast %sort : tensor<?xi64> -> tensor<?xf32>
+  %histc = ad.torch_op "aten.histc.default"(%to_1) [#ad.ref<0>, 4 : i64, 0 : i64, 3 : i64] {} : (tensor<?xf32>) -> tensor<4xf32>
+  %cumsum = ad.torch_op "aten.cumsum.default"(%histc) [#ad.ref<0>, 0 : i64] {dtype = i32} : (tensor<4xf32>) -> tensor<4xi32>
+  %transpose = ad.transpose %p_experts_gate_up_proj -2, -1 : tensor<4x16x16xbf16> -> tensor<4x16x16xbf16>
+  %_grouped_mm = ad.torch_op "aten._grouped_mm.default"(%index, %transpose, %cumsum) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} : (tensor<?x16xbf16>, tensor<4x16x16xbf16>, tensor<4xi32>) -> tensor<?x16xbf16>
+  %chunk, %chunk_1 = ad.torch_op "aten.chunk.default"(%_grouped_mm) [#ad.ref<0>, 2 : i64, -1 : i64] {} unpack : (tensor<?x16xbf16>) -> (tensor<?x8xbf16>, tensor<?x8xbf16>)
+  %silu_1 = ad.silu %chunk : tensor<?x8xbf16> -> tensor<?x8xbf16>
+  %mul_1 = ad.mul %silu_1, %chunk_1 : tensor<?x8xbf16>, tensor<?x8xbf16> -> tensor<?x8xbf16>
+  %transpose_1 = ad.transpose %p_experts_down_proj -2, -1 : tensor<4x16x8xbf16> -> tensor<4x8x16xbf16>
+  %_grouped_mm_1 = ad.torch_op "aten._grouped_mm.default"(%mul_1, %transpose_1, %cumsum) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} : (tensor<?x8xbf16>, tensor<4x8x16xbf16>, tensor<4xi32>) -> tensor<?x16xbf16>
+  %unsqueeze = ad.unsqueeze %index_1 dim -1 : tensor<?xbf16> -> tensor<?x1xbf16>
+  %mul_2 = ad.mul %_grouped_mm_1, %unsqueeze : tensor<?x16xbf16>, tensor<?x1xbf16> -> tensor<?x16xbf16>
+  %empty_like = ad.torch_op "aten.empty_like.default"(%sort_1) [#ad.ref<0>] {pin_memory = false} : (tensor<?xi64>) -> tensor<?xi64>
+  %mul_3 = ad.torch_op "_operator.mul"(%sym_size_int) [2 : i64, #ad.ref<0>] {} : (index) -> index
+  %0 = ad.constant 0 : i64
+  %1 = ad.constant 1 : i64
+  %arange = ad.arange %0, %mul_3, %1 device <device "cpu"> : i64, index, i64 -> tensor<?xi64>
+  %index_put_ = ad.torch_op "aten.index_put_.default"(%empty_like, %sort_1, %arange) [#ad.ref<0>, [#ad.ref<1>], #ad.ref<2>] {} : (tensor<?xi64>, tensor<?xi64>, tensor<?xi64>) -> tensor<?xi64>
+  %index_2 = ad.torch_op "aten.index.Tensor"(%mul_2, %index_put_) [#ad.ref<0>, [#ad.ref<1>]] {} : (tensor<?x16xbf16>, tensor<?xi64>) -> tensor<?x16xbf16>
+  %view_1 = ad.reshape %index_2 [%sym_size_int, 2, 16] : tensor<?x16xbf16> -> tensor<?x2x16xbf16>
+  %sum = ad.sum %view_1 dim [1] : tensor<?x2x16xbf16> -> tensor<?x16xbf16>
+  %linear_4 = ad.linear %view, %p_shared_expert_gate_weight : (tensor<?x16xbf16>, tensor<1x16xbf16>) -> tensor<?x1xbf16>
+  %sigmoid = ad.sigmoid %linear_4 : tensor<?x1xbf16> -> tensor<?x1xbf16>
+  %mul_4 = ad.mul %sigmoid, %linear_2 : tensor<?x1xbf16>, tensor<?x16xbf16> -> tensor<?x16xbf16>
+  %add = ad.add %sum, %mul_4 : tensor<?x16xbf16>, tensor<?x16xbf16> -> tensor<?x16xbf16>
+  %reshape_2 = ad.reshape %add [1, %sym_size_int, 16] : tensor<?x16xbf16> -> tensor<1x?x16xbf16>
+  func.return %reshape_2 : tensor<1x?x16xbf16>
+}
+
+// -----
+
 // A hand-written per-expert loop (torch.where on a one-hot mask, each expert's own w1/w3/w2
 // linears, index_add_): the experts' weights are stacked by weight-only ops, w1 and w3 of each
 // expert in turn; torch.export's range asserts on the unbacked sizes go too.

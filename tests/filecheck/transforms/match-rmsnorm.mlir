@@ -23,6 +23,25 @@ func.func @llama_bf16(%x: tensor<2x?x64xbf16>, %w: tensor<64xbf16>) -> tensor<2x
 
 // -----
 
+// The same in f32 (no casts): the weight multiply is in fp32 anyway, and the op keeps Llama's
+// plain form (no weight_in_fp32).
+// CHECK-LABEL: func.func @llama_f32
+// CHECK-NEXT:    %[[N:.*]] = ad.rms_norm %x weight %w eps 1.000000e-05 : (tensor<2x?x64xf32>, tensor<64xf32>) -> tensor<2x?x64xf32>
+// CHECK-NEXT:    func.return %[[N]]
+func.func @llama_f32(%x: tensor<2x?x64xf32>, %w: tensor<64xf32>) -> tensor<2x?x64xf32> {
+  %two = ad.constant 2 : i64
+  %eps = ad.constant 1.0e-05 : f64
+  %sq = ad.pow %x, %two : tensor<2x?x64xf32>, i64 -> tensor<2x?x64xf32>
+  %mean = ad.mean %sq dim [-1] keepdim : tensor<2x?x64xf32> -> tensor<2x?x1xf32>
+  %var = ad.add %mean, %eps : tensor<2x?x1xf32>, f64 -> tensor<2x?x1xf32>
+  %r = ad.rsqrt %var : tensor<2x?x1xf32> -> tensor<2x?x1xf32>
+  %n = ad.mul %x, %r : tensor<2x?x64xf32>, tensor<2x?x1xf32> -> tensor<2x?x64xf32>
+  %y = ad.mul %w, %n : tensor<64xf32>, tensor<2x?x64xf32> -> tensor<2x?x64xf32>
+  func.return %y : tensor<2x?x64xf32>
+}
+
+// -----
+
 // Gemma in bf16: x.float(), the same normalization, then n * (1.0 + w.float()) in f32 and
 // .type_as(x): the weight multiply is in fp32 with offset 1.
 // CHECK-LABEL: func.func @gemma_bf16

@@ -78,3 +78,81 @@ func.func @gptj_q_and_k(%q: tensor<1x?x4x32xf32>, %k: tensor<1x?x4x32xf32>, %cos
   %kh = ad.transpose %kcat 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
   func.return %qh, %kh : tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>
 }
+
+// -----
+
+// A near miss of partial rotary: the dims past 16 are not passed through, the first 16 are (again):
+// cat(rot(x[..., :16]), x[..., :16]) has the head's type but is no rope of x.
+// CHECK-LABEL: func.func @gptj_passing_the_rotated_dims_again
+// CHECK-NOT:     ad.rope
+// CHECK:         func.return
+func.func @gptj_passing_the_rotated_dims_again(%q: tensor<1x?x4x32xf32>, %k: tensor<1x?x4x32xf32>, %cos: tensor<1x?x8xf32>, %sin: tensor<1x?x8xf32>) -> (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>) {
+  %cu = ad.unsqueeze %cos dim 2 : tensor<1x?x8xf32> -> tensor<1x?x1x8xf32>
+  %ctab = ad.torch_op "aten.repeat_interleave.self_int"(%cu) [#ad.ref<0>, 2 : i64, 3 : i64] {} : (tensor<1x?x1x8xf32>) -> tensor<1x?x1x16xf32>
+  %su = ad.unsqueeze %sin dim 2 : tensor<1x?x8xf32> -> tensor<1x?x1x8xf32>
+  %stab = ad.torch_op "aten.repeat_interleave.self_int"(%su) [#ad.ref<0>, 2 : i64, 3 : i64] {} : (tensor<1x?x1x8xf32>) -> tensor<1x?x1x16xf32>
+  %qr = ad.slice %q dim 3 [0, 16, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %qp = ad.slice %q dim 3 [0, 16, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %qc = ad.mul %qr, %ctab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %qe = ad.slice %qr dim 3 [0, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %qo = ad.slice %qr dim 3 [1, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %qn = ad.neg %qo : tensor<1x?x4x8xf32> -> tensor<1x?x4x8xf32>
+  %qst = ad.torch_op "aten.stack.default"(%qn, %qe) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x?x4x8xf32>, tensor<1x?x4x8xf32>) -> tensor<1x?x4x8x2xf32>
+  %qrot = ad.torch_op "aten.flatten.using_ints"(%qst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x?x4x8x2xf32>) -> tensor<1x?x4x16xf32>
+  %qs = ad.mul %qrot, %stab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %qa = ad.add %qc, %qs : tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32> -> tensor<1x?x4x16xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32>) -> tensor<1x?x4x32xf32>
+  %qh = ad.transpose %qcat 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
+  %kr = ad.slice %k dim 3 [0, 16, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %kp = ad.slice %k dim 3 [0, 16, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %kc = ad.mul %kr, %ctab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %ke = ad.slice %kr dim 3 [0, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %ko = ad.slice %kr dim 3 [1, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %kn = ad.neg %ko : tensor<1x?x4x8xf32> -> tensor<1x?x4x8xf32>
+  %kst = ad.torch_op "aten.stack.default"(%kn, %ke) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x?x4x8xf32>, tensor<1x?x4x8xf32>) -> tensor<1x?x4x8x2xf32>
+  %krot = ad.torch_op "aten.flatten.using_ints"(%kst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x?x4x8x2xf32>) -> tensor<1x?x4x16xf32>
+  %ks = ad.mul %krot, %stab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %ka = ad.add %kc, %ks : tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32> -> tensor<1x?x4x16xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32>) -> tensor<1x?x4x32xf32>
+  %kh = ad.transpose %kcat 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
+  func.return %qh, %kh : tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>
+}
+
+// -----
+
+// A near miss of GPT-J's rotate_every_two: stack(-x[..., 1::2], x[..., 1::2]) pairs the odd dims
+// with themselves, not a rotation: no ad.rope.
+// CHECK-LABEL: func.func @gptj_pairs_of_odd_dims_only
+// CHECK-NOT:     ad.rope
+// CHECK:         func.return
+func.func @gptj_pairs_of_odd_dims_only(%q: tensor<1x?x4x32xf32>, %k: tensor<1x?x4x32xf32>, %cos: tensor<1x?x8xf32>, %sin: tensor<1x?x8xf32>) -> (tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>) {
+  %cu = ad.unsqueeze %cos dim 2 : tensor<1x?x8xf32> -> tensor<1x?x1x8xf32>
+  %ctab = ad.torch_op "aten.repeat_interleave.self_int"(%cu) [#ad.ref<0>, 2 : i64, 3 : i64] {} : (tensor<1x?x1x8xf32>) -> tensor<1x?x1x16xf32>
+  %su = ad.unsqueeze %sin dim 2 : tensor<1x?x8xf32> -> tensor<1x?x1x8xf32>
+  %stab = ad.torch_op "aten.repeat_interleave.self_int"(%su) [#ad.ref<0>, 2 : i64, 3 : i64] {} : (tensor<1x?x1x8xf32>) -> tensor<1x?x1x16xf32>
+  %qr = ad.slice %q dim 3 [0, 16, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %qp = ad.slice %q dim 3 [16, 9223372036854775807, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %qc = ad.mul %qr, %ctab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %qe = ad.slice %qr dim 3 [1, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %qo = ad.slice %qr dim 3 [1, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %qn = ad.neg %qo : tensor<1x?x4x8xf32> -> tensor<1x?x4x8xf32>
+  %qst = ad.torch_op "aten.stack.default"(%qn, %qe) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x?x4x8xf32>, tensor<1x?x4x8xf32>) -> tensor<1x?x4x8x2xf32>
+  %qrot = ad.torch_op "aten.flatten.using_ints"(%qst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x?x4x8x2xf32>) -> tensor<1x?x4x16xf32>
+  %qs = ad.mul %qrot, %stab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %qa = ad.add %qc, %qs : tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32> -> tensor<1x?x4x16xf32>
+  %qcat = ad.cat %qa, %qp dim -1 : (tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32>) -> tensor<1x?x4x32xf32>
+  %qh = ad.transpose %qcat 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
+  %kr = ad.slice %k dim 3 [0, 16, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %kp = ad.slice %k dim 3 [16, 9223372036854775807, 1] : tensor<1x?x4x32xf32> -> tensor<1x?x4x16xf32>
+  %kc = ad.mul %kr, %ctab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %ke = ad.slice %kr dim 3 [1, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %ko = ad.slice %kr dim 3 [1, 9223372036854775807, 2] : tensor<1x?x4x16xf32> -> tensor<1x?x4x8xf32>
+  %kn = ad.neg %ko : tensor<1x?x4x8xf32> -> tensor<1x?x4x8xf32>
+  %kst = ad.torch_op "aten.stack.default"(%kn, %ke) [[#ad.ref<0>, #ad.ref<1>], -1 : i64] {} : (tensor<1x?x4x8xf32>, tensor<1x?x4x8xf32>) -> tensor<1x?x4x8x2xf32>
+  %krot = ad.torch_op "aten.flatten.using_ints"(%kst) [#ad.ref<0>, -2 : i64] {} : (tensor<1x?x4x8x2xf32>) -> tensor<1x?x4x16xf32>
+  %ks = ad.mul %krot, %stab : tensor<1x?x4x16xf32>, tensor<1x?x1x16xf32> -> tensor<1x?x4x16xf32>
+  %ka = ad.add %kc, %ks : tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32> -> tensor<1x?x4x16xf32>
+  %kcat = ad.cat %ka, %kp dim -1 : (tensor<1x?x4x16xf32>, tensor<1x?x4x16xf32>) -> tensor<1x?x4x32xf32>
+  %kh = ad.transpose %kcat 1, 2 : tensor<1x?x4x32xf32> -> tensor<1x4x?x32xf32>
+  func.return %qh, %kh : tensor<1x4x?x32xf32>, tensor<1x4x?x32xf32>
+}

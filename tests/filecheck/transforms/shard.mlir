@@ -152,3 +152,68 @@ func.func @unhinted(%x: tensor<4x8xf32> {ad.input = "x"}, %wa: tensor<16x8xf32> 
   %c = ad.linear %r, %wc : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
   func.return %c : tensor<4x8xf32>
 }
+
+// -----
+
+// Views with explicit sizes inside a block (heads written out, as older HF attention code does):
+// the size at the split dim becomes the local one (4 heads -> 2, 16 features -> 8); -1 stays.
+// CHECK-LABEL: func.func @mlp_with_views
+// CHECK:         %v = ad.reshape %u [2, -1, 2, 4] : tensor<2x?x8xf32> -> tensor<2x?x2x4xf32>
+// CHECK:         %b = ad.reshape %a [2, -1, 8] : tensor<2x?x2x4xf32> -> tensor<2x?x8xf32>
+// CHECK:         ad.all_reduce %d "sum"
+func.func @mlp_with_views(%x: tensor<2x?x8xf32> {ad.input = "x"}, %wu: tensor<16x8xf32> {ad.param = "mlp.up.weight"}, %wd: tensor<8x16xf32> {ad.param = "mlp.down.weight"}) -> tensor<2x?x8xf32> {
+  %u = ad.linear %x, %wu : (tensor<2x?x8xf32>, tensor<16x8xf32>) -> tensor<2x?x16xf32>
+  %v = ad.reshape %u [2, -1, 4, 4] : tensor<2x?x16xf32> -> tensor<2x?x4x4xf32>
+  %a = ad.relu %v : tensor<2x?x4x4xf32> -> tensor<2x?x4x4xf32>
+  %b = ad.reshape %a [2, -1, 16] : tensor<2x?x4x4xf32> -> tensor<2x?x16xf32>
+  %d = ad.linear %b, %wd : (tensor<2x?x16xf32>, tensor<8x16xf32>) -> tensor<2x?x8xf32>
+  func.return %d : tensor<2x?x8xf32>
+}
+
+// -----
+
+// Eager attention (two matmuls over [b, heads, s, d] and a softmax, no SDPA op): split along the
+// heads, a batch dim of both matmuls (2 heads -> 1 per rank); one all_reduce after o.
+// CHECK-LABEL: func.func @eager_attention
+// CHECK:         %s = ad.matmul %qt, %ktt : (tensor<1x1x?x4xf32>, tensor<1x1x4x?xf32>) -> tensor<1x1x?x?xf32>
+// CHECK:         %a = ad.matmul %p, %vt : (tensor<1x1x?x?xf32>, tensor<1x1x?x4xf32>) -> tensor<1x1x?x4xf32>
+// CHECK:         %o = ad.linear %ar, %wo : (tensor<1x?x4xf32>, tensor<8x4xf32>) -> tensor<1x?x8xf32>
+// CHECK-NEXT:    ad.all_reduce %o "sum"
+func.func @eager_attention(%x: tensor<1x?x8xf32> {ad.input = "x"}, %wq: tensor<8x8xf32> {ad.param = "attn.q.weight"}, %wk: tensor<8x8xf32> {ad.param = "attn.k.weight"}, %wv: tensor<8x8xf32> {ad.param = "attn.v.weight"}, %wo: tensor<8x8xf32> {ad.param = "attn.o.weight"}) -> tensor<1x?x8xf32> {
+  %q = ad.linear %x, %wq : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %k = ad.linear %x, %wk : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %v = ad.linear %x, %wv : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %qh = ad.reshape %q [1, -1, 2, 4] : tensor<1x?x8xf32> -> tensor<1x?x2x4xf32>
+  %kh = ad.reshape %k [1, -1, 2, 4] : tensor<1x?x8xf32> -> tensor<1x?x2x4xf32>
+  %vh = ad.reshape %v [1, -1, 2, 4] : tensor<1x?x8xf32> -> tensor<1x?x2x4xf32>
+  %qt = ad.transpose %qh 1, 2 : tensor<1x?x2x4xf32> -> tensor<1x2x?x4xf32>
+  %kt = ad.transpose %kh 1, 2 : tensor<1x?x2x4xf32> -> tensor<1x2x?x4xf32>
+  %vt = ad.transpose %vh 1, 2 : tensor<1x?x2x4xf32> -> tensor<1x2x?x4xf32>
+  %ktt = ad.transpose %kt 2, 3 : tensor<1x2x?x4xf32> -> tensor<1x2x4x?xf32>
+  %s = ad.matmul %qt, %ktt : (tensor<1x2x?x4xf32>, tensor<1x2x4x?xf32>) -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %s dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %a = ad.matmul %p, %vt : (tensor<1x2x?x?xf32>, tensor<1x2x?x4xf32>) -> tensor<1x2x?x4xf32>
+  %at = ad.transpose %a 1, 2 : tensor<1x2x?x4xf32> -> tensor<1x?x2x4xf32>
+  %ar = ad.reshape %at [1, -1, 8] : tensor<1x?x2x4xf32> -> tensor<1x?x8xf32>
+  %o = ad.linear %ar, %wo : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  func.return %o : tensor<1x?x8xf32>
+}
+
+// -----
+
+// A matmul whose split dim is its rows on one side and what it contracts on the other (a
+// [.., 2, 4] @ [.., 4, 2] of two split linears): the block stays whole.
+// CHECK-LABEL: func.func @matmul_over_the_split_dim
+// CHECK-SAME:    %wa: tensor<8x8xf32> {ad.param = "blk.a.weight"}
+// CHECK-NOT:     ad.all_reduce
+// CHECK:         func.return
+func.func @matmul_over_the_split_dim(%x: tensor<1x?x8xf32> {ad.input = "x"}, %wa: tensor<8x8xf32> {ad.param = "blk.a.weight"}, %wb: tensor<8x8xf32> {ad.param = "blk.b.weight"}, %wo: tensor<8x4xf32> {ad.param = "blk.o.weight"}) -> tensor<1x?x8xf32> {
+  %a = ad.linear %x, %wa : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %b = ad.linear %x, %wb : (tensor<1x?x8xf32>, tensor<8x8xf32>) -> tensor<1x?x8xf32>
+  %ah = ad.reshape %a [1, -1, 2, 4] : tensor<1x?x8xf32> -> tensor<1x?x2x4xf32>
+  %bh = ad.reshape %b [1, -1, 4, 2] : tensor<1x?x8xf32> -> tensor<1x?x4x2xf32>
+  %m = ad.matmul %ah, %bh : (tensor<1x?x2x4xf32>, tensor<1x?x4x2xf32>) -> tensor<1x?x2x2xf32>
+  %mr = ad.reshape %m [1, -1, 4] : tensor<1x?x2x2xf32> -> tensor<1x?x4xf32>
+  %o = ad.linear %mr, %wo : (tensor<1x?x4xf32>, tensor<8x4xf32>) -> tensor<1x?x8xf32>
+  func.return %o : tensor<1x?x8xf32>
+}

@@ -1,0 +1,583 @@
+"""Mutation testing of the compiler's core, as a benchmark (not a CI step): how many small
+breaks of `passes/`, `codegen/`, `runtime/` and the cache parts of `llm/llm.py` the tests catch.
+
+    python -m ad_mlir.bench.mutation --sample 150 --seed 27      # about an hour on 2 CPU cores
+    python -m ad_mlir.bench.mutation --list --sample 10          # the sample only, nothing run
+    python -m ad_mlir.bench.mutation --rerun                     # the survivors again, after new tests
+    python -m ad_mlir.bench.mutation --report                    # results.md again from the JSON
+
+Mutations are cosmic-ray's operators (operators replaced, comparisons flipped, numbers moved by
+one, `break`/`continue` swapped, loops that run zero times, decorators removed, exceptions that
+no longer catch, ...). Every place in the mutated files where an operator applies is a site;
+the sample is a seeded random draw of sites, one mutation per site, drawn at random among those
+that apply there (a sample of mutations would be mostly `a + b` replaced by each of a dozen other
+operators). Sites inside type annotations are left out: with `from __future__ import annotations`
+they are strings that nothing evaluates.
+
+Each mutant runs in a scratch copy of the repository's files (the working tree is never
+changed; PYTHONPATH points the tests there) against only the tests mapped to its file in
+`TESTS` (FileCheck files through lit, then pytest with `-x`), so one mutant takes seconds. A
+mutant is killed when those tests fail or run past `--timeout-factor` times the file's
+unmutated run, which must pass first; it survives when they pass. The score is killed / run.
+
+Results go to `--out` (benchmarks/results/mutation/): results.json (machine, tool and version,
+seed, every mutant with its diff, outcome and time) and results.md (score and a table of every
+survivor). Survivors are explained in notes.json beside them (mutant id -> the test that now
+kills it, or why the mutant is equivalent); `--rerun` runs the survivors again and records the
+outcome beside the first one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import datetime
+import difflib
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "benchmarks" / "results" / "mutation"
+
+
+@dataclass(frozen=True)
+class Tests:
+    """The tests that cover one source file: FileCheck files (run by lit) and pytest targets."""
+
+    lit: tuple[str, ...] = ()
+    pytest: tuple[str, ...] = ()
+
+
+def _lit(*names: str) -> tuple[str, ...]:
+    return tuple(n if "/" in n else f"tests/filecheck/transforms/{n}.mlir" for n in names)
+
+
+_TRITON = "tests/filecheck/codegen/triton.mlir"
+_CACHED = ("insert-cached-attention", "insert-cached-attention-errors")
+_REGIONS = ("tests/unit/test_compile_random.py", "-k", "not random_ and not norm_and_softmax and not each_case")
+_NUMERIC = ("tests/unit/test_codegen_numeric.py", "tests/unit/test_kernel_ops.py")
+
+TESTS: dict[str, Tests] = {
+    # passes: their FileCheck files first (a second each), then the pytest files that run them
+    "ad_mlir/passes/__init__.py": Tests(_lit("fuse-silu-mul"), ("tests/unit/test_pipeline_config.py",)),
+    "ad_mlir/passes/canonicalize.py": Tests(_lit("tests/filecheck/dialects/ad/canonicalize.mlir"),
+                                            ("tests/unit/test_canonicalize.py", "-k", "cast or llama")),
+    "ad_mlir/passes/decompose.py": Tests(_lit("decompose"), ("tests/unit/test_llm_ops.py", "-k", "decomposition")),
+    "ad_mlir/passes/default.py": Tests((), ("tests/unit/test_pipeline_config.py", "tests/unit/test_kernel_ops.py")),
+    "ad_mlir/passes/fuse_activation.py": Tests(_lit("fuse-activation"), ("tests/unit/test_pass_logs.py",
+                                                                         "tests/unit/test_llm_ops.py", "-k", "activation")),
+    "ad_mlir/passes/fuse_add_layernorm.py": Tests(_lit("fuse-add-layernorm"),
+                                                  ("tests/unit/test_layer_norm.py", "-k", "not sm90")),
+    "ad_mlir/passes/fuse_add_rmsnorm.py": Tests(_lit("fuse-add-rmsnorm"), ("tests/unit/test_verify.py", "-k", "wrong_rewrite")),
+    "ad_mlir/passes/fuse_elementwise.py": Tests(_lit("fuse-elementwise", _TRITON), _REGIONS),
+    "ad_mlir/passes/fuse_gelu_mul.py": Tests(_lit("fuse-gelu-mul")),
+    "ad_mlir/passes/fuse_gemms.py": Tests(_lit("fuse-gemms"), ("tests/unit/test_pipeline_config.py",)),
+    "ad_mlir/passes/fuse_rmsnorm_quant.py": Tests(_lit("fuse-rmsnorm-quant"), ("tests/unit/test_fp8.py",)),
+    "ad_mlir/passes/fuse_rope_attention.py": Tests(_lit("fuse-rope-attention"), ("tests/unit/test_llm_ops.py", "-k", "rope")),
+    "ad_mlir/passes/fuse_silu_mul.py": Tests(_lit("fuse-silu-mul")),
+    "ad_mlir/passes/insert_cached_attention.py": Tests(_lit(*_CACHED), ("tests/unit/test_verify.py", "-k", "cached")),
+    "ad_mlir/passes/match_layernorm.py": Tests(_lit("match-layernorm"),
+                                               ("tests/unit/test_layer_norm.py", "-k", "spell or two_dims")),
+    "ad_mlir/passes/match_moe.py": Tests(_lit("match-moe"), ("tests/unit/test_match_moe.py",)),
+    "ad_mlir/passes/match_rmsnorm.py": Tests(_lit("match-rmsnorm")),
+    "ad_mlir/passes/optimize_rope.py": Tests(_lit("optimize-rope")),
+    "ad_mlir/passes/pipeline.py": Tests((), ("tests/unit/test_pipeline_config.py", "tests/unit/test_verify.py", "-k",
+                                             "pipeline or skip or failing or yaml")),
+    "ad_mlir/passes/position_mixing.py": Tests(_lit(*_CACHED)),
+    "ad_mlir/passes/quantize_linear_fp8.py": Tests(_lit("quantize-linear-fp8"), ("tests/unit/test_fp8.py",)),
+    "ad_mlir/passes/shard.py": Tests(_lit("shard", "shard-errors", "shard-moe"),
+                                     ("tests/unit/test_shard.py", "-k", "not gloo")),
+    "ad_mlir/passes/verify.py": Tests((), ("tests/unit/test_verify.py", "-k", "not every_family")),
+    "ad_mlir/passes/patterns/__init__.py": Tests(_lit("fuse-silu-mul")),
+    "ad_mlir/passes/patterns/activations.py": Tests(_lit("fuse-activation", "fuse-gelu-mul", "fuse-silu-mul")),
+    "ad_mlir/passes/patterns/add_norm.py": Tests(_lit("fuse-add-rmsnorm", "fuse-add-layernorm", "fuse-rmsnorm-quant")),
+    "ad_mlir/passes/patterns/attention_masks.py": Tests(_lit("fuse-rope-attention", *_CACHED)),
+    "ad_mlir/passes/patterns/attention_patterns.py": Tests(_lit("fuse-rope-attention", *_CACHED)),
+    "ad_mlir/passes/patterns/conv_patterns.py": Tests(_lit(*_CACHED)),
+    "ad_mlir/passes/patterns/scan_patterns.py": Tests(_lit(*_CACHED)),
+    "ad_mlir/passes/patterns/matching.py": Tests(_lit("fuse-rope-attention", "match-rmsnorm", "match-layernorm",
+                                                      "fuse-silu-mul", "match-moe", *_CACHED),
+                                                 ("tests/unit/test_matching.py",)),
+    "ad_mlir/passes/patterns/pattern_pass.py": Tests(_lit("fuse-silu-mul", "fuse-add-rmsnorm", "match-rmsnorm",
+                                                          "match-layernorm"),  # three patterns in one walk
+                                                     ("tests/unit/test_pass_logs.py",)),
+    "ad_mlir/passes/patterns/regions.py": Tests(_lit("fuse-elementwise", _TRITON)),
+    "ad_mlir/passes/patterns/rope.py": Tests(_lit("fuse-rope-attention", "optimize-rope")),
+    # codegen: the kernels' own tests in the interpreter (PTX tests left out: seconds each)
+    "ad_mlir/codegen/__init__.py": Tests((_TRITON,)),
+    "ad_mlir/codegen/attention_kernel.py": Tests(
+        (), ("tests/unit/test_attention_kernel.py", "-k", "not ptx and not sliding_window_matches and not any_head_dim "
+             "and not rope_causal_gqa and not qk_norm and not random_mask")),
+    "ad_mlir/codegen/blocks.py": Tests((_TRITON,), _NUMERIC),
+    "ad_mlir/codegen/cache.py": Tests((), ("tests/unit/test_kernel_cache.py",)),
+    "ad_mlir/codegen/cached_attention_kernel.py": Tests(
+        (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
+             "split_boundaries and not any_head_dim")),
+    "ad_mlir/codegen/causal_conv_kernel.py": Tests((), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/ssm_scan_kernel.py": Tests((), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
+    "ad_mlir/codegen/gated_delta_rule_kernel.py": Tests(
+        (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "gated_delta_rule and not ptx")),
+    "ad_mlir/codegen/interpreter.py": Tests((), ("tests/unit/test_interpreter_switch.py",)),
+    "ad_mlir/codegen/launch.py": Tests((), _NUMERIC),
+    "ad_mlir/codegen/lowering.py": Tests((), ("tests/unit/test_llm_ops.py", "tests/unit/test_kernel_ops.py",
+                                              "tests/unit/test_verify.py::test_compile_verify_checks_the_cached_attention_kernel")),
+    "ad_mlir/codegen/moe_kernel.py": Tests((), ("tests/unit/test_moe_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/ptx.py": Tests((), ("tests/unit/test_ptx.py", "-k", "vectorized or rejects")),
+    "ad_mlir/codegen/region_kernel.py": Tests((_TRITON,), (*_NUMERIC, *_REGIONS)),
+    "ad_mlir/codegen/rope_kernel.py": Tests(_lit("optimize-rope"), ("tests/unit/test_llm_ops.py", "-k", "rope")),
+    "ad_mlir/codegen/skeleton.py": Tests((_TRITON,), _NUMERIC),
+    "ad_mlir/codegen/target.py": Tests(_lit(_TRITON, "fuse-rope-attention", "optimize-rope")),
+    "ad_mlir/codegen/writer.py": Tests((_TRITON,), _NUMERIC),
+    # runtime: the compiled graph's export, the kernels' registration, the kernel check
+    "ad_mlir/runtime/__init__.py": Tests((), ("tests/unit/test_kernel_ops.py",)),
+    "ad_mlir/runtime/fx_export.py": Tests((), ("tests/unit/test_import_export.py", "tests/unit/test_kernel_ops.py")),
+    "ad_mlir/runtime/kernels.py": Tests((), (*_NUMERIC, "tests/unit/test_llm_ops.py",
+                                             "tests/unit/test_kernel_cache.py::test_second_compile_generates_nothing",
+                                             "-k", "kernel or second_compile")),
+    "ad_mlir/runtime/verify.py": Tests((), ("tests/unit/test_verify.py", "-k", "compile_verify")),
+    # the cache parts of llm.py
+    "ad_mlir/llm/llm.py": Tests(_lit(*_CACHED), (
+        "tests/models/test_llm_runtime.py", "-k", "not command_line",
+        "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",
+        "tests/models/test_sequence_mixers.py::test_a_byte_budget_leaves_a_model_of_states_alone_at_its_longest")),
+}
+"""Source file (relative to the repository) -> the tests its mutants run against. Every file
+that `mutated_files` returns has an entry (tests/unit/test_mutation.py checks it)."""
+
+LLM_CACHE_PARTS = (
+    "cached_pipeline", "split_spec", "export_for_cache", "_hf_cache_off", "cache_arguments",
+    "LLM.cache_bytes", "LLM.state_bytes", "LLM.cache_tokens", "LLM._seq_len_for_budget", "LLM.step",
+    "LLM.forward", "LLM.decode", "_check_budget", "pad_to_bucket",
+)
+"""The functions of llm/llm.py that insert, size and feed the cache (the constructor and the
+sampling loop are not the cache insertion)."""
+
+
+def mutated_files(root: Path = ROOT) -> list[str]:
+    """The files mutated: every module of passes/, codegen/ and runtime/, and llm/llm.py."""
+    package = root / "ad_mlir"
+    found = [p for d in ("passes", "codegen", "runtime") for p in sorted((package / d).rglob("*.py"))]
+    return [str(p.relative_to(root)) for p in found] + ["ad_mlir/llm/llm.py"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mutation: cosmic-ray's operator applied at its `occurrence` in `file`."""
+
+    file: str
+    operator: str
+    occurrence: int
+    line: int
+    column: int
+    end: tuple[int, int]
+    mutation: str = ""
+    """The mutated source line, as `old -> new` (filled in by `describe`)."""
+
+    @property
+    def id(self) -> str:
+        return f"{self.file}:{self.operator}:{self.occurrence}"
+
+    @property
+    def site(self) -> tuple[str, int, int]:
+        return self.file, self.line, self.column
+
+
+Span = tuple[tuple[int, int], tuple[int, int]]
+
+
+def annotation_spans(tree: ast.AST) -> list[Span]:
+    """((line, column), (end line, end column)) of every type annotation."""
+    found = [n.annotation for n in ast.walk(tree) if isinstance(n, ast.arg | ast.AnnAssign) and n.annotation]
+    found += [n.returns for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.returns]
+    return [((a.lineno, a.col_offset), (a.end_lineno or a.lineno, a.end_col_offset or 0)) for a in found]
+
+
+def _inside(position: tuple[int, int], spans: Sequence[Span]) -> bool:
+    return any(start <= position < end for start, end in spans)
+
+
+def _definition_ranges(tree: ast.Module, names: Sequence[str]) -> list[tuple[int, int]]:
+    """The line ranges of the functions (`name` or `Class.name`) given."""
+    ranges = []
+    for node in tree.body:
+        members = node.body if isinstance(node, ast.ClassDef) else [node]
+        prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+        for member in members:
+            if isinstance(member, ast.FunctionDef) and prefix + member.name in names:
+                ranges.append((member.lineno, member.end_lineno or member.lineno))
+    return ranges
+
+
+def enumerate_mutants(root: Path, file: str) -> list[Mutant]:
+    """Every mutant cosmic-ray's operators make of `file` (sites in annotations left out; for
+    llm/llm.py only those in `LLM_CACHE_PARTS`)."""
+    import cosmic_ray.plugins
+    from cosmic_ray.ast import ast_nodes, get_ast_from_path
+
+    source = (root / file).read_text()
+    tree = ast.parse(source)
+    annotations = annotation_spans(tree)
+    ranges = _definition_ranges(tree, LLM_CACHE_PARTS) if file.endswith("llm/llm.py") else None
+    module = get_ast_from_path(root / file)
+    mutants = []
+    for name in cosmic_ray.plugins.operator_names():
+        operator_class = cosmic_ray.plugins.get_operator(name)
+        if operator_class.arguments():  # VariableReplacer/-Inserter need a variable named
+            continue
+        operator = operator_class()
+        positions = [span for node in ast_nodes(module) for span in operator.mutation_positions(node)]
+        for occurrence, ((line, column), end) in enumerate(positions):
+            if _inside((line, column), annotations):
+                continue
+            if ranges is not None and not any(a <= line <= b for a, b in ranges):
+                continue
+            mutants.append(Mutant(file, name, occurrence, line, column, tuple(end)))
+    return mutants
+
+
+def draw(mutants: Sequence[Mutant], sample: int, seed: int) -> list[Mutant]:
+    """`sample` sites drawn at random (seeded), one mutant each, drawn among the site's."""
+    by_site: dict[tuple[str, int, int], list[Mutant]] = {}
+    for m in mutants:
+        by_site.setdefault(m.site, []).append(m)
+    rng = random.Random(seed)
+    sites = rng.sample(sorted(by_site), min(sample, len(by_site)))
+    return sorted((rng.choice(by_site[s]) for s in sites), key=lambda m: (m.file, m.line, m.column, m.operator))
+
+
+def describe(root: Path, mutant: Mutant) -> Mutant:
+    """`mutant` with its `mutation`: the changed source line(s), old -> new."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import mutate_code
+
+    source = (root / mutant.file).read_text()
+    mutated = mutate_code(source, cosmic_ray.plugins.get_operator(mutant.operator)(), mutant.occurrence)
+    if mutated is None:
+        return dataclasses.replace(mutant, mutation="(no mutation applies)")
+    diff = difflib.unified_diff(source.splitlines(), mutated.splitlines(), n=0, lineterm="")
+    changed = [d for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---"))]
+    old = " / ".join(d[1:].strip() for d in changed if d[0] == "-")
+    new = " / ".join(d[1:].strip() for d in changed if d[0] == "+")
+    return dataclasses.replace(mutant, mutation=f"{old} -> {new or '(removed)'}")
+
+
+def scratch_copy(root: Path, into: Path) -> Path:
+    """The repository's tracked and unignored files, copied to `into`/repo."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    copy = into / "repo"
+    for f in filter(None, files):
+        if (root / f).is_file():
+            (copy / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / f, copy / f)
+    return copy
+
+
+def test_command(copy: Path, tests: Tests) -> str:
+    """One shell command that runs `tests` in the scratch copy and fails if any fails."""
+    bin_dir = Path(sys.executable).parent
+    parts = []
+    if tests.lit:
+        parts.append(shlex.join([str(bin_dir / "lit"), "-q", *tests.lit]))
+    if tests.pytest:
+        parts.append(shlex.join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                 "-p", "no:randomly", *tests.pytest]))
+    script = f"cd {shlex.quote(str(copy))} && " + " && ".join(parts)
+    return shlex.join(["bash", "-c", script])
+
+
+def _run(command: str, timeout: float) -> tuple[str, str]:
+    """cosmic-ray's test runner: ("killed" | "timeout" | "survived", output)."""
+    from cosmic_ray.testing import run_tests
+
+    outcome, output = run_tests(command, timeout)
+    if output == "timeout":
+        return "timeout", output
+    return ("killed" if outcome == "killed" else "survived"), output
+
+
+def _first_failure(output: str) -> str:
+    """The first failing test named in pytest's or lit's output ("" when none is)."""
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "FAIL: ", "ERROR ")):
+            return line.split(" - ")[0].strip()
+    return ""
+
+
+@dataclass
+class Scratch:
+    """A scratch copy of the repository that the tests run in, and the temporary directory they use."""
+
+    repo: Path
+    tmp: Path
+
+    @classmethod
+    def make(cls, root: Path, into: Path) -> Scratch:
+        scratch = cls(scratch_copy(root, into), into / "tmp")
+        scratch.tmp.mkdir()
+        # The tests import the copy, not the working tree the editable install points at.
+        os.environ["PYTHONPATH"] = str(scratch.repo)
+        os.environ["TMPDIR"] = str(scratch.tmp)
+        return scratch
+
+    def clean_tmp(self) -> None:
+        """Each run's kernel cache and temporary files go: no mutant reuses another's kernels."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir()
+
+
+def baseline(scratch: Scratch, files: Sequence[str]) -> dict[str, float]:
+    """Seconds each file's tests take unmutated; raises when they fail (every mutant would count
+    as killed)."""
+    seconds = {}
+    for file in sorted(set(files)):
+        start = time.monotonic()
+        status, output = _run(test_command(scratch.repo, TESTS[file]), 1800)
+        scratch.clean_tmp()
+        if status != "survived":
+            raise RuntimeError(f"the tests of {file} fail without a mutation ({status}):\n{output[-3000:]}")
+        seconds[file] = round(time.monotonic() - start, 1)
+        print(f"baseline {file}: {seconds[file]} s", flush=True)
+    return seconds
+
+
+def run_mutant(scratch: Scratch, mutant: Mutant, timeout: float) -> dict[str, Any]:
+    """Applies `mutant` in the scratch copy, runs its file's tests, puts the file back."""
+    from cosmic_ray.mutating import mutate_and_test
+    from cosmic_ray.work_item import MutationSpec, WorkerOutcome
+
+    spec = MutationSpec(module_path=scratch.repo / mutant.file, operator_name=mutant.operator,
+                        occurrence=mutant.occurrence, start_pos=(mutant.line, mutant.column), end_pos=mutant.end)
+    start = time.monotonic()
+    result = mutate_and_test([spec], test_command(scratch.repo, TESTS[mutant.file]), timeout)
+    scratch.clean_tmp()
+    output = result.output or ""
+    if result.worker_outcome == WorkerOutcome.NO_TEST:
+        status = "no mutation"
+    elif result.worker_outcome != WorkerOutcome.NORMAL:
+        status = "error"
+    else:
+        status = "timeout" if output == "timeout" else str(result.test_outcome.value)
+    return {"status": status, "seconds": round(time.monotonic() - start, 1),
+            "killed_by": _first_failure(output), "date": _now()}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def machine() -> dict[str, Any]:
+    """What ran the mutants: the CPU, cores, memory, Python and torch, and the load."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    memory = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal")), "0") if Path("/proc/meminfo").exists() else "0"
+    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+            "memory_gib": round(int(memory) / 2**20, 1), "python": platform.python_version(),
+            "torch": metadata.version("torch"), "load_average_at_start": os.getloadavg()}
+
+
+KILLED = ("killed", "timeout")
+
+
+def score(mutants: Sequence[dict[str, Any]], after_rerun: bool = False) -> dict[str, Any]:
+    """Killed (a failing test or a timeout) over the mutants that ran."""
+    def status(m: dict[str, Any]) -> str:
+        return m["rerun"]["status"] if after_rerun and "rerun" in m else m.get("status", "not run")
+
+    ran = [m for m in mutants if status(m) in (*KILLED, "survived")]
+    killed = sum(status(m) in KILLED for m in ran)
+    return {"killed": killed, "survived": len(ran) - killed, "ran": len(ran),
+            "not_run": len(mutants) - len(ran), "percent": round(100 * killed / max(len(ran), 1), 1)}
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    results["score"] = score(results["mutants"])
+    if any("rerun" in m for m in results["mutants"]):
+        results["score_after_new_tests"] = score(results["mutants"], after_rerun=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.md").write_text(report(results, _notes(out)))
+
+
+def _notes(out: Path) -> dict[str, str]:
+    path = out / "notes.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def report(results: dict[str, Any], notes: dict[str, str]) -> str:
+    """results.md: the run, the score, and every survivor with its explanation."""
+    s = results["score"]
+    m = results["machine"]
+    lines = [
+        "# Mutation run", "",
+        f"`{results['command']}`, {results['started']} to {results.get('finished', '(unfinished)')} "
+        f"({results.get('wall_s', 0) / 60:.0f} min).", "",
+        f"- tool: {results['tool']} ({', '.join(results['operators'])})",
+        f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, Python {m['python']}, "
+        f"torch {m['torch']}; load average at start {', '.join(f'{x:.1f}' for x in m['load_average_at_start'])}"
+        f"{'; ' + results['machine_note'] if results.get('machine_note') else ''}",
+        f"- mutated: {len(results['files'])} files of passes/, codegen/, runtime/ and llm/llm.py's cache parts; "
+        f"{results['sites']} sites, {results['mutants_total']} mutants in all",
+        f"- sample: {results['sample']} sites (seed {results['seed']}), one mutant each",
+        *([f"- sources: {results['sources']}"] if results.get("sources") else []),
+        *([f"- survivors run again: `{results['rerun']['command']}`, {results['rerun']['started']} to "
+           f"{results['rerun']['finished']}"] if isinstance(results.get("rerun"), dict) else []),
+        f"- **score: {s['killed']} killed / {s['ran']} run = {s['percent']}%** ({s['survived']} survived, "
+        f"{s['not_run']} not run)",
+    ]
+    after = results.get("score_after_new_tests")
+    if after:
+        lines.append(f"- **after the new tests (survivors run again): {after['killed']} / {after['ran']} = "
+                     f"{after['percent']}%**")
+    survivors = [m for m in results["mutants"] if m.get("status") == "survived"]
+    kinds = {kind: sum(notes.get(m["id"], "").startswith(kind) for m in survivors)
+             for kind in ("killed by", "equivalent", "not killed")}
+    if survivors:
+        equivalent = kinds["equivalent"]
+        lines.append(f"- survivors: {kinds['killed by']} killed by tests added since, {equivalent} equivalent, "
+                     f"{kinds['not killed']} not killed yet, {len(survivors) - sum(kinds.values())} unexplained"
+                     + (f"; without the equivalent mutants: {after['killed']} / {after['ran'] - equivalent} = "
+                        f"{100 * after['killed'] / max(after['ran'] - equivalent, 1):.1f}%" if after else ""))
+    lines += ["", "## Survivors", "",
+              "| mutant | line | mutation | run again | explanation |", "|---|---|---|---|---|"]
+    for mut in results["mutants"]:
+        if mut.get("status") != "survived":
+            continue
+        again = mut.get("rerun", {}).get("status", "")
+        note = notes.get(mut["id"], "(not yet explained)").replace("|", "\\|")
+        change = mut["mutation"].replace("|", "\\|")
+        lines.append(f"| `{mut['operator'].split('/')[-1]}` #{mut['occurrence']} | {mut['file']}:{mut['line']} | "
+                     f"`{change}` | {again} | {note} |")
+    lines += ["", "## Per file", "", "| file | mutants | killed | baseline s | tests |", "|---|---|---|---|---|"]
+    for file, info in sorted(results["files"].items()):
+        mine = [x for x in results["mutants"] if x["file"] == file]
+        tests = " ".join(info["tests"]["lit"] + info["tests"]["pytest"])
+        again = info.get("rerun_tests")
+        if again and again != info["tests"]:
+            tests += "; run again with: " + " ".join(again["lit"] + again["pytest"])
+        lines.append(f"| {file} | {len(mine)} | {sum(x.get('status') in KILLED for x in mine)} | "
+                     f"{info.get('baseline_s', '')} | {tests} |")
+    return "\n".join(lines) + "\n"
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ad_mlir.bench.mutation", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--sample", type=int, default=150, help="mutation sites drawn (default 150)")
+    p.add_argument("--seed", type=int, default=27, help="the draw's seed (default 27)")
+    p.add_argument("--files", nargs="*", default=None,
+                   help="mutate only these files (paths as in TESTS); default: every mapped file")
+    p.add_argument("--out", type=Path, default=OUT, help="results directory (default benchmarks/results/mutation)")
+    p.add_argument("--timeout-factor", type=float, default=3.0,
+                   help="a mutant's tests time out at this many times the unmutated run (default 3)")
+    p.add_argument("--min-timeout", type=float, default=60.0, help="seconds, at least (default 60)")
+    p.add_argument("--machine-note", default="", help="a line about the machine recorded with the results")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--list", action="store_true", help="print the sample and stop")
+    mode.add_argument("--resume", action="store_true", help="go on with an unfinished run in --out")
+    mode.add_argument("--rerun", action="store_true", help="run the survivors in --out again (after new tests)")
+    mode.add_argument("--report", action="store_true", help="write results.md again from results.json and notes.json")
+    return p.parse_args(argv)
+
+
+def _need_cosmic_ray() -> str:
+    try:
+        return metadata.version("cosmic-ray")
+    except metadata.PackageNotFoundError:
+        sys.exit("the mutation run needs cosmic-ray: pip install -e '.[mutation]'")
+
+
+def new_run(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
+    """The sample and the run's description, before anything runs."""
+    import cosmic_ray.plugins
+
+    files = args.files or mutated_files()
+    unknown = [f for f in files if f not in TESTS]
+    if unknown:
+        sys.exit(f"no tests mapped for {unknown} (TESTS in {__file__})")
+    everything = [m for f in files for m in enumerate_mutants(ROOT, f)]
+    sample = [describe(ROOT, m) for m in draw(everything, args.sample, args.seed)]
+    return {
+        "command": " ".join(["python -m ad_mlir.bench.mutation", shlex.join(argv if argv is not None else sys.argv[1:])]),
+        "tool": f"cosmic-ray {_need_cosmic_ray()}",
+        "operators": sorted({n.split("_")[0].split("/")[-1] for n in cosmic_ray.plugins.operator_names()
+                             if not cosmic_ray.plugins.get_operator(n).arguments()}),
+        "machine": machine(), "machine_note": args.machine_note,
+        "seed": args.seed, "sample": args.sample, "started": _now(),
+        "sites": len({m.site for m in everything}), "mutants_total": len(everything),
+        "files": {f: {"tests": dataclasses.asdict(TESTS[f])} for f in sorted({m.file for m in sample})},
+        "mutants": [{"id": m.id, **dataclasses.asdict(m)} for m in sample],
+    }
+
+
+def execute(results: dict[str, Any], args: argparse.Namespace, rerun: bool) -> None:
+    """Runs the mutants not yet run (or, with `rerun`, the survivors again), saving after each."""
+    todo = [m for m in results["mutants"] if (m["status"] == "survived" if rerun else "status" not in m)]
+    write(results, args.out)  # the sample, before anything runs
+    with tempfile.TemporaryDirectory(prefix="ad_mlir_mutation_") as tmp:
+        scratch = Scratch.make(ROOT, Path(tmp))
+        seconds = baseline(scratch, [m["file"] for m in todo])
+        for file, s in seconds.items():
+            results["files"][file]["rerun_baseline_s" if rerun else "baseline_s"] = s
+            if rerun:  # the tests may have grown since (tests that kill survivors)
+                results["files"][file]["rerun_tests"] = dataclasses.asdict(TESTS[file])
+        start = time.monotonic()
+        for i, m in enumerate(todo, 1):
+            mutant = Mutant(**{k: m[k] for k in ("file", "operator", "occurrence", "line", "column")},
+                            end=tuple(m["end"]))
+            timeout = max(args.min_timeout, args.timeout_factor * seconds[m["file"]])
+            outcome = run_mutant(scratch, mutant, timeout)
+            if rerun:
+                m["rerun"] = outcome
+            else:
+                m.update(outcome)
+            elapsed = time.monotonic() - start
+            print(f"[{i}/{len(todo)} {elapsed / 60:.0f} min] {outcome['status']:>9} {outcome['seconds']:6.1f} s "
+                  f"{m['file']}:{m['line']} {m['mutation'][:90]}", flush=True)
+            write(results, args.out)
+    if not rerun:
+        results["finished"] = _now()
+        results["wall_s"] = round(sum(m.get("seconds", 0) for m in results["mutants"]) + sum(seconds.values()))
+        results["machine"]["load_average_at_end"] = os.getloadavg()
+    write(results, args.out)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parse(argv)
+    _need_cosmic_ray()
+    saved = args.out / "results.json"
+    if args.report or args.rerun or args.resume:
+        results = json.loads(saved.read_text())
+        if not args.report:
+            execute(results, args, rerun=args.rerun)
+        write(results, args.out)
+        print(f"score {results['score']}; {args.out / 'results.md'}")
+        return
+    results = new_run(args, argv)
+    if args.list:
+        for m in results["mutants"]:
+            print(f"{m['file']}:{m['line']} {m['operator']} #{m['occurrence']}: {m['mutation']}")
+        print(f"{len(results['mutants'])} of {results['mutants_total']} mutants ({results['sites']} sites)")
+        return
+    execute(results, args, rerun=False)
+    print(f"score {results['score']}; {args.out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()
