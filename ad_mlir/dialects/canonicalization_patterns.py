@@ -329,10 +329,10 @@ class MmOfTransposedMatrixToLinear(RewritePattern):
 
 
 class LinearOfFlattenedRows(RewritePattern):
-    """`linear(x.view(-1, h), w)` is `linear(x, w).view(-1, out)`: a linear acts on each row, so
-    it commutes with merging the leading dims (torch's own N-D linear flattens them so). The
-    reshape then meets the one after it, as in a torch.export graph, where the projections take
-    [batch, seq, h]."""
+    """`linear(x.view(-1, h), w).view(b, s, ...)` is `linear(x, w).view(...)`: a linear acts on
+    each row, so it commutes with merging the leading dims (torch's own N-D linear flattens them
+    so). The two views then fold, as in a torch.export graph, where the projections take
+    [batch, seq, h]. Rows that stay flat after the linear are left as they are."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.LinearOp, rewriter: PatternRewriter) -> None:
@@ -343,6 +343,9 @@ class LinearOfFlattenedRows(RewritePattern):
         flat = op.input.type.get_shape()
         if len(rows) < 3 or len(flat) != 2 or rows[-1] != flat[1] or rows[-1] == DYNAMIC_INDEX:
             return
+        unflatten = op.result.get_user_of_unique_use() if op.result.has_one_use() else None
+        if not isinstance(unflatten, ad.ReshapeOp) or len(unflatten.result.type.get_shape()) < 3:
+            return  # rows used flat (an MoE block's tokens) stay as the graph has them
         out = op.result.type.get_shape()[-1]
         linear = ad.LinearOp.build(operands=[flatten.input, op.weight, [op.bias] if op.bias else []],
                                    result_types=[TensorType(op.result.type.element_type, (*rows[:-1], out))])

@@ -216,8 +216,8 @@ class LLM:
             max_seq_len = self._seq_len_for_budget(ep, max_batch, cap, kv_cache_budget)
         self._compile(ep, max_batch, max_seq_len)
         self.compile_seconds = time.perf_counter() - start
-        log.info("LLM: compiled in %.1f s; %d caches of %s, %.2f MiB in all: %d tokens fit (%d slots x %d tokens)",
-                 self.compile_seconds, len(self.caches), next(iter(self.caches.values())).shape,
+        log.info("LLM: compiled in %.1f s; %d caches (%d per-slot states), %.2f MiB in all: %d tokens fit "
+                 "(%d slots x %d tokens)", self.compile_seconds, len(self.caches), len(self.slot_states),
                  self.cache_bytes / 2**20, self.cache_tokens, max_batch, max_seq_len)
         self.decode_graphs = self._capture_decode(cuda_graphs)
 

@@ -159,4 +159,4 @@ def test_the_ptx_part_specializes_generation_as_the_runtime_launches() -> None:
     splits = decode_splits(CACHE_TOKENS)[0]
     assert [s.grid for s in specs] == [(TINY.heads, TOKENS // specs[0].constexprs["BLOCK_M"]),
                                        (DECODE_BATCH * TINY.kv_heads, splits), (DECODE_BATCH * TINY.heads,)]
-    assert all(s.constexprs["HEAD_DIM"] == TINY.head_dim and s.signature["q"] == "*bf16" for s in specs)
+    assert all(s.constexprs["V_DIM"] == TINY.head_dim and s.signature["q"] == "*bf16" for s in specs)

@@ -14,6 +14,7 @@ import torch
 from kernel_guard import graph_kernels, no_dropped_ops
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
+from xdsl.parser import Parser
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
@@ -23,7 +24,7 @@ from ad_mlir.codegen import cache
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.passes.pipeline import PipelineConfigError, load_pipeline, run_pipeline
+from ad_mlir.passes.pipeline import PipelineConfigError, load_pipeline, make_context, run_pipeline
 from ad_mlir.passes.verify import NumericMismatch, NumericVerifier, mismatch
 from ad_mlir.tools import ad_opt
 from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model
@@ -227,3 +228,25 @@ def test_passes_after_sharding_are_not_checked_and_say_so(caplog: pytest.LogCapt
     assert numeric.skipped == ["shard", "fuse-silu-mul"]
     assert "verify: shard not checked numerically: the module holds collectives, which one process cannot run" in [
         r.getMessage() for r in caplog.records if r.name == "ad_mlir.passes.verify"]
+
+
+EMBED = """
+func.func @forward(%table: tensor<4x8xf32> {{ad.param = "embed.weight"}}, %ids: tensor<1x?xi64> {{ad.input = "input_ids"}}) -> tensor<1x?x8xf32> {{
+  {ids}
+  %e = ad.embedding %table, %looked : (tensor<4x8xf32>, tensor<1x?xi64>) -> tensor<1x?x8xf32>
+  func.return %e : tensor<1x?x8xf32>
+}}
+"""
+
+
+def test_verify_feeds_token_zero_so_a_rewrite_wrong_only_there_is_caught() -> None:
+    """The verifier's token ids cover the whole table, row 0 included: a rewrite that sends token
+    0 to row 1 (and leaves every other token alone) is a mismatch, not a pass."""
+    same = "%looked = ad.alias %ids : tensor<1x?xi64> -> tensor<1x?xi64>"
+    wrong_at_zero = ("%zero = ad.constant 0 : i64\n  %one = ad.constant 1 : i64\n"
+                     "  %is0 = ad.eq %ids, %zero : tensor<1x?xi64>, i64 -> tensor<1x?xi1>\n"
+                     "  %looked = ad.where %is0, %one, %ids : tensor<1x?xi1>, i64, tensor<1x?xi64> -> tensor<1x?xi64>")
+    verifier = NumericVerifier({"embed.weight": torch.randn(4, 8, generator=torch.Generator().manual_seed(1))})
+    verifier.before_pass(Parser(make_context(), EMBED.format(ids=same)).parse_module())
+    with pytest.raises(NumericMismatch, match="test-token-0-to-row-1"):
+        verifier.check_pass("test-token-0-to-row-1", Parser(make_context(), EMBED.format(ids=wrong_at_zero)).parse_module())
