@@ -114,10 +114,6 @@ class Request:
     """Characters of `text` already returned in updates."""
 
     @property
-    def tokens(self) -> list[int]:
-        return self.output.prompt_token_ids + self.output.token_ids
-
-    @property
     def prefilled(self) -> bool:
         return self.cached >= len(self.output.prompt_token_ids)
 
@@ -192,7 +188,8 @@ class Engine:
         updates: dict[str, RequestUpdate] = {}
         decoding = [r for r in self.running if r.prefilled]
         if decoding:
-            logits = self.llm.decode([r.tokens[-1] for r in decoding], [r.slot for r in decoding],
+            # a prefilled request has sampled a token already (its last prefill chunk did)
+            logits = self.llm.decode([r.output.token_ids[-1] for r in decoding], [r.slot for r in decoding],
                                      [r.cached for r in decoding], self.free_slots)
             for i, request in enumerate(decoding):
                 request.cached += 1
