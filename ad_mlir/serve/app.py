@@ -124,17 +124,22 @@ def build_app(runner: EngineRunner, model_name: str, tokenizer: Any = None, defa
             raise ApiError(404, f"The model '{body.model}' does not exist (this server serves '{model_name}')",
                            "model", "model_not_found")
 
-    def submit(prompt: list[int], params: SamplingParams) -> tuple[str, asyncio.Queue[RequestUpdate]]:
+    def submit(prompt: list[int], body: _Sampling) -> tuple[str, asyncio.Queue[RequestUpdate]]:
+        try:
+            params = body.params(default_max_tokens)
+        except ValueError as e:  # a value pydantic's bounds let through (an empty stop string)
+            raise ApiError(400, str(e), None, "invalid_request") from None
         try:
             return runner.submit(prompt, params)
         except ValueError as e:
-            raise ApiError(400, str(e), "prompt" if "prompt" in str(e) else None, "context_length_exceeded") from None
+            too_long = "max_seq_len" in str(e)
+            raise ApiError(400, str(e), "prompt", "context_length_exceeded" if too_long else "invalid_request") from None
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request) -> Any:
         check_model(body)
         prompt = _prompt_ids(body.prompt, tokenizer)
-        request_id, updates = submit(prompt, body.params(default_max_tokens))
+        request_id, updates = submit(prompt, body)
         chunk = _completion_chunk(request_id, model_name, created)
         if body.stream:
             return _sse(request_id, updates, runner, chunk)
@@ -152,7 +157,7 @@ def build_app(runner: EngineRunner, model_name: str, tokenizer: Any = None, defa
                                                     add_generation_prompt=True, tokenize=True, return_dict=False))
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        request_id, updates = submit(prompt, body.params(default_max_tokens))
+        request_id, updates = submit(prompt, body)
         chunk = _completion_chunk(request_id, model_name, created)
         if body.stream:
             return _sse(request_id, updates, runner, chunk, chat=True)

@@ -169,8 +169,9 @@ def _post(url: str, body: object) -> tuple[int, dict]:
     ({"model": "llama", "prompt": [], "max_tokens": 2}, 400, "prompt", "at least 1 item"),
     ({"model": "llama", "prompt": [1] * 40, "max_tokens": 9}, 400, "prompt", "needs 49 > max_seq_len=48"),
     ({"model": "gpt-4", "prompt": [5, 9]}, 404, "model", "does not exist"),
+    ({"model": "llama", "prompt": [5, 9], "stop": [""]}, 400, None, "a stop string may not be empty"),
 ])
-def test_bad_completion_requests_get_openai_errors(served: Served, body: dict, status: int, param: str,
+def test_bad_completion_requests_get_openai_errors(served: Served, body: dict, status: int, param: str | None,
                                                    words: str) -> None:
     got, error = _post(f"{served.url}/v1/completions", body)
     assert got == status, error
