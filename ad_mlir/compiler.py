@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,6 +17,8 @@ from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import build_kernels
 from ad_mlir.runtime.verify import check_compiled
 from ad_mlir.semantics.weights import Rank
+
+Options = TypeVar("Options", bound="CompileOptions")
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class CompileOptions:
     """This process's rank in `world_size` (default: the process group's, else 0)."""
 
     @classmethod
-    def of(cls, options: CompileOptions | Mapping[str, Any] | None = None, **overrides: Any) -> Self:
+    def of(cls: type[Options], options: CompileOptions | Mapping[str, Any] | None = None,
+           **overrides: Any) -> Options:
         """`options` (an options object, whose fields this class shares, or a mapping of field
         names) with `overrides` applied; an unknown name in a mapping or the overrides raises
         ValueError listing the known ones."""

@@ -206,7 +206,7 @@ async def _collect(request_id: str, updates: asyncio.Queue[RequestUpdate], runne
     while True:
         try:
             update = await asyncio.wait_for(updates.get(), DISCONNECT_POLL_S)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
             if await http.is_disconnected():
                 runner.abort(request_id)
                 raise ApiError(499, "the client closed the request") from None
