@@ -129,27 +129,25 @@ def _contraction(lhs: SSAValue) -> str | None:
 def _cat(op: ad.CatOp) -> str | None:
     rank = len(op.result.type.get_shape())
     dim = (op.dim.value.data if op.dim is not None else 0) % rank
-    if _rejoins_split(op, dim):
-        return None
-    return _over({dim}, op.result, "concatenates")
+    how = _over({dim}, op.result, "concatenates")
+    return None if how is None or _rejoins_split(op, dim) else how
 
 
 def _rejoins_split(op: ad.CatOp, dim: int) -> bool:
     """The pieces of one `ad.split` along the same axis, each gone through its own ops, joined
     back in their order (an MoE block's expert groups): every row returns to where it was, and
     an op that moved rows within a piece is a mixer on its own."""
-    return any(_rejoins(split, op, dim) for split in _data_slice(op.tensors[:1]) if isinstance(split, ad.SplitOp))
+    reads = [_read_values(t) for t in op.tensors]
+    return any(_rejoins(split, reads, dim) for split in _data_slice(op.tensors[:1]) if isinstance(split, ad.SplitOp))
 
 
-def _rejoins(split: ad.SplitOp, op: ad.CatOp, dim: int) -> bool:
+def _rejoins(split: ad.SplitOp, reads: list[set[SSAValue]], dim: int) -> bool:
+    """`split`'s pieces, in order, are what the cat's operands (reading `reads`) are made of."""
     rank = len(split.input.type.get_shape())
-    if (split.dim.value.data if split.dim is not None else 0) % rank != dim or len(split.outputs) != len(op.tensors):
+    if (split.dim.value.data if split.dim is not None else 0) % rank != dim or len(split.outputs) != len(reads):
         return False
-    for piece, joined in zip(split.outputs, op.tensors, strict=True):
-        read = _read_values(joined)
-        if piece not in read or any(other in read for other in split.outputs if other is not piece):
-            return False
-    return True
+    return all(piece in read and not any(other in read for other in split.outputs if other is not piece)
+               for piece, read in zip(split.outputs, reads, strict=True))
 
 
 def _read_values(value: SSAValue) -> set[SSAValue]:

@@ -117,18 +117,21 @@ class EngineRunner:
             self._gauge()
 
     def _run_commands(self) -> None:
+        ran = False
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                break
+            ran = True
             if command[0] == "add":
                 _, request_id, prompt, params = command
                 self.engine.add(prompt, params, request_id=request_id)
                 self.metrics.prompt_tokens.inc(len(prompt))
             elif self.engine.abort(command[1]):
                 self._deliver(RequestUpdate(command[1], finish_reason="abort"), time.perf_counter())
-        self._gauge()
+        if ran:  # the idle loop wakes every idle_wait_s: the gauges change only with a command or a step
+            self._gauge()
 
     def _deliver(self, update: RequestUpdate, now: float) -> None:
         stream = self._streams.get(update.request_id)
