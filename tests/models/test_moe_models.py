@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_guard import graph_kernels, kernels_ran
-from test_generate import _assert_step_logits_match
+from test_generate import _assert_logits_close, _assert_step_logits_match
 from transformers import AutoModelForCausalLM
 
 import ad_mlir
@@ -58,11 +58,11 @@ def test_moe_models_generate_hf_tokens_with_the_moe_kernel(family: str, monkeypa
         with torch.no_grad():
             for slot, seq in enumerate(sequences):  # prefill, then one decode step of both
                 logits = llm.step(torch.tensor([seq[:-1]]), torch.arange(len(seq) - 1)[None], [slot], [0])
-                torch.testing.assert_close(logits, model(torch.tensor([seq[:-1]])).logits)
+                _assert_logits_close(logits, model(torch.tensor([seq[:-1]])).logits)
             logits = llm.step(torch.tensor([[s[-1]] for s in sequences]),
                               torch.tensor([[len(s) - 1] for s in sequences]), [0, 1], [len(s) - 1 for s in sequences])
             for i, seq in enumerate(sequences):
-                torch.testing.assert_close(logits[i, -1], model(torch.tensor([seq])).logits[0, -1])
+                _assert_logits_close(logits[i, -1], model(torch.tensor([seq])).logits[0, -1])
     assert [out.token_ids for out in outputs] == hf
 
     zeroed = _moe_block(model)
