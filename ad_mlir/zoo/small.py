@@ -81,6 +81,9 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
         sizes["num_key_value_heads"] = sizes["num_attention_heads"]
         if "head_dim" in present:
             present["head_dim"] = present["qk_rope_head_dim"]
+    if family == "gpt_neo":  # its default alternates global and local attention over 24 layers
+        n = sizes["num_hidden_layers"]
+        present["attention_types"] = [[["global", "local"], n // 2], *([[["global"], 1]] if n % 2 else [])]
     return AutoConfig.for_model(family, **sizes, **present)
 
 

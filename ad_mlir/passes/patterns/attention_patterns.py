@@ -10,6 +10,10 @@ eager attention, there is no soft cap). gpt-oss's attention sinks are this form 
 softmax column, each head's learned logit, dropped after:
     l   = cat([scores + mask, expand(reshape(sinks, [1, heads, 1, 1]), [b, heads, s, 1])], -1)
     p   = softmax(l - max(l, -1, keepdim))[..., :-1]       (the max subtracted or not)
+(without sinks too: MiMo-V2's). GraniteSWA's sinks scale the output by the share of the
+denominator the keys have (the same attention):
+    out = matmul(softmax(x), v) * unsqueeze(sigmoid(logsumexp(x, -1) - view(sinks, [1, heads, 1])), -1)
+with x = scores + mask (casts allowed around the factor).
 ALiBi's scores carry a bias (`Attention.alibi`, which the insert pass evaluates), MPT's under a
 boolean mask that is True where it masks:
     p   = softmax(masked_fill(matmul(q, k^T) * scale + bias, mask, lowest))
@@ -17,7 +21,8 @@ and BLOOM's are computed over [batch * heads] rows:
     s   = view(baddbmm(bias, view(q, [b * h, s, d]), transpose(view(k, ...), -1, -2), beta=1,
                alpha=scale), [b, h, s, keys])
     out = view(bmm(view(softmax(s + mask), [b * h, s, keys]), view(v, ...)), [b, h, s, d])
-(the softmax possibly in f32 and cast back). The softmax must still be an `ad.softmax` (before
+(the softmax possibly in f32 and cast back; GPT-NeoX-Japanese's bias is `torch.zeros`: no ALiBi;
+q and k possibly the two results of one `ad.rope`). The softmax must still be an `ad.softmax` (before
 `decompose`). The scores and probabilities must have no other user; a softmax that feeds a
 matmul but does not match exactly is reported with the reason.
 """
@@ -104,13 +109,18 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         return _match_bmm_of_heads(softmax, probs) if sink_dropped is None else None
     if len(probs.type.get_shape()) != 4 or ad.normalize_dim(softmax.dim.value.data, 4) != 3:
         return "its scores are not [batch, heads, seq, keys] normalized over the keys"
-    logits, sinks, sink_ops = softmax.input, None, []
+    (logits, sink_ops), sinks = _without_row_max(softmax), None
     if sink_dropped is not None:
-        found = _sink_logits(softmax)
+        found = _sink_logits(softmax, logits, sink_ops)
         if isinstance(found, str):
             return found
-        logits, sinks, sink_ops = found
-    masked = _masked_scores(logits)
+        logits, sinks, cat_ops = found
+        sink_ops += cat_ops
+    output: Operation = weighted
+    if sink_dropped is None and (lse_sinks := _lse_sinks(weighted, logits)) is not None:
+        output, sinks, lse_ops = lse_sinks
+        sink_ops += lse_ops
+    masked = _masked_scores(logits, [softmax, *sink_ops])
     if isinstance(masked, str):
         return masked
     (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops = masked
@@ -125,26 +135,27 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         return "its query, key and value are not [batch, heads or kv_heads, seq, head_dim] of one type"
     if sinks is not None and sinks.type.get_shape() != (heads,):
         return f"its sink logits are not one per head: {sinks.type}"
-    chain = [*([cast] if cast else []), *([sink_dropped] if sink_dropped else []), softmax, *sink_ops, *mask_ops,
-             *score_ops, qk, transpose, *key_repeat, *value_repeat]
+    chain = [*([weighted] if output != weighted else []), *([cast] if cast else []),
+             *([sink_dropped] if sink_dropped else []), softmax, *sink_ops, *mask_ops, *score_ops, qk, transpose,
+             *key_repeat, *value_repeat]
     forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills}
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
-        return Attention(weighted, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
+        return Attention(output, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
                          [*chain, rope], interleaved=rope.interleaved is not None, **forms)
-    return Attention(weighted, query, key, value, None, mask, False, scale, softcap, chain, **forms)
+    return Attention(output, query, key, value, None, mask, False, scale, softcap, chain, **forms)
 
 
 Scores = tuple[ad.MatmulOp, float, float | None, list[Operation], SSAValue | None]
 """(matmul, scale, softcap, ops users first, ALiBi bias or None)."""
 
 
-def _masked_scores(logits: SSAValue) -> tuple[Scores, SSAValue, bool, list[Operation]] | str:
-    """(scores, mask, whether the mask marks what is masked, ops) when `logits` is the scores
-    plus a mask, or MPT's `masked_fill(scores, mask, very negative)` (at most half the dtype's
-    lowest: HF fills with the lowest); the scores possibly plus ALiBi's bias."""
+def _masked_scores(logits: SSAValue, users: list[Operation]) -> tuple[Scores, SSAValue, bool, list[Operation]] | str:
+    """(scores, mask, whether the mask marks what is masked, ops) when `logits`, used only by
+    `users`, is the scores plus a mask, or MPT's `masked_fill(scores, mask, very negative)` (at
+    most half the dtype's lowest: HF fills with the lowest); the scores possibly plus ALiBi's bias."""
     op = logits.owner
-    if not logits.has_one_use():
+    if any(use.operation not in users for use in logits.uses):
         return "its input has other users"
     if isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2:
         fill = op.args.data[2] if len(op.args.data) == 3 else None
@@ -198,13 +209,21 @@ def _last_column_dropped(probs: SSAValue) -> ad.SliceOp | None:
     return cut if tuple(cut.static_bounds.get_values()) == (0, -1, 1) else None
 
 
-def _sink_logits(softmax: ad.SoftmaxOp) -> tuple[SSAValue, SSAValue, list[Operation]] | str:
-    """(scores + mask, sinks [heads], ops users first) when the softmax's input is the module
-    docstring's `l` or `l - max(l)`; why not, when its dropped last column is something else."""
-    logits, ops = softmax.input, []
+def _without_row_max(softmax: ad.SoftmaxOp) -> tuple[SSAValue, list[Operation]]:
+    """(l, ops users first) when the softmax's input is `l - max(l, -1, keepdim)` (which the
+    softmax cancels: gpt-oss's and MiMo's eager forms), else (its input, [])."""
+    logits = softmax.input
     sub = logits.owner
     if plain_binary(sub, ad.SubOp) and logits.has_one_use() and (row_max := _row_max_of(sub.other, sub.input)):
-        logits, ops = sub.input, [sub, row_max]
+        return sub.input, [sub, row_max]
+    return logits, []
+
+
+def _sink_logits(softmax: ad.SoftmaxOp, logits: SSAValue,
+                 ops: list[Operation]) -> tuple[SSAValue, SSAValue, list[Operation]] | str:
+    """(scores + mask, sinks [heads], ops users first) when `logits` (the softmax's input, or the
+    `l` of its `l - max(l)`: `ops`) is the module docstring's `l`; why not, when its dropped last
+    column is something else."""
     cat = producer(logits, ad.CatOp)
     if cat is None or len(cat.tensors) != 2 or ad.normalize_dim(cat.dim.value.data if cat.dim else 0, 4) != 3:
         return "its probabilities drop a last column that is not concatenated to the scores"
@@ -216,7 +235,45 @@ def _sink_logits(softmax: ad.SoftmaxOp) -> tuple[SSAValue, SSAValue, list[Operat
     if per_head is None or not expand.input.has_one_use() or len(per_head.input.type.get_shape()) != 1 \
             or tuple(per_head.result.type.get_shape()) != (1, per_head.input.type.get_shape()[0], 1, 1):
         return "the column concatenated to its scores is not a logit per head ([heads] viewed as [1, heads, 1, 1])"
-    return scores, per_head.input, [*ops, cat, expand, per_head]
+    return scores, per_head.input, [cat, expand, per_head]
+
+
+def _lse_sinks(weighted: ad.MatmulOp, logits: SSAValue) -> tuple[ad.MulOp, SSAValue, list[Operation]] | None:
+    """(the product, sinks [heads], the factor's ops users first) when the attention's
+    output `weighted` is scaled as the module docstring's LSE form (GraniteSWA's sinks):
+    `weighted * unsqueeze(sigmoid(logsumexp(logits, -1) - view(sinks, [1, heads, 1])), -1)`,
+    casts allowed on the way; None otherwise."""
+    out = weighted.result
+    mul = sole_user(out, ad.MulOp)
+    if mul is None or not plain_binary(mul, ad.MulOp) or mul.result.type != out.type:
+        return None
+    factor, casts = _uncast(other_operand(mul, out))
+    unsqueeze = producer(factor, ad.UnsqueezeOp)
+    if unsqueeze is None or ad.normalize_dim(unsqueeze.dim.value.data, 4) != 3 or not factor.has_one_use():
+        return None
+    gate, gate_casts = _uncast(unsqueeze.input)
+    sigmoid = producer(gate, ad.SigmoidOp)
+    if sigmoid is None or not gate.has_one_use():
+        return None
+    shifted, shift_casts = _uncast(sigmoid.input)
+    sub = shifted.owner
+    if not plain_binary(sub, ad.SubOp) or not shifted.has_one_use() or not sub.input.has_one_use():
+        return None
+    lse, view = sub.input.owner, producer(sub.other, ad.ReshapeOp)
+    heads = logits.type.get_shape()[1]
+    if not (isinstance(lse, ad.TorchOp) and lse.target.data == "aten.logsumexp.default" and tuple(lse.inputs) == (logits,)
+            and len(lse.args.data) == 2 and [ad.normalize_dim(d.value.data, 4) for d in lse.args.data[1].data] == [3]):
+        return None
+    if view is None or view.input.type.get_shape() != (heads,) or tuple(view.result.type.get_shape()) != (1, heads, 1) \
+            or not sub.other.has_one_use():
+        return None
+    return mul, view.input, [*casts, unsqueeze, *gate_casts, sigmoid, *shift_casts, sub, lse, view]
+
+
+def _uncast(value: SSAValue) -> tuple[SSAValue, list[Operation]]:
+    """(x, [the cast]) when `value` is `x` cast and used only there, else (value, [])."""
+    cast = producer(value, ad.CastOp)
+    return (cast.input, [cast]) if cast is not None and value.has_one_use() else (value, [])
 
 
 def _row_max_of(value: SSAValue, x: SSAValue) -> Operation | None:
@@ -262,8 +319,20 @@ def _match_bmm_of_heads(softmax: ad.SoftmaxOp, probs: SSAValue) -> Attention | s
         return "its query, key and value are not [batch, heads, seq, head_dim] of one type"
     cast = [probs.owner] if probs != softmax.result else []
     chain = [*value_ops, *cast, softmax, add, scores, baddbmm, q_view, k_rows, k_view]
-    return Attention(output, query, key, value, None, other_operand(add, scores.result), False, alpha.value.data,
-                     chain=chain, alibi=bias)
+    mask, alibi = other_operand(add, scores.result), None if _is_zeros(bias) else bias
+    if alibi is None:
+        chain.append(bias.owner)
+    rope = producer(query, ad.RopeOp)
+    if rope is not None and (query, key) == (rope.query_out, rope.key_out):
+        return Attention(output, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, alpha.value.data,
+                         chain=[*chain, rope], interleaved=rope.interleaved is not None, alibi=alibi)
+    return Attention(output, query, key, value, None, mask, False, alpha.value.data, chain=chain, alibi=alibi)
+
+
+def _is_zeros(value: SSAValue) -> bool:
+    """`value` is `torch.zeros(...)`: GPT-NeoX-Japanese's baddbmm adds no bias."""
+    op = value.owner
+    return isinstance(op, ad.TorchOp) and op.target.data == "aten.zeros.default"
 
 
 def _values_weighted(probs: SSAValue) -> tuple[Operation, SSAValue | None, list[Operation]] | None:

@@ -256,6 +256,40 @@ func.func @sinks(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf3
 
 // -----
 
+// GraniteSWA's sinks: the output of softmax(scores + mask) @ v scaled by
+// sigmoid(logsumexp(scores + mask) - sink), the share of the softmax denominator the keys have;
+// unscaled scores (scale 1). One ad.cached_attention with the sinks as an operand; the
+// logsumexp, sigmoid, softmax, product and the sinks' view are gone.
+// CHECK-LABEL: func.func @lse_sinks
+// CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.softmax
+// CHECK-NOT:   ad.sigmoid
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 1.000000e+00 sinks %sinks : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @lse_sinks(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %sinks: tensor<2xf32> {ad.param = "model.layers.0.self_attn.sinks"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %causal = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %mu = ad.unsqueeze %causal dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %zero = ad.constant 0.000000e+00 : f64
+  %inf = ad.constant 0xFFF0000000000000 : f64
+  %mask = ad.where %mu, %zero, %inf : tensor<1x1x?x?xi1>, f64, f64 -> tensor<1x1x?x?xf32>
+  %masked = ad.add %s, %mask : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %lse = ad.torch_op "aten.logsumexp.default"(%masked) [#ad.ref<0>, [-1 : i64]] {} : (tensor<1x2x?x?xf32>) -> tensor<1x2x?xf32>
+  %sv = ad.reshape %sinks [1, -1, 1] : tensor<2xf32> -> tensor<1x2x1xf32>
+  %shifted = ad.sub %lse, %sv : tensor<1x2x?xf32>, tensor<1x2x1xf32> -> tensor<1x2x?xf32>
+  %share = ad.sigmoid %shifted : tensor<1x2x?xf32> -> tensor<1x2x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %pv = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32>
+  %f = ad.unsqueeze %share dim -1 : tensor<1x2x?xf32> -> tensor<1x2x?x1xf32>
+  %o = ad.mul %pv, %f : tensor<1x2x?x8xf32>, tensor<1x2x?x1xf32> -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
 // MPT's eager attention: ALiBi's bias (slopes per head times the key position, the slopes
 // computed from constants), added to the scaled scores, then masked_fill with a boolean mask
 // that is True where masked (key after query). One ad.cached_attention that reads the slopes;
