@@ -1,8 +1,10 @@
 """HF's eager attention in spellings beyond the plain one, generating through the K/V cache:
 MiMo-V2-Flash's softmax of the scores less their row max (sinks concatenated on its sliding
 layers), GraniteSWA's sinks as an output factor sigmoid(logsumexp(scores) - sink) on unscaled
-scores (attention_multiplier 1), and GPT-NeoX-Japanese's baddbmm over [batch * heads] rows with a
-zero bias and RoPE. Models built from their config classes with wide random weights, so that
+scores (attention_multiplier 1), GPT-NeoX-Japanese's baddbmm over [batch * heads] rows with a
+zero bias and RoPE, and XGLM's (its query scaled before, the key transposed and the softmax run
+over [batch * heads] rows, the masked scores clamped at the lowest; sinusoidal positions from
+position_ids). Models built from their config classes with wide random weights, so that
 greedy tokens vary; tokens against HF `generate` (three prompts in two slots) and per-step logits
 (prefill and 4 decode steps) against HF's full-prefix forward, with the kernels as their torch
 reference and in the Triton interpreter."""
@@ -28,6 +30,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "mimo_v2_flash": {"sliding_window": WINDOW},
     "granite_swa": {"sliding_window": WINDOW},
     "gpt_neox_japanese": {},
+    "xglm": {},
 }
 """Per family: config settings over the small config (hidden 64, 2 layers)."""
 
@@ -35,6 +38,7 @@ EXPECTED: dict[str, list[dict[str, Any]]] = {
     "mimo_v2_flash": [{"window": None, "sinks": False}, {"window": WINDOW, "sinks": True}],
     "granite_swa": [{"window": None, "sinks": True}, {"window": WINDOW, "sinks": True}],
     "gpt_neox_japanese": [{"window": None, "sinks": False, "rope": True}] * 2,
+    "xglm": [{"window": None, "sinks": False}] * 2,
 }
 """Per family and layer: what its cached attention carries."""
 

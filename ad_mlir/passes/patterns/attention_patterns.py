@@ -97,7 +97,7 @@ def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[O
 def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     """HF's eager attention around `softmax` (module docstring). None when the softmax weighs no
     values with a matmul (it is no attention); why not, when it does but the rest differs."""
-    probs = softmax.result
+    logits, probs, rows_ops = _softmax_over_heads(softmax)
     if (sink_dropped := _last_column_dropped(probs)) is not None:
         probs = sink_dropped.result
     if (cast := sole_user(probs, ad.CastOp)) is not None:
@@ -107,9 +107,12 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     weighted = sole_user(probs, ad.MatmulOp)
     if weighted is None or weighted.input != probs:
         return _match_bmm_of_heads(softmax, probs) if sink_dropped is None else None
-    if len(probs.type.get_shape()) != 4 or ad.normalize_dim(softmax.dim.value.data, 4) != 3:
+    rank = len(softmax.result.type.get_shape())
+    if len(probs.type.get_shape()) != 4 or ad.normalize_dim(softmax.dim.value.data, rank) != rank - 1:
         return "its scores are not [batch, heads, seq, keys] normalized over the keys"
-    (logits, sink_ops), sinks = _without_row_max(softmax), None
+    (logits, sink_ops), sinks = _without_row_max(logits), None
+    logits, clamp_ops = _without_clamp(logits)
+    sink_ops += clamp_ops
     if sink_dropped is not None:
         found = _sink_logits(softmax, logits, sink_ops)
         if isinstance(found, str):
@@ -120,24 +123,25 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     if sink_dropped is None and (lse_sinks := _lse_sinks(weighted, logits)) is not None:
         output, sinks, lse_ops = lse_sinks
         sink_ops += lse_ops
-    masked = _masked_scores(logits, [softmax, *sink_ops])
+    masked = _masked_scores(logits, [softmax, *rows_ops, *sink_ops])
     if isinstance(masked, str):
         return masked
     (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops = masked
-    query = qk.input
+    query, query_view = _same_view(qk.input)
     heads = query.type.get_shape()[1] if len(query.type.get_shape()) == 4 else DYNAMIC_INDEX
-    transpose = producer(qk.other, ad.TransposeOp)
-    if heads == DYNAMIC_INDEX or transpose is None or not _swaps_last_two(transpose):
+    transposed = _key_transposed(qk.other)
+    if heads == DYNAMIC_INDEX or transposed is None:
         return "its scores are not matmul(q, transpose(k, 2, 3)) of a [batch, heads, seq, head_dim] q"
-    key, key_repeat = match_repeat_kv(transpose.input, heads)
-    value, value_repeat = match_repeat_kv(weighted.other, heads)
+    key, key_repeat = match_repeat_kv(transposed[0], heads)
+    value, value_view = _same_view(weighted.other)
+    value, value_repeat = match_repeat_kv(value, heads)
     if not _heads_of(query, key, value, weighted.result) or heads % key.type.get_shape()[1]:
         return "its query, key and value are not [batch, heads or kv_heads, seq, head_dim] of one type"
     if sinks is not None and sinks.type.get_shape() != (heads,):
         return f"its sink logits are not one per head: {sinks.type}"
     chain = [*([weighted] if output != weighted else []), *([cast] if cast else []),
-             *([sink_dropped] if sink_dropped else []), softmax, *sink_ops, *mask_ops, *score_ops, qk, transpose,
-             *key_repeat, *value_repeat]
+             *([sink_dropped] if sink_dropped else []), *rows_ops[:1], softmax, *rows_ops[1:], *sink_ops, *mask_ops,
+             *score_ops, qk, *query_view, *transposed[1], *key_repeat, *value_view, *value_repeat]
     forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills}
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
@@ -209,10 +213,63 @@ def _last_column_dropped(probs: SSAValue) -> ad.SliceOp | None:
     return cut if tuple(cut.static_bounds.get_values()) == (0, -1, 1) else None
 
 
-def _without_row_max(softmax: ad.SoftmaxOp) -> tuple[SSAValue, list[Operation]]:
-    """(l, ops users first) when the softmax's input is `l - max(l, -1, keepdim)` (which the
-    softmax cancels: gpt-oss's and MiMo's eager forms), else (its input, [])."""
-    logits = softmax.input
+def _softmax_over_heads(softmax: ad.SoftmaxOp) -> tuple[SSAValue, SSAValue, list[Operation]]:
+    """(its 4-D input, its 4-D probabilities, [the view back, the view in]) when the softmax runs
+    over [batch * heads] rows viewed from and back to [batch, heads, seq, keys] (XGLM; the views
+    keep the rows: the softmax is over the last dim, which they keep), else (its input, result, [])."""
+    rows = producer(softmax.input, ad.ReshapeOp)
+    back = sole_user(softmax.result, ad.ReshapeOp)
+    if rows is None or back is None or len(softmax.input.type.get_shape()) != 3 or not softmax.input.has_one_use() \
+            or back.result.type != rows.input.type or len(back.result.type.get_shape()) != 4:
+        return softmax.input, softmax.result, []
+    return rows.input, back.result, [back, rows]
+
+
+def _without_clamp(logits: SSAValue) -> tuple[SSAValue, list[Operation]]:
+    """(x, [ops]) when `logits` is `max(x, t)` of a scalar tensor t filled with a very negative
+    number (XGLM clamps its masked scores at the dtype's lowest: still masked), else (logits, [])."""
+    op = logits.owner
+    if not (isinstance(op, ad.TorchOp) and op.target.data == "aten.max.other" and len(op.inputs) == 2
+            and logits.has_one_use()):
+        return logits, []
+    full = producer(op.inputs[1], ad.FullOp)
+    fill = constant(full.fill_value) if full is not None else None
+    if fill is None or full.result.type.get_shape() or fill > torch.finfo(torch_dtype(logits.type.element_type)).min / 2:
+        return logits, []
+    return op.inputs[0], [op, full]
+
+
+def _same_view(value: SSAValue) -> tuple[SSAValue, list[Operation]]:
+    """(x, [the view]) when `value` is a view of x to its own type (dynamic sizes keep it from
+    folding: XGLM's heads viewed back from its bmm rows), used only there; else (value, [])."""
+    view = producer(value, ad.ReshapeOp)
+    if view is not None and view.input.type == value.type and value.has_one_use():
+        return view.input, [view]
+    return value, []
+
+
+def _key_transposed(value: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
+    """(k, ops users first) when `value` is `transpose(k, 2, 3)` of a 4-D k, or that over
+    [batch * heads] rows: `view(transpose(view(k, [b * h, s, d]), 1, 2), [b, h, d, s])` (XGLM)."""
+    transpose = producer(value, ad.TransposeOp)
+    if transpose is not None and _swaps_last_two(transpose):
+        return transpose.input, [transpose]
+    outer = producer(value, ad.ReshapeOp)
+    transpose = producer(outer.input, ad.TransposeOp) if outer is not None else None
+    inner = producer(transpose.input, ad.ReshapeOp) if transpose is not None else None
+    if inner is None or not all(v.has_one_use() for v in (outer.input, inner.result)):
+        return None
+    key, rows = inner.input, inner.result.type.get_shape()
+    k, t = key.type.get_shape(), value.type.get_shape()
+    if len(k) != 4 or len(rows) != 3 or rows[2] != k[3] or len(t) != 4 or (t[1], t[2]) != (k[1], k[3]) \
+            or {ad.normalize_dim(d.value.data, 3) for d in (transpose.dim0, transpose.dim1)} != {1, 2}:
+        return None
+    return key, [outer, transpose, inner]
+
+
+def _without_row_max(logits: SSAValue) -> tuple[SSAValue, list[Operation]]:
+    """(l, ops users first) when `logits` is `l - max(l, -1, keepdim)` (which the softmax
+    cancels: gpt-oss's and MiMo's eager forms), else (logits, [])."""
     sub = logits.owner
     if plain_binary(sub, ad.SubOp) and logits.has_one_use() and (row_max := _row_max_of(sub.other, sub.input)):
         return sub.input, [sub, row_max]
