@@ -126,6 +126,25 @@ def test_compile_verify_catches_the_wrong_rewrite_and_passes_the_right_pipeline(
     ad_mlir.compile(ep, verify=True)  # the kernels (interpreter) against the final IR, too
 
 
+@pytest.mark.usefixtures("test_passes")
+def test_wide_activations_let_rounding_through_but_not_a_wrong_rewrite() -> None:
+    """A wide-init model (weights of std 0.5) amplifies fp32 rounding past the fixed tolerance
+    (the nudged run accepts what the default pipeline's reordering does), yet a wrong rewrite
+    there moves values far more than a nudge of one rounding does, and is caught: here a decode
+    window of 2 (the cached function is a prefill: its attention sees too few keys)."""
+    from ad_mlir.llm.llm import cached_pipeline, export_for_cache
+    from ad_mlir.zoo.small import model_from_config, small_config
+
+    config = small_config("bloom", layers=1, hidden_size=64)
+    config.initializer_range = 0.5
+    ep = export_for_cache(model_from_config(config), 2, 16)
+    pipeline = cached_pipeline("default", 2, 16)
+    ad_mlir.compile(ep, pipeline=pipeline, verify=True)
+    with pytest.raises(NumericMismatch, match=r"pass 'test-narrow-cached-window' changed the results: .*"
+                                              r"\(a rounding of the inputs moves it "):
+        ad_mlir.compile(ep, pipeline=pipeline + ",test-narrow-cached-window", verify=True)
+
+
 def test_compile_verify_names_the_wrong_kernel_and_its_input_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     """One kernel (add + RMSNorm) made wrong on its Triton path only: the check of the compiled
     graph finds the result that moved, then the kernel whose outputs differ from its region's
