@@ -31,7 +31,8 @@ position` plus a constant per query, and its computation must hold the slopes ([
 an error naming the layer. The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
-exactly is left alone and the log says why.
+exactly is left alone, and the refusal below says why it is no attention form (GPT-Neo's and
+OpenAI-GPT's masks sliced from a triangular buffer, whose values the pass does not see).
 
 HF's short causal convolution (LFM2: a depthwise `conv1d` padded by kernel - 1 and cut back to
 the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d` over an
@@ -149,7 +150,7 @@ class InsertCachedAttentionPass(ModulePass):
                 self._apply_to(fn)
 
     def _apply_to(self, fn: func.FuncOp) -> None:
-        attentions = _find_attentions(fn)
+        attentions, missed = _find_attentions(fn)
         convs = _find_short_convs(fn)
         scans = _find_scans(fn)
         if attentions or convs or scans:
@@ -164,7 +165,7 @@ class InsertCachedAttentionPass(ModulePass):
             for i, scan in enumerate(scans):
                 self._replace_scan(fn, scan, i, slots, starts)
             region_dce(fn.body)
-        _refuse_uncached_mixers(fn)
+        _refuse_uncached_mixers(fn, missed)
         if not attentions and not convs and not scans:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
@@ -306,15 +307,20 @@ class InsertCachedAttentionPass(ModulePass):
         return {"input_ids": torch.zeros(1, n, dtype=torch.int64), POSITION_INPUT: torch.arange(n)[None, :]}
 
 
-def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
+def _refuse_uncached_mixers(fn: func.FuncOp, missed: dict[Operation, str]) -> None:
     """Raise naming every op left that mixes token positions: with a cache, a decode step would
-    run it on the new tokens alone, without the earlier ones it reads (a silently wrong token)."""
+    run it on the new tokens alone, without the earlier ones it reads (a silently wrong token).
+    `missed`: softmaxes that weigh values but whose attention did not match, with why (named first)."""
     mixers = position_mixers(fn)
     if mixers:
         listed = "; ".join(m.describe() for m in mixers[:MIXERS_LISTED])
         more = f" (and {len(mixers) - MIXERS_LISTED} more)" if len(mixers) > MIXERS_LISTED else ""
+        unmatched = [(op, why) for op, why in missed.items() if any(m.op is op for m in mixers)]
+        others = f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""
+        spelled = (f"the attention at {_layer(unmatched[0][0])}{others} is no form it caches: {unmatched[0][1]}; "
+                   if unmatched else "")
         raise PassFailedException(
-            f"insert-cached-attention: {len(mixers)} op(s) mix token positions outside the cached attention, and "
+            f"insert-cached-attention: {spelled}{len(mixers)} op(s) mix token positions outside the cached attention, and "
             f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
             "such sequence mixers (scans other than Mamba2's and the gated delta rule's, e.g. Mamba1's; linear "
             "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
@@ -337,15 +343,20 @@ def _find_short_convs(fn: func.FuncOp) -> list[ShortConv]:
     return [m for m in matches if m is not None]
 
 
-def _find_attentions(fn: func.FuncOp) -> list[Attention]:
-    """The attentions of `fn` in program order: attention ops and matched eager forms."""
-    found = []
+def _find_attentions(fn: func.FuncOp) -> tuple[list[Attention], dict[Operation, str]]:
+    """The attentions of `fn` in program order (attention ops and matched eager forms), and the
+    softmaxes that weigh values but do not match, with why."""
+    found, missed = [], {}
     for op in fn.body.block.ops:
         if isinstance(op, ad.RopeAttentionOp | ad.AttentionOp):
             found.append(_from_attention_op(op))
-        elif isinstance(op, ad.SoftmaxOp) and (match := _logged(match_eager_attention(op), op, "softmax")) is not None:
-            found.append(match)
-    return found
+        elif isinstance(op, ad.SoftmaxOp):
+            match = match_eager_attention(op)
+            if isinstance(match, str):
+                missed[op] = match
+            if (match := _logged(match, op, "softmax")) is not None:
+                found.append(match)
+    return found, missed
 
 
 def _logged(match: Match | str | None, op: Operation, what: str) -> Match | None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr, TensorType
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.matching import (
@@ -170,6 +170,8 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> tuple[Scores, SS
         if scores is None:
             return "its masked scores are not matmul(q, k^T) * scale (+ a bias), each used only there"
         return scores, op.inputs[1], True, [op]
+    if (buffer := _buffer_mask(logits)) is not None:
+        return buffer
     if not plain_binary(op, ad.AddOp):
         return "its input is not the scores plus a mask, nor masked_fill of them"
     found = next(((x, m) for x in op.operands if (m := _biased_scores(x)) is not None), None)
@@ -179,6 +181,28 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> tuple[Scores, SS
     if not isinstance(mask.type, TensorType):
         return "its scores plus a number, not a mask"
     return found[1], mask, False, [op]
+
+
+BUFFER_MASK_DEPTH = 4
+"""How many ops up from the softmax's input a mask sliced from a model's buffer is looked for."""
+
+
+def _buffer_mask(logits: SSAValue) -> str | None:
+    """Why not, when the masked scores are masked with a slice of a [1, 1, n, n] function
+    argument (GPT-Neo's and OpenAI-GPT's triangular `bias` buffer, built by the model, not from
+    the positions): its values are weights, which the passes do not see."""
+    level = [logits]
+    for _ in range(BUFFER_MASK_DEPTH):
+        ops = [v.owner for v in level if isinstance(v.owner, Operation)]
+        for op in ops:
+            if isinstance(op, ad.SliceOp) and isinstance(op.input, BlockArgument):
+                shape = op.input.type.get_shape()
+                if len(shape) == 4 and shape[:2] == (1, 1) and shape[2] == shape[3] != DYNAMIC_INDEX:
+                    return (f"its scores are masked by a slice of the model's {list(shape)} buffer "
+                            f"%{op.input.name_hint} (a triangular buffer of older HF models, not a mask computed from "
+                            "the positions): its values are not in the graph, so the mask cannot be proved causal")
+        level = [v for op in ops for v in op.operands]
+    return None
 
 
 def _biased_scores(value: SSAValue) -> Scores | None:

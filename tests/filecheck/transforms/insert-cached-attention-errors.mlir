@@ -83,13 +83,31 @@ func.func @no_attention(%x: tensor<1x?x8xf32> {ad.input = "x"}) -> (tensor<1x?x8
 
 // -----
 // A softmax over the keys that is not matched as attention (here: unscaled scores and no
-// mask) stays a mixer, named with its layer.
-// CHECK: model.layers.0.self_attn: ad.softmax (softmax over token axis 3)
+// mask) stays a mixer, named with its layer, and why it is no attention form is said first.
+// CHECK: insert-cached-attention: the attention at model.layers.0.self_attn is no form it caches: its input is not the scores plus a mask, nor masked_fill of them; 2 op(s) mix token positions
+// CHECK-SAME: model.layers.0.self_attn: ad.softmax (softmax over token axis 3)
 func.func @unmatched_softmax(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
   %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
   %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32> loc("model.layers.0.self_attn")
   %p = ad.softmax %s dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("model.layers.0.self_attn")
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// GPT-Neo's mask: a slice of the model's triangular `bias` buffer, whose values are weights the
+// pass does not see; refused naming the layer and the buffer.
+// CHECK: insert-cached-attention: the attention at transformer.h.0.attn.attention is no form it caches: its scores are masked by a slice of the model's [1, 1, 32, 32] buffer %bias (a triangular buffer of older HF models, not a mask computed from the positions): its values are not in the graph, so the mask cannot be proved causal; 2 op(s) mix token positions
+func.func @buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xi1> {ad.buffer = "transformer.h.0.attn.attention.bias"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %n = ad.sym_size %q dim 2 : tensor<1x2x?x8xf32>
+  %rows = ad.slice %bias dim 2 [0, %n, 1] : tensor<1x1x32x32xi1> -> tensor<1x1x?x32xi1>
+  %causal = ad.slice %rows dim 3 [0, %n, 1] : tensor<1x1x?x32xi1> -> tensor<1x1x?x?xi1>
+  %lowest = ad.constant -3.4028234663852886e+38 : f64
+  %masked = ad.where %causal, %s, %lowest : tensor<1x1x?x?xi1>, tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("transformer.h.0.attn.attention")
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn.attention")
   func.return %o : tensor<1x2x?x8xf32>
 }
 
