@@ -31,8 +31,11 @@ position` plus a constant per query, and its computation must hold the slopes ([
 an error naming the layer. The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
-exactly is left alone, and the refusal below says why it is no attention form (GPT-Neo's and
-OpenAI-GPT's masks sliced from a triangular buffer, whose values the pass does not see).
+exactly is left alone, and the refusal below says why it is no attention form (OpenAI-GPT's
+mask multiplied in from its triangular buffer). GPT-Neo's `where(mask, scores, fill)` under HF's
+mask is matched: both masks are evaluated (the window is the narrower), the fill must be very
+negative; the mask and fill read the model's buffer and a lifted constant, whose values the
+compiler puts in scope (`attention_masks.constants_known`).
 
 HF's short causal convolution (LFM2: a depthwise `conv1d` padded by kernel - 1 and cut back to
 the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d` over an
@@ -252,7 +255,7 @@ class InsertCachedAttentionPass(ModulePass):
         cached.location = attention.output.location
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
-        for computed in (attention.mask, attention.alibi):
+        for computed in (attention.mask, attention.alibi, *(attention.selected or ())):
             if computed is not None:
                 erase_computation(computed, Rewriter.erase_op)
 
@@ -264,21 +267,35 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _window(self, fn: func.FuncOp, attention: Attention, layer: str) -> int | None:
         """None for causal attention, the window of a sliding-window mask; raises otherwise."""
-        if attention.mask is None:
+        if attention.mask is None and attention.selected is None:
             if not attention.causal:
                 raise PassFailedException(f"{layer}: attention without a mask and not causal cannot be cached")
             return attention.window
         try:
-            mask = evaluate(fn, attention.mask, self._inputs())
-            if attention.mask_fills:  # masked_fill's mask: True where masked
-                if mask.dtype != torch.bool:
-                    raise MaskError(f"its masked_fill mask is {mask.dtype}, not boolean")
-                mask = ~mask
-            return causal_window(mask)
+            windows = []
+            if attention.mask is not None:
+                mask = evaluate(fn, attention.mask, self._inputs())
+                if attention.mask_fills:  # masked_fill's mask: True where masked
+                    if mask.dtype != torch.bool:
+                        raise MaskError(f"its masked_fill mask is {mask.dtype}, not boolean")
+                    mask = ~mask
+                windows.append(causal_window(mask))
+            if attention.selected is not None:  # GPT-Neo's where(mask, scores, fill): both masks apply
+                windows.append(self._selected_window(fn, *attention.selected))
+            return min((w for w in windows if w is not None), default=None)
         except NotCausalWindow as e:
             raise PassFailedException(f"{layer}: {e}; only those can be cached") from None
         except MaskError as e:
             raise PassFailedException(f"{layer}: {e}") from None
+
+    def _selected_window(self, fn: func.FuncOp, mask: SSAValue, fill: SSAValue) -> int | None:
+        """The window of `where(mask, scores, fill)`'s boolean mask, whose fill must mask (very
+        negative: at most half the dtype's lowest); a MaskError otherwise."""
+        window = causal_window(evaluate(fn, mask, self._inputs()))
+        value = evaluate(fn, fill, self._inputs())
+        if not value.is_floating_point() or float(value.max()) > torch.finfo(value.dtype).min / 2:
+            raise MaskError(f"its masked scores are filled with {float(value.max())}, not a very negative number")
+        return window
 
     def _alibi_slopes(self, fn: func.FuncOp, attention: Attention, layer: str) -> SSAValue:
         """The [heads] slopes of the bias added to the scores, which must be ALiBi's (viewed as

@@ -8,6 +8,10 @@ reference semantics at a known length and compare the result with the masks the 
 build: causal, or causal within a sliding window of the last W keys. Anything else is a
 `MaskError` saying what the mask is, and the mask stays (or the pass refuses).
 
+A mask may also read the model's buffers and lifted constants (GPT-Neo slices a triangular
+`bias` buffer and fills with a lifted scalar): their values are read from the weights the
+compiler put in scope (`constants_known`), never a parameter's, which a mask has no reason to read.
+
 ALiBi's bias (BLOOM, MPT) is found the same way: run, it must be `slope[h] * key position` plus
 a constant per query row (which the softmax cancels: MPT counts positions from the last key), and
 its computation must hold the slopes as a [heads] tensor, which the cached attention then reads.
@@ -15,7 +19,9 @@ its computation must hold the slopes as a [heads] tensor, which the cached atten
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from xdsl.dialects import func
@@ -30,6 +36,30 @@ class MaskError(Exception):
 class NotCausalWindow(MaskError):
     """The mask is boolean or additive, one for every row and head, but neither causal nor a
     causal sliding window."""
+
+
+_CONSTANTS: ContextVar[Mapping[str, torch.Tensor] | None] = ContextVar("ad_mlir_known_constants", default=None)
+
+
+@contextmanager
+def constants_known(weights: Mapping[str, torch.Tensor]) -> Iterator[None]:
+    """Within it, a mask's computation may read the buffers and lifted constants among
+    `weights` (FQN -> value): the compiler's program's weights while its pipeline runs."""
+    token = _CONSTANTS.set(weights)
+    try:
+        yield
+    finally:
+        _CONSTANTS.reset(token)
+
+
+def _known_constant(fn: func.FuncOp, arg: BlockArgument) -> torch.Tensor | None:
+    """The value of a buffer or lifted-constant argument when `constants_known` holds it."""
+    from ad_mlir.dialects import ad
+
+    attrs = fn.arg_attrs.data[arg.index].data if fn.arg_attrs else {}
+    fqn = next((attrs[k].data for k in (ad.BUFFER_ATTR, ad.CONSTANT_TENSOR_ATTR) if k in attrs), None)
+    known = _CONSTANTS.get()
+    return known.get(fqn) if fqn is not None and known is not None else None
 
 
 def backward_slice(value: SSAValue) -> tuple[list[Operation], set[BlockArgument]]:
@@ -71,6 +101,9 @@ def evaluate_slice(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.T
     env: dict[SSAValue, object] = {}
     for arg in args:
         name = input_name(fn, arg)
+        if name not in inputs and (constant := _known_constant(fn, arg)) is not None:
+            env[arg] = constant
+            continue
         if name not in inputs:
             raise MaskError(f"its attention mask reads %{arg.name_hint}, not only the token positions: it cannot be "
                             "replaced by causal masking")

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr, TensorType
+from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr, IntegerType, TensorType
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
@@ -78,6 +78,9 @@ class Attention:
     it and finds its slopes."""
     mask_fills: bool = False
     """The mask is boolean and True where masked (MPT's `masked_fill`), not True where attended."""
+    selected: tuple[SSAValue, SSAValue] | None = None
+    """GPT-Neo's (boolean mask, fill) of `where(mask, scores, fill)`, a mask besides `mask`: the
+    insert pass evaluates both (the fill must be very negative)."""
 
 
 def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
@@ -126,7 +129,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     masked = _masked_scores(logits, [softmax, *rows_ops, *sink_ops])
     if isinstance(masked, str):
         return masked
-    (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops = masked
+    (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops, selected = masked
     query, query_view = _same_view(qk.input)
     heads = query.type.get_shape()[1] if len(query.type.get_shape()) == 4 else DYNAMIC_INDEX
     transposed = _key_transposed(qk.other)
@@ -142,7 +145,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     chain = [*([weighted] if output != weighted else []), *([cast] if cast else []),
              *([sink_dropped] if sink_dropped else []), *rows_ops[:1], softmax, *rows_ops[1:], *sink_ops, *mask_ops,
              *score_ops, qk, *query_view, *transposed[1], *key_repeat, *value_view, *value_repeat]
-    forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills}
+    forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills, "selected": selected}
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
         return Attention(output, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
@@ -154,10 +157,15 @@ Scores = tuple[ad.MatmulOp, float, float | None, list[Operation], SSAValue | Non
 """(matmul, scale, softcap, ops users first, ALiBi bias or None)."""
 
 
-def _masked_scores(logits: SSAValue, users: list[Operation]) -> tuple[Scores, SSAValue, bool, list[Operation]] | str:
-    """(scores, mask, whether the mask marks what is masked, ops) when `logits`, used only by
-    `users`, is the scores plus a mask, or MPT's `masked_fill(scores, mask, very negative)` (at
-    most half the dtype's lowest: HF fills with the lowest); the scores possibly plus ALiBi's bias."""
+Masked = tuple[Scores, SSAValue | None, bool, list[Operation], tuple[SSAValue, SSAValue] | None]
+"""(scores, mask, whether the mask marks what is masked, ops, GPT-Neo's (boolean mask, fill) or None)."""
+
+
+def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
+    """The scores and their masks when `logits`, used only by `users`, is the scores plus a mask,
+    MPT's `masked_fill(scores, mask, very negative)` (at most half the dtype's lowest: HF fills
+    with the lowest), or GPT-Neo's `where(mask, scores, fill)` (plus a mask or not); the scores
+    possibly plus ALiBi's bias."""
     op = logits.owner
     if any(use.operation not in users for use in logits.uses):
         return "its input has other users"
@@ -169,18 +177,34 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> tuple[Scores, SS
         scores = _biased_scores(op.inputs[0])
         if scores is None:
             return "its masked scores are not matmul(q, k^T) * scale (+ a bias), each used only there"
-        return scores, op.inputs[1], True, [op]
-    if (buffer := _buffer_mask(logits)) is not None:
-        return buffer
+        return scores, op.inputs[1], True, [op], None
+    if (selected := _selected_scores(logits)) is not None:
+        return selected[0], None, False, selected[1], selected[2]
     if not plain_binary(op, ad.AddOp):
-        return "its input is not the scores plus a mask, nor masked_fill of them"
-    found = next(((x, m) for x in op.operands if (m := _biased_scores(x)) is not None), None)
-    if found is None:
-        return "its masked scores are not matmul(q, k^T) * scale, soft-capped or not (+ a bias), each used only there"
-    mask = other_operand(op, found[0])
-    if not isinstance(mask.type, TensorType):
-        return "its scores plus a number, not a mask"
-    return found[1], mask, False, [op]
+        return _buffer_mask(logits) or "its input is not the scores plus a mask, nor masked_fill of them"
+    for x in op.operands:
+        if (scores := _biased_scores(x)) is not None:
+            found: tuple[Scores, list[Operation], tuple[SSAValue, SSAValue] | None] | None = (scores, [], None)
+        elif (found := _selected_scores(x)) is None:
+            continue
+        mask = other_operand(op, x)
+        if not isinstance(mask.type, TensorType):
+            return "its scores plus a number, not a mask"
+        return found[0], mask, False, [op, *found[1]], found[2]
+    return _buffer_mask(logits) or ("its masked scores are not matmul(q, k^T) * scale, soft-capped or not (+ a bias), "
+                                    "each used only there")
+
+
+def _selected_scores(value: SSAValue) -> tuple[Scores, list[Operation], tuple[SSAValue, SSAValue]] | None:
+    """(scores, [the where], (mask, fill)) when `value` is GPT-Neo's `where(mask, scores, fill)`
+    of a boolean mask (True where attended) and a scalar tensor fill (a lifted constant: the
+    insert pass evaluates it, which must be very negative), used only there."""
+    where = producer(value, ad.WhereOp)
+    if where is None or not value.has_one_use() or where.condition.type.element_type != IntegerType(1) \
+            or not isinstance(where.other.type, TensorType) or where.other.type.get_shape():
+        return None
+    scores = _scores(where.input)
+    return ((*scores, None), [where], (where.condition, where.other)) if scores is not None else None
 
 
 BUFFER_MASK_DEPTH = 4
@@ -189,8 +213,8 @@ BUFFER_MASK_DEPTH = 4
 
 def _buffer_mask(logits: SSAValue) -> str | None:
     """Why not, when the masked scores are masked with a slice of a [1, 1, n, n] function
-    argument (GPT-Neo's and OpenAI-GPT's triangular `bias` buffer, built by the model, not from
-    the positions): its values are weights, which the passes do not see."""
+    argument (OpenAI-GPT's triangular `bias` buffer, `scores * mask + (1 - mask) * -1e4`) in a
+    form the matcher does not know."""
     level = [logits]
     for _ in range(BUFFER_MASK_DEPTH):
         ops = [v.owner for v in level if isinstance(v.owner, Operation)]
@@ -199,8 +223,8 @@ def _buffer_mask(logits: SSAValue) -> str | None:
                 shape = op.input.type.get_shape()
                 if len(shape) == 4 and shape[:2] == (1, 1) and shape[2] == shape[3] != DYNAMIC_INDEX:
                     return (f"its scores are masked by a slice of the model's {list(shape)} buffer "
-                            f"%{op.input.name_hint} (a triangular buffer of older HF models, not a mask computed from "
-                            "the positions): its values are not in the graph, so the mask cannot be proved causal")
+                            f"%{op.input.name_hint} (a triangular buffer of older HF models) in a form not matched "
+                            "(GPT-Neo's where(mask, scores, lowest) is)")
         level = [v for op in ops for v in op.operands]
     return None
 
