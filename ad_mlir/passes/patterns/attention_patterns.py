@@ -183,9 +183,9 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
     if not plain_binary(op, ad.AddOp):
         return _buffer_mask(logits) or "its input is not the scores plus a mask, nor masked_fill of them"
     for x in op.operands:
-        if (scores := _biased_scores(x)) is not None:
-            found: tuple[Scores, list[Operation], tuple[SSAValue, SSAValue] | None] | None = (scores, [], None)
-        elif (found := _selected_scores(x)) is None:
+        scores = _biased_scores(x)
+        found = (scores, [], None) if scores is not None else _selected_scores(x)
+        if found is None:
             continue
         mask = other_operand(op, x)
         if not isinstance(mask.type, TensorType):
