@@ -268,7 +268,8 @@ def _softmax_over_heads(softmax: ad.SoftmaxOp) -> tuple[SSAValue, SSAValue, list
     rows = producer(softmax.input, ad.ReshapeOp)
     back = sole_user(softmax.result, ad.ReshapeOp)
     if rows is None or back is None or len(softmax.input.type.get_shape()) != 3 or not softmax.input.has_one_use() \
-            or back.result.type != rows.input.type or len(back.result.type.get_shape()) != 4:
+            or back.result.type != rows.input.type or len(back.result.type.get_shape()) != 4 \
+            or softmax.input.type.get_shape()[-1] != rows.input.type.get_shape()[-1]:
         return softmax.input, softmax.result, []
     return rows.input, back.result, [back, rows]
 
