@@ -38,6 +38,7 @@ from xdsl.dialects import func
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
 from ad_mlir.llm.engine import Engine, GenerationOutput, SamplingParams
+from ad_mlir.runtime.kernels import call_kernels_directly
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,8 @@ class LLM:
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
         pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
+        self.runner = call_kernels_directly(self.graph) if self.device.type == "cpu" else self.graph
+        """What runs a step: the graph, on the CPU with its kernels called without torch's dispatch."""
         self.program = program
         """The compiled `ad` module (what the graph runs) and its weights."""
         fn = program.function
@@ -312,7 +315,7 @@ class LLM:
         given = {"input_ids": tokens, "position_ids": positions, "cache_slots": slots, "cache_starts": starts,
                  "use_cache": False, **self.caches}
         with torch.no_grad():
-            return self.graph(*(given[name] for name in self.inputs))[0]
+            return self.runner(*(given[name] for name in self.inputs))[0]
 
     def decode(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int],
                free: Sequence[int]) -> torch.Tensor:
