@@ -154,6 +154,10 @@ class Request:
         return self.output.prompt_token_ids + self.output.token_ids
 
 
+class ContextTooLong(ValueError):
+    """A request whose prompt and max_tokens can never fit the cache (refused before it queues)."""
+
+
 @dataclass
 class RequestUpdate:
     """What a request got in one step."""
@@ -196,13 +200,14 @@ class BaseEngine(abc.ABC):
         return request
 
     def check_fits(self, prompt: Sequence[int], params: SamplingParams) -> None:
-        """Raises ValueError, saying why, for a request that can never fit the cache."""
+        """Raises ValueError, saying why, for an empty prompt and (`ContextTooLong`) a request that
+        can never fit the cache."""
         if not prompt:
             raise ValueError("the prompt is empty")
         need = len(prompt) + params.max_tokens
         if need > self.llm.max_seq_len:
-            raise ValueError(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it needs "
-                             f"{need} > max_seq_len={self.llm.max_seq_len} cache positions")
+            raise ContextTooLong(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it needs "
+                                 f"{need} > max_seq_len={self.llm.max_seq_len} cache positions")
 
     def abort(self, request_id: str) -> bool:
         """Drop a request (waiting or running) and free its cache; False if it is not here."""
@@ -391,9 +396,9 @@ class PagedEngine(BaseEngine):
         super().check_fits(prompt, params)
         pages = pages_for(len(prompt) + params.max_tokens - 1, self.llm.page_size)
         if pages > self.llm.num_pages:
-            raise ValueError(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it needs "
-                             f"{pages} pages of {self.llm.page_size} tokens > the {self.llm.num_pages} pages "
-                             "of the cache")
+            raise ContextTooLong(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it "
+                                 f"needs {pages} pages of {self.llm.page_size} tokens > the {self.llm.num_pages} "
+                                 "pages of the cache")
 
     # -- one step ----------------------------------------------------------------------
 
@@ -429,7 +434,8 @@ class PagedEngine(BaseEngine):
             if not self._make_room(request, request.cached + length):
                 break
             chunks.append(_Chunk(request, tokens, request.cached, length))
-            budget -= length if left > 1 else 0
+            if left > 1:  # the decodes were taken off the budget already
+                budget -= length
         if self.preemptions == preempted:
             chunks += self._admit(budget)
         return chunks

@@ -21,7 +21,15 @@ import torch
 from test_generate import _family_model, _hf_tokens
 
 from ad_mlir.llm import pages
-from ad_mlir.llm.engine import Engine, PagedEngine, Request, RequestUpdate, SamplingParams, make_engine
+from ad_mlir.llm.engine import (
+    ContextTooLong,
+    Engine,
+    PagedEngine,
+    Request,
+    RequestUpdate,
+    SamplingParams,
+    make_engine,
+)
 from ad_mlir.serve.runner import EngineRunner
 
 NEW = 8
@@ -285,11 +293,11 @@ def test_an_abort_frees_the_pages(setup: Setup) -> None:
 
 def test_a_request_that_can_never_fit_the_pool_is_refused_at_add(setup: Setup) -> None:
     engine = PagedEngine(PagedTokens(setup.model, num_pages=4))
-    with pytest.raises(ValueError, match=r"the prompt has 12 tokens: with max_tokens=6 it needs 5 pages of 4 "
+    with pytest.raises(ContextTooLong, match=r"the prompt has 12 tokens: with max_tokens=6 it needs 5 pages of 4 "
                                          r"tokens > the 4 pages of the cache"):
         engine.add([1] * 12, SamplingParams(max_tokens=6))
     engine.add([1] * 12, SamplingParams(max_tokens=5))  # 16 tokens fed: 4 pages
-    with pytest.raises(ValueError, match="max_seq_len=48"):
+    with pytest.raises(ContextTooLong, match="max_seq_len=48"):
         engine.add([1] * 45, SamplingParams(max_tokens=4))
     with pytest.raises(ValueError, match="already queued"):
         engine.add([1], SamplingParams(max_tokens=1), request_id=engine.waiting[0].id)
