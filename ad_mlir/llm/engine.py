@@ -96,7 +96,8 @@ class PagedModel(Protocol):
         `query_starts[i + 1]`, after the `cache_starts[i]` tokens its pages hold already;
         `block_tables` [num_seqs, max pages per sequence] lists each one's pages in order (entries
         past its tokens ignored). Writes the new tokens' K/V into those pages; returns the
-        logits [len(logits_indices), vocab] of the rows `logits_indices`."""
+        logits [len(logits_indices), vocab] of the rows `logits_indices`. All inputs are int64
+        host tensors (the model moves them to its device)."""
         ...
 
 

@@ -218,6 +218,24 @@ def test_preemption_with_prefix_caching_resumes_on_its_own_cached_pages(setup: S
     _assert_idle(engine)
 
 
+def test_sampled_tokens_do_not_change_with_preemption(setup: Setup) -> None:
+    """Each request samples from its own seeded generator, and a recomputed request samples no
+    token again: on a pool that forces preemptions its tokens are those of a roomy pool."""
+    prompts = _prompts(4, [10, 13, 11, 12], seed=1)
+    sampled = SamplingParams(max_tokens=NEW, temperature=1.5, seed=3, ignore_eos=True)
+    outputs = []
+    for num_pages in (40, 9):
+        engine = PagedEngine(PagedTokens(setup.model, num_pages=num_pages), max_step_tokens=64)
+        requests = [engine.add(p, sampled) for p in prompts]
+        while engine.has_work:
+            engine.step()
+        outputs.append(([r.output.token_ids for r in requests], engine.preemptions))
+    (roomy, none), (tight, preempted) = outputs
+    assert none == 0 and preempted > 0
+    assert tight == roomy
+    assert roomy != [setup.hf(p) for p in prompts], "sampled, not greedy"
+
+
 def test_a_common_system_prompt_is_prefilled_once_and_shared(setup: Setup) -> None:
     """The 13-token system prompt fills 3 pages; requests that arrive after the first one's
     prefill share them (each of those pages written once, 4 tokens, in the whole run)."""
