@@ -504,12 +504,12 @@ class PagedEngine(BaseEngine):
 
 
 def is_paged(llm: object) -> bool:
-    """The model runs on a paged cache (one flattened forward per step)."""
-    return callable(getattr(llm, "forward_flat", None))
+    """The model was compiled with a paged cache (`page_size` set; one flattened forward per step)."""
+    return getattr(llm, "page_size", None) is not None and callable(getattr(llm, "forward_flat", None))
 
 
 def make_engine(llm: CachedModel | PagedModel, max_step_tokens: int = 256) -> BaseEngine:
-    """A `PagedEngine` for a model with a paged cache, else an `Engine` over its slots."""
+    """A `PagedEngine` for a model compiled with a paged cache, else an `Engine` over its slots."""
     if is_paged(llm):
         return PagedEngine(llm, max_step_tokens)
     return Engine(llm, max_step_tokens)

@@ -169,7 +169,12 @@ def test_make_engine_picks_the_paged_scheduler_for_a_paged_model(setup: Setup) -
     assert isinstance(make_engine(PagedTokens(setup.model, 8)), PagedEngine)
 
     class Slots:
-        max_batch, max_seq_len, eos, tokenizer = 2, 16, set(), None
+        """The slot form of a model that could be compiled paged: `forward_flat`, no `page_size`."""
+
+        max_batch, max_seq_len, eos, tokenizer, page_size = 2, 16, set(), None, None
+
+        def forward_flat(self, *inputs: torch.Tensor) -> torch.Tensor:
+            raise AssertionError("not paged")
 
     assert type(make_engine(Slots())) is Engine
 
