@@ -7,11 +7,12 @@ the running decodes). Two schedulers share the requests, sampling and stop handl
   that fits when it is added always fits and nothing is preempted. A step is two kinds of
   forward call: one batched decode and one call per prefill chunk (the graph takes rectangular
   [batch, seq] inputs). Models with per-slot states (convolutions, recurrent scans) run here.
-- `PagedEngine`, over a paged cache (a model with `forward_flat`): pages are taken as a
-  sequence grows (`ad_mlir.llm.pages`), full pages are shared between requests that begin with
-  the same tokens (prefix caching), one flattened forward call per step holds every token fed,
-  and when pages run out the youngest running request is preempted: its pages are freed and it
-  is recomputed later from its prompt and the tokens it has generated (nothing is lost).
+- `PagedEngine`, over a paged cache (a model compiled in the paged form, `forward_flat`):
+  pages are taken as a sequence grows (`ad_mlir.llm.pages`), full pages are shared between
+  requests that begin with the same tokens (prefix caching), one flattened forward call per step
+  holds every token fed, and when pages run out the youngest running request is preempted: its
+  pages are freed and it is recomputed later from its prompt and the tokens it has generated
+  (nothing is lost).
 
 `make_engine` picks the one that fits the model. `step` returns what each request got in that
 step (`RequestUpdate`): new tokens, the new text (with a tokenizer; text that could begin a stop
@@ -193,10 +194,11 @@ class BaseEngine(abc.ABC):
         """Queue a request; one that can never fit the cache is refused here, before it queues."""
         prompt = [int(t) for t in prompt]
         self.check_fits(prompt, params)
-        if request_id is not None and any(r.id == request_id for r in [*self.waiting, *self.running]):
+        request_id = request_id or f"req-{next(self._ids)}"
+        if any(r.id == request_id for r in [*self.waiting, *self.running]):
             raise ValueError(f"a request with id {request_id!r} is already queued")
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        request = Request(request_id or f"req-{next(self._ids)}", params, GenerationOutput(prompt), generator)
+        request = Request(request_id, params, GenerationOutput(prompt), generator)
         self.waiting.append(request)
         return request
 
