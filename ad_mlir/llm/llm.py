@@ -37,7 +37,7 @@ from xdsl.dialects import func
 
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
-from ad_mlir.llm.engine import Engine, GenerationOutput, SamplingParams
+from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
 from ad_mlir.runtime.kernels import call_kernels_directly
 
 log = logging.getLogger(__name__)
@@ -347,8 +347,8 @@ class LLM:
                  top_p: float = 1.0, seed: int | None = None, chat: bool = False, ignore_eos: bool = False,
                  top_k: int = 0, stop: Sequence[str] = ()) -> list[GenerationOutput]:
         """One output per prompt (a string, tokenized with the model's tokenizer, under its chat
-        template with `chat`; or token ids), through the continuous-batching `Engine` (prompts
-        beyond the slots wait for one). Greedy when `temperature` is 0, else sampled with `top_k`
+        template with `chat`; or token ids), through the continuous-batching engine (`make_engine`:
+        prompts beyond what the cache holds wait). Greedy when `temperature` is 0, else sampled with `top_k`
         and `top_p` filtering, each prompt from its own generator seeded with `seed`. A sequence
         stops at EOS (unless `ignore_eos`, for benchmarks), a `stop` string or `max_new_tokens`."""
         params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
@@ -359,7 +359,7 @@ class LLM:
             if len(ids) + max_new_tokens > self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens: with max_new_tokens={max_new_tokens} it needs "
                                  f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len} cache positions")
-        engine = Engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
+        engine = make_engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
         requests = [engine.add(ids, params) for ids in token_lists]
         while engine.has_work:
             engine.step()
