@@ -47,6 +47,15 @@ rule's `ad_mlir.chunk_gated_delta_rule` `ad.cached_gated_delta_rule` over `recur
 [max-batch, value heads, key dim, value dim] (its q/k L2 norm carried). HF keeps both states in
 fp32 too.
 
+Multi-head latent attention (DeepSeek-V2/V3: `mla_patterns.match_mla`, an attention whose keys
+and values HF expands from a normalized latent by `kv_b_proj`, the rotated key part shared by the
+heads) becomes `ad.cached_mla_attention` over one argument `latent_cache_<i>` [max-batch,
+max-seq-len, kv_lora_rank + qk_rope_head_dim] in the latent's dtype, marked `ad.cache = "<layer>
+latent"`: the latent ++ rotated key part of each token, not the heads' K and V (at DeepSeek-V3's
+sizes 576 values per token and layer instead of 128 heads x (192 + 128)). The expansion is erased;
+the cached op absorbs `kv_b_proj` into the query and the output. An MLA that does not match
+exactly is cached as plain attention over its expanded K and V (the log says why).
+
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
 over a token axis, a shift, an attention softmax not matched, positions counted inside the graph)
@@ -110,6 +119,7 @@ from ad_mlir.passes.patterns.attention_masks import (
 from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import erase_dead
+from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
 from ad_mlir.passes.patterns.scan_patterns import (
     GatedDeltaRule,
     SsmScan,
@@ -149,10 +159,10 @@ class InsertCachedAttentionPass(ModulePass):
                 self._apply_to(fn)
 
     def _apply_to(self, fn: func.FuncOp) -> None:
-        attentions = _find_attentions(fn)
+        attentions, mlas = _split_mlas(_find_attentions(fn))
         convs = _find_short_convs(fn)
         scans = _find_scans(fn)
-        if attentions or convs or scans:
+        if attentions or mlas or convs or scans:
             slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                      {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
             starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
@@ -163,14 +173,36 @@ class InsertCachedAttentionPass(ModulePass):
                 self._replace_conv(fn, conv, i, slots, starts)
             for i, scan in enumerate(scans):
                 self._replace_scan(fn, scan, i, slots, starts)
+            for i, mla in enumerate(mlas):
+                self._replace_mla(fn, mla, i, slots, starts)
             region_dce(fn.body)
         _refuse_uncached_mixers(fn)
-        if not attentions and not convs and not scans:
+        if not attentions and not mlas and not convs and not scans:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
             return
-        log.info("insert-cached-attention: %d attentions, %d short convolutions and %d scans cached (%d slots x %d "
-                 "tokens)", len(attentions), len(convs), len(scans), self.max_batch, self.max_seq_len)
+        log.info("insert-cached-attention: %d attentions, %d MLAs, %d short convolutions and %d scans cached (%d slots "
+                 "x %d tokens)", len(attentions), len(mlas), len(convs), len(scans), self.max_batch, self.max_seq_len)
+
+    def _replace_mla(self, fn: func.FuncOp, mla: Mla, i: int, slots: SSAValue, starts: SSAValue) -> None:
+        """MLA's expanded attention -> `ad.cached_mla_attention` over a latent cache argument
+        `latent_cache_<i>` [max-batch, max-seq-len, rank + rope] in the latent's dtype."""
+        attention = mla.attention
+        layer = _layer(attention.output)
+        if self._window(fn, attention, layer) is not None:
+            raise PassFailedException(f"{layer}: MLA under a sliding-window mask is not cached (only causal MLA is)")
+        rank, rope = mla.latent.type.get_shape()[3], mla.k_rope.type.get_shape()[3]
+        cache_type = TensorType(mla.latent.type.element_type, [self.max_batch, self.max_seq_len, rank + rope])
+        cache = _append_argument(fn, cache_type, {ad.INPUT_ATTR: f"latent_cache_{i}", ad.CACHE_ATTR: f"{layer} latent"})
+        cached = ad.CachedMlaAttentionOp.build(
+            operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, slots, starts],
+            properties={"scale": FloatAttr(attention.scale, Float64Type())},
+            result_types=[attention.output.results[0].type])
+        cached.location = attention.output.location
+        Rewriter.replace_op(attention.output, cached)
+        erase_dead(Rewriter.erase_op, [*attention.chain, *mla.ops])
+        if attention.mask is not None:
+            erase_computation(attention.mask, Rewriter.erase_op)
 
     def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule, i: int, slots: SSAValue,
                       starts: SSAValue) -> None:
@@ -319,6 +351,12 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
             "such sequence mixers (scans other than Mamba2's and the gated delta rule's, e.g. Mamba1's; linear "
             "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
             "attention) are not supported for generation yet")
+
+
+def _split_mlas(attentions: list[Attention]) -> tuple[list[Attention], list[Mla]]:
+    """(the attentions that are not MLA, the MLAs): MLA caches its latent, not K and V."""
+    mlas = {id(a): m for a in attentions if (m := _logged(match_mla(a), a.output, "MLA attention")) is not None}
+    return [a for a in attentions if id(a) not in mlas], list(mlas.values())
 
 
 def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule]:

@@ -459,6 +459,39 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
+@torch.library.custom_op(f"{NAMESPACE}::cached_mla_attention", mutates_args=("cache",))
+def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
+                         kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+    """`ad.cached_mla_attention`: the new latent ++ k_rope written into each row's cache slot
+    after the tokens it holds, then HF's MLA over the slot's first start + seq positions: the
+    cached latents expanded by `kv_b_weight` into each head's k_nope and value (HF's `expand_kv`),
+    the shared rotated key beside k_nope, SDPA causal with offset. One row at a time: the
+    reference reads each row's slot and start on the host."""
+    heads, seq, nope = q_nope.shape[1], q_nope.shape[2], q_nope.shape[3]
+    rank = latent.shape[3]
+    query = torch.cat([q_nope, q_rope], dim=-1)
+    new = torch.cat([latent[:, 0], k_rope[:, 0]], dim=-1)
+    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // heads - nope))
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        end = start + seq
+        cache[slot, start:end] = new[b]
+        cached = cache[slot, :end]
+        kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
+        k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
+        key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
+        allowed = torch.arange(end, device=q_nope.device)[None, :] <= torch.arange(start, end, device=q_nope.device)[:, None]
+        out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], key, value, attn_mask=allowed, scale=scale)
+    return out
+
+
+@cached_mla_attention.register_fake
+def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
+      kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+      scale: float) -> torch.Tensor:
+    return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
+
+
 @torch.library.custom_op(f"{NAMESPACE}::cached_causal_conv1d", mutates_args=("state",))
 def cached_causal_conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
                          slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
@@ -623,6 +656,6 @@ REFERENCE_OPS = frozenset(
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "cached_causal_conv1d",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
-                 "cached_ssm_scan", "cached_gated_delta_rule")
+                 "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""
