@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
     from ad_mlir.codegen.moe_kernel import MoeSpec
 
-RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp)
+RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
 KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.CachedMlaAttentionOp, ad.CachedCausalConv1dOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
@@ -144,11 +144,17 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     return region_kernel.emit_kernel_module(region, name, header)
 
 
-def _emit_recurrent_module(op: ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp, name: str, header: str) -> str:
+def _emit_recurrent_module(op: ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp | ad.CachedSelectiveScanOp, name: str,
+                           header: str) -> str:
     from ad_mlir.codegen.gated_delta_rule_kernel import emit_gated_delta_rule_module
+    from ad_mlir.codegen.selective_scan_kernel import emit_selective_scan_module
     from ad_mlir.codegen.ssm_scan_kernel import emit_ssm_scan_module
     from ad_mlir.semantics.op_table import torch_dtype
 
+    if isinstance(op, ad.CachedSelectiveScanOp):
+        return emit_selective_scan_module(torch_dtype(op.dt.type), torch_dtype(op.result.type), op.d is not None,
+                                          op.z is not None, op.dt_bias is not None, op.dt_softplus is not None, name,
+                                          header)
     if isinstance(op, ad.CachedSsmScanOp):
         return emit_ssm_scan_module(torch_dtype(op.dt.type), op.d is not None, op.dt_bias is not None,
                                     op.dt_softplus is not None, op.dt_min.value.data if op.dt_min is not None else 0.0,

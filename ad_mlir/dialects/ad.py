@@ -1766,6 +1766,64 @@ class CachedSsmScanOp(AdOp):
 
 
 @irdl_op_definition
+class CachedSelectiveScanOp(AdOp):
+    """Mamba1's selective scan of each batch row's new tokens, continuing from the row's SSM
+    state, the state written in place (HF's `mamba_selective_scan` and its one-token
+    `mamba_selective_state_update`, in one op: Mamba, Falcon-Mamba).
+
+    `input` [batch, channels, seq] is x and `dt` [batch, channels, seq] the time steps, `a`
+    [channels, state_size] the (negative) decay rates A, `b`/`c` [batch, state_size, seq] B and C
+    (shared by the channels), `d` [channels] the optional skip D, `z` [batch, channels, seq] the
+    optional gate and `dt_bias` [channels] an optional bias of dt. Each time step is dt + dt_bias,
+    then softplus (with `dt_softplus`), in dt's dtype as HF computes it. Row b uses slot
+    `slots[b]` of `state` [slots, channels, state_size] (fp32): the state after the tokens before
+    the new ones when `starts[b]` > 0, zeros when it is 0 (a new sequence). For each new token t,
+    in order, in fp32: h = h * exp(dt_t a) + (dt_t x_t) B_t^T, y_t = h C_t + d x_t, times silu(z_t)
+    with a gate. The result [batch, channels, seq] has the input's dtype promoted by d's (HF's);
+    afterwards the slot holds h after the last token. Not pure: it writes the state."""
+
+    name = "ad.cached_selective_scan"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    dt = operand_def(AdTensor)
+    a = operand_def(AdTensor)
+    b = operand_def(AdTensor)
+    c = operand_def(AdTensor)
+    d = opt_operand_def(AdTensor)
+    z = opt_operand_def(AdTensor)
+    dt_bias = opt_operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    dt_softplus = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $dt `,` $a `,` $b `,` $c (`d` $d^)? (`z` $z^)? (`dt_bias` $dt_bias^)? (`dt_softplus` "
+        "$dt_softplus^)? `state` $state `slots` $slots `starts` $starts attr-dict `:` `(` type($input) `,` "
+        "type($dt) `,` type($a) `,` type($b) `,` type($c) `,` type($state) `,` type($slots) `,` type($starts) "
+        "(`,` `d` type($d)^)? (`,` `z` type($z)^)? (`,` `dt_bias` type($dt_bias)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        x, dt, a, b, c = (_shape(v.type) for v in (self.input, self.dt, self.a, self.b, self.c))
+        if len(x) != 3 or x[1] == DYNAMIC_INDEX or dt != x:
+            raise VerifyException("ad.cached_selective_scan input and dt must be one [batch, channels, seq] shape, "
+                                  "channels static")
+        channels = x[1]
+        if len(a) != 2 or a[0] != channels or a[1] == DYNAMIC_INDEX:
+            raise VerifyException(f"ad.cached_selective_scan a must be [{channels}, state_size], state_size static")
+        if len(b) != 3 or b != c or b[1] != a[1] or (b[0], b[2]) != (x[0], x[2]):
+            raise VerifyException(f"ad.cached_selective_scan b and c must be one [batch, {a[1]}, seq] type")
+        for name, extra, shape in (("d", self.d, (channels,)), ("dt_bias", self.dt_bias, (channels,)),
+                                   ("z", self.z, x)):
+            if extra is not None and _shape(extra.type) != shape:
+                raise VerifyException(f"ad.cached_selective_scan {name} must be {list(shape)}")
+        _verify_state_metadata(self, self.name, (channels, a[1]))
+        if _shape(self.result.type) != x:
+            raise VerifyException("ad.cached_selective_scan result must be the input's shape")
+
+
+@irdl_op_definition
 class CachedGatedDeltaRuleOp(AdOp):
     """The gated delta rule of each batch row's new tokens, continuing from the row's recurrent
     state, the state written in place (HF's `torch_chunk_gated_delta_rule` and its one-token
@@ -2219,7 +2277,7 @@ Ad = Dialect(
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
-        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp,
+        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedSelectiveScanOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

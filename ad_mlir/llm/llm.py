@@ -10,10 +10,13 @@ with `insert-cached-attention` in the pipeline, and the one compiled graph serve
   cached length, position = cached length.
 
 The caches are allocated once ([max_batch slots, max_seq_len tokens, kv_heads, head_dim] per layer
-and role; MLA's latent [max_batch, max_seq_len, kv_lora_rank + rope_dim] per layer; a short convolution's state [max_batch slots, channels, kernel - 1] and a recurrent
-scan's fp32 state (Mamba2's [max_batch, heads, head_dim, state_size], the gated delta rule's
-[max_batch, value heads, key dim, value dim]), whose sizes do not grow with the tokens), their sizes given or decided by a memory budget (`kv_cache_budget`, which
-counts the per-slot states apart from the bytes per token). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
+and role; MLA's latent [max_batch, max_seq_len, kv_lora_rank + rope_dim] per layer; a short
+convolution's state [max_batch slots, channels, kernel - 1] and a recurrent scan's fp32 state
+(Mamba2's [max_batch, heads, head_dim, state_size], the gated delta rule's [max_batch, value
+heads, key dim, value dim]), whose sizes do not grow with the tokens), their sizes given or
+decided by a memory budget (`kv_cache_budget`, which counts the per-slot states apart from the
+bytes per token: `token_bytes` by layer, `state_bytes`). A finished sequence (EOS or
+max_new_tokens) frees its slot for the next prompt in the
 queue; a slot is only read up to what its current sequence wrote, so a reused slot starts clean.
 
 The decode step is fit for CUDA graphs (tests/models/test_llm_runtime.py checks the traced graph:

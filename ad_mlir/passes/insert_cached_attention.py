@@ -44,8 +44,9 @@ argument marked `ad.cache = "<layer> ssm_state|recurrent_state"`: Mamba2's
 `ad_mlir.mamba2_chunk_scan` `ad.cached_ssm_scan` over `ssm_state_<i>` [max-batch, heads,
 head_dim, state_size] (its D, dt_bias, softplus and time-step limits carried), the gated delta
 rule's `ad_mlir.chunk_gated_delta_rule` `ad.cached_gated_delta_rule` over `recurrent_state_<i>`
-[max-batch, value heads, key dim, value dim] (its q/k L2 norm carried). HF keeps both states in
-fp32 too.
+[max-batch, value heads, key dim, value dim] (its q/k L2 norm carried), Mamba1's
+`ad_mlir.selective_scan` `ad.cached_selective_scan` over `ssm_state_<i>` [max-batch, channels,
+state_size] (its D, gate z, dt bias and softplus carried). HF keeps these states in fp32 too.
 
 Multi-head latent attention (DeepSeek-V2/V3: `mla_patterns.match_mla`, an attention whose keys
 and values HF expands from a normalized latent by `kv_b_proj`, the rotated key part shared by the
@@ -122,8 +123,10 @@ from ad_mlir.passes.patterns.matching import erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
 from ad_mlir.passes.patterns.scan_patterns import (
     GatedDeltaRule,
+    SelectiveScan,
     SsmScan,
     match_gated_delta_rule,
+    match_selective_scan,
     match_ssm_scan,
 )
 from ad_mlir.passes.position_mixing import position_mixers
@@ -204,11 +207,14 @@ class InsertCachedAttentionPass(ModulePass):
         if attention.mask is not None:
             erase_computation(attention.mask, Rewriter.erase_op)
 
-    def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule, i: int, slots: SSAValue,
-                      starts: SSAValue) -> None:
+    def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule | SelectiveScan, i: int,
+                      slots: SSAValue, starts: SSAValue) -> None:
         """An opaque chunked scan -> its cached op over a state argument in fp32: Mamba2's
         `ssm_state_<i>` [max-batch, heads, head_dim, state_size], the gated delta rule's
         `recurrent_state_<i>` [max-batch, value heads, key dim, value dim]."""
+        if isinstance(scan, SelectiveScan):
+            self._replace_selective_scan(fn, scan, i, slots, starts)
+            return
         if isinstance(scan, SsmScan):
             _, _, heads, head_dim = scan.input.type.get_shape()
             shape, role = [heads, head_dim, scan.b.type.get_shape()[3]], "ssm_state"
@@ -232,6 +238,21 @@ class InsertCachedAttentionPass(ModulePass):
                 operands=[scan.query, scan.key, scan.value, scan.g, scan.beta, state, slots, starts],
                 properties={"use_qk_l2norm": UnitAttr()} if scan.use_qk_l2norm else {},
                 result_types=[scan.op.results[0].type])
+        cached.location = scan.op.location
+        Rewriter.replace_op(scan.op, cached)
+
+    def _replace_selective_scan(self, fn: func.FuncOp, scan: SelectiveScan, i: int, slots: SSAValue,
+                                starts: SSAValue) -> None:
+        """Mamba1's opaque selective scan -> `ad.cached_selective_scan` over `ssm_state_<i>`
+        [max-batch, channels, state_size] in fp32."""
+        state_type = TensorType(Float32Type(), [self.max_batch, *scan.a.type.get_shape()])
+        state = _append_argument(fn, state_type, {ad.INPUT_ATTR: f"ssm_state_{i}",
+                                                  ad.CACHE_ATTR: f"{_layer(scan.op)} ssm_state"})
+        cached = ad.CachedSelectiveScanOp.build(
+            operands=[scan.input, scan.dt, scan.a, scan.b, scan.c, _optional(scan.d), _optional(scan.z),
+                      _optional(scan.dt_bias), state, slots, starts],
+            properties={"dt_softplus": UnitAttr()} if scan.dt_softplus else {},
+            result_types=[scan.op.results[0].type])
         cached.location = scan.op.location
         Rewriter.replace_op(scan.op, cached)
 
@@ -348,7 +369,7 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
         raise PassFailedException(
             f"insert-cached-attention: {len(mixers)} op(s) mix token positions outside the cached attention, and "
             f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
-            "such sequence mixers (scans other than Mamba2's and the gated delta rule's, e.g. Mamba1's; linear "
+            "such sequence mixers (scans other than Mamba's and the gated delta rule's; linear "
             "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
             "attention) are not supported for generation yet")
 
@@ -359,10 +380,11 @@ def _split_mlas(attentions: list[Attention]) -> tuple[list[Attention], list[Mla]
     return [a for a in attentions if id(a) not in mlas], list(mlas.values())
 
 
-def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule]:
-    """HF's chunked scans (the opaque ops of the export patches) of `fn`, in program order."""
+def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule | SelectiveScan]:
+    """HF's scans (the opaque ops of the export patches) of `fn`, in program order."""
     ops = [op for op in fn.body.block.ops if isinstance(op, ad.TorchOp)]
-    return [m for op in ops if (m := match_ssm_scan(op) or match_gated_delta_rule(op)) is not None]
+    return [m for op in ops
+            if (m := match_ssm_scan(op) or match_gated_delta_rule(op) or match_selective_scan(op)) is not None]
 
 
 def _optional(value: SSAValue | None) -> list[SSAValue]:

@@ -558,6 +558,46 @@ def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c
     return input.new_empty(input.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::cached_selective_scan", mutates_args=("state",))
+def cached_selective_scan(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                          d: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                          state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+                          dt_softplus: bool = False) -> torch.Tensor:
+    """`ad.cached_selective_scan`: Mamba1's recurrence token by token (HF's one-token
+    `mamba_selective_state_update` repeated) from each row's slot state (zeros at start 0), in
+    fp32, the slot left holding the state after the last token. One row at a time: the reference
+    reads each row's slot and start on the host."""
+    steps = dt if dt_bias is None else dt + dt_bias.to(dt.dtype)[:, None]
+    if dt_softplus:
+        steps = torch.nn.functional.softplus(steps)
+    steps, x, a, b, c = steps.float(), input.float(), a.float(), b.float(), c.float()
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        h = state[slot] if start > 0 else torch.zeros_like(state[slot])
+        for t in range(x.shape[2]):
+            step = steps[row, :, t, None]
+            h = h * torch.exp(step * a) + (step * x[row, :, t, None]) * b[row, None, :, t]
+            out[row, :, t] = h @ c[row, :, t]
+        state[slot] = h
+    if d is not None:
+        out += d.float()[:, None] * x
+    if z is not None:
+        out = out * torch.nn.functional.silu(z.float())
+    return out.to(_selective_scan_dtype(input, d))
+
+
+def _selective_scan_dtype(input: torch.Tensor, d: torch.Tensor | None) -> torch.dtype:
+    """HF's scan output dtype: the input's, promoted by D's (fp32 in Mamba's call)."""
+    return torch.promote_types(input.dtype, d.dtype) if d is not None else input.dtype
+
+
+@cached_selective_scan.register_fake
+def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+      d: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None, state: torch.Tensor,
+      slots: torch.Tensor, starts: torch.Tensor, dt_softplus: bool = False) -> torch.Tensor:
+    return input.new_empty(input.shape, dtype=_selective_scan_dtype(input, d))
+
+
 L2NORM_EPS = 1e-6
 """HF's (and FLA's) `l2norm` epsilon in the gated delta rule."""
 
@@ -646,9 +686,29 @@ def _(module: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return value.new_empty(value.shape, dtype=query.dtype)
 
 
-SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default" for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule"))
+@torch.library.custom_op(f"{NAMESPACE}::selective_scan", mutates_args=())
+def selective_scan(module: str, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,  # noqa: N803
+                   B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,  # noqa: N803
+                   delta_bias: torch.Tensor | None, delta_softplus: bool) -> torch.Tensor:
+    """HF's `mamba_selective_scan` of `module` (Mamba1: [batch, channels, seq] x and dt, A
+    [channels, state], B and C [batch, state, seq]; no final state returned): the selective scan
+    over the whole sequence, opaque to torch.export (its loop over time steps would fix the
+    sequence length)."""
+    return _hf_function(module, "mamba_selective_scan")(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias,
+                                                         delta_softplus=delta_softplus)
+
+
+@selective_scan.register_fake
+def _(module: str, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,  # noqa: N803
+      C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,  # noqa: N803
+      delta_softplus: bool) -> torch.Tensor:
+    return hidden_states.new_empty(hidden_states.shape, dtype=_selective_scan_dtype(hidden_states, D))
+
+
+SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default"
+                               for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule", "selective_scan"))
 """The opaque scans above: each mixes every position of the sequence; `insert-cached-attention`
-replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`)."""
+replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`, `cached_selective_scan`)."""
 
 
 REFERENCE_OPS = frozenset(
@@ -656,6 +716,6 @@ REFERENCE_OPS = frozenset(
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "cached_causal_conv1d",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
-                 "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention")
+                 "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_selective_scan")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""
