@@ -125,3 +125,17 @@ def test_every_pass_and_kernel_verified(monkeypatch: pytest.MonkeyPatch) -> None
     _, program = compile_program(export_for_cache(_model("q_lora"), 2, 32), pipeline=cached_pipeline("default", 2, 32),
                                  verify=True)
     assert sum(isinstance(op, ad.CachedMlaAttentionOp) for op in program.function.body.walk()) == 2
+
+
+def test_decode_traffic_counts_the_latent_not_k_and_v(mla) -> None:  # noqa: ANN001
+    """`ad-bench`'s modelled decode step: its ideal reads (rank + rope) x 4 bytes per cached token
+    and layer and writes as much per new token, the heads' K and V never; the modelled step
+    (which reads the latents and the absorbed query's intermediates too) is above that ideal."""
+    from ad_mlir.bench.decode_traffic import decode_step_traffic
+
+    _, llm = mla
+    per_token = len(LAYERS) * (RANK + ROPE) * 4
+    traffic = decode_step_traffic(llm.program, 2, 10)
+    assert traffic["ideal_caches_read_bytes"] == 2 * 10 * per_token
+    assert traffic["ideal_new_kv_written_bytes"] == 2 * per_token
+    assert traffic["modelled_bytes"] > traffic["ideal_bytes"]
