@@ -139,3 +139,21 @@ def test_decode_traffic_counts_the_latent_not_k_and_v(mla) -> None:  # noqa: ANN
     assert traffic["ideal_caches_read_bytes"] == 2 * 10 * per_token
     assert traffic["ideal_new_kv_written_bytes"] == 2 * per_token
     assert traffic["modelled_bytes"] > traffic["ideal_bytes"]
+
+
+def test_deepseek_v2_caches_its_latent_and_generates_hf_greedy_tokens() -> None:
+    """DeepSeek-V2's attention class (RoPE through `apply_rotary_emb`, the key part rotated before
+    the cache as in V3): the same latent cache, HF's tokens for three prompts in two slots."""
+    from transformers import DeepseekV2Config
+
+    config = DeepseekV2Config(**{k: v for k, v in COMMON.items() if k not in ("n_group", "topk_group")},
+                              q_lora_rank=None)
+    model = model_from_config(config)
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
+    assert {name: tuple(c.shape) for name, c in llm.caches.items()} == {
+        "latent_cache_0": (2, 32, RANK + ROPE), "latent_cache_1": (2, 32, RANK + ROPE)}
+    expected = [_hf_tokens(model, prompt, 8) for prompt in PROMPTS]
+    assert all(len(set(tokens)) > 3 for tokens in expected), f"HF's tokens hardly vary: {expected}"
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=8)
+    assert [out.token_ids for out in outputs] == expected
