@@ -29,3 +29,38 @@ func.func @mla(%q_nope: tensor<1x2x?x8xf32> {ad.input = "q_nope"}, %q_rot: tenso
   %o = ad.attention %query, %key, %value causal scale 0.28867513459481287 : f64 : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x6xf32>) -> tensor<1x2x?x6xf32> loc("model.layers.0.self_attn")
   func.return %o : tensor<1x2x?x6xf32>
 }
+
+// -----
+
+// The key joined by cat (k_nope beside the expanded rotated part), the value head dim (6) not the
+// query's (12): the same latent cache.
+// CHECK-LABEL: func.func @mla_cat_key
+// CHECK-SAME:  %latent_cache{{.*}}: tensor<2x16x20xf32> {ad.input = "latent_cache_0", ad.cache = "model.layers.0.self_attn latent"}
+// CHECK-NOT:   ad.cat
+// CHECK-NOT:   ad.expand
+// CHECK:       %[[O:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.28867513459481287 :
+// CHECK-NEXT:  func.return %[[O]]
+func.func @mla_cat_key(%q_nope: tensor<1x2x?x8xf32> {ad.input = "q_nope"}, %q_rot: tensor<1x2x?x4xf32> {ad.input = "q_rot"}, %latent: tensor<1x1x?x16xf32> {ad.input = "latent"}, %k_rot: tensor<1x1x?x4xf32> {ad.input = "k_rot"}, %w: tensor<28x16xf32> {ad.param = "model.layers.0.self_attn.kv_b_proj.weight"}) -> tensor<1x2x?x6xf32> {
+  %s = ad.sym_size %latent dim 2 : tensor<1x1x?x16xf32>
+  %query = ad.cat %q_nope, %q_rot dim -1 : (tensor<1x2x?x8xf32>, tensor<1x2x?x4xf32>) -> tensor<1x2x?x12xf32>
+  %kv = ad.linear %latent, %w : (tensor<1x1x?x16xf32>, tensor<28x16xf32>) -> tensor<1x1x?x28xf32>
+  %view = ad.reshape %kv [1, %s, -1, 14] : tensor<1x1x?x28xf32> -> tensor<1x?x2x14xf32>
+  %heads = ad.transpose %view 1, 2 : tensor<1x?x2x14xf32> -> tensor<1x2x?x14xf32>
+  %k_nope, %value = ad.split %heads [8, 6] dim -1 : tensor<1x2x?x14xf32> -> tensor<1x2x?x8xf32>, tensor<1x2x?x6xf32>
+  %k_rot_heads = ad.expand %k_rot [-1, 2, -1, -1] : tensor<1x1x?x4xf32> -> tensor<1x2x?x4xf32>
+  %key = ad.cat %k_nope, %k_rot_heads dim -1 : (tensor<1x2x?x8xf32>, tensor<1x2x?x4xf32>) -> tensor<1x2x?x12xf32>
+  %o = ad.attention %query, %key, %value causal scale 0.28867513459481287 : f64 : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x6xf32>) -> tensor<1x2x?x6xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x6xf32>
+}
+
+// -----
+
+// A value that is not split from an up-projected single-head latent is no MLA: plain cached
+// attention over its K and V.
+// CHECK-LABEL: func.func @not_mla
+// CHECK-NOT:   ad.cached_mla_attention
+// CHECK:       ad.cached_attention %q, %k, %v cache
+func.func @not_mla(%q: tensor<1x2x?x12xf32> {ad.input = "q"}, %k: tensor<1x2x?x12xf32> {ad.input = "k"}, %v: tensor<1x2x?x6xf32> {ad.input = "v"}) -> tensor<1x2x?x6xf32> {
+  %o = ad.attention %q, %k, %v causal scale 0.28867513459481287 : f64 : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x6xf32>) -> tensor<1x2x?x6xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x6xf32>
+}
