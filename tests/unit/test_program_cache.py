@@ -197,3 +197,23 @@ def test_concurrent_writers_leave_one_whole_entry(tmp_path: Path, caplog: pytest
         gm = ad_mlir.compile(export_model(model, CFG), cache=KernelCache(tmp_path))
     assert SKIPPED in caplog.text
     torch.testing.assert_close(*_logits(model, gm, example_input_ids(CFG, 5, seed=6)))
+
+
+def test_llm_from_a_stored_program_generates_hf_tokens(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`LLM` (the cache-inserting pipeline, K/V caches as the function's arguments) built again
+    reads the stored program, the same module the passes made, and generates HF's greedy tokens."""
+    from ad_mlir.llm.llm import LLM
+    from ad_mlir.runtime.program_cache import module_text
+
+    model = build_model(TinyConfig(layers=2, hf_overrides=(("initializer_range", 0.5),)))
+    prompts = [[5, 9, 3], [7, 1, 2, 8, 4], [11, 6]]  # more prompts than slots
+    first = LLM(model, max_batch=2, max_seq_len=32, cache=KernelCache(tmp_path))
+    with caplog.at_level(logging.INFO, logger="ad_mlir.runtime.program_cache"):
+        second = LLM(model, max_batch=2, max_seq_len=32, cache=KernelCache(tmp_path))
+    assert SKIPPED in caplog.text
+    assert module_text(second.program.module) == module_text(first.program.module)
+    outputs = second.generate(prompts, max_new_tokens=6, ignore_eos=True)
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, len(p):].tolist()
+                for p in prompts]
+    assert len({tuple(e) for e in expected}) > 1, "HF's tokens must vary for the comparison to mean something"
+    assert [o.token_ids for o in outputs] == expected
