@@ -15,7 +15,7 @@ from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
 from ad_mlir.passes.verify import NumericVerifier
 from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import build_kernels
-from ad_mlir.runtime.program_cache import ProgramCache, program_cache_enabled, program_key
+from ad_mlir.runtime.program_cache import ProgramCache, pass_warnings, program_cache_enabled, program_key
 from ad_mlir.runtime.verify import check_compiled
 from ad_mlir.semantics.weights import Rank
 
@@ -121,17 +121,19 @@ def compile_program(
 
 def _run_pipeline_or_reuse(program: ImportedProgram, opts: CompileOptions, kernels: KernelCache, rank: Rank) -> None:
     """Run the pipeline on `program`'s module, or take its result from the program cache
-    (`runtime/program_cache.py`, beside `kernels`) where an earlier compile stored it. With
-    `verify` the passes always run (each is checked); their result is stored either way."""
+    (`runtime/program_cache.py`, beside `kernels`) where an earlier compile stored it, with the
+    warnings its passes logged (said again). With `verify` the passes always run (each is
+    checked); their result is stored either way."""
     if not program_cache_enabled():
         run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
         return
     programs, key = ProgramCache.beside(kernels), program_key(program, load_pipeline(opts.pipeline), rank)
-    if not opts.verify and (module := programs.load(key)) is not None:
-        program.module = module
+    if not opts.verify and (stored := programs.load(key)) is not None:
+        program.module = stored.module
         return
-    run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
-    programs.store(key, program.module)
+    with pass_warnings() as warnings:
+        run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
+    programs.store(key, program.module, warnings)
 
 
 def _rank(world_size: int | None, rank: int | None) -> Rank:

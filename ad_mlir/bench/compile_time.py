@@ -76,13 +76,13 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
     cache = KernelCache()
     programs = ProgramCache.beside(cache)
     key = timed("program key", lambda: program_key(program, load_pipeline(PIPELINES["default"]), SINGLE_RANK))
-    module = timed("program cache read", lambda: programs.load(key))
-    if module is None:
+    stored = timed("program cache read", lambda: programs.load(key))
+    if stored is None:
         for record in run_pipeline(program.module, PIPELINES["default"]):
             stages[f"pass {record.name}"] = record.seconds
         timed("program cache write", lambda: programs.store(key, program.module))
     else:
-        program.module = module
+        program.module = stored.module
     kernels = timed("Triton codegen", lambda: build_kernels(program.module, cache))
     if ptx:
         timed("PTX (sm_90)", lambda: ptx_reports(kernels.values()))

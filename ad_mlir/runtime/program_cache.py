@@ -16,6 +16,9 @@ An entry's key is the sha256 of everything the pipeline's result depends on:
 What the weights are made into is not cached: the exporter computes the concatenated weights of
 `fuse-gemms`, FP8-quantized weights and shards from the weights of each compile.
 
+What the passes warned of while compiling it (a pass skipped on error, a fusion refused) is
+stored with the entry and logged again at each read, so a reused program says what it lacks.
+
 An entry is written atomically (temp file + `os.replace`, `codegen/cache.write_atomically`), so
 concurrent writers of one key each leave a whole file, and ends in a checksum line; an entry that
 is truncated, corrupt or does not parse is logged, compiled again and rewritten.
@@ -25,12 +28,14 @@ passes it checks).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
 import logging
 import os
 import platform
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -51,7 +56,10 @@ log = logging.getLogger(__name__)
 PROGRAM_CACHE_VARIABLE = "AD_MLIR_PROGRAM_CACHE"
 """`0` turns the program cache off."""
 _KEY = "// key: "
+_WARNING = "// warning: "
 _CHECKSUM = "// checksum: "
+PASS_LOGGER = "ad_mlir.passes"
+"""The logger the pipeline and every pass log under: its warnings are kept with the program."""
 
 
 def program_cache_enabled() -> bool:
@@ -121,6 +129,34 @@ def checksum(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(" ".join(record.getMessage().split()))
+
+
+@contextlib.contextmanager
+def pass_warnings() -> Iterator[list[str]]:
+    """The warnings the passes log within (one line each), to store with their program."""
+    handler = _Collect()
+    logger = logging.getLogger(PASS_LOGGER)
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+
+
+@dataclass(frozen=True)
+class StoredProgram:
+    module: ModuleOp
+    warnings: tuple[str, ...]
+    """What the passes warned of when it was compiled."""
+
+
 @dataclass
 class ProgramCache:
     directory: Path
@@ -137,9 +173,9 @@ class ProgramCache:
     def path(self, key: str) -> Path:
         return self.directory / f"{key[:32]}.mlir"
 
-    def load(self, key: str) -> ModuleOp | None:
-        """The module stored under `key`, None when there is none or it cannot be used (then
-        logged: the caller compiles and stores it again)."""
+    def load(self, key: str) -> StoredProgram | None:
+        """The program stored under `key` (its warnings logged again), None when there is none
+        or it cannot be used (then logged: the caller compiles and stores it again)."""
         path = self.path(key)
         try:
             text = path.read_text()
@@ -152,18 +188,24 @@ class ProgramCache:
         if last != _CHECKSUM + checksum(body + "\n") or not body.startswith(_KEY + key + "\n"):
             log.warning("program cache entry %s is corrupt or stale: compiling again", path)
             return None
+        lines = body.split("\n")[1:]
+        warnings = tuple(line.removeprefix(_WARNING) for line in lines if line.startswith(_WARNING))
         try:
-            module = Parser(make_context(), body.partition("\n")[2]).parse_module()
+            module = Parser(make_context(), "\n".join(lines[len(warnings):])).parse_module()
             module.verify()
         except Exception as e:  # noqa: BLE001 (any failure to rebuild the module means: compile again)
             log.warning("program cache entry %s does not parse (%s): compiling again", path, " ".join(str(e).split()))
             return None
         self.hits += 1
         log.info("program cache: %s read, the pass pipeline skipped", path)
-        return module
+        for warning in warnings:
+            log.warning("%s (logged when the stored program %s was compiled)", warning, path.name)
+        return StoredProgram(module, warnings)
 
-    def store(self, key: str, module: ModuleOp) -> None:
-        body = f"{_KEY}{key}\n{module_text(module)}"
+    def store(self, key: str, module: ModuleOp, warnings: Sequence[str] = ()) -> None:
+        """Write `module` (and the warnings its passes logged) under `key`."""
+        said = "".join(f"{_WARNING}{' '.join(w.split())}\n" for w in warnings)
+        body = f"{_KEY}{key}\n{said}{module_text(module)}"
         self.directory.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path(key), body + _CHECKSUM + checksum(body) + "\n")
         self.stored += 1

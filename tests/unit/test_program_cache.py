@@ -217,3 +217,23 @@ def test_llm_from_a_stored_program_generates_hf_tokens(tmp_path: Path, caplog: p
                 for p in prompts]
     assert len({tuple(e) for e in expected}) > 1, "HF's tokens must vary for the comparison to mean something"
     assert [o.token_ids for o in outputs] == expected
+
+
+def test_the_passes_warnings_are_said_again(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass skipped on error when the program was stored is named again when it is read:
+    the reused program lacks that pass's rewrite, and says so."""
+    monkeypatch.setenv("AD_MLIR_SKIP_ON_ERROR", "1")
+    pipeline = 'canonicalize,quantize-linear-fp8{scheme="static"},fuse-elementwise'  # static needs a scale
+    model = _model()
+    ep = export_model(model, CFG)
+    with caplog.at_level(logging.WARNING):
+        ad_mlir.compile(ep, pipeline=pipeline, cache=KernelCache(tmp_path))
+    (skipped,) = [" ".join(r.getMessage().split()) for r in caplog.records if "skipped (skip_on_error)" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        gm = ad_mlir.compile(ep, pipeline=pipeline, cache=KernelCache(tmp_path))
+    assert SKIPPED in caplog.text
+    assert [r.getMessage() for r in caplog.records if "logged when the stored program" in r.getMessage()] == [
+        f"{skipped} (logged when the stored program {_entries(tmp_path)[0].name} was compiled)"]
+    torch.testing.assert_close(*_logits(model, gm, example_input_ids(CFG, 7, seed=8)))
