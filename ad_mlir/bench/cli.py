@@ -7,8 +7,10 @@
 - generate: tokens per second of `ad_mlir.LLM` against HF eager `generate` on SmolLM2-135M
   (the packaged checkpoint, else its shape with random weights), prefill and decode apart
   (`bench/generate.py`);
-- compile: ad-mlir's compile stages against Inductor on Llama-shaped graphs of growing depth
-  (`bench/compile_time.py`);
+- compile: ad-mlir's compile stages against Inductor on Llama-shaped graphs of growing depth,
+  cold (empty caches) and warm (a new process with the caches the cold one left), and the
+  `torch.compile` backend path's compile time (`bench/compile_time.py`; --quick: ad-mlir cold and
+  warm, Inductor cold);
 - traffic: modelled HBM bytes and launches of one decoder layer's non-GEMM part: eager, ad-mlir,
   ideal (`bench/traffic.py`);
 - ptx: registers, spills, shared memory, vectorized access of every kernel, compiled for sm_90
@@ -16,6 +18,10 @@
   traffic and ptx cover the family matrix (`families.MATRIX`): the five built-in families at
   Llama-3-8B's sizes, the others at their config class's default sizes (a released model's);
 - matrix: the family sweep (below) over the family matrix only (`families.MATRIX`, ~5 minutes);
+- serve (not run unless named: about 15 minutes on 2 CPU cores): `ad-mlir serve` against
+  `transformers serve --continuous-batching` on SmolLM2, 1, 4 and 16 concurrent streaming
+  clients (output tokens/s, time to first token, inter-token latency), and `LLM.generate`
+  against transformers' `generate_batch` offline (`bench/serve.py`);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
   transformers built small, exported, compiled and checked against eager with the kernels on
   the reference path and in the Triton interpreter (`ad_mlir/bench/families.py`).
@@ -37,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix", "families")
+PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix", "serve", "families")
 DEFAULT_PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix")
 
 
@@ -138,13 +144,18 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
     if part == "compile":
         from ad_mlir.bench.compile_time import run_compile_time
 
-        layers = (1, 4) if args.quick else (1, 4, 16, 32)
-        return run_compile_time(layers, inductor=not args.no_inductor, progress=progress)
+        layers = (1, 4) if args.quick else (1, 4, 8, 16, 32)
+        return run_compile_time(layers, inductor=not args.no_inductor, progress=progress,
+                                torch_compile_warm_and_backend=not args.quick)
     if part == "traffic":
         from ad_mlir.bench.families import MATRIX
         from ad_mlir.bench.traffic import run_traffic
 
         return run_traffic((1, 128, 4096), ("llama", "gemma2") if args.quick else tuple(MATRIX))
+    if part == "serve":
+        from ad_mlir.bench.serve import run_serve
+
+        return run_serve(args.quick, progress)
     if part in ("matrix", "families"):
         from dataclasses import asdict
 

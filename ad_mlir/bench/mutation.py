@@ -67,7 +67,7 @@ def _lit(*names: str) -> tuple[str, ...]:
 
 
 _TRITON = "tests/filecheck/codegen/triton.mlir"
-_CACHED = ("insert-cached-attention", "insert-cached-attention-errors")
+_CACHED = ("insert-cached-attention", "insert-cached-attention-errors", "insert-cached-attention-mla")
 _REGIONS = ("tests/unit/test_compile_random.py", "-k", "not random_ and not norm_and_softmax and not each_case")
 _NUMERIC = ("tests/unit/test_codegen_numeric.py", "tests/unit/test_kernel_ops.py")
 
@@ -109,6 +109,7 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/patterns/attention_patterns.py": Tests(_lit("fuse-rope-attention", *_CACHED)),
     "ad_mlir/passes/patterns/conv_patterns.py": Tests(_lit(*_CACHED)),
     "ad_mlir/passes/patterns/scan_patterns.py": Tests(_lit(*_CACHED)),
+    "ad_mlir/passes/patterns/mla_patterns.py": Tests(_lit("insert-cached-attention-mla")),
     "ad_mlir/passes/patterns/matching.py": Tests(_lit("fuse-rope-attention", "match-rmsnorm", "match-layernorm",
                                                       "fuse-silu-mul", "match-moe", *_CACHED),
                                                  ("tests/unit/test_matching.py",)),
@@ -129,6 +130,8 @@ TESTS: dict[str, Tests] = {
              "split_boundaries and not any_head_dim")),
     "ad_mlir/codegen/causal_conv_kernel.py": Tests((), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/ssm_scan_kernel.py": Tests((), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
+    "ad_mlir/codegen/mla_attention_kernel.py": Tests((), ("tests/unit/test_mla_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/selective_scan_kernel.py": Tests((), ("tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/gated_delta_rule_kernel.py": Tests(
         (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "gated_delta_rule and not ptx")),
     "ad_mlir/codegen/interpreter.py": Tests((), ("tests/unit/test_interpreter_switch.py",)),

@@ -20,18 +20,49 @@ def _s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.2f}"
 
 
+STAGE_GROUPS = {
+    "export": lambda name: name == "export",
+    "import": lambda name: name == "import",
+    "program cache": lambda name: name.startswith("program "),
+    "passes": lambda name: name.startswith("pass "),
+    "codegen": lambda name: name == "Triton codegen",
+    "PTX": lambda name: name == "PTX (sm_90)",
+    "export back": lambda name: name == "export to FX",
+}
+"""The compile table's stage columns: which of `time_ad_mlir`'s stages each sums."""
+
+
+def _stage_group(stages: dict[str, float] | None, group: str) -> float | None:
+    if not stages:
+        return None
+    matched = [v for k, v in stages.items() if STAGE_GROUPS[group](k)]
+    return sum(matched) if matched else None
+
+
+def _cold_warm(cold: float | None, warm: float | None) -> str:
+    return f"{_s(cold)} / {_s(warm)}"
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    return f"{num / den:.1f}x" if num and den else "-"
+
+
 def compile_table(rows: Sequence[dict[str, Any]]) -> str:
-    header = ["layers", "ad-mlir s", "torch.compile s", "torch.compile / ad-mlir", "export", "import", "passes",
-              "codegen", "PTX", "export back"]
-    body = []
-    for r in rows:
-        st = r["stages"]
-        passes = sum(v for k, v in st.items() if k.startswith("pass "))
-        ratio = " ".join(filter(None, [f"{r['ratio']:.1f}x" if r["ratio"] else None, r["inductor_note"]]))
-        body.append([r["layers"], _s(r["ad_mlir_s"]), _s(r["inductor_s"]), ratio, _s(st["export"]), _s(st["import"]),
-                     _s(passes), _s(st["Triton codegen"]), _s(st.get("PTX (sm_90)")), _s(st["export to FX"])])
+    """Totals and ratios, then each stage, cold / warm (a warm compile: a fresh process with the
+    caches a cold one left)."""
+    header = ["layers", "ad-mlir s", "torch.compile (Inductor) s", "Inductor / ad-mlir",
+              "torch.compile (ad-mlir backend) s"]
+    body = [[r["layers"], _cold_warm(r["ad_mlir_s"], r.get("ad_mlir_warm_s")),
+             _cold_warm(r["inductor_s"], r.get("inductor_warm_s")),
+             " ".join(filter(None, [f"{_ratio(r['inductor_s'], r['ad_mlir_s'])} / "
+                                    f"{_ratio(r.get('inductor_warm_s'), r.get('ad_mlir_warm_s'))}",
+                                    r["inductor_note"]])),
+             _cold_warm(r.get("backend_s"), r.get("backend_warm_s"))] for r in rows]
+    stages = [[r["layers"], *(_cold_warm(_stage_group(r["stages"], g), _stage_group(r.get("warm_stages"), g))
+                              for g in STAGE_GROUPS)] for r in rows]
     shape = f"Llama-shaped (hidden {rows[0]['hidden']}, {rows[0]['dtype']})" if rows else ""
-    return f"### Compile time, {shape}, seconds\n\n" + _table(header, body)
+    return (f"### Compile time, {shape}, seconds, cold / warm\n\n" + _table(header, body)
+            + "\n\n#### ad-mlir's stages, seconds, cold / warm\n\n" + _table(["layers", *STAGE_GROUPS], stages))
 
 
 def traffic_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -85,6 +116,24 @@ def decode_traffic_table(rows: Sequence[dict[str, Any]]) -> str:
             "moved once)\n\n" + _table(header, body))
 
 
+def serve_table(rows: Sequence[dict[str, Any]]) -> str:
+    online = [r for r in rows if r["kind"] == "online"]
+    offline = [r for r in rows if r["kind"] == "offline"]
+    ms = lambda s: "-" if s is None else f"{s * 1e3:.0f}"  # noqa: E731
+    header = ["server", "clients", "requests", "output tokens", "seconds", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
+              "ITL p50 ms", "ITL p99 ms", "answers as transformers'"]
+    body = [[r["server"], r["clients"], r["requests"], r["output_tokens"], f"{r['seconds']:.1f}",
+             f"{r['output_tok_per_s']:.1f}", ms(r["ttft_p50_s"]), ms(r["ttft_p99_s"]), ms(r["itl_p50_s"]),
+             ms(r["itl_p99_s"]), r.get("same_answers", "-")] for r in online]
+    off = [[r["impl"], r["batch"], r["output_tokens"], f"{r['seconds']:.1f}", f"{r['output_tok_per_s']:.1f}"]
+           for r in offline]
+    what = f"{rows[0]['model']}, greedy, at most {rows[0]['max_tokens']} new tokens" if rows else ""
+    return (f"### Serving ({what})\n\n(streaming chat requests from N concurrent `openai` clients, one server at a "
+            "time; ITL: a request's time between its first and last chunk over its tokens - 1)\n\n"
+            + _table(header, body) + "\n\n#### Offline\n\n"
+            + _table(["impl", "prompts", "output tokens", "seconds", "output tok/s"], off))
+
+
 def families_table(rows: Sequence[dict[str, Any]], title: str = "Family sweep") -> str:
     from ad_mlir.bench.families import FamilyRow
     from ad_mlir.bench.families import markdown as sweep_markdown
@@ -97,7 +146,7 @@ def matrix_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 TABLES = {"kernels": kernel_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
-          "ptx": ptx_table, "matrix": matrix_table, "families": families_table}
+          "ptx": ptx_table, "matrix": matrix_table, "serve": serve_table, "families": families_table}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -142,7 +191,7 @@ def plot_results(results: dict[str, Any], out: Path) -> list[Path]:
     from matplotlib import pyplot as plt
 
     written = []
-    plots = {"compile": _plot_compile, "traffic": _plot_traffic, "kernels": _plot_kernels}
+    plots = {"compile": _plot_compile, "traffic": _plot_traffic, "kernels": _plot_kernels, "serve": _plot_serve}
     for part, rows in results["parts"].items():
         if part in plots and rows:
             fig = plots[part](plt, rows)
@@ -159,9 +208,33 @@ def _plot_compile(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
     ax.plot(layers, [r["ad_mlir_s"] for r in rows], "o-", label="ad-mlir (all stages)")
     timed = [r for r in rows if r["inductor_s"]]
     ax.plot([r["layers"] for r in timed], [r["inductor_s"] for r in timed], "s-", label="torch.compile (Inductor, CPU)")
+    warm = [r for r in rows if r.get("ad_mlir_warm_s")]
+    ax.plot([r["layers"] for r in warm], [r["ad_mlir_warm_s"] for r in warm], "o--", label="ad-mlir, warm caches")
+    warm = [r for r in rows if r.get("inductor_warm_s")]
+    ax.plot([r["layers"] for r in warm], [r["inductor_warm_s"] for r in warm], "s--",
+            label="torch.compile (Inductor, CPU), warm caches")
+    backend = [r for r in rows if r.get("backend_s")]
+    ax.plot([r["layers"] for r in backend], [r["backend_s"] for r in backend], "^-",
+            label="torch.compile (ad-mlir backend)")
     ax.set(xlabel="decoder layers", ylabel="seconds", title=f"Compile time, Llama-shaped (hidden {rows[0]['hidden']})")
     ax.legend()
     ax.grid(alpha=0.3)
+    return fig
+
+
+def _plot_serve(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    online = [r for r in rows if r["kind"] == "online"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    panels = [("output_tok_per_s", "output tokens/s", 1), ("ttft_p50_s", "TTFT p50, ms", 1e3),
+              ("itl_p50_s", "inter-token latency p50, ms", 1e3)]
+    for ax, (key, label, factor) in zip(axes, panels, strict=True):
+        for server in sorted({r["server"] for r in online}):
+            points = sorted((r["clients"], r[key] * factor) for r in online if r["server"] == server and r[key] is not None)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=server)
+        ax.set(xscale="log", xlabel="concurrent clients", ylabel=label, title=label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
     return fig
 
 

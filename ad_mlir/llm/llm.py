@@ -10,10 +10,13 @@ with `insert-cached-attention` in the pipeline, and the one compiled graph serve
   cached length, position = cached length.
 
 The caches are allocated once ([max_batch slots, max_seq_len tokens, kv_heads, head_dim] per layer
-and role; a short convolution's state [max_batch slots, channels, kernel - 1] and a recurrent
-scan's fp32 state (Mamba2's [max_batch, heads, head_dim, state_size], the gated delta rule's
-[max_batch, value heads, key dim, value dim]), whose sizes do not grow with the tokens), their sizes given or decided by a memory budget (`kv_cache_budget`, which
-counts the per-slot states apart from the bytes per token). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
+and role; MLA's latent [max_batch, max_seq_len, kv_lora_rank + rope_dim] per layer; a short
+convolution's state [max_batch slots, channels, kernel - 1] and a recurrent scan's fp32 state
+(Mamba2's [max_batch, heads, head_dim, state_size], the gated delta rule's [max_batch, value
+heads, key dim, value dim]), whose sizes do not grow with the tokens), their sizes given or
+decided by a memory budget (`kv_cache_budget`, which counts the per-slot states apart from the
+bytes per token: `token_bytes` by layer, `state_bytes`). A finished sequence (EOS or
+max_new_tokens) frees its slot for the next prompt in the
 queue; a slot is only read up to what its current sequence wrote, so a reused slot starts clean.
 
 The decode step is fit for CUDA graphs (tests/models/test_llm_runtime.py checks the traced graph:
@@ -37,7 +40,8 @@ from xdsl.dialects import func
 
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
-from ad_mlir.llm.engine import Engine, GenerationOutput, SamplingParams
+from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
+from ad_mlir.runtime.kernels import call_kernels_directly
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +52,13 @@ class CacheArgument:
     shape: tuple[int, ...]
     dtype: torch.dtype
     per_token: bool
-    """A K/V cache, which grows with the tokens of a slot; else a state of fixed size per slot
-    (a convolution's, a recurrent scan's)."""
+    """A K/V cache or MLA's latent cache, which grows with the tokens of a slot; else a state of
+    fixed size per slot (a convolution's, a recurrent scan's)."""
+    layer: str
+    """The HF module path of the op it serves."""
 
 
-PER_TOKEN_ROLES = ("key", "value")
+PER_TOKEN_ROLES = ("key", "value", "latent")
 """`ad.cache` roles of the caches that hold every token of a slot."""
 
 
@@ -149,9 +155,9 @@ def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
     caches = []
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs.data, strict=True):
         if ad.CACHE_ATTR in attrs.data:
-            role = attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)[-1]
+            layer, role = attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)
             caches.append(CacheArgument(attrs.data[ad.INPUT_ATTR].data, tuple(arg.type.get_shape()),
-                                        torch_dtype(arg.type.element_type), role in PER_TOKEN_ROLES))
+                                        torch_dtype(arg.type.element_type), role in PER_TOKEN_ROLES, layer))
     return caches
 
 
@@ -217,8 +223,10 @@ class LLM:
         self._compile(ep, max_batch, max_seq_len)
         self.compile_seconds = time.perf_counter() - start
         log.info("LLM: compiled in %.1f s; %d caches (%d per-slot states), %.2f MiB in all: %d tokens fit "
-                 "(%d slots x %d tokens)", self.compile_seconds, len(self.caches), len(self.slot_states),
-                 self.cache_bytes / 2**20, self.cache_tokens, max_batch, max_seq_len)
+                 "(%d slots x %d tokens); per token %d bytes (%s), per slot %d bytes of states",
+                 self.compile_seconds, len(self.caches), len(self.slot_states), self.cache_bytes / 2**20,
+                 self.cache_tokens, max_batch, max_seq_len, sum(self.token_bytes.values()),
+                 _per_layer(self.token_bytes), self.state_bytes // max_batch)
         self.decode_graphs = self._capture_decode(cuda_graphs)
 
     def _compile(self, ep: torch.export.ExportedProgram, max_batch: int, max_seq_len: int) -> None:
@@ -226,6 +234,8 @@ class LLM:
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
         pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
+        self.runner = call_kernels_directly(self.graph) if self.device.type == "cpu" else self.graph
+        """What runs a step: the graph, on the CPU with its kernels called without torch's dispatch."""
         self.program = program
         """The compiled `ad` module (what the graph runs) and its weights."""
         fn = program.function
@@ -233,6 +243,13 @@ class LLM:
         self.caches = {c.name: torch.zeros(c.shape, dtype=c.dtype, device=self.device) for c in arguments}
         self.slot_states = frozenset(c.name for c in arguments if not c.per_token)
         """The caches that are a state of fixed size per slot (not per token)."""
+        self.token_bytes: dict[str, int] = {}
+        """Bytes one token takes in each layer's per-token caches (its key and value, or MLA's
+        latent and rope key), by layer (HF module path)."""
+        for c in arguments:
+            if c.per_token:
+                self.token_bytes[c.layer] = self.token_bytes.get(c.layer, 0) + \
+                    torch.Size(c.shape[2:]).numel() * c.dtype.itemsize
         if not self.caches:
             raise ValueError("the compiled model has no attention to cache (see the insert-cached-attention log)")
         self.inputs = [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
@@ -270,7 +287,7 @@ class LLM:
         tokens = (budget_bytes - self.state_bytes) // per_token
         if tokens < max_batch:
             raise ValueError(f"kv_cache_budget of {budget_bytes} bytes holds {tokens} tokens ({per_token} bytes each in "
-                             f"the K and V caches of all layers, after {self.state_bytes} bytes of per-slot states): "
+                             f"the per-token caches of all layers, after {self.state_bytes} bytes of per-slot states): "
                              f"fewer than one per slot for max_batch={max_batch}; raise the budget or lower max_batch")
         seq = min(tokens // max_batch, cap)
         log.info("LLM: kv_cache_budget of %d bytes holds %d tokens of %d bytes beside %d bytes of per-slot states: "
@@ -312,7 +329,7 @@ class LLM:
         given = {"input_ids": tokens, "position_ids": positions, "cache_slots": slots, "cache_starts": starts,
                  "use_cache": False, **self.caches}
         with torch.no_grad():
-            return self.graph(*(given[name] for name in self.inputs))[0]
+            return self.runner(*(given[name] for name in self.inputs))[0]
 
     def decode(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int],
                free: Sequence[int]) -> torch.Tensor:
@@ -344,8 +361,8 @@ class LLM:
                  top_p: float = 1.0, seed: int | None = None, chat: bool = False, ignore_eos: bool = False,
                  top_k: int = 0, stop: Sequence[str] = ()) -> list[GenerationOutput]:
         """One output per prompt (a string, tokenized with the model's tokenizer, under its chat
-        template with `chat`; or token ids), through the continuous-batching `Engine` (prompts
-        beyond the slots wait for one). Greedy when `temperature` is 0, else sampled with `top_k`
+        template with `chat`; or token ids), through the continuous-batching engine (`make_engine`:
+        prompts beyond what the cache holds wait). Greedy when `temperature` is 0, else sampled with `top_k`
         and `top_p` filtering, each prompt from its own generator seeded with `seed`. A sequence
         stops at EOS (unless `ignore_eos`, for benchmarks), a `stop` string or `max_new_tokens`."""
         params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
@@ -356,7 +373,7 @@ class LLM:
             if len(ids) + max_new_tokens > self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens: with max_new_tokens={max_new_tokens} it needs "
                                  f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len} cache positions")
-        engine = Engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
+        engine = make_engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
         requests = [engine.add(ids, params) for ids in token_lists]
         while engine.has_work:
             engine.step()
@@ -374,6 +391,14 @@ class LLM:
                                                            add_generation_prompt=True, tokenize=True,
                                                            return_dict=False))
         return list(self.tokenizer(prompt)["input_ids"])
+
+
+def _per_layer(token_bytes: dict[str, int]) -> str:
+    """`2 layers x 96 bytes`, or each layer's bytes where they differ."""
+    sizes = set(token_bytes.values())
+    if len(sizes) == 1:
+        return f"{len(token_bytes)} layers x {sizes.pop()} bytes"
+    return ", ".join(f"{layer}: {n}" for layer, n in token_bytes.items()) or "no per-token cache"
 
 
 def _check_sizes(max_batch: int, max_seq_len: int | None) -> None:

@@ -435,7 +435,7 @@ SPECS: tuple[OpSpec, ...] = (
         for cls in (
             ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
             ad.CachedCausalConv1dOp,
-            ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp,
+            ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.CachedSelectiveScanOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
             ad.GeluAndMulOp, ad.ActivationOp,
         )
