@@ -1,0 +1,137 @@
+"""The paged form (`LLM(..., page_size=)`, `forward_flat`) against HF's full-prefix forward.
+
+Three prompts run through flattened steps that mix a prefill chunk of one sequence with the
+decode tokens of others and the first chunk of a third, each sequence's pages given by hand out
+of order in the pool (so a kernel or reference reading pages in pool order, or a page's rows in
+the wrong place, would be seen), crossing page boundaries (page size 4). The logits asked for
+(`logits_indices`: the last token of every sequence, and every token of one prefill chunk, as
+prompt logits) are compared with HF's forward over each sequence's whole prefix, within
+test_generate's fp32 tolerance (`_assert_logits_close`: the same ops on the same values, only
+the keys and values read back from the pages); greedy tokens are fed back, and must be HF's
+(which vary: `_hf_tokens` checks it). Llama (grouped-query heads, 2 per K/V head) and Mistral
+(a sliding window of 6, which the 7- and 11-token prompts and the decodes cross), on the
+kernels' torch reference."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import pytest
+import torch
+from test_generate import PROMPTS, _assert_logits_close, _family_model, _hf_tokens
+from transformers import AutoModelForCausalLM, Lfm2Config
+from xdsl.utils.exceptions import PassFailedException
+
+import ad_mlir
+from ad_mlir.dialects import ad
+from ad_mlir.runtime.kernels import reference_kernels
+
+PAGE_SIZE = 4
+NUM_PAGES = 24
+BLOCK_TABLES = torch.tensor([[9, 2, 17, 5, 0, 0], [11, 3, 20, 1, 0, 0], [4, 16, 8, 13, 6, 22]])
+"""Each sequence's pages, in no order of the pool (0 past a sequence's pages: never read)."""
+SCHEDULE = [
+    [(0, 5), (1, 2)],  # a prefill chunk of prompt 0 (5 of 7) and the whole prompt 1
+    [(0, 2), (1, 1), (2, 6)],  # the rest of prompt 0, a decode of 1, a first chunk of prompt 2
+    [(1, 1), (2, 5), (0, 1)],  # a decode, the rest of prompt 2 (across pages), a decode
+    *[[(0, 1), (1, 1), (2, 1)]] * 5,  # decodes of all three
+]
+"""Steps as (sequence, new tokens): prompts are fed in chunks, then each sequence's greedy tokens."""
+PROMPT_LOGITS = (0, 0)
+"""(step, sequence) whose every new token's logits are asked for (prompt logits)."""
+
+
+@pytest.fixture(scope="module")
+def paged() -> dict[str, tuple[torch.nn.Module, ad_mlir.LLM]]:
+    made = {}
+    for family in ("llama", "mistral"):
+        model = _family_model(family)
+        made[family] = model, ad_mlir.LLM(model, max_batch=3, max_seq_len=24, page_size=PAGE_SIZE,
+                                          num_pages=NUM_PAGES)
+    return made
+
+
+def _run_schedule(model: torch.nn.Module, llm: ad_mlir.LLM,
+                  kernels_as: Callable[[], contextlib.AbstractContextManager] = reference_kernels) -> list[list[int]]:
+    """`SCHEDULE` through `forward_flat`, every logit asked for checked against HF; returns
+    each sequence's generated tokens."""
+    sequences, held = [list(p) for p in PROMPTS], [0] * len(PROMPTS)
+    generated: list[list[int]] = [[] for _ in PROMPTS]
+    for i, step in enumerate(SCHEDULE):
+        ids, asked, query_starts = [], [], [0]
+        for s, n in step:
+            new = sequences[s][held[s]:held[s] + n]
+            assert len(new) == n, f"step {i}: sequence {s} has {len(new)} tokens to feed, the schedule says {n}"
+            rows = range(n) if (i, s) == PROMPT_LOGITS else [n - 1]
+            asked += [(s, held[s] + r, len(ids) + r) for r in rows]
+            ids += new
+            query_starts.append(len(ids))
+        positions = [p for s, n in step for p in range(held[s], held[s] + n)]
+        seqs = [s for s, _ in step]
+        with torch.no_grad(), kernels_as():
+            logits = llm.forward_flat(torch.tensor([ids]), torch.tensor([positions]), torch.tensor(query_starts),
+                                      torch.tensor([held[s] for s in seqs]), BLOCK_TABLES[seqs],
+                                      torch.tensor([flat for _, _, flat in asked]))
+        assert logits.shape == (len(asked), model.config.vocab_size)
+        for s, n in step:
+            held[s] += n
+        for j, (s, position, _) in enumerate(asked):
+            with torch.no_grad():
+                expected = model(torch.tensor([sequences[s][:position + 1]])).logits[0, -1]
+            _assert_logits_close(logits[j], expected)
+            if position == len(sequences[s]) - 1:  # the sequence's last token: its next is greedy
+                generated[s].append(int(logits[j].argmax()))
+                sequences[s].append(generated[s][-1])
+    return generated
+
+
+def _assert_tokens_are_hf(model: torch.nn.Module, generated: list[list[int]]) -> None:
+    for prompt, tokens in zip(PROMPTS, generated, strict=True):
+        assert len(tokens) >= 6
+        assert tokens == _hf_tokens(model, prompt, len(tokens))
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_flattened_steps_match_hf(paged, family: str) -> None:
+    model, llm = paged[family]
+    _assert_tokens_are_hf(model, _run_schedule(model, llm))
+
+
+def test_steps_that_forget_the_pages_are_seen(paged, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks can fail: with the pools zeroed before each step (a step sees its own new
+    tokens only), the second step's logits already differ from HF's."""
+    model, llm = paged["llama"]
+    forward = llm.forward_flat
+
+    def forgetful(*args: torch.Tensor) -> torch.Tensor:
+        for pool in llm.caches.values():
+            pool.zero_()
+        return forward(*args)
+
+    monkeypatch.setattr(llm, "forward_flat", forgetful)
+    with pytest.raises(AssertionError, match="Tensor-likes are not close"):
+        _run_schedule(model, llm)
+
+
+def test_the_paged_llm(paged) -> None:
+    """Pools of num_pages x page_size per layer and role, paged attention ops, the window kept."""
+    _, llm = paged["mistral"]
+    assert (llm.page_size, llm.num_pages, llm.cache_tokens) == (PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES)
+    assert {tuple(c.shape) for c in llm.caches.values()} == {(NUM_PAGES, PAGE_SIZE, 1, 32)} and len(llm.caches) == 4
+    ops = [op for op in llm.program.module.walk() if isinstance(op, ad.PagedAttentionOp)]
+    assert len(ops) == 2 and all(op.window is not None and op.window.value.data == 6 for op in ops)
+    assert llm.inputs[:2] == ["input_ids", "position_ids"]
+    with pytest.raises(ValueError, match="compiled in the paged form: run it with forward_flat"):
+        llm.step(torch.tensor([[1]]), torch.tensor([[0]]), [0], [0])
+
+
+def test_a_model_with_a_per_sequence_state_is_refused() -> None:
+    """LFM2's short convolution keeps a state per sequence: the paged form refuses it, naming it."""
+    config = Lfm2Config(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"],
+                        pad_token_id=0, max_position_embeddings=256)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(PassFailedException, match=r"model\.layers\.0\.conv: a short causal convolution keeps "
+                                                  r"a state per sequence.*compile this model in the slot form"):
+        ad_mlir.LLM(model, page_size=4, num_pages=8)
