@@ -10,7 +10,7 @@ test_generate's fp32 tolerance (`_assert_logits_close`: the same ops on the same
 the keys and values read back from the pages); greedy tokens are fed back, and must be HF's
 (which vary: `_hf_tokens` checks it). Llama (grouped-query heads, 2 per K/V head) and Mistral
 (a sliding window of 6, which the 7- and 11-token prompts and the decodes cross), on the
-kernels' torch reference."""
+kernels' torch reference and, for Llama, with every kernel in the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from kernel_guard import graph_kernels, kernels_ran
 from test_generate import PROMPTS, _assert_logits_close, _family_model, _hf_tokens
 from transformers import AutoModelForCausalLM, Lfm2Config
 from xdsl.utils.exceptions import PassFailedException
@@ -124,6 +125,13 @@ def test_the_paged_llm(paged) -> None:
     assert llm.inputs[:2] == ["input_ids", "position_ids"]
     with pytest.raises(ValueError, match="compiled in the paged form: run it with forward_flat"):
         llm.step(torch.tensor([[1]]), torch.tensor([[0]]), [0], [0])
+
+
+def test_llama_in_the_interpreter(paged, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same steps with every kernel in the Triton interpreter, the paged attention's included."""
+    model, llm = paged["llama"]
+    assert any(name.startswith("paged_attention") for name in graph_kernels(llm.graph)), llm.graph.code
+    _assert_tokens_are_hf(model, _run_schedule(model, llm, lambda: kernels_ran(monkeypatch)))
 
 
 def test_a_model_with_a_per_sequence_state_is_refused() -> None:

@@ -1,18 +1,28 @@
-"""`ad.paged_attention`'s torch reference (`torch_ops.paged_attention`) and its kernel template,
+"""`ad.paged_attention`'s torch reference (`torch_ops.paged_attention`) and its kernel template
+(in the Triton interpreter on CPU, conftest sets TRITON_INTERPRET=1 where CUDA is absent),
 against the slot form: each sequence of a flattened step is, on its own, an
 `ad.cached_attention` row whose slot holds what its pages hold (that op's reference is checked
 against eager torch and HF in test_cached_attention_kernel.py and the generation tests). Pages
 are filled with random values (stale tokens), the block tables list each sequence's pages out
 of order in the pool, and the sequences of one call mix chunked prefill, prefill from 0 and
-decode, across page boundaries, with GQA."""
+decode, across page boundaries, with GQA; a step of decodes alone takes the split-K decode
+path. The kernel's PTX for sm_90 compiles without spills at Llama-3-8B sizes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
+from template_modules import template_builder
 
+from ad_mlir.codegen.cached_attention_kernel import DECODE, PREFILL, REDUCE
+from ad_mlir.codegen.paged_attention_kernel import PagedAttentionSpec, emit_paged_attention_module
+from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
 from ad_mlir.semantics import torch_ops
 
 PAGE = 4
@@ -61,7 +71,7 @@ class Step:
         return [self.q, self.k, self.v, *self.tables, self.k_pages, self.v_pages, self.query_starts,
                 self.cache_starts, self.block_tables]
 
-    def slot_form(self, window: int | None = None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    def slot_form(self, **options: Any) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """What `cached_attention` gives, sequence by sequence, from a slot holding what the
         sequence's pages hold: the output [1, heads, T, vd], and each sequence's K and V after the
         step ([positions, kv_heads, d])."""
@@ -75,7 +85,7 @@ class Step:
             tables = [t[:, rows] if t is not None else None for t in self.tables]
             out[:, :, rows] = torch_ops.cached_attention(
                 self.q[:, :, rows], self.k[:, :, rows], self.v[:, :, rows], *tables, k_cache, v_cache,
-                torch.tensor([0]), torch.tensor([start]), self.head_dim**-0.5, window)
+                torch.tensor([0]), torch.tensor([start]), self.head_dim**-0.5, **options)
             keys.append(k_cache[0, :start + n])
             values.append(v_cache[0, :start + n])
         return out, keys, values
@@ -100,7 +110,7 @@ STEPS = {
 @pytest.mark.parametrize("window", [None, 3])
 def test_reference_is_the_slot_form_per_sequence(name: str, window: int | None) -> None:
     step = STEPS[name]
-    expected, keys, values = step.slot_form(window)
+    expected, keys, values = step.slot_form(window=window)
     k_pages, v_pages = step.k_pages.clone(), step.v_pages.clone()
     args = step.paged_arguments()
     args[5:7] = k_pages, v_pages
@@ -112,3 +122,95 @@ def test_reference_is_the_slot_form_per_sequence(name: str, window: int | None) 
     untouched = torch.ones(k_pages.shape[0], dtype=torch.bool)
     untouched[step.block_tables[step.block_tables < k_pages.shape[0]]] = False
     assert torch.equal(k_pages[untouched], step.k_pages[untouched])
+
+
+TOLERANCE = {torch.float32: 16 * 2.0**-23, torch.bfloat16: 3 * 2.0**-7}
+"""|kernel - slot form| <= k eps (1 + |slot form|): test_cached_attention_kernel.py's bound, for
+the same reasons (the same online softmax and dot roundings against eager attention)."""
+CACHE_TOLERANCE = {torch.float32: 0.0, torch.bfloat16: 2.0**-7}
+"""The rotated key written: exact in fp32, one bf16 ulp (test_cached_attention_kernel.py's)."""
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[PagedAttentionSpec], ModuleType]:
+    return template_builder(tmp_path_factory.mktemp("paged_attention_kernels"), "paged_attn",
+                            emit_paged_attention_module)
+
+
+def _spec(step: Step, **options: Any) -> PagedAttentionSpec:
+    v_dim = step.v_head_dim if step.v_head_dim != step.head_dim else None
+    return PagedAttentionSpec(step.head_dim, step.dtype, step.head_dim**-0.5, step.rope,
+                              step.dtype if step.rope else None, v_head_dim=v_dim, page_size=PAGE, **options)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, k_eps: float) -> None:
+    err = (got.double() - expected.double()).abs()
+    bound = k_eps * (1 + expected.double().abs())
+    assert (err <= bound).all(), f"max error {err.max().item():.3g}, excess {(err - bound).max().item():.3g}"
+
+
+def _check_kernel(build: Callable, step: Step, **options: Any) -> None:  # noqa: ANN001
+    """The kernel's output and pages against the slot form; pages of no sequence untouched."""
+    module = build(_spec(step, **{k: v for k, v in options.items() if k in ("window", "softcap")},
+                         sinks="sinks" in options, alibi="alibi_slopes" in options))
+    expected, keys, values = step.slot_form(**options)
+    k_pages, v_pages = step.k_pages.clone(), step.v_pages.clone()
+    args = step.paged_arguments()
+    args[5:7] = k_pages, v_pages
+    tensors = [t for t in args if t is not None] + [options[n] for n in ("sinks", "alibi_slopes") if n in options]
+    out, = module.launch(getattr(module, module.kernel_name), tensors, [])
+    _close(out, expected, TOLERANCE[step.dtype])
+    for s in range(len(step.starts)):
+        _close(step.held(k_pages, s), keys[s], CACHE_TOLERANCE[step.dtype])
+        _close(step.held(v_pages, s), values[s], 0.0)
+    untouched = torch.ones(k_pages.shape[0], dtype=torch.bool)
+    untouched[step.block_tables[step.block_tables < k_pages.shape[0]]] = False
+    assert torch.equal(k_pages[untouched], step.k_pages[untouched])
+    assert torch.equal(v_pages[untouched], step.v_pages[untouched])
+
+
+@pytest.mark.parametrize("name", STEPS)
+@pytest.mark.parametrize("window", [None, 3])
+def test_kernel_is_the_slot_form_per_sequence(build, name: str, window: int | None) -> None:  # noqa: ANN001
+    """Mixed prefill and decode (the variable-length prefill path), decodes alone (split-K),
+    a value head dim of its own; with and without a sliding window shorter than a page."""
+    _check_kernel(build, STEPS[name], window=window)
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["mixed", "decode"])
+def test_kernel_soft_cap_sinks_and_alibi(build, decode: bool) -> None:  # noqa: ANN001
+    """Gemma2's soft cap with gpt-oss's sinks and BLOOM's ALiBi slopes, on both paths."""
+    step = STEPS["decode" if decode else "mixed"]
+    g = torch.Generator().manual_seed(1)
+    _check_kernel(build, step, softcap=2.0, sinks=torch.randn(step.heads, generator=g) * 2,
+                  alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625]))
+
+
+def test_kernel_in_bf16(build) -> None:  # noqa: ANN001
+    _check_kernel(build, Step(starts=[0, 5, 7], news=[10, 6, 1], dtype=torch.bfloat16, seed=2))
+
+
+def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(dtype: torch.dtype, tmp_path: Path) -> None:
+    """32 query / 8 K/V heads of 128, pages of 16 tokens, a pool of 4096 pages, block tables of
+    512 pages (8192 positions): a step of 1024 tokens of 4 sequences (the prefill path) and a
+    decode step of 8 sequences (split kernel + reduce), compiled for sm_90 as the runtime
+    specializes them: no spills."""
+    spec = PagedAttentionSpec(128, dtype, 128**-0.5, True, dtype, page_size=16)
+    module = template_builder(tmp_path, "paged_attn_ptx", emit_paged_attention_module)(spec)
+    launches = []
+    for seqs, tokens in ((4, 1024), (8, 8)):
+        tensors = [_meta(1, 32, tokens, 128, dtype=dtype), *[_meta(1, 8, tokens, 128, dtype=dtype)] * 2,
+                   *[_meta(1, tokens, 128, dtype=dtype)] * 2, *[_meta(4096, 16, 8, 128, dtype=dtype)] * 2,
+                   _meta(seqs + 1, dtype=torch.int64), _meta(seqs, dtype=torch.int64),
+                   _meta(seqs, 512, dtype=torch.int64)]
+        launches += record_launches(module, tensors, [])
+    fn = getattr(module, module.kernel_name)
+    specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
+    assert [s.constexprs["PHASE"] for s in specs] == [PREFILL, DECODE, REDUCE]
+    for spec, report in zip(specs, compile_all(specs), strict=True):
+        assert report.spills == 0, (spec.constexprs["PHASE"], report)
