@@ -67,7 +67,8 @@ def _lit(*names: str) -> tuple[str, ...]:
 
 
 _TRITON = "tests/filecheck/codegen/triton.mlir"
-_CACHED = ("insert-cached-attention", "insert-cached-attention-errors")
+_CACHED = ("insert-cached-attention", "insert-cached-attention-errors", "insert-cached-attention-paged",
+           "insert-cached-attention-paged-errors")
 _REGIONS = ("tests/unit/test_compile_random.py", "-k", "not random_ and not norm_and_softmax and not each_case")
 _NUMERIC = ("tests/unit/test_codegen_numeric.py", "tests/unit/test_kernel_ops.py")
 
@@ -128,6 +129,7 @@ TESTS: dict[str, Tests] = {
         (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
              "split_boundaries and not any_head_dim")),
     "ad_mlir/codegen/causal_conv_kernel.py": Tests((), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/paged_attention_kernel.py": Tests((), ("tests/unit/test_paged_attention.py", "-k", "not ptx")),
     "ad_mlir/codegen/ssm_scan_kernel.py": Tests((), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
     "ad_mlir/codegen/gated_delta_rule_kernel.py": Tests(
         (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "gated_delta_rule and not ptx")),

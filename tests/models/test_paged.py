@@ -99,6 +99,18 @@ def test_flattened_steps_match_hf(paged, family: str) -> None:
     _assert_tokens_are_hf(model, _run_schedule(model, llm))
 
 
+def test_a_byte_budget_buys_whole_pages(paged) -> None:
+    """kv_cache_budget sizes the pools in pages: bytes per page from the config (K and V of every
+    layer: layers x 2 x page_size x kv_heads x head_dim x 4 bytes in fp32), 10 pages and a bit."""
+    model, _ = paged["llama"]
+    config = model.config
+    per_page = config.num_hidden_layers * 2 * PAGE_SIZE * config.num_key_value_heads * config.head_dim * 4
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=24, page_size=PAGE_SIZE, kv_cache_budget=10 * per_page + 100)
+    assert llm.num_pages == 10 and llm.cache_bytes == 10 * per_page
+    with pytest.raises(ValueError, match="holds no page of 4 tokens"):
+        ad_mlir.LLM(model, max_batch=2, max_seq_len=24, page_size=PAGE_SIZE, kv_cache_budget=per_page - 1)
+
+
 def test_steps_that_forget_the_pages_are_seen(paged, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks can fail: with the pools zeroed before each step (a step sees its own new
     tokens only), the second step's logits already differ from HF's."""

@@ -23,6 +23,7 @@ from template_modules import template_builder
 from ad_mlir.codegen.cached_attention_kernel import DECODE, PREFILL, REDUCE
 from ad_mlir.codegen.paged_attention_kernel import PagedAttentionSpec, emit_paged_attention_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
+from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.semantics import torch_ops
 
 PAGE = 4
@@ -129,6 +130,9 @@ TOLERANCE = {torch.float32: 16 * 2.0**-23, torch.bfloat16: 3 * 2.0**-7}
 the same reasons (the same online softmax and dot roundings against eager attention)."""
 CACHE_TOLERANCE = {torch.float32: 0.0, torch.bfloat16: 2.0**-7}
 """The rotated key written: exact in fp32, one bf16 ulp (test_cached_attention_kernel.py's)."""
+QK_NORM_CACHE_TOLERANCE = 8 * 2.0**-23
+"""The normalized, rotated key written in fp32: Triton's rsqrt and row sum differ from torch's
+in the last bits (test_cached_attention_kernel.py's bound; measured 4.8e-7 here)."""
 
 
 @pytest.fixture(scope="module")
@@ -151,17 +155,20 @@ def _close(got: torch.Tensor, expected: torch.Tensor, k_eps: float) -> None:
 
 def _check_kernel(build: Callable, step: Step, **options: Any) -> None:  # noqa: ANN001
     """The kernel's output and pages against the slot form; pages of no sequence untouched."""
+    norm = QkNorm(options["qk_norm_eps"], 0.0, False) if "qk_norm_eps" in options else None
     module = build(_spec(step, **{k: v for k, v in options.items() if k in ("window", "softcap")},
-                         sinks="sinks" in options, alibi="alibi_slopes" in options))
+                         sinks="sinks" in options, alibi="alibi_slopes" in options, qk_norm=norm))
     expected, keys, values = step.slot_form(**options)
     k_pages, v_pages = step.k_pages.clone(), step.v_pages.clone()
     args = step.paged_arguments()
     args[5:7] = k_pages, v_pages
-    tensors = [t for t in args if t is not None] + [options[n] for n in ("sinks", "alibi_slopes") if n in options]
+    weights = [options[n] for n in ("q_norm_weight", "k_norm_weight") if n in options]
+    tensors = [t for t in args[:5] if t is not None] + weights + args[5:]
+    tensors += [options[n] for n in ("sinks", "alibi_slopes") if n in options]
     out, = module.launch(getattr(module, module.kernel_name), tensors, [])
     _close(out, expected, TOLERANCE[step.dtype])
     for s in range(len(step.starts)):
-        _close(step.held(k_pages, s), keys[s], CACHE_TOLERANCE[step.dtype])
+        _close(step.held(k_pages, s), keys[s], QK_NORM_CACHE_TOLERANCE if norm else CACHE_TOLERANCE[step.dtype])
         _close(step.held(v_pages, s), values[s], 0.0)
     untouched = torch.ones(k_pages.shape[0], dtype=torch.bool)
     untouched[step.block_tables[step.block_tables < k_pages.shape[0]]] = False
@@ -184,6 +191,17 @@ def test_kernel_soft_cap_sinks_and_alibi(build, decode: bool) -> None:  # noqa: 
     g = torch.Generator().manual_seed(1)
     _check_kernel(build, step, softcap=2.0, sinks=torch.randn(step.heads, generator=g) * 2,
                   alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625]))
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["mixed", "decode"])
+def test_kernel_qk_norm(build, decode: bool) -> None:  # noqa: ANN001
+    """Qwen3's per-head QK-norm before RoPE (the pages hold the normalized, rotated keys):
+    weights around 1 but not 1, on both paths; fp32 within the cached kernel's QK-norm bound
+    (Triton's rsqrt and row sums differ from torch's in the last bits: a few ulps)."""
+    step = STEPS["decode" if decode else "mixed"]
+    g = torch.Generator().manual_seed(3)
+    weights = [torch.randn(step.head_dim, generator=g) * 0.3 + 1 for _ in range(2)]
+    _check_kernel(build, step, q_norm_weight=weights[0], k_norm_weight=weights[1], qk_norm_eps=1e-6)
 
 
 def test_kernel_in_bf16(build) -> None:  # noqa: ANN001
