@@ -5,8 +5,8 @@ against the slot form: each sequence of a flattened step is, on its own, an
 against eager torch and HF in test_cached_attention_kernel.py and the generation tests). Pages
 are filled with random values (stale tokens), the block tables list each sequence's pages out
 of order in the pool, and the sequences of one call mix chunked prefill, prefill from 0 and
-decode, across page boundaries, with GQA; a step of decodes alone takes the split-K decode
-path. The kernel's PTX for sm_90 compiles without spills at Llama-3-8B sizes."""
+decode, across page boundaries, with GQA, two sequences sharing a full first page (prefix
+caching's case); a step of decodes alone takes the split-K decode path. The kernel's PTX for sm_90 compiles without spills at Llama-3-8B sizes."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ class Step:
     dtype: torch.dtype = torch.float32
     rope: bool = True
     seed: int = 0
+    shared: bool = False
+    """Sequences 0 and 1 share their first page (a cached prefix, as prefix caching shares it)."""
 
     def __post_init__(self) -> None:
         g = torch.Generator().manual_seed(self.seed)
@@ -60,6 +62,9 @@ class Step:
         for s, n in enumerate(need):
             self.block_tables[s, :n] = order[used:used + n]
             used += n
+        if self.shared:
+            assert min(self.starts[:2]) >= PAGE, "a shared page must be full and before both starts"
+            self.block_tables[1, 0] = self.block_tables[0, 0]
         self.k_pages = torch.randn(pool, PAGE, self.kv_heads, d, generator=g).to(self.dtype)
         self.v_pages = torch.randn(pool, PAGE, self.kv_heads, vd, generator=g).to(self.dtype)
         positions = torch.cat([torch.arange(s, s + n) for s, n in zip(self.starts, self.news, strict=True)])
@@ -102,6 +107,8 @@ STEPS = {
     "mixed": Step(starts=[0, 5, 7], news=[10, 6, 1]),
     # decodes only: at a page boundary, in the middle of a page, at position 0
     "decode": Step(starts=[8, 13, 0], news=[1, 1, 1]),
+    # two sequences on one shared full first page, a chunk and a decode after it
+    "shared": Step(starts=[6, 9], news=[3, 1], shared=True),
     # MLA-like value head dim, no RoPE
     "value_dim": Step(starts=[3, 0], news=[2, 9], v_head_dim=8, rope=False),
 }
