@@ -29,3 +29,19 @@ func.func @batched(%q: tensor<2x2x?x8xf32> {ad.input = "q"}, %k: tensor<2x1x?x8x
   %o = ad.attention %q, %k, %v causal : (tensor<2x2x?x8xf32>, tensor<2x1x?x8xf32>, tensor<2x1x?x8xf32>) -> tensor<2x2x?x8xf32> loc("model.layers.0.self_attn")
   func.return %o : tensor<2x2x?x8xf32>
 }
+
+// -----
+
+// CHECK: model.layers.0.mixer: a Mamba2 state-space scan keeps a state per sequence, which the paged form (paged=true) does not hold
+func.func @mamba2_scan(%x: tensor<?x?x4x16xf32> {ad.input = "x"}, %dt: tensor<?x?x4xf32> {ad.input = "dt"}, %a: tensor<4xf32> {ad.input = "a"}, %b: tensor<?x?x2x8xf32> {ad.input = "b"}, %c: tensor<?x?x2x8xf32> {ad.input = "c"}, %d: tensor<4xf32> {ad.param = "model.layers.0.mixer.D"}, %dt_bias: tensor<4xf32> {ad.param = "model.layers.0.mixer.dt_bias"}) -> tensor<?x?x4x16xf32> {
+  %y = ad.torch_op "ad_mlir.mamba2_chunk_scan.default"(%x, %dt, %a, %b, %c, %d, %dt_bias) ["transformers.models.nemotron_h.modeling_nemotron_h", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 8 : i64, #ad.ref<5>, #ad.ref<6>, true, 1.000000e-03 : f64, 0x7ff0000000000000 : f64] {} : (tensor<?x?x4x16xf32>, tensor<?x?x4xf32>, tensor<4xf32>, tensor<?x?x2x8xf32>, tensor<?x?x2x8xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<?x?x4x16xf32> loc("model.layers.0.mixer")
+  func.return %y : tensor<?x?x4x16xf32>
+}
+
+// -----
+
+// CHECK: model.layers.0.linear_attn: a gated delta rule keeps a state per sequence, which the paged form (paged=true) does not hold
+func.func @gated_delta_rule(%q: tensor<?x?x2x16xbf16> {ad.input = "q"}, %k: tensor<?x?x2x16xbf16> {ad.input = "k"}, %v: tensor<?x?x4x8xbf16> {ad.input = "v"}, %g: tensor<?x?x4xf32> {ad.input = "g"}, %beta: tensor<?x?x4xbf16> {ad.input = "beta"}) -> tensor<?x?x4x8xbf16> {
+  %o = ad.torch_op "ad_mlir.chunk_gated_delta_rule.default"(%q, %k, %v, %g, %beta) ["transformers.models.qwen3_next.modeling_qwen3_next", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 64 : i64, true] {} : (tensor<?x?x2x16xbf16>, tensor<?x?x2x16xbf16>, tensor<?x?x4x8xbf16>, tensor<?x?x4xf32>, tensor<?x?x4xbf16>) -> tensor<?x?x4x8xbf16> loc("model.layers.0.linear_attn")
+  func.return %o : tensor<?x?x4x8xbf16>
+}
