@@ -6,7 +6,7 @@ against eager torch and HF in test_cached_attention_kernel.py and the generation
 are filled with random values (stale tokens), the block tables list each sequence's pages out
 of order in the pool, and the sequences of one call mix chunked prefill, prefill from 0 and
 decode, across page boundaries, with GQA, two sequences sharing a full first page (prefix
-caching's case); a step of decodes alone takes the split-K decode path. The kernel's PTX for sm_90 compiles without spills at Llama-3-8B sizes."""
+caching's case); a step of decodes alone takes the split-K decode path. The kernel's PTX for sm_90 compiles without spills at Llama-3-8B and gpt-oss sizes."""
 
 from __future__ import annotations
 
@@ -219,20 +219,32 @@ def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(dtype: torch.dtype, tmp_path: Path) -> None:
-    """32 query / 8 K/V heads of 128, pages of 16 tokens, a pool of 4096 pages, block tables of
-    512 pages (8192 positions): a step of 1024 tokens of 4 sequences (the prefill path) and a
-    decode step of 8 sequences (split kernel + reduce), compiled for sm_90 as the runtime
-    specializes them: no spills."""
-    spec = PagedAttentionSpec(128, dtype, 128**-0.5, True, dtype, page_size=16)
+PTX_FORMS = {
+    # Llama-3-8B: 32 query / 8 K/V heads of 128, RoPE, in bf16 and fp32
+    "llama3-bf16": (torch.bfloat16, 32, 8, 128, {}),
+    "llama3-fp32": (torch.float32, 32, 8, 128, {}),
+    # gpt-oss-120b's sliding layers: 64 query / 8 K/V heads of 64, sinks, window 128, RoPE before
+    "gpt-oss-bf16": (torch.bfloat16, 64, 8, 64, {"rope": False, "cos_dtype": None, "window": 128, "sinks": True}),
+}
+
+
+@pytest.mark.parametrize("form", PTX_FORMS)
+def test_ptx_for_sm90_has_no_spills(form: str, tmp_path: Path) -> None:
+    """Pages of 16 tokens, a pool of 4096 pages, block tables of 512 pages (8192 positions): a
+    step of 1024 tokens of 4 sequences (the prefill path) and a decode step of 8 sequences
+    (split kernel + reduce), compiled for sm_90 as the runtime specializes them: no spills."""
+    dtype, heads, kv_heads, head_dim, options = PTX_FORMS[form]
+    fields = {"rope": True, "cos_dtype": dtype, **options}
+    spec = PagedAttentionSpec(head_dim, dtype, head_dim**-0.5, page_size=16, **fields)
     module = template_builder(tmp_path, "paged_attn_ptx", emit_paged_attention_module)(spec)
     launches = []
     for seqs, tokens in ((4, 1024), (8, 8)):
-        tensors = [_meta(1, 32, tokens, 128, dtype=dtype), *[_meta(1, 8, tokens, 128, dtype=dtype)] * 2,
-                   *[_meta(1, tokens, 128, dtype=dtype)] * 2, *[_meta(4096, 16, 8, 128, dtype=dtype)] * 2,
+        tables = [_meta(1, tokens, head_dim, dtype=dtype)] * 2 if spec.rope else []
+        tensors = [_meta(1, heads, tokens, head_dim, dtype=dtype),
+                   *[_meta(1, kv_heads, tokens, head_dim, dtype=dtype)] * 2, *tables,
+                   *[_meta(4096, 16, kv_heads, head_dim, dtype=dtype)] * 2,
                    _meta(seqs + 1, dtype=torch.int64), _meta(seqs, dtype=torch.int64),
-                   _meta(seqs, 512, dtype=torch.int64)]
+                   _meta(seqs, 512, dtype=torch.int64), *([_meta(heads, dtype=dtype)] if spec.sinks else [])]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
