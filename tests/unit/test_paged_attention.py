@@ -6,7 +6,8 @@ against eager torch and HF in test_cached_attention_kernel.py and the generation
 are filled with random values (stale tokens), the block tables list each sequence's pages out
 of order in the pool, and the sequences of one call mix chunked prefill, prefill from 0 and
 decode, across page boundaries, with GQA, two sequences sharing a full first page (prefix
-caching's case); a step of decodes alone takes the split-K decode path. The kernel's PTX for sm_90 compiles without spills at Llama-3-8B and gpt-oss sizes."""
+caching's case); a step of decodes alone takes the split-K decode path. The kernel's PTX for
+sm_90 compiles without spills at Llama-3-8B and gpt-oss sizes."""
 
 from __future__ import annotations
 
