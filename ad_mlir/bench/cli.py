@@ -16,6 +16,10 @@
   traffic and ptx cover the family matrix (`families.MATRIX`): the five built-in families at
   Llama-3-8B's sizes, the others at their config class's default sizes (a released model's);
 - matrix: the family sweep (below) over the family matrix only (`families.MATRIX`, ~5 minutes);
+- serve (not run unless named: about 15 minutes on 2 CPU cores): `ad-mlir serve` against
+  `transformers serve --continuous-batching` on SmolLM2, 1, 4 and 16 concurrent streaming
+  clients (output tokens/s, time to first token, inter-token latency), and `LLM.generate`
+  against transformers' `generate_batch` offline (`bench/serve.py`);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
   transformers built small, exported, compiled and checked against eager with the kernels on
   the reference path and in the Triton interpreter (`ad_mlir/bench/families.py`).
@@ -37,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix", "families")
+PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix", "serve", "families")
 DEFAULT_PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix")
 
 
@@ -145,6 +149,10 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         from ad_mlir.bench.traffic import run_traffic
 
         return run_traffic((1, 128, 4096), ("llama", "gemma2") if args.quick else tuple(MATRIX))
+    if part == "serve":
+        from ad_mlir.bench.serve import run_serve
+
+        return run_serve(args.quick, progress)
     if part in ("matrix", "families"):
         from dataclasses import asdict
 

@@ -85,6 +85,24 @@ def decode_traffic_table(rows: Sequence[dict[str, Any]]) -> str:
             "moved once)\n\n" + _table(header, body))
 
 
+def serve_table(rows: Sequence[dict[str, Any]]) -> str:
+    online = [r for r in rows if r["kind"] == "online"]
+    offline = [r for r in rows if r["kind"] == "offline"]
+    ms = lambda s: "-" if s is None else f"{s * 1e3:.0f}"  # noqa: E731
+    header = ["server", "clients", "requests", "output tokens", "seconds", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
+              "ITL p50 ms", "ITL p99 ms", "answers as transformers'"]
+    body = [[r["server"], r["clients"], r["requests"], r["output_tokens"], f"{r['seconds']:.1f}",
+             f"{r['output_tok_per_s']:.1f}", ms(r["ttft_p50_s"]), ms(r["ttft_p99_s"]), ms(r["itl_p50_s"]),
+             ms(r["itl_p99_s"]), r.get("same_answers", "-")] for r in online]
+    off = [[r["impl"], r["batch"], r["output_tokens"], f"{r['seconds']:.1f}", f"{r['output_tok_per_s']:.1f}"]
+           for r in offline]
+    what = f"{rows[0]['model']}, greedy, at most {rows[0]['max_tokens']} new tokens" if rows else ""
+    return (f"### Serving ({what})\n\n(streaming chat requests from N concurrent `openai` clients, one server at a "
+            "time; ITL: a request's time between its first and last chunk over its tokens - 1)\n\n"
+            + _table(header, body) + "\n\n#### Offline\n\n"
+            + _table(["impl", "prompts", "output tokens", "seconds", "output tok/s"], off))
+
+
 def families_table(rows: Sequence[dict[str, Any]], title: str = "Family sweep") -> str:
     from ad_mlir.bench.families import FamilyRow
     from ad_mlir.bench.families import markdown as sweep_markdown
@@ -97,7 +115,7 @@ def matrix_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 TABLES = {"kernels": kernel_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
-          "ptx": ptx_table, "matrix": matrix_table, "families": families_table}
+          "ptx": ptx_table, "matrix": matrix_table, "serve": serve_table, "families": families_table}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -142,7 +160,7 @@ def plot_results(results: dict[str, Any], out: Path) -> list[Path]:
     from matplotlib import pyplot as plt
 
     written = []
-    plots = {"compile": _plot_compile, "traffic": _plot_traffic, "kernels": _plot_kernels}
+    plots = {"compile": _plot_compile, "traffic": _plot_traffic, "kernels": _plot_kernels, "serve": _plot_serve}
     for part, rows in results["parts"].items():
         if part in plots and rows:
             fig = plots[part](plt, rows)
@@ -162,6 +180,22 @@ def _plot_compile(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
     ax.set(xlabel="decoder layers", ylabel="seconds", title=f"Compile time, Llama-shaped (hidden {rows[0]['hidden']})")
     ax.legend()
     ax.grid(alpha=0.3)
+    return fig
+
+
+def _plot_serve(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    online = [r for r in rows if r["kind"] == "online"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    panels = [("output_tok_per_s", "output tokens/s", 1), ("ttft_p50_s", "TTFT p50, ms", 1e3),
+              ("itl_p50_s", "inter-token latency p50, ms", 1e3)]
+    for ax, (key, label, factor) in zip(axes, panels, strict=True):
+        for server in sorted({r["server"] for r in online}):
+            points = sorted((r["clients"], r[key] * factor) for r in online if r["server"] == server and r[key] is not None)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=server)
+        ax.set(xscale="log", xlabel="concurrent clients", ylabel=label, title=label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
     return fig
 
 

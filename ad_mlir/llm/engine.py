@@ -1,20 +1,28 @@
-"""Continuous batching over an `LLM`'s cache slots: requests arrive at any time, wait first come
-first served for a free slot, and each step runs one batched decode of every sequence that has
-its prompt cached, then prefill chunks of waiting prompts within a token budget per step (a long
-prompt is cut into chunks over several steps, so it does not stall the running decodes).
+"""Continuous batching: requests arrive at any time, wait first come first served, and each step
+feeds every running decode (one token each) and prefill chunks of the other requests within a
+token budget per step (a long prompt is cut into chunks over several steps, so it does not stall
+the running decodes). Two schedulers share the requests, sampling and stop handling (`BaseEngine`):
 
-A step is two kinds of forward call, not one flattened batch: the compiled graph takes
-rectangular [batch, seq] inputs, so decodes (seq 1) and each prefill chunk go apart. Each slot
-reserves `max_seq_len` tokens (no pages yet), so a request that fits when it is added always
-fits: nothing is ever preempted.
+- `Engine`, over an `LLM`'s cache slots: each slot reserves `max_seq_len` tokens, so a request
+  that fits when it is added always fits and nothing is preempted. A step is two kinds of
+  forward call: one batched decode and one call per prefill chunk (the graph takes rectangular
+  [batch, seq] inputs). Models with per-slot states (convolutions, recurrent scans) run here.
+- `PagedEngine`, over a paged cache (a model compiled in the paged form, `forward_flat`):
+  pages are taken as a sequence grows (`ad_mlir.llm.pages`), full pages are shared between
+  requests that begin with the same tokens (prefix caching), one flattened forward call per step
+  holds every token fed, and when pages run out the youngest running request is preempted: its
+  pages are freed and it is recomputed later from its prompt and the tokens it has generated
+  (nothing is lost).
 
-`Engine.step` returns what each request got in that step (`RequestUpdate`): new tokens, the new
-text (with a tokenizer; text that could begin a stop string is held back until it cannot), and
-why it finished. `LLM.generate` and the server (`ad_mlir/serve/`) both drive this loop.
+`make_engine` picks the one that fits the model. `step` returns what each request got in that
+step (`RequestUpdate`): new tokens, the new text (with a tokenizer; text that could begin a stop
+string is held back until it cannot), and why it finished. `LLM.generate` and the server
+(`ad_mlir/serve/`) both drive this loop.
 """
 
 from __future__ import annotations
 
+import abc
 import itertools
 from collections import deque
 from collections.abc import Sequence
@@ -22,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
+from ad_mlir.llm.pages import BlockManager, pages_for
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
@@ -55,7 +65,7 @@ class GenerationOutput:
 
 
 class CachedModel(Protocol):
-    """What the engine needs of a compiled model with caches (`LLM`)."""
+    """What `Engine` needs of a compiled model with cache slots (`LLM`)."""
 
     max_batch: int
     max_seq_len: int
@@ -67,6 +77,29 @@ class CachedModel(Protocol):
 
     def decode(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int],
                free: Sequence[int]) -> torch.Tensor: ...
+
+
+class PagedModel(Protocol):
+    """What `PagedEngine` needs of a compiled model with a paged cache of `num_pages` pages of
+    `page_size` tokens, which it owns and writes."""
+
+    page_size: int
+    num_pages: int
+    max_seq_len: int
+    eos: set[int]
+    tokenizer: Any
+
+    def forward_flat(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
+                     cache_starts: torch.Tensor, block_tables: torch.Tensor,
+                     logits_indices: torch.Tensor) -> torch.Tensor:
+        """One forward of the tokens of several sequences as one flat sequence: `input_ids` and
+        `position_ids` [1, T]; sequence i's new tokens are rows `query_starts[i]` to
+        `query_starts[i + 1]`, after the `cache_starts[i]` tokens its pages hold already;
+        `block_tables` [num_seqs, max pages per sequence] lists each one's pages in order (entries
+        past its tokens ignored). Writes the new tokens' K/V into those pages; returns the
+        logits [len(logits_indices), vocab] of the rows `logits_indices`. All inputs are int64
+        host tensors (the model moves them to its device)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -107,7 +140,7 @@ class Request:
     generator: torch.Generator | None
     slot: int | None = None
     cached: int = 0
-    """Tokens of this request the slot holds."""
+    """Tokens of this request (prompt, then generated ones) whose K/V the cache holds."""
     text: str = ""
     """All of the new tokens' text (a tokenizer's decode), stop string cut off when found."""
     sent_text: int = 0
@@ -116,6 +149,15 @@ class Request:
     @property
     def prefilled(self) -> bool:
         return self.cached >= len(self.output.prompt_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The prompt, then the tokens generated so far."""
+        return self.output.prompt_token_ids + self.output.token_ids
+
+
+class ContextTooLong(ValueError):
+    """A request whose prompt and max_tokens can never fit the cache (refused before it queues)."""
 
 
 @dataclass
@@ -129,45 +171,49 @@ class RequestUpdate:
     """"stop" (EOS or a stop string), "length" (max_tokens) or "abort"; None while it runs."""
 
 
-class Engine:
-    """The scheduler over `llm`'s slots (see the module's docstring). `max_step_tokens` bounds
-    the tokens one step feeds: every running decode, then prefill chunks of the waiting prompts
-    in arrival order within what is left (at least one token of prefill per step)."""
+class BaseEngine(abc.ABC):
+    """What both schedulers share: the queues, adding and aborting requests, sampling a token
+    and the stop rules. `max_step_tokens` bounds the tokens one step feeds: every running decode,
+    then prefill chunks in arrival order within what is left (at least one token of prefill per
+    step, so prompts advance however many decodes run)."""
 
-    def __init__(self, llm: CachedModel, max_step_tokens: int = 256) -> None:
+    def __init__(self, llm: CachedModel | PagedModel, max_step_tokens: int = 256) -> None:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be at least 1, got {max_step_tokens}")
         self.llm = llm
         self.max_step_tokens = max_step_tokens
         self.waiting: deque[Request] = deque()
-        """Requests without a slot, in arrival order."""
+        """Requests not in the cache, oldest first (a preempted one goes back to the front)."""
         self.running: list[Request] = []
-        """Requests holding a slot (prefilling or decoding), in arrival order."""
-        self.free_slots = list(range(llm.max_batch))
+        """Requests in the cache (prefilling or decoding), in the order they entered it."""
         self._ids = itertools.count()
 
     # -- requests ----------------------------------------------------------------------
 
     def add(self, prompt: Sequence[int], params: SamplingParams, request_id: str | None = None) -> Request:
-        """Queue a request; one that can never fit a slot is refused here, before it queues."""
+        """Queue a request; one that can never fit the cache is refused here, before it queues."""
         prompt = [int(t) for t in prompt]
         self.check_fits(prompt, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if any(r.id == request_id for r in [*self.waiting, *self.running]):
+            raise ValueError(f"a request with id {request_id!r} is already queued")
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        request = Request(request_id or f"req-{next(self._ids)}", params, GenerationOutput(prompt), generator)
+        request = Request(request_id, params, GenerationOutput(prompt), generator)
         self.waiting.append(request)
         return request
 
     def check_fits(self, prompt: Sequence[int], params: SamplingParams) -> None:
-        """Raises ValueError, saying why, for a request that can never fit a slot."""
+        """Raises ValueError, saying why, for an empty prompt and (`ContextTooLong`) a request that
+        can never fit the cache."""
         if not prompt:
             raise ValueError("the prompt is empty")
         need = len(prompt) + params.max_tokens
         if need > self.llm.max_seq_len:
-            raise ValueError(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it needs "
-                             f"{need} > max_seq_len={self.llm.max_seq_len} cache positions")
+            raise ContextTooLong(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it needs "
+                                 f"{need} > max_seq_len={self.llm.max_seq_len} cache positions")
 
     def abort(self, request_id: str) -> bool:
-        """Drop a request (waiting or running) and free its slot; False if it is not here."""
+        """Drop a request (waiting or running) and free its cache; False if it is not here."""
         for request in [*self.waiting, *self.running]:
             if request.id == request_id:
                 request.output.finish_reason = "abort"
@@ -179,49 +225,29 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # -- one step ----------------------------------------------------------------------
-
+    @abc.abstractmethod
     def step(self) -> list[RequestUpdate]:
-        """Admit waiting requests to free slots, decode every prefilled request once, prefill
-        chunks within the budget; returns the updates of the requests that got tokens or ended."""
-        self._admit()
-        updates: dict[str, RequestUpdate] = {}
-        decoding = [r for r in self.running if r.prefilled]
-        if decoding:
-            # a prefilled request has sampled a token already (its last prefill chunk did)
-            logits = self.llm.decode([r.output.token_ids[-1] for r in decoding], [r.slot for r in decoding],
-                                     [r.cached for r in decoding], self.free_slots)
-            for i, request in enumerate(decoding):
-                request.cached += 1
-                updates[request.id] = self._append(request, logits[i])
-        budget = max(self.max_step_tokens - len(decoding), 1)
-        for request in [r for r in self.running if not r.prefilled]:
-            if budget <= 0:
-                break
-            chunk = request.output.prompt_token_ids[request.cached: request.cached + budget]
-            logits = self.llm.step(torch.tensor([chunk]), torch.arange(request.cached, request.cached + len(chunk))[None],
-                                   [request.slot], [request.cached])
-            request.cached += len(chunk)
-            budget -= len(chunk)
-            if request.prefilled:
-                updates[request.id] = self._append(request, logits[0, -1])
-        for request in [r for r in self.running if r.output.finish_reason]:
-            self._release(request)
-        return list(updates.values())
+        """Run one step; the updates of the requests that got tokens or ended."""
 
-    def _admit(self) -> None:
-        while self.waiting and self.free_slots:
-            request = self.waiting.popleft()
-            request.slot = self.free_slots.pop(0)
-            self.running.append(request)
+    # -- shared by the schedulers --------------------------------------------------------
+
+    def _prefill_budget(self, decodes: int) -> int:
+        return max(self.max_step_tokens - decodes, 1)
 
     def _release(self, request: Request) -> None:
         if request in self.waiting:
             self.waiting.remove(request)
         if request in self.running:
             self.running.remove(request)
-            self.free_slots.insert(0, request.slot)
-            request.slot = None
+            self._free(request)
+
+    @abc.abstractmethod
+    def _free(self, request: Request) -> None:
+        """Give back what `request` holds of the cache."""
+
+    def _release_finished(self) -> None:
+        for request in [r for r in self.running if r.output.finish_reason]:
+            self._release(request)
 
     def _append(self, request: Request, logits: torch.Tensor) -> RequestUpdate:
         params = request.params
@@ -251,6 +277,244 @@ class Engine:
             end = _safe_end(text, request.params.stop)
         new, request.sent_text = text[request.sent_text:end], max(end, request.sent_text)
         return new
+
+
+class Engine(BaseEngine):
+    """The scheduler over `llm`'s cache slots (see the module's docstring): a waiting request
+    takes a free slot, first come first served."""
+
+    llm: CachedModel
+
+    def __init__(self, llm: CachedModel, max_step_tokens: int = 256) -> None:
+        super().__init__(llm, max_step_tokens)
+        self.free_slots = list(range(llm.max_batch))
+
+    def step(self) -> list[RequestUpdate]:
+        """Admit waiting requests to free slots, decode every prefilled request once, prefill
+        chunks within the budget; returns the updates of the requests that got tokens or ended."""
+        self._admit()
+        updates: dict[str, RequestUpdate] = {}
+        decoding = [r for r in self.running if r.prefilled]
+        if decoding:
+            # a prefilled request has sampled a token already (its last prefill chunk did)
+            logits = self.llm.decode([r.output.token_ids[-1] for r in decoding], [r.slot for r in decoding],
+                                     [r.cached for r in decoding], self.free_slots)
+            for i, request in enumerate(decoding):
+                request.cached += 1
+                updates[request.id] = self._append(request, logits[i])
+        budget = self._prefill_budget(len(decoding))
+        for request in [r for r in self.running if not r.prefilled]:
+            if budget <= 0:
+                break
+            chunk = request.output.prompt_token_ids[request.cached: request.cached + budget]
+            logits = self.llm.step(torch.tensor([chunk]), torch.arange(request.cached, request.cached + len(chunk))[None],
+                                   [request.slot], [request.cached])
+            request.cached += len(chunk)
+            budget -= len(chunk)
+            if request.prefilled:
+                updates[request.id] = self._append(request, logits[0, -1])
+        self._release_finished()
+        return list(updates.values())
+
+    def _admit(self) -> None:
+        while self.waiting and self.free_slots:
+            request = self.waiting.popleft()
+            request.slot = self.free_slots.pop(0)
+            self.running.append(request)
+
+    def _free(self, request: Request) -> None:
+        self.free_slots.insert(0, request.slot)
+        request.slot = None
+
+
+@dataclass
+class _Chunk:
+    """The tokens one request feeds in a step: `tokens[start:start + length]`."""
+
+    request: Request
+    tokens: list[int]
+    start: int
+    length: int
+
+    @property
+    def ends(self) -> bool:
+        """It feeds the request's last token: its logits give the next token."""
+        return self.start + self.length == len(self.tokens)
+
+
+class PagedEngine(BaseEngine):
+    """The scheduler over a paged cache (see the module's docstring and docs/serving.md). Each
+    step: the running requests in the order they entered, each its next token (a decode) or its
+    next prefill chunk, taking pages as they grow; when the pool has too few free pages the
+    youngest running request is preempted (its pages freed, back to the front of the waiting
+    queue, recomputed later from its prompt and generated tokens). Then, if nothing was
+    preempted, waiting requests enter first come first served while the budget and the pool
+    allow, each starting after the full pages of its tokens that are cached (`prefix_caching`).
+    All of it runs as one `forward_flat` call.
+
+    For metrics: `pages_in_use`, `pages_free`, `pages_cached`, `prefix_hits`, `prefix_queries`,
+    `prefix_hit_rate` (prompt tokens found cached over those looked up) and `preemptions`."""
+
+    llm: PagedModel
+
+    def __init__(self, llm: PagedModel, max_step_tokens: int = 256, prefix_caching: bool = True) -> None:
+        super().__init__(llm, max_step_tokens)
+        self.blocks = BlockManager(llm.num_pages, llm.page_size, prefix_caching)
+        self.pages_per_seq = pages_for(llm.max_seq_len, llm.page_size)
+        """The width of the block tables fed to `forward_flat`."""
+        self.preemptions = 0
+
+    # -- metrics -------------------------------------------------------------------------
+
+    @property
+    def pages_in_use(self) -> int:
+        return self.blocks.pool.num_in_use
+
+    @property
+    def pages_free(self) -> int:
+        """Pages that can be taken (cached ones that nobody holds included)."""
+        return self.blocks.pool.num_free
+
+    @property
+    def pages_cached(self) -> int:
+        return self.blocks.pool.num_cached
+
+    @property
+    def prefix_hits(self) -> int:
+        return self.blocks.prefix_hits
+
+    @property
+    def prefix_queries(self) -> int:
+        return self.blocks.prefix_queries
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.blocks.prefix_hit_rate
+
+    # -- requests ------------------------------------------------------------------------
+
+    def check_fits(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """Also refused: a request whose tokens need more pages than the pool has (the last
+        generated token is never fed, so it takes no place)."""
+        super().check_fits(prompt, params)
+        pages = pages_for(len(prompt) + params.max_tokens - 1, self.llm.page_size)
+        if pages > self.llm.num_pages:
+            raise ContextTooLong(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it "
+                                 f"needs {pages} pages of {self.llm.page_size} tokens > the {self.llm.num_pages} "
+                                 "pages of the cache")
+
+    # -- one step ----------------------------------------------------------------------
+
+    def step(self) -> list[RequestUpdate]:
+        """Schedule (see the class's docstring), run one `forward_flat`, sample the requests
+        whose last token was fed; returns the updates of the requests that got tokens or ended."""
+        chunks = self._schedule()
+        if not chunks:
+            return []
+        logits = self.llm.forward_flat(*self._flat_inputs(chunks))
+        updates: dict[str, RequestUpdate] = {}
+        for chunk in chunks:
+            request = chunk.request
+            request.cached += chunk.length
+            self.blocks.written(request.id, chunk.tokens, request.cached)
+        for chunk, row in zip([c for c in chunks if c.ends], logits, strict=True):
+            updates[chunk.request.id] = self._append(chunk.request, row)
+        self._release_finished()
+        return list(updates.values())
+
+    def _schedule(self) -> list[_Chunk]:
+        chunks: list[_Chunk] = []
+        budget = self._prefill_budget(sum(len(r.token_ids) - r.cached == 1 for r in self.running))
+        preempted = self.preemptions
+        for request in list(self.running):
+            if request not in self.running:  # preempted for an older one in this step
+                break
+            tokens = request.token_ids
+            left = len(tokens) - request.cached
+            if left > 1 and budget <= 0:
+                continue
+            length = 1 if left == 1 else min(left, budget)
+            if not self._make_room(request, request.cached + length):
+                break
+            chunks.append(_Chunk(request, tokens, request.cached, length))
+            if left > 1:  # the decodes were taken off the budget already
+                budget -= length
+        if self.preemptions == preempted:
+            chunks += self._admit(budget)
+        return chunks
+
+    def _make_room(self, request: Request, num_tokens: int) -> bool:
+        """Pages for `num_tokens` tokens of `request`, preempting the youngest running requests
+        while the pool is short; False if `request` itself was preempted."""
+        while not self.blocks.grow(request.id, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._free(request)
+        self.waiting.appendleft(request)
+        self.preemptions += 1
+
+    def _admit(self, budget: int) -> list[_Chunk]:
+        """Waiting requests that enter the cache, first come first served, each with its first
+        chunk after its cached prefix; the first that does not fit (budget, pages) stops it."""
+        chunks = []
+        while self.waiting and budget > 0:
+            request = self.waiting[0]
+            tokens = request.token_ids
+            shared = self.blocks.cached_prefix(tokens)
+            start = len(shared) * self.llm.page_size
+            length = min(len(tokens) - start, budget)
+            if not self.blocks.start(request.id, tokens, shared, start + length):
+                break
+            self.running.append(self.waiting.popleft())
+            request.cached = start
+            chunks.append(_Chunk(request, tokens, start, length))
+            budget -= length
+        return chunks
+
+    def _free(self, request: Request) -> None:
+        self.blocks.free(request.id)
+        request.cached = 0
+
+    def _flat_inputs(self, chunks: Sequence[_Chunk]) -> tuple[torch.Tensor, ...]:
+        """`forward_flat`'s inputs for `chunks`: their tokens one after another, logits wanted
+        for the last token of each chunk that ends its request's tokens."""
+        ids: list[int] = []
+        positions: list[int] = []
+        query_starts = [0]
+        tables = []
+        logits_indices = []
+        for chunk in chunks:
+            ids += chunk.tokens[chunk.start: chunk.start + chunk.length]
+            positions += range(chunk.start, chunk.start + chunk.length)
+            query_starts.append(len(ids))
+            pages = self.blocks.block_table(chunk.request.id)
+            tables.append(pages + [0] * (self.pages_per_seq - len(pages)))
+            if chunk.ends:
+                logits_indices.append(len(ids) - 1)
+
+        def tensor(values: list[Any]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
+
+        return (tensor([ids]), tensor([positions]), tensor(query_starts), tensor([c.start for c in chunks]),
+                tensor(tables).view(len(chunks), self.pages_per_seq), tensor(logits_indices))
+
+
+def is_paged(llm: object) -> bool:
+    """The model was compiled with a paged cache (`page_size` set; one flattened forward per step)."""
+    return getattr(llm, "page_size", None) is not None and callable(getattr(llm, "forward_flat", None))
+
+
+def make_engine(llm: CachedModel | PagedModel, max_step_tokens: int = 256) -> BaseEngine:
+    """A `PagedEngine` for a model compiled with a paged cache, else an `Engine` over its slots."""
+    if is_paged(llm):
+        return PagedEngine(llm, max_step_tokens)
+    return Engine(llm, max_step_tokens)
 
 
 def _safe_end(text: str, stops: Sequence[str]) -> int:

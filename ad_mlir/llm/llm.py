@@ -37,7 +37,8 @@ from xdsl.dialects import func
 
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
-from ad_mlir.llm.engine import Engine, GenerationOutput, SamplingParams
+from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
+from ad_mlir.runtime.kernels import call_kernels_directly
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +209,9 @@ class LLM:
     [`num_pages`, `page_size`, kv_heads, head_dim] (`num_pages` given, else bought by
     `kv_cache_budget`, else `max_batch` sequences of `max_seq_len` tokens), and `forward_flat`
     runs one step of prefill chunks and decodes of many sequences through their block tables
-    (the caller allocates the pages). Models with per-sequence states (short convolutions,
-    scans) are refused; `step`, `decode` and `generate` are the slot form's.
+    (the caller allocates the pages: `generate` runs on the paged scheduler, `make_engine`).
+    Models with per-sequence states (short convolutions, scans) are refused; `step`, `decode` and
+    CUDA graphs are the slot form's.
 
     Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
     each rank compiles the same IR, holds its slice of the weights and caches of its local K/V
@@ -271,6 +273,8 @@ class LLM:
         else:
             pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
+        self.runner = call_kernels_directly(self.graph) if self.device.type == "cpu" else self.graph
+        """What runs a step: the graph, on the CPU with its kernels called without torch's dispatch."""
         self.program = program
         """The compiled `ad` module (what the graph runs) and its weights."""
         fn = program.function
@@ -328,7 +332,7 @@ class LLM:
         given = {name: t.to(self.device, torch.int64) for name, t in given.items()}
         given |= {"use_cache": False, **self.caches}
         with torch.no_grad():
-            logits = self.graph(*(given[name] for name in self.inputs))[0]
+            logits = self.runner(*(given[name] for name in self.inputs))[0]
         return logits.reshape(logits_indices.shape[0], logits.shape[-1])
 
     @property
@@ -415,7 +419,7 @@ class LLM:
         given = {"input_ids": tokens, "position_ids": positions, "cache_slots": slots, "cache_starts": starts,
                  "use_cache": False, **self.caches}
         with torch.no_grad():
-            return self.graph(*(given[name] for name in self.inputs))[0]
+            return self.runner(*(given[name] for name in self.inputs))[0]
 
     def decode(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int],
                free: Sequence[int]) -> torch.Tensor:
@@ -447,8 +451,8 @@ class LLM:
                  top_p: float = 1.0, seed: int | None = None, chat: bool = False, ignore_eos: bool = False,
                  top_k: int = 0, stop: Sequence[str] = ()) -> list[GenerationOutput]:
         """One output per prompt (a string, tokenized with the model's tokenizer, under its chat
-        template with `chat`; or token ids), through the continuous-batching `Engine` (prompts
-        beyond the slots wait for one). Greedy when `temperature` is 0, else sampled with `top_k`
+        template with `chat`; or token ids), through the continuous-batching engine (`make_engine`:
+        prompts beyond what the cache holds wait). Greedy when `temperature` is 0, else sampled with `top_k`
         and `top_p` filtering, each prompt from its own generator seeded with `seed`. A sequence
         stops at EOS (unless `ignore_eos`, for benchmarks), a `stop` string or `max_new_tokens`."""
         params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
@@ -459,7 +463,7 @@ class LLM:
             if len(ids) + max_new_tokens > self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens: with max_new_tokens={max_new_tokens} it needs "
                                  f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len} cache positions")
-        engine = Engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
+        engine = make_engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
         requests = [engine.add(ids, params) for ids in token_lists]
         while engine.has_work:
             engine.step()

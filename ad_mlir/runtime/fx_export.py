@@ -31,6 +31,7 @@ from ad_mlir.dialects.weights import computes_from_weights_only, weight_of
 from ad_mlir.frontends.fx_import import INPUT_ATTR, ImportedProgram
 from ad_mlir.frontends.input_checks import DynamicDim, InputChecks, InputSpec
 from ad_mlir.semantics import op_table as T
+from ad_mlir.semantics import torch_ops
 from ad_mlir.semantics.reference import run_op
 from ad_mlir.semantics.weights import SINGLE_RANK, Rank, rank_weight
 
@@ -200,6 +201,9 @@ def block_graph(block: Block) -> torch.fx.GraphModule:
             graph.output(tuple(env[v] for v in op.values))
             break
         _emit_op(graph, op, env, {})
+    for node in graph.nodes:
+        # the kernel op that runs this graph declared the writes already
+        node.target = (node.op == "call_function" and torch_ops.direct_function(node.target)) or node.target
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 

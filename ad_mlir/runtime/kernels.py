@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -52,12 +53,12 @@ class RegionKernel:
     written: frozenset[int] = frozenset()
     """Block arguments the kernel writes in place."""
 
-    @property
+    @functools.cached_property
     def arg_kinds(self) -> tuple[str, ...]:
         """Per block argument: "tensor", "written" (a tensor written in place), "int" or "float"."""
         return tuple("written" if i in self.written else _arg_kind(t) for i, t in enumerate(self.arg_types))
 
-    @property
+    @functools.cached_property
     def groups(self) -> tuple[str, ...]:
         """The op's arguments: lists of the block arguments of these kinds."""
         return ("tensor", "written", "int", "float") if self.written else ("tensor", "int", "float")
@@ -147,10 +148,45 @@ def run_reference(graph: torch.fx.GraphModule, values: Sequence[Any]) -> Sequenc
 
 
 def registered_kernel(target: Any) -> RegionKernel | None:
-    """The kernel an FX node's target calls, if it is one of ours."""
+    """The kernel an FX node's target calls (its op, or its entry `call_kernels_directly` put
+    there), if it is one of ours."""
+    if isinstance(getattr(target, "kernel", None), RegionKernel):
+        return target.kernel
     schema = getattr(target, "_schema", None)
     namespace, _, name = (schema.name if schema is not None else "").partition("::")
     return _REGISTERED.get(name) if namespace == NAMESPACE else None
+
+
+def call_kernels_directly(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of `graph` (sharing its weights) whose calls of kernel ops call the kernels' Python
+    entry (what the op runs), for running eagerly on the CPU, never traced: torch's dispatch of a
+    custom op costs tens of microseconds a call in Python, which on a CPU decode step (a hundred
+    kernel calls around small GEMMs) is more than the fused ops save."""
+    copy = torch.fx.GraphModule(graph, _copy_graph(graph.graph))
+    for node in copy.graph.nodes:
+        kernel = registered_kernel(node.target) if node.op == "call_function" else None
+        if kernel is not None:
+            node.target = _direct_call(kernel)
+    copy.recompile()
+    return copy
+
+
+def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    new = torch.fx.Graph()
+    output = new.graph_copy(graph, {})
+    new.output(output)
+    return new
+
+
+def _direct_call(kernel: RegionKernel) -> Any:
+    """A function named after the kernel that runs it (looked up at each call, so that a test can
+    wrap `RegionKernel.run`)."""
+    def call(*groups: list[Any]) -> list[torch.Tensor]:
+        return kernel.run(*groups)
+
+    call.__name__ = call.__qualname__ = f"run_{kernel.name}"
+    call.kernel = kernel  # type: ignore[attr-defined]
+    return call
 
 
 def _arg_kind(t: Any) -> str:

@@ -20,6 +20,28 @@ from ad_mlir.dialects import ad
 
 NAMESPACE = "ad_mlir"
 
+DIRECT: dict[str, Callable[..., Any]] = {}
+"""The Python function of each op that writes its inputs, by qualified name (`direct_function`)."""
+
+
+def _writing_op(name: str, mutates_args: tuple[str, ...]) -> Callable[[Callable[..., Any]], Any]:
+    """`torch.library.custom_op` for an op that writes its inputs (the caches), its function also
+    kept in `DIRECT`: torch dispatches such an op through a Python step that rebuilds the schema's
+    argument list once per argument (measured ~200 us per call of `cached_attention`'s 20
+    arguments, more than its decode step computes)."""
+    def define(fn: Callable[..., Any]) -> Any:
+        DIRECT[f"{NAMESPACE}::{name}"] = fn
+        return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=mutates_args)(fn)
+    return define
+
+
+def direct_function(target: Any) -> Callable[..., Any] | None:
+    """The Python function behind `target` (an op overload of `_writing_op`), which a caller
+    that already declared the writes (a kernel op's `written` inputs) may call without torch's
+    dispatch; else None."""
+    schema = getattr(target, "_schema", None)
+    return DIRECT.get(schema.name) if schema is not None else None
+
 
 def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.to(torch.float32)
@@ -369,7 +391,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return torch.empty_like(query)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::cached_attention", mutates_args=("k_cache", "v_cache"))
+@_writing_op("cached_attention", mutates_args=("k_cache", "v_cache"))
 def cached_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -420,18 +442,38 @@ def _attend_over_prefix(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     """One sequence's new queries [heads, seq, head_dim] at positions start.. over its keys and
     values [positions, kv_heads, head_dim] (the cached ones, then the new ones): causal with
     offset, within `window`, soft-capped, ALiBi-biased, with sinks, as `cached_attention` says."""
-    end, groups = k.shape[0], query.shape[0] // k.shape[1]
-    k = k.transpose(0, 1).repeat_interleave(groups, dim=0)
-    v = v.transpose(0, 1).repeat_interleave(groups, dim=0)
+    k, v = k.transpose(0, 1), v.transpose(0, 1)
+    if softcap is None and sinks is None and alibi_slopes is None:
+        return _sdpa_with_offset(query[None], k[None], v[None], start, window, scale)[0]
+    end, groups = k.shape[1], query.shape[0] // k.shape[0]
     position = torch.arange(start, end, device=query.device)[:, None]
     keys = torch.arange(end, device=query.device)[None, :]
     allowed = keys <= position
     if window is not None:
         allowed &= keys > position - window
-    if softcap is None and sinks is None and alibi_slopes is None:
-        return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=allowed, scale=scale)
     bias = alibi_slopes.float()[:, None, None] * (keys - position) if alibi_slopes is not None else None
+    k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
     return _eager_attention(query, k, v, allowed, scale, softcap, sinks, bias)
+
+
+def _sdpa_with_offset(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int, window: int | None,
+                      scale: float) -> torch.Tensor:
+    """SDPA of query [1, heads, seq, d] at positions start.. over key/value [1, kv_heads, start +
+    seq, d], causal with that offset (and within `window`). Without a mask where none is needed
+    (a decode token inside the window sees every key; a prompt from position 0 is SDPA's own
+    causal form), so that the CPU's flash kernel runs rather than the masked math one."""
+    seq, end = query.shape[2], key.shape[2]
+    within = window is None or end <= window
+    if within and (seq == 1 or start == 0):
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=seq > 1, scale=scale,
+                                                                enable_gqa=True)
+    position = torch.arange(start, end, device=query.device)[:, None]
+    keys = torch.arange(end, device=query.device)[None, :]
+    allowed = keys <= position
+    if window is not None:
+        allowed &= keys > position - window
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale,
+                                                            enable_gqa=True)
 
 
 def _eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
@@ -469,7 +511,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::paged_attention", mutates_args=("k_pages", "v_pages"))
+@_writing_op("paged_attention", mutates_args=("k_pages", "v_pages"))
 def paged_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -531,7 +573,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::cached_causal_conv1d", mutates_args=("state",))
+@_writing_op("cached_causal_conv1d", mutates_args=("state",))
 def cached_causal_conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
                          slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """`ad.cached_causal_conv1d`: each row's new inputs after its slot's state (zeros at start
@@ -563,7 +605,7 @@ def ssm_time_steps(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: 
     return torch.clamp(dt, min=dt_min, max=dt_max).float()
 
 
-@torch.library.custom_op(f"{NAMESPACE}::cached_ssm_scan", mutates_args=("state",))
+@_writing_op("cached_ssm_scan", mutates_args=("state",))
 def cached_ssm_scan(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
                     d: torch.Tensor | None, dt_bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
                     starts: torch.Tensor, dt_softplus: bool = False, dt_min: float = 0.0,
@@ -605,7 +647,7 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::cached_gated_delta_rule", mutates_args=("state",))
+@_writing_op("cached_gated_delta_rule", mutates_args=("state",))
 def cached_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
                             beta: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
                             use_qk_l2norm: bool = False) -> torch.Tensor:

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
-from ad_mlir.llm.engine import RequestUpdate, SamplingParams
+from ad_mlir.llm.engine import ContextTooLong, RequestUpdate, SamplingParams
 from ad_mlir.serve.runner import EngineRunner
 
 DISCONNECT_POLL_S = 0.5
@@ -132,7 +132,7 @@ def build_app(runner: EngineRunner, model_name: str, tokenizer: Any = None, defa
         try:
             return runner.submit(prompt, params)
         except ValueError as e:
-            too_long = "max_seq_len" in str(e)
+            too_long = isinstance(e, ContextTooLong)
             raise ApiError(400, str(e), "prompt", "context_length_exceeded" if too_long else "invalid_request") from None
 
     @app.post("/v1/completions")

@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     import uvicorn
 
-    from ad_mlir.llm.engine import Engine
+    from ad_mlir.llm.engine import make_engine
     from ad_mlir.llm.llm import LLM
     from ad_mlir.serve.app import build_app
     from ad_mlir.serve.runner import EngineRunner
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     start = time.perf_counter()
     try:
         llm = LLM(args.model, max_batch=args.max_batch, max_seq_len=args.max_seq_len, pipeline=args.pipeline)
-        engine = Engine(llm, max_step_tokens=args.max_step_tokens)
+        engine = make_engine(llm, max_step_tokens=args.max_step_tokens)
     except ValueError as e:
         sys.exit(f"error: {e}")
     name = args.served_model_name or args.model

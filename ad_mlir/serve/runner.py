@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ad_mlir.llm.engine import Engine, RequestUpdate, SamplingParams
+from ad_mlir.llm.engine import BaseEngine, Engine, PagedEngine, RequestUpdate, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,14 @@ class Metrics:
         self.running = Gauge("ad_mlir_requests_running", "Requests holding a cache slot", registry=r)
         self.waiting = Gauge("ad_mlir_requests_waiting", "Requests waiting for a cache slot", registry=r)
         self.slots_in_use = Gauge("ad_mlir_cache_slots_in_use", "Cache slots held by requests", registry=r)
+        self.pages_in_use = Gauge("ad_mlir_cache_pages_in_use", "Pages of a paged cache held by requests", registry=r)
+        self.pages_free = Gauge("ad_mlir_cache_pages_free", "Pages of a paged cache that can be taken "
+                                "(cached prefixes nobody holds included)", registry=r)
+        self.prefix_queries = Counter("ad_mlir_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("ad_mlir_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
+        self.preemptions = Counter("ad_mlir_preemptions", "Requests preempted (pages freed, recomputed later)",
+                                   registry=r)
         self.prompt_tokens = Counter("ad_mlir_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generated_tokens = Counter("ad_mlir_generation_tokens", "Tokens generated", registry=r)
         self.finished = Counter("ad_mlir_requests_finished", "Requests finished, by reason", ["reason"], registry=r)
@@ -54,7 +62,7 @@ class _Stream:
 class EngineRunner:
     """Steps `engine` in a daemon thread (see the module's docstring)."""
 
-    engine: Engine
+    engine: BaseEngine
     metrics: Metrics = field(default_factory=Metrics)
     idle_wait_s: float = 0.05
     _commands: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
@@ -63,6 +71,8 @@ class EngineRunner:
     _stop: threading.Event = field(default_factory=threading.Event)
     _ids: itertools.count = field(default_factory=itertools.count)
     _thread: threading.Thread | None = None
+    _counted: dict[str, int] = field(default_factory=dict)
+    """The engine's counts already added to the metrics."""
 
     def start(self) -> EngineRunner:
         self._thread = threading.Thread(target=self._loop, name="ad-mlir-engine", daemon=True)
@@ -156,6 +166,15 @@ class EngineRunner:
                           time.perf_counter())
 
     def _gauge(self) -> None:
-        self.metrics.running.set(len(self.engine.running))
-        self.metrics.waiting.set(len(self.engine.waiting))
-        self.metrics.slots_in_use.set(self.engine.llm.max_batch - len(self.engine.free_slots))
+        m, engine = self.metrics, self.engine
+        m.running.set(len(engine.running))
+        m.waiting.set(len(engine.waiting))
+        if isinstance(engine, Engine):
+            m.slots_in_use.set(engine.llm.max_batch - len(engine.free_slots))
+        elif isinstance(engine, PagedEngine):
+            m.pages_in_use.set(engine.pages_in_use)
+            m.pages_free.set(engine.pages_free)
+            for name in ("prefix_queries", "prefix_hits", "preemptions"):  # the engine counts; the metric follows
+                total = getattr(engine, name)
+                getattr(m, name).inc(total - self._counted.get(name, 0))
+                self._counted[name] = total

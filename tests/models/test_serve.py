@@ -177,6 +177,7 @@ def test_bad_completion_requests_get_openai_errors(served: Served, body: dict, s
     assert got == status, error
     assert error["error"]["type"] == "invalid_request_error" and error["error"]["param"] == param
     assert words in error["error"]["message"], error
+    assert (error["error"]["code"] == "context_length_exceeded") == ("max_seq_len" in words), error
     assert served.runner.in_flight == 0, "a refused request was queued"
 
 

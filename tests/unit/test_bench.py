@@ -160,3 +160,26 @@ def test_the_ptx_part_specializes_generation_as_the_runtime_launches() -> None:
     assert [s.grid for s in specs] == [(TINY.heads, TOKENS // specs[0].constexprs["BLOCK_M"]),
                                        (DECODE_BATCH * TINY.kv_heads, splits), (DECODE_BATCH * TINY.heads,)]
     assert all(s.constexprs["V_DIM"] == TINY.head_dim and s.signature["q"] == "*bf16" for s in specs)
+
+
+def test_the_serve_rows_count_tokens_and_latencies_from_the_chunks() -> None:
+    """Two streamed answers with known chunk times: tokens by the counter, TTFT from sending to the
+    first chunk, ITL as (last - first chunk) / (tokens - 1), answers compared with transformers'."""
+    from ad_mlir.bench.report import serve_table
+    from ad_mlir.bench.serve import load_row, mark_same_answers
+
+    results = [{"question": "a", "text": "x y z", "sent": 0.0, "chunks": [0.5, 0.6, 0.7]},
+               {"question": "b", "text": "x y", "sent": 1.0, "chunks": [1.1, 1.4]}]
+    ours = load_row("ad-mlir serve", 2, results, 2.0, lambda text: len(text.split()))
+    assert ours["output_tokens"] == 5 and ours["output_tok_per_s"] == 2.5
+    assert abs(ours["ttft_p50_s"] - 0.3) < 1e-9  # 0.5 and 0.1; p99 interpolates: 0.1 + 0.99 * 0.4
+    assert abs(ours["itl_p50_s"] - 0.2) < 1e-9  # 0.1 and 0.3
+    theirs = load_row("transformers serve", 2, [dict(results[0]), {**results[1], "text": "other"}], 4.0,
+                      lambda text: len(text.split()))
+    rows = [{**r, "model": "tiny", "max_tokens": 8} for r in (ours, theirs)]
+    mark_same_answers(rows)
+    assert rows[0]["same_answers"] == "1/2" and "same_answers" not in rows[1]
+    text = serve_table(rows + [{"kind": "offline", "impl": "ad-mlir LLM.generate", "batch": 8, "output_tokens": 64,
+                                "seconds": 2.0, "output_tok_per_s": 32.0, "model": "tiny", "max_tokens": 8}])
+    assert "| ad-mlir serve | 2 | 2 | 5 | 2.0 | 2.5 | 300 | 496 | 200 | 298 | 1/2 |" in text
+    assert "| ad-mlir LLM.generate | 8 | 64 | 2.0 | 32.0 |" in text
