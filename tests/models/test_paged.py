@@ -11,7 +11,8 @@ values, only the keys and values read back from the pages); greedy tokens are fe
 (which vary: `_hf_tokens` checks it). A SmolLM2-shaped Llama (grouped-query heads, 3 per K/V
 head, tied embeddings) and Mistral (a sliding window of 6, which the 7- and 11-token prompts and
 the decodes cross), on the kernels' torch reference and, for the Llama, with every kernel in
-the Triton interpreter."""
+the Triton interpreter. The paged scheduler (`PagedEngine`) on the compiled model: `generate`,
+preemption in a pool too small, a prefix hit reading shared pages, each giving HF's tokens."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
 from ad_mlir.dialects import ad
+from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
 from ad_mlir.runtime.kernels import reference_kernels
 
 PAGE_SIZE = 4
@@ -162,6 +164,53 @@ def test_llama_in_the_interpreter(paged, monkeypatch: pytest.MonkeyPatch) -> Non
     model, llm = paged["smollm2"]
     assert any(name.startswith("paged_attention") for name in graph_kernels(llm.graph)), llm.graph.code
     _assert_tokens_are_hf(model, _run_schedule(model, llm, ATOL["smollm2"], lambda: kernels_ran(monkeypatch)))
+
+
+def test_generate_runs_the_paged_scheduler_on_the_compiled_model(paged) -> None:
+    """`LLM.generate` on the paged form goes through the paged scheduler (`make_engine`), whose
+    steps are `forward_flat` calls of the compiled graph: HF's greedy tokens."""
+    model, llm = paged["smollm2"]
+    assert isinstance(make_engine(llm), PagedEngine)
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=10)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == _hf_tokens(model, prompt, 10)
+
+
+def test_a_pool_too_small_for_all_preempts_and_still_gives_hf_tokens(paged) -> None:
+    """7 pages of 4 tokens for three requests that need 5, 3 and 6 (prompt and 10 new tokens):
+    the scheduler preempts and recomputes, the compiled graph's pages follow, the tokens are
+    HF's, and every page is free at the end."""
+    model, _ = paged["smollm2"]
+    llm = ad_mlir.LLM(model, max_batch=3, max_seq_len=24, page_size=PAGE_SIZE, num_pages=7)
+    engine = make_engine(llm, max_step_tokens=8)
+    requests = [engine.add(prompt, SamplingParams(max_tokens=10)) for prompt in PROMPTS]
+    with reference_kernels():
+        while engine.has_work:
+            engine.step()
+    assert engine.preemptions > 0
+    assert engine.pages_in_use == 0
+    for prompt, request in zip(PROMPTS, requests, strict=True):
+        assert request.output.token_ids == _hf_tokens(model, prompt, 10)
+
+
+def test_a_prefix_hit_reads_the_shared_pages_of_the_compiled_model(paged) -> None:
+    """A second request that begins with the first one's 9-token prompt (two full pages of 4)
+    shares those pages (prefix caching) and prefills from position 8 only: the paged kernel's
+    reference reads the shared pages, and its tokens are HF's."""
+    model, llm = paged["smollm2"]
+    engine = make_engine(llm, max_step_tokens=16)
+    first, second = [5, 9, 13, 3, 7, 40, 41, 2, 8], [5, 9, 13, 3, 7, 40, 41, 2, 8, 30, 31]
+    with reference_kernels():
+        done = engine.add(first, SamplingParams(max_tokens=6))
+        while engine.has_work:
+            engine.step()
+        hit = engine.add(second, SamplingParams(max_tokens=6))
+        while engine.has_work:
+            engine.step()
+    assert engine.prefix_hits >= 2 * PAGE_SIZE
+    assert done.output.token_ids == _hf_tokens(model, first, 6)
+    assert hit.output.token_ids == _hf_tokens(model, second, 6)
 
 
 def test_a_model_with_a_per_sequence_state_is_refused() -> None:
