@@ -258,9 +258,11 @@ class LLM:
                 max_seq_len = self._seq_len_for_budget(ep, max_batch, cap, kv_cache_budget)
             self._compile(ep, max_batch, max_seq_len)
         self.compile_seconds = time.perf_counter() - start
-        log.info("LLM: compiled in %.1f s; %d caches (%d per-slot states), %.2f MiB in all: %d tokens fit "
-                 "(%d slots x %d tokens)", self.compile_seconds, len(self.caches), len(self.slot_states),
-                 self.cache_bytes / 2**20, self.cache_tokens, max_batch, max_seq_len)
+        shape = (f"{self.num_pages} pages x {page_size} tokens" if page_size is not None
+                 else f"{max_batch} slots x {max_seq_len} tokens")
+        log.info("LLM: compiled in %.1f s; %d caches (%d per-slot states), %.2f MiB in all: %d tokens fit (%s)",
+                 self.compile_seconds, len(self.caches), len(self.slot_states), self.cache_bytes / 2**20,
+                 self.cache_tokens, shape)
         self.decode_graphs = self._capture_decode(cuda_graphs)
 
     def _compile(self, ep: torch.export.ExportedProgram, max_batch: int, max_seq_len: int,
