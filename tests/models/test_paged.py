@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from kernel_guard import graph_kernels, kernels_ran
 from test_generate import PROMPTS, _assert_logits_close, _family_model, _hf_tokens
+from test_llm_runtime import decode_problems
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 from transformers import AutoModelForCausalLM, Lfm2Config, LlamaConfig
 from xdsl.utils.exceptions import PassFailedException
 
@@ -211,6 +215,25 @@ def test_a_prefix_hit_reads_the_shared_pages_of_the_compiled_model(paged) -> Non
     assert engine.prefix_hits >= 2 * PAGE_SIZE
     assert done.output.token_ids == _hf_tokens(model, first, 6)
     assert hit.output.token_ids == _hf_tokens(model, second, 6)
+
+
+@pytest.mark.parametrize("seqs", [1, 3])
+def test_a_decode_step_is_cuda_graph_ready(paged, seqs: int) -> None:
+    """A paged decode step of `seqs` sequences (one token each, block tables 6 pages wide),
+    traced op by op with fake tensors of static shapes: no host sync or data-dependent op, the
+    pools written in place by an op that declares the write (test_llm_runtime's checks), the
+    logits [1, seqs, vocab]."""
+    _, llm = paged["smollm2"]
+    ints = {"input_ids": (1, seqs), "position_ids": (1, seqs), "query_starts": (seqs + 1,), "cache_starts": (seqs,),
+            "block_tables": (seqs, 6), "logits_indices": (seqs,)}
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    given: dict[str, Any] = {"use_cache": False, **{n: mode.from_tensor(c) for n, c in llm.caches.items()},
+                             **{n: mode.from_tensor(torch.zeros(s, dtype=torch.int64)) for n, s in ints.items()}}
+    with mode:
+        gm = make_fx(llm.graph)(*(given[name] for name in llm.inputs))
+    assert decode_problems(gm, llm.inputs, set(llm.caches)) == []
+    (output,) = (n for n in gm.graph.nodes if n.op == "output")
+    assert tuple(output.args[0][0].meta["val"].shape) == (1, seqs, llm.model.config.vocab_size)
 
 
 def test_a_model_with_a_per_sequence_state_is_refused() -> None:
