@@ -11,10 +11,11 @@ import torch
 
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.fx_import import ImportedProgram, import_program
-from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
 from ad_mlir.passes.verify import NumericVerifier
 from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import build_kernels
+from ad_mlir.runtime.program_cache import ProgramCache, pass_warnings, program_cache_enabled, program_key
 from ad_mlir.runtime.verify import check_compiled
 from ad_mlir.semantics.weights import Rank
 
@@ -34,7 +35,9 @@ class CompileOptions:
     """Check every pass numerically (the function before and after it, `passes/verify.py`) and
     the result's kernels against the final IR (`runtime/verify.py`)."""
     cache: KernelCache | None = None
-    """Where generated kernels are kept (default: `KernelCache()`, on disk, see `codegen/cache.py`)."""
+    """Where generated kernels are kept (default: `KernelCache()`, on disk, see `codegen/cache.py`),
+    and beside them (`programs/`) the pipeline's results (`runtime/program_cache.py`): a second
+    compile of the same program skips the passes (AD_MLIR_PROGRAM_CACHE=0 turns that off)."""
     world_size: int | None = None
     """Tensor-parallel world size for a pipeline with `shard` (default: the initialized process
     group's, else 1)."""
@@ -76,7 +79,9 @@ def compile(
     takes them), exported here for inference (non-strict, under no_grad). A higher-order op that
     cannot be inlined exactly (`torch.cond`, ...) raises ImportError_ naming its node.
     Each fused region becomes a Triton kernel called as `torch.ops.ad_mlir.<name>`
-    (kernels are cached on disk, see `codegen/cache.py`). The result takes the graph's user
+    (kernels are cached on disk, see `codegen/cache.py`; so is the pipeline's result, keyed by
+    the imported program, the values of its buffers and constants, the pipeline and the versions,
+    see `runtime/program_cache.py`: compiling the same program again skips the passes). The result takes the graph's user
     inputs in order and returns a tuple. Ops on weights alone (e.g. the weight concatenation of
     `fuse-gemms`) run once, here: the result holds their outputs in place of those weights.
     Weight arguments that are tensor-parallel shards (`ad.shard_dim`) hold `rank`'s slice.
@@ -106,13 +111,29 @@ def compile_program(
     what the compiled graph takes, e.g. the K/V caches `insert-cached-attention` added)."""
     opts = CompileOptions.of(options, **overrides)
     program = import_program(gm, example_inputs, dynamic_shapes)
-    run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
-    compiled = export_program(
-        program, build_kernels(program.module, opts.cache), fold_weights=True, rank=_rank(opts.world_size, opts.rank)
-    )
+    kernels, rank = opts.cache or KernelCache(), _rank(opts.world_size, opts.rank)
+    _run_pipeline_or_reuse(program, opts, kernels, rank)
+    compiled = export_program(program, build_kernels(program.module, kernels), fold_weights=True, rank=rank)
     if opts.verify:
         check_compiled(compiled, program.module, program.weights)
     return compiled, program
+
+
+def _run_pipeline_or_reuse(program: ImportedProgram, opts: CompileOptions, kernels: KernelCache, rank: Rank) -> None:
+    """Run the pipeline on `program`'s module, or take its result from the program cache
+    (`runtime/program_cache.py`, beside `kernels`) where an earlier compile stored it, with the
+    warnings its passes logged (said again). With `verify` the passes always run (each is
+    checked); their result is stored either way."""
+    if not program_cache_enabled():
+        run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
+        return
+    programs, key = ProgramCache.beside(kernels), program_key(program, load_pipeline(opts.pipeline), rank)
+    if not opts.verify and (stored := programs.load(key)) is not None:
+        program.module = stored.module
+        return
+    with pass_warnings() as warnings:
+        run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
+    programs.store(key, program.module, warnings)
 
 
 def _rank(world_size: int | None, rank: int | None) -> Rank:

@@ -1,7 +1,8 @@
 """Shared fixtures: tiny HF models and their torch.export programs, built once per worker.
 
 Without CUDA, generated Triton kernels run in the Triton interpreter (TRITON_INTERPRET=1 must
-be set before any kernel is imported), and every session writes kernels to its own cache."""
+be set before any kernel is imported), and every session writes kernels to its own cache (and
+stores no compiled programs: `runtime/program_cache.py`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("AD_MLIR_SKIP_ON_ERROR", "0")  # a pass that raises fails its test, not skipped
 os.environ.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_kernels_"))
+# every test runs the passes it checks (a program stored by an earlier test would skip them);
+# tests/unit/test_program_cache.py turns the program cache on
+os.environ.setdefault("AD_MLIR_PROGRAM_CACHE", "0")
 
 from ad_mlir.frontends.export import export_model
 from ad_mlir.zoo.tiny import TinyConfig, build_model

@@ -7,8 +7,10 @@
 - generate: tokens per second of `ad_mlir.LLM` against HF eager `generate` on SmolLM2-135M
   (the packaged checkpoint, else its shape with random weights), prefill and decode apart
   (`bench/generate.py`);
-- compile: ad-mlir's compile stages against Inductor on Llama-shaped graphs of growing depth
-  (`bench/compile_time.py`);
+- compile: ad-mlir's compile stages against Inductor on Llama-shaped graphs of growing depth,
+  cold (empty caches) and warm (a new process with the caches the cold one left), and the
+  `torch.compile` backend path's compile time (`bench/compile_time.py`; --quick: ad-mlir cold and
+  warm, Inductor cold);
 - traffic: modelled HBM bytes and launches of one decoder layer's non-GEMM part: eager, ad-mlir,
   ideal (`bench/traffic.py`);
 - ptx: registers, spills, shared memory, vectorized access of every kernel, compiled for sm_90
@@ -142,8 +144,9 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
     if part == "compile":
         from ad_mlir.bench.compile_time import run_compile_time
 
-        layers = (1, 4) if args.quick else (1, 4, 16, 32)
-        return run_compile_time(layers, inductor=not args.no_inductor, progress=progress)
+        layers = (1, 4) if args.quick else (1, 4, 8, 16, 32)
+        return run_compile_time(layers, inductor=not args.no_inductor, progress=progress,
+                                torch_compile_warm_and_backend=not args.quick)
     if part == "traffic":
         from ad_mlir.bench.families import MATRIX
         from ad_mlir.bench.traffic import run_traffic

@@ -1,12 +1,16 @@
 """Compile time of Llama-shaped graphs (real sizes, weights on the meta device): each ad-mlir
-stage, and Inductor's `torch.compile` (CPU) of the same module in the same run.
+stage, Inductor's `torch.compile` (CPU) of the same module and `torch.compile` with the ad-mlir
+backend, cold and warm, in the same run.
 
-Every measurement runs in a fresh process with empty caches (ad-mlir's kernel cache, Triton's,
-Inductor's), as a model server's first start would: one-time warm-ups (torch.export's and
-Dynamo's first trace, loading the compilers) count for both, and nothing one measurement
-compiled makes the next one cheaper. Shapes drive compile time, not values: ad-mlir compiles
-the meta-device model as it is. Inductor must run the model, so it gets uninitialized CPU
-weights (`to_empty`), and is left out (with the reason) when those would not fit in memory.
+Every measurement runs in a fresh process. Cold: with empty caches (ad-mlir's kernel and
+program caches, Triton's, Inductor's), as a model server's first start would: one-time warm-ups
+(torch.export's and Dynamo's first trace, loading the compilers) count for all, and nothing one
+measurement compiled makes another cheaper. Warm: a second fresh process with the caches the
+cold one left, as a restarted server would (ad-mlir reads the pipeline's result and the kernels,
+Inductor its FX graph and kernel caches). Shapes drive compile time, not values: ad-mlir
+compiles the meta-device model as it is. Inductor and the ad-mlir backend must run the model, so
+they get uninitialized CPU weights (`to_empty`), and are left out (with the reason) when those
+would not fit in memory.
 """
 
 from __future__ import annotations
@@ -45,14 +49,18 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
-    """Seconds per stage of `ad_mlir.compile` on `model` (export, import, each pass of the
-    default pipeline, Triton codegen, PTX for sm_90 of each distinct kernel, export back to
+    """Seconds per stage of `ad_mlir.compile` on `model` (export, import, the program cache's
+    key and lookup, then each pass of the default pipeline and the program cache's write where
+    the lookup missed, Triton codegen, PTX for sm_90 of each distinct kernel, export back to
     FX), in order."""
+    from ad_mlir.codegen.cache import KernelCache
     from ad_mlir.codegen.ptx import ptx_reports
     from ad_mlir.frontends.fx_import import import_program
-    from ad_mlir.passes.pipeline import run_pipeline
+    from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
     from ad_mlir.runtime.fx_export import export_program
     from ad_mlir.runtime.kernels import build_kernels
+    from ad_mlir.runtime.program_cache import ProgramCache, program_key
+    from ad_mlir.semantics.weights import SINGLE_RANK
 
     stages: dict[str, float] = {}
 
@@ -65,9 +73,17 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
     ids = torch.zeros(1, TOKENS, dtype=torch.long, device=next(model.parameters()).device)
     ep = timed("export", lambda: export_with_ids(model, ids))
     program = timed("import", lambda: import_program(ep))
-    for record in run_pipeline(program.module, PIPELINES["default"]):
-        stages[f"pass {record.name}"] = record.seconds
-    kernels = timed("Triton codegen", lambda: build_kernels(program.module))
+    cache = KernelCache()
+    programs = ProgramCache.beside(cache)
+    key = timed("program key", lambda: program_key(program, load_pipeline(PIPELINES["default"]), SINGLE_RANK))
+    stored = timed("program cache read", lambda: programs.load(key))
+    if stored is None:
+        for record in run_pipeline(program.module, PIPELINES["default"]):
+            stages[f"pass {record.name}"] = record.seconds
+        timed("program cache write", lambda: programs.store(key, program.module))
+    else:
+        program.module = stored.module
+    kernels = timed("Triton codegen", lambda: build_kernels(program.module, cache))
     if ptx:
         timed("PTX (sm_90)", lambda: ptx_reports(kernels.values()))
     timed("export to FX", lambda: export_program(program, kernels, fold_weights=True))
@@ -98,25 +114,74 @@ def time_inductor(model: torch.nn.Module) -> float:
     return first - run
 
 
+class _Compiled(Exception):
+    """Raised in place of running the graph the backend compiled: only compiling is timed."""
+
+
+def time_backend(model: torch.nn.Module) -> float:
+    """Seconds `torch.compile(model, backend="ad_mlir", fullgraph=True)` takes to compile (CPU):
+    from its first call to the backend's return (Dynamo's trace, AOTAutograd, `ad_mlir.compile`).
+    The compiled graph is not run: without a GPU its kernels run in the Triton interpreter, which
+    at these sizes takes far longer than compiling (one graph, as `fullgraph` makes sure)."""
+    from ad_mlir.dynamo_backend import ad_mlir_backend
+
+    runnable = model.to_empty(device="cpu")
+    ids = torch.zeros(1, TOKENS, dtype=torch.long)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        ad_mlir_backend(gm, example_inputs)
+        done = time.perf_counter()
+
+        def stop(*args: Any) -> Any:
+            raise _Compiled(done)
+
+        return stop
+
+    compiled = torch.compile(runnable, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        start = time.perf_counter()
+        try:
+            compiled(input_ids=ids)
+        except _Compiled as e:
+            return e.args[0] - start
+    raise AssertionError("the backend compiled nothing")
+
+
 def _measure(which: str, layers: int, shape: ModelShape, dtype: str, ptx: bool, caches: str) -> Any:
-    """In a fresh process: point every compile cache at the empty `caches`, then time. `which`:
-    "ad-mlir", "inductor", or "inductor-one-layer" (`one_layer_repeated`)."""
+    """In a fresh process: point every compile cache at `caches`, then time. `which`:
+    "ad-mlir", "inductor" or "backend" (`torch.compile` with the ad-mlir backend), the last two
+    with "-one-layer" (`one_layer_repeated`)."""
     for variable in CACHE_VARIABLES:
         os.environ[variable] = str(Path(caches) / variable.lower())
     if not torch.cuda.is_available():
         default_to_interpreter()  # kernels load as on a CPU machine; PTX in a child
+    from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE
+
+    os.environ[PROGRAM_CACHE_VARIABLE] = "1"  # the backend's compile uses it (`time_ad_mlir` does in any case)
     if which == "ad-mlir":
         return time_ad_mlir(meta_model("llama", shape, layers, dtype), ptx)
-    if which == "inductor":
-        return time_inductor(meta_model("llama", shape, layers, dtype))
-    return time_inductor(one_layer_repeated(meta_model("llama", shape, 1, dtype), layers))
+    timer = time_inductor if which.startswith("inductor") else time_backend
+    if which.endswith("-one-layer"):
+        return timer(one_layer_repeated(meta_model("llama", shape, 1, dtype), layers))
+    return timer(meta_model("llama", shape, layers, dtype))
 
 
-def _in_fresh_process(*args: Any) -> Any:
+def _in_fresh_process(*args: Any, caches: str) -> Any:
     spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        return pool.submit(_measure, *args, caches).result()
+
+
+def _cold(*args: Any) -> Any:
     with tempfile.TemporaryDirectory(prefix="ad_bench_caches_") as caches:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-            return pool.submit(_measure, *args, caches).result()
+        return _in_fresh_process(*args, caches=caches)
+
+
+def _cold_and_warm(*args: Any) -> tuple[Any, Any]:
+    """The measurement in a fresh process with empty caches, then in another with what the
+    first left in them."""
+    with tempfile.TemporaryDirectory(prefix="ad_bench_caches_") as caches:
+        return _in_fresh_process(*args, caches=caches), _in_fresh_process(*args, caches=caches)
 
 
 def run_compile_time(
@@ -126,31 +191,42 @@ def run_compile_time(
     inductor: bool = True,
     ptx: bool = True,
     progress: Progress | None = None,
+    torch_compile_warm_and_backend: bool = True,
 ) -> list[dict[str, Any]]:
-    """One row per layer count: ad-mlir's stages and total, Inductor's compile time (or why it
-    was not measured) and their ratio (default shape: `ModelShape()`, Llama-3-8B's sizes)."""
+    """One row per layer count: ad-mlir's stages and total, cold and warm; Inductor's cold
+    `torch.compile` time and, with `torch_compile_warm_and_backend`, its warm one and the ad-mlir
+    backend's cold and warm (or why they were not measured); Inductor's cold / ad-mlir's cold and
+    warm / warm (default shape: `ModelShape()`, Llama-3-8B's sizes)."""
     shape = shape or ModelShape()
-    return [_compile_row(layers, shape, dtype, inductor, ptx, progress) for layers in layer_counts]
+    return [_compile_row(layers, shape, dtype, inductor, ptx, progress, torch_compile_warm_and_backend)
+            for layers in layer_counts]
 
 
 def _compile_row(layers: int, shape: ModelShape, dtype: str, inductor: bool, ptx: bool,
-                 progress: Progress | None) -> dict[str, Any]:
+                 progress: Progress | None, torch_compile_warm_and_backend: bool) -> dict[str, Any]:
     if progress:
         progress(f"compile time: {layers} layers, ad-mlir")
-    stages = _in_fresh_process("ad-mlir", layers, shape, dtype, ptx)
+    stages, warm_stages = _cold_and_warm("ad-mlir", layers, shape, dtype, ptx)
     row: dict[str, Any] = {"layers": layers, "hidden": shape.hidden_size, "dtype": dtype, "stages": stages,
-                           "ad_mlir_s": sum(stages.values()), "inductor_s": None, "inductor_note": None}
+                           "warm_stages": warm_stages, "ad_mlir_s": sum(stages.values()),
+                           "ad_mlir_warm_s": sum(warm_stages.values()), "inductor_s": None, "inductor_warm_s": None,
+                           "backend_s": None, "backend_warm_s": None, "inductor_note": None}
     if not inductor:
         row["inductor_note"] = "not run (--no-inductor)"
     else:
-        if progress:
-            progress(f"compile time: {layers} layers, torch.compile (Inductor, CPU)")
-        which = "inductor"
         needed = weight_bytes(meta_model("llama", shape, layers, dtype))
+        suffix = ""
         if needed > INDUCTOR_MEMORY_SHARE * _total_memory():
-            which = "inductor-one-layer"
+            suffix = "-one-layer"
             row["inductor_note"] = (f"its {needed / 2**30:.1f} GiB of weights do not fit in memory: every layer "
                                     "calls the first layer's module (the same graph)")
-        row["inductor_s"] = _in_fresh_process(which, layers, shape, dtype, ptx)
+        for which, label in (("inductor", "torch.compile (Inductor, CPU)"), ("backend", "torch.compile (ad-mlir)")):
+            if progress:
+                progress(f"compile time: {layers} layers, {label}")
+            if torch_compile_warm_and_backend:
+                row[f"{which}_s"], row[f"{which}_warm_s"] = _cold_and_warm(which + suffix, layers, shape, dtype, ptx)
+            elif which == "inductor":
+                row["inductor_s"] = _cold(which + suffix, layers, shape, dtype, ptx)
     row["ratio"] = row["inductor_s"] / row["ad_mlir_s"] if row["inductor_s"] else None
+    row["warm_ratio"] = row["inductor_warm_s"] / row["ad_mlir_warm_s"] if row["inductor_warm_s"] else None
     return row

@@ -7,10 +7,13 @@ and writes each result once (`bench/traffic.py`'s model, GEMMs included), except
 - a value computed from weights alone is folded at compile time and costs nothing;
 - an embedding reads `batch` rows of its table, not the table;
 - `ad.cached_attention` reads each row's cache up to `cached` tokens (K and V), not the whole
-  cache argument, and writes the new token's K and V.
+  cache argument, and writes the new token's K and V;
+- `ad.cached_mla_attention` reads each row's latent cache up to `cached` tokens once per block
+  of query heads of its kernel (`mla_blocks`), writes the new latent, and its launch writes and
+  reads the absorbed query and the latent-space output ([batch, heads, rank] in fp32, each twice).
 The ideal: every weight read once (a table shared by the embedding and the LM head, or read only
-by the embedding: once, or `batch` rows), each row's K/V caches read once up to `cached` tokens
-and the new K/V written; activations, logits included, cost nothing.
+by the embedding: once, or `batch` rows), each row's K/V (or MLA latent) caches read once up to
+`cached` tokens and the new K/V (latent) written; activations, logits included, cost nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def _root(value: SSAValue) -> SSAValue:
 
 
 def _row_bytes(cache: SSAValue) -> int:
-    """One token of one slot of a [slots, max_seq, kv_heads, head_dim] cache."""
+    """One token of one slot of a [slots, max_seq, kv_heads, head_dim] cache (MLA's [slots,
+    max_seq, rank + rope])."""
     _, _, *row = cache.type.get_shape()
     n = 1
     for d in row:
@@ -59,9 +63,22 @@ def _op_bytes(op: Operation, batch: int, cached: int) -> int:
         row = _row_bytes(op.k_cache)
         return (sum(decode_bytes(v, batch) for v in new) + 2 * batch * cached * row + 2 * batch * row + written
                 + decode_bytes(op.slots, batch) + decode_bytes(op.starts, batch))
+    if isinstance(op, ad.CachedMlaAttentionOp):
+        return _mla_bytes(op, batch, cached, written)
     if isinstance(op, ad.EmbeddingOp):
         return decode_bytes(op.indices, batch) + 2 * written  # the rows read equal the rows written
     return sum(min(decode_bytes(v, batch), decode_bytes(_root(v), batch)) for v in tensors) + written
+
+
+def _mla_bytes(op: ad.CachedMlaAttentionOp, batch: int, cached: int, written: int) -> int:
+    from ad_mlir.codegen.mla_attention_kernel import mla_blocks
+
+    heads, _, rope, rank, _ = op.dims()
+    reads = -(-heads // mla_blocks(rank, rope).block_m)
+    row = _row_bytes(op.cache)
+    new = sum(decode_bytes(v, batch) for v in (op.q_nope, op.q_rope, op.latent, op.k_rope, op.slots, op.starts))
+    latent_space = 2 * 2 * batch * heads * rank * 4  # q W_uk and the output before W_uv: written, read
+    return new + decode_bytes(op.kv_b_weight, batch) + reads * batch * cached * row + batch * row + latent_space + written
 
 
 def decode_step_traffic(program: ImportedProgram, batch: int, cached: int) -> dict[str, Any]:
@@ -78,7 +95,8 @@ def decode_step_traffic(program: ImportedProgram, batch: int, cached: int) -> di
         modelled += _op_bytes(op, batch, cached)
         launches += 1
     caches = [op for op in fn.body.block.ops if isinstance(op, ad.CachedAttentionOp)]
-    kv = sum(2 * batch * _row_bytes(op.k_cache) for op in caches)
+    latents = [op for op in fn.body.block.ops if isinstance(op, ad.CachedMlaAttentionOp)]
+    kv = sum(2 * batch * _row_bytes(op.k_cache) for op in caches) + sum(batch * _row_bytes(op.cache) for op in latents)
     ideal = {"weights": _weight_bytes(fn, program, batch), "caches_read": kv * cached, "new_kv_written": kv}
     return {"batch": batch, "cached": cached, "launches": launches, "modelled_bytes": modelled,
             "ideal_bytes": sum(ideal.values()), **{f"ideal_{k}_bytes": v for k, v in ideal.items()},

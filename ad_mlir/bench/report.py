@@ -20,18 +20,49 @@ def _s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.2f}"
 
 
+STAGE_GROUPS = {
+    "export": lambda name: name == "export",
+    "import": lambda name: name == "import",
+    "program cache": lambda name: name.startswith("program "),
+    "passes": lambda name: name.startswith("pass "),
+    "codegen": lambda name: name == "Triton codegen",
+    "PTX": lambda name: name == "PTX (sm_90)",
+    "export back": lambda name: name == "export to FX",
+}
+"""The compile table's stage columns: which of `time_ad_mlir`'s stages each sums."""
+
+
+def _stage_group(stages: dict[str, float] | None, group: str) -> float | None:
+    if not stages:
+        return None
+    matched = [v for k, v in stages.items() if STAGE_GROUPS[group](k)]
+    return sum(matched) if matched else None
+
+
+def _cold_warm(cold: float | None, warm: float | None) -> str:
+    return f"{_s(cold)} / {_s(warm)}"
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    return f"{num / den:.1f}x" if num and den else "-"
+
+
 def compile_table(rows: Sequence[dict[str, Any]]) -> str:
-    header = ["layers", "ad-mlir s", "torch.compile s", "torch.compile / ad-mlir", "export", "import", "passes",
-              "codegen", "PTX", "export back"]
-    body = []
-    for r in rows:
-        st = r["stages"]
-        passes = sum(v for k, v in st.items() if k.startswith("pass "))
-        ratio = " ".join(filter(None, [f"{r['ratio']:.1f}x" if r["ratio"] else None, r["inductor_note"]]))
-        body.append([r["layers"], _s(r["ad_mlir_s"]), _s(r["inductor_s"]), ratio, _s(st["export"]), _s(st["import"]),
-                     _s(passes), _s(st["Triton codegen"]), _s(st.get("PTX (sm_90)")), _s(st["export to FX"])])
+    """Totals and ratios, then each stage, cold / warm (a warm compile: a fresh process with the
+    caches a cold one left)."""
+    header = ["layers", "ad-mlir s", "torch.compile (Inductor) s", "Inductor / ad-mlir",
+              "torch.compile (ad-mlir backend) s"]
+    body = [[r["layers"], _cold_warm(r["ad_mlir_s"], r.get("ad_mlir_warm_s")),
+             _cold_warm(r["inductor_s"], r.get("inductor_warm_s")),
+             " ".join(filter(None, [f"{_ratio(r['inductor_s'], r['ad_mlir_s'])} / "
+                                    f"{_ratio(r.get('inductor_warm_s'), r.get('ad_mlir_warm_s'))}",
+                                    r["inductor_note"]])),
+             _cold_warm(r.get("backend_s"), r.get("backend_warm_s"))] for r in rows]
+    stages = [[r["layers"], *(_cold_warm(_stage_group(r["stages"], g), _stage_group(r.get("warm_stages"), g))
+                              for g in STAGE_GROUPS)] for r in rows]
     shape = f"Llama-shaped (hidden {rows[0]['hidden']}, {rows[0]['dtype']})" if rows else ""
-    return f"### Compile time, {shape}, seconds\n\n" + _table(header, body)
+    return (f"### Compile time, {shape}, seconds, cold / warm\n\n" + _table(header, body)
+            + "\n\n#### ad-mlir's stages, seconds, cold / warm\n\n" + _table(["layers", *STAGE_GROUPS], stages))
 
 
 def traffic_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -177,6 +208,14 @@ def _plot_compile(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
     ax.plot(layers, [r["ad_mlir_s"] for r in rows], "o-", label="ad-mlir (all stages)")
     timed = [r for r in rows if r["inductor_s"]]
     ax.plot([r["layers"] for r in timed], [r["inductor_s"] for r in timed], "s-", label="torch.compile (Inductor, CPU)")
+    warm = [r for r in rows if r.get("ad_mlir_warm_s")]
+    ax.plot([r["layers"] for r in warm], [r["ad_mlir_warm_s"] for r in warm], "o--", label="ad-mlir, warm caches")
+    warm = [r for r in rows if r.get("inductor_warm_s")]
+    ax.plot([r["layers"] for r in warm], [r["inductor_warm_s"] for r in warm], "s--",
+            label="torch.compile (Inductor, CPU), warm caches")
+    backend = [r for r in rows if r.get("backend_s")]
+    ax.plot([r["layers"] for r in backend], [r["backend_s"] for r in backend], "^-",
+            label="torch.compile (ad-mlir backend)")
     ax.set(xlabel="decoder layers", ylabel="seconds", title=f"Compile time, Llama-shaped (hidden {rows[0]['hidden']})")
     ax.legend()
     ax.grid(alpha=0.3)

@@ -29,9 +29,10 @@ if TYPE_CHECKING:
     from ad_mlir.codegen.moe_kernel import MoeSpec
     from ad_mlir.codegen.paged_attention_kernel import PagedAttentionSpec
 
-RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp)
+RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
-KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedCausalConv1dOp, *RECURRENT_OPS)
+KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
+              ad.CachedCausalConv1dOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
@@ -71,6 +72,8 @@ def written_inputs(op: Operation) -> frozenset[int]:
         return frozenset(op.operands.index(cache) for cache in (op.k_cache, op.v_cache))
     if isinstance(op, ad.PagedAttentionOp):
         return frozenset(op.operands.index(pages) for pages in (op.k_pages, op.v_pages))
+    if isinstance(op, ad.CachedMlaAttentionOp):
+        return frozenset({op.operands.index(op.cache)})
     if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
         return frozenset({op.operands.index(op.state)})
     return frozenset()
@@ -97,8 +100,8 @@ def _kernel_label(op: Operation) -> str:
     return op.kernel_label() if isinstance(op, ad.KernelOp) else op.name.removeprefix("ad.")
 
 
-TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedCausalConv1dOp,
-                ad.MoeOp, *RECURRENT_OPS)
+TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
+                ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
@@ -128,6 +131,10 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         return cached_attention_kernel.emit_cached_attention_module(cached_attention_spec(op), name, header)
     if isinstance(op, ad.PagedAttentionOp):
         return paged_attention_kernel.emit_paged_attention_module(cached_attention_spec(op), name, header)
+    if isinstance(op, ad.CachedMlaAttentionOp):
+        from ad_mlir.codegen.mla_attention_kernel import emit_mla_attention_module
+
+        return emit_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, name, header)
     if isinstance(op, ad.CachedCausalConv1dOp):
         return causal_conv_kernel.emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type),
                                                           op.bias is not None, name, header)
@@ -144,11 +151,17 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     return region_kernel.emit_kernel_module(region, name, header)
 
 
-def _emit_recurrent_module(op: ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp, name: str, header: str) -> str:
+def _emit_recurrent_module(op: ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp | ad.CachedSelectiveScanOp, name: str,
+                           header: str) -> str:
     from ad_mlir.codegen.gated_delta_rule_kernel import emit_gated_delta_rule_module
+    from ad_mlir.codegen.selective_scan_kernel import emit_selective_scan_module
     from ad_mlir.codegen.ssm_scan_kernel import emit_ssm_scan_module
     from ad_mlir.semantics.op_table import torch_dtype
 
+    if isinstance(op, ad.CachedSelectiveScanOp):
+        return emit_selective_scan_module(torch_dtype(op.dt.type), torch_dtype(op.result.type), op.d is not None,
+                                          op.z is not None, op.dt_bias is not None, op.dt_softplus is not None, name,
+                                          header)
     if isinstance(op, ad.CachedSsmScanOp):
         return emit_ssm_scan_module(torch_dtype(op.dt.type), op.d is not None, op.dt_bias is not None,
                                     op.dt_softplus is not None, op.dt_min.value.data if op.dt_min is not None else 0.0,

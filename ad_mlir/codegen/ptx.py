@@ -187,6 +187,14 @@ def specialize_module(module: ModuleType, name: str, tensors: Sequence[torch.Ten
     return specialize_launch(name, Path(module.__file__), getattr(module, name), launch)
 
 
+def _not_specialized(fn: JITFunction) -> set[str]:
+    """The parameters `@triton.jit(do_not_specialize=...)` names (by name or index), read from a
+    jitted function or from the interpreter's, which keeps the decorator's keywords."""
+    names = getattr(fn, "do_not_specialize", None) or getattr(fn, "kwargs", {}).get("do_not_specialize") or []
+    params = list(inspect.signature(fn.fn).parameters)
+    return {params[n] if isinstance(n, int) else n for n in names}
+
+
 def specialize_launch(name: str, path: Path, fn: JITFunction, launch: Launch) -> Specialization:
     """`launch` of the kernel `fn` (defined in the file `path`) by Triton's rules. Torch
     allocates at 256-byte boundaries, so every tensor counts as 16-byte aligned (a view at an
@@ -196,12 +204,13 @@ def specialize_launch(name: str, path: Path, fn: JITFunction, launch: Launch) ->
     keywords = {k: v for k, v in launch.kwargs.items() if k in params}
     bound = kernel_signature.bind(*launch.args, **keywords).arguments
     signature, constexprs, divisible = {}, {}, []
+    unspecialized = _not_specialized(fn)
     for param, value in bound.items():
-        if "constexpr" in str(params[param].annotation) or (_is_int(value) and value == 1):
+        if "constexpr" in str(params[param].annotation) or (_is_int(value) and value == 1 and param not in unspecialized):
             signature[param], constexprs[param] = "constexpr", value
             continue
         signature[param] = mangle_type(value)
-        if isinstance(value, torch.Tensor) or (_is_int(value) and value % DIVISIBILITY == 0):
+        if isinstance(value, torch.Tensor) or (_is_int(value) and value % DIVISIBILITY == 0 and param not in unspecialized):
             divisible.append(param)
     options = {k: v for k, v in launch.kwargs.items() if k not in params}
     return Specialization(name, str(path), signature, constexprs, tuple(divisible), options, launch.grid)

@@ -1545,7 +1545,7 @@ class MoeOp(KernelOp):
 CACHE_ATTR = "ad.cache"
 """On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
 cache, "<layer> conv_state" for a convolution's state, "<layer> ssm_state" / "<layer>
-recurrent_state" for a Mamba2 / gated-delta-rule state, the layer being the HF module path of
+recurrent_state" for a Mamba2 / gated-delta-rule state, "<layer> latent" for MLA's latent cache, the layer being the HF module path of
 the op it serves."""
 CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 """On the per-sequence metadata arguments of a cached module: each batch row's cache slot, and
@@ -1875,6 +1875,64 @@ class CachedSsmScanOp(AdOp):
 
 
 @irdl_op_definition
+class CachedSelectiveScanOp(AdOp):
+    """Mamba1's selective scan of each batch row's new tokens, continuing from the row's SSM
+    state, the state written in place (HF's `mamba_selective_scan` and its one-token
+    `mamba_selective_state_update`, in one op: Mamba, Falcon-Mamba).
+
+    `input` [batch, channels, seq] is x and `dt` [batch, channels, seq] the time steps, `a`
+    [channels, state_size] the (negative) decay rates A, `b`/`c` [batch, state_size, seq] B and C
+    (shared by the channels), `d` [channels] the optional skip D, `z` [batch, channels, seq] the
+    optional gate and `dt_bias` [channels] an optional bias of dt. Each time step is dt + dt_bias,
+    then softplus (with `dt_softplus`), in dt's dtype as HF computes it. Row b uses slot
+    `slots[b]` of `state` [slots, channels, state_size] (fp32): the state after the tokens before
+    the new ones when `starts[b]` > 0, zeros when it is 0 (a new sequence). For each new token t,
+    in order, in fp32: h = h * exp(dt_t a) + (dt_t x_t) B_t^T, y_t = h C_t + d x_t, times silu(z_t)
+    with a gate. The result [batch, channels, seq] has the input's dtype promoted by d's (HF's);
+    afterwards the slot holds h after the last token. Not pure: it writes the state."""
+
+    name = "ad.cached_selective_scan"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    dt = operand_def(AdTensor)
+    a = operand_def(AdTensor)
+    b = operand_def(AdTensor)
+    c = operand_def(AdTensor)
+    d = opt_operand_def(AdTensor)
+    z = opt_operand_def(AdTensor)
+    dt_bias = opt_operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    dt_softplus = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $dt `,` $a `,` $b `,` $c (`d` $d^)? (`z` $z^)? (`dt_bias` $dt_bias^)? (`dt_softplus` "
+        "$dt_softplus^)? `state` $state `slots` $slots `starts` $starts attr-dict `:` `(` type($input) `,` "
+        "type($dt) `,` type($a) `,` type($b) `,` type($c) `,` type($state) `,` type($slots) `,` type($starts) "
+        "(`,` `d` type($d)^)? (`,` `z` type($z)^)? (`,` `dt_bias` type($dt_bias)^)? `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        x, dt, a, b, c = (_shape(v.type) for v in (self.input, self.dt, self.a, self.b, self.c))
+        if len(x) != 3 or x[1] == DYNAMIC_INDEX or dt != x:
+            raise VerifyException("ad.cached_selective_scan input and dt must be one [batch, channels, seq] shape, "
+                                  "channels static")
+        channels = x[1]
+        if len(a) != 2 or a[0] != channels or a[1] == DYNAMIC_INDEX:
+            raise VerifyException(f"ad.cached_selective_scan a must be [{channels}, state_size], state_size static")
+        if len(b) != 3 or b != c or b[1] != a[1] or (b[0], b[2]) != (x[0], x[2]):
+            raise VerifyException(f"ad.cached_selective_scan b and c must be one [batch, {a[1]}, seq] type")
+        for name, extra, shape in (("d", self.d, (channels,)), ("dt_bias", self.dt_bias, (channels,)),
+                                   ("z", self.z, x)):
+            if extra is not None and _shape(extra.type) != shape:
+                raise VerifyException(f"ad.cached_selective_scan {name} must be {list(shape)}")
+        _verify_state_metadata(self, self.name, (channels, a[1]))
+        if _shape(self.result.type) != x:
+            raise VerifyException("ad.cached_selective_scan result must be the input's shape")
+
+
+@irdl_op_definition
 class CachedGatedDeltaRuleOp(AdOp):
     """The gated delta rule of each batch row's new tokens, continuing from the row's recurrent
     state, the state written in place (HF's `torch_chunk_gated_delta_rule` and its one-token
@@ -1921,6 +1979,78 @@ class CachedGatedDeltaRuleOp(AdOp):
         if _shape(self.result.type) != v or self.result.type.element_type != self.query.type.element_type:
             raise VerifyException("ad.cached_gated_delta_rule result must be the value's shape in the query's "
                                   "dtype")
+
+
+@irdl_op_definition
+class CachedMlaAttentionOp(AdOp):
+    """Multi-head latent attention (MLA: DeepSeek-V2/V3) of each batch row's new tokens over a
+    cache of the compressed latent, the cache written in place.
+
+    `q_nope` [batch, heads, seq, nope] and `q_rope` [batch, heads, seq, rope] are the two parts of
+    each query head (RoPE already applied to `q_rope`); `latent` [batch, 1, seq, rank] is the
+    normalized compressed K/V (HF's `kv_a_layernorm` output) and `k_rope` [batch, 1, seq, rope]
+    the key part shared by all heads (RoPE applied); `kv_b_weight` [heads * (nope + v_dim), rank]
+    is HF's `kv_b_proj` weight, which expands a latent c into each head's key `W_uk[h] c` and
+    value `W_uv[h] c` (rows h * (nope + v_dim) .. + nope and the v_dim after them). Row b uses
+    slot `slots[b]` of `cache` [slots, max_seq, rank + rope], which already holds `starts[b]`
+    tokens: the new latent ++ k_rope is written at positions starts[b] .. starts[b] + seq - 1,
+    and new token i attends to positions 0 .. starts[b] + i with scores `scale * (q_nope . W_uk c
+    + q_rope . k_rope)` (what HF computes on the expanded keys [k_nope, k_rope]); the result
+    [batch, heads, seq, v_dim] has the query's dtype. Only rank + rope values per token and layer
+    are cached, not the heads' expanded K and V. Decode absorbs the up-projection as DeepSeek's
+    inference does (scores against the latent: `(W_uk[h]^T q_nope) . c`; output `W_uv[h]
+    sum_j p_j c_j`). Not pure: it writes the cache."""
+
+    name = "ad.cached_mla_attention"
+    q_nope = operand_def(AdTensor)
+    q_rope = operand_def(AdTensor)
+    latent = operand_def(AdTensor)
+    k_rope = operand_def(AdTensor)
+    kv_b_weight = operand_def(AdTensor)
+    cache = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    scale = prop_def(FloatAttr[Float64Type])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$q_nope `,` $q_rope `,` $latent `,` $k_rope `kv_b` $kv_b_weight `cache` $cache `slots` $slots `starts` "
+        "$starts `scale` $scale attr-dict `:` `(` type($q_nope) `,` type($q_rope) `,` type($latent) `,` "
+        "type($k_rope) `,` type($kv_b_weight) `,` type($cache) `,` type($slots) `,` type($starts) `)` `->` "
+        "type($result)"
+    )
+
+    def dims(self) -> tuple[int, int, int, int, int]:
+        """(heads, nope, rope, rank, v_dim) of the verified op."""
+        _, heads, _, nope = _shape(self.q_nope.type)
+        rope, rank = _shape(self.q_rope.type)[3], _shape(self.latent.type)[3]
+        return heads, nope, rope, rank, _shape(self.kv_b_weight.type)[0] // heads - nope
+
+    def verify_op(self) -> None:
+        qn, qr, lat, kr, w, cache = (_shape(x.type) for x in (self.q_nope, self.q_rope, self.latent, self.k_rope,
+                                                               self.kv_b_weight, self.cache))
+        if not len(qn) == len(qr) == len(lat) == len(kr) == 4 or DYNAMIC_INDEX in (*qn[1:2], *qn[3:], *qr[3:], lat[3]):
+            raise VerifyException("ad.cached_mla_attention q_nope/q_rope must be [batch, heads, seq, dim] and "
+                                  "latent/k_rope [batch, 1, seq, dim], heads and dims static")
+        if qr[:3] != qn[:3] or lat[1] != 1 or kr[:3] != lat[:3] or (lat[0], lat[2]) != (qn[0], qn[2]) \
+                or kr[3] != qr[3]:
+            raise VerifyException("ad.cached_mla_attention q_nope/q_rope [batch, heads, seq, *] and latent/k_rope "
+                                  "[batch, 1, seq, *] must agree in batch and seq, q_rope and k_rope in the rope dim")
+        heads, nope, rope, rank = qn[1], qn[3], qr[3], lat[3]
+        if len(w) != 2 or w[1] != rank or w[0] % heads or w[0] // heads <= nope:
+            raise VerifyException(f"ad.cached_mla_attention kv_b_weight must be [{heads} * ({nope} + v_dim), {rank}]")
+        if len(cache) != 3 or cache[2] != rank + rope or self.cache.type.element_type != self.latent.type.element_type:
+            raise VerifyException(f"ad.cached_mla_attention cache must be [slots, max_seq, {rank} + {rope}] of the "
+                                  "latent's element type")
+        if not self.q_nope.type.element_type == self.q_rope.type.element_type == self.latent.type.element_type \
+                == self.k_rope.type.element_type:
+            raise VerifyException("ad.cached_mla_attention queries, latent and k_rope must have one element type")
+        for meta in (self.slots, self.starts):
+            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
+                raise VerifyException("ad.cached_mla_attention slots/starts must be tensor<batch x i64>")
+        v_dim = w[0] // heads - nope
+        if self.result.type != TensorType(self.q_nope.type.element_type, [*qn[:3], v_dim]):
+            raise VerifyException(f"ad.cached_mla_attention result must be [batch, {heads}, seq, {v_dim}] in the "
+                                  "query's element type")
 
 
 FP8_MAX = 448.0
@@ -2256,7 +2386,7 @@ Ad = Dialect(
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
-        CachedSsmScanOp, CachedGatedDeltaRuleOp,
+        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedSelectiveScanOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

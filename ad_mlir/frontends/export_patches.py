@@ -1,12 +1,13 @@
 """HF's sequence-mixer functions that torch.export cannot trace with a dynamic sequence length
 (their reference implementations loop in Python over chunks of the sequence, so the export fixes
 the length: "Constraints violated (seq)"), routed through opaque `ad_mlir` ops with fake
-implementations (`torch_ops.mamba2_chunk_scan`, `torch_ops.chunk_gated_delta_rule`) while the
-project exports a model, and restored after.
+implementations (`torch_ops.mamba2_chunk_scan`, `torch_ops.chunk_gated_delta_rule`,
+`torch_ops.selective_scan`) while the project exports a model, and restored after.
 
 transformers 5.x keeps these kernels as module-level functions of each modeling file
 (`mamba2_chunk_scan` in Mamba2, Nemotron-H, Bamba, Zamba2, GraniteMoeHybrid...;
-`torch_chunk_gated_delta_rule` in Qwen3-Next, Olmo-Hybrid...), called by their global name, so
+`torch_chunk_gated_delta_rule` in Qwen3-Next, Olmo-Hybrid...; Mamba1's `mamba_selective_scan` in
+Mamba and Falcon-Mamba, a loop over time steps), called by their global name, so
 each loaded modeling module that defines one gets it replaced; a transformers version without
 them is left alone. Only the call the exported inference graph makes is routed: the whole
 sequence from an empty state, no final state asked for (HF's own cache is off), no packed
@@ -66,9 +67,24 @@ def _route_chunk_gated_delta_rule(module: str, original: Callable[..., Any]) -> 
     return routed
 
 
+def _route_mamba_selective_scan(module: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def routed(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,  # noqa: N803
+               C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,  # noqa: N803
+               delta_bias: torch.Tensor | None = None, delta_softplus: bool = False, return_last_state: bool = False,
+               **kwargs: Any) -> Any:
+        # use_mambapy / use_associative_scan choose how HF computes the same scan: not routed on
+        if return_last_state or _packed(kwargs):
+            return original(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
+                            return_last_state=return_last_state, **kwargs)
+        return torch.ops.ad_mlir.selective_scan(module, hidden_states, dt, A, B, C, D, z, delta_bias, delta_softplus)
+
+    return routed
+
+
 ROUTES: dict[str, Callable[[str, Callable[..., Any]], Callable[..., Any]]] = {
     "mamba2_chunk_scan": _route_mamba2_chunk_scan,
     "torch_chunk_gated_delta_rule": _route_chunk_gated_delta_rule,
+    "mamba_selective_scan": _route_mamba_selective_scan,
 }
 """HF function name -> (module name, HF's function) -> the function that routes it."""
 

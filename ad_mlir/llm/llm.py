@@ -10,10 +10,13 @@ with `insert-cached-attention` in the pipeline, and the one compiled graph serve
   cached length, position = cached length.
 
 The caches are allocated once ([max_batch slots, max_seq_len tokens, kv_heads, head_dim] per layer
-and role; a short convolution's state [max_batch slots, channels, kernel - 1] and a recurrent
-scan's fp32 state (Mamba2's [max_batch, heads, head_dim, state_size], the gated delta rule's
-[max_batch, value heads, key dim, value dim]), whose sizes do not grow with the tokens), their sizes given or decided by a memory budget (`kv_cache_budget`, which
-counts the per-slot states apart from the bytes per token). A finished sequence (EOS or max_new_tokens) frees its slot for the next prompt in the
+and role; MLA's latent [max_batch, max_seq_len, kv_lora_rank + rope_dim] per layer; a short
+convolution's state [max_batch slots, channels, kernel - 1] and a recurrent scan's fp32 state
+(Mamba2's [max_batch, heads, head_dim, state_size], the gated delta rule's [max_batch, value
+heads, key dim, value dim]), whose sizes do not grow with the tokens), their sizes given or
+decided by a memory budget (`kv_cache_budget`, which counts the per-slot states apart from the
+bytes per token: `token_bytes` by layer, `state_bytes`). A finished sequence (EOS or
+max_new_tokens) frees its slot for the next prompt in the
 queue; a slot is only read up to what its current sequence wrote, so a reused slot starts clean.
 
 The decode step is fit for CUDA graphs (tests/models/test_llm_runtime.py checks the traced graph:
@@ -49,11 +52,13 @@ class CacheArgument:
     shape: tuple[int, ...]
     dtype: torch.dtype
     per_token: bool
-    """A K/V cache, which grows with the tokens of a slot; else a state of fixed size per slot
-    (a convolution's, a recurrent scan's)."""
+    """A K/V cache or MLA's latent cache, which grows with the tokens of a slot; else a state of
+    fixed size per slot (a convolution's, a recurrent scan's)."""
+    layer: str
+    """The HF module path of the op it serves."""
 
 
-PER_TOKEN_ROLES = ("key", "value")
+PER_TOKEN_ROLES = ("key", "value", "latent")
 """`ad.cache` roles of the caches that hold every token of a slot."""
 
 
@@ -170,9 +175,9 @@ def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
     caches = []
     for arg, attrs in zip(fn.body.block.args, fn.arg_attrs.data, strict=True):
         if ad.CACHE_ATTR in attrs.data:
-            role = attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)[-1]
+            layer, role = attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)
             caches.append(CacheArgument(attrs.data[ad.INPUT_ATTR].data, tuple(arg.type.get_shape()),
-                                        torch_dtype(arg.type.element_type), role in PER_TOKEN_ROLES))
+                                        torch_dtype(arg.type.element_type), role in PER_TOKEN_ROLES, layer))
     return caches
 
 
@@ -260,9 +265,11 @@ class LLM:
         self.compile_seconds = time.perf_counter() - start
         shape = (f"{self.num_pages} pages x {page_size} tokens" if page_size is not None
                  else f"{max_batch} slots x {max_seq_len} tokens")
-        log.info("LLM: compiled in %.1f s; %d caches (%d per-slot states), %.2f MiB in all: %d tokens fit (%s)",
+        log.info("LLM: compiled in %.1f s; %d caches (%d per-slot states), %.2f MiB in all: %d tokens fit "
+                 "(%s); per token %d bytes (%s), per slot %d bytes of states",
                  self.compile_seconds, len(self.caches), len(self.slot_states), self.cache_bytes / 2**20,
-                 self.cache_tokens, shape)
+                 self.cache_tokens, shape, sum(self.token_bytes.values()),
+                 _per_layer(self.token_bytes), self.state_bytes // max_batch)
         self.decode_graphs = self._capture_decode(cuda_graphs)
 
     def _compile(self, ep: torch.export.ExportedProgram, max_batch: int, max_seq_len: int,
@@ -284,6 +291,13 @@ class LLM:
         self.caches = {c.name: torch.zeros(c.shape, dtype=c.dtype, device=self.device) for c in arguments}
         self.slot_states = frozenset(c.name for c in arguments if not c.per_token)
         """The caches that are a state of fixed size per slot (not per token)."""
+        self.token_bytes: dict[str, int] = {}
+        """Bytes one token takes in each layer's per-token caches (its key and value, or MLA's
+        latent and rope key), by layer (HF module path)."""
+        for c in arguments:
+            if c.per_token:
+                self.token_bytes[c.layer] = self.token_bytes.get(c.layer, 0) + \
+                    torch.Size(c.shape[2:]).numel() * c.dtype.itemsize
         if not self.caches:
             raise ValueError("the compiled model has no attention to cache (see the insert-cached-attention log)")
         self.inputs = [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
@@ -372,7 +386,7 @@ class LLM:
         tokens = (budget_bytes - self.state_bytes) // per_token
         if tokens < max_batch:
             raise ValueError(f"kv_cache_budget of {budget_bytes} bytes holds {tokens} tokens ({per_token} bytes each in "
-                             f"the K and V caches of all layers, after {self.state_bytes} bytes of per-slot states): "
+                             f"the per-token caches of all layers, after {self.state_bytes} bytes of per-slot states): "
                              f"fewer than one per slot for max_batch={max_batch}; raise the budget or lower max_batch")
         seq = min(tokens // max_batch, cap)
         log.info("LLM: kv_cache_budget of %d bytes holds %d tokens of %d bytes beside %d bytes of per-slot states: "
@@ -483,6 +497,14 @@ class LLM:
                                                            add_generation_prompt=True, tokenize=True,
                                                            return_dict=False))
         return list(self.tokenizer(prompt)["input_ids"])
+
+
+def _per_layer(token_bytes: dict[str, int]) -> str:
+    """`2 layers x 96 bytes`, or each layer's bytes where they differ."""
+    sizes = set(token_bytes.values())
+    if len(sizes) == 1:
+        return f"{len(token_bytes)} layers x {sizes.pop()} bytes"
+    return ", ".join(f"{layer}: {n}" for layer, n in token_bytes.items()) or "no per-token cache"
 
 
 def _check_sizes(max_batch: int, max_seq_len: int | None) -> None:

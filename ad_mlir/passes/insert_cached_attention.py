@@ -44,8 +44,18 @@ argument marked `ad.cache = "<layer> ssm_state|recurrent_state"`: Mamba2's
 `ad_mlir.mamba2_chunk_scan` `ad.cached_ssm_scan` over `ssm_state_<i>` [max-batch, heads,
 head_dim, state_size] (its D, dt_bias, softplus and time-step limits carried), the gated delta
 rule's `ad_mlir.chunk_gated_delta_rule` `ad.cached_gated_delta_rule` over `recurrent_state_<i>`
-[max-batch, value heads, key dim, value dim] (its q/k L2 norm carried). HF keeps both states in
-fp32 too.
+[max-batch, value heads, key dim, value dim] (its q/k L2 norm carried), Mamba1's
+`ad_mlir.selective_scan` `ad.cached_selective_scan` over `ssm_state_<i>` [max-batch, channels,
+state_size] (its D, gate z, dt bias and softplus carried). HF keeps these states in fp32 too.
+
+Multi-head latent attention (DeepSeek-V2/V3: `mla_patterns.match_mla`, an attention whose keys
+and values HF expands from a normalized latent by `kv_b_proj`, the rotated key part shared by the
+heads) becomes `ad.cached_mla_attention` over one argument `latent_cache_<i>` [max-batch,
+max-seq-len, kv_lora_rank + qk_rope_head_dim] in the latent's dtype, marked `ad.cache = "<layer>
+latent"`: the latent ++ rotated key part of each token, not the heads' K and V (at DeepSeek-V3's
+sizes 576 values per token and layer instead of 128 heads x (192 + 128)). The expansion is erased;
+the cached op absorbs `kv_b_proj` into the query and the output. An MLA that does not match
+exactly is cached as plain attention over its expanded K and V (the log says why).
 
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
@@ -124,10 +134,13 @@ from ad_mlir.passes.patterns.attention_masks import (
 from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
+from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
 from ad_mlir.passes.patterns.scan_patterns import (
     GatedDeltaRule,
+    SelectiveScan,
     SsmScan,
     match_gated_delta_rule,
+    match_selective_scan,
     match_ssm_scan,
 )
 from ad_mlir.passes.position_mixing import position_mixers
@@ -199,10 +212,10 @@ class InsertCachedAttentionPass(ModulePass):
                  self.num_pages, self.page_size)
 
     def _apply_to(self, fn: func.FuncOp) -> None:
-        attentions = _find_attentions(fn)
+        attentions, mlas = _split_mlas(_find_attentions(fn))
         convs = _find_short_convs(fn)
         scans = _find_scans(fn)
-        if attentions or convs or scans:
+        if attentions or mlas or convs or scans:
             slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                      {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
             starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
@@ -213,20 +226,45 @@ class InsertCachedAttentionPass(ModulePass):
                 self._replace_conv(fn, conv, i, slots, starts)
             for i, scan in enumerate(scans):
                 self._replace_scan(fn, scan, i, slots, starts)
+            for i, mla in enumerate(mlas):
+                self._replace_mla(fn, mla, i, slots, starts)
             region_dce(fn.body)
         _refuse_uncached_mixers(fn)
-        if not attentions and not convs and not scans:
+        if not attentions and not mlas and not convs and not scans:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
             return
-        log.info("insert-cached-attention: %d attentions, %d short convolutions and %d scans cached (%d slots x %d "
-                 "tokens)", len(attentions), len(convs), len(scans), self.max_batch, self.max_seq_len)
+        log.info("insert-cached-attention: %d attentions, %d MLAs, %d short convolutions and %d scans cached (%d slots "
+                 "x %d tokens)", len(attentions), len(mlas), len(convs), len(scans), self.max_batch, self.max_seq_len)
 
-    def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule, i: int, slots: SSAValue,
-                      starts: SSAValue) -> None:
+    def _replace_mla(self, fn: func.FuncOp, mla: Mla, i: int, slots: SSAValue, starts: SSAValue) -> None:
+        """MLA's expanded attention -> `ad.cached_mla_attention` over a latent cache argument
+        `latent_cache_<i>` [max-batch, max-seq-len, rank + rope] in the latent's dtype."""
+        attention = mla.attention
+        layer = _layer(attention.output)
+        if self._window(fn, attention, layer) is not None:
+            raise PassFailedException(f"{layer}: MLA under a sliding-window mask is not cached (only causal MLA is)")
+        rank, rope = mla.latent.type.get_shape()[3], mla.k_rope.type.get_shape()[3]
+        cache_type = TensorType(mla.latent.type.element_type, [self.max_batch, self.max_seq_len, rank + rope])
+        cache = _append_argument(fn, cache_type, {ad.INPUT_ATTR: f"latent_cache_{i}", ad.CACHE_ATTR: f"{layer} latent"})
+        cached = ad.CachedMlaAttentionOp.build(
+            operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, slots, starts],
+            properties={"scale": FloatAttr(attention.scale, Float64Type())},
+            result_types=[attention.output.results[0].type])
+        cached.location = attention.output.location
+        Rewriter.replace_op(attention.output, cached)
+        erase_dead(Rewriter.erase_op, [*attention.chain, *mla.ops])
+        if attention.mask is not None:
+            erase_computation(attention.mask, Rewriter.erase_op)
+
+    def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule | SelectiveScan, i: int,
+                      slots: SSAValue, starts: SSAValue) -> None:
         """An opaque chunked scan -> its cached op over a state argument in fp32: Mamba2's
         `ssm_state_<i>` [max-batch, heads, head_dim, state_size], the gated delta rule's
         `recurrent_state_<i>` [max-batch, value heads, key dim, value dim]."""
+        if isinstance(scan, SelectiveScan):
+            self._replace_selective_scan(fn, scan, i, slots, starts)
+            return
         if isinstance(scan, SsmScan):
             _, _, heads, head_dim = scan.input.type.get_shape()
             shape, role = [heads, head_dim, scan.b.type.get_shape()[3]], "ssm_state"
@@ -250,6 +288,21 @@ class InsertCachedAttentionPass(ModulePass):
                 operands=[scan.query, scan.key, scan.value, scan.g, scan.beta, state, slots, starts],
                 properties={"use_qk_l2norm": UnitAttr()} if scan.use_qk_l2norm else {},
                 result_types=[scan.op.results[0].type])
+        cached.location = scan.op.location
+        Rewriter.replace_op(scan.op, cached)
+
+    def _replace_selective_scan(self, fn: func.FuncOp, scan: SelectiveScan, i: int, slots: SSAValue,
+                                starts: SSAValue) -> None:
+        """Mamba1's opaque selective scan -> `ad.cached_selective_scan` over `ssm_state_<i>`
+        [max-batch, channels, state_size] in fp32."""
+        state_type = TensorType(Float32Type(), [self.max_batch, *scan.a.type.get_shape()])
+        state = _append_argument(fn, state_type, {ad.INPUT_ATTR: f"ssm_state_{i}",
+                                                  ad.CACHE_ATTR: f"{_layer(scan.op)} ssm_state"})
+        cached = ad.CachedSelectiveScanOp.build(
+            operands=[scan.input, scan.dt, scan.a, scan.b, scan.c, _optional(scan.d), _optional(scan.z),
+                      _optional(scan.dt_bias), state, slots, starts],
+            properties={"dt_softplus": UnitAttr()} if scan.dt_softplus else {},
+            result_types=[scan.op.results[0].type])
         cached.location = scan.op.location
         Rewriter.replace_op(scan.op, cached)
 
@@ -424,15 +477,22 @@ def _refuse_uncached_mixers(fn: func.FuncOp) -> None:
         raise PassFailedException(
             f"insert-cached-attention: {len(mixers)} op(s) mix token positions outside the cached attention, and "
             f"nothing caches their state between steps, so generation would be wrong: {listed}{more}. Models with "
-            "such sequence mixers (scans other than Mamba2's and the gated delta rule's, e.g. Mamba1's; linear "
+            "such sequence mixers (scans other than Mamba's and the gated delta rule's; linear "
             "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
             "attention) are not supported for generation yet")
 
 
-def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule]:
-    """HF's chunked scans (the opaque ops of the export patches) of `fn`, in program order."""
+def _split_mlas(attentions: list[Attention]) -> tuple[list[Attention], list[Mla]]:
+    """(the attentions that are not MLA, the MLAs): MLA caches its latent, not K and V."""
+    mlas = {id(a): m for a in attentions if (m := _logged(match_mla(a), a.output, "MLA attention")) is not None}
+    return [a for a in attentions if id(a) not in mlas], list(mlas.values())
+
+
+def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule | SelectiveScan]:
+    """HF's scans (the opaque ops of the export patches) of `fn`, in program order."""
     ops = [op for op in fn.body.block.ops if isinstance(op, ad.TorchOp)]
-    return [m for op in ops if (m := match_ssm_scan(op) or match_gated_delta_rule(op)) is not None]
+    return [m for op in ops
+            if (m := match_ssm_scan(op) or match_gated_delta_rule(op) or match_selective_scan(op)) is not None]
 
 
 def _optional(value: SSAValue | None) -> list[SSAValue]:

@@ -52,6 +52,11 @@ class PipelineConfig:
     skip_on_error: bool | None = None
     """From a YAML file's top-level `skip_on_error`; None: not said."""
 
+    def skips_on_error(self) -> bool:
+        """Whether `run_pipeline` skips a failing pass: as the config says, else as
+        AD_MLIR_SKIP_ON_ERROR says (on unless `0`)."""
+        return self.skip_on_error if self.skip_on_error is not None else default_skip_on_error()
+
 
 def _is_yaml(pipeline: str | Path) -> bool:
     return isinstance(pipeline, Path) or str(pipeline).endswith((".yaml", ".yml"))
@@ -171,7 +176,7 @@ def run_pipeline(
     raises whatever the setting."""
     config = load_pipeline(pipeline)
     if skip_on_error is None:
-        skip_on_error = config.skip_on_error if config.skip_on_error is not None else default_skip_on_error()
+        skip_on_error = config.skips_on_error()
     ctx = make_context()
     records: list[PassRecord] = []
     for p in expand_passes(PassPipeline.parse_spec(get_all_passes(), config.spec).passes):

@@ -13,7 +13,6 @@ import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
-from xdsl.interpreters.func import FuncFunctions
 from xdsl.ir import Block, Operation, SSAValue
 
 from ad_mlir.dialects import ad
@@ -89,6 +88,10 @@ def evaluate(
         next(user) if w is None else rank_weight(weights[w[1]], arg.type, attrs, rank)
         for arg, attrs, w in zip(fn.body.block.args, arg_attrs, arg_weights, strict=True)
     ]
+    # imported here: the `xdsl.interpreters` package imports every dialect's interpreter (~0.5 s),
+    # which compiling (the exporter's `run_op`, the passes' mask evaluation) does not need
+    from xdsl.interpreters.func import FuncFunctions
+
     interpreter = Interpreter(module)
     interpreter.register_implementations(FuncFunctions())
     interpreter.register_implementations(AdFunctions())

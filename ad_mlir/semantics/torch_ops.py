@@ -573,6 +573,39 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
+@_writing_op("cached_mla_attention", mutates_args=("cache",))
+def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
+                         kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+    """`ad.cached_mla_attention`: the new latent ++ k_rope written into each row's cache slot
+    after the tokens it holds, then HF's MLA over the slot's first start + seq positions: the
+    cached latents expanded by `kv_b_weight` into each head's k_nope and value (HF's `expand_kv`),
+    the shared rotated key beside k_nope, SDPA causal with offset. One row at a time: the
+    reference reads each row's slot and start on the host."""
+    heads, seq, nope = q_nope.shape[1], q_nope.shape[2], q_nope.shape[3]
+    rank = latent.shape[3]
+    query = torch.cat([q_nope, q_rope], dim=-1)
+    new = torch.cat([latent[:, 0], k_rope[:, 0]], dim=-1)
+    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // heads - nope))
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        end = start + seq
+        cache[slot, start:end] = new[b]
+        cached = cache[slot, :end]
+        kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
+        k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
+        key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
+        allowed = torch.arange(end, device=q_nope.device)[None, :] <= torch.arange(start, end, device=q_nope.device)[:, None]
+        out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], key, value, attn_mask=allowed, scale=scale)
+    return out
+
+
+@cached_mla_attention.register_fake
+def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
+      kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+      scale: float) -> torch.Tensor:
+    return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
+
+
 @_writing_op("cached_causal_conv1d", mutates_args=("state",))
 def cached_causal_conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
                          slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
@@ -637,6 +670,46 @@ def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c
       dt_bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
       dt_softplus: bool = False, dt_min: float = 0.0, dt_max: float | None = None) -> torch.Tensor:
     return input.new_empty(input.shape, dtype=torch.float32)
+
+
+@_writing_op("cached_selective_scan", mutates_args=("state",))
+def cached_selective_scan(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                          d: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                          state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+                          dt_softplus: bool = False) -> torch.Tensor:
+    """`ad.cached_selective_scan`: Mamba1's recurrence token by token (HF's one-token
+    `mamba_selective_state_update` repeated) from each row's slot state (zeros at start 0), in
+    fp32, the slot left holding the state after the last token. One row at a time: the reference
+    reads each row's slot and start on the host."""
+    steps = dt if dt_bias is None else dt + dt_bias.to(dt.dtype)[:, None]
+    if dt_softplus:
+        steps = torch.nn.functional.softplus(steps)
+    steps, x, a, b, c = steps.float(), input.float(), a.float(), b.float(), c.float()
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        h = state[slot] if start > 0 else torch.zeros_like(state[slot])
+        for t in range(x.shape[2]):
+            step = steps[row, :, t, None]
+            h = h * torch.exp(step * a) + (step * x[row, :, t, None]) * b[row, None, :, t]
+            out[row, :, t] = h @ c[row, :, t]
+        state[slot] = h
+    if d is not None:
+        out += d.float()[:, None] * x
+    if z is not None:
+        out = out * torch.nn.functional.silu(z.float())
+    return out.to(_selective_scan_dtype(input, d))
+
+
+def _selective_scan_dtype(input: torch.Tensor, d: torch.Tensor | None) -> torch.dtype:
+    """HF's scan output dtype: the input's, promoted by D's (fp32 in Mamba's call)."""
+    return torch.promote_types(input.dtype, d.dtype) if d is not None else input.dtype
+
+
+@cached_selective_scan.register_fake
+def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+      d: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None, state: torch.Tensor,
+      slots: torch.Tensor, starts: torch.Tensor, dt_softplus: bool = False) -> torch.Tensor:
+    return input.new_empty(input.shape, dtype=_selective_scan_dtype(input, d))
 
 
 L2NORM_EPS = 1e-6
@@ -727,9 +800,29 @@ def _(module: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return value.new_empty(value.shape, dtype=query.dtype)
 
 
-SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default" for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule"))
+@torch.library.custom_op(f"{NAMESPACE}::selective_scan", mutates_args=())
+def selective_scan(module: str, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,  # noqa: N803
+                   B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,  # noqa: N803
+                   delta_bias: torch.Tensor | None, delta_softplus: bool) -> torch.Tensor:
+    """HF's `mamba_selective_scan` of `module` (Mamba1: [batch, channels, seq] x and dt, A
+    [channels, state], B and C [batch, state, seq]; no final state returned): the selective scan
+    over the whole sequence, opaque to torch.export (its loop over time steps would fix the
+    sequence length)."""
+    return _hf_function(module, "mamba_selective_scan")(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias,
+                                                         delta_softplus=delta_softplus)
+
+
+@selective_scan.register_fake
+def _(module: str, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,  # noqa: N803
+      C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,  # noqa: N803
+      delta_softplus: bool) -> torch.Tensor:
+    return hidden_states.new_empty(hidden_states.shape, dtype=_selective_scan_dtype(hidden_states, D))
+
+
+SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default"
+                               for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule", "selective_scan"))
 """The opaque scans above: each mixes every position of the sequence; `insert-cached-attention`
-replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`)."""
+replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`, `cached_selective_scan`)."""
 
 
 REFERENCE_OPS = frozenset(
@@ -737,6 +830,6 @@ REFERENCE_OPS = frozenset(
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
-                 "cached_ssm_scan", "cached_gated_delta_rule")
+                 "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_selective_scan")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

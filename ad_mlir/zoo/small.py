@@ -23,9 +23,9 @@ WHERE_PRESENT: dict[str, Any] = {
     "head_dim": 32,
     "rotary_dim": 16,
     "qk_rope_head_dim": 16,
-    "qk_nope_head_dim": 16,
+    "qk_nope_head_dim": 32,
     "v_head_dim": 32,
-    "kv_lora_rank": 32,
+    "kv_lora_rank": 64,
     "q_lora_rank": 64,
     "num_experts": 4,
     "num_local_experts": 4,
@@ -39,7 +39,23 @@ WHERE_PRESENT: dict[str, Any] = {
 """Set where the config has them: head sizes its defaults would not derive from SIZES (a
 default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
 export), and a few experts (a default of 64-256 experts is slow to export) with a small shared
-expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`)."""
+expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`). MLA's
+(DeepSeek-V2/V3) head parts keep DeepSeek-V3's ratios, rope 64 : nope 128 : value 128 : latent 512
+(here 16 : 32 : 32 : 64), so that the query/key head dim (48) differs from the value's (32)."""
+
+HYBRID_LAYERS: dict[str, dict[str, Any]] = {
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "bamba": {"attn_layer_indices": [1]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "zamba": {"layer_types": ["linear_attention", "hybrid"]},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+}
+"""Hybrids whose two layers get one of each kind through other settings than `layer_types`, or
+whose default `layer_types` does not show their kinds (all attention, or all Mamba)."""
+NOT_ATTENTION = ("linear_attention", "conv", "mamba", "recurrent")
+"""Layer kinds that mix positions without softmax attention (`layer_types` spellings)."""
 
 
 def causal_lm_families() -> list[str]:
@@ -81,7 +97,26 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
         sizes["num_key_value_heads"] = sizes["num_attention_heads"]
         if "head_dim" in present:
             present["head_dim"] = present["qk_rope_head_dim"]
+    if sizes["num_hidden_layers"] == 2:
+        present.update(hybrid_layers(family, defaults))
     return AutoConfig.for_model(family, **sizes, **present)
+
+
+def hybrid_layers(family: str, defaults: Any) -> dict[str, Any]:
+    """Config keywords that give a hybrid's two layers one of each kind: its first layer kind
+    without attention (Mamba, a convolution, a linear recurrence) and then its first attention
+    kind (Zamba2's "hybrid": Mamba + shared attention; Nemotron-H's MoE and MLP layers skipped);
+    {} for a model of one kind."""
+    found = HYBRID_LAYERS.get(family)
+    if found is None:
+        kinds = list(dict.fromkeys(getattr(defaults, "layer_types", None) or []))
+        mixer = next((k for k in kinds if k in NOT_ATTENTION), None)
+        other = next((k for k in kinds if k not in NOT_ATTENTION and ("attention" in k or k == "hybrid")), None)
+        found = {"layer_types": [mixer, other]} if mixer and other else {}
+    # the config's own name for an aliased `layer_types` (Zamba2's `layers_block_type`): set
+    # through the alias, what the config derives from it (its hybrid layer ids) would be stale
+    aliases = getattr(type(defaults), "attribute_map", {})
+    return {aliases.get(k, k): v for k, v in found.items()}
 
 
 def small_model(family: str, layers: int | None = None, hidden_size: int | None = None) -> Any:

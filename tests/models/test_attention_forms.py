@@ -1,9 +1,9 @@
 """Attention forms beyond softmax(q.k * scale + mask), generating through the K/V cache:
 gpt-oss's attention sinks (a learned logit per head that joins the softmax, with a sliding window
 on alternate layers), ALiBi (BLOOM's bias from key positions over [batch * heads] bmm rows, MPT's
-counted from the last key, under a masked_fill; both without position_ids), and DeepSeek-V3's
-heads whose value head dim differs from the query's (the full per-head K and V cached, each at
-its own width: not MLA's compressed latent). Models built from their config classes with wide random weights, so that
+counted from the last key, under a masked_fill; both without position_ids). (DeepSeek-V3's MLA,
+whose value head dim differs from the query's, caches its latent: tests/models/test_mla.py.)
+Models built from their config classes with wide random weights, so that
 greedy tokens vary; tokens against HF `generate` (three prompts in two slots) and per-step logits
 (prefill and 4 decode steps) against HF's full-prefix forward, with the kernels as their torch
 reference and in the Triton interpreter."""
@@ -140,40 +140,3 @@ def test_every_pass_and_kernel_verified_on_bloom(monkeypatch: pytest.MonkeyPatch
     assert sum(isinstance(op, ad.CachedAttentionOp) and op.alibi_slopes is not None
                for op in program.function.body.walk()) == 2
 
-
-# -- a value head dim of its own ----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def deepseek_v3() -> tuple[torch.nn.Module, ad_mlir.LLM]:
-    """MLA with query/key heads of 32 (16 nope + 16 rope) and value heads of 24, as DeepSeek-V3's
-    are 192 and 128; MoE MLPs."""
-    config = small_config("deepseek_v3")
-    config.initializer_range = 0.5
-    config.v_head_dim = 24
-    model = model_from_config(config)
-    return model, ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
-
-
-def test_deepseek_v3_caches_keys_and_values_at_their_own_widths(deepseek_v3) -> None:  # noqa: ANN001
-    _, llm = deepseek_v3
-    assert {name: tuple(c.shape) for name, c in llm.caches.items()} == {
-        "k_cache_0": (2, 32, 4, 32), "v_cache_0": (2, 32, 4, 24), "k_cache_1": (2, 32, 4, 32), "v_cache_1": (2, 32, 4, 24)}
-
-
-def test_deepseek_v3_generates_hf_greedy_tokens(deepseek_v3) -> None:  # noqa: ANN001
-    model, llm = deepseek_v3
-    with reference_kernels():
-        outputs = llm.generate(PROMPTS, max_new_tokens=8)
-    assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 8) for prompt in PROMPTS]
-
-
-def test_deepseek_v3_step_logits_match_hf_prefill_and_decode(deepseek_v3) -> None:  # noqa: ANN001
-    _assert_step_logits_match(*deepseek_v3)
-
-
-def test_deepseek_v3_in_the_interpreter(deepseek_v3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """The cached attention's kernel with a 24-wide value (prefill and split-K decode) in the
-    Triton interpreter, the reference refused: three prompts in two slots."""
-    model, llm = deepseek_v3
-    _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS, 4)

@@ -150,14 +150,16 @@ def _small(family: str, **overrides: object) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize(("family", "overrides", "scan", "lengths"), [
-    # Mamba2 + attention + MoE + MLP layers; chunks of 8, so 11 and 40 span several
+    # a Mamba2 layer and an attention layer; chunks of 8, so 11 and 40 span several
     ("nemotron_h", {"chunk_size": 8}, "mamba2_chunk_scan", (5, 11, 40)),
     # gated delta rule layers (HF's chunks of 64: 70 spans two)
     ("qwen3_next", {}, "chunk_gated_delta_rule", (11, 40, 70)),
+    # Mamba1: HF's loop over time steps
+    ("mamba", {}, "selective_scan", (5, 11, 40)),
 ])
 def test_chunked_scans_export_with_a_dynamic_length_and_equal_eager(family: str, overrides: dict, scan: str,
                                                                      lengths: tuple[int, ...]) -> None:
-    """HF's chunk loops would fix the length (torch.export: "Constraints violated (seq)"): routed
+    """HF's chunk (and time-step) loops would fix the length (torch.export: "Constraints violated (seq)"): routed
     through an opaque op, one graph serves every length and equals eager (fp32, reference path:
     the scan is HF's own function, the rest our kernels' torch meaning)."""
     model = _small(family, **overrides)

@@ -62,18 +62,53 @@ def test_the_default_pipeline_moves_less_than_eager_on_llama_and_gemma2() -> Non
 def test_compile_time_stages_run_in_fresh_processes() -> None:
     (row,) = run_compile_time([1], shape=TINY, inductor=False, ptx=False)
     stages = list(row["stages"])
-    assert stages[:2] == ["export", "import"] and stages[-2:] == ["Triton codegen", "export to FX"]
+    assert stages[:4] == ["export", "import", "program key", "program cache read"]
+    assert stages[-3:] == ["program cache write", "Triton codegen", "export to FX"]
     passes = [s.removeprefix("pass ") for s in stages if s.startswith("pass ")]
     assert passes == PIPELINES["default"].split(","), "one stage per pass of the default pipeline, in order"
+    # warm: a second fresh process, given the caches the first left, reads the pipeline's result
+    assert list(row["warm_stages"]) == ["export", "import", "program key", "program cache read", "Triton codegen",
+                                        "export to FX"]
     assert row["ad_mlir_s"] == sum(row["stages"].values())
+    assert row["ad_mlir_warm_s"] == sum(row["warm_stages"].values())
     assert (row["inductor_s"], row["ratio"], row["inductor_note"]) == (None, None, "not run (--no-inductor)")
+
+
+def test_backend_compile_time_counts_compiling_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`time_backend` times `torch.compile(backend="ad_mlir")` up to the compiled graph, which
+    it never runs (its kernels would run in the Triton interpreter)."""
+    import torch
+
+    import ad_mlir.dynamo_backend
+    from ad_mlir.bench.compile_time import time_backend
+    from ad_mlir.zoo.tiny import meta_model
+
+    compiled, ran = [], []
+    real = ad_mlir.dynamo_backend.compile
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        gm = real(*args, **kwargs)
+        compiled.append(gm)
+        gm.register_forward_pre_hook(lambda *_: ran.append(True))
+        return gm
+
+    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", spy)
+    try:
+        seconds = time_backend(meta_model("llama", TINY, 1, "float32"))
+    finally:
+        torch._dynamo.reset()
+    assert len(compiled) == 1 and not ran and seconds > 0
 
 
 def _results() -> dict:
     compile_row = {"layers": 1, "hidden": 256, "dtype": "bfloat16", "ad_mlir_s": 2.0, "inductor_s": 5.0,
-                   "inductor_note": None, "ratio": 2.5,
-                   "stages": {"export": 1.0, "import": 0.1, "pass canonicalize": 0.2, "Triton codegen": 0.3,
-                              "PTX (sm_90)": 0.3, "export to FX": 0.1}}
+                   "ad_mlir_warm_s": 1.25, "inductor_warm_s": 2.0, "backend_s": 3.0, "backend_warm_s": 1.5,
+                   "inductor_note": None, "ratio": 2.5, "warm_ratio": 1.6,
+                   "stages": {"export": 1.0, "import": 0.1, "program key": 0.05, "program cache read": 0.0,
+                              "pass canonicalize": 0.2, "program cache write": 0.02, "Triton codegen": 0.3,
+                              "PTX (sm_90)": 0.3, "export to FX": 0.1},
+                   "warm_stages": {"export": 1.0, "import": 0.1, "program key": 0.05, "program cache read": 0.03,
+                                   "Triton codegen": 0.05, "export to FX": 0.02}}
     traffic_row = {"family": "llama", "tokens": 4, "hidden": 256, "dtype": "bfloat16", "eager_launches": 30,
                    "eager_bytes": 3e6, "ad_mlir_launches": 4, "ad_mlir_bytes": 1e6, "ideal_bytes": 1e6,
                    "ad_mlir_own_ideal_bytes": 1e6, "eager_ratio": 3.0, "ad_mlir_ratio": 1.0, "ad_mlir_own_ratio": 1.0}
@@ -87,7 +122,9 @@ def test_results_are_written_as_json_markdown_and_plots(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(results))
     assert (tmp_path / "results.md").read_text() == text
     assert "- kernels: skipped, no CUDA device" in text
-    assert "| 1 | 2.00 | 5.00 | 2.5x | 1.00 | 0.10 | 0.20 | 0.30 | 0.30 | 0.10 |" in text
+    assert "| 1 | 2.00 / 1.25 | 5.00 / 2.00 | 2.5x / 1.6x | 3.00 / 1.50 |" in text
+    assert ("| 1 | 1.00 / 1.00 | 0.10 / 0.10 | 0.07 / 0.08 | 0.20 / - | 0.30 / 0.05 | 0.30 / - | 0.10 / 0.02 |"
+            in text)
     assert "| llama | 256 | 4 | 30 | 3.00 | 4 | 1.00 | 1.00 | 3.00 | 1.00 | 1.00 |" in text
     for plot in ("compile.png", "traffic.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

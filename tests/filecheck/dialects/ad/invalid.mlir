@@ -307,6 +307,33 @@ func.func @cached_attention_cache_dtype(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x
 
 // -----
 
+// MLA's latent cache holds rank + rope values per token (512 + 64 = 576), not rank alone.
+func.func @cached_mla_cache_width(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x512xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' cache must be [slots, max_seq, 512 + 64] of the latent's element type
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x512xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  func.return
+}
+
+// -----
+
+// DeepSeek-V3's kv_b_proj [128 * (128 + 128), 512]: the value head dim (128) is what the weight leaves after nope.
+func.func @cached_mla_value_dim(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x576xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' result must be [batch, 128, seq, 128] in the query's element type
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x192xbf16>
+  func.return
+}
+
+// -----
+
+// Mamba1's A is [channels, state_size] (Mamba2's is one value per head).
+func.func @cached_selective_scan_a(%x: tensor<?x64x?xf32>, %a: tensor<64xf32>, %b: tensor<?x16x?xf32>, %st: tensor<8x64x16xf32>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_selective_scan' a must be [64, state_size], state_size static
+  %0 = ad.cached_selective_scan %x, %x, %a, %b, %b state %st slots %s starts %s : (tensor<?x64x?xf32>, tensor<?x64x?xf32>, tensor<64xf32>, tensor<?x16x?xf32>, tensor<?x16x?xf32>, tensor<8x64x16xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x64x?xf32>
+  func.return
+}
+
+// -----
+
 func.func @cached_attention_softcap(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' softcap must be positive, not 0.0
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 softcap 0.000000e+00 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>

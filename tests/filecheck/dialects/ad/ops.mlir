@@ -279,6 +279,24 @@ func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>
   func.return
 }
 
+// MLA at DeepSeek-V3's sizes: 128 heads of nope 128 + rope 64, value 128, a latent cache of 512 + 64.
+func.func @cached_mla_attention(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x4096x576xbf16>, %s: tensor<?xi64>) {
+  // CHECK-LABEL: func.func @cached_mla_attention
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  // CHECK-NEXT: ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  func.return
+}
+
+// Mamba1's selective scan at Falcon-Mamba-7B's sizes (8192 channels, state 16), with and without D, z and dt_bias.
+func.func @cached_selective_scan(%x: tensor<?x8192x?xbf16>, %a: tensor<8192x16xf32>, %b: tensor<?x16x?xbf16>, %d: tensor<8192xf32>, %st: tensor<8x8192x16xf32>, %s: tensor<?xi64>) {
+  // CHECK-LABEL: func.func @cached_selective_scan
+  %0 = ad.cached_selective_scan %x, %x, %a, %b, %b d %d z %x dt_bias %d dt_softplus state %st slots %s starts %s : (tensor<?x8192x?xbf16>, tensor<?x8192x?xbf16>, tensor<8192x16xf32>, tensor<?x16x?xbf16>, tensor<?x16x?xbf16>, tensor<8x8192x16xf32>, tensor<?xi64>, tensor<?xi64>, d tensor<8192xf32>, z tensor<?x8192x?xbf16>, dt_bias tensor<8192xf32>) -> tensor<?x8192x?xf32>
+  // CHECK-NEXT: ad.cached_selective_scan %x, %x, %a, %b, %b d %d z %x dt_bias %d dt_softplus state %st slots %s starts %s : (tensor<?x8192x?xbf16>, tensor<?x8192x?xbf16>, tensor<8192x16xf32>, tensor<?x16x?xbf16>, tensor<?x16x?xbf16>, tensor<8x8192x16xf32>, tensor<?xi64>, tensor<?xi64>, d tensor<8192xf32>, z tensor<?x8192x?xbf16>, dt_bias tensor<8192xf32>) -> tensor<?x8192x?xf32>
+  %1 = ad.cached_selective_scan %x, %x, %a, %b, %b state %st slots %s starts %s : (tensor<?x8192x?xbf16>, tensor<?x8192x?xbf16>, tensor<8192x16xf32>, tensor<?x16x?xbf16>, tensor<?x16x?xbf16>, tensor<8x8192x16xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x8192x?xbf16>
+  // CHECK-NEXT: ad.cached_selective_scan %x, %x, %a, %b, %b state %st slots %s starts %s : (tensor<?x8192x?xbf16>, tensor<?x8192x?xbf16>, tensor<8192x16xf32>, tensor<?x16x?xbf16>, tensor<?x16x?xbf16>, tensor<8x8192x16xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x8192x?xbf16>
+  func.return
+}
+
 func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>, %m: tensor<1x1x?x?xi1>, %wq: tensor<64xbf16>, %wk: tensor<64xbf16>, %wf: tensor<64xf32>, %part: tensor<1x?x32xf32>) {
   // CHECK-LABEL: func.func @rope_attention
   %0 = ad.rope_attention %q, %k, %k rope %cos, %cos mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>

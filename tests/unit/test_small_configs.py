@@ -1,0 +1,44 @@
+"""The family sweep's small configs (`zoo/small.py`): a hybrid's two layers are one of each kind
+(a layer without attention, then an attention layer), and MLA's heads keep DeepSeek-V3's shape
+(K/V heads = heads, a query/key head dim other than the value's)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ad_mlir.zoo.small import small_config
+
+HYBRIDS = {
+    "lfm2": ["conv", "full_attention"],
+    "nemotron_h": ["linear_attention", "full_attention"],  # its MoE and MLP layer kinds skipped
+    "qwen3_next": ["linear_attention", "full_attention"],
+    "granitemoehybrid": ["linear_attention", "full_attention"],
+    "bamba": ["linear_attention", "full_attention"],
+    "jamba": ["linear_attention", "full_attention"],
+    "zamba2": ["linear_attention", "hybrid"],
+    "recurrent_gemma": ["linear_attention", "sliding_attention"],
+}
+
+
+@pytest.mark.parametrize("family", list(HYBRIDS))
+def test_a_hybrid_gets_one_layer_of_each_kind(family: str) -> None:
+    config = small_config(family)
+    assert config.num_hidden_layers == 2 and list(config.layer_types) == HYBRIDS[family]
+
+
+def test_what_zamba2_derives_from_its_layer_kinds_follows_them() -> None:
+    """Zamba2's hybrid layer ids come from `layers_block_type` (set by its own name, not through
+    the `layer_types` alias, after which they would still be the default's)."""
+    assert small_config("zamba2").hybrid_layer_ids == [1]
+
+
+def test_a_model_of_one_kind_keeps_its_layers() -> None:
+    assert small_config("llama").num_hidden_layers == 2
+    assert list(small_config("gemma2").layer_types) == ["sliding_attention", "full_attention"]
+
+
+def test_mla_configs_keep_deepseek_v3s_head_shape() -> None:
+    config = small_config("deepseek_v3")
+    assert config.num_key_value_heads == config.num_attention_heads
+    assert (config.qk_rope_head_dim, config.qk_nope_head_dim, config.v_head_dim) == (16, 32, 32)
+    assert config.qk_nope_head_dim + config.qk_rope_head_dim != config.v_head_dim
