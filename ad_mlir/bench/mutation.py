@@ -67,7 +67,8 @@ def _lit(*names: str) -> tuple[str, ...]:
 
 
 _TRITON = "tests/filecheck/codegen/triton.mlir"
-_CACHED = ("insert-cached-attention", "insert-cached-attention-errors", "insert-cached-attention-mla")
+_CACHED = ("insert-cached-attention", "insert-cached-attention-errors", "insert-cached-attention-mla",
+           "insert-cached-attention-paged", "insert-cached-attention-paged-errors")
 _REGIONS = ("tests/unit/test_compile_random.py", "-k", "not random_ and not norm_and_softmax and not each_case")
 _NUMERIC = ("tests/unit/test_codegen_numeric.py", "tests/unit/test_kernel_ops.py")
 
@@ -129,6 +130,7 @@ TESTS: dict[str, Tests] = {
         (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
              "split_boundaries and not any_head_dim")),
     "ad_mlir/codegen/causal_conv_kernel.py": Tests((), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/paged_attention_kernel.py": Tests((), ("tests/unit/test_paged_attention.py", "-k", "not ptx")),
     "ad_mlir/codegen/ssm_scan_kernel.py": Tests((), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
     "ad_mlir/codegen/mla_attention_kernel.py": Tests((), ("tests/unit/test_mla_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/selective_scan_kernel.py": Tests((), ("tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
@@ -151,6 +153,7 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/runtime/kernels.py": Tests((), (*_NUMERIC, "tests/unit/test_llm_ops.py",
                                              "tests/unit/test_kernel_cache.py::test_second_compile_generates_nothing",
                                              "-k", "kernel or second_compile")),
+    "ad_mlir/runtime/program_cache.py": Tests((), ("tests/unit/test_program_cache.py",)),
     "ad_mlir/runtime/verify.py": Tests((), ("tests/unit/test_verify.py", "-k", "compile_verify")),
     # the cache parts of llm.py
     "ad_mlir/llm/llm.py": Tests(_lit(*_CACHED), (

@@ -1,7 +1,7 @@
 """What codegen emits for a kernel: the `ad.fused` region of an op, with kernel ops expanded.
 
-A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or `ad.cached_attention`
-and `ad.cached_causal_conv1d`, which are not pure: they write their caches) on its own. Either way
+A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or `ad.cached_attention`,
+`ad.paged_attention` and `ad.cached_causal_conv1d`, which are not pure: they write their caches) on its own. Either way
 codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
 kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the
 generic region kernel sees elementwise and row-reduction ops only. Attention, RoPE and MoE ops
@@ -27,10 +27,12 @@ if TYPE_CHECKING:
     from ad_mlir.codegen.attention_kernel import AttentionSpec
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
     from ad_mlir.codegen.moe_kernel import MoeSpec
+    from ad_mlir.codegen.paged_attention_kernel import PagedAttentionSpec
 
 RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
-KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.CachedMlaAttentionOp, ad.CachedCausalConv1dOp, *RECURRENT_OPS)
+KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
+              ad.CachedCausalConv1dOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
@@ -68,6 +70,8 @@ def written_inputs(op: Operation) -> frozenset[int]:
     """The kernel inputs that the kernel of `op` writes in place."""
     if isinstance(op, ad.CachedAttentionOp):
         return frozenset(op.operands.index(cache) for cache in (op.k_cache, op.v_cache))
+    if isinstance(op, ad.PagedAttentionOp):
+        return frozenset(op.operands.index(pages) for pages in (op.k_pages, op.v_pages))
     if isinstance(op, ad.CachedMlaAttentionOp):
         return frozenset({op.operands.index(op.cache)})
     if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
@@ -77,7 +81,7 @@ def written_inputs(op: Operation) -> frozenset[int]:
 
 def kernel_region(op: Operation) -> KernelRegion:
     """Raises `NoKernelForm` for an op that has no kernel (it runs as its torch reference)."""
-    if isinstance(op, ad.CachedAttentionOp):
+    if isinstance(op, ad.CachedAttentionOp | ad.PagedAttentionOp):
         try:
             cached_attention_spec(op)
         except ValueError as e:  # e.g. a head_dim the template does not take
@@ -96,8 +100,8 @@ def _kernel_label(op: Operation) -> str:
     return op.kernel_label() if isinstance(op, ad.KernelOp) else op.name.removeprefix("ad.")
 
 
-TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.CachedMlaAttentionOp, ad.CachedCausalConv1dOp,
-                ad.MoeOp, *RECURRENT_OPS)
+TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
+                ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
@@ -114,6 +118,7 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         attention_kernel,
         cached_attention_kernel,
         causal_conv_kernel,
+        paged_attention_kernel,
         region_kernel,
         rope_kernel,
     )
@@ -124,6 +129,8 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         return attention_kernel.emit_attention_module(attention_spec(op), name, header)
     if isinstance(op, ad.CachedAttentionOp):
         return cached_attention_kernel.emit_cached_attention_module(cached_attention_spec(op), name, header)
+    if isinstance(op, ad.PagedAttentionOp):
+        return paged_attention_kernel.emit_paged_attention_module(cached_attention_spec(op), name, header)
     if isinstance(op, ad.CachedMlaAttentionOp):
         from ad_mlir.codegen.mla_attention_kernel import emit_mla_attention_module
 
@@ -183,11 +190,15 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
     )
 
 
-def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
+def cached_attention_spec(op: ad.CachedAttentionOp | ad.PagedAttentionOp) -> CachedAttentionSpec | PagedAttentionSpec:
+    """The kernel spec of a cached attention (a `PagedAttentionSpec` for `ad.paged_attention`)."""
     from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
+    from ad_mlir.codegen.paged_attention_kernel import PagedAttentionSpec
     from ad_mlir.semantics.op_table import torch_dtype
 
-    return CachedAttentionSpec(
+    paged = {"page_size": op.page_size()} if isinstance(op, ad.PagedAttentionOp) else {}
+    return (PagedAttentionSpec if paged else CachedAttentionSpec)(
+        **paged,
         head_dim=op.query.type.get_shape()[3],
         dtype=torch_dtype(op.query.type),
         scale=op.scale.value.data,
@@ -204,7 +215,7 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
     )
 
 
-def rotary_dim(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp) -> int:
+def rotary_dim(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp | ad.PagedAttentionOp) -> int:
     """The dims of each head RoPE rotates: the tables' width (`ad.RopeAttentionOp`)."""
     return op.cos.type.get_shape()[-1]
 

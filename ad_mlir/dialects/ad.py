@@ -1251,7 +1251,7 @@ class QkNorm:
                       norm.weight_in_fp32 is not None)
 
     @staticmethod
-    def of_op(op: RopeAttentionOp | CachedAttentionOp) -> QkNorm | None:
+    def of_op(op: RopeAttentionOp | CachedAttentionOp | PagedAttentionOp) -> QkNorm | None:
         """The QK-norm of an attention op, None without one."""
         if op.q_norm_weight is None:
             return None
@@ -1274,7 +1274,7 @@ _QK_NORM_FORMAT = (
 )
 
 
-def _verify_qk_norm(op: RopeAttentionOp | CachedAttentionOp) -> None:
+def _verify_qk_norm(op: RopeAttentionOp | CachedAttentionOp | PagedAttentionOp) -> None:
     weights = (op.q_norm_weight, op.k_norm_weight)
     if weights == (None, None):
         if any(getattr(op, p) is not None for p in QK_NORM_PROPERTIES):
@@ -1640,6 +1640,115 @@ class CachedAttentionOp(AdOp):
         for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):
             if per_head is not None and (_shape(per_head.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
                 raise VerifyException(f"ad.cached_attention {name} must be [heads] = [{q[1]}], one per query head")
+        _verify_qk_norm(self)
+
+
+QUERY_STARTS_ATTR, BLOCK_TABLES_ATTR, LOGITS_INDICES_ATTR = "ad.query_starts", "ad.block_tables", "ad.logits_indices"
+"""On the metadata arguments of a paged module (`insert-cached-attention{paged=true}`): each
+sequence's offset among the step's flattened tokens (and the total last), its page ids, and the
+flattened tokens whose logits the LM head computes. `ad.cache_starts` marks the tokens each
+sequence already holds, as in the slot form."""
+
+
+@irdl_op_definition
+class PagedAttentionOp(AdOp):
+    """Attention of the new tokens of many sequences, flattened into one, over K/V pages read and
+    written through each sequence's block table (vLLM's paged attention, the form of
+    `ad.cached_attention` for one flattened batch per step).
+
+    Query [1, heads, T, head_dim] and key/value [1, kv_heads, T, head_dim] hold the T new tokens
+    of every sequence of a step, each sequence's tokens contiguous: sequence s has the tokens
+    `query_starts[s]` .. `query_starts[s + 1] - 1` (`query_starts` [seqs + 1] int64, cumulative,
+    as cu_seqlens; each sequence at least one token). It already holds `cache_starts[s]` tokens
+    (`cache_starts` [seqs] int64), so its new tokens are at positions cache_starts[s] + 0, 1, ..
+    The pools `k_pages`/`v_pages` [pages, page_size, kv_heads, head_dim] (page_size a power of
+    two; the value's head dim may differ, as in `ad.cached_attention`) hold position p of
+    sequence s in page `block_tables[s, p / page_size]` at row p % page_size (`block_tables`
+    [seqs, max_pages_per_seq] int64; entries past a sequence's pages are not read; pages in any
+    order in the pool). The new keys (after QK-norm and RoPE) and values are written into their
+    pages in place, then each new token attends causally over its own sequence's positions 0 ..
+    its own (with `window`, the last `window` of them). Pages a step writes (at or past a
+    sequence's start) belong to that sequence alone; full pages before it may be shared.
+
+    Everything else is `ad.cached_attention`'s: RoPE from `cos`/`sin` [1, T, rotary_dim] (the
+    tokens' own positions) and `interleaved`, QK-norm, `softcap`, `sinks`, `alibi_slopes`,
+    grouped-query attention. The result is [1, heads, T, value head_dim]. Not pure: it writes
+    the pages."""
+
+    name = "ad.paged_attention"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    query = operand_def(AdTensor)
+    key = operand_def(AdTensor)
+    value = operand_def(AdTensor)
+    cos = opt_operand_def(AdTensor)
+    sin = opt_operand_def(AdTensor)
+    q_norm_weight = opt_operand_def(AdTensor)
+    k_norm_weight = opt_operand_def(AdTensor)
+    k_pages = operand_def(AdTensor)
+    v_pages = operand_def(AdTensor)
+    query_starts = operand_def(AdTensor)
+    cache_starts = operand_def(AdTensor)
+    block_tables = operand_def(AdTensor)
+    sinks = opt_operand_def(AdTensor)
+    alibi_slopes = opt_operand_def(AdTensor)
+    interleaved = opt_prop_def(UnitAttr)
+    scale = prop_def(FloatAttr[Float64Type])
+    window = opt_prop_def(IntegerAttr[I64])
+    softcap = opt_prop_def(FloatAttr[Float64Type])
+    qk_norm_eps = opt_prop_def(FloatAttr[Float64Type])
+    qk_norm_offset = opt_prop_def(FloatAttr[Float64Type])
+    qk_norm_weight_in_fp32 = opt_prop_def(UnitAttr)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
+        "`pages` $k_pages `,` $v_pages `query_starts` $query_starts `cache_starts` $cache_starts `block_tables` "
+        "$block_tables `scale` $scale (`window` $window^)? "
+        "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
+        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? attr-dict `:` `(` type($query) `,` type($key) "
+        "`,` type($value) `,` type($k_pages) `,` type($v_pages) `,` type($query_starts) `,` type($cache_starts) "
+        "`,` type($block_tables) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
+    )
+
+    def page_size(self) -> int:
+        return _shape(self.k_pages.type)[1]
+
+    def verify_op(self) -> None:
+        q, k, v = (_shape(x.type) for x in (self.query, self.key, self.value))
+        kp, vp = _shape(self.k_pages.type), _shape(self.v_pages.type)
+        if not len(q) == len(k) == len(v) == len(kp) == len(vp) == 4 or q[0] != 1:
+            raise VerifyException("ad.paged_attention query/key/value must be [1, heads, tokens, head_dim] and the "
+                                  "pages [pages, page_size, kv_heads, head_dim]")
+        if k[:3] != v[:3] or self.key.type.element_type != self.value.type.element_type \
+                or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
+            raise VerifyException("ad.paged_attention key and value must be [1, kv_heads, tokens, head_dim] of one "
+                                  "element type matching the query's tokens and (the key) head_dim")
+        if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
+            raise VerifyException(f"ad.paged_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
+        if kp[:2] != vp[:2] or kp[2:] != k[1:2] + k[3:] or vp[2:] != v[1:2] + v[3:]:
+            raise VerifyException(f"ad.paged_attention pages must be [pages, page_size, {k[1]}, {k[3]}] (key) and "
+                                  f"[pages, page_size, {v[1]}, {v[3]}] (value) of the same pages and page_size")
+        page = kp[1]
+        if page == DYNAMIC_INDEX or page < 1 or page & (page - 1):
+            raise VerifyException(f"ad.paged_attention page_size {page} must be a static power of two")
+        if not self.k_pages.type.element_type == self.v_pages.type.element_type == self.key.type.element_type:
+            raise VerifyException("ad.paged_attention pages must have the key's element type")
+        for name, meta, rank in (("query_starts", self.query_starts, 1), ("cache_starts", self.cache_starts, 1),
+                                 ("block_tables", self.block_tables, 2)):
+            if len(_shape(meta.type)) != rank or meta.type.element_type != i64:
+                raise VerifyException(f"ad.paged_attention {name} must be a rank-{rank} i64 tensor")
+        if (self.cos is None) != (self.sin is None):
+            raise VerifyException("ad.paged_attention takes cos and sin together")
+        if self.cos is not None:
+            _verify_rope_tables(self, q[3])
+        elif self.interleaved is not None:
+            raise VerifyException("ad.paged_attention interleaved needs RoPE (cos and sin)")
+        if self.result.type != TensorType(self.query.type.element_type, [*q[:3], v[3]]):
+            raise VerifyException("ad.paged_attention result must have the query's type with the value's head_dim")
+        if self.softcap is not None and not self.softcap.value.data > 0:
+            raise VerifyException(f"ad.paged_attention softcap must be positive, not {self.softcap.value.data}")
+        for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):
+            if per_head is not None and (_shape(per_head.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
+                raise VerifyException(f"ad.paged_attention {name} must be [heads] = [{q[1]}], one per query head")
         _verify_qk_norm(self)
 
 
@@ -2274,7 +2383,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedSelectiveScanOp,

@@ -82,6 +82,15 @@ def cached_pipeline(pipeline: str | Path, max_batch: int, max_seq_len: int) -> s
     return ",".join([*passes[:at], insert, *passes[at:]])
 
 
+def paged_pipeline(pipeline: str | Path, page_size: int, num_pages: int, max_seq_len: int) -> str:
+    """`cached_pipeline` with the paged, flattened form of `insert-cached-attention`: pools of
+    `num_pages` pages of `page_size` tokens, masks evaluated at `max_seq_len` tokens."""
+    slot_form = cached_pipeline(pipeline, 1, max_seq_len)
+    return slot_form.replace(
+        f"insert-cached-attention{{max-batch=1 max-seq-len={max_seq_len}}}",
+        f"insert-cached-attention{{max-seq-len={max_seq_len} paged=true page-size={page_size} num-pages={num_pages}}}")
+
+
 def split_spec(spec: str) -> list[str]:
     """An xDSL pass string's passes (`a{x=1,2},b` -> `a{x=1,2}`, `b`: commas inside options stay)."""
     passes, depth, start = [], 0, 0
@@ -98,8 +107,16 @@ class CacheExportError(ValueError):
     """The model does not export in the form generation compiles (`export_for_cache`)."""
 
 
-def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int) -> torch.export.ExportedProgram:
-    """`model(input_ids=, position_ids=)` with batch and sequence dynamic, under no_grad, with
+def export_flat(model: torch.nn.Module, max_tokens: int) -> torch.export.ExportedProgram:
+    """`export_for_cache` for the paged form: `input_ids` and `position_ids` [1, tokens], the
+    tokens (every sequence's of a step, flattened) dynamic up to `max_tokens`."""
+    return export_for_cache(model, 1, max_tokens, flat=True)
+
+
+def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
+                     flat: bool = False) -> torch.export.ExportedProgram:
+    """`model(input_ids=, position_ids=)` with batch and sequence dynamic (with `flat`, batch 1
+    and the sequence dynamic), under no_grad, with
     inputs on the model's device and HF's own cache off (the compiled graph has ours): through
     `use_cache=False` where the forward names it, else through the config (a forward that takes
     it in `**kwargs`). `position_ids` only where the forward takes it: a model without computes
@@ -112,12 +129,14 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int) -
         raise CacheExportError(f"{name}.forward takes no 'input_ids' parameter: generation needs a causal LM "
                                "called with token ids")
     device = model_device(model)
-    batch = torch.export.Dim("batch", min=1, max=max(max_batch, 2))
     seq = torch.export.Dim("seq", min=1, max=max_seq_len)
-    kwargs: dict[str, Any] = {"input_ids": torch.zeros(2, 3, dtype=torch.int64, device=device)}
-    dims: dict[str, Any] = {"input_ids": {0: batch, 1: seq}}
+    # flat: one sequence of every token of a step, batch 1 static (the paged form); else both dynamic
+    rows, row_dims = (1, {1: seq}) if flat else (2, {0: torch.export.Dim("batch", min=1, max=max(max_batch, 2)),
+                                                     1: seq})
+    kwargs: dict[str, Any] = {"input_ids": torch.zeros(rows, 3, dtype=torch.int64, device=device)}
+    dims: dict[str, Any] = {"input_ids": row_dims}
     if "position_ids" in params:
-        kwargs["position_ids"], dims["position_ids"] = torch.arange(3, device=device).expand(2, 3), {0: batch, 1: seq}
+        kwargs["position_ids"], dims["position_ids"] = torch.arange(3, device=device).expand(rows, 3), row_dims
     if "use_cache" in params:
         kwargs["use_cache"], dims["use_cache"] = False, None
     try:
@@ -125,8 +144,9 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int) -
             return export_inference(model, kwargs, dims)
     except Exception as e:
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-        raise CacheExportError(f"{name} does not export for generation, called with {', '.join(kwargs)} (batch and "
-                               f"sequence dynamic): {type(e).__name__}: {first}") from e
+        shapes = "batch 1, tokens dynamic" if flat else "batch and sequence dynamic"
+        raise CacheExportError(f"{name} does not export for generation, called with {', '.join(kwargs)} ({shapes}): "
+                               f"{type(e).__name__}: {first}") from e
 
 
 @contextlib.contextmanager
@@ -164,6 +184,8 @@ def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
 DEFAULT_MAX_SEQ_LEN = 512
 PROBE_SEQ_LEN = 64
 """Tokens a slot holds in the probe compile that measures what a `kv_cache_budget` buys."""
+PROBE_PAGES = 4
+"""Pages of the paged form's probe compile that measures what a `kv_cache_budget` buys."""
 
 
 class LLM:
@@ -186,6 +208,16 @@ class LLM:
     `cuda_graphs` (default: on when the model is on CUDA) runs each decode step as a replayed
     CUDA graph, one per batch bucket (`CudaGraphDecode`).
 
+    The paged form (`page_size` given, a power of two): the model is exported flattened
+    (`export_flat`: `input_ids`, `position_ids` [1, tokens]) and compiled with
+    `insert-cached-attention{paged=true}` (`paged_pipeline`): per layer and role a pool
+    [`num_pages`, `page_size`, kv_heads, head_dim] (`num_pages` given, else bought by
+    `kv_cache_budget`, else `max_batch` sequences of `max_seq_len` tokens), and `forward_flat`
+    runs one step of prefill chunks and decodes of many sequences through their block tables
+    (the caller allocates the pages: `generate` runs on the paged scheduler, `make_engine`).
+    Models with per-sequence states (short convolutions, scans) are refused; `step`, `decode` and
+    CUDA graphs are the slot form's.
+
     Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
     each rank compiles the same IR, holds its slice of the weights and caches of its local K/V
     heads, and gets the same logits (the all_reduce after each block); `world_size` and `rank`
@@ -197,7 +229,8 @@ class LLM:
 
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  tokenizer: Any = None, kv_cache_budget: int | float | None = None, cuda_graphs: bool | None = None,
-                 *, options: CompileOptions | None = None, **overrides: Any) -> None:
+                 *, page_size: int | None = None, num_pages: int | None = None, options: CompileOptions | None = None,
+                 **overrides: Any) -> None:
         from ad_mlir.zoo.checkpoints import load_causal_lm
 
         if isinstance(model, str):
@@ -211,28 +244,43 @@ class LLM:
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device (it is on {self.device})")
         self.options = CompileOptions.of(options, **overrides)
+        self.page_size = page_size
+        """Tokens a page holds in the paged form (`forward_flat`); None in the slot form."""
         start = time.perf_counter()
-        if kv_cache_budget is None:
+        if page_size is not None:
             max_seq_len = max_seq_len or DEFAULT_MAX_SEQ_LEN
-            ep = export_for_cache(self.model, max_batch, max_seq_len)
+            self._compile_paged(max_batch, max_seq_len, page_size, num_pages, kv_cache_budget)
+        elif num_pages is not None:
+            raise ValueError("num_pages is for the paged form: give page_size too")
         else:
-            _check_budget(kv_cache_budget, self.device)
-            cap = max_seq_len or _max_positions(self.model)
-            ep = export_for_cache(self.model, max_batch, cap)
-            max_seq_len = self._seq_len_for_budget(ep, max_batch, cap, kv_cache_budget)
-        self._compile(ep, max_batch, max_seq_len)
+            if kv_cache_budget is None:
+                max_seq_len = max_seq_len or DEFAULT_MAX_SEQ_LEN
+                ep = export_for_cache(self.model, max_batch, max_seq_len)
+            else:
+                _check_budget(kv_cache_budget, self.device)
+                cap = max_seq_len or _max_positions(self.model)
+                ep = export_for_cache(self.model, max_batch, cap)
+                max_seq_len = self._seq_len_for_budget(ep, max_batch, cap, kv_cache_budget)
+            self._compile(ep, max_batch, max_seq_len)
         self.compile_seconds = time.perf_counter() - start
+        shape = (f"{self.num_pages} pages x {page_size} tokens" if page_size is not None
+                 else f"{max_batch} slots x {max_seq_len} tokens")
         log.info("LLM: compiled in %.1f s; %d caches (%d per-slot states), %.2f MiB in all: %d tokens fit "
-                 "(%d slots x %d tokens); per token %d bytes (%s), per slot %d bytes of states",
+                 "(%s); per token %d bytes (%s), per slot %d bytes of states",
                  self.compile_seconds, len(self.caches), len(self.slot_states), self.cache_bytes / 2**20,
-                 self.cache_tokens, max_batch, max_seq_len, sum(self.token_bytes.values()),
+                 self.cache_tokens, shape, sum(self.token_bytes.values()),
                  _per_layer(self.token_bytes), self.state_bytes // max_batch)
         self.decode_graphs = self._capture_decode(cuda_graphs)
 
-    def _compile(self, ep: torch.export.ExportedProgram, max_batch: int, max_seq_len: int) -> None:
-        """Compile `ep` with caches of `max_batch` x `max_seq_len` tokens and allocate them."""
+    def _compile(self, ep: torch.export.ExportedProgram, max_batch: int, max_seq_len: int,
+                 num_pages: int | None = None) -> None:
+        """Compile `ep` with caches of `max_batch` x `max_seq_len` tokens (with `num_pages`, the
+        paged form's pools of `num_pages` x `page_size` tokens) and allocate them."""
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
-        pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
+        if num_pages is not None:
+            pipeline = paged_pipeline(self.options.pipeline, self.page_size, num_pages, max_seq_len)
+        else:
+            pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
         self.runner = call_kernels_directly(self.graph) if self.device.type == "cpu" else self.graph
         """What runs a step: the graph, on the CPU with its kernels called without torch's dispatch."""
@@ -254,6 +302,54 @@ class LLM:
             raise ValueError("the compiled model has no attention to cache (see the insert-cached-attention log)")
         self.inputs = [n.name for n in self.graph.graph.nodes if n.op == "placeholder"]
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self.num_pages = num_pages
+
+    # -- the paged form ------------------------------------------------------------------
+
+    def _compile_paged(self, max_batch: int, max_seq_len: int, page_size: int, num_pages: int | None,
+                       budget: int | float | None) -> None:
+        """Export the flattened form and compile it over page pools: `num_pages` given, else
+        bought by `budget` (measured on a probe compile of `PROBE_PAGES` pages), else enough for
+        `max_batch` sequences of `max_seq_len` tokens."""
+        if page_size < 1 or page_size & (page_size - 1):
+            raise ValueError(f"page_size={page_size} must be a power of two")
+        if num_pages is not None and budget is not None:
+            raise ValueError("give num_pages or kv_cache_budget, not both")
+        ep = export_flat(self.model, max_batch * max_seq_len)
+        if num_pages is None and budget is not None:
+            _check_budget(budget, self.device)
+            self._compile(ep, max_batch, max_seq_len, PROBE_PAGES)
+            per_page = self.cache_bytes // PROBE_PAGES
+            budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
+            num_pages = budget_bytes // per_page
+            if num_pages < 1:
+                raise ValueError(f"kv_cache_budget of {budget_bytes} bytes holds no page of {page_size} tokens "
+                                 f"({per_page} bytes in the K and V pools of all layers); raise the budget")
+        elif num_pages is None:
+            num_pages = max_batch * -(-max_seq_len // page_size)
+        if num_pages < 1:
+            raise ValueError(f"num_pages={num_pages} must be positive")
+        self._compile(ep, max_batch, max_seq_len, num_pages)
+
+    def forward_flat(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
+                     cache_starts: torch.Tensor, block_tables: torch.Tensor,
+                     logits_indices: torch.Tensor) -> torch.Tensor:
+        """One step of the paged form (built with `page_size`): `input_ids`, `position_ids` [1, T]
+        hold the new tokens of every sequence, each sequence's contiguous; sequence s has tokens
+        `query_starts[s]` .. `query_starts[s + 1] - 1` ([seqs + 1]), holds `cache_starts[s]`
+        tokens already ([seqs]) and its positions are in the pages `block_tables[s]` ([seqs,
+        max_pages_per_seq], page p holding positions p * page_size ..); all int64. Returns the
+        logits [n, vocab] of the tokens `logits_indices` [n]. The new K/V are written into the
+        LLM's pools (`caches`, [num_pages, page_size, kv_heads, head_dim] per layer and role)."""
+        if self.page_size is None:
+            raise ValueError("forward_flat runs the paged form: build the LLM with page_size")
+        given = {"input_ids": input_ids, "position_ids": position_ids, "query_starts": query_starts,
+                 "cache_starts": cache_starts, "block_tables": block_tables, "logits_indices": logits_indices}
+        given = {name: t.to(self.device, torch.int64) for name, t in given.items()}
+        given |= {"use_cache": False, **self.caches}
+        with torch.no_grad():
+            logits = self.runner(*(given[name] for name in self.inputs))[0]
+        return logits.reshape(logits_indices.shape[0], logits.shape[-1])
 
     @property
     def cache_bytes(self) -> int:
@@ -267,7 +363,10 @@ class LLM:
 
     @property
     def cache_tokens(self) -> int:
-        """Tokens the caches hold: `max_batch` slots x `max_seq_len`."""
+        """Tokens the caches hold: `max_batch` slots x `max_seq_len` (paged: `num_pages` x
+        `page_size`)."""
+        if self.num_pages is not None:
+            return self.num_pages * self.page_size
         return self.max_batch * self.max_seq_len
 
     # -- cache size from a memory budget ---------------------------------------------
@@ -305,7 +404,12 @@ class LLM:
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         tokens = torch.zeros(1, self.max_seq_len, dtype=torch.int64)
-        self.step(tokens, torch.arange(self.max_seq_len)[None], [0], [0])
+        if self.num_pages is not None:  # one sequence over the probe's pages, as far as they reach
+            length = min(self.max_seq_len, self.cache_tokens)
+            self.forward_flat(tokens[:, :length], torch.arange(length)[None], torch.tensor([0, length]),
+                              torch.tensor([0]), torch.arange(self.num_pages)[None], torch.tensor([length - 1]))
+        else:
+            self.step(tokens, torch.arange(self.max_seq_len)[None], [0], [0])
         torch.cuda.synchronize(self.device)
         activations = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()
@@ -326,6 +430,8 @@ class LLM:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 starts: torch.Tensor) -> torch.Tensor:
         """`step` on tensors already on the device (what a CUDA graph captures)."""
+        if self.page_size is not None:
+            raise ValueError("this LLM is compiled in the paged form: run it with forward_flat")
         given = {"input_ids": tokens, "position_ids": positions, "cache_slots": slots, "cache_starts": starts,
                  "use_cache": False, **self.caches}
         with torch.no_grad():
@@ -345,7 +451,7 @@ class LLM:
     def _capture_decode(self, cuda_graphs: bool | None) -> CudaGraphDecode | None:
         """The decode graphs when asked for, or by default on CUDA; a default that fails to
         capture (an op that synchronises with the host) falls back to eager steps, logged."""
-        if cuda_graphs is False or self.device.type != "cuda":
+        if cuda_graphs is False or self.device.type != "cuda" or self.page_size is not None:
             return None
         try:
             return CudaGraphDecode(self, decode_buckets(self.max_batch))

@@ -76,6 +76,20 @@ and a very negative number (at most half the dtype's lowest, or -inf) where it m
 positions must come from a `position_ids` input (export the model with it, as
 `ad_mlir.generate` does): with a cache the new tokens' positions are start + 0..seq-1, which an
 `arange(seq)` inside the graph does not know.
+
+With `paged=true` (vLLM's paged K/V, one flattened batch per step) each attention becomes
+`ad.paged_attention` instead, over pools `k_pages_<i>` / `v_pages_<i>` [num-pages, page-size,
+kv_heads, head_dim] (marked `ad.cache` as above), and the function gets, in this order, the
+arguments `query_starts` [seqs + 1], `cache_starts` [seqs], `block_tables` [seqs,
+max_pages_per_seq] and `logits_indices` [n] (all int64, marked `ad.query_starts`,
+`ad.cache_starts`, `ad.block_tables`, `ad.logits_indices`). The model must be exported with
+batch 1 (`input_ids` and `position_ids` [1, T]: the step's tokens of every sequence, flattened).
+The LM head runs only on the flattened tokens `logits_indices` (AutoDeploy's
+`gather_logits_before_lm_head`): its input is gathered along the token axis, so the logits are
+[1, n, vocab]; the LM head must be the `ad.linear` that the logits come from, through
+elementwise ops only (a cast, Gemma2's soft cap), else the pass refuses. States that are per
+sequence (short convolutions, scans) are not paged: a model with one is refused, naming the
+layer and the mixer (compile it in the slot form).
 """
 
 from __future__ import annotations
@@ -123,7 +137,7 @@ from ad_mlir.passes.patterns.attention_masks import (
 )
 from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
-from ad_mlir.passes.patterns.matching import erase_dead
+from ad_mlir.passes.patterns.matching import describe_op, erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
 from ad_mlir.passes.patterns.scan_patterns import (
     GatedDeltaRule,
@@ -155,15 +169,51 @@ class InsertCachedAttentionPass(ModulePass):
     max_batch: int = 8
     """Cache slots: sequences that can be in flight at once."""
     max_seq_len: int = 2048
-    """Tokens a slot holds (prompt + generated)."""
+    """Tokens a slot holds (prompt + generated); with `paged`, the most a sequence holds (the
+    length at which masks are evaluated)."""
+    paged: bool = False
+    """`ad.paged_attention` over page pools and one flattened batch (module docstring)."""
+    page_size: int = 16
+    """With `paged`: tokens a page holds (a power of two)."""
+    num_pages: int = 256
+    """With `paged`: pages of each pool."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.max_batch < 1 or self.max_seq_len < 1:
             raise PassFailedException(f"insert-cached-attention: max-batch {self.max_batch} and max-seq-len "
                                       f"{self.max_seq_len} must be positive")
+        if self.paged and (self.page_size < 1 or self.page_size & (self.page_size - 1) or self.num_pages < 1):
+            raise PassFailedException(f"insert-cached-attention: page-size {self.page_size} must be a power of two "
+                                      f"and num-pages {self.num_pages} positive")
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
-                self._apply_to(fn)
+                if self.paged:
+                    self._apply_paged(fn)
+                else:
+                    self._apply_to(fn)
+
+    def _apply_paged(self, fn: func.FuncOp) -> None:
+        """The paged, flattened form: `ad.paged_attention`s, their metadata and the gathered LM head."""
+        attentions, missed = _find_attentions(fn)
+        for mixer, what in [*((c.conv, "short causal convolution") for c in _find_short_convs(fn)),
+                            *((s.op, "Mamba2 state-space scan" if isinstance(s, SsmScan) else "gated delta rule")
+                              for s in _find_scans(fn))]:
+            raise PassFailedException(
+                f"{_layer(mixer)}: a {what} keeps a state per sequence, which the paged form (paged=true) does not "
+                "hold: compile this model in the slot form (paged=false)")
+        if not attentions:
+            _refuse_uncached_mixers(fn, missed)
+            log.info("insert-cached-attention: no attention in @%s", fn.sym_name.data)
+            return
+        metadata = [_append_argument(fn, TensorType(i64, shape), {ad.INPUT_ATTR: name, attr: ""})
+                    for name, attr, shape in PAGED_METADATA]
+        for i, attention in enumerate(attentions):
+            self._replace(fn, attention, i, metadata[:3])
+        region_dce(fn.body)
+        _refuse_uncached_mixers(fn, missed)
+        _gather_logits(fn, metadata[3])
+        log.info("insert-cached-attention: %d attentions paged (%d pages x %d tokens)", len(attentions),
+                 self.num_pages, self.page_size)
 
     def _apply_to(self, fn: func.FuncOp) -> None:
         found, missed = _find_attentions(fn)
@@ -176,7 +226,7 @@ class InsertCachedAttentionPass(ModulePass):
             starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                       {ad.INPUT_ATTR: "cache_starts", ad.CACHE_STARTS_ATTR: ""})
             for i, attention in enumerate(attentions):
-                self._replace(fn, attention, i, slots, starts)
+                self._replace(fn, attention, i, [slots, starts])
             for i, conv in enumerate(convs):
                 self._replace_conv(fn, conv, i, slots, starts)
             for i, scan in enumerate(scans):
@@ -276,14 +326,22 @@ class InsertCachedAttentionPass(ModulePass):
         Rewriter.replace_op(conv.cut, cached)
         Rewriter.erase_op(conv.conv)
 
-    def _replace(self, fn: func.FuncOp, attention: Attention, i: int, slots: SSAValue, starts: SSAValue) -> None:
+    def _replace(self, fn: func.FuncOp, attention: Attention, i: int, metadata: list[SSAValue]) -> None:
+        """`attention` -> `ad.cached_attention` (metadata: slots, starts) or, with `paged`,
+        `ad.paged_attention` (metadata: query_starts, cache_starts, block_tables)."""
         layer = _layer(attention.output)
         if attention.rope is not None and not _reads_input(fn, attention.rope[0], POSITION_INPUT):
             raise PassFailedException(
                 f"{layer}: the RoPE positions do not come from a '{POSITION_INPUT}' input; export the model with "
                 f"{POSITION_INPUT} as an input so the cache can offset them")
+        if self.paged and attention.query.type.get_shape()[0] != 1:
+            raise PassFailedException(
+                f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the query's batch "
+                f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
+                "(ad_mlir.llm.llm.export_flat)")
         window = self._window(fn, attention, layer)
-        caches = [_append_argument(fn, self._cache_type(x), {ad.INPUT_ATTR: f"{role[0]}_cache_{i}",
+        kind = "pages" if self.paged else "cache"
+        caches = [_append_argument(fn, self._cache_type(x), {ad.INPUT_ATTR: f"{role[0]}_{kind}_{i}",
                                                              ad.CACHE_ATTR: f"{layer} {role}"})
                   for role, x in (("key", attention.key), ("value", attention.value))]
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
@@ -300,8 +358,9 @@ class InsertCachedAttentionPass(ModulePass):
             properties |= norm.properties()
         sinks = [attention.sinks] if attention.sinks is not None else []
         slopes = [self._alibi_slopes(fn, attention, layer)] if attention.alibi is not None else []
-        cached = ad.CachedAttentionOp.build(
-            operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, slots, starts,
+        op_class = ad.PagedAttentionOp if self.paged else ad.CachedAttentionOp
+        cached = op_class.build(
+            operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, *metadata,
                       sinks, slopes],
             properties=properties,
             result_types=[attention.output.results[0].type],
@@ -315,9 +374,11 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _cache_type(self, x: SSAValue) -> TensorType:
         """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
-        head dim of its own gets a value cache of its own width)."""
+        head dim of its own gets a value cache of its own width); with `paged`, [num-pages,
+        page-size, kv_heads, head_dim]."""
         _, heads, _, head_dim = x.type.get_shape()
-        return TensorType(x.type.element_type, [self.max_batch, self.max_seq_len, heads, head_dim])
+        size = [self.num_pages, self.page_size] if self.paged else [self.max_batch, self.max_seq_len]
+        return TensorType(x.type.element_type, [*size, heads, head_dim])
 
     def _window(self, fn: func.FuncOp, attention: Attention, layer: str) -> int | None:
         """None for causal attention, the window of a sliding-window mask; raises otherwise."""
@@ -376,6 +437,53 @@ class InsertCachedAttentionPass(ModulePass):
         """Inputs of max-seq-len new tokens, at which the mask and bias computations run."""
         n = self.max_seq_len
         return {"input_ids": torch.zeros(1, n, dtype=torch.int64), POSITION_INPUT: torch.arange(n)[None, :]}
+
+
+PAGED_METADATA = (
+    ("query_starts", ad.QUERY_STARTS_ATTR, [DYNAMIC_INDEX]),
+    ("cache_starts", ad.CACHE_STARTS_ATTR, [DYNAMIC_INDEX]),
+    ("block_tables", ad.BLOCK_TABLES_ATTR, [DYNAMIC_INDEX, DYNAMIC_INDEX]),
+    ("logits_indices", ad.LOGITS_INDICES_ATTR, [DYNAMIC_INDEX]),
+)
+"""The metadata arguments of a paged function, in order: name, marking attribute, shape (int64)."""
+
+
+def _gather_logits(fn: func.FuncOp, indices: SSAValue) -> None:
+    """The LM head's input gathered at `indices` along the token axis (`aten.index_select`), so
+    the LM head and what follows it (elementwise) run on those tokens only."""
+    returned = fn.body.block.last_op
+    value = returned.operands[0] if isinstance(returned, func.ReturnOp) and returned.operands else None
+    while value is not None and not isinstance(value.owner, ad.LinearOp):
+        owner = value.owner
+        per_token = [v for v in getattr(owner, "operands", ()) if _has_token_axis(v)]
+        if not isinstance(owner, ad.ElementwiseOp | ad.CastOp) or len(per_token) != 1:
+            value = None
+            break
+        value = per_token[0]
+    if value is None:
+        what = describe_op(returned.operands[0].owner) if returned.operands and isinstance(
+            returned.operands[0].owner, Operation) else "no op"
+        raise PassFailedException(
+            f"insert-cached-attention{{paged=true}}: the logits (the function's first result, from {what}) do not "
+            "come from an ad.linear LM head through elementwise ops, so the LM head cannot run on the "
+            "logits_indices tokens alone")
+    head = value.owner
+    hidden = head.input
+    axis = len(hidden.type.get_shape()) - 2
+    gather = ad.TorchOp.build(
+        operands=[[hidden, indices]], result_types=[[hidden.type]],
+        properties={"target": StringAttr("aten.index_select.default"),
+                    "args": ArrayAttr([ad.OperandRefAttr(0), IntegerAttr(axis, i64), ad.OperandRefAttr(1)]),
+                    "kwargs": DictionaryAttr({})})
+    gather.location = head.location
+    gather.results[0].name_hint = "logits_rows"
+    Rewriter.insert_op(gather, InsertPoint.before(head))
+    head.operands[0] = gather.results[0]
+
+
+def _has_token_axis(value: SSAValue) -> bool:
+    """A tensor with a dynamic dim (the flattened tokens'); weights and scalars have none."""
+    return isinstance(value.type, TensorType) and DYNAMIC_INDEX in value.type.get_shape()
 
 
 def _refuse_uncached_mixers(fn: func.FuncOp, missed: dict[Operation, str]) -> None:

@@ -74,18 +74,26 @@ def _index_bound(arg: SSAValue) -> int:
     return min(rows, default=4)
 
 
-def _cache_input(arg: SSAValue, attrs: DictionaryAttr, slots: int) -> torch.Tensor | None:
+def _cache_input(arg: SSAValue, attrs: DictionaryAttr, slots: int, pages: int) -> torch.Tensor | None:
     """Inputs of a cached function (`insert-cached-attention`) that make it compute what the
     function computed before the pass: empty caches, starts 0 (a prefill), row b in slot
     b % slots (rows sharing a slot are harmless at start 0: nothing is read back), and the
-    position ids 0..seq-1 that a prefill has (the pass dropped a mask computed from them)."""
+    position ids 0..seq-1 that a prefill has (the pass dropped a mask computed from them). The
+    paged form (`pages` > 0: the pools' page size) gets one sequence of all the tokens in pages
+    0, 1, .. and the logits of every token."""
     names = attrs.data
     if ad.CACHE_ATTR in names:
         return torch.zeros(arg.type.get_shape(), dtype=T.torch_dtype(arg.type.element_type))
     if ad.CACHE_SLOTS_ATTR in names:
         return torch.arange(SEQ) % slots
     if ad.CACHE_STARTS_ATTR in names:
-        return torch.zeros(SEQ, dtype=torch.int64)
+        return torch.zeros(1 if pages else SEQ, dtype=torch.int64)
+    if ad.QUERY_STARTS_ATTR in names:
+        return torch.tensor([0, SEQ])
+    if ad.BLOCK_TABLES_ATTR in names:
+        return torch.arange(-(-SEQ // pages))[None]
+    if ad.LOGITS_INDICES_ATTR in names:
+        return torch.arange(SEQ)
     if INPUT_ATTR in names and names[INPUT_ATTR].data == POSITION_INPUT:
         shape = [SEQ if d == DYNAMIC_INDEX else d for d in arg.type.get_shape()]
         return torch.arange(shape[-1]).expand(shape).contiguous()
@@ -101,12 +109,15 @@ def example_arguments(fn: func.FuncOp, weights: Mapping[str, torch.Tensor] | Non
     block_args, arg_attrs = fn.body.block.args, list(fn.arg_attrs or [])
     slots = min((a.type.get_shape()[0] for a, attrs in zip(block_args, arg_attrs, strict=True)
                  if ad.CACHE_ATTR in attrs.data), default=1)
+    paged = any(ad.BLOCK_TABLES_ATTR in attrs.data for attrs in arg_attrs)
+    page_size = next((a.type.get_shape()[1] for a, attrs in zip(block_args, arg_attrs, strict=True)
+                      if ad.CACHE_ATTR in attrs.data), 0) if paged else 0
     args = []
     for arg, attrs in zip(block_args, arg_attrs, strict=True):
         weight = weight_of(attrs)
         if weight is not None and weights is not None and weight[1] in weights:
             args.append(weights[weight[1]])
-        elif (value := _cache_input(arg, attrs, slots)) is not None:
+        elif (value := _cache_input(arg, attrs, slots, page_size)) is not None:
             args.append(value)
         else:
             args.append(_random(arg.type, generator, _index_bound(arg)))

@@ -425,25 +425,35 @@ def cached_attention(
     if cos is not None and sin is not None:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
-    seq, groups = query.shape[2], query.shape[1] // key.shape[1]
+    seq = query.shape[2]
     out = query.new_empty((*query.shape[:3], value.shape[3]))
     for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
         end = start + seq
         k_cache[slot, start:end] = key[b].transpose(0, 1)
         v_cache[slot, start:end] = value[b].transpose(0, 1)
-        k, v = k_cache[slot, :end].transpose(0, 1), v_cache[slot, :end].transpose(0, 1)
-        if softcap is None and sinks is None and alibi_slopes is None:
-            out[b] = _sdpa_with_offset(query[b: b + 1], k[None], v[None], start, window, scale)[0]
-            continue
-        position = torch.arange(start, end, device=query.device)[:, None]
-        keys = torch.arange(end, device=query.device)[None, :]
-        allowed = keys <= position
-        if window is not None:
-            allowed &= keys > position - window
-        bias = alibi_slopes.float()[:, None, None] * (keys - position) if alibi_slopes is not None else None
-        k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
-        out[b] = _eager_attention(query[b], k, v, allowed, scale, softcap, sinks, bias)
+        out[b] = _attend_over_prefix(query[b], k_cache[slot, :end], v_cache[slot, :end], start, scale, window,
+                                     softcap, sinks, alibi_slopes)
     return out
+
+
+def _attend_over_prefix(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
+                        window: int | None, softcap: float | None, sinks: torch.Tensor | None,
+                        alibi_slopes: torch.Tensor | None) -> torch.Tensor:
+    """One sequence's new queries [heads, seq, head_dim] at positions start.. over its keys and
+    values [positions, kv_heads, head_dim] (the cached ones, then the new ones): causal with
+    offset, within `window`, soft-capped, ALiBi-biased, with sinks, as `cached_attention` says."""
+    k, v = k.transpose(0, 1), v.transpose(0, 1)
+    if softcap is None and sinks is None and alibi_slopes is None:
+        return _sdpa_with_offset(query[None], k[None], v[None], start, window, scale)[0]
+    end, groups = k.shape[1], query.shape[0] // k.shape[0]
+    position = torch.arange(start, end, device=query.device)[:, None]
+    keys = torch.arange(end, device=query.device)[None, :]
+    allowed = keys <= position
+    if window is not None:
+        allowed &= keys > position - window
+    bias = alibi_slopes.float()[:, None, None] * (keys - position) if alibi_slopes is not None else None
+    k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
+    return _eager_attention(query, k, v, allowed, scale, softcap, sinks, bias)
 
 
 def _sdpa_with_offset(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int, window: int | None,
@@ -496,6 +506,68 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, scale: float,
       window: int | None = None, softcap: float | None = None, interleaved: bool = False,
       q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
+      qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
+      sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    return query.new_empty((*query.shape[:3], value.shape[3]))
+
+
+@_writing_op("paged_attention", mutates_args=("k_pages", "v_pages"))
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    query_starts: torch.Tensor,
+    cache_starts: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    interleaved: bool = False,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    qk_norm_eps: float | None = None,
+    qk_norm_offset: float = 0.0,
+    qk_norm_weight_in_fp32: bool = False,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`ad.paged_attention`: QK-norm and RoPE on the new query/key (when given), then sequence
+    by sequence (its new tokens `query_starts[s]` .. `query_starts[s + 1]`, after the
+    `cache_starts[s]` it holds) the new keys/values written into its pages through its block
+    table, and attention over its positions as `cached_attention`'s. The reference reads the
+    metadata on the host."""
+    query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
+                          qk_norm_weight_in_fp32)
+    if cos is not None and sin is not None:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
+    page_size = k_pages.shape[1]
+    out = query.new_empty((*query.shape[:3], value.shape[3]))
+    bounds, starts = query_starts.tolist(), cache_starts.tolist()
+    for s, start in enumerate(starts):
+        first, last = bounds[s], bounds[s + 1]
+        end = start + last - first
+        pages = block_tables[s, :-(-end // page_size)]
+        positions = torch.arange(start, end, device=query.device)
+        rows = pages[positions // page_size], positions % page_size
+        k_pages[rows] = key[0, :, first:last].transpose(0, 1)
+        v_pages[rows] = value[0, :, first:last].transpose(0, 1)
+        k = k_pages[pages].flatten(0, 1)[:end]
+        v = v_pages[pages].flatten(0, 1)[:end]
+        out[0, :, first:last] = _attend_over_prefix(query[0, :, first:last], k, v, start, scale, window, softcap,
+                                                    sinks, alibi_slopes)
+    return out
+
+
+@paged_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+      k_pages: torch.Tensor, v_pages: torch.Tensor, query_starts: torch.Tensor, cache_starts: torch.Tensor,
+      block_tables: torch.Tensor, scale: float, window: int | None = None, softcap: float | None = None,
+      interleaved: bool = False, q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
       sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     return query.new_empty((*query.shape[:3], value.shape[3]))
@@ -756,7 +828,7 @@ replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`,
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "rope", "rope_attention", "cached_attention", "cached_causal_conv1d",
+                 "linear_fp8", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_selective_scan")
 )

@@ -179,6 +179,8 @@ class AdOptMain(xDSLOptMain):
         group.add_argument("--decompose", action="store_true", help="import the graph after run_decompositions() (core ATen)")
         group.add_argument("--for-generation", action="store_true", help="export as ad_mlir.LLM does: input_ids and "
                            "position_ids, batch and sequence dynamic (what insert-cached-attention needs)")
+        group.add_argument("--flat", action="store_true", help="with --for-generation, export as a paged LLM does: "
+                           "batch 1, the tokens dynamic (what insert-cached-attention{paged=true} needs)")
         arg_parser.add_argument(
             "--print-ir-after-all", action="store_true", help="print the IR to stderr after every pass"
         )
@@ -252,7 +254,7 @@ class AdOptMain(xDSLOptMain):
         if self.args.for_generation:
             from ad_mlir.llm.llm import export_for_cache
 
-            ep = export_for_cache(model, max_batch=8, max_seq_len=4096)
+            ep = export_for_cache(model, max_batch=8, max_seq_len=4096, flat=self.args.flat)
         else:
             ep = export_with_ids(model, random_input_ids(model, 8), decompose=self.args.decompose)
         program = import_program(ep)

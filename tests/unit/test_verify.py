@@ -63,7 +63,7 @@ class NarrowCachedWindow(ModulePass):
     name = "test-narrow-cached-window"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for attention in [o for o in op.walk() if isinstance(o, ad.CachedAttentionOp)]:
+        for attention in [o for o in op.walk() if isinstance(o, ad.CachedAttentionOp | ad.PagedAttentionOp)]:
             attention.window = IntegerAttr(2, i64)
 
 
@@ -105,6 +105,33 @@ def test_verify_each_checks_the_cached_pipeline(capsys: pytest.CaptureFixture) -
                      CACHED + ",test-narrow-cached-window"])
     assert re.match(r"error: pass 'test-narrow-cached-window' changed the results: first differing op "
                     r"%\S+ = ad.cached_attention at model.layers.0.self_attn", capsys.readouterr().err)
+
+
+PAGED = "default,insert-cached-attention{max-seq-len=32 paged=true page-size=4 num-pages=8}"
+
+
+@pytest.mark.usefixtures("test_passes")
+def test_verify_each_checks_the_paged_pipeline(capsys: pytest.CaptureFixture) -> None:
+    """The paged function runs one sequence of every token over empty pages with the logits of
+    every token (a prefill), which must compute what the flattened uncached one did; a wrong
+    window is caught and named."""
+    ad_opt.main(["--model", "llama", "--for-generation", "--flat", "--verify-each", "-p", PAGED])
+    assert "ad.paged_attention" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ad_opt.main(["--model", "llama", "--for-generation", "--flat", "--verify-each", "-p",
+                     PAGED + ",test-narrow-cached-window"])
+    assert re.match(r"error: pass 'test-narrow-cached-window' changed the results: first differing op "
+                    r"%\S+ = ad.paged_attention at model.layers.0.self_attn", capsys.readouterr().err)
+
+
+def test_compile_verify_checks_the_paged_attention_kernel() -> None:
+    """The compiled paged graph (the paged-attention kernel in the interpreter) against its IR."""
+    from ad_mlir.llm.llm import export_flat, paged_pipeline
+
+    ep = export_flat(build_model(TinyConfig(layers=1)), max_tokens=32)
+    with no_dropped_ops():
+        gm = ad_mlir.compile(ep, pipeline=paged_pipeline("default", 4, 8, 32), verify=True)
+    assert any(k.startswith("paged_attention_") for k in graph_kernels(gm))
 
 
 def test_compile_verify_checks_the_cached_attention_kernel() -> None:

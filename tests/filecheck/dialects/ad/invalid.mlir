@@ -459,3 +459,27 @@ func.func @cached_attention_qk_norm_weight(%q: tensor<?x4x?x64xbf16>, %k: tensor
   %0 = ad.cached_attention %q, %k, %k qk_norm(%w, %w : tensor<64x1xbf16>, tensor<64x1xbf16>) eps 1.000000e-06 cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
+
+// -----
+
+func.func @paged_attention_page_size(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %kp: tensor<32x12x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x8xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_attention' page_size 12 must be a static power of two
+  %0 = ad.paged_attention %q, %k, %k pages %kp, %kp query_starts %s cache_starts %s block_tables %bt scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x12x2x64xbf16>, tensor<32x12x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>) -> tensor<1x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @paged_attention_block_tables(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_attention' block_tables must be a rank-2 i64 tensor
+  %0 = ad.paged_attention %q, %k, %k pages %kp, %kp query_starts %s cache_starts %s block_tables %s scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @paged_attention_flattened(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x8xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_attention' query/key/value must be [1, heads, tokens, head_dim] and the pages [pages, page_size, kv_heads, head_dim]
+  %0 = ad.paged_attention %q, %k, %k pages %kp, %kp query_starts %s cache_starts %s block_tables %bt scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>) -> tensor<2x4x?x64xbf16>
+  func.return
+}

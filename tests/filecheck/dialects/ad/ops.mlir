@@ -245,6 +245,15 @@ func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f
   func.return
 }
 
+func.func @paged_attention(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x8xi64>, %w4: tensor<4xbf16>) {
+  // CHECK-LABEL: func.func @paged_attention
+  %0 = ad.paged_attention %q, %k, %k rope %cos, %cos pages %kp, %kp query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
+  // CHECK-NEXT: ad.paged_attention %q, %k, %k rope %cos, %cos pages %kp, %kp query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
+  %1 = ad.paged_attention %q, %k, %k rope %cos, %cos interleaved pages %kp, %kp query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 window 4 softcap 5.000000e+01 sinks %w4 : tensor<4xbf16> alibi %w4 : tensor<4xbf16> : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
+  // CHECK-NEXT: ad.paged_attention %q, %k, %k rope %cos, %cos interleaved pages %kp, %kp query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 window 4 softcap 5.000000e+01 sinks %w4 : tensor<4xbf16> alibi %w4 : tensor<4xbf16> : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
+  func.return
+}
+
 func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64xf32>, %part: tensor<?x?x16xbf16>, %w4: tensor<4xbf16>, %part2: tensor<?x2x?x32xbf16>, %vc32: tensor<8x512x2x32xbf16>) {
   // CHECK-LABEL: func.func @cached_attention
   %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>

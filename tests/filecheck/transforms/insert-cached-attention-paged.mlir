@@ -1,0 +1,47 @@
+// insert-cached-attention{paged=true}: the attention becomes ad.paged_attention over pools
+// [num-pages, page-size, kv_heads, head_dim]; the metadata arguments come in the order
+// query_starts, cache_starts, block_tables, logits_indices (then the pools); HF's mask is gone;
+// the LM head's input is gathered at logits_indices along the token axis, so the LM head and
+// the elementwise ops after it (a soft cap here) run on those tokens only.
+// RUN: ad-opt %s --split-input-file -p 'insert-cached-attention{max-seq-len=64 paged=true page-size=16 num-pages=8}' | filecheck %s
+
+// CHECK-LABEL: func.func @llm
+// CHECK-SAME:  %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}
+// CHECK-SAME:  %query_starts: tensor<?xi64> {ad.input = "query_starts", ad.query_starts = ""}
+// CHECK-SAME:  %cache_starts: tensor<?xi64> {ad.input = "cache_starts", ad.cache_starts = ""}
+// CHECK-SAME:  %block_tables: tensor<?x?xi64> {ad.input = "block_tables", ad.block_tables = ""}
+// CHECK-SAME:  %logits_indices: tensor<?xi64> {ad.input = "logits_indices", ad.logits_indices = ""}
+// CHECK-SAME:  %[[K:k_pages[_0-9]*]]: tensor<8x16x1x8xf32> {ad.input = "k_pages_0", ad.cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %[[V:v_pages[_0-9]*]]: tensor<8x16x1x8xf32> {ad.input = "v_pages_0", ad.cache = "model.layers.0.self_attn value"}
+// CHECK-NOT:   ad.le
+// CHECK-NOT:   ad.rope_attention
+// CHECK:       %[[O:.*]] = ad.paged_attention %q, %k, %v rope %cos, %sin pages %[[K]], %[[V]] query_starts %query_starts cache_starts %cache_starts block_tables %block_tables scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<8x16x1x8xf32>, tensor<8x16x1x8xf32>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>, tensor<1x?x8xf32>, tensor<1x?x8xf32>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  %t = ad.transpose %[[O]] 1, 2
+// CHECK-NEXT:  %h = ad.reshape %t
+// CHECK-NEXT:  %[[ROWS:.*]] = ad.torch_op "aten.index_select.default"(%h, %logits_indices) [#ad.ref<0>, 1 : i64, #ad.ref<1>] {} : (tensor<1x?x16xf32>, tensor<?xi64>) -> tensor<1x?x16xf32>
+// CHECK-NEXT:  %[[L:.*]] = ad.linear %[[ROWS]], %lm_head
+// CHECK-NEXT:  %cap = ad.constant
+// CHECK-NEXT:  %[[D:.*]] = ad.div %[[L]], %cap
+// CHECK-NEXT:  %[[T:.*]] = ad.tanh %[[D]]
+// CHECK-NEXT:  %[[C:.*]] = ad.mul %[[T]], %cap
+// CHECK-NEXT:  func.return %[[C]]
+func.func @llm(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %lm_head: tensor<32x16xf32> {ad.param = "lm_head.weight"}) -> tensor<1x?x32xf32> {
+  %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %pf = ad.cast %pu : tensor<1x?x1xi64> -> tensor<1x?x1xf32>
+  %angle = ad.mul %pf, %freq : tensor<1x?x1xf32>, tensor<8xf32> -> tensor<1x?x8xf32>
+  %cos = ad.cos %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %sin = ad.sin %angle : tensor<1x?x8xf32> -> tensor<1x?x8xf32>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %m = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %o = ad.rope_attention %q, %k, %v rope %cos, %sin mask %mask scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x?x8xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  %t = ad.transpose %o 1, 2 : tensor<1x2x?x8xf32> -> tensor<1x?x2x8xf32>
+  %h = ad.reshape %t [1, -1, 16] : tensor<1x?x2x8xf32> -> tensor<1x?x16xf32>
+  %logits = ad.linear %h, %lm_head : (tensor<1x?x16xf32>, tensor<32x16xf32>) -> tensor<1x?x32xf32>
+  %cap = ad.constant 3.000000e+01 : f64
+  %d = ad.div %logits, %cap : tensor<1x?x32xf32>, f64 -> tensor<1x?x32xf32>
+  %th = ad.tanh %d : tensor<1x?x32xf32> -> tensor<1x?x32xf32>
+  %capped = ad.mul %th, %cap : tensor<1x?x32xf32>, f64 -> tensor<1x?x32xf32>
+  func.return %capped : tensor<1x?x32xf32>
+}
