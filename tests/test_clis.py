@@ -97,7 +97,9 @@ def test_generate_cli_batch_in_fewer_slots_gives_hf_tokens_and_benchmarks() -> N
     generated = _generated("\n".join(line for line in proc.stdout.splitlines() if not line.startswith("prompt of ")))
     assert [p for p, _ in generated] == PROMPTS
     assert [t for _, t in generated] == [_hf_tokens("qwen2", p) for p in PROMPTS]
-    assert re.search(r"qwen2: loaded and compiled in [\d.]+ s .*the caches hold 64 tokens \(2 slots x 32", proc.stderr)
+    # paged by default: a pool of 2 x 32 tokens, in 4 pages of 16, shared by 3 prompts
+    assert re.search(r"qwen2: loaded and compiled in [\d.]+ s .*the caches hold 64 tokens \(4 pages x 16 tokens, "
+                     r"sequences up to 32", proc.stderr), proc.stderr
     assert f"{NEW * len(PROMPTS)} tokens in" in proc.stderr
     assert len(benchmark) == len(PROMPTS), proc.stdout
     for line, prompt in zip(benchmark, PROMPTS, strict=True):
@@ -117,8 +119,10 @@ def test_generate_cli_interpret_runs_the_kernels_and_gives_hf_tokens() -> None:
 def test_generate_cli_sampling_is_seeded() -> None:
     def sampled(seed: str, temperature: str = "1.5") -> list[list[int]]:
         proc = _python("ad_mlir.generate", "--model", "qwen2", *_prompt_args(PROMPTS), "--max-batch", "2",
-                       "--max-seq-len", "32", "--max-new-tokens", "8", "--temperature", temperature, "--seed", seed)
+                       "--max-seq-len", "32", "--max-new-tokens", "8", "--temperature", temperature, "--seed", seed,
+                       "--page-size", "0")
         assert proc.returncode == 0, proc.stderr
+        assert "(2 slots x 32" in proc.stderr, proc.stderr  # --page-size 0: the slot form
         return [t for _, t in _generated(proc.stdout)]
 
     first = sampled("7")

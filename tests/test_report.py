@@ -50,6 +50,7 @@ def test_main_job_answers_with_smollm2() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines() == ["> What is the capital of France?", "The capital of France is Paris."]
     assert re.search(r"smollm2: loaded and compiled in [\d.]+ s", proc.stderr), proc.stderr
+    assert "(128 pages x 16 tokens, sequences up to 512" in proc.stderr, proc.stderr  # the paged engine's cache
 
 
 def test_generate_cli_rejects_a_prompt_longer_than_the_cache() -> None:

@@ -48,6 +48,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-cache-budget", type=_budget, default=None, metavar="BYTES|FRACTION",
                    help="size the caches from a memory budget instead: bytes (an integer), or on CUDA a fraction in "
                    "(0, 1] of the device memory free after one forward pass; --max-batch slots share it")
+    p.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged K/V cache (a power "
+                   "of two; 0: the slot form, each sequence reserving --max-seq-len tokens). A model with a mixer "
+                   "that keeps a state per sequence (a convolution, a scan) gets the slot form, with a warning")
     p.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, run decode steps without CUDA graphs")
     p.add_argument("--pipeline", default="default")
     p.add_argument("--interpret", action="store_true", help="without CUDA, run the kernels in the Triton "
@@ -76,17 +79,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         use_interpreter()  # before the import below: it imports triton
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    from ad_mlir.llm.llm import LLM
+    from ad_mlir.llm.llm import cache_layout, paged_where_possible
 
     start = time.perf_counter()
     try:
-        llm = LLM(args.model, max_batch=args.max_batch, max_seq_len=args.max_seq_len, pipeline=args.pipeline,
-                  kv_cache_budget=args.kv_cache_budget, cuda_graphs=False if args.no_cuda_graphs else None)
+        llm = paged_where_possible(args.model, args.page_size or None, max_batch=args.max_batch,
+                                   max_seq_len=args.max_seq_len, pipeline=args.pipeline,
+                                   kv_cache_budget=args.kv_cache_budget,
+                                   cuda_graphs=False if args.no_cuda_graphs else None)
     except ValueError as e:
         sys.exit(f"error: {e}")
     print(f"{args.model}: loaded and compiled in {time.perf_counter() - start:.1f} s "
-          f"(compile {llm.compile_seconds:.1f} s); the caches hold {llm.cache_tokens} tokens ({llm.max_batch} slots x "
-          f"{llm.max_seq_len}, {llm.cache_bytes / 2**20:.1f} MiB)", file=sys.stderr)
+          f"(compile {llm.compile_seconds:.1f} s); the caches hold {llm.cache_tokens} tokens ({cache_layout(llm)}, "
+          f"{llm.cache_bytes / 2**20:.1f} MiB)", file=sys.stderr)
     prompts: list[str | list[int]] = args.prompt_ids or args.prompt or [DEFAULT_PROMPT]
     chat = not args.no_chat and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
     try:

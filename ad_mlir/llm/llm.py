@@ -41,6 +41,7 @@ from xdsl.dialects import func
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
 from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
+from ad_mlir.passes.insert_cached_attention import PerSequenceState
 from ad_mlir.runtime.kernels import call_kernels_directly
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,32 @@ def _hf_cache_off(model: torch.nn.Module) -> Iterator[None]:
 def model_device(model: torch.nn.Module) -> torch.device:
     """Where the model's weights are (its inputs and caches go there too)."""
     return next(model.parameters()).device
+
+
+def cache_layout(llm: LLM) -> str:
+    """How `llm`'s K/V cache is laid out, for a log line: pages, or slots."""
+    if llm.page_size is not None:
+        return f"{llm.num_pages} pages x {llm.page_size} tokens, sequences up to {llm.max_seq_len}"
+    return f"{llm.max_batch} slots x {llm.max_seq_len}"
+
+
+def paged_where_possible(model: torch.nn.Module | str, page_size: int | None, **kwargs: Any) -> LLM:
+    """`LLM(model, page_size=page_size, **kwargs)`, the paged form, for a model whose mixers are all
+    attention; a model with a mixer that keeps a state per sequence (a short convolution, a scan),
+    which the paged form does not hold, gets the slot form instead, with a warning saying why.
+    `page_size` None: the slot form."""
+    from ad_mlir.zoo.checkpoints import load_causal_lm
+
+    if page_size is None:
+        return LLM(model, **kwargs)
+    if isinstance(model, str):
+        model, tokenizer = load_causal_lm(model)
+        kwargs["tokenizer"] = kwargs.get("tokenizer") or tokenizer
+    try:
+        return LLM(model, page_size=page_size, **kwargs)
+    except PerSequenceState as e:
+        log.warning("LLM: the slot form, not the paged one: %s", e)
+        return LLM(model, **kwargs)
 
 
 def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:

@@ -157,6 +157,10 @@ MIXERS_LISTED = 4
 """Position-mixing ops named in a refusal (the count says how many more)."""
 
 
+class PerSequenceState(PassFailedException):
+    """The paged form refused: a mixer of the model keeps a state per sequence (the slot form holds it)."""
+
+
 @dataclass(frozen=True)
 class InsertCachedAttentionPass(ModulePass):
     """Attention -> `ad.cached_attention` over per-layer K/V cache arguments (module docstring)."""
@@ -198,7 +202,7 @@ class InsertCachedAttentionPass(ModulePass):
         for mixer, what in [*((c.conv, "short causal convolution") for c in _find_short_convs(fn)),
                             *((s.op, "Mamba2 state-space scan" if isinstance(s, SsmScan) else "gated delta rule")
                               for s in _find_scans(fn))]:
-            raise PassFailedException(
+            raise PerSequenceState(
                 f"{_layer(mixer)}: a {what} keeps a state per sequence, which the paged form (paged=true) does not "
                 "hold: compile this model in the slot form (paged=false)")
         if not attentions:

@@ -30,9 +30,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--max-batch", type=int, default=4, help="cache slots: requests decoded together")
+    serve.add_argument("--max-batch", type=int, default=4, help="sequences the cache is sized for (the slot form's "
+                       "slots: requests decoded together)")
     serve.add_argument("--max-seq-len", type=int, default=None, help="tokens a slot holds, prompt and output "
                        "(default 512)")
+    serve.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged K/V cache (a power "
+                       "of two; 0: the slot form). A model with a mixer that keeps a state per sequence (a "
+                       "convolution, a scan) gets the slot form, with a warning")
+    serve.add_argument("--num-pages", type=int, default=None, help="pages in the pool (default: enough for "
+                       "--max-batch sequences of --max-seq-len tokens)")
     serve.add_argument("--max-step-tokens", type=int, default=256, help="tokens one engine step feeds: the running "
                        "decodes, then chunks of waiting prompts (a longer prompt is prefilled over several steps)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request that gives "
@@ -49,19 +55,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     from ad_mlir.llm.engine import make_engine
-    from ad_mlir.llm.llm import LLM
+    from ad_mlir.llm.llm import cache_layout, paged_where_possible
     from ad_mlir.serve.app import build_app
     from ad_mlir.serve.runner import EngineRunner
 
     start = time.perf_counter()
     try:
-        llm = LLM(args.model, max_batch=args.max_batch, max_seq_len=args.max_seq_len, pipeline=args.pipeline)
+        pages = {"num_pages": args.num_pages} if args.page_size and args.num_pages else {}
+        llm = paged_where_possible(args.model, args.page_size or None, max_batch=args.max_batch,
+                                   max_seq_len=args.max_seq_len, pipeline=args.pipeline, **pages)
         engine = make_engine(llm, max_step_tokens=args.max_step_tokens)
     except ValueError as e:
         sys.exit(f"error: {e}")
     name = args.served_model_name or args.model
-    print(f"{name}: loaded and compiled in {time.perf_counter() - start:.1f} s; {llm.max_batch} slots x "
-          f"{llm.max_seq_len} tokens; serving on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    print(f"{name}: loaded and compiled in {time.perf_counter() - start:.1f} s; {cache_layout(llm)}; serving on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     runner = EngineRunner(engine).start()
     app = build_app(runner, name, llm.tokenizer, default_max_tokens=min(args.default_max_tokens, llm.max_seq_len - 1),
                     api_key=args.api_key)

@@ -17,6 +17,7 @@ preemption in a pool too small, a prefix hit reading shared pages, each giving H
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -245,3 +246,23 @@ def test_a_model_with_a_per_sequence_state_is_refused() -> None:
     with pytest.raises(PassFailedException, match=r"model\.layers\.0\.conv: a short causal convolution keeps "
                                                   r"a state per sequence.*compile this model in the slot form"):
         ad_mlir.LLM(model, page_size=4, num_pages=8)
+
+
+def test_the_command_lines_give_such_a_model_the_slot_form(caplog: pytest.LogCaptureFixture) -> None:
+    """`paged_where_possible` (what `ad-mlir serve` and `python -m ad_mlir.generate` build with):
+    an attention-only model gets pages, LFM2 with its convolution the slot form and a warning why."""
+    from ad_mlir.llm.llm import paged_where_possible
+
+    config = Lfm2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"],
+                        pad_token_id=0, max_position_embeddings=256)
+    hybrid = AutoModelForCausalLM.from_config(config).eval()
+    with caplog.at_level(logging.WARNING, logger="ad_mlir.llm.llm"):
+        llm = paged_where_possible(hybrid, 4, max_batch=2, max_seq_len=32)
+    assert llm.page_size is None and "conv_state_0" in " ".join(llm.caches)
+    assert "the slot form, not the paged one: model.layers.0.conv: a short causal convolution" in caplog.text
+    llama = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                                         num_hidden_layers=1, num_attention_heads=4,
+                                                         num_key_value_heads=2)).eval()
+    paged = paged_where_possible(llama, 4, max_batch=2, max_seq_len=32)
+    assert paged.page_size == 4 and paged.num_pages == 16 and isinstance(make_engine(paged), PagedEngine)
