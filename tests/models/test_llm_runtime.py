@@ -96,11 +96,17 @@ def test_a_budget_below_one_token_per_slot_is_refused(model: torch.nn.Module) ->
 
 
 def test_the_command_line_takes_a_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--model llama` is the two-layer tiny Llama: 512 bytes a token."""
-    generate.main(["--model", "llama", "--prompt-ids", "5", "9", "13", "--max-new-tokens", "4", "--max-batch", "2",
-                   "--kv-cache-budget", str(512 * 2 * 30)])
+    """`--model llama` is the two-layer tiny Llama: 512 bytes a token. The slot form's budget buys
+    slots of the longest sequence that fits; the paged form's (the default) whole pages of 16."""
+    command = ["--model", "llama", "--prompt-ids", "5", "9", "13", "--max-new-tokens", "4", "--max-batch", "2",
+               "--kv-cache-budget", str(512 * 2 * 30)]
+    generate.main([*command, "--page-size", "0"])
     captured = capsys.readouterr()
     assert "the caches hold 60 tokens (2 slots x 30" in captured.err
+    assert "4 tokens in" in captured.err
+    generate.main(command)
+    captured = capsys.readouterr()
+    assert "the caches hold 48 tokens (3 pages x 16 tokens" in captured.err  # 60 tokens' bytes buy 3 pages
     assert "4 tokens in" in captured.err
     with pytest.raises(SystemExit):
         generate.main(["--model", "llama", "--kv-cache-budget", "1k"])
