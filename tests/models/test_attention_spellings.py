@@ -84,6 +84,7 @@ def test_step_logits_match_hf_prefill_and_decode(spelled) -> None:  # noqa: ANN0
     _assert_step_logits_match(*spelled[1:])
 
 
+@pytest.mark.parametrize("spelled", ["granite_swa", "gpt_neox_japanese"], indirect=True)  # sinks + window; RoPE
 def test_in_the_interpreter(spelled, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The cached attention's kernels (prefill and split-K decode) in the Triton interpreter,
     the reference refused: three prompts in two slots."""

@@ -90,6 +90,7 @@ def test_a_decode_step_without_the_scan_state_is_wrong(mamba) -> None:  # noqa: 
     assert (stale - expected).abs().max() > 1.0
 
 
+@pytest.mark.parametrize("mamba", ["mamba"], indirect=True)  # Falcon-Mamba's extra norms are no kernel of the scan
 def test_in_the_interpreter(mamba, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """Every kernel in the Triton interpreter, the selective scan's and the convolution's among
     them, the reference refused: three prompts in two slots, 6 new tokens."""

@@ -107,6 +107,7 @@ def test_a_decode_step_without_the_cached_latents_is_wrong(mla) -> None:  # noqa
     assert (stale - expected).abs().max() > 1.0
 
 
+@pytest.mark.parametrize("mla", ["q_lora"], indirect=True)  # the kernel sees q_nope whichever way q came
 def test_in_the_interpreter(mla, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """Every kernel in the Triton interpreter, the MLA kernel among them (prefill, decode of both
     slots, a reused slot), the reference refused: three prompts in two slots, 6 new tokens."""
