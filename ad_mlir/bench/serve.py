@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 import socket
 import subprocess
@@ -47,8 +48,13 @@ def checkpoint_dir(root: Path, quick: bool) -> tuple[Path, str]:
     from ad_mlir.zoo.checkpoints import load_causal_lm
 
     model, name = smollm2_or_its_shape(4 if quick else None)
-    model.config.architectures = [type(model).__name__]
-    model.save_pretrained(root)
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    if hasattr(config, "quantization_config"):  # a GGUF checkpoint, dequantized when loaded: saved as it is now
+        del config.quantization_config
+    plain = type(model)(config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(root)
     with contextlib.suppress(ImportError, OSError):
         tokenizer = load_causal_lm("smollm2")[1]
         if tokenizer is not None:
