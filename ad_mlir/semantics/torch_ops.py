@@ -546,6 +546,8 @@ def paged_attention(
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
     page_size = k_pages.shape[1]
+    if query.shape[2] == cache_starts.shape[0] and softcap is None and sinks is None and alibi_slopes is None:
+        return _paged_decodes(query, key, value, k_pages, v_pages, cache_starts, block_tables, scale, window)
     out = query.new_empty((*query.shape[:3], value.shape[3]))
     bounds, starts = query_starts.tolist(), cache_starts.tolist()
     for s, start in enumerate(starts):
@@ -561,6 +563,30 @@ def paged_attention(
         out[0, :, first:last] = _attend_over_prefix(query[0, :, first:last], k, v, start, scale, window, softcap,
                                                     sinks, alibi_slopes)
     return out
+
+
+def _paged_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_pages: torch.Tensor,
+                   v_pages: torch.Tensor, cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                   window: int | None) -> torch.Tensor:
+    """`paged_attention` where each sequence brings one token (a decode step): the new K/V
+    written at each sequence's position, then one SDPA over every sequence's pages gathered to
+    the longest, masked by each one's length (and window), rather than a call per sequence."""
+    page_size = k_pages.shape[1]
+    page = block_tables.gather(1, (cache_starts // page_size)[:, None])[:, 0]
+    k_pages[page, cache_starts % page_size] = key[0].transpose(0, 1)
+    v_pages[page, cache_starts % page_size] = value[0].transpose(0, 1)
+    longest = int(cache_starts.max()) + 1
+    tables = block_tables[:, : -(-longest // page_size)].clamp(0, k_pages.shape[0] - 1)  # past a sequence: masked
+    k = k_pages[tables].flatten(1, 2)[:, :longest].transpose(1, 2)
+    v = v_pages[tables].flatten(1, 2)[:, :longest].transpose(1, 2)
+    keys = torch.arange(longest, device=query.device)[None, :]
+    allowed = keys <= cache_starts[:, None]
+    if window is not None:
+        allowed &= keys > cache_starts[:, None] - window
+    out = torch.nn.functional.scaled_dot_product_attention(query[0].transpose(0, 1)[:, :, None], k, v,
+                                                           attn_mask=allowed[:, None, None], scale=scale,
+                                                           enable_gqa=True)
+    return out[:, :, 0].transpose(0, 1)[None]
 
 
 @paged_attention.register_fake
