@@ -194,7 +194,7 @@ def run_offline(directory: Path, batches: Sequence[int], max_tokens: int, progre
     same weights: the same answers, which the row records)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    import ad_mlir
+    from ad_mlir.llm.llm import paged_where_possible
     from ad_mlir.runtime.kernels import reference_kernels
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -204,7 +204,7 @@ def run_offline(directory: Path, batches: Sequence[int], max_tokens: int, progre
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
                                                  add_generation_prompt=True, tokenize=True, return_dict=False)
                    for i in range(batch)]
-        llm = ad_mlir.LLM(model, max_batch=min(batch, 8), max_seq_len=256)
+        llm = paged_where_possible(model, 16, max_batch=batch, max_seq_len=256)  # as the server: paged
         config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=tokenizer.eos_token_id,
                                   pad_token_id=tokenizer.eos_token_id)
         runs = {"ad-mlir LLM.generate": lambda p=prompts, m=llm: [o.token_ids for o in m.generate(p, max_new_tokens=max_tokens)],
