@@ -378,8 +378,14 @@ def _qk_norm(query: torch.Tensor, key: torch.Tensor, q_weight: torch.Tensor | No
 
 def _causal_window(seq: int, window: int | None, device: torch.device) -> torch.Tensor:
     """[seq, seq] booleans: key j seen by query i when j <= i (and i - window < j)."""
-    query, key = torch.arange(seq, device=device)[:, None], torch.arange(seq, device=device)[None, :]
-    return (key <= query) & (key > query - window) if window is not None else key <= query
+    return _keys_seen(torch.arange(seq, device=device), seq, window)
+
+
+def _keys_seen(positions: torch.Tensor, end: int, window: int | None) -> torch.Tensor:
+    """[queries, end] booleans: key j seen by the query at `positions[i]` when j <= it (and it -
+    window < j): causal attention with an offset, within a sliding window."""
+    position, keys = positions[:, None], torch.arange(end, device=positions.device)[None, :]
+    return (keys <= position) & (keys > position - window) if window is not None else keys <= position
 
 
 @rope_attention.register_fake
@@ -420,11 +426,8 @@ def cached_attention(
     soft-capped with `softcap`, ALiBi's `slope * (key - query position)` added (`alibi_slopes`),
     each head's sink logit in its softmax (`sinks`). One row at a time: the reference reads each
     row's slot and start on the host."""
-    query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
-                          qk_norm_weight_in_fp32)
-    if cos is not None and sin is not None:
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
+    query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
+                                qk_norm_offset, qk_norm_weight_in_fp32)
     seq = query.shape[2]
     out = query.new_empty((*query.shape[:3], value.shape[3]))
     for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
@@ -434,6 +437,19 @@ def cached_attention(
         out[b] = _attend_over_prefix(query[b], k_cache[slot, :end], v_cache[slot, :end], start, scale, window,
                                      softcap, sinks, alibi_slopes)
     return out
+
+
+def _new_query_key(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                   interleaved: bool, q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None,
+                   qk_norm_eps: float | None, qk_norm_offset: float, qk_norm_weight_in_fp32: bool,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cached forms' new query and key: QK-norm, then RoPE when its tables are given."""
+    query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
+                          qk_norm_weight_in_fp32)
+    if cos is None or sin is None:
+        return query, key
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
 
 
 def _attend_over_prefix(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
@@ -446,12 +462,11 @@ def _attend_over_prefix(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     if softcap is None and sinks is None and alibi_slopes is None:
         return _sdpa_with_offset(query[None], k[None], v[None], start, window, scale)[0]
     end, groups = k.shape[1], query.shape[0] // k.shape[0]
-    position = torch.arange(start, end, device=query.device)[:, None]
-    keys = torch.arange(end, device=query.device)[None, :]
-    allowed = keys <= position
-    if window is not None:
-        allowed &= keys > position - window
-    bias = alibi_slopes.float()[:, None, None] * (keys - position) if alibi_slopes is not None else None
+    positions = torch.arange(start, end, device=query.device)
+    allowed = _keys_seen(positions, end, window)
+    bias = None
+    if alibi_slopes is not None:
+        bias = alibi_slopes.float()[:, None, None] * (torch.arange(end, device=query.device) - positions[:, None])
     k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
     return _eager_attention(query, k, v, allowed, scale, softcap, sinks, bias)
 
@@ -467,11 +482,7 @@ def _sdpa_with_offset(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     if within and (seq == 1 or start == 0):
         return torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=seq > 1, scale=scale,
                                                                 enable_gqa=True)
-    position = torch.arange(start, end, device=query.device)[:, None]
-    keys = torch.arange(end, device=query.device)[None, :]
-    allowed = keys <= position
-    if window is not None:
-        allowed &= keys > position - window
+    allowed = _keys_seen(torch.arange(start, end, device=query.device), end, window)
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale,
                                                             enable_gqa=True)
 
@@ -540,11 +551,8 @@ def paged_attention(
     `cache_starts[s]` it holds) the new keys/values written into its pages through its block
     table, and attention over its positions as `cached_attention`'s. The reference reads the
     metadata on the host."""
-    query, key = _qk_norm(query, key, q_norm_weight, k_norm_weight, qk_norm_eps, qk_norm_offset,
-                          qk_norm_weight_in_fp32)
-    if cos is not None and sin is not None:
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        query, key = _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
+    query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
+                                qk_norm_offset, qk_norm_weight_in_fp32)
     page_size = k_pages.shape[1]
     if query.shape[2] == cache_starts.shape[0] and softcap is None and sinks is None and alibi_slopes is None:
         return _paged_decodes(query, key, value, k_pages, v_pages, cache_starts, block_tables, scale, window)
@@ -579,10 +587,7 @@ def _paged_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     tables = block_tables[:, : -(-longest // page_size)].clamp(0, k_pages.shape[0] - 1)  # past a sequence: masked
     k = k_pages[tables].flatten(1, 2)[:, :longest].transpose(1, 2)
     v = v_pages[tables].flatten(1, 2)[:, :longest].transpose(1, 2)
-    keys = torch.arange(longest, device=query.device)[None, :]
-    allowed = keys <= cache_starts[:, None]
-    if window is not None:
-        allowed &= keys > cache_starts[:, None] - window
+    allowed = _keys_seen(cache_starts, longest, window)
     out = torch.nn.functional.scaled_dot_product_attention(query[0].transpose(0, 1)[:, :, None], k, v,
                                                            attn_mask=allowed[:, None, None], scale=scale,
                                                            enable_gqa=True)
