@@ -553,13 +553,20 @@ def paged_attention(
     metadata on the host."""
     query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
                                 qk_norm_offset, qk_norm_weight_in_fp32)
-    page_size = k_pages.shape[1]
-    if query.shape[2] == cache_starts.shape[0] and softcap is None and sinks is None and alibi_slopes is None:
-        return _paged_decodes(query, key, value, k_pages, v_pages, cache_starts, block_tables, scale, window)
     out = query.new_empty((*query.shape[:3], value.shape[3]))
     bounds, starts = query_starts.tolist(), cache_starts.tolist()
-    for s, start in enumerate(starts):
-        first, last = bounds[s], bounds[s + 1]
+    decodes = [s for s in range(len(starts)) if bounds[s + 1] - bounds[s] == 1]
+    if decodes and softcap is None and sinks is None and alibi_slopes is None:
+        if len(decodes) == len(starts):
+            return _paged_decodes(query, key, value, k_pages, v_pages, cache_starts, block_tables, scale, window)
+        rows, chosen = torch.tensor([bounds[s] for s in decodes]), torch.tensor(decodes)
+        out[:, :, rows] = _paged_decodes(query[:, :, rows], key[:, :, rows], value[:, :, rows], k_pages, v_pages,
+                                         cache_starts[chosen], block_tables[chosen], scale, window)
+    else:
+        decodes = []
+    page_size = k_pages.shape[1]
+    for s in sorted(set(range(len(starts))) - set(decodes)):
+        first, last, start = bounds[s], bounds[s + 1], starts[s]
         end = start + last - first
         pages = block_tables[s, :-(-end // page_size)]
         positions = torch.arange(start, end, device=query.device)
@@ -576,22 +583,31 @@ def paged_attention(
 def _paged_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_pages: torch.Tensor,
                    v_pages: torch.Tensor, cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float,
                    window: int | None) -> torch.Tensor:
-    """`paged_attention` where each sequence brings one token (a decode step): the new K/V
-    written at each sequence's position, then one SDPA over every sequence's pages gathered to
-    the longest, masked by each one's length (and window), rather than a call per sequence."""
-    page_size = k_pages.shape[1]
-    page = block_tables.gather(1, (cache_starts // page_size)[:, None])[:, 0]
-    k_pages[page, cache_starts % page_size] = key[0].transpose(0, 1)
-    v_pages[page, cache_starts % page_size] = value[0].transpose(0, 1)
-    longest = int(cache_starts.max()) + 1
-    tables = block_tables[:, : -(-longest // page_size)].clamp(0, k_pages.shape[0] - 1)  # past a sequence: masked
-    k = k_pages[tables].flatten(1, 2)[:, :longest].transpose(1, 2)
-    v = v_pages[tables].flatten(1, 2)[:, :longest].transpose(1, 2)
-    allowed = _keys_seen(cache_starts, longest, window)
-    out = torch.nn.functional.scaled_dot_product_attention(query[0].transpose(0, 1)[:, :, None], k, v,
-                                                           attn_mask=allowed[:, None, None], scale=scale,
-                                                           enable_gqa=True)
-    return out[:, :, 0].transpose(0, 1)[None]
+    """`paged_attention` of sequences that each bring one token (decodes): the new K/V written
+    at each one's position, then attention over every sequence's positions gathered to the
+    longest, masked by each one's length (and window), rather than a call per sequence. The
+    query heads are grouped by the K/V head they read ([seqs, kv_heads, group, d]), so neither
+    K nor V is repeated per query head, and the gathered K/V are made contiguous: CPU batched
+    matmuls over strided operands run several times slower."""
+    page_size, kv_heads, dk, dv = k_pages.shape[1], k_pages.shape[2], k_pages.shape[3], v_pages.shape[3]
+    k_rows, v_rows = k_pages.view(-1, kv_heads, dk), v_pages.view(-1, kv_heads, dv)
+    written = block_tables.gather(1, (cache_starts // page_size)[:, None])[:, 0] * page_size + cache_starts % page_size
+    k_rows.index_copy_(0, written, key[0].transpose(0, 1))
+    v_rows.index_copy_(0, written, value[0].transpose(0, 1))
+    seqs, longest = cache_starts.shape[0], int(cache_starts.max()) + 1
+    positions = torch.arange(longest, device=query.device)
+    pages = block_tables[:, positions // page_size].clamp(0, k_pages.shape[0] - 1)  # past a sequence: masked
+    read = (pages * page_size + positions % page_size).flatten()
+    k = k_rows.index_select(0, read).view(seqs, longest, kv_heads, dk).transpose(1, 2).contiguous()
+    v = v_rows.index_select(0, read).view(seqs, longest, kv_heads, dv).transpose(1, 2).contiguous()
+    q = query[0].transpose(0, 1).reshape(seqs, kv_heads, -1, dk)
+    if seqs == 1 and window is None:  # every position is seen: SDPA's unmasked CPU kernel
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    else:
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        scores = scores.masked_fill(~_keys_seen(cache_starts, longest, window)[:, None, None], float("-inf"))
+        out = torch.matmul(scores.softmax(-1).to(v.dtype), v)
+    return out.reshape(seqs, -1, dv).transpose(0, 1)[None]
 
 
 @paged_attention.register_fake
