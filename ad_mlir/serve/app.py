@@ -23,6 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ad_mlir.llm.engine import ContextTooLong, RequestUpdate, SamplingParams
 from ad_mlir.serve.runner import EngineRunner
@@ -77,6 +79,32 @@ def _error(status: int, message: str, param: str | None = None, code: str | None
                                    "code": code}}, status_code=status)
 
 
+class _Guard:
+    """The API key and the body size, checked before the app runs. A plain ASGI middleware:
+    Starlette's `BaseHTTPMiddleware` (`@app.middleware`) passes every streamed chunk through a
+    memory stream and a task switch, which on a loaded CPU cost the server's event loop more
+    than the rest of a token's delivery."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self._refusal(scope) if scope["type"] == "http" else None
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> JSONResponse | None:
+        headers = Headers(scope=scope)
+        if scope["path"].startswith("/v1/") and self.api_key is not None and \
+                headers.get("authorization") != f"Bearer {self.api_key}":
+            return _error(401, "a valid API key is needed (Authorization: Bearer ...)", None, "invalid_api_key")
+        if int(headers.get("content-length") or 0) > self.max_body_bytes:
+            return _error(413, f"the request body is over {self.max_body_bytes} bytes", None, "body_too_large")
+        return None
+
+
 def build_app(runner: EngineRunner, model_name: str, tokenizer: Any = None, default_max_tokens: int = 256,
               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The app serving `runner`'s engine as `model_name` (`tokenizer`: for text prompts, chat and
@@ -86,14 +114,7 @@ def build_app(runner: EngineRunner, model_name: str, tokenizer: Any = None, defa
     app = FastAPI(title="ad-mlir", summary="OpenAI-compatible completions over an ad-mlir compiled model")
     created = int(time.time())
 
-    @app.middleware("http")
-    async def guard(http: Request, call_next: Any) -> Response:
-        if http.url.path.startswith("/v1/") and api_key is not None and \
-                http.headers.get("authorization") != f"Bearer {api_key}":
-            return _error(401, "a valid API key is needed (Authorization: Bearer ...)", None, "invalid_api_key")
-        if int(http.headers.get("content-length") or 0) > max_body_bytes:
-            return _error(413, f"the request body is over {max_body_bytes} bytes", None, "body_too_large")
-        return await call_next(http)
+    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:

@@ -86,11 +86,20 @@ def test_results_never_alias_an_input(path: str, tmp_path: Path) -> None:
     input, which torch.library refuses at the first call."""
     kernel = _kernel(SLICES, tmp_path)
     x = torch.randn(3, 8)
-    with reference_kernels() if path == "reference" else torch.no_grad():
-        got = kernel.op([x], [], [])
-    torch.testing.assert_close(got, [x[:, :4], -x[:, 4:] * x[:, :4]])
-    storages = {t.untyped_storage().data_ptr() for t in (x, *got)}
-    assert len(storages) == 3, "a result shares storage with the input or the other result"
+    for call in (kernel.op, kernel.run):  # through torch's dispatch, and as `call_kernels_directly` calls it
+        with reference_kernels() if path == "reference" else torch.no_grad():
+            got = call([x], [], [])
+        torch.testing.assert_close(got, [x[:, :4], -x[:, 4:] * x[:, :4]])
+        storages = {t.untyped_storage().data_ptr() for t in (x, *got)}
+        assert len(storages) == 3, "a result shares storage with the input or the other result"
+
+
+def test_only_regions_whose_results_are_new_tensors_skip_the_alias_check(tmp_path: Path) -> None:
+    """The reference path skips `unaliased` where every result is made by an op that returns
+    no alias (ALiBi's scores * 0.5 + bias and exp(bias)); a region that yields a slice of its
+    input must not."""
+    assert _kernel(ALIBI, tmp_path).fresh_outputs
+    assert not _kernel(SLICES, tmp_path).fresh_outputs
 
 
 def test_unaliased_copies_only_what_aliases() -> None:
