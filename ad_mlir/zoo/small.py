@@ -67,6 +67,8 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
                             "hidden_size_per_layer_input": 16},
     "dots1": {"n_shared_experts": 1},
     "zaya": {"num_experts_per_tok": 1},
+    "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
+             "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}},
 }
 """A family's own settings that SIZES and WHERE_PRESENT do not reach or that their sizes break:
 Mamba2's heads (hidden * expand = heads * head_dim, its default of 128 heads does not build) and
@@ -76,7 +78,11 @@ its first layers' sparse activations (a Gaussian top-k), its KV sharing over its
 embeddings (a default of 262144 x
 256 per layer: 134M parameters); Gemma 4's full-attention head dim (default 512; kept at twice the
 sliding layers' head dim, as in the default); Dots1's shared experts (None by default, which does not
-build); ZAYA's one expert per token (its only supported routing)."""
+build); ZAYA's one expert per token (its only supported routing); DBRX's K/V heads and experts,
+which live in its sub-configs, and two settings without which transformers 5.24 cannot build or
+run a DBRX of any size: a `rope_theta` in its attention sub-config, which its attention reads but
+its attention config does not define (RoPE itself reads `rope_parameters`), and the QKV clip of
+DBRX's checkpoints (8; its attention clamps with the default of None, which torch refuses)."""
 NOT_ATTENTION = ("linear_attention", "conv", "mamba", "recurrent")
 """Layer kinds that mix positions without softmax attention (`layer_types` spellings)."""
 
@@ -121,6 +127,8 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
         sizes["num_key_value_heads"] = sizes["num_attention_heads"]
         if "head_dim" in present:
             present["head_dim"] = present["qk_rope_head_dim"]
+    if family == "dbrx":  # its experts take their hidden size from `d_model`, not from the `hidden_size` alias
+        own["d_model"] = sizes["hidden_size"]
     if family == "gpt_neo":  # its default alternates global and local attention over 24 layers
         n = sizes["num_hidden_layers"]
         present["attention_types"] = [[["global", "local"], n // 2], *([[["global"], 1]] if n % 2 else [])]
