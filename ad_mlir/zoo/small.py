@@ -67,6 +67,9 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
                             "hidden_size_per_layer_input": 16},
     "dots1": {"n_shared_experts": 1},
     "zaya": {"num_experts_per_tok": 1},
+    "qwen4_exp": {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 64,
+                  "indexer_compress_ratio": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                  "linear_key_head_dim": 32, "linear_value_head_dim": 32, "hc_lowrank": 32},
     "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
              "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}},
 }
@@ -82,7 +85,14 @@ build); ZAYA's one expert per token (its only supported routing); DBRX's K/V hea
 which live in its sub-configs, and two settings without which transformers 5.24 cannot build or
 run a DBRX of any size: a `rope_theta` in its attention sub-config, which its attention reads but
 its attention config does not define (RoPE itself reads `rope_parameters`), and the QKV clip of
-DBRX's checkpoints (8; its attention clamps with the default of None, which torch refuses)."""
+DBRX's checkpoints (8; its attention clamps with the default of None, which torch refuses);
+Qwen4-Exp's token indexer (its indexed-attention layers build one, and with the default of no
+indexer settings fail to), its gated-delta-rule heads and its hyper-connections' rank (defaults of
+16 x 128 key and 32 x 128 value heads, and a rank of 320, for hidden 2048)."""
+
+SIZED_IN_TEXT_CONFIG = ("qwen4_exp",)
+"""Families whose config wraps the causal LM's in `text_config` and does not pass the sizes on
+to it (the sizes and settings go there instead)."""
 NOT_ATTENTION = ("linear_attention", "conv", "mamba", "recurrent")
 """Layer kinds that mix positions without softmax attention (`layer_types` spellings)."""
 
@@ -121,6 +131,8 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
         where_present.update({k: where_present[k] * scale // 4 for k in SCALED_WITH_HIDDEN if k in where_present})
         own.update({k: v * scale // 4 for k, v in own.items() if k in SCALED_WITH_HIDDEN})
     defaults = AutoConfig.for_model(family)
+    if family in SIZED_IN_TEXT_CONFIG:
+        defaults = defaults.text_config
     derived = {k for k in where_present if isinstance(getattr(type(defaults), k, None), property)}
     present = {k: v for k, v in where_present.items() if _has_setting(defaults, k) and k not in derived}
     if "kv_lora_rank" in present:  # MLA: one latent for all heads, RoPE over the rope part of a head
@@ -134,7 +146,10 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
         present["attention_types"] = [[["global", "local"], n // 2], *([[["global"], 1]] if n % 2 else [])]
     if sizes["num_hidden_layers"] == 2:
         present.update(hybrid_layers(family, defaults))
-    return AutoConfig.for_model(family, **{**sizes, **present, **own})
+    settings = {**sizes, **present, **own}
+    if family in SIZED_IN_TEXT_CONFIG:
+        return AutoConfig.for_model(family, text_config=settings)
+    return AutoConfig.for_model(family, **settings)
 
 
 def _has_setting(config: Any, name: str) -> bool:
