@@ -70,6 +70,10 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
     "qwen4_exp": {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 64,
                   "indexer_compress_ratio": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
                   "linear_key_head_dim": 32, "linear_value_head_dim": 32, "hc_lowrank": 32},
+    "cohere_compass_text": {"layer_types": ["sliding_attention", "full_attention"],
+                            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                      "mrope_section": [8, 4, 4]},
+                                                "full_attention": None}},
     "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
              "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}},
 }
@@ -88,7 +92,10 @@ its attention config does not define (RoPE itself reads `rope_parameters`), and 
 DBRX's checkpoints (8; its attention clamps with the default of None, which torch refuses);
 Qwen4-Exp's token indexer (its indexed-attention layers build one, and with the default of no
 indexer settings fail to), its gated-delta-rule heads and its hyper-connections' rank (defaults of
-16 x 128 key and 32 x 128 value heads, and a rank of 320, for hidden 2048)."""
+16 x 128 key and 32 x 128 value heads, and a rank of 320, for hidden 2048); Cohere Compass's RoPE
+per layer kind (its default has none, which does not build): RoPE on its sliding layers and none
+on its full ones, as Cohere's Command models, with multimodal RoPE sections that fit a head dim
+of 32 (the default's 24 + 20 + 20 fit 128)."""
 
 SIZED_IN_TEXT_CONFIG = ("qwen4_exp",)
 """Families whose config wraps the causal LM's in `text_config` and does not pass the sizes on
