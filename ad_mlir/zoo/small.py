@@ -74,6 +74,10 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
                             "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                                       "mrope_section": [8, 4, 4]},
                                                 "full_attention": None}},
+    "dots3_note_text": {"layer_types": ["sliding_attention", "indexed_attention"], "index_n_heads": 4,
+                        "index_head_dim": 32, "shared_experts_intermediate_size": 128,
+                        "swa_num_attention_heads": 4, "swa_num_key_value_heads": 4, "swa_q_lora_rank": 64,
+                        "swa_kv_lora_rank": 64, "swa_head_dim": 48, "swa_qk_nope_head_dim": 32, "swa_v_head_dim": 32},
     "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
              "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}},
 }
@@ -95,7 +99,10 @@ indexer settings fail to), its gated-delta-rule heads and its hyper-connections'
 16 x 128 key and 32 x 128 value heads, and a rank of 320, for hidden 2048); Cohere Compass's RoPE
 per layer kind (its default has none, which does not build): RoPE on its sliding layers and none
 on its full ones, as Cohere's Command models, with multimodal RoPE sections that fit a head dim
-of 32 (the default's 24 + 20 + 20 fit 128)."""
+of 32 (the default's 24 + 20 + 20 fit 128); dots.3 note's (text) layer kinds (its default's first
+two are both indexed), its token indexer and shared experts, and the MLA heads of its sliding
+layers, which it sets apart from the others (`swa_*`: 64 heads, latent 1024, for hidden 4096) with
+the same shape as WHERE_PRESENT's (rope 16, nope 32, value 32, latent 64)."""
 
 SIZED_IN_TEXT_CONFIG = ("qwen4_exp",)
 """Families whose config wraps the causal LM's in `text_config` and does not pass the sizes on
