@@ -35,7 +35,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ad_mlir.zoo.small import SIZES, WHERE_PRESENT, causal_lm_families, model_from_config, small_config
+from ad_mlir.zoo.small import (
+    HYBRID_LAYERS,
+    SIZES,
+    WHERE_PRESENT,
+    causal_lm_families,
+    model_from_config,
+    small_config,
+)
 
 SEQ_LENS = (5, 11)
 MAX_SEQ = 1024
@@ -301,14 +308,15 @@ greedy tokens (the default init often repeats one token, which a broken cache re
 def generation_config(family: str) -> Any:
     """`small_config` (a hybrid's two layers already one of each kind: `zoo.small.hybrid_layers`)
     with a wide init and, where its layers are still of one kind but its default config names
-    several (Gemma2's sliding and full attention), the first two kinds in turn."""
+    several (Gemma2's sliding and full attention), the first two kinds in turn (not for a hybrid
+    whose layers `HYBRID_LAYERS` chose: Zamba's two hybrid layers)."""
     from transformers import AutoConfig
 
     config = small_config(family)
     config.initializer_range = WIDE_INIT
     kinds = list(dict.fromkeys(getattr(AutoConfig.for_model(family), "layer_types", None) or []))
     layer_types = getattr(config, "layer_types", None)
-    if len(kinds) > 1 and layer_types and len(set(layer_types)) < 2:
+    if len(kinds) > 1 and layer_types and len(set(layer_types)) < 2 and family not in HYBRID_LAYERS:
         config.layer_types = [kinds[i % len(kinds)] for i in range(config.num_hidden_layers)]
     return config
 

@@ -375,7 +375,11 @@ class _Importer:
             result_types=[types] if unpack and _one_variadic_result(spec.op) else types,
             properties=properties,
         )
-        op.verify()
+        try:
+            op.verify()
+        except VerifyException:
+            op.drop_all_references()  # refused (kept as ad.torch_op): it must not stay a user of its operands
+            raise
         return op
 
     def _operand(self, value: Any) -> SSAValue:

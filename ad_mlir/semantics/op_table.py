@@ -647,14 +647,15 @@ def constant_attr(value: bool | int | float, type_: Attribute | None = None) -> 
 
 
 def property_attrs(spec: OpSpec, fields: Mapping[str, Any]) -> dict[str, Attribute]:
-    """Properties for the fields that are not operands; defaults are left out."""
+    """Properties for the fields that are not operands; defaults are left out, except where the
+    op requires the property (ad.slice's `dim`, whose default is 0)."""
     defaults = canonical_defaults(spec)
     props = _property_defs(spec.op)
     out: dict[str, Attribute] = {}
     for name, value in fields.items():
         if name not in props:
             continue
-        if value is None or (name in defaults and _same_value(value, defaults[name])):
+        if value is None or (name in defaults and _same_value(value, defaults[name]) and is_optional(props[name])):
             continue
         if value is False and defaults.get(name, False) is None:
             continue  # `bool? x=None`: False and None mean the same (pin_memory)

@@ -137,6 +137,15 @@ def test_the_sweeps_generation_column_runs_lfm2_with_its_conv_layer() -> None:
     assert (row.generation, row.generation_reason) == ("equal", "")
 
 
+def test_the_sweeps_generation_column_runs_a_pure_mamba2() -> None:
+    """Mamba2 without any attention layer (`mamba2`, whose small config needs heads of its own:
+    `zoo.small.FAMILY_SIZES`) generates HF's tokens from its cached conv and scan states alone."""
+    assert generation_config("mamba2").layer_types == ["linear_attention", "linear_attention"]
+    row = FamilyRow("mamba2", status="ok")
+    check_generation(row)
+    assert (row.generation, row.generation_reason) == ("equal", "")
+
+
 # -- scans that export as opaque ops (frontends/export_patches.py; their generation through cached
 # states: test_recurrent_mixers.py) -----------------------------------------------------------
 

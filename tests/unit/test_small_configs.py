@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ad_mlir.zoo.small import small_config
+from ad_mlir.zoo.small import FAMILY_SIZES, small_config
 
 HYBRIDS = {
     "lfm2": ["conv", "full_attention"],
@@ -17,12 +17,14 @@ HYBRIDS = {
     "jamba": ["linear_attention", "full_attention"],
     "zamba2": ["linear_attention", "hybrid"],
     "recurrent_gemma": ["linear_attention", "sliding_attention"],
+    "qwen4_exp": ["linear_attention", "indexed_attention"],  # sized in its text_config
 }
 
 
 @pytest.mark.parametrize("family", list(HYBRIDS))
 def test_a_hybrid_gets_one_layer_of_each_kind(family: str) -> None:
     config = small_config(family)
+    config = getattr(config, "text_config", config)
     assert config.num_hidden_layers == 2 and list(config.layer_types) == HYBRIDS[family]
 
 
@@ -42,3 +44,34 @@ def test_mla_configs_keep_deepseek_v3s_head_shape() -> None:
     assert config.num_key_value_heads == config.num_attention_heads
     assert (config.qk_rope_head_dim, config.qk_nope_head_dim, config.v_head_dim) == (16, 32, 32)
     assert config.qk_nope_head_dim + config.qk_rope_head_dim != config.v_head_dim
+
+
+def _parameters_on_meta(family: str) -> int:
+    """The family's small model built on the meta device (its constructors run, where these
+    families failed; no memory): its parameter count."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(small_config(family))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SIZES))
+def test_a_family_with_its_own_settings_builds_small(family: str) -> None:
+    """Each family that needs settings of its own (FAMILY_SIZES) builds at the sweep's sizes, small."""
+    assert 100_000 < _parameters_on_meta(family) < 1_000_000
+
+
+def test_gemma4s_full_attention_layer_keeps_twice_the_head_dim() -> None:
+    """Gemma 4's head dim is per layer (a heterogeneous config): its full-attention layer's
+    follows the sliding layers' as in its default (512 : 256)."""
+    config = small_config("gemma4_text")
+    assert list(config.layer_types) == ["sliding_attention", "full_attention"]
+    assert [config.per_layer_config[i].head_dim for i in range(2)] == [32, 64]
+
+
+def test_zambas_two_layers_are_hybrid_and_build() -> None:
+    """With one hybrid layer transformers cannot tie its shared attention block to another's."""
+    assert list(small_config("zamba").layers_block_type) == ["hybrid", "hybrid"]
+    assert _parameters_on_meta("zamba") < 1_000_000
