@@ -112,13 +112,14 @@ func.func @buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x
 }
 
 // -----
-// OpenAI-GPT's mask: scores * m + (1 - m) * -1e4 of a slice m of its triangular float buffer, a
-// form not matched: refused naming the layer, the buffer and the form.
-// CHECK: insert-cached-attention: the attention at transformer.h.0.attn is no form it caches: its scores are masked by a slice of the model's [1, 1, 32, 32] buffer %bias (a triangular buffer of older HF models) in a form not matched (GPT-Neo's where(mask, scores, lowest) is); 2 op(s) mix token positions
-func.func @multiplied_buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xf32> {ad.buffer = "transformer.h.0.attn.bias"}) -> tensor<1x2x?x8xf32> {
+// OpenAI-GPT's mask: scores * m + (1 - m) * -1e4 of a slice m of its triangular float buffer.
+// Matched; outside the compiler (which puts the buffers' values in scope) the values are unknown,
+// so the mask cannot be evaluated: refused naming the layer and the buffer.
+// CHECK: transformer.h.0.attn: its attention mask reads %bias, not only the token positions: it cannot be replaced by causal masking
+func.func @multiplied_buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xf32> {ad.buffer = "transformer.h.0.attn.bias"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x8xf32> {
   %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
   %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
-  %n = ad.sym_size %q dim 2 : tensor<1x2x?x8xf32>
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
   %rows = ad.slice %bias dim 2 [0, %n, 1] : tensor<1x1x32x32xf32> -> tensor<1x1x?x32xf32>
   %m = ad.slice %rows dim 3 [0, %n, 1] : tensor<1x1x?x32xf32> -> tensor<1x1x?x?xf32>
   %kept = ad.mul %s, %m : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
@@ -128,6 +129,43 @@ func.func @multiplied_buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: 
   %fill = ad.mul %dropped, %big : tensor<1x1x?x?xf32>, f64 -> tensor<1x1x?x?xf32>
   %masked = ad.add %kept, %fill : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
   %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("transformer.h.0.attn")
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// The same form with a fill of -1: not masking (at most -1e4 is, whose exp underflows to 0): refused
+// naming the layer and the fill.
+// CHECK: transformer.h.0.attn: its scores are masked as scores * mask + (1 - mask) * -1.0: the fill is not at most -10000.0
+func.func @multiplied_small_fill(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xf32> {ad.buffer = "transformer.h.0.attn.bias"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %rows = ad.slice %bias dim 2 [0, %n, 1] : tensor<1x1x32x32xf32> -> tensor<1x1x?x32xf32>
+  %m = ad.slice %rows dim 3 [0, %n, 1] : tensor<1x1x?x32xf32> -> tensor<1x1x?x?xf32>
+  %kept = ad.mul %s, %m : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %one = ad.constant 1 : i64
+  %dropped = ad.sub %one, %m : i64, tensor<1x1x?x?xf32> -> tensor<1x1x?x?xf32>
+  %big = ad.constant -1.000000e+00 : f64
+  %fill = ad.mul %dropped, %big : tensor<1x1x?x?xf32>, f64 -> tensor<1x1x?x?xf32>
+  %masked = ad.add %kept, %fill : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("transformer.h.0.attn")
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// The scores only multiplied by a slice of the triangular buffer (no fill: masked scores 0, not
+// masked): a form not matched, refused naming the layer, the buffer and the forms matched.
+// CHECK: insert-cached-attention: the attention at transformer.h.0.attn is no form it caches: its scores are masked by a slice of the model's [1, 1, 32, 32] buffer %bias (a triangular buffer of older HF models) in a form not matched (GPT-Neo's where(mask, scores, lowest) and OpenAI-GPT's scores * mask + (1 - mask) * fill are); 2 op(s) mix token positions
+func.func @multiplied_only(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xf32> {ad.buffer = "transformer.h.0.attn.bias"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %rows = ad.slice %bias dim 2 [0, %n, 1] : tensor<1x1x32x32xf32> -> tensor<1x1x?x32xf32>
+  %m = ad.slice %rows dim 3 [0, %n, 1] : tensor<1x1x?x32xf32> -> tensor<1x1x?x?xf32>
+  %kept = ad.mul %s, %m : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %kept dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("transformer.h.0.attn")
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
   func.return %o : tensor<1x2x?x8xf32>
 }

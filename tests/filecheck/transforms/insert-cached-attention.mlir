@@ -470,3 +470,39 @@ func.func @no_mixers(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %x: tensor<
   %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
   func.return %tail, %merged, %o : tensor<?x8x?xf32>, tensor<?x?x32xf32>, tensor<1x2x?x8xf32>
 }
+
+// -----
+
+// OpenAI-GPT's eager attention: its key permuted straight from [batch, seq, heads, head_dim] to
+// k^T, the scores masked as scores * m + (1 - m) * -1e4 of a float mask m of 0 and 1 (here
+// computed from the positions; OpenAI-GPT slices its triangular buffer, which the compiler
+// evaluates). One ad.cached_attention over the key permuted to heads first; the mask and the
+// chain are gone.
+// CHECK-LABEL: func.func @multiplied_mask
+// CHECK:       %[[K:.*]] = ad.permute %k [0, 2, 1, 3] : tensor<1x?x2x8xf32> -> tensor<1x2x?x8xf32>
+// CHECK-NOT:   ad.softmax
+// CHECK-NOT:   ad.arange
+// CHECK:       ad.cached_attention %q, %[[K]], %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327373 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @multiplied_mask(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x?x2x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %seen = ad.le %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %m = ad.cast %seen : tensor<?x?xi1> -> tensor<?x?xf32>
+  %kt = ad.permute %k [0, 2, 3, 1] : tensor<1x?x2x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %root = ad.constant 2.8284271247461903 : f64
+  %scaled = ad.div %s, %root : tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %kept = ad.mul %scaled, %m : tensor<1x2x?x?xf32>, tensor<?x?xf32> -> tensor<1x2x?x?xf32>
+  %dropped = ad.sub %c1, %m : i64, tensor<?x?xf32> -> tensor<?x?xf32>
+  %big = ad.constant -1.000000e+04 : f64
+  %fill = ad.mul %dropped, %big : tensor<?x?xf32>, f64 -> tensor<?x?xf32>
+  %masked = ad.add %kept, %fill : tensor<1x2x?x?xf32>, tensor<?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
