@@ -8,7 +8,8 @@ position_ids), and GPT-Neo's unscaled scores under where(a slice of its triangul
 scores, lowest) plus HF's mask, global and local (a window) layers alternating, and OpenAI-GPT's
 scores * mask + (1 - mask) * -1e4 of a slice of its triangular buffer (its key permuted straight to
 k^T, no position_ids in HF's cache-less generate): the buffers' values come from the weights the
-compiler puts in scope. Models built from their config classes with wide random weights, so that
+compiler puts in scope; and GIT's text decoder, whose mask reads its embeddings for their shape
+only (token types as zeros_like of them). Models built from their config classes with wide random weights, so that
 greedy tokens vary; tokens against HF `generate` (three prompts in two slots) and per-step logits
 (prefill and 4 decode steps) against HF's full-prefix forward, with the kernels as their torch
 reference and in the Triton interpreter."""
@@ -37,6 +38,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "xglm": {},
     "gpt_neo": {"window_size": WINDOW},
     "openai-gpt": {"tie_word_embeddings": False},  # tied, its post-norm logits repeat the last token
+    "git": {},
 }
 """Per family: config settings over the small config (hidden 64, 2 layers)."""
 
@@ -47,6 +49,7 @@ EXPECTED: dict[str, list[dict[str, Any]]] = {
     "xglm": [{"window": None, "sinks": False}] * 2,
     "gpt_neo": [{"window": None, "sinks": False}, {"window": WINDOW, "sinks": False}],
     "openai-gpt": [{"window": None, "sinks": False}] * 2,
+    "git": [{"window": None, "sinks": False}] * 2,
 }
 """Per family and layer: what its cached attention carries."""
 

@@ -506,3 +506,26 @@ func.func @multiplied_mask(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: t
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+
+// A mask that reads a weight for its shape only (GIT's token types are zeros_like of its
+// embeddings): the embedding runs on the meta device for its shape, the mask evaluates to
+// causal and is dropped with its computation.
+// CHECK-LABEL: func.func @mask_reads_shape
+// CHECK-NOT:   ad.embedding
+// CHECK-NOT:   ad.torch_op
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @mask_reads_shape(%w: tensor<16x8xf32> {ad.param = "git.embeddings.word_embeddings.weight"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %h = ad.embedding %w, %input_ids : (tensor<16x8xf32>, tensor<1x?xi64>) -> tensor<1x?x8xf32>
+  %z = ad.torch_op "aten.zeros_like.default"(%h) [#ad.ref<0>] {dtype = i64, pin_memory = false} : (tensor<1x?x8xf32>) -> tensor<1x?x8xi64>
+  %types = ad.torch_op "aten.select.int"(%z) [#ad.ref<0>, 2 : i64, 0 : i64] {} : (tensor<1x?x8xi64>) -> tensor<1x?xi64>
+  %pos = ad.add %types, %position_ids : tensor<1x?xi64>, tensor<1x?xi64> -> tensor<1x?xi64>
+  %a = ad.unsqueeze %pos dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %pos dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %m = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %o = ad.attention %q, %k, %v mask %mask scale 0.35355339059327379 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x8xf32> loc("git.encoder.layer.0.attention.self")
+  func.return %o : tensor<1x2x?x8xf32>
+}
