@@ -123,15 +123,17 @@ def evaluate_slice(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.T
 
     ops, args = backward_slice(mask, values_only=True)
     env: dict[SSAValue, object] = {}
+    unknown = []
     for arg in args:
         name = input_name(fn, arg)
-        if name not in inputs and (constant := _known_constant(fn, arg)) is not None:
+        if name in inputs:
+            env[arg] = inputs[name]
+        elif (constant := _known_constant(fn, arg)) is not None:
             env[arg] = constant
-            continue
-        if name not in inputs:
-            raise MaskError(f"its attention mask reads %{arg.name_hint}, not only the token positions: it cannot be "
-                            "replaced by causal masking")
-        env[arg] = inputs[name]
+        else:
+            unknown.append(arg)
+    if unknown:
+        raise MaskError(_unknown_read(fn, unknown, ops))
     with torch.no_grad():
         for op in ops:
             operands = [_shaped_like(fn, v, inputs) for v in op.operands] if shape_only(op) else \
@@ -140,6 +142,35 @@ def evaluate_slice(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.T
     if env[mask].device.type == "meta":  # the ops were recorded on the meta device: no values to read
         raise MaskError("its attention mask is computed on the meta device (no values to read)")
     return env
+
+
+def _unknown_read(fn: func.FuncOp, unknown: list[BlockArgument], ops: list[Operation]) -> str:
+    """Why a mask that reads `unknown` (no user input, no known constant; `ops` compute it, in
+    program order) is not causal masking. A parameter makes it a mask or bias computed from the
+    activations: the one read last is named, with the ops from it to the mask."""
+    from ad_mlir.dialects import ad
+
+    def attrs(arg: BlockArgument) -> dict:
+        return fn.arg_attrs.data[arg.index].data if fn.arg_attrs else {}
+
+    def first_read(arg: BlockArgument) -> int:
+        return next(i for i, op in enumerate(ops) if arg in op.operands)
+
+    params = [a for a in unknown if ad.PARAM_ATTR in attrs(a)]
+    if not params:
+        arg = min(unknown, key=lambda a: a.index)
+        return (f"its attention mask reads %{arg.name_hint}, not only the token positions: it cannot be replaced by "
+                "causal masking")
+    arg = max(params, key=first_read)
+    reached: set[SSAValue] = {arg}
+    names: list[str] = []
+    for op in ops:
+        if any(v in reached for v in op.operands):
+            reached.update(op.results)
+            names.append(op.target.data if isinstance(op, ad.TorchOp) else op.name)
+    return (f"its attention mask is computed from the parameter %{arg.name_hint} (through "
+            f"{', '.join(dict.fromkeys(names))}): a mask or score bias that depends on the activations, which the "
+            "cached attention does not take")
 
 
 def _shaped_like(fn: func.FuncOp, value: SSAValue, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:

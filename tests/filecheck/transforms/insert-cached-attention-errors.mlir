@@ -171,6 +171,19 @@ func.func @multiplied_only(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<
 }
 
 // -----
+// A mask computed from the activations (Doge's dynamic mask: a bias per key from a parameter and
+// the hidden states): refused naming the layer, the parameter read last and the ops from it.
+// CHECK: model.layers.0.self_attn: its attention mask is computed from the parameter %a (through ad.mul, ad.exp, ad.transpose, ad.unsqueeze): a mask or score bias that depends on the activations, which the cached attention does not take
+func.func @activation_mask(%a: tensor<2xf32> {ad.param = "model.layers.0.self_attn.A"}, %h: tensor<1x?x2xf32> {ad.input = "h"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %m = ad.mul %a, %h : tensor<2xf32>, tensor<1x?x2xf32> -> tensor<1x?x2xf32>
+  %e = ad.exp %m : tensor<1x?x2xf32> -> tensor<1x?x2xf32>
+  %t = ad.transpose %e -1, -2 : tensor<1x?x2xf32> -> tensor<1x2x?xf32>
+  %bias = ad.unsqueeze %t dim 2 : tensor<1x2x?xf32> -> tensor<1x2x1x?xf32>
+  %o = ad.attention %q, %k, %v mask %bias scale 0.35355339059327379 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x1x?xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
 // The probabilities are also returned (HF's output_attentions): with a cache they would cover
 // the new tokens only, so the chain is not cached, and generation is refused.
 // CHECK: 2 op(s) mix token positions outside the cached attention{{.*}}: an unnamed module: ad.softmax (softmax over token axis 3); model.layers.0.self_attn: ad.matmul (contracts over token axis 3).
