@@ -39,7 +39,12 @@ compiler puts in scope (`attention_masks.constants_known`). OpenAI-GPT's
 `scores * mask + (1 - mask) * fill` is matched the same way: its mask (a slice of its triangular
 buffer) must hold only 0 and 1 and be causal where it is 1, and its fill at most
 `MULTIPLIED_FILL_MAX`; its key, which it permutes straight to k^T, is permuted to heads first
-for the cache.
+for the cache. Doge's dynamic mask, a bias per key and kv head (computed from each key's own
+value) put under HF's mask with `masked_fill` and repeated over the query heads
+(`attention_patterns.match_key_bias`), is cached as one more head dim: the query gets a 1 and the
+key the bias / scale (so the scaled scores gain the bias, and the cache keeps each key's bias with
+it), the key and value lose their repeat_kv, and HF's mask is evaluated as a masked_fill mask. Its
+bias's computation stays in the graph, where a token-mixing op would be refused below.
 
 HF's short causal convolution (LFM2: a depthwise `conv1d` padded by kernel - 1 and cut back to
 the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d` over an
@@ -114,6 +119,7 @@ from xdsl.dialects.builtin import (
     Float64Type,
     FloatAttr,
     FunctionType,
+    IndexType,
     IntegerAttr,
     ModuleOp,
     NameLoc,
@@ -139,7 +145,12 @@ from ad_mlir.passes.patterns.attention_masks import (
     evaluate,
     input_name,
 )
-from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
+from ad_mlir.passes.patterns.attention_patterns import (
+    Attention,
+    match_eager_attention,
+    match_key_bias,
+    match_repeat_kv,
+)
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
@@ -347,6 +358,7 @@ class InsertCachedAttentionPass(ModulePass):
                 f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the query's batch "
                 f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
                 "(ad_mlir.llm.llm.export_flat)")
+        _bias_as_key_dim(attention)
         window = self._window(fn, attention, layer)
         if attention.key_seq_first:
             attention.key = _heads_first(attention.key)
@@ -614,6 +626,46 @@ def _append_argument(fn: func.FuncOp, arg_type: TensorType, attrs: dict[str, str
     fn.arg_attrs = ArrayAttr(arg_attrs)
     fn.function_type = FunctionType.from_lists([a.type for a in block.args], fn.function_type.outputs.data)
     return arg
+
+
+def _bias_as_key_dim(attention: Attention) -> None:
+    """Doge's dynamic mask (`match_key_bias`: a bias per key and kv head, under HF's mask) as one
+    more head dim: the query gets a 1 and the key bias / scale, so that the scaled scores gain
+    the bias (the cache holds each key's bias with it); HF's mask stays the attention's, a
+    masked_fill mask. The key and value lose their repeat_kv. Nothing changes for another mask."""
+    heads = attention.query.type.get_shape()[1]
+    found = match_key_bias(attention.mask, heads) if attention.mask is not None and not attention.mask_fills \
+        and attention.rope is None and attention.alibi is None else None
+    if found is None:
+        return
+    bias, masked, ops = found
+    (key, key_ops), (value, value_ops) = (match_repeat_kv(x, heads) for x in (attention.key, attention.value))
+    kv_heads = bias.type.get_shape()[1]
+    if key.type.get_shape()[1] != kv_heads or value.type.get_shape()[1] != kv_heads:
+        return
+    at = InsertPoint.before(attention.output)
+    query, dtype = attention.query, attention.query.type.element_type
+    sizes = [ad.SymSizeOp.build(operands=[query], properties={"dim": IntegerAttr(d, i64)}, result_types=[IndexType()])
+             for d, n in enumerate(query.type.get_shape()[:3]) if n == DYNAMIC_INDEX]
+    one = ad.ConstantOp(FloatAttr(1.0, Float64Type()))
+    ones = ad.FullOp.build(operands=[[s.result for s in sizes], one.result],
+                           properties={"static_size": DenseArrayBase.from_list(i64, [*query.type.get_shape()[:3], 1])},
+                           result_types=[TensorType(dtype, [*query.type.get_shape()[:3], 1])])
+    column = ad.UnsqueezeOp.build(operands=[bias], properties={"dim": IntegerAttr(3, i64)},
+                                  result_types=[TensorType(bias.type.element_type, [*bias.type.get_shape(), 1])])
+    inverse = ad.ConstantOp(FloatAttr(1 / attention.scale, Float64Type()))
+    scaled = ad.MulOp(column.result, inverse.result, column.result.type)
+    new_ops: list[Operation] = [*sizes, one, ones, column, inverse, scaled]
+    if bias.type.element_type != key.type.element_type:
+        new_ops.append(ad.CastOp(scaled.result, TensorType(key.type.element_type, column.result.type.get_shape())))
+    widened = [ad.CatOp.build(operands=[[x, extra]], properties={"dim": IntegerAttr(3, i64)},
+                              result_types=[TensorType(x.type.element_type, [*x.type.get_shape()[:3],
+                                                                             x.type.get_shape()[3] + 1])])
+               for x, extra in ((query, ones.result), (key, new_ops[-1].results[0]))]
+    Rewriter.insert_op([*new_ops, *widened], at)
+    attention.query, attention.key, attention.value = widened[0].result, widened[1].result, value
+    attention.mask, attention.mask_fills = masked, True
+    attention.chain += [*ops, *key_ops, *value_ops]
 
 
 def _heads_first(key: SSAValue) -> SSAValue:

@@ -106,6 +106,27 @@ def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[O
     return x, [reshape, expand, unsqueeze]
 
 
+def match_key_bias(mask: SSAValue, query_heads: int) -> tuple[SSAValue, SSAValue, list[Operation]] | None:
+    """(bias [batch, kv_heads, keys], the boolean mask, True where it masks, ops users first)
+    when an attention's float `mask` is Doge's dynamic mask, a bias per key (computed from the
+    key's own value) under HF's mask, repeated over the query heads or not:
+        repeat_kv(masked_fill(expand(unsqueeze(bias, 2), [-1, -1, queries, -1]), masked, lowest))"""
+    filled, repeat = match_repeat_kv(mask, query_heads)
+    op = filled.owner
+    if not (isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2
+            and op.args.data[0] == ad.OperandRefAttr(0) and filled.has_one_use()):
+        return None
+    fill = op.args.data[2] if len(op.args.data) == 3 else None
+    lowest = torch.finfo(torch_dtype(filled.type.element_type)).min
+    expand = producer(op.inputs[0], ad.ExpandOp)
+    unsqueeze = producer(expand.input, ad.UnsqueezeOp) if expand is not None else None
+    if not isinstance(fill, FloatAttr) or fill.value.data > lowest / 2 or unsqueeze is None \
+            or ad.normalize_dim(unsqueeze.dim.value.data, 4) != 2 or len(unsqueeze.input.type.get_shape()) != 3 \
+            or not all(v.has_one_use() for v in (op.inputs[0], expand.input)):
+        return None
+    return unsqueeze.input, op.inputs[1], [*repeat, op, expand, unsqueeze]
+
+
 def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     """HF's eager attention around `softmax` (module docstring). None when the softmax weighs no
     values with a matmul (it is no attention); why not, when it does but the rest differs."""
