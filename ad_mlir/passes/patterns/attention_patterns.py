@@ -23,9 +23,9 @@ and BLOOM's are computed over [batch * heads] rows:
     out = view(bmm(view(softmax(s + mask), [b * h, s, keys]), view(v, ...)), [b, h, s, d])
 (the softmax possibly in f32 and cast back; GPT-NeoX-Japanese's bias is `torch.zeros`: no ALiBi;
 q and k possibly the two results of one `ad.rope`). Masks besides HF's additive one: GPT-Neo's
-`where(mask, scores, fill)` and OpenAI-GPT's multiplied `scores * mask + (1 - mask) * fill`, its key
-permuted straight from [batch, seq, heads, head_dim] to k^T (`permute(k, 0, 2, 3, 1)`). The softmax must still be an `ad.softmax` (before
-`decompose`). The scores and probabilities must have no other user; a softmax that feeds a
+`where(mask, scores, fill)` and OpenAI-GPT's multiplied `scores * mask + (1 - mask) * fill`, its
+key permuted straight from [batch, seq, heads, head_dim] to k^T (`permute(k, 0, 2, 3, 1)`). The
+softmax must still be an `ad.softmax` (before `decompose`). The scores and probabilities must have no other user; a softmax that feeds a
 matmul but does not match exactly is reported with the reason.
 """
 
@@ -312,6 +312,7 @@ def _biased_scores(value: SSAValue) -> Scores | None:
 
 
 def _key_heads(key: SSAValue, seq_first: bool) -> int:
+    """The key's head count, from [batch, heads, seq, dim] or, `seq_first`, [batch, seq, heads, dim]."""
     return key.type.get_shape()[2 if seq_first else 1]
 
 
