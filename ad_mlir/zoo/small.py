@@ -35,8 +35,10 @@ WHERE_PRESENT: dict[str, Any] = {
     "shared_expert_intermediate_size": 128,
     "n_group": 1,
     "topk_group": 1,
+    "unpadded_vocab_size": SIZES["vocab_size"],
 }
-"""Set where the config has them: head sizes its defaults would not derive from SIZES (a
+"""Set where the config has them: the LM head's vocabulary where it is a field of its own
+(Inkling2's `unpadded_vocab_size`: left at its default, the head's ids run past the embedding's), head sizes its defaults would not derive from SIZES (a
 default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
 export), and a few experts (a default of 64-256 experts is slow to export) with a small shared
 expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`). MLA's
