@@ -3,6 +3,7 @@ from its config class (random weights): the sizes of the family sweep (`ad_mlir.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 SIZES: dict[str, Any] = {
@@ -123,11 +124,14 @@ SCALED_WITH_HIDDEN = ("head_dim", "global_head_dim", "rotary_dim", "qk_rope_head
 heads times head_dim stays the hidden size."""
 
 
-def small_config(family: str, layers: int | None = None, hidden_size: int | None = None) -> Any:
+def small_config(family: str, layers: int | None = None, hidden_size: int | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Any:
     """The family's config with the sweep's sizes (WHERE_PRESENT's where the config has them as
     settings, not as properties derived from others: Falcon's head_dim); `layers` and
     `hidden_size` (a multiple of 32: 4 heads, rotary dims of hidden / 8) replace the sweep's,
-    the intermediate and head sizes following the hidden size."""
+    the intermediate and head sizes following the hidden size. `overrides` are settings over
+    all of those, given to the config's constructor so that what it derives from them follows
+    (Dory's RoPE parameters per kind of `layer_types`)."""
     from transformers import AutoConfig
 
     if family not in causal_lm_families():
@@ -160,7 +164,7 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
         present["attention_types"] = [[["global", "local"], n // 2], *([[["global"], 1]] if n % 2 else [])]
     if sizes["num_hidden_layers"] == 2:
         present.update(hybrid_layers(family, defaults))
-    settings = {**sizes, **present, **own}
+    settings = {**sizes, **present, **own, **(overrides or {})}
     if family in SIZED_IN_TEXT_CONFIG:
         return AutoConfig.for_model(family, text_config=settings)
     return AutoConfig.for_model(family, **settings)
