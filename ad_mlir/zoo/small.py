@@ -36,13 +36,16 @@ WHERE_PRESENT: dict[str, Any] = {
     "shared_expert_intermediate_size": 128,
     "n_group": 1,
     "topk_group": 1,
+    "unpadded_vocab_size": 1000,
 }
 """Set where the config has them: head sizes its defaults would not derive from SIZES (a
 default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
 export), and a few experts (a default of 64-256 experts is slow to export) with a small shared
 expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`). MLA's
 (DeepSeek-V2/V3) head parts keep DeepSeek-V3's ratios, rope 64 : nope 128 : value 128 : latent 512
-(here 16 : 32 : 32 : 64), so that the query/key head dim (48) differs from the value's (32)."""
+(here 16 : 32 : 32 : 64), so that the query/key head dim (48) differs from the value's (32).
+Inkling's LM head has an output size of its own (`unpadded_vocab_size`, default 200058): the
+vocabulary's, or greedy tokens fall outside the embedding."""
 
 HYBRID_LAYERS: dict[str, dict[str, Any]] = {
     "lfm2": {"layer_types": ["conv", "full_attention"]},
