@@ -260,8 +260,13 @@ def _in_bf16(model: Any) -> Any:
     meets a bf16 weight after a plain `model.to(torch.bfloat16)`)."""
     import torch
 
-    return type(model).from_pretrained(None, config=model.config, state_dict=model.state_dict(),
-                                       dtype=torch.bfloat16).eval()
+    weights = model.state_dict()
+    loaded = type(model).from_pretrained(None, config=model.config, state_dict=weights, dtype=torch.bfloat16)
+    # a weight the loader renamed or initialized anew would pass for bf16's own error
+    other = [k for k, v in loaded.state_dict().items() if k not in weights or not torch.equal(v, weights[k].to(v.dtype))]
+    if other:
+        raise RuntimeError(f"{type(model).__name__} loads other weights in bf16 than its fp32 ones: {other[:3]}")
+    return loaded.eval()
 
 
 def _close(got: Any, expected: Any) -> bool:
