@@ -3,6 +3,7 @@ from its config class (random weights): the sizes of the family sweep (`ad_mlir.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 SIZES: dict[str, Any] = {
@@ -37,13 +38,14 @@ WHERE_PRESENT: dict[str, Any] = {
     "topk_group": 1,
     "unpadded_vocab_size": SIZES["vocab_size"],
 }
-"""Set where the config has them: the LM head's vocabulary where it is a field of its own
-(Inkling2's `unpadded_vocab_size`: left at its default, the head's ids run past the embedding's), head sizes its defaults would not derive from SIZES (a
+"""Set where the config has them: head sizes its defaults would not derive from SIZES (a
 default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
 export), and a few experts (a default of 64-256 experts is slow to export) with a small shared
 expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`). MLA's
 (DeepSeek-V2/V3) head parts keep DeepSeek-V3's ratios, rope 64 : nope 128 : value 128 : latent 512
-(here 16 : 32 : 32 : 64), so that the query/key head dim (48) differs from the value's (32)."""
+(here 16 : 32 : 32 : 64), so that the query/key head dim (48) differs from the value's (32).
+Inkling's LM head has an output size of its own (`unpadded_vocab_size`, default 200058): the
+vocabulary's, or greedy tokens fall outside the embedding."""
 
 HYBRID_LAYERS: dict[str, dict[str, Any]] = {
     "lfm2": {"layer_types": ["conv", "full_attention"]},
@@ -125,11 +127,14 @@ SCALED_WITH_HIDDEN = ("head_dim", "global_head_dim", "rotary_dim", "qk_rope_head
 heads times head_dim stays the hidden size."""
 
 
-def small_config(family: str, layers: int | None = None, hidden_size: int | None = None) -> Any:
+def small_config(family: str, layers: int | None = None, hidden_size: int | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Any:
     """The family's config with the sweep's sizes (WHERE_PRESENT's where the config has them as
     settings, not as properties derived from others: Falcon's head_dim); `layers` and
     `hidden_size` (a multiple of 32: 4 heads, rotary dims of hidden / 8) replace the sweep's,
-    the intermediate and head sizes following the hidden size."""
+    the intermediate and head sizes following the hidden size. `overrides` are settings over
+    all of those, given to the config's constructor so that what it derives from them follows
+    (Dory's RoPE parameters per kind of `layer_types`)."""
     from transformers import AutoConfig
 
     if family not in causal_lm_families():
@@ -162,7 +167,7 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
         present["attention_types"] = [[["global", "local"], n // 2], *([[["global"], 1]] if n % 2 else [])]
     if sizes["num_hidden_layers"] == 2:
         present.update(hybrid_layers(family, defaults))
-    settings = {**sizes, **present, **own}
+    settings = {**sizes, **present, **own, **(overrides or {})}
     if family in SIZED_IN_TEXT_CONFIG:
         return AutoConfig.for_model(family, text_config=settings)
     return AutoConfig.for_model(family, **settings)

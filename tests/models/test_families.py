@@ -8,7 +8,8 @@ fp32: torch.testing's defaults (rtol 1.3e-6, atol 1e-5) on the logits: the kerne
 fp32 like eager and only reorder sums. bf16: against the fp32 model, within twice eager bf16's
 own error plus one bf16 ulp of the largest logit (`report.low_precision_bound`): the kernels
 keep fp32 between ops where eager rounds every result, so they differ from eager bf16 by a few
-ulps that later GEMMs spread; eager's own error is the yardstick."""
+ulps that later GEMMs spread; eager's own error is the yardstick. The interpreter rounds the
+kernels' bf16 stores to nearest there, as a GPU does (`interpreter.nearest_bf16_rounding`)."""
 
 from __future__ import annotations
 
