@@ -319,27 +319,30 @@ def _compile(ep: Any, pipeline: str, row: FamilyRow) -> tuple[Any, Any]:
 GENERATION_PROMPTS = ([5, 9, 13, 7], [21, 3, 8, 30, 11, 2, 17], [40, 41, 42])
 """Three prompts for two slots: one waits for a freed slot."""
 GENERATION_TOKENS = 8
-GENERATION_INITS = (0.5, 0.05)
-"""`initializer_range`s of the generation column's model, tried in turn until HF's greedy tokens
-vary (the default init often repeats one token, which a broken cache reproduces): 0.5 for most
-families; where weights that wide saturate the model into repeating the last prompt token (the
-Gemma families' scaled embeddings and soft caps), 0.05."""
+GENERATION_VARIANTS: tuple[tuple[float, dict[str, Any]], ...] = (
+    (0.5, {}), (0.05, {}), (0.5, {"tie_word_embeddings": False}))
+"""The generation column's model, `initializer_range` and config settings, tried in turn until
+HF's greedy tokens vary (the default init often repeats one token, which a broken cache
+reproduces): 0.5 for most families; 0.05 where weights that wide saturate the model into
+repeating the last prompt token (the Gemma families' scaled embeddings and soft caps); untied
+embeddings where the tied model repeats at any init (OpenAI-GPT)."""
 
 
-def generation_config(family: str, init: float = GENERATION_INITS[0]) -> Any:
+def generation_config(family: str, init: float = 0.5, settings: dict[str, Any] | None = None) -> Any:
     """`small_config` (a hybrid's two layers already one of each kind: `zoo.small.hybrid_layers`)
-    with `initializer_range` `init` and, where its layers are still of one kind but its default config names
-    several (Gemma2's sliding and full attention), the first two kinds in turn (not for a hybrid
-    whose layers `HYBRID_LAYERS` chose: Zamba's two hybrid layers)."""
+    with `initializer_range` `init`, `settings`, and, where its layers are still of one kind but
+    its default config names several (Gemma2's sliding and full attention), the first two kinds
+    in turn (not for a hybrid whose layers `HYBRID_LAYERS` chose: Zamba's two hybrid layers)."""
     from transformers import AutoConfig
 
-    config = small_config(family)
+    settings = dict(settings or {})
+    config = small_config(family, overrides=settings)
     kinds = list(dict.fromkeys(getattr(AutoConfig.for_model(family), "layer_types", None) or []))
     layer_types = getattr(config, "layer_types", None)
     if len(kinds) > 1 and layer_types and len(set(layer_types)) < 2 and family not in HYBRID_LAYERS:
         # built with them, not set afterwards: a config derives settings per kind (Dory's RoPE)
-        config = small_config(family, overrides={
-            "layer_types": [kinds[i % len(kinds)] for i in range(config.num_hidden_layers)]})
+        settings["layer_types"] = [kinds[i % len(kinds)] for i in range(config.num_hidden_layers)]
+        config = small_config(family, overrides=settings)
     config.initializer_range = init
     return config
 
@@ -352,9 +355,9 @@ def check_generation(row: FamilyRow) -> None:
     import ad_mlir
     from ad_mlir.runtime.kernels import reference_kernels
 
-    for init in GENERATION_INITS:
+    for init, settings in GENERATION_VARIANTS:
         torch.manual_seed(0)
-        model = model_from_config(generation_config(row.family, init))
+        model = model_from_config(generation_config(row.family, init, settings))
         with torch.no_grad():
             expected = [model.generate(torch.tensor([p]), max_new_tokens=GENERATION_TOKENS, do_sample=False)
                         [0, len(p):].tolist() for p in GENERATION_PROMPTS]
@@ -454,7 +457,7 @@ def markdown(rows: Sequence[FamilyRow], title: str = "Family sweep") -> str:
             "twice eager's plus one bf16 ulp of the largest logit); 'kernels/layer' is "
             "the most kernels of a decoder layer outside GEMMs and attention, imported -> compiled; 'generation' "
             f"is `ad_mlir.LLM`'s greedy tokens (2 slots, {len(GENERATION_PROMPTS)} prompts, {GENERATION_TOKENS} new "
-            f"tokens) against HF generate's, with the first initializer_range of {GENERATION_INITS} under which HF's tokens vary, and a hybrid's layer kinds in turn.\n\n"
+            f"tokens) against HF generate's, with the first of initializer_range 0.5, 0.05, 0.5 untied under which HF's tokens vary, and a hybrid's layer kinds in turn.\n\n"
             + table(rows))
 
 
