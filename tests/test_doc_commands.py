@@ -56,6 +56,8 @@ SHORTER: dict[str, tuple[str, str]] = {
 """Documented command -> (the command run here, why)."""
 
 NOT_RUN: dict[str, str] = {
+    "make run": "tests/test_report.py::test_main_job_answers_with_smollm2 runs it as written, without "
+                "TRITON_INTERPRET, and checks its answer",
     "make test": "the whole suite, of which this test is a part (CI runs it: .ci/run)",
     "make docs": ".ci/run builds the docs right after the suite; building them here too would double its 20-80 s",
     "make mutation": "a benchmark of about an hour (150 mutants, each against its file's tests) that installs the "

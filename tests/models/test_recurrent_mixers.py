@@ -131,7 +131,7 @@ def test_in_the_interpreter(llms, family: str, monkeypatch: pytest.MonkeyPatch) 
     _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS, 6)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_next"])  # OLMo-Hybrid's op is Qwen3-Next's
 def test_every_pass_and_kernel_verified(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`verify=True`: each pass (the cached function at start 0, the sequential scan, computes
     what the uncached one did with HF's chunked scan) and the compiled kernels against the IR, on
