@@ -13,11 +13,19 @@ them is left alone. Only the call the exported inference graph makes is routed: 
 sequence from an empty state, no final state asked for (HF's own cache is off), no packed
 sequences; any other call (an initial state, `return_final_states`, `cu_seqlens`) runs HF's
 function as it is.
+
+Some MoE blocks loop in Python over the experts that the routing hit (`nonzero()` of the expert
+mask: a data-dependent count, which torch.export cannot trace: "Could not guard on data-dependent
+expression"). `DENSE_EXPERTS` replaces such a class's `forward`, while the project exports, with
+one that runs every expert on every token and weights each by its routing weight (0 where the
+routing did not pick it), adding the experts in HF's order: the sum HF computes, with exact zeros
+added where it skips an expert.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -89,10 +97,71 @@ ROUTES: dict[str, Callable[[str, Callable[..., Any]], Callable[..., Any]]] = {
 """HF function name -> (module name, HF's function) -> the function that routes it."""
 
 
+def _routing_weight(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, expert: int) -> torch.Tensor:
+    """[tokens, 1]: each token's routing weight of `expert` (its top-k picks distinct experts, so
+    at most one term is not 0)."""
+    return (top_k_weights * (top_k_index == expert)).sum(dim=-1, keepdim=True)
+
+
+def _dbrx_experts_dense(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' `DbrxExperts.forward` (a loop over the experts hit, `index_add_` of each one's
+    weighted output), every expert on every token."""
+    batch_size = hidden_states.shape[0]
+    hidden_states = hidden_states.reshape(-1, self.hidden_size)
+    shape = (-1, self.ffn_hidden_size, self.hidden_size)
+    w1, v1, w2 = (self.mlp.w1.view(shape), self.mlp.v1.view(shape), self.mlp.w2.view(shape))
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.num_experts):
+        states = self.mlp(hidden_states, w1[e], v1[e], w2[e]) * _routing_weight(top_k_index, top_k_weights, e)
+        out = out + states.to(out.dtype)  # HF's index_add_ into its zeros_like(hidden_states)
+    return out.view(batch_size, -1, self.hidden_size)
+
+
+def _longcat_experts_dense(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' `LongcatFlashExperts.forward`: routed experts (gate/up, act, down) and
+    zero-compute experts (identity, index >= the routed count), every one on every token."""
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.total_experts):
+        if e >= self.num_routed_experts or self.gate_up_proj is None:
+            states = self.identity_expert(hidden_states)
+        else:
+            gate, up = torch.nn.functional.linear(hidden_states, self.gate_up_proj[e]).chunk(2, dim=-1)
+            states = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e])
+        out = out + (states * _routing_weight(top_k_index, top_k_weights, e)).to(hidden_states.dtype)
+    return out
+
+
+DENSE_EXPERTS: dict[str, Callable[..., torch.Tensor]] = {
+    "DbrxExperts": _dbrx_experts_dense,
+    "LongcatFlashExperts": _longcat_experts_dense,
+}
+"""HF MoE class name -> its forward with every expert on every token; a class whose forward
+takes other arguments than (hidden_states, top_k_index, top_k_weights) (another transformers
+version) is left alone."""
+
+
+def _experts_classes() -> Iterator[tuple[type, Callable[..., torch.Tensor]]]:
+    seen: set[int] = set()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(MODELING_MODULES) or module is None:
+            continue
+        for cls_name, dense in DENSE_EXPERTS.items():
+            cls = module.__dict__.get(cls_name)
+            if not isinstance(cls, type) or id(cls) in seen:
+                continue
+            seen.add(id(cls))
+            if list(inspect.signature(cls.forward).parameters) == ["self", "hidden_states", "top_k_index",
+                                                                   "top_k_weights"]:
+                yield cls, dense
+
+
 @contextlib.contextmanager
 def routed_for_export() -> Iterator[list[str]]:
     """Within it, every loaded transformers modeling module's `ROUTES` functions are routed
-    through the opaque ops; yields the `module.function` names routed."""
+    through the opaque ops and its `DENSE_EXPERTS` classes run every expert; yields the names
+    of what it replaced."""
     patched: list[tuple[Any, str, Any]] = []
     for name, module in list(sys.modules.items()):
         if not name.startswith(MODELING_MODULES) or module is None:
@@ -103,8 +172,13 @@ def routed_for_export() -> Iterator[list[str]]:
                 torch_ops.SEQUENCE_MIXER_FUNCTIONS[name, function] = original
                 setattr(module, function, route(name, original))
                 patched.append((module, function, original))
+    dense = [(cls, cls.__dict__["forward"], forward) for cls, forward in _experts_classes()]
+    for cls, _, forward in dense:
+        cls.forward = forward
     try:
-        yield [f"{m.__name__}.{f}" for m, f, _ in patched]
+        yield [f"{m.__name__}.{f}" for m, f, _ in patched] + [f"{c.__module__}.{c.__name__}.forward" for c, _, _ in dense]
     finally:
         for module, function, original in patched:
             setattr(module, function, original)
+        for cls, original, _ in dense:
+            cls.forward = original
