@@ -16,10 +16,11 @@ function as it is.
 
 Some MoE blocks loop in Python over the experts that the routing hit (`nonzero()` of the expert
 mask: a data-dependent count, which torch.export cannot trace: "Could not guard on data-dependent
-expression"). `DENSE_EXPERTS` replaces such a class's `forward`, while the project exports, with
+expression"). `METHODS` replaces such a class's `forward`, while the project exports, with
 one that runs every expert on every token and weights each by its routing weight (0 where the
 routing did not pick it), adding the experts in HF's order: the sum HF computes, with exact zeros
-added where it skips an expert.
+added where it skips an expert. CPM-Ant's attention mask builds a tensor from a Python list
+of the length's positions; it gets the same mask from `torch.arange`. Both are `METHODS`.
 """
 
 from __future__ import annotations
@@ -133,34 +134,52 @@ def _longcat_experts_dense(self: Any, hidden_states: torch.Tensor, top_k_index: 
     return out
 
 
-DENSE_EXPERTS: dict[str, Callable[..., torch.Tensor]] = {
-    "DbrxExperts": _dbrx_experts_dense,
-    "LongcatFlashExperts": _longcat_experts_dense,
+def _cpmant_attention_mask(self: Any, input_ids: torch.Tensor, span: torch.Tensor, context: torch.Tensor,
+                           length: torch.Tensor) -> torch.Tensor:
+    """transformers' `CpmAntModel._prepare_attention_mask`, whose left-padding mask is a tensor of a
+    Python list (`list(range(seqlen - prompt_length))[::-1]`, which fixes the length at export),
+    with the same values from `torch.arange`."""
+    batch, seqlen, device = input_ids.size(0), input_ids.size(1), input_ids.device
+    directional_mask_2d = torch.arange(seqlen, device=device) <= torch.arange(seqlen, device=device).view(-1, 1)
+    attention_mask = context[:, None, :] | (
+        context[:, :, None].logical_not() & directional_mask_2d.view(1, seqlen, seqlen))
+    attention_mask = attention_mask & (span[:, None, :] == span[:, :, None])
+    reversed_positions = torch.arange(seqlen - self.prompt_length - 1, -1, -1, device=device)
+    mask_1d = reversed_positions[None, :].repeat(batch, 1) < length[:, None]
+    mask_1d = torch.cat((torch.ones(batch, self.prompt_length, device=device).bool(), mask_1d), dim=1)
+    return mask_1d.view(batch, seqlen, 1) & mask_1d.view(batch, 1, seqlen) & attention_mask
+
+
+EXPERTS = ("self", "hidden_states", "top_k_index", "top_k_weights")
+METHODS: dict[str, tuple[str, tuple[str, ...], Callable[..., torch.Tensor]]] = {
+    "DbrxExperts": ("forward", EXPERTS, _dbrx_experts_dense),
+    "LongcatFlashExperts": ("forward", EXPERTS, _longcat_experts_dense),
+    "CpmAntModel": ("_prepare_attention_mask", ("self", "input_ids", "span", "context", "length"),
+                    _cpmant_attention_mask),
 }
-"""HF MoE class name -> its forward with every expert on every token; a class whose forward
-takes other arguments than (hidden_states, top_k_index, top_k_weights) (another transformers
-version) is left alone."""
+"""HF class name -> (method, its parameters, the method that replaces it while the project
+exports): MoE blocks that run every expert on every token, and CPM-Ant's attention mask. A
+class whose method takes other parameters (another transformers version) is left alone."""
 
 
-def _experts_classes() -> Iterator[tuple[type, Callable[..., torch.Tensor]]]:
+def _patched_methods() -> Iterator[tuple[type, str, Callable[..., torch.Tensor]]]:
     seen: set[int] = set()
     for name, module in list(sys.modules.items()):
         if not name.startswith(MODELING_MODULES) or module is None:
             continue
-        for cls_name, dense in DENSE_EXPERTS.items():
+        for cls_name, (method, parameters, replacement) in METHODS.items():
             cls = module.__dict__.get(cls_name)
-            if not isinstance(cls, type) or id(cls) in seen:
+            if not isinstance(cls, type) or id(cls) in seen or method not in cls.__dict__:
                 continue
             seen.add(id(cls))
-            if list(inspect.signature(cls.forward).parameters) == ["self", "hidden_states", "top_k_index",
-                                                                   "top_k_weights"]:
-                yield cls, dense
+            if tuple(inspect.signature(cls.__dict__[method]).parameters) == parameters:
+                yield cls, method, replacement
 
 
 @contextlib.contextmanager
 def routed_for_export() -> Iterator[list[str]]:
     """Within it, every loaded transformers modeling module's `ROUTES` functions are routed
-    through the opaque ops and its `DENSE_EXPERTS` classes run every expert; yields the names
+    through the opaque ops and its `METHODS` classes' methods are replaced; yields the names
     of what it replaced."""
     patched: list[tuple[Any, str, Any]] = []
     for name, module in list(sys.modules.items()):
@@ -172,13 +191,14 @@ def routed_for_export() -> Iterator[list[str]]:
                 torch_ops.SEQUENCE_MIXER_FUNCTIONS[name, function] = original
                 setattr(module, function, route(name, original))
                 patched.append((module, function, original))
-    dense = [(cls, cls.__dict__["forward"], forward) for cls, forward in _experts_classes()]
-    for cls, _, forward in dense:
-        cls.forward = forward
+    methods = [(cls, method, cls.__dict__[method], replacement) for cls, method, replacement in _patched_methods()]
+    for cls, method, _, replacement in methods:
+        setattr(cls, method, replacement)
     try:
-        yield [f"{m.__name__}.{f}" for m, f, _ in patched] + [f"{c.__module__}.{c.__name__}.forward" for c, _, _ in dense]
+        yield [f"{m.__name__}.{f}" for m, f, _ in patched] + [f"{c.__module__}.{c.__name__}.{m}"
+                                                             for c, m, _, _ in methods]
     finally:
         for module, function, original in patched:
             setattr(module, function, original)
-        for cls, original, _ in dense:
-            cls.forward = original
+        for cls, method, original, _ in methods:
+            setattr(cls, method, original)

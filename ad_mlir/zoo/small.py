@@ -125,7 +125,7 @@ can keep the length dynamic (its compressor slices the longest multiple of the r
 on whether any window is full, which torch.export fixes for one length with any other rate), so
 each window is one token; LongCat-Flash's zero-compute (identity) experts beside its routed ones:
 2 (256 by default), few like WHERE_PRESENT's routed experts, as its export runs every expert on
-every token (`frontends/export_patches.DENSE_EXPERTS`)."""
+every token (`frontends/export_patches.METHODS`)."""
 
 SIZED_IN_TEXT_CONFIG = ("qwen4_exp",)
 """Families whose config wraps the causal LM's in `text_config` and does not pass the sizes on

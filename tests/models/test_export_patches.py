@@ -1,7 +1,8 @@
-"""MoE blocks that loop over the experts their routing hit (DBRX, LongCat-Flash with its
-zero-compute experts) export with every expert on every token (`export_patches.DENSE_EXPERTS`):
-the exported program equals HF's eager forward, at another length than it was traced at, and
-HF's own forward is back after the export."""
+"""HF methods that `export_patches.METHODS` replaces while the project exports: MoE blocks that
+loop over the experts their routing hit (DBRX, LongCat-Flash with its zero-compute experts) run
+every expert on every token, CPM-Ant's attention mask comes from `torch.arange`. The exported
+program equals HF's eager forward, at another length than it was traced at, and HF's own method
+is back after the export."""
 
 from __future__ import annotations
 
@@ -46,3 +47,26 @@ def test_moe_with_a_loop_over_hit_experts_exports_and_equals_eager(family: str, 
     assert len(hit) > 2  # several experts were hit, not all tokens routed alike
     if family == "longcat_flash":  # a zero-compute expert was among them
         assert (hit >= config.n_routed_experts).any()
+
+
+def test_cpmant_exports_with_its_attention_mask_from_arange() -> None:
+    """HF's mask makes a tensor of a Python list of the positions, which fixed the length at
+    export ("specialized it to be a constant"); the replacement's mask is HF's, element for element."""
+    from transformers.models.cpmant.modeling_cpmant import CpmAntModel
+
+    model = model_from_config(small_config("cpmant"))
+    hf_mask = CpmAntModel._prepare_attention_mask
+    ids = torch.randint(1, 1000, (2, 11), generator=torch.Generator().manual_seed(0))
+    seqlen = model.cpmant.prompt_length + 11  # what its forward masks: the prompt's positions, then the ids
+    prompted = torch.randint(1, 1000, (2, seqlen), generator=torch.Generator().manual_seed(1))
+    span, context = torch.zeros_like(prompted), torch.ones_like(prompted)
+    context[1, -4:] = 0  # a second sequence with a causal tail, and left padding in it
+    length = torch.tensor([seqlen, seqlen - 5])
+    with routed_for_export():
+        mask = model.cpmant._prepare_attention_mask(prompted, span, context, length)
+    assert CpmAntModel._prepare_attention_mask is hf_mask
+    assert torch.equal(mask, hf_mask(model.cpmant, prompted, span, context, length))
+    assert not mask.all() and mask.any()
+    ep = export_with_ids(model, ids[:1, :5], max_seq=64)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(input_ids=ids[:1]).logits, model(input_ids=ids[:1]).logits)
