@@ -20,7 +20,9 @@ expression"). `METHODS` replaces such a class's `forward`, while the project exp
 one that runs every expert on every token and weights each by its routing weight (0 where the
 routing did not pick it), adding the experts in HF's order: the sum HF computes, with exact zeros
 added where it skips an expert. CPM-Ant's attention mask builds a tensor from a Python list
-of the length's positions; it gets the same mask from `torch.arange`. Both are `METHODS`.
+of the length's positions; it gets the same mask from `torch.arange`. Llama 4's MoE block reshapes
+its experts' output in a way whose strides torch.export cannot simplify; it gets the same ops
+without the round trip. All are `METHODS`.
 """
 
 from __future__ import annotations
@@ -150,19 +152,38 @@ def _cpmant_attention_mask(self: Any, input_ids: torch.Tensor, span: torch.Tenso
     return mask_1d.view(batch, seqlen, 1) & mask_1d.view(batch, 1, seqlen) & attention_mask
 
 
+def _llama4_text_moe(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' `Llama4TextMoe.forward` with its experts' two `bmm`s (`Llama4TextExperts.forward`)
+    inline: HF's experts return [experts * tokens, hidden], which the block reshapes back to
+    [experts, tokens, hidden], and torch.export cannot simplify the strides of that round trip
+    (its guard `seq * min(128, 128 * seq) == 128 * seq` fixes the length); here the experts'
+    output stays [experts, tokens, hidden]. The same ops on the same values."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_scores, router_logits = self.router(hidden_states)
+    routed_in = hidden_states.repeat(router_scores.shape[1], 1)
+    routed_in = routed_in * router_scores.transpose(0, 1).reshape(-1, 1)
+    experts = self.experts
+    routed_in = routed_in.view(experts.gate_up_proj.shape[0], -1, experts.hidden_size)
+    gate, up = torch.bmm(routed_in, experts.gate_up_proj).chunk(2, dim=-1)
+    routed_out = torch.bmm(up * experts.act_fn(gate), experts.down_proj)
+    return self.shared_expert(hidden_states) + routed_out.sum(dim=0), router_logits
+
+
 EXPERTS = ("self", "hidden_states", "top_k_index", "top_k_weights")
-METHODS: dict[str, tuple[str, tuple[str, ...], Callable[..., torch.Tensor]]] = {
+METHODS: dict[str, tuple[str, tuple[str, ...], Callable[..., Any]]] = {
     "DbrxExperts": ("forward", EXPERTS, _dbrx_experts_dense),
     "LongcatFlashExperts": ("forward", EXPERTS, _longcat_experts_dense),
+    "Llama4TextMoe": ("forward", ("self", "hidden_states"), _llama4_text_moe),
     "CpmAntModel": ("_prepare_attention_mask", ("self", "input_ids", "span", "context", "length"),
                     _cpmant_attention_mask),
 }
 """HF class name -> (method, its parameters, the method that replaces it while the project
-exports): MoE blocks that run every expert on every token, and CPM-Ant's attention mask. A
+exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its experts
+inline, and CPM-Ant's attention mask. A
 class whose method takes other parameters (another transformers version) is left alone."""
 
 
-def _patched_methods() -> Iterator[tuple[type, str, Callable[..., torch.Tensor]]]:
+def _patched_methods() -> Iterator[tuple[type, str, Callable[..., Any]]]:
     seen: set[int] = set()
     for name, module in list(sys.modules.items()):
         if not name.startswith(MODELING_MODULES) or module is None:

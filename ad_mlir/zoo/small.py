@@ -87,6 +87,7 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
                         "swa_kv_lora_rank": 64, "swa_head_dim": 48, "swa_qk_nope_head_dim": 32, "swa_v_head_dim": 32},
     "deepseek_v4": {"compress_rates": {"compressed_sparse_attention": 1, "heavily_compressed_attention": 1}},
     "longcat_flash": {"zero_expert_num": 2},
+    "cpmant": {"dim_ff": 256, "dim_head": 32, "init_std": 0.02},
     "big_bird": {"attention_type": "original_full"},
     "xmod": {"default_language": "en_XX"},
     "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
@@ -125,7 +126,11 @@ can keep the length dynamic (its compressor slices the longest multiple of the r
 on whether any window is full, which torch.export fixes for one length with any other rate), so
 each window is one token; LongCat-Flash's zero-compute (identity) experts beside its routed ones:
 2 (256 by default), few like WHERE_PRESENT's routed experts, as its export runs every expert on
-every token (`frontends/export_patches.METHODS`)."""
+every token (`frontends/export_patches.METHODS`); CPM-Ant's FFN and head sizes, which it names
+apart (`dim_ff`, default 10240; `dim_head`, default 128: 4 heads of 128 for hidden 128), as SIZES',
+and its init's std, 0.02 as the other families' `initializer_range` (its default of 1.0 draws
+weights N(0, 1): activations reach ~1500 and the logits ~42, where fp32 rounding alone, each
+kernel within an ulp of its reference, passes the sweep's absolute tolerance of 1e-5)"""
 
 SIZED_IN_TEXT_CONFIG = ("qwen4_exp",)
 """Families whose config wraps the causal LM's in `text_config` and does not pass the sizes on
