@@ -22,7 +22,8 @@ routing did not pick it), adding the experts in HF's order: the sum HF computes,
 added where it skips an expert. CPM-Ant's attention mask builds a tensor from a Python list
 of the length's positions; it gets the same mask from `torch.arange`. Llama 4's MoE block reshapes
 its experts' output in a way whose strides torch.export cannot simplify; it gets the same ops
-without the round trip. All are `METHODS`.
+without the round trip. ZAYA's CCA projection slices seq - 1 tokens, which torch.export cannot
+tell from one; it gets the same values from a slice of seq tokens. All are `METHODS`.
 """
 
 from __future__ import annotations
@@ -169,21 +170,61 @@ def _llama4_text_moe(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tens
     return self.shared_expert(hidden_states) + routed_out.sum(dim=0), router_logits
 
 
+def _zaya_cca_projection(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `ZayaCCAProjection.forward` without a cache (with one, HF's), its delayed
+    values shifted by one token as `cat([state, delayed])[:, :-1]` where HF writes `cat([state,
+    delayed[:, :-1]])` (the same values): torch.export cannot tell whether HF's slice of seq - 1
+    tokens has one, and its guard `seq - 1 != 1` fixes the length."""
+    def forward(self: Any, hidden_states: torch.Tensor, cache: Any, conv_mask: torch.Tensor | None = None) -> Any:
+        if cache is not None:
+            return original(self, hidden_states, cache, conv_mask)
+        if conv_mask is not None:
+            hidden_states = hidden_states * conv_mask[:, :, None].to(hidden_states.dtype)
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        projected_queries, projected_keys = self.q_proj(hidden_states), self.k_proj(hidden_states)
+        qk_states = torch.cat([projected_queries, projected_keys], dim=-1)
+        query_residual = projected_queries.view(*hidden_shape)
+        key_residual = projected_keys.view(*hidden_shape).transpose(1, 2)
+        key_residual = sys.modules[type(self).__module__].repeat_kv(key_residual, self.num_key_value_groups)
+        query_residual = (query_residual + key_residual.transpose(1, 2)) * 0.5
+        key_residual = query_residual.view(*input_shape, -1, self.num_key_value_groups, self.head_dim).mean(dim=-2)
+        qk_states = torch.nn.functional.pad(qk_states.transpose(1, 2), (self.conv_kernel_size, 0))
+        qk_states = self.conv_qk_grouped(self.conv_qk_depthwise(qk_states)).transpose(1, 2)
+        query_hidden_size = query_residual.shape[-2] * query_residual.shape[-1]
+        query = qk_states[..., :query_hidden_size].view(*hidden_shape) + query_residual
+        key = qk_states[..., query_hidden_size:].view(*hidden_shape) + key_residual
+        value_current = self.v_proj_current(hidden_states)
+        delayed_v_state = self.v_proj_delayed(hidden_states)
+        recurrent_v_state = self.v_proj_delayed(hidden_states.new_zeros(input_shape[0], 1, self.hidden_size))
+        value_delayed = torch.cat([recurrent_v_state, delayed_v_state], dim=1)[:, :-1]
+        value = torch.cat([value_current, value_delayed], dim=-1).view(*hidden_shape)
+        return query, key, value
+
+    return forward
+
+
+def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return lambda _: replacement
+
+
 EXPERTS = ("self", "hidden_states", "top_k_index", "top_k_weights")
-METHODS: dict[str, tuple[str, tuple[str, ...], Callable[..., Any]]] = {
-    "DbrxExperts": ("forward", EXPERTS, _dbrx_experts_dense),
-    "LongcatFlashExperts": ("forward", EXPERTS, _longcat_experts_dense),
-    "Llama4TextMoe": ("forward", ("self", "hidden_states"), _llama4_text_moe),
+METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
+    "DbrxExperts": ("forward", EXPERTS, _always(_dbrx_experts_dense)),
+    "LongcatFlashExperts": ("forward", EXPERTS, _always(_longcat_experts_dense)),
+    "Llama4TextMoe": ("forward", ("self", "hidden_states"), _always(_llama4_text_moe)),
     "CpmAntModel": ("_prepare_attention_mask", ("self", "input_ids", "span", "context", "length"),
-                    _cpmant_attention_mask),
+                    _always(_cpmant_attention_mask)),
+    "ZayaCCAProjection": ("forward", ("self", "hidden_states", "cache", "conv_mask"), _zaya_cca_projection),
 }
-"""HF class name -> (method, its parameters, the method that replaces it while the project
-exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its experts
-inline, and CPM-Ant's attention mask. A
+"""HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
+project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
+experts inline, CPM-Ant's attention mask, and ZAYA's CCA projection without a cache. A
 class whose method takes other parameters (another transformers version) is left alone."""
 
 
 def _patched_methods() -> Iterator[tuple[type, str, Callable[..., Any]]]:
+    """(class, method, its replacement) for each `METHODS` class of the loaded modeling modules."""
     seen: set[int] = set()
     for name, module in list(sys.modules.items()):
         if not name.startswith(MODELING_MODULES) or module is None:
@@ -194,7 +235,7 @@ def _patched_methods() -> Iterator[tuple[type, str, Callable[..., Any]]]:
                 continue
             seen.add(id(cls))
             if tuple(inspect.signature(cls.__dict__[method]).parameters) == parameters:
-                yield cls, method, replacement
+                yield cls, method, replacement(cls.__dict__[method])
 
 
 @contextlib.contextmanager

@@ -91,3 +91,25 @@ def test_llama4s_moe_exports_with_its_experts_inline() -> None:
         got = ep.module()(input_ids=ids).logits
     torch.testing.assert_close(inline, expected, rtol=0, atol=0)  # the same ops on the same values
     torch.testing.assert_close(got, expected)
+
+
+def test_zaya_exports_with_its_delayed_values_from_a_full_slice() -> None:
+    """HF's slice of seq - 1 delayed values fixed the length at export (`seq - 1 != 1`); the
+    replacement (no cache) computes HF's values exactly, and with a cache is HF's own."""
+    from transformers.models.zaya.modeling_zaya import ZayaCCAProjection
+
+    config = small_config("zaya")
+    config.initializer_range = 0.5
+    model = model_from_config(config)
+    hf_forward = ZayaCCAProjection.forward
+    ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with routed_for_export():
+            assert ZayaCCAProjection.forward is not hf_forward
+            replaced = model(input_ids=ids).logits
+    assert ZayaCCAProjection.forward is hf_forward
+    torch.testing.assert_close(replaced, expected, rtol=0, atol=0)  # the same ops on the same values
+    ep = export_with_ids(model, ids[:, :5], max_seq=64)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(input_ids=ids).logits, expected)
