@@ -23,7 +23,9 @@ added where it skips an expert. CPM-Ant's attention mask builds a tensor from a 
 of the length's positions; it gets the same mask from `torch.arange`. Llama 4's MoE block reshapes
 its experts' output in a way whose strides torch.export cannot simplify; it gets the same ops
 without the round trip. ZAYA's CCA projection slices seq - 1 tokens, which torch.export cannot
-tell from one; it gets the same values from a slice of seq tokens. All are `METHODS`.
+tell from one; it gets the same values from a slice of seq tokens. MiniMax's lightning attention
+loops over blocks of `min(block_size, seq)` tokens; it gets HF's one iteration on `seq` tokens
+where the sequence fits one block. All are `METHODS`.
 """
 
 from __future__ import annotations
@@ -204,6 +206,41 @@ def _zaya_cca_projection(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _minimax_lightning_attention(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `MiniMaxLightningAttention.forward` without a cache on at most `block_size`
+    tokens (with a cache, or longer, HF's): HF's loop over blocks then runs once, on a block of
+    `min(block_size, seq)` tokens, which torch.export cannot tell from `seq` (its guard
+    `min(256, seq) <= seq` fixes the length); here that one iteration on a block of `seq` tokens,
+    the same ops on the same values. A block as long as the export's longest length is a config
+    setting (`zoo.small.FAMILY_SIZES`); with a shorter one the length check here fixes the length."""
+    def forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any, attention_mask: torch.Tensor | None,
+                cache: Any = None, **kwargs: Any) -> Any:
+        batch_size, seq_len, _ = hidden_states.shape
+        if cache is not None or not seq_len <= self.block_size:
+            return original(self, hidden_states, position_embeddings, attention_mask, cache, **kwargs)
+        heads, head_dim = self.num_attention_heads, self.head_dim
+        qkv_states = self.act_fn(self.qkv_proj(hidden_states))
+        qkv_states = sys.modules[type(self).__module__].apply_mask_to_padding_states(qkv_states, attention_mask)
+        qkv_states = qkv_states.reshape(batch_size, seq_len, heads, 3 * head_dim)
+        query, key, value = (t.transpose(1, 2) for t in torch.split(qkv_states, head_dim, dim=3))
+        state = torch.zeros(batch_size, heads, head_dim, head_dim, device=value.device, dtype=value.dtype)
+        # HF's slices of the decays (`[:, :n]`, `[:, -n:]`) as gathers of the same rows: a slice's
+        # view guards on whether it is the whole tensor (`seq != block_size`), fixing the length
+        first = torch.arange(seq_len, device=value.device)
+        diagonal_decay = self.diagonal_decay.index_select(2, first).index_select(3, first)
+        query_decay = self.query_decay.index_select(1, first)
+        key_decay = self.key_decay.index_select(1, first + (self.block_size - seq_len))
+        intra = torch.matmul(query, key.transpose(-1, -2)) * diagonal_decay
+        attn_output = torch.matmul(query * query_decay, state) + torch.matmul(intra, value)
+        next_state = torch.matmul((key * key_decay).transpose(-1, -2), value)
+        state = state * torch.exp(-self.slope_rate * seq_len) + next_state
+        attn_output = attn_output.transpose(1, 2).reshape(batch_size, seq_len, heads * head_dim)
+        attn_output = torch.sigmoid(self.output_gate(hidden_states)) * self.norm(attn_output)
+        return self.out_proj(attn_output), state
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -216,10 +253,13 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     "CpmAntModel": ("_prepare_attention_mask", ("self", "input_ids", "span", "context", "length"),
                     _always(_cpmant_attention_mask)),
     "ZayaCCAProjection": ("forward", ("self", "hidden_states", "cache", "conv_mask"), _zaya_cca_projection),
+    "MiniMaxLightningAttention": ("forward", ("self", "hidden_states", "position_embeddings", "attention_mask",
+                                              "cache", "kwargs"), _minimax_lightning_attention),
 }
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
-experts inline, CPM-Ant's attention mask, and ZAYA's CCA projection without a cache. A
+experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
+without a cache. A
 class whose method takes other parameters (another transformers version) is left alone."""
 
 

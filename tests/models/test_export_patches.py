@@ -113,3 +113,28 @@ def test_zaya_exports_with_its_delayed_values_from_a_full_slice() -> None:
     ep = export_with_ids(model, ids[:, :5], max_seq=64)
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(input_ids=ids).logits, expected)
+
+
+def test_minimax_exports_with_its_lightning_attention_in_one_block() -> None:
+    """HF's loop over blocks of `min(block_size, seq)` tokens fixed the length at export; with a
+    block as long as the export's longest length, the replacement (HF's one iteration on `seq`
+    tokens) computes HF's values exactly, and a sequence longer than the block is HF's own loop."""
+    from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
+
+    config = small_config("minimax")
+    config.initializer_range = 0.5
+    model = model_from_config(config)
+    assert "linear_attention" in config.layer_types
+    hf_forward = MiniMaxLightningAttention.forward
+    ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with routed_for_export():
+            replaced = model(input_ids=ids).logits
+    torch.testing.assert_close(replaced, expected, rtol=0, atol=0)  # the same ops on the same values
+    ep = export_with_ids(model, ids[:, :5], max_seq=config.block_size)
+    assert MiniMaxLightningAttention.forward is hf_forward
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(input_ids=ids).logits, expected)
+    with pytest.raises(Exception, match="Constraints violated"):  # longer than a block: HF's loop, refused
+        export_with_ids(model, ids[:, :5], max_seq=config.block_size + 1)

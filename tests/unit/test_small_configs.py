@@ -116,3 +116,10 @@ def test_the_sweeps_model_exports_with_a_dynamic_length(family: str) -> None:
     ep = _export(model, ids[:, :5])
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_minimaxs_lightning_attention_block_holds_every_exported_length() -> None:
+    """The export patch computes HF's one block only where the sequence fits a block."""
+    from ad_mlir.bench.families import MAX_SEQ
+
+    assert small_config("minimax").block_size >= MAX_SEQ
