@@ -259,8 +259,8 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
-without a cache. A
-class whose method takes other parameters (another transformers version) is left alone."""
+without a cache. A class whose method takes other parameters (another transformers version) is
+left alone."""
 
 
 def _patched_methods() -> Iterator[tuple[type, str, Callable[..., Any]]]:
