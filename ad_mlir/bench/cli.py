@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -88,6 +89,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="output directory (default: benchmarks/results/<machine>[-quick], <machine> = cpu or the "
                    "GPU's name)")
     p.add_argument("--no-inductor", action="store_true", help="compile part: do not time torch.compile")
+    p.add_argument("--families", default=None, help="families part: only these model types (comma-separated); "
+                   "their rows replace theirs in the table the output directory holds, the others are kept")
     args = p.parse_args(argv)
     unknown = set(args.parts.split(",")) - set(PARTS)
     if unknown:
@@ -106,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not cuda:
         default_to_interpreter()  # PTX still compiles for sm_90 (in a child)
     parts = args.parts.split(",")
+    name = machine_name() + ("-quick" if args.quick else "")
+    args.out = args.out or Path("benchmarks") / "results" / name
     results: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "parts": {}, "skipped": {}}
     from tqdm import tqdm
 
@@ -121,11 +126,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             else:
                 results["parts"][part] = _run_part(part, args, progress)
             bar.update()
-    name = results["machine"]["machine"] + ("-quick" if args.quick else "")
-    out = args.out or Path("benchmarks") / "results" / name
-    markdown = write_results(results, out)
+    markdown = write_results(results, args.out)
     print(markdown)
-    print(f"\nwritten to {out}/", file=sys.stderr)
+    print(f"\nwritten to {args.out}/", file=sys.stderr)
+
+
+def merged_rows(earlier: Path, part: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`part`'s rows of the results in `earlier` (if any), each family's row replaced by its row
+    in `rows`; families new to the table are added at the end."""
+    new = {r["family"]: r for r in rows}
+    before = json.loads(earlier.read_text())["parts"].get(part, []) if earlier.exists() else []
+    kept = [new.pop(r["family"], r) for r in before]
+    return kept + list(new.values())
 
 
 def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[str, Any]]:
@@ -162,11 +174,14 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         from ad_mlir.bench.families import MATRIX, run_sweep
         from ad_mlir.zoo.small import causal_lm_families
 
-        if args.quick:
+        if args.families and part == "families":
+            families = tuple(args.families.split(","))
+        elif args.quick:
             families = ("llama", "mpt", "glm", "gpt2")
         else:
             families = tuple(MATRIX) if part == "matrix" else causal_lm_families()
-        return [asdict(r) for r in run_sweep(families, progress=lambda r: progress(f"{r.family}: {r.status}"))]
+        rows = [asdict(r) for r in run_sweep(families, progress=lambda r: progress(f"{r.family}: {r.status}"))]
+        return merged_rows(args.out / "results.json", part, rows) if args.families and part == "families" else rows
     from ad_mlir.bench.families import MATRIX
     from ad_mlir.bench.ptx_table import run_ptx
 

@@ -19,6 +19,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 VARIABLE = "TRITON_INTERPRET"
 
@@ -81,3 +82,36 @@ def kernel_loading() -> Iterator[None]:
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = built
         yield
+
+
+@contextlib.contextmanager
+def nearest_bf16_rounding() -> Iterator[None]:
+    """Within it, the Triton interpreter rounds fp32 -> bf16 conversions (casts and stores) to
+    nearest even, as compiled kernels do (`.to(tl.bfloat16)` is LLVM's fptrunc there, and
+    torch's conversion rounds the same way). Triton 3.9's interpreter truncates them (DESIGN.md):
+    up to one bf16 ulp toward zero at each kernel store, a bias that adds up over a model's
+    layers (2-3 times eager bf16's error on the logits of Pegasus-like models, against eager's
+    at most half an ulp per op). Whoever judges the kernels' bf16 precision in the interpreter
+    runs them within it, to measure the kernels and not the interpreter. Where triton runs
+    compiled (or is not imported yet) there is nothing to change."""
+    if not library_interpreted():
+        yield
+        return
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    truncating = InterpreterBuilder.cast_impl
+
+    def cast_impl(self: InterpreterBuilder, src: TensorHandle, dst_type: Any) -> TensorHandle:
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return truncating(self, src, dst_type)
+        rounded = torch.from_numpy(np.array(src.data, dtype=np.float32)).to(torch.bfloat16)
+        return TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), dst_type.scalar)
+
+    InterpreterBuilder.cast_impl = cast_impl  # create_fp_trunc (casts, stores) calls it
+    try:
+        yield
+    finally:
+        InterpreterBuilder.cast_impl = truncating

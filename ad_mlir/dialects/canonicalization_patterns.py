@@ -428,13 +428,15 @@ class RemoveClone(RewritePattern):
 
 class RemoveEmptyCatOperands(RewritePattern):
     """Operands with no extent along the cat's dim add nothing (a partial rotary's pass-through
-    part when the rotary dim is the whole head); a cat of one operand is that operand."""
+    part when the rotary dim is the whole head), nor does a 1-D operand of size 0 whatever the
+    result's rank, which torch.cat skips (XLM's empty key/value cache `torch.empty(0)`); a cat
+    of one operand is that operand."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.CatOp, rewriter: PatternRewriter) -> None:
         rank = len(op.result.type.get_shape())
         dim = (op.dim.value.data if op.dim is not None else 0) % rank
-        kept = [t for t in op.tensors if t.type.get_shape()[dim] != 0]
+        kept = [t for t in op.tensors if not _adds_nothing(t.type.get_shape(), dim, rank)]
         if len(kept) == len(op.tensors) or not kept:
             return
         if len(kept) == 1:
@@ -443,6 +445,12 @@ class RemoveEmptyCatOperands(RewritePattern):
         cat = ad.CatOp.build(operands=[kept], properties={"dim": op.dim} if op.dim is not None else {},
                              result_types=[op.result.type])
         rewriter.replace(op, _located_like(op, cat))
+
+
+def _adds_nothing(shape: tuple[int, ...], dim: int, rank: int) -> bool:
+    """A cat operand of `shape` adds nothing to a result of `rank` along `dim`: no extent
+    there, or torch.cat's legacy empty operand (shape (0,), skipped at any rank)."""
+    return shape == (0,) if len(shape) != rank else shape[dim] == 0
 
 
 class BmmOverMergedBatchToMatmul(RewritePattern):

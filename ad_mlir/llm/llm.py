@@ -144,10 +144,12 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
         with _hf_cache_off(model):
             return export_inference(model, kwargs, dims)
     except Exception as e:
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [""]
+        # a constraint violation's first line names only the dim; its first "- " line says which guard the code added
+        guard = next((line[2:] for line in lines[1:] if line.startswith("- ")), None)
         shapes = "batch 1, tokens dynamic" if flat else "batch and sequence dynamic"
         raise CacheExportError(f"{name} does not export for generation, called with {', '.join(kwargs)} ({shapes}): "
-                               f"{type(e).__name__}: {first}") from e
+                               f"{type(e).__name__}: {lines[0]}" + (f" ({guard})" if guard else "")) from e
 
 
 @contextlib.contextmanager

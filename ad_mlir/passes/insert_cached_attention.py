@@ -32,10 +32,19 @@ an error naming the layer. The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone, and the refusal below says why it is no attention form (OpenAI-GPT's
-mask multiplied in from its triangular buffer). GPT-Neo's `where(mask, scores, fill)` under HF's
-mask is matched: both masks are evaluated (the window is the narrower), the fill must be very
+mask multiplied in from its triangular buffer in another form). GPT-Neo's `where(mask, scores, fill)`
+under HF's mask is matched: both masks are evaluated (the window is the narrower), the fill must be very
 negative; the mask and fill read the model's buffer and a lifted constant, whose values the
-compiler puts in scope (`attention_masks.constants_known`).
+compiler puts in scope (`attention_masks.constants_known`). OpenAI-GPT's
+`scores * mask + (1 - mask) * fill` is matched the same way: its mask (a slice of its triangular
+buffer) must hold only 0 and 1 and be causal where it is 1, and its fill at most
+`MULTIPLIED_FILL_MAX`; its key, which it permutes straight to k^T, is permuted to heads first
+for the cache. Doge's dynamic mask, a bias per key and kv head (computed from each key's own
+value) put under HF's mask with `masked_fill` and repeated over the query heads
+(`attention_patterns.match_key_bias`), is cached as one more head dim: the query gets a 1 and the
+key the bias / scale (so the scaled scores gain the bias, and the cache keeps each key's bias with
+it), the key and value lose their repeat_kv, and HF's mask is evaluated as a masked_fill mask. Its
+bias's computation stays in the graph, where a token-mixing op would be refused below.
 
 HF's short causal convolution (LFM2: a depthwise `conv1d` padded by kernel - 1 and cut back to
 the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d` over an
@@ -110,6 +119,7 @@ from xdsl.dialects.builtin import (
     Float64Type,
     FloatAttr,
     FunctionType,
+    IndexType,
     IntegerAttr,
     ModuleOp,
     NameLoc,
@@ -135,7 +145,12 @@ from ad_mlir.passes.patterns.attention_masks import (
     evaluate,
     input_name,
 )
-from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
+from ad_mlir.passes.patterns.attention_patterns import (
+    Attention,
+    match_eager_attention,
+    match_key_bias,
+    match_repeat_kv,
+)
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
@@ -343,7 +358,10 @@ class InsertCachedAttentionPass(ModulePass):
                 f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the query's batch "
                 f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
                 "(ad_mlir.llm.llm.export_flat)")
+        _bias_as_key_dim(attention)
         window = self._window(fn, attention, layer)
+        if attention.key_seq_first:
+            attention.key = _heads_first(attention.key)
         kind = "pages" if self.paged else "cache"
         caches = [_append_argument(fn, self._cache_type(x), {ad.INPUT_ATTR: f"{role[0]}_{kind}_{i}",
                                                              ad.CACHE_ATTR: f"{layer} {role}"})
@@ -372,7 +390,8 @@ class InsertCachedAttentionPass(ModulePass):
         cached.location = attention.output.location
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
-        for computed in (attention.mask, attention.alibi, *(attention.selected or ())):
+        for computed in (attention.mask, attention.alibi, *(attention.selected or ()),
+                         *(attention.multiplied or ())[:1]):
             if computed is not None:
                 erase_computation(computed, Rewriter.erase_op)
 
@@ -386,7 +405,7 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _window(self, fn: func.FuncOp, attention: Attention, layer: str) -> int | None:
         """None for causal attention, the window of a sliding-window mask; raises otherwise."""
-        if attention.mask is None and attention.selected is None:
+        if attention.mask is None and attention.selected is None and attention.multiplied is None:
             if not attention.causal:
                 raise PassFailedException(f"{layer}: attention without a mask and not causal cannot be cached")
             return attention.window
@@ -401,6 +420,8 @@ class InsertCachedAttentionPass(ModulePass):
                 windows.append(causal_window(mask))
             if attention.selected is not None:  # GPT-Neo's where(mask, scores, fill): both masks apply
                 windows.append(self._selected_window(fn, *attention.selected))
+            if attention.multiplied is not None:  # OpenAI-GPT's scores * mask + (1 - mask) * fill
+                windows.append(self._multiplied_window(fn, *attention.multiplied))
             return min((w for w in windows if w is not None), default=None)
         except NotCausalWindow as e:
             raise PassFailedException(f"{layer}: {e}; only those can be cached") from None
@@ -415,6 +436,19 @@ class InsertCachedAttentionPass(ModulePass):
         if not value.is_floating_point() or float(value.max()) > torch.finfo(value.dtype).min / 2:
             raise MaskError(f"its masked scores are filled with {float(value.max())}, not a very negative number")
         return window
+
+    def _multiplied_window(self, fn: func.FuncOp, mask: SSAValue, fill: float) -> int | None:
+        """The window of `scores * mask + (1 - mask) * fill`'s mask, which must hold only 0 and 1
+        (the scores where 1: the sum is then exactly the scores or exactly the fill), whose fill must
+        be at most `MULTIPLIED_FILL_MAX`; a MaskError otherwise."""
+        if fill > MULTIPLIED_FILL_MAX:
+            raise MaskError(f"its scores are masked as scores * mask + (1 - mask) * {fill}: the fill is not at most "
+                            f"{MULTIPLIED_FILL_MAX}")
+        values = evaluate(fn, mask, self._inputs())
+        if not values.is_floating_point() or not torch.all((values == 0) | (values == 1)):
+            raise MaskError("its scores are masked as scores * mask + (1 - mask) * fill by a mask that holds values "
+                            "other than 0 and 1")
+        return causal_window(values == 1)
 
     def _alibi_slopes(self, fn: func.FuncOp, attention: Attention, layer: str) -> SSAValue:
         """The [heads] slopes of the bias added to the scores, which must be ALiBi's (viewed as
@@ -441,6 +475,15 @@ class InsertCachedAttentionPass(ModulePass):
         """Inputs of max-seq-len new tokens, at which the mask and bias computations run."""
         n = self.max_seq_len
         return {"input_ids": torch.zeros(1, n, dtype=torch.int64), POSITION_INPUT: torch.arange(n)[None, :]}
+
+
+MULTIPLIED_FILL_MAX = -1e4
+"""The largest fill of OpenAI-GPT's `scores * mask + (1 - mask) * fill` taken as masking (HF's
+is -1e4). Its masked logits are exactly the fill (a finite score times 0 is 0), so each masked
+probability is exp(fill - row max) / sum, and exp underflows to exactly 0 in fp32 (and in the
+fp32 softmax of bf16 and fp16 inputs) below -104 (half the smallest subnormal, 2^-150): the
+result is the causal kernel's exactly for every row with an attended score above fill + 104
+(-9896 for -1e4), which the query's own key is in any row whose scores are not all hugely negative."""
 
 
 PAGED_METADATA = (
@@ -583,6 +626,57 @@ def _append_argument(fn: func.FuncOp, arg_type: TensorType, attrs: dict[str, str
     fn.arg_attrs = ArrayAttr(arg_attrs)
     fn.function_type = FunctionType.from_lists([a.type for a in block.args], fn.function_type.outputs.data)
     return arg
+
+
+def _bias_as_key_dim(attention: Attention) -> None:
+    """Doge's dynamic mask (`match_key_bias`: a bias per key and kv head, under HF's mask) as one
+    more head dim: the query gets a 1 and the key bias / scale, so that the scaled scores gain
+    the bias (the cache holds each key's bias with it); HF's mask stays the attention's, a
+    masked_fill mask. The key and value lose their repeat_kv. Nothing changes for another mask."""
+    heads = attention.query.type.get_shape()[1]
+    found = match_key_bias(attention.mask, heads) if attention.mask is not None and not attention.mask_fills \
+        and attention.rope is None and attention.alibi is None else None
+    if found is None:
+        return
+    bias, masked, ops = found
+    (key, key_ops), (value, value_ops) = (match_repeat_kv(x, heads) for x in (attention.key, attention.value))
+    kv_heads = bias.type.get_shape()[1]
+    if key.type.get_shape()[1] != kv_heads or value.type.get_shape()[1] != kv_heads:
+        return
+    at = InsertPoint.before(attention.output)
+    query, dtype = attention.query, attention.query.type.element_type
+    sizes = [ad.SymSizeOp.build(operands=[query], properties={"dim": IntegerAttr(d, i64)}, result_types=[IndexType()])
+             for d, n in enumerate(query.type.get_shape()[:3]) if n == DYNAMIC_INDEX]
+    one = ad.ConstantOp(FloatAttr(1.0, Float64Type()))
+    ones = ad.FullOp.build(operands=[[s.result for s in sizes], one.result],
+                           properties={"static_size": DenseArrayBase.from_list(i64, [*query.type.get_shape()[:3], 1])},
+                           result_types=[TensorType(dtype, [*query.type.get_shape()[:3], 1])])
+    column = ad.UnsqueezeOp.build(operands=[bias], properties={"dim": IntegerAttr(3, i64)},
+                                  result_types=[TensorType(bias.type.element_type, [*bias.type.get_shape(), 1])])
+    inverse = ad.ConstantOp(FloatAttr(1 / attention.scale, Float64Type()))
+    scaled = ad.MulOp(column.result, inverse.result, column.result.type)
+    new_ops: list[Operation] = [*sizes, one, ones, column, inverse, scaled]
+    if bias.type.element_type != key.type.element_type:
+        new_ops.append(ad.CastOp(scaled.result, TensorType(key.type.element_type, column.result.type.get_shape())))
+    widened = [ad.CatOp.build(operands=[[x, extra]], properties={"dim": IntegerAttr(3, i64)},
+                              result_types=[TensorType(x.type.element_type, [*x.type.get_shape()[:3],
+                                                                             x.type.get_shape()[3] + 1])])
+               for x, extra in ((query, ones.result), (key, new_ops[-1].results[0]))]
+    Rewriter.insert_op([*new_ops, *widened], at)
+    attention.query, attention.key, attention.value = widened[0].result, widened[1].result, value
+    attention.mask, attention.mask_fills = masked, True
+    attention.chain += [*ops, *key_ops, *value_ops]
+
+
+def _heads_first(key: SSAValue) -> SSAValue:
+    """[batch, seq, heads, head_dim] `key` permuted to [batch, heads, seq, head_dim], placed
+    right after it."""
+    b, s, h, d = key.type.get_shape()
+    permute = ad.PermuteOp.build(operands=[key], properties={"dims": DenseArrayBase.from_list(i64, [0, 2, 1, 3])},
+                                 result_types=[TensorType(key.type.element_type, [b, h, s, d])])
+    Rewriter.insert_op(permute, InsertPoint.after(key.owner) if isinstance(key.owner, Operation)
+                       else InsertPoint.at_start(key.owner))
+    return permute.result
 
 
 def _reads_input(fn: func.FuncOp, value: SSAValue, name: str) -> bool:

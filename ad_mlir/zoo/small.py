@@ -3,6 +3,7 @@ from its config class (random weights): the sizes of the family sweep (`ad_mlir.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 SIZES: dict[str, Any] = {
@@ -36,6 +37,7 @@ WHERE_PRESENT: dict[str, Any] = {
     "n_group": 1,
     "topk_group": 1,
     "index_topk": 2,
+    "unpadded_vocab_size": SIZES["vocab_size"],
 }
 """Set where the config has them: head sizes its defaults would not derive from SIZES (a
 default head_dim of 128 or rotary_dim of 64 with 4 heads of hidden 128 does not build or
@@ -48,7 +50,9 @@ The token indexer of DeepSeek sparse attention (DeepSeek-V3.2, GLM-5, dots.3 not
 the shortest length the export allows (`bench.families`' dynamic length starts at 2), that
 minimum is `index_topk` at every length (with a larger one torch.export cannot tell, and fails on
 its guard `min(2048, seq) <= seq`), and at the sweep's lengths the selection is really sparse
-(with 2048 HF would select every key)."""
+(with 2048 HF would select every key). Inkling's LM head has an output size of its own
+(`unpadded_vocab_size`, default 200058): the vocabulary's, or greedy tokens fall outside the
+embedding."""
 
 HYBRID_LAYERS: dict[str, dict[str, Any]] = {
     "lfm2": {"layer_types": ["conv", "full_attention"]},
@@ -154,11 +158,14 @@ SCALED_WITH_HIDDEN = ("head_dim", "global_head_dim", "rotary_dim", "qk_rope_head
 heads times head_dim stays the hidden size."""
 
 
-def small_config(family: str, layers: int | None = None, hidden_size: int | None = None) -> Any:
+def small_config(family: str, layers: int | None = None, hidden_size: int | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Any:
     """The family's config with the sweep's sizes (WHERE_PRESENT's where the config has them as
     settings, not as properties derived from others: Falcon's head_dim); `layers` and
     `hidden_size` (a multiple of 32: 4 heads, rotary dims of hidden / 8) replace the sweep's,
-    the intermediate and head sizes following the hidden size."""
+    the intermediate and head sizes following the hidden size. `overrides` are settings over
+    all of those, given to the config's constructor so that what it derives from them follows
+    (Dory's RoPE parameters per kind of `layer_types`)."""
     from transformers import AutoConfig
 
     if family not in causal_lm_families():
@@ -191,7 +198,7 @@ def small_config(family: str, layers: int | None = None, hidden_size: int | None
         present["attention_types"] = [[["global", "local"], n // 2], *([[["global"], 1]] if n % 2 else [])]
     if sizes["num_hidden_layers"] == 2:
         present.update(hybrid_layers(family, defaults))
-    settings = {**sizes, **present, **own}
+    settings = {**sizes, **present, **own, **(overrides or {})}
     if family in SIZED_IN_TEXT_CONFIG:
         return AutoConfig.for_model(family, text_config=settings)
     return AutoConfig.for_model(family, **settings)

@@ -5,8 +5,13 @@ scores (attention_multiplier 1), GPT-NeoX-Japanese's baddbmm over [batch * heads
 zero bias and RoPE, and XGLM's (its query scaled before, the key transposed and the softmax run
 over [batch * heads] rows, the masked scores clamped at the lowest; sinusoidal positions from
 position_ids), and GPT-Neo's unscaled scores under where(a slice of its triangular `bias` buffer,
-scores, lowest) plus HF's mask, global and local (a window) layers alternating: the buffer's
-values come from the weights the compiler puts in scope. Models built from their config classes with wide random weights, so that
+scores, lowest) plus HF's mask, global and local (a window) layers alternating, and OpenAI-GPT's
+scores * mask + (1 - mask) * -1e4 of a slice of its triangular buffer (its key permuted straight to
+k^T, no position_ids in HF's cache-less generate): the buffers' values come from the weights the
+compiler puts in scope; and GIT's text decoder, whose mask reads its embeddings for their shape
+only (token types as zeros_like of them), and Doge's dynamic mask (a bias per key and head,
+exp(A * softplus(dt_proj(value))), under HF's mask), cached as one more head dim of the query (1)
+and the key (bias / scale). Models built from their config classes with wide random weights, so that
 greedy tokens vary; tokens against HF `generate` (three prompts in two slots) and per-step logits
 (prefill and 4 decode steps) against HF's full-prefix forward, with the kernels as their torch
 reference and in the Triton interpreter."""
@@ -34,6 +39,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "gpt_neox_japanese": {},
     "xglm": {},
     "gpt_neo": {"window_size": WINDOW},
+    "openai-gpt": {"tie_word_embeddings": False},  # tied, its post-norm logits repeat the last token
+    "git": {},
+    "doge": {"initializer_range": 0.1, "tie_word_embeddings": False},  # measured: wider or tied, HF repeats a token
 }
 """Per family: config settings over the small config (hidden 64, 2 layers)."""
 
@@ -43,6 +51,9 @@ EXPECTED: dict[str, list[dict[str, Any]]] = {
     "gpt_neox_japanese": [{"window": None, "sinks": False, "rope": True}] * 2,
     "xglm": [{"window": None, "sinks": False}] * 2,
     "gpt_neo": [{"window": None, "sinks": False}, {"window": WINDOW, "sinks": False}],
+    "openai-gpt": [{"window": None, "sinks": False}] * 2,
+    "git": [{"window": None, "sinks": False}] * 2,
+    "doge": [{"window": None, "sinks": False}] * 2,
 }
 """Per family and layer: what its cached attention carries."""
 
@@ -54,9 +65,9 @@ def spelled(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module, ad_ml
     for name, value in SETTINGS[request.param].items():
         setattr(config, name, value)
     model = model_from_config(config)
-    with torch.no_grad():  # GraniteSWA initializes its sinks to 0: distinct per head, so that a lost sink shows
-        for name, p in model.named_parameters():
-            if name.endswith("sinks"):
+    with torch.no_grad():  # GraniteSWA's sinks and Doge's A start at 0 (A = 0: every key's bias is 1, a no-op):
+        for name, p in model.named_parameters():  # distinct per head, so that a lost sink or bias shows
+            if name.endswith(("sinks", ".A")):
                 p.normal_(std=1.0)
     return request.param, model, ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
 
@@ -84,7 +95,8 @@ def test_step_logits_match_hf_prefill_and_decode(spelled) -> None:  # noqa: ANN0
     _assert_step_logits_match(*spelled[1:])
 
 
-@pytest.mark.parametrize("spelled", ["granite_swa", "gpt_neox_japanese"], indirect=True)  # sinks + window; RoPE
+@pytest.mark.parametrize("spelled", ["granite_swa", "gpt_neox_japanese", "doge"], indirect=True)  # sinks + window;
+# RoPE; a head dim of 33 (Doge's key bias as one more dim)
 def test_in_the_interpreter(spelled, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The cached attention's kernels (prefill and split-K decode) in the Triton interpreter,
     the reference refused: three prompts in two slots."""

@@ -55,6 +55,18 @@ class _DataDependent(torch.nn.Module):
         return x if input_ids[0, 0] > 3 else -x
 
 
+class _ShortOnly(torch.nn.Module):
+    """Branches on the sequence length: the export guards it, narrower than max_seq_len."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        return x if input_ids.shape[1] < 4 else -x
+
+
 def test_a_forward_without_input_ids_is_refused() -> None:
     with pytest.raises(CacheExportError, match="_NoInputIds.forward takes no 'input_ids' parameter"):
         ad_mlir.LLM(_NoInputIds(), max_batch=1, max_seq_len=16)
@@ -64,3 +76,10 @@ def test_an_export_failure_is_our_error_naming_the_model() -> None:
     with pytest.raises(CacheExportError, match=r"_DataDependent does not export for generation, called with "
                                                r"input_ids \(batch and sequence dynamic\): \w+"):
         ad_mlir.LLM(_DataDependent(), max_batch=1, max_seq_len=16)
+
+
+def test_a_guarded_sequence_length_is_named() -> None:
+    """A forward whose code specializes the sequence length: the error says which guard."""
+    with pytest.raises(CacheExportError, match=r"_ShortOnly does not export for generation.*Constraints violated "
+                                               r"\(seq\)!.* \(Not all values of seq .* satisfy the generated guard"):
+        ad_mlir.LLM(_ShortOnly(), max_batch=1, max_seq_len=16)

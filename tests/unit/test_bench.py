@@ -12,6 +12,7 @@ from xdsl.parser import Parser
 
 from ad_mlir.bench import cli
 from ad_mlir.bench.compile_time import run_compile_time
+from ad_mlir.bench.families import FamilyRow
 from ad_mlir.bench.report import write_results
 from ad_mlir.bench.traffic import ideal_bytes, launch_bytes, layer_launches, run_traffic
 from ad_mlir.passes.pipeline import PIPELINES, make_context
@@ -141,6 +142,21 @@ def test_command_line_runs_what_the_machine_can(tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit):
         cli.main(["--parts", "kernels,speed"])
     assert "unknown parts ['speed']" in capsys.readouterr().err
+
+
+def test_a_run_of_some_families_replaces_only_their_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    earlier = [{"family": "llama", "status": "ok"}, {"family": "mpt", "status": "wrong"}]
+    (tmp_path / "results.json").write_text(json.dumps({"parts": {"families": earlier}}))
+    swept: list[tuple[str, ...]] = []
+
+    def sweep(families: tuple[str, ...], progress: object) -> list[FamilyRow]:
+        swept.append(families)
+        return [FamilyRow(f, status="ok") for f in families]
+
+    monkeypatch.setattr("ad_mlir.bench.families.run_sweep", sweep)
+    rows = cli._run_part("families", cli._parse(["--families", "mpt,glm", "--out", str(tmp_path)]), print)
+    assert swept == [("mpt", "glm")]
+    assert [(r["family"], r["status"]) for r in rows] == [("llama", "ok"), ("mpt", "ok"), ("glm", "ok")]
 
 
 def test_decode_traffic_counts_weights_caches_and_new_kv() -> None:

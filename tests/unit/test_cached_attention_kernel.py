@@ -542,3 +542,11 @@ def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, head
     for spec, report in zip(specs, compile_all(specs), strict=True):
         assert report.spills == 0, (spec.constexprs["PHASE"], report)
         assert report.shared_memory <= H100_SHARED_MEMORY, (spec.constexprs["PHASE"], report)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_doge_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Doge-320M's attention: 8 query / 4 K/V heads of 128, its dynamic mask (a bias per key)
+    cached as one more query/key head dim (129; the value's stays 128), RoPE applied before."""
+    module = build(_spec(129, dtype, rope=False, v_head_dim=128))
+    _assert_compiles_without_spills(module, dtype, 8, 4, 129, None, [], [], v_head_dim=128)

@@ -108,6 +108,22 @@ def test_bf16_output_is_cast_at_the_store() -> None:
     torch.testing.assert_close(got.float(), exact, rtol=2**-7, atol=1e-5)
 
 
+def test_bf16_stores_round_to_nearest_within_nearest_bf16_rounding() -> None:
+    """The interpreter truncates fp32 -> bf16 stores (toward zero, DESIGN.md); within
+    `nearest_bf16_rounding` it rounds them to nearest even as compiled kernels do: bit for bit
+    torch's conversion of the same fp32 values, and back to truncating after it."""
+    from ad_mlir.codegen.interpreter import nearest_bf16_rounding
+
+    x = torch.randn(8, 64)
+    fn = lambda t: (t * 3.0).to(torch.bfloat16)  # noqa: E731 (exact-ish fp32 product, one rounding)
+    gm = _compiled(fn, x)
+    nearest, toward_zero = fn(x), ((x * 3.0).view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+    assert not torch.equal(nearest, toward_zero)
+    with nearest_bf16_rounding():
+        assert torch.equal(gm(x)[0], nearest)
+    assert torch.equal(gm(x)[0], toward_zero)
+
+
 def test_zero_rows_launch_nothing() -> None:
     x, w = torch.randn(4, 32), torch.randn(32)
     gm = _compiled(_rmsnorm, x, w, dynamic_rows=True)

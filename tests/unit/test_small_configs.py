@@ -123,3 +123,51 @@ def test_minimaxs_lightning_attention_block_holds_every_exported_length() -> Non
     from ad_mlir.bench.families import MAX_SEQ
 
     assert small_config("minimax").block_size >= MAX_SEQ
+
+
+@pytest.mark.parametrize("family", ["inkling2_text", "inkling2_loop_text"])
+def test_the_lm_head_predicts_the_vocabulary(family: str) -> None:
+    """Inkling's LM head has an output size of its own (`unpadded_vocab_size`): it is the
+    vocabulary's, or greedy tokens fall outside the embedding (HF's own generate raised)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(small_config(family))
+    assert model.get_output_embeddings().out_features == model.get_input_embeddings().num_embeddings == 1000
+
+
+def test_the_generation_columns_layer_kinds_reach_what_the_config_derives() -> None:
+    """The generation column gives Dory both of its layer kinds through the config's
+    constructor, so its RoPE parameters per kind cover both (set afterwards, the model's
+    rotary embedding found none for full attention and failed to build)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ad_mlir.bench.families import generation_config
+
+    config = generation_config("dory")
+    assert list(config.layer_types) == ["sliding_attention", "full_attention"]
+    assert set(config.rope_parameters) == {"sliding_attention", "full_attention"}
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(config)
+
+
+def test_the_sweeps_bf16_model_keeps_what_hf_keeps_in_fp32() -> None:
+    """The sweep's bf16 model is loaded as `from_pretrained(dtype=torch.bfloat16)` loads it:
+    Inkling2's router stays fp32 (`_keep_in_fp32_modules_strict`; after a plain
+    `.to(torch.bfloat16)` its fp32 input met a bf16 weight and eager raised), the rest is the
+    fp32 weights rounded to bf16."""
+    import torch
+
+    from ad_mlir.bench.families import _in_bf16
+    from ad_mlir.zoo.small import small_model
+
+    model = small_model("inkling2_text")
+    bf16 = _in_bf16(model)
+    gate = bf16.model.layers[0].mlp.gate.weight
+    assert gate.dtype == torch.float32 and torch.equal(gate, model.model.layers[0].mlp.gate.weight)
+    embedding = bf16.get_input_embeddings().weight
+    assert torch.equal(embedding, model.get_input_embeddings().weight.to(torch.bfloat16))
+    with torch.no_grad():  # eager runs (its softcapped logits come out in fp32)
+        assert bf16(input_ids=torch.tensor([[5, 9, 13]])).logits.isfinite().all()

@@ -8,6 +8,10 @@ reference semantics at a known length and compare the result with the masks the 
 build: causal, or causal within a sliding window of the last W keys. Anything else is a
 `MaskError` saying what the mask is, and the mask stays (or the pass refuses).
 
+A mask may read a value only for its shape (GIT's token types are `zeros_like` of its
+embeddings): such a value's computation runs on the meta device, from the inputs' shapes and the
+weights' types (`SHAPE_ONLY`).
+
 A mask may also read the model's buffers and lifted constants (GPT-Neo slices a triangular
 `bias` buffer and fills with a lifted scalar): their values are read from the weights the
 compiler put in scope (`constants_known`), never a parameter's, which a mask has no reason to read.
@@ -25,7 +29,14 @@ from contextvars import ContextVar
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, IntegerType
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    ArrayAttr,
+    DictionaryAttr,
+    IntegerAttr,
+    IntegerType,
+    TensorType,
+)
 from xdsl.ir import Attribute, Block, BlockArgument, Operation, SSAValue
 
 
@@ -62,8 +73,20 @@ def _known_constant(fn: func.FuncOp, arg: BlockArgument) -> torch.Tensor | None:
     return known.get(fqn) if fqn is not None and known is not None else None
 
 
-def backward_slice(value: SSAValue) -> tuple[list[Operation], set[BlockArgument]]:
-    """The ops `value` is computed by (program order) and the function arguments they read."""
+SHAPE_ONLY = frozenset({"aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
+                        "aten.empty_like.default"})
+"""Torch ops whose result reads only their input's shape (and dtype), not its values."""
+
+
+def shape_only(op: Operation) -> bool:
+    from ad_mlir.dialects import ad
+
+    return isinstance(op, ad.TorchOp) and op.target.data in SHAPE_ONLY
+
+
+def backward_slice(value: SSAValue, values_only: bool = False) -> tuple[list[Operation], set[BlockArgument]]:
+    """The ops `value` is computed by (program order) and the function arguments they read; with
+    `values_only`, not through the inputs of `shape_only` ops (whose values it does not read)."""
     ops: set[Operation] = set()
     args: set[BlockArgument] = set()
     stack = [value]
@@ -73,7 +96,8 @@ def backward_slice(value: SSAValue) -> tuple[list[Operation], set[BlockArgument]
             args.add(v)
         elif v.owner not in ops:
             ops.add(v.owner)
-            stack += list(v.owner.operands)
+            if not (values_only and shape_only(v.owner)):
+                stack += list(v.owner.operands)
     block = value.owner.parent_block() if isinstance(value.owner, Operation) else value.owner
     assert isinstance(block, Block)
     return [o for o in block.ops if o in ops], args
@@ -97,23 +121,83 @@ def evaluate_slice(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.T
     """`evaluate`, with every value of the computation (program order)."""
     from ad_mlir.semantics.reference import run_op
 
-    ops, args = backward_slice(mask)
+    ops, args = backward_slice(mask, values_only=True)
     env: dict[SSAValue, object] = {}
+    unknown = []
     for arg in args:
         name = input_name(fn, arg)
-        if name not in inputs and (constant := _known_constant(fn, arg)) is not None:
+        if name in inputs:
+            env[arg] = inputs[name]
+        elif (constant := _known_constant(fn, arg)) is not None:
             env[arg] = constant
-            continue
-        if name not in inputs:
-            raise MaskError(f"its attention mask reads %{arg.name_hint}, not only the token positions: it cannot be "
-                            "replaced by causal masking")
-        env[arg] = inputs[name]
+        else:
+            unknown.append(arg)
+    if unknown:
+        raise MaskError(_unknown_read(fn, unknown, ops))
     with torch.no_grad():
         for op in ops:
-            env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
+            operands = [_shaped_like(fn, v, inputs) for v in op.operands] if shape_only(op) else \
+                [env[v] for v in op.operands]
+            env.update(zip(op.results, run_op(op, operands), strict=True))
     if env[mask].device.type == "meta":  # the ops were recorded on the meta device: no values to read
         raise MaskError("its attention mask is computed on the meta device (no values to read)")
     return env
+
+
+def _unknown_read(fn: func.FuncOp, unknown: list[BlockArgument], ops: list[Operation]) -> str:
+    """Why a mask that reads `unknown` (no user input, no known constant; `ops` compute it, in
+    program order) is not causal masking. A parameter makes it a mask or bias computed from the
+    activations: the one read last is named, with the ops from it to the mask."""
+    from ad_mlir.dialects import ad
+
+    def attrs(arg: BlockArgument) -> dict:
+        return fn.arg_attrs.data[arg.index].data if fn.arg_attrs else {}
+
+    def first_read(arg: BlockArgument) -> int:
+        return next(i for i, op in enumerate(ops) if arg in op.operands)
+
+    params = [a for a in unknown if ad.PARAM_ATTR in attrs(a)]
+    if not params:
+        arg = min(unknown, key=lambda a: a.index)
+        return (f"its attention mask reads %{arg.name_hint}, not only the token positions: it cannot be replaced by "
+                "causal masking")
+    arg = max(params, key=first_read)
+    reached: set[SSAValue] = {arg}
+    names: list[str] = []
+    for op in ops:
+        if any(v in reached for v in op.operands):
+            reached.update(op.results)
+            names.append(op.target.data if isinstance(op, ad.TorchOp) else op.name)
+    return (f"its attention mask is computed from the parameter %{arg.name_hint} (through "
+            f"{', '.join(dict.fromkeys(names))}): a mask or score bias that depends on the activations, which the "
+            "cached attention does not take")
+
+
+def _shaped_like(fn: func.FuncOp, value: SSAValue, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Zeros of `value`'s shape and dtype at `inputs`: its computation run on the meta device
+    from the inputs' shapes and the weights' types (no weight is read)."""
+    from ad_mlir.semantics.op_table import torch_dtype
+    from ad_mlir.semantics.reference import run_op
+
+    ops, args = backward_slice(value)
+    env: dict[SSAValue, object] = {}
+    for arg in args:
+        name = input_name(fn, arg)
+        if name in inputs:
+            env[arg] = inputs[name].to("meta")
+        elif isinstance(arg.type, TensorType) and DYNAMIC_INDEX not in arg.type.get_shape():
+            env[arg] = torch.empty(arg.type.get_shape(), dtype=torch_dtype(arg.type.element_type), device="meta")
+        else:
+            raise MaskError(f"its attention mask reads the shape of %{arg.name_hint}, which is not a user input")
+    with torch.no_grad():
+        for op in ops:
+            try:
+                env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
+            except (RuntimeError, NotImplementedError) as e:
+                raise MaskError(f"its attention mask reads the shape of %{value.name_hint}, which {op.name} does not "
+                                f"compute on the meta device: {e}") from None
+    shaped = env[value]
+    return torch.zeros(shaped.shape, dtype=shaped.dtype)
 
 
 def attended(mask: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,10 @@ and BLOOM's are computed over [batch * heads] rows:
                alpha=scale), [b, h, s, keys])
     out = view(bmm(view(softmax(s + mask), [b * h, s, keys]), view(v, ...)), [b, h, s, d])
 (the softmax possibly in f32 and cast back; GPT-NeoX-Japanese's bias is `torch.zeros`: no ALiBi;
-q and k possibly the two results of one `ad.rope`). The softmax must still be an `ad.softmax` (before
-`decompose`). The scores and probabilities must have no other user; a softmax that feeds a
+q and k possibly the two results of one `ad.rope`). Masks besides HF's additive one: GPT-Neo's
+`where(mask, scores, fill)` and OpenAI-GPT's multiplied `scores * mask + (1 - mask) * fill`, its
+key permuted straight from [batch, seq, heads, head_dim] to k^T (`permute(k, 0, 2, 3, 1)`). The
+softmax must still be an `ad.softmax` (before `decompose`). The scores and probabilities must have no other user; a softmax that feeds a
 matmul but does not match exactly is reported with the reason.
 """
 
@@ -81,6 +83,13 @@ class Attention:
     selected: tuple[SSAValue, SSAValue] | None = None
     """GPT-Neo's (boolean mask, fill) of `where(mask, scores, fill)`, a mask besides `mask`: the
     insert pass evaluates both (the fill must be very negative)."""
+    multiplied: tuple[SSAValue, float] | None = None
+    """OpenAI-GPT's (mask, fill) of `scores * mask + (1 - mask) * fill`, a mask besides `mask`:
+    the insert pass evaluates it (0 or 1: the mask is where it is 1) and checks the fill
+    (`MULTIPLIED_FILL_MAX`)."""
+    key_seq_first: bool = False
+    """`key` is [batch, seq, heads, head_dim], which the scores read transposed as k^T by one
+    permute (OpenAI-GPT's `permute(0, 2, 3, 1)`): the insert pass permutes it to heads first."""
 
 
 def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
@@ -95,6 +104,27 @@ def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[O
     if tuple(expand.result.type.get_shape()) != (b, kv, query_heads // kv, s, d):
         return value, []
     return x, [reshape, expand, unsqueeze]
+
+
+def match_key_bias(mask: SSAValue, query_heads: int) -> tuple[SSAValue, SSAValue, list[Operation]] | None:
+    """(bias [batch, kv_heads, keys], the boolean mask, True where it masks, ops users first)
+    when an attention's float `mask` is Doge's dynamic mask, a bias per key (computed from the
+    key's own value) under HF's mask, repeated over the query heads or not:
+        repeat_kv(masked_fill(expand(unsqueeze(bias, 2), [-1, -1, queries, -1]), masked, lowest))"""
+    filled, repeat = match_repeat_kv(mask, query_heads)
+    op = filled.owner
+    if not (isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2
+            and op.args.data[0] == ad.OperandRefAttr(0) and filled.has_one_use()):
+        return None
+    fill = op.args.data[2] if len(op.args.data) == 3 else None
+    lowest = torch.finfo(torch_dtype(filled.type.element_type)).min
+    expand = producer(op.inputs[0], ad.ExpandOp)
+    unsqueeze = producer(expand.input, ad.UnsqueezeOp) if expand is not None else None
+    if not isinstance(fill, FloatAttr) or fill.value.data > lowest / 2 or unsqueeze is None \
+            or ad.normalize_dim(unsqueeze.dim.value.data, 4) != 2 or len(unsqueeze.input.type.get_shape()) != 3 \
+            or not all(v.has_one_use() for v in (op.inputs[0], expand.input)):
+        return None
+    return unsqueeze.input, op.inputs[1], [*repeat, op, expand, unsqueeze]
 
 
 def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
@@ -129,23 +159,23 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     masked = _masked_scores(logits, [softmax, *rows_ops, *sink_ops])
     if isinstance(masked, str):
         return masked
-    (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops, selected = masked
+    (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops, second = masked
     query, query_view = _same_view(qk.input)
     heads = query.type.get_shape()[1] if len(query.type.get_shape()) == 4 else DYNAMIC_INDEX
     transposed = _key_transposed(qk.other)
     if heads == DYNAMIC_INDEX or transposed is None:
         return "its scores are not matmul(q, transpose(k, 2, 3)) of a [batch, heads, seq, head_dim] q"
-    key, key_repeat = match_repeat_kv(transposed[0], heads)
+    key, key_repeat = match_repeat_kv(transposed[0], heads) if not transposed[2] else (transposed[0], [])
     value, value_view = _same_view(weighted.other)
     value, value_repeat = match_repeat_kv(value, heads)
-    if not _heads_of(query, key, value, weighted.result) or heads % key.type.get_shape()[1]:
+    if not _heads_of(query, key, value, weighted.result, transposed[2]) or heads % _key_heads(key, transposed[2]):
         return "its query, key and value are not [batch, heads or kv_heads, seq, head_dim] of one type"
     if sinks is not None and sinks.type.get_shape() != (heads,):
         return f"its sink logits are not one per head: {sinks.type}"
     chain = [*([weighted] if output != weighted else []), *([cast] if cast else []),
              *([sink_dropped] if sink_dropped else []), *rows_ops[:1], softmax, *rows_ops[1:], *sink_ops, *mask_ops,
              *score_ops, qk, *query_view, *transposed[1], *key_repeat, *value_view, *value_repeat]
-    forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills, "selected": selected}
+    forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills, "key_seq_first": transposed[2], **second}
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
         return Attention(output, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
@@ -157,15 +187,17 @@ Scores = tuple[ad.MatmulOp, float, float | None, list[Operation], SSAValue | Non
 """(matmul, scale, softcap, ops users first, ALiBi bias or None)."""
 
 
-Masked = tuple[Scores, SSAValue | None, bool, list[Operation], tuple[SSAValue, SSAValue] | None]
-"""(scores, mask, whether the mask marks what is masked, ops, GPT-Neo's (boolean mask, fill) or None)."""
+Masked = tuple[Scores, SSAValue | None, bool, list[Operation], dict[str, object]]
+"""(scores, mask, whether the mask marks what is masked, ops, the `Attention` field of a second
+mask: GPT-Neo's `selected` or OpenAI-GPT's `multiplied`, or none)."""
 
 
 def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
     """The scores and their masks when `logits`, used only by `users`, is the scores plus a mask,
     MPT's `masked_fill(scores, mask, very negative)` (at most half the dtype's lowest: HF fills
-    with the lowest), or GPT-Neo's `where(mask, scores, fill)` (plus a mask or not); the scores
-    possibly plus ALiBi's bias."""
+    with the lowest), GPT-Neo's `where(mask, scores, fill)` or OpenAI-GPT's
+    `scores * mask + (1 - mask) * fill` (either plus a mask or not); the scores possibly plus
+    ALiBi's bias."""
     op = logits.owner
     if any(use.operation not in users for use in logits.uses):
         return "its input has other users"
@@ -177,14 +209,14 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
         scores = _biased_scores(op.inputs[0])
         if scores is None:
             return "its masked scores are not matmul(q, k^T) * scale (+ a bias), each used only there"
-        return scores, op.inputs[1], True, [op], None
-    if (selected := _selected_scores(logits)) is not None:
-        return selected[0], None, False, selected[1], selected[2]
+        return scores, op.inputs[1], True, [op], {}
+    if (second := _second_mask(logits)) is not None:
+        return second[0], None, False, second[1], second[2]
     if not plain_binary(op, ad.AddOp):
         return _buffer_mask(logits) or "its input is not the scores plus a mask, nor masked_fill of them"
     for x in op.operands:
         scores = _biased_scores(x)
-        found = (scores, [], None) if scores is not None else _selected_scores(x)
+        found = (scores, [], {}) if scores is not None else _second_mask(x)
         if found is None:
             continue
         mask = other_operand(op, x)
@@ -193,6 +225,40 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
         return found[0], mask, False, [op, *found[1]], found[2]
     return _buffer_mask(logits) or ("its masked scores are not matmul(q, k^T) * scale, soft-capped or not (+ a bias), "
                                     "each used only there")
+
+
+def _second_mask(value: SSAValue) -> tuple[Scores, list[Operation], dict[str, object]] | None:
+    """(scores, ops users first, {the `Attention` field}) when `value` is the scores under
+    GPT-Neo's `where` or OpenAI-GPT's multiplied mask."""
+    if (selected := _selected_scores(value)) is not None:
+        return selected[0], selected[1], {"selected": selected[2]}
+    if (multiplied := _multiplied_scores(value)) is not None:
+        return multiplied[0], multiplied[1], {"multiplied": multiplied[2]}
+    return None
+
+
+def _multiplied_scores(value: SSAValue) -> tuple[Scores, list[Operation], tuple[SSAValue, float]] | None:
+    """(scores, ops users first, (mask, fill)) when `value` is OpenAI-GPT's
+    `scores * mask + (1 - mask) * fill` of a tensor mask (a slice of its triangular buffer) and
+    a number fill, each product used only there."""
+    add = value.owner
+    if not plain_binary(add, ad.AddOp):
+        return None
+    for kept in add.operands:
+        masked, filled = producer(kept, ad.MulOp), producer(other_operand(add, kept), ad.MulOp)
+        if not (plain_binary(masked, ad.MulOp) and plain_binary(filled, ad.MulOp)) \
+                or not all(v.has_one_use() for v in (masked.result, filled.result)):
+            continue
+        for inverted in filled.operands:
+            rsub, fill = producer(inverted, ad.SubOp), constant(other_operand(filled, inverted))
+            if rsub is None or fill is None or not plain_binary(rsub, ad.SubOp) or constant(rsub.input) != 1 \
+                    or not inverted.has_one_use() or rsub.other not in masked.operands \
+                    or not isinstance(rsub.other.type, TensorType):
+                continue
+            scores = _scores(other_operand(masked, rsub.other))
+            if scores is not None:
+                return (*scores, None), [add, masked, filled, rsub], (rsub.other, fill)
+    return None
 
 
 def _selected_scores(value: SSAValue) -> tuple[Scores, list[Operation], tuple[SSAValue, SSAValue]] | None:
@@ -224,7 +290,7 @@ def _buffer_mask(logits: SSAValue) -> str | None:
                 if len(shape) == 4 and shape[:2] == (1, 1) and shape[2] == shape[3] != DYNAMIC_INDEX:
                     return (f"its scores are masked by a slice of the model's {list(shape)} buffer "
                             f"%{op.input.name_hint} (a triangular buffer of older HF models) in a form not matched "
-                            "(GPT-Neo's where(mask, scores, lowest) is)")
+                            "(GPT-Neo's where(mask, scores, lowest) and OpenAI-GPT's scores * mask + (1 - mask) * fill are)")
         level = [v for op in ops for v in op.operands]
     return None
 
@@ -245,10 +311,18 @@ def _biased_scores(value: SSAValue) -> Scores | None:
     return None
 
 
-def _heads_of(query: SSAValue, key: SSAValue, value: SSAValue, output: SSAValue) -> bool:
-    """Key and value are one [batch, kv_heads, seq, head_dim] type, but for the value's head dim,
-    which the output [batch, heads, seq, ...] has (DeepSeek's heads: value 128, query/key 192)."""
+def _key_heads(key: SSAValue, seq_first: bool) -> int:
+    """The key's head count, from [batch, heads, seq, dim] or, `seq_first`, [batch, seq, heads, dim]."""
+    return key.type.get_shape()[2 if seq_first else 1]
+
+
+def _heads_of(query: SSAValue, key: SSAValue, value: SSAValue, output: SSAValue, key_seq_first: bool = False) -> bool:
+    """Key and value are one [batch, kv_heads, seq, head_dim] type (the key possibly [batch, seq,
+    kv_heads, head_dim]), but for the value's head dim, which the output [batch, heads, seq, ...]
+    has (DeepSeek's heads: value 128, query/key 192)."""
     q, k, v, o = (x.type.get_shape() for x in (query, key, value, output))
+    if key_seq_first:
+        k = (k[0], k[2], k[1], k[3])
     return (k[:3] == v[:3] and k[3] == q[3] and o == (*q[:3], v[3])
             and key.type.element_type == value.type.element_type and output.type.element_type == query.type.element_type)
 
@@ -297,12 +371,17 @@ def _same_view(value: SSAValue) -> tuple[SSAValue, list[Operation]]:
     return value, []
 
 
-def _key_transposed(value: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
-    """(k, ops users first) when `value` is `transpose(k, 2, 3)` of a 4-D k, or that over
-    [batch * heads] rows: `view(transpose(view(k, [b * h, s, d]), 1, 2), [b, h, d, s])` (XGLM)."""
+def _key_transposed(value: SSAValue) -> tuple[SSAValue, list[Operation], bool] | None:
+    """(k, ops users first, whether k is [batch, seq, heads, head_dim]) when `value` is
+    `transpose(k, 2, 3)` of a 4-D k, that over [batch * heads] rows:
+    `view(transpose(view(k, [b * h, s, d]), 1, 2), [b, h, d, s])` (XGLM), or `permute(k, 0, 2, 3, 1)`
+    of a seq-first k (OpenAI-GPT)."""
     transpose = producer(value, ad.TransposeOp)
     if transpose is not None and _swaps_last_two(transpose):
-        return transpose.input, [transpose]
+        return transpose.input, [transpose], False
+    permute = producer(value, ad.PermuteOp)
+    if permute is not None and tuple(permute.dims.get_values()) == (0, 2, 3, 1) and value.has_one_use():
+        return permute.input, [permute], True
     outer = producer(value, ad.ReshapeOp)
     transpose = producer(outer.input, ad.TransposeOp) if outer is not None else None
     inner = producer(transpose.input, ad.ReshapeOp) if transpose is not None else None
@@ -313,7 +392,7 @@ def _key_transposed(value: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
     if len(k) != 4 or len(rows) != 3 or rows[2] != k[3] or len(t) != 4 or (t[1], t[2]) != (k[1], k[3]) \
             or {ad.normalize_dim(d.value.data, 3) for d in (transpose.dim0, transpose.dim1)} != {1, 2}:
         return None
-    return key, [outer, transpose, inner]
+    return key, [outer, transpose, inner], False
 
 
 def _without_row_max(logits: SSAValue) -> tuple[SSAValue, list[Operation]]:

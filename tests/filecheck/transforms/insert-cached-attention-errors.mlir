@@ -112,13 +112,14 @@ func.func @buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x
 }
 
 // -----
-// OpenAI-GPT's mask: scores * m + (1 - m) * -1e4 of a slice m of its triangular float buffer, a
-// form not matched: refused naming the layer, the buffer and the form.
-// CHECK: insert-cached-attention: the attention at transformer.h.0.attn is no form it caches: its scores are masked by a slice of the model's [1, 1, 32, 32] buffer %bias (a triangular buffer of older HF models) in a form not matched (GPT-Neo's where(mask, scores, lowest) is); 2 op(s) mix token positions
-func.func @multiplied_buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xf32> {ad.buffer = "transformer.h.0.attn.bias"}) -> tensor<1x2x?x8xf32> {
+// OpenAI-GPT's mask: scores * m + (1 - m) * -1e4 of a slice m of its triangular float buffer.
+// Matched; outside the compiler (which puts the buffers' values in scope) the values are unknown,
+// so the mask cannot be evaluated: refused naming the layer and the buffer.
+// CHECK: transformer.h.0.attn: its attention mask reads %bias, not only the token positions: it cannot be replaced by causal masking
+func.func @multiplied_buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xf32> {ad.buffer = "transformer.h.0.attn.bias"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x8xf32> {
   %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
   %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
-  %n = ad.sym_size %q dim 2 : tensor<1x2x?x8xf32>
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
   %rows = ad.slice %bias dim 2 [0, %n, 1] : tensor<1x1x32x32xf32> -> tensor<1x1x?x32xf32>
   %m = ad.slice %rows dim 3 [0, %n, 1] : tensor<1x1x?x32xf32> -> tensor<1x1x?x?xf32>
   %kept = ad.mul %s, %m : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
@@ -129,6 +130,56 @@ func.func @multiplied_buffer_mask(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: 
   %masked = ad.add %kept, %fill : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
   %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("transformer.h.0.attn")
   %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// The same form with a fill of -1: not masking (at most -1e4 is, whose exp underflows to 0): refused
+// naming the layer and the fill.
+// CHECK: transformer.h.0.attn: its scores are masked as scores * mask + (1 - mask) * -1.0: the fill is not at most -10000.0
+func.func @multiplied_small_fill(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xf32> {ad.buffer = "transformer.h.0.attn.bias"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %rows = ad.slice %bias dim 2 [0, %n, 1] : tensor<1x1x32x32xf32> -> tensor<1x1x?x32xf32>
+  %m = ad.slice %rows dim 3 [0, %n, 1] : tensor<1x1x?x32xf32> -> tensor<1x1x?x?xf32>
+  %kept = ad.mul %s, %m : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %one = ad.constant 1 : i64
+  %dropped = ad.sub %one, %m : i64, tensor<1x1x?x?xf32> -> tensor<1x1x?x?xf32>
+  %big = ad.constant -1.000000e+00 : f64
+  %fill = ad.mul %dropped, %big : tensor<1x1x?x?xf32>, f64 -> tensor<1x1x?x?xf32>
+  %masked = ad.add %kept, %fill : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("transformer.h.0.attn")
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// The scores only multiplied by a slice of the triangular buffer (no fill: masked scores 0, not
+// masked): a form not matched, refused naming the layer, the buffer and the forms matched.
+// CHECK: insert-cached-attention: the attention at transformer.h.0.attn is no form it caches: its scores are masked by a slice of the model's [1, 1, 32, 32] buffer %bias (a triangular buffer of older HF models) in a form not matched (GPT-Neo's where(mask, scores, lowest) and OpenAI-GPT's scores * mask + (1 - mask) * fill are); 2 op(s) mix token positions
+func.func @multiplied_only(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %bias: tensor<1x1x32x32xf32> {ad.buffer = "transformer.h.0.attn.bias"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
+  %rows = ad.slice %bias dim 2 [0, %n, 1] : tensor<1x1x32x32xf32> -> tensor<1x1x?x32xf32>
+  %m = ad.slice %rows dim 3 [0, %n, 1] : tensor<1x1x?x32xf32> -> tensor<1x1x?x?xf32>
+  %kept = ad.mul %s, %m : tensor<1x2x?x?xf32>, tensor<1x1x?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %kept dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("transformer.h.0.attn")
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+// A mask computed from the activations (Doge's dynamic mask: a bias per key from a parameter and
+// the hidden states): refused naming the layer, the parameter read last and the ops from it.
+// CHECK: model.layers.0.self_attn: its attention mask is computed from the parameter %a (through ad.mul, ad.exp, ad.transpose, ad.unsqueeze): a mask or score bias that depends on the activations, which the cached attention does not take
+func.func @activation_mask(%a: tensor<2xf32> {ad.param = "model.layers.0.self_attn.A"}, %h: tensor<1x?x2xf32> {ad.input = "h"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %m = ad.mul %a, %h : tensor<2xf32>, tensor<1x?x2xf32> -> tensor<1x?x2xf32>
+  %e = ad.exp %m : tensor<1x?x2xf32> -> tensor<1x?x2xf32>
+  %t = ad.transpose %e -1, -2 : tensor<1x?x2xf32> -> tensor<1x2x?xf32>
+  %bias = ad.unsqueeze %t dim 2 : tensor<1x2x?xf32> -> tensor<1x2x1x?xf32>
+  %o = ad.attention %q, %k, %v mask %bias scale 0.35355339059327379 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x1x?xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
 

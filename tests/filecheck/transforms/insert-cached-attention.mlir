@@ -470,3 +470,106 @@ func.func @no_mixers(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %x: tensor<
   %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
   func.return %tail, %merged, %o : tensor<?x8x?xf32>, tensor<?x?x32xf32>, tensor<1x2x?x8xf32>
 }
+
+// -----
+
+// OpenAI-GPT's eager attention: its key permuted straight from [batch, seq, heads, head_dim] to
+// k^T, the scores masked as scores * m + (1 - m) * -1e4 of a float mask m of 0 and 1 (here
+// computed from the positions; OpenAI-GPT slices its triangular buffer, which the compiler
+// evaluates). One ad.cached_attention over the key permuted to heads first; the mask and the
+// chain are gone.
+// CHECK-LABEL: func.func @multiplied_mask
+// CHECK:       %[[K:.*]] = ad.permute %k [0, 2, 1, 3] : tensor<1x?x2x8xf32> -> tensor<1x2x?x8xf32>
+// CHECK-NOT:   ad.softmax
+// CHECK-NOT:   ad.arange
+// CHECK:       ad.cached_attention %q, %[[K]], %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327373 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @multiplied_mask(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x?x2x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %seen = ad.le %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %m = ad.cast %seen : tensor<?x?xi1> -> tensor<?x?xf32>
+  %kt = ad.permute %k [0, 2, 3, 1] : tensor<1x?x2x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %root = ad.constant 2.8284271247461903 : f64
+  %scaled = ad.div %s, %root : tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %kept = ad.mul %scaled, %m : tensor<1x2x?x?xf32>, tensor<?x?xf32> -> tensor<1x2x?x?xf32>
+  %dropped = ad.sub %c1, %m : i64, tensor<?x?xf32> -> tensor<?x?xf32>
+  %big = ad.constant -1.000000e+04 : f64
+  %fill = ad.mul %dropped, %big : tensor<?x?xf32>, f64 -> tensor<?x?xf32>
+  %masked = ad.add %kept, %fill : tensor<1x2x?x?xf32>, tensor<?x?xf32> -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
+// A mask that reads a weight for its shape only (GIT's token types are zeros_like of its
+// embeddings): the embedding runs on the meta device for its shape, the mask evaluates to
+// causal and is dropped with its computation.
+// CHECK-LABEL: func.func @mask_reads_shape
+// CHECK-NOT:   ad.embedding
+// CHECK-NOT:   ad.torch_op
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @mask_reads_shape(%w: tensor<16x8xf32> {ad.param = "git.embeddings.word_embeddings.weight"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %h = ad.embedding %w, %input_ids : (tensor<16x8xf32>, tensor<1x?xi64>) -> tensor<1x?x8xf32>
+  %z = ad.torch_op "aten.zeros_like.default"(%h) [#ad.ref<0>] {dtype = i64, pin_memory = false} : (tensor<1x?x8xf32>) -> tensor<1x?x8xi64>
+  %types = ad.torch_op "aten.select.int"(%z) [#ad.ref<0>, 2 : i64, 0 : i64] {} : (tensor<1x?x8xi64>) -> tensor<1x?xi64>
+  %pos = ad.add %types, %position_ids : tensor<1x?xi64>, tensor<1x?xi64> -> tensor<1x?xi64>
+  %a = ad.unsqueeze %pos dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %pos dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %m = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %mask = ad.unsqueeze %m dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %o = ad.attention %q, %k, %v mask %mask scale 0.35355339059327379 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x8xf32> loc("git.encoder.layer.0.attention.self")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
+// Doge's dynamic mask: a bias per key and kv head (here an input; Doge computes it from each
+// key's value) under HF's mask (True where masked), repeated over the query heads like the key
+// and value. The bias becomes one more head dim: the query gets a 1, the key bias / scale, so
+// the cache's key is 9 wide; the key and value lose their repeat_kv, the mask is dropped.
+// CHECK-LABEL: func.func @key_bias
+// CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x9xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
+// CHECK-SAME:  %v_cache{{.*}}: tensor<2x16x1x8xf32>
+// CHECK:       %[[N:.*]] = ad.sym_size %q dim 2
+// CHECK:       %[[ONES:.*]] = ad.full [1, 2, %[[N]], 1], %{{.*}} : f64 -> tensor<1x2x?x1xf32>
+// CHECK:       %[[COLUMN:.*]] = ad.unsqueeze %dt dim 3 : tensor<1x1x?xf32> -> tensor<1x1x?x1xf32>
+// CHECK:       %[[INVERSE:.*]] = ad.constant 2.8284271247461898 : f64
+// CHECK:       %[[BIAS:.*]] = ad.mul %[[COLUMN]], %[[INVERSE]]
+// CHECK:       %[[Q:.*]] = ad.cat %q, %[[ONES]] dim 3 : (tensor<1x2x?x8xf32>, tensor<1x2x?x1xf32>) -> tensor<1x2x?x9xf32>
+// CHECK:       %[[K:.*]] = ad.cat %k, %[[BIAS]] dim 3 : (tensor<1x1x?x8xf32>, tensor<1x1x?x1xf32>) -> tensor<1x1x?x9xf32>
+// CHECK-NOT:   ad.expand
+// CHECK-NOT:   masked_fill
+// CHECK:       ad.cached_attention %[[Q]], %[[K]], %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 :
+// CHECK-NEXT:  func.return
+func.func @key_bias(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %dt: tensor<1x1x?xf32> {ad.input = "dt"}) -> tensor<1x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %later = ad.gt %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %du = ad.unsqueeze %dt dim 2 : tensor<1x1x?xf32> -> tensor<1x1x1x?xf32>
+  %de = ad.expand %du [-1, -1, %n, -1] : tensor<1x1x1x?xf32> -> tensor<1x1x?x?xf32>
+  %filled = ad.torch_op "aten.masked_fill.Scalar"(%de, %later) [#ad.ref<0>, #ad.ref<1>, -3.4028234663852886e+38 : f64] {} : (tensor<1x1x?x?xf32>, tensor<?x?xi1>) -> tensor<1x1x?x?xf32>
+  %mu = ad.unsqueeze %filled dim 2 : tensor<1x1x?x?xf32> -> tensor<1x1x1x?x?xf32>
+  %me = ad.expand %mu [1, 1, 2, %n, %n] : tensor<1x1x1x?x?xf32> -> tensor<1x1x2x?x?xf32>
+  %mask = ad.reshape %me [1, 2, %n, %n] : tensor<1x1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %ku = ad.unsqueeze %k dim 2 : tensor<1x1x?x8xf32> -> tensor<1x1x1x?x8xf32>
+  %ke = ad.expand %ku [1, 1, 2, %n, 8] : tensor<1x1x1x?x8xf32> -> tensor<1x1x2x?x8xf32>
+  %kr = ad.reshape %ke [1, 2, %n, 8] : tensor<1x1x2x?x8xf32> -> tensor<1x2x?x8xf32>
+  %vu = ad.unsqueeze %v dim 2 : tensor<1x1x?x8xf32> -> tensor<1x1x1x?x8xf32>
+  %ve = ad.expand %vu [1, 1, 2, %n, 8] : tensor<1x1x1x?x8xf32> -> tensor<1x1x2x?x8xf32>
+  %vr = ad.reshape %ve [1, 2, %n, 8] : tensor<1x1x2x?x8xf32> -> tensor<1x2x?x8xf32>
+  %o = ad.attention %q, %kr, %vr mask %mask scale 0.35355339059327379 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}

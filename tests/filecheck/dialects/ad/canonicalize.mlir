@@ -275,19 +275,22 @@ func.func @sdpa_backends(%q: tensor<1x2x5x8xf32>, %k: tensor<1x2x5x8xf32>, %v: t
 // -----
 
 // A clone is its input's value (repeat_kv's clone before the view, through torch.compile); a
-// clone the function returns stays. A cat drops operands with no extent along its dim, and a
+// clone the function returns stays. A cat drops operands with no extent along its dim, and
+// torch.cat's legacy empty operand (1-D, size 0: XLM's empty cache) at any rank and dim; a
 // cat of one operand is that operand.
 // CHECK-LABEL: func.func @clones_and_empty_cats
 // CHECK-NEXT:    %kept = ad.clone %x
 // CHECK-NEXT:    %cat = ad.cat %x, %x dim 1 : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x8xf32>
-// CHECK-NEXT:    func.return %x, %kept, %x, %cat
-func.func @clones_and_empty_cats(%x: tensor<2x4xf32>, %e: tensor<2x0xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x8xf32>) {
+// CHECK-NEXT:    func.return %x, %kept, %x, %cat, %x, %v
+func.func @clones_and_empty_cats(%x: tensor<2x4xf32>, %e: tensor<2x0xf32>, %z: tensor<0xf32>, %v: tensor<3xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x8xf32>, tensor<2x4xf32>, tensor<3xf32>) {
   %c = ad.clone %x : tensor<2x4xf32> -> tensor<2x4xf32>
   %r = ad.reshape %c [2, 4] : tensor<2x4xf32> -> tensor<2x4xf32>
   %kept = ad.clone %x : tensor<2x4xf32> -> tensor<2x4xf32>
   %one = ad.cat %x, %e dim 1 : (tensor<2x4xf32>, tensor<2x0xf32>) -> tensor<2x4xf32>
   %cat = ad.cat %x, %e, %x dim 1 : (tensor<2x4xf32>, tensor<2x0xf32>, tensor<2x4xf32>) -> tensor<2x8xf32>
-  func.return %r, %kept, %one, %cat : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x8xf32>
+  %legacy = ad.cat %z, %x dim 1 : (tensor<0xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  %flat = ad.cat %z, %v dim 0 : (tensor<0xf32>, tensor<3xf32>) -> tensor<3xf32>
+  func.return %r, %kept, %one, %cat, %legacy, %flat : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x8xf32>, tensor<2x4xf32>, tensor<3xf32>
 }
 
 // -----
