@@ -13,11 +13,25 @@ them is left alone. Only the call the exported inference graph makes is routed: 
 sequence from an empty state, no final state asked for (HF's own cache is off), no packed
 sequences; any other call (an initial state, `return_final_states`, `cu_seqlens`) runs HF's
 function as it is.
+
+Some MoE blocks loop in Python over the experts that the routing hit (`nonzero()` of the expert
+mask: a data-dependent count, which torch.export cannot trace: "Could not guard on data-dependent
+expression"). `METHODS` replaces such a class's `forward`, while the project exports, with
+one that runs every expert on every token and weights each by its routing weight (0 where the
+routing did not pick it), adding the experts in HF's order: the sum HF computes, with exact zeros
+added where it skips an expert. CPM-Ant's attention mask builds a tensor from a Python list
+of the length's positions; it gets the same mask from `torch.arange`. Llama 4's MoE block reshapes
+its experts' output in a way whose strides torch.export cannot simplify; it gets the same ops
+without the round trip. ZAYA's CCA projection slices seq - 1 tokens, which torch.export cannot
+tell from one; it gets the same values from a slice of seq tokens. MiniMax's lightning attention
+loops over blocks of `min(block_size, seq)` tokens; it gets HF's one iteration on `seq` tokens
+where the sequence fits one block. All are `METHODS`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -89,10 +103,186 @@ ROUTES: dict[str, Callable[[str, Callable[..., Any]], Callable[..., Any]]] = {
 """HF function name -> (module name, HF's function) -> the function that routes it."""
 
 
+def _routing_weight(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, expert: int) -> torch.Tensor:
+    """[tokens, 1]: each token's routing weight of `expert` (its top-k picks distinct experts, so
+    at most one term is not 0)."""
+    return (top_k_weights * (top_k_index == expert)).sum(dim=-1, keepdim=True)
+
+
+def _dbrx_experts_dense(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' `DbrxExperts.forward` (a loop over the experts hit, `index_add_` of each one's
+    weighted output), every expert on every token."""
+    batch_size = hidden_states.shape[0]
+    hidden_states = hidden_states.reshape(-1, self.hidden_size)
+    shape = (-1, self.ffn_hidden_size, self.hidden_size)
+    w1, v1, w2 = (self.mlp.w1.view(shape), self.mlp.v1.view(shape), self.mlp.w2.view(shape))
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.num_experts):
+        states = self.mlp(hidden_states, w1[e], v1[e], w2[e]) * _routing_weight(top_k_index, top_k_weights, e)
+        out = out + states.to(out.dtype)  # HF's index_add_ into its zeros_like(hidden_states)
+    return out.view(batch_size, -1, self.hidden_size)
+
+
+def _longcat_experts_dense(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' `LongcatFlashExperts.forward`: routed experts (gate/up, act, down) and
+    zero-compute experts (identity, index >= the routed count), every one on every token."""
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.total_experts):
+        if e >= self.num_routed_experts or self.gate_up_proj is None:
+            states = self.identity_expert(hidden_states)
+        else:
+            gate, up = torch.nn.functional.linear(hidden_states, self.gate_up_proj[e]).chunk(2, dim=-1)
+            states = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e])
+        out = out + (states * _routing_weight(top_k_index, top_k_weights, e)).to(hidden_states.dtype)
+    return out
+
+
+def _cpmant_attention_mask(self: Any, input_ids: torch.Tensor, span: torch.Tensor, context: torch.Tensor,
+                           length: torch.Tensor) -> torch.Tensor:
+    """transformers' `CpmAntModel._prepare_attention_mask`, whose left-padding mask is a tensor of a
+    Python list (`list(range(seqlen - prompt_length))[::-1]`, which fixes the length at export),
+    with the same values from `torch.arange`."""
+    batch, seqlen, device = input_ids.size(0), input_ids.size(1), input_ids.device
+    directional_mask_2d = torch.arange(seqlen, device=device) <= torch.arange(seqlen, device=device).view(-1, 1)
+    attention_mask = context[:, None, :] | (
+        context[:, :, None].logical_not() & directional_mask_2d.view(1, seqlen, seqlen))
+    attention_mask = attention_mask & (span[:, None, :] == span[:, :, None])
+    reversed_positions = torch.arange(seqlen - self.prompt_length - 1, -1, -1, device=device)
+    mask_1d = reversed_positions[None, :].repeat(batch, 1) < length[:, None]
+    mask_1d = torch.cat((torch.ones(batch, self.prompt_length, device=device).bool(), mask_1d), dim=1)
+    return mask_1d.view(batch, seqlen, 1) & mask_1d.view(batch, 1, seqlen) & attention_mask
+
+
+def _llama4_text_moe(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' `Llama4TextMoe.forward` with its experts' two `bmm`s (`Llama4TextExperts.forward`)
+    inline: HF's experts return [experts * tokens, hidden], which the block reshapes back to
+    [experts, tokens, hidden], and torch.export cannot simplify the strides of that round trip
+    (its guard `seq * min(128, 128 * seq) == 128 * seq` fixes the length); here the experts'
+    output stays [experts, tokens, hidden]. The same ops on the same values."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_scores, router_logits = self.router(hidden_states)
+    routed_in = hidden_states.repeat(router_scores.shape[1], 1)
+    routed_in = routed_in * router_scores.transpose(0, 1).reshape(-1, 1)
+    experts = self.experts
+    routed_in = routed_in.view(experts.gate_up_proj.shape[0], -1, experts.hidden_size)
+    gate, up = torch.bmm(routed_in, experts.gate_up_proj).chunk(2, dim=-1)
+    routed_out = torch.bmm(up * experts.act_fn(gate), experts.down_proj)
+    return self.shared_expert(hidden_states) + routed_out.sum(dim=0), router_logits
+
+
+def _zaya_cca_projection(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `ZayaCCAProjection.forward` without a cache (with one, HF's), its delayed
+    values shifted by one token as `cat([state, delayed])[:, :-1]` where HF writes `cat([state,
+    delayed[:, :-1]])` (the same values): torch.export cannot tell whether HF's slice of seq - 1
+    tokens has one, and its guard `seq - 1 != 1` fixes the length."""
+    def forward(self: Any, hidden_states: torch.Tensor, cache: Any, conv_mask: torch.Tensor | None = None) -> Any:
+        if cache is not None:
+            return original(self, hidden_states, cache, conv_mask)
+        if conv_mask is not None:
+            hidden_states = hidden_states * conv_mask[:, :, None].to(hidden_states.dtype)
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        projected_queries, projected_keys = self.q_proj(hidden_states), self.k_proj(hidden_states)
+        qk_states = torch.cat([projected_queries, projected_keys], dim=-1)
+        query_residual = projected_queries.view(*hidden_shape)
+        key_residual = projected_keys.view(*hidden_shape).transpose(1, 2)
+        key_residual = sys.modules[type(self).__module__].repeat_kv(key_residual, self.num_key_value_groups)
+        query_residual = (query_residual + key_residual.transpose(1, 2)) * 0.5
+        key_residual = query_residual.view(*input_shape, -1, self.num_key_value_groups, self.head_dim).mean(dim=-2)
+        qk_states = torch.nn.functional.pad(qk_states.transpose(1, 2), (self.conv_kernel_size, 0))
+        qk_states = self.conv_qk_grouped(self.conv_qk_depthwise(qk_states)).transpose(1, 2)
+        query_hidden_size = query_residual.shape[-2] * query_residual.shape[-1]
+        query = qk_states[..., :query_hidden_size].view(*hidden_shape) + query_residual
+        key = qk_states[..., query_hidden_size:].view(*hidden_shape) + key_residual
+        value_current = self.v_proj_current(hidden_states)
+        delayed_v_state = self.v_proj_delayed(hidden_states)
+        recurrent_v_state = self.v_proj_delayed(hidden_states.new_zeros(input_shape[0], 1, self.hidden_size))
+        value_delayed = torch.cat([recurrent_v_state, delayed_v_state], dim=1)[:, :-1]
+        value = torch.cat([value_current, value_delayed], dim=-1).view(*hidden_shape)
+        return query, key, value
+
+    return forward
+
+
+def _minimax_lightning_attention(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `MiniMaxLightningAttention.forward` without a cache on at most `block_size`
+    tokens (with a cache, or longer, HF's): HF's loop over blocks then runs once, on a block of
+    `min(block_size, seq)` tokens, which torch.export cannot tell from `seq` (its guard
+    `min(256, seq) <= seq` fixes the length); here that one iteration on a block of `seq` tokens,
+    the same ops on the same values. A block as long as the export's longest length is a config
+    setting (`zoo.small.FAMILY_SIZES`); with a shorter one the length check here fixes the length."""
+    def forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any, attention_mask: torch.Tensor | None,
+                cache: Any = None, **kwargs: Any) -> Any:
+        batch_size, seq_len, _ = hidden_states.shape
+        if cache is not None or not seq_len <= self.block_size:
+            return original(self, hidden_states, position_embeddings, attention_mask, cache, **kwargs)
+        heads, head_dim = self.num_attention_heads, self.head_dim
+        qkv_states = self.act_fn(self.qkv_proj(hidden_states))
+        qkv_states = sys.modules[type(self).__module__].apply_mask_to_padding_states(qkv_states, attention_mask)
+        qkv_states = qkv_states.reshape(batch_size, seq_len, heads, 3 * head_dim)
+        query, key, value = (t.transpose(1, 2) for t in torch.split(qkv_states, head_dim, dim=3))
+        state = torch.zeros(batch_size, heads, head_dim, head_dim, device=value.device, dtype=value.dtype)
+        # HF's slices of the decays (`[:, :n]`, `[:, -n:]`) as gathers of the same rows: a slice's
+        # view guards on whether it is the whole tensor (`seq != block_size`), fixing the length
+        first = torch.arange(seq_len, device=value.device)
+        diagonal_decay = self.diagonal_decay.index_select(2, first).index_select(3, first)
+        query_decay = self.query_decay.index_select(1, first)
+        key_decay = self.key_decay.index_select(1, first + (self.block_size - seq_len))
+        intra = torch.matmul(query, key.transpose(-1, -2)) * diagonal_decay
+        attn_output = torch.matmul(query * query_decay, state) + torch.matmul(intra, value)
+        next_state = torch.matmul((key * key_decay).transpose(-1, -2), value)
+        state = state * torch.exp(-self.slope_rate * seq_len) + next_state
+        attn_output = attn_output.transpose(1, 2).reshape(batch_size, seq_len, heads * head_dim)
+        attn_output = torch.sigmoid(self.output_gate(hidden_states)) * self.norm(attn_output)
+        return self.out_proj(attn_output), state
+
+    return forward
+
+
+def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return lambda _: replacement
+
+
+EXPERTS = ("self", "hidden_states", "top_k_index", "top_k_weights")
+METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
+    "DbrxExperts": ("forward", EXPERTS, _always(_dbrx_experts_dense)),
+    "LongcatFlashExperts": ("forward", EXPERTS, _always(_longcat_experts_dense)),
+    "Llama4TextMoe": ("forward", ("self", "hidden_states"), _always(_llama4_text_moe)),
+    "CpmAntModel": ("_prepare_attention_mask", ("self", "input_ids", "span", "context", "length"),
+                    _always(_cpmant_attention_mask)),
+    "ZayaCCAProjection": ("forward", ("self", "hidden_states", "cache", "conv_mask"), _zaya_cca_projection),
+    "MiniMaxLightningAttention": ("forward", ("self", "hidden_states", "position_embeddings", "attention_mask",
+                                              "cache", "kwargs"), _minimax_lightning_attention),
+}
+"""HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
+project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
+experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
+without a cache. A class whose method takes other parameters (another transformers version) is
+left alone."""
+
+
+def _patched_methods() -> Iterator[tuple[type, str, Callable[..., Any]]]:
+    """(class, method, its replacement) for each `METHODS` class of the loaded modeling modules."""
+    seen: set[int] = set()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(MODELING_MODULES) or module is None:
+            continue
+        for cls_name, (method, parameters, replacement) in METHODS.items():
+            cls = module.__dict__.get(cls_name)
+            if not isinstance(cls, type) or id(cls) in seen or method not in cls.__dict__:
+                continue
+            seen.add(id(cls))
+            if tuple(inspect.signature(cls.__dict__[method]).parameters) == parameters:
+                yield cls, method, replacement(cls.__dict__[method])
+
+
 @contextlib.contextmanager
 def routed_for_export() -> Iterator[list[str]]:
     """Within it, every loaded transformers modeling module's `ROUTES` functions are routed
-    through the opaque ops; yields the `module.function` names routed."""
+    through the opaque ops and its `METHODS` classes' methods are replaced; yields the names
+    of what it replaced."""
     patched: list[tuple[Any, str, Any]] = []
     for name, module in list(sys.modules.items()):
         if not name.startswith(MODELING_MODULES) or module is None:
@@ -103,8 +293,14 @@ def routed_for_export() -> Iterator[list[str]]:
                 torch_ops.SEQUENCE_MIXER_FUNCTIONS[name, function] = original
                 setattr(module, function, route(name, original))
                 patched.append((module, function, original))
+    methods = [(cls, method, cls.__dict__[method], replacement) for cls, method, replacement in _patched_methods()]
+    for cls, method, _, replacement in methods:
+        setattr(cls, method, replacement)
     try:
-        yield [f"{m.__name__}.{f}" for m, f, _ in patched]
+        yield [f"{m.__name__}.{f}" for m, f, _ in patched] + [f"{c.__module__}.{c.__name__}.{m}"
+                                                             for c, m, _, _ in methods]
     finally:
         for module, function, original in patched:
             setattr(module, function, original)
+        for cls, method, original, _ in methods:
+            setattr(cls, method, original)

@@ -36,6 +36,7 @@ WHERE_PRESENT: dict[str, Any] = {
     "shared_expert_intermediate_size": 128,
     "n_group": 1,
     "topk_group": 1,
+    "index_topk": 2,
     "unpadded_vocab_size": SIZES["vocab_size"],
 }
 """Set where the config has them: head sizes its defaults would not derive from SIZES (a
@@ -44,8 +45,14 @@ export), and a few experts (a default of 64-256 experts is slow to export) with 
 expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`). MLA's
 (DeepSeek-V2/V3) head parts keep DeepSeek-V3's ratios, rope 64 : nope 128 : value 128 : latent 512
 (here 16 : 32 : 32 : 64), so that the query/key head dim (48) differs from the value's (32).
-Inkling's LM head has an output size of its own (`unpadded_vocab_size`, default 200058): the
-vocabulary's, or greedy tokens fall outside the embedding."""
+The token indexer of DeepSeek sparse attention (DeepSeek-V3.2, GLM-5, dots.3 note...) keeps the
+`index_topk` best keys of each query (2048 by default), `min(index_topk, keys)` of them: with 2,
+the shortest length the export allows (`bench.families`' dynamic length starts at 2), that
+minimum is `index_topk` at every length (with a larger one torch.export cannot tell, and fails on
+its guard `min(2048, seq) <= seq`), and at the sweep's lengths the selection is really sparse
+(with 2048 HF would select every key). Inkling's LM head has an output size of its own
+(`unpadded_vocab_size`, default 200058): the vocabulary's, or greedy tokens fall outside the
+embedding."""
 
 HYBRID_LAYERS: dict[str, dict[str, Any]] = {
     "lfm2": {"layer_types": ["conv", "full_attention"]},
@@ -82,6 +89,12 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
                         "index_head_dim": 32, "shared_experts_intermediate_size": 128,
                         "swa_num_attention_heads": 4, "swa_num_key_value_heads": 4, "swa_q_lora_rank": 64,
                         "swa_kv_lora_rank": 64, "swa_head_dim": 48, "swa_qk_nope_head_dim": 32, "swa_v_head_dim": 32},
+    "deepseek_v4": {"compress_rates": {"compressed_sparse_attention": 1, "heavily_compressed_attention": 1}},
+    "longcat_flash": {"zero_expert_num": 2},
+    "minimax": {"block_size": 1024},
+    "cpmant": {"dim_ff": 256, "dim_head": 32, "init_std": 0.02},
+    "big_bird": {"attention_type": "original_full"},
+    "xmod": {"default_language": "en_XX"},
     "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
              "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}},
 }
@@ -106,7 +119,25 @@ on its full ones, as Cohere's Command models, with multimodal RoPE sections that
 of 32 (the default's 24 + 20 + 20 fit 128); dots.3 note's (text) layer kinds (its default's first
 two are both indexed), its token indexer and shared experts, and the MLA heads of its sliding
 layers, which it sets apart from the others (`swa_*`: 64 heads, latent 1024, for hidden 4096) with
-the same shape as WHERE_PRESENT's (rope 16, nope 32, value 32, latent 64)."""
+the same shape as WHERE_PRESENT's (rope 16, nope 32, value 32, latent 64); MiniMax's lightning
+attention block (default 256) as long as the sweep's longest sequence (`bench.families.MAX_SEQ`):
+one block at every length the export allows (its blocks are a loop in Python, and with 256 the
+export fails on `min(256, seq) <= seq`); HF computes the same attention in one block or several
+(the blocks only split the sum); BigBird's full attention, which HF itself runs in place of its
+block-sparse one below 704 tokens (`(5 + 2 * num_random_blocks) * block_size`, with a warning),
+so at the sweep's lengths in both; X-MOD's language adapter (HF raises without one); DeepSeek-V4's
+KV compression rates (4 and 128 tokens a window by default): 1, the one rate at which the export
+can keep the length dynamic (its compressor slices the longest multiple of the rate and branches
+on whether any window is full, which torch.export fixes for one length with any other rate), so
+each window is one token; LongCat-Flash's zero-compute (identity) experts beside its routed ones:
+2 (256 by default), few like WHERE_PRESENT's routed experts, as its export runs every expert on
+every token (`frontends/export_patches.METHODS`); MiniMax's lightning-attention block (256 by
+default) as long as the sweep's longest length (`bench.families.MAX_SEQ`), so that every exported
+length is one block, which the export patch computes without HF's `min(block_size, seq)`; CPM-Ant's FFN and head sizes, which it names
+apart (`dim_ff`, default 10240; `dim_head`, default 128: 4 heads of 128 for hidden 128), as SIZES',
+and its init's std, 0.02 as the other families' `initializer_range` (its default of 1.0 draws
+weights N(0, 1): activations reach ~1500 and the logits ~42, where fp32 rounding alone, each
+kernel within an ulp of its reference, passes the sweep's absolute tolerance of 1e-5)"""
 
 SIZED_IN_TEXT_CONFIG = ("qwen4_exp",)
 """Families whose config wraps the causal LM's in `text_config` and does not pass the sizes on

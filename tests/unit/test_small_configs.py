@@ -59,8 +59,9 @@ def _parameters_on_meta(family: str) -> int:
 
 @pytest.mark.parametrize("family", sorted(FAMILY_SIZES))
 def test_a_family_with_its_own_settings_builds_small(family: str) -> None:
-    """Each family that needs settings of its own (FAMILY_SIZES) builds at the sweep's sizes, small."""
-    assert 100_000 < _parameters_on_meta(family) < 1_000_000
+    """Each family that needs settings of its own (FAMILY_SIZES) builds at the sweep's sizes, small
+    (DeepSeek-V4 at 3.7M: its output LoRA rank of 1024 and 64 indexer heads are its defaults)."""
+    assert 100_000 < _parameters_on_meta(family) < 4_000_000
 
 
 def test_gemma4s_full_attention_layer_keeps_twice_the_head_dim() -> None:
@@ -75,6 +76,53 @@ def test_zambas_two_layers_are_hybrid_and_build() -> None:
     """With one hybrid layer transformers cannot tie its shared attention block to another's."""
     assert list(small_config("zamba").layers_block_type) == ["hybrid", "hybrid"]
     assert _parameters_on_meta("zamba") < 1_000_000
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "dots3_note_text"])
+def test_a_token_indexer_keeps_fewer_keys_than_the_sweeps_lengths(family: str) -> None:
+    """DeepSeek sparse attention's indexer keeps `min(index_topk, keys)` keys: with index_topk at most
+    the export's shortest length (2) that minimum is index_topk at every exported length (with the
+    default of 2048 the export fails on `min(2048, seq) <= seq`), and at the sweep's lengths the
+    selection drops keys (2048 would keep every one)."""
+    from ad_mlir.bench.families import SEQ_LENS
+
+    assert small_config(family).index_topk <= 2 < min(SEQ_LENS)
+
+
+def test_the_sweep_builds_the_dense_forms_hf_runs_at_its_lengths() -> None:
+    """BigBird runs full attention below 704 tokens whatever its setting; X-MOD needs a language."""
+    from ad_mlir.bench.families import MAX_SEQ, SEQ_LENS
+
+    big_bird = small_config("big_bird")
+    assert big_bird.attention_type == "original_full"
+    assert max(SEQ_LENS) < (5 + 2 * big_bird.num_random_blocks) * big_bird.block_size  # HF's own switch
+    assert MAX_SEQ > 704  # so the export needs the setting
+    xmod = small_config("xmod")
+    assert xmod.default_language in xmod.languages
+
+
+@pytest.mark.parametrize("family", ["big_bird", "xmod", "hy_v4", "deepseek_v4"])
+def test_the_sweeps_model_exports_with_a_dynamic_length(family: str) -> None:
+    """The sizes above are what lets these families export (each failed before: BigBird's block-sparse
+    guard `seq <= 704`, X-MOD's missing language, the indexer's `min(2048, seq)`, DeepSeek-V4's
+    compressor windows); the exported program equals eager at another length than it was traced at."""
+    import torch
+
+    from ad_mlir.bench.families import _export
+    from ad_mlir.zoo.small import model_from_config
+
+    model = model_from_config(small_config(family))
+    ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(0))
+    ep = _export(model, ids[:, :5])
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_minimaxs_lightning_attention_block_holds_every_exported_length() -> None:
+    """The export patch computes HF's one block only where the sequence fits a block."""
+    from ad_mlir.bench.families import MAX_SEQ
+
+    assert small_config("minimax").block_size >= MAX_SEQ
 
 
 @pytest.mark.parametrize("family", ["inkling2_text", "inkling2_loop_text"])

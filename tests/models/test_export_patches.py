@@ -1,0 +1,140 @@
+"""HF methods that `export_patches.METHODS` replaces while the project exports: MoE blocks that
+loop over the experts their routing hit (DBRX, LongCat-Flash with its zero-compute experts) run
+every expert on every token, CPM-Ant's attention mask comes from `torch.arange`. The exported
+program equals HF's eager forward, at another length than it was traced at, and HF's own method
+is back after the export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ad_mlir.frontends.export import export_with_ids
+from ad_mlir.frontends.export_patches import routed_for_export
+from ad_mlir.zoo.small import model_from_config, small_config
+
+
+@pytest.mark.parametrize(("family", "experts"), [("dbrx", "DbrxExperts"), ("longcat_flash", "LongcatFlashExperts")])
+def test_moe_with_a_loop_over_hit_experts_exports_and_equals_eager(family: str, experts: str) -> None:
+    config = small_config(family)
+    config.initializer_range = 0.5  # routing weights far from uniform: a wrong weight shows
+    model = model_from_config(config)
+    cls = next(type(m) for m in model.modules() if type(m).__name__ == experts)
+    hf_forward = cls.forward
+    with routed_for_export() as routed:
+        assert f"{cls.__module__}.{experts}.forward" in routed and cls.forward is not hf_forward
+    assert cls.forward is hf_forward
+    ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(0))
+    ep = export_with_ids(model, ids[:, :5], max_seq=64)
+    assert cls.forward is hf_forward
+    picked: list[torch.Tensor] = []
+    for m in model.modules():
+        if type(m) is cls:
+            m.register_forward_pre_hook(lambda _, args: picked.append(args[1]))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with routed_for_export():
+            dense = model(input_ids=ids).logits
+        got = ep.module()(input_ids=ids).logits
+    torch.testing.assert_close(got, dense)  # the export of the dense form: the same fp32 ops
+    # the dense form against HF's: the same sums in HF's order (plus exact zeros), but the expert
+    # matmuls run on every row where HF's run on the routed rows, and BLAS rounds a row another way
+    # with another row count; a few ulps, grown through 2 layers with the wide init (measured: 11
+    # ulps of the largest logit for DBRX, 3 for LongCat); a wrong weight or expert is O(logits)
+    largest = expected.abs().max().item()
+    torch.testing.assert_close(dense, expected, rtol=0, atol=32 * torch.finfo(torch.float32).eps * largest)
+    hit = torch.cat([p.flatten() for p in picked]).unique()
+    assert len(hit) > 2  # several experts were hit, not all tokens routed alike
+    if family == "longcat_flash":  # a zero-compute expert was among them
+        assert (hit >= config.n_routed_experts).any()
+
+
+def test_cpmant_exports_with_its_attention_mask_from_arange() -> None:
+    """HF's mask makes a tensor of a Python list of the positions, which fixed the length at
+    export ("specialized it to be a constant"); the replacement's mask is HF's, element for element."""
+    from transformers.models.cpmant.modeling_cpmant import CpmAntModel
+
+    model = model_from_config(small_config("cpmant"))
+    hf_mask = CpmAntModel._prepare_attention_mask
+    ids = torch.randint(1, 1000, (2, 11), generator=torch.Generator().manual_seed(0))
+    seqlen = model.cpmant.prompt_length + 11  # what its forward masks: the prompt's positions, then the ids
+    prompted = torch.randint(1, 1000, (2, seqlen), generator=torch.Generator().manual_seed(1))
+    span, context = torch.zeros_like(prompted), torch.ones_like(prompted)
+    context[1, -4:] = 0  # a second sequence with a causal tail, and left padding in it
+    length = torch.tensor([seqlen, seqlen - 5])
+    with routed_for_export():
+        mask = model.cpmant._prepare_attention_mask(prompted, span, context, length)
+    assert CpmAntModel._prepare_attention_mask is hf_mask
+    assert torch.equal(mask, hf_mask(model.cpmant, prompted, span, context, length))
+    assert not mask.all() and mask.any()
+    ep = export_with_ids(model, ids[:1, :5], max_seq=64)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(input_ids=ids[:1]).logits, model(input_ids=ids[:1]).logits)
+
+
+def test_llama4s_moe_exports_with_its_experts_inline() -> None:
+    """HF's round trip of the experts' output through [experts * tokens, hidden] fixed the length at
+    export (`seq * min(128, 128 * seq) == 128 * seq`); inline, the same ops export and equal eager."""
+    from transformers.models.llama4.modeling_llama4 import Llama4TextMoe
+
+    config = small_config("llama4_text")
+    config.initializer_range = 0.5  # routing scores far from uniform: a wrong expert or score shows
+    model = model_from_config(config)
+    hf_forward = Llama4TextMoe.forward
+    ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(0))
+    ep = export_with_ids(model, ids[:, :5], max_seq=64)
+    assert Llama4TextMoe.forward is hf_forward
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with routed_for_export():
+            inline = model(input_ids=ids).logits
+        got = ep.module()(input_ids=ids).logits
+    torch.testing.assert_close(inline, expected, rtol=0, atol=0)  # the same ops on the same values
+    torch.testing.assert_close(got, expected)
+
+
+def test_zaya_exports_with_its_delayed_values_from_a_full_slice() -> None:
+    """HF's slice of seq - 1 delayed values fixed the length at export (`seq - 1 != 1`); the
+    replacement (no cache) computes HF's values exactly, and with a cache is HF's own."""
+    from transformers.models.zaya.modeling_zaya import ZayaCCAProjection
+
+    config = small_config("zaya")
+    config.initializer_range = 0.5
+    model = model_from_config(config)
+    hf_forward = ZayaCCAProjection.forward
+    ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with routed_for_export():
+            assert ZayaCCAProjection.forward is not hf_forward
+            replaced = model(input_ids=ids).logits
+    assert ZayaCCAProjection.forward is hf_forward
+    torch.testing.assert_close(replaced, expected, rtol=0, atol=0)  # the same ops on the same values
+    ep = export_with_ids(model, ids[:, :5], max_seq=64)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(input_ids=ids).logits, expected)
+
+
+def test_minimax_exports_with_its_lightning_attention_in_one_block() -> None:
+    """HF's loop over blocks of `min(block_size, seq)` tokens fixed the length at export; with a
+    block as long as the export's longest length, the replacement (HF's one iteration on `seq`
+    tokens) computes HF's values exactly, and a sequence longer than the block is HF's own loop."""
+    from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
+
+    config = small_config("minimax")
+    config.initializer_range = 0.5
+    model = model_from_config(config)
+    assert "linear_attention" in config.layer_types
+    hf_forward = MiniMaxLightningAttention.forward
+    ids = torch.randint(1, 1000, (1, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with routed_for_export():
+            replaced = model(input_ids=ids).logits
+    torch.testing.assert_close(replaced, expected, rtol=0, atol=0)  # the same ops on the same values
+    ep = export_with_ids(model, ids[:, :5], max_seq=config.block_size)
+    assert MiniMaxLightningAttention.forward is hf_forward
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(input_ids=ids).logits, expected)
+    with pytest.raises(Exception, match="Constraints violated"):  # longer than a block: HF's loop, refused
+        export_with_ids(model, ids[:, :5], max_seq=config.block_size + 1)
