@@ -188,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             result = run_rank(cfg, args.pipeline, args.seq_lens)
             _print_line(_format(result, cfg))
             ok = result.verdict != "OUT OF TOLERANCE"
+        # every rank done before any tears its connections down: a rank that went on (rank 0's
+        # unsharded run) while its peer exited had its gloo thread aborted at exit ("terminate
+        # called without an active exception", exit -6) after printing equal tokens
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     sys.exit(0 if ok else 1)

@@ -428,15 +428,21 @@ def cached_attention(
     row's slot and start on the host."""
     query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
                                 qk_norm_offset, qk_norm_weight_in_fp32)
-    seq = query.shape[2]
-    out = query.new_empty((*query.shape[:3], value.shape[3]))
-    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
-        end = start + seq
-        k_cache[slot, start:end] = key[b].transpose(0, 1)
-        v_cache[slot, start:end] = value[b].transpose(0, 1)
-        out[b] = _attend_over_prefix(query[b], k_cache[slot, :end], v_cache[slot, :end], start, scale, window,
-                                     softcap, sinks, alibi_slopes)
-    return out
+    rows = [_write_and_attend(query[b], key[b], value[b], k_cache[slot], v_cache[slot], start, scale, window,
+                              softcap, sinks, alibi_slopes)
+            for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True))]
+    return rows[0][None] if len(rows) == 1 else torch.stack(rows)
+
+
+def _write_and_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_slot: torch.Tensor,
+                      v_slot: torch.Tensor, start: int, scale: float, window: int | None, softcap: float | None,
+                      sinks: torch.Tensor | None, alibi_slopes: torch.Tensor | None) -> torch.Tensor:
+    """One row of `cached_attention`: its new keys/values [kv_heads, seq, d] written into its
+    slot [max_seq, kv_heads, d] from `start`, then its queries over the slot's positions."""
+    end = start + query.shape[1]
+    k_slot[start:end] = key.transpose(0, 1)
+    v_slot[start:end] = value.transpose(0, 1)
+    return _attend_over_prefix(query, k_slot[:end], v_slot[:end], start, scale, window, softcap, sinks, alibi_slopes)
 
 
 def _new_query_key(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
@@ -449,7 +455,11 @@ def _new_query_key(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor | N
     if cos is None or sin is None:
         return query, key
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
+    if query.shape[0] != key.shape[0] or query.shape[2:] != key.shape[2:] or query.dtype != key.dtype:
+        return _apply_rope(query, cos, sin, interleaved), _apply_rope(key, cos, sin, interleaved)
+    # one rotation of the query and key heads together: the same elementwise ops, half the calls
+    both = _apply_rope(torch.cat((query, key), dim=1), cos, sin, interleaved)
+    return both[:, :query.shape[1]], both[:, query.shape[1]:]
 
 
 def _attend_over_prefix(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
