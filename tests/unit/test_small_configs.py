@@ -101,11 +101,12 @@ def test_the_sweep_builds_the_dense_forms_hf_runs_at_its_lengths() -> None:
     assert xmod.default_language in xmod.languages
 
 
-@pytest.mark.parametrize("family", ["big_bird", "xmod", "hy_v4", "deepseek_v4"])
+@pytest.mark.parametrize("family", ["big_bird", "xmod"])
 def test_the_sweeps_model_exports_with_a_dynamic_length(family: str) -> None:
     """The sizes above are what lets these families export (each failed before: BigBird's block-sparse
-    guard `seq <= 704`, X-MOD's missing language, the indexer's `min(2048, seq)`, DeepSeek-V4's
-    compressor windows); the exported program equals eager at another length than it was traced at."""
+    guard `seq <= 704`, X-MOD's missing language); the exported program equals eager at another
+    length than it was traced at. The indexer's and DeepSeek-V4's settings export in the committed
+    sweep (`ad-bench --parts families --families hy_v4,deepseek_v4` checks them again: ~12 s here)."""
     import torch
 
     from ad_mlir.bench.families import _export
