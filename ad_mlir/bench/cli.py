@@ -174,14 +174,15 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         from ad_mlir.bench.families import MATRIX, run_sweep
         from ad_mlir.zoo.small import causal_lm_families
 
-        if args.families and part == "families":
-            families = tuple(args.families.split(","))
+        subset = tuple(args.families.split(",")) if args.families and part == "families" else ()
+        if subset:
+            families = subset
         elif args.quick:
             families = ("llama", "mpt", "glm", "gpt2")
         else:
             families = tuple(MATRIX) if part == "matrix" else causal_lm_families()
         rows = [asdict(r) for r in run_sweep(families, progress=lambda r: progress(f"{r.family}: {r.status}"))]
-        return merged_rows(args.out / "results.json", part, rows) if args.families and part == "families" else rows
+        return merged_rows(args.out / "results.json", part, rows) if subset else rows
     from ad_mlir.bench.families import MATRIX
     from ad_mlir.bench.ptx_table import run_ptx
 

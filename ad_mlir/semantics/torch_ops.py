@@ -565,17 +565,16 @@ def paged_attention(
                                 qk_norm_offset, qk_norm_weight_in_fp32)
     out = query.new_empty((*query.shape[:3], value.shape[3]))
     bounds, starts = query_starts.tolist(), cache_starts.tolist()
-    decodes = [s for s in range(len(starts)) if bounds[s + 1] - bounds[s] == 1]
-    if decodes and softcap is None and sinks is None and alibi_slopes is None:
-        if len(decodes) == len(starts):
-            return _paged_decodes(query, key, value, k_pages, v_pages, cache_starts, block_tables, scale, window)
+    batched = softcap is None and sinks is None and alibi_slopes is None  # the forms `_paged_decodes` computes
+    decodes = [s for s in range(len(starts)) if batched and bounds[s + 1] - bounds[s] == 1]
+    if decodes and len(decodes) == len(starts):
+        return _paged_decodes(query, key, value, k_pages, v_pages, cache_starts, block_tables, scale, window)
+    if decodes:
         rows, chosen = torch.tensor([bounds[s] for s in decodes]), torch.tensor(decodes)
         out[:, :, rows] = _paged_decodes(query[:, :, rows], key[:, :, rows], value[:, :, rows], k_pages, v_pages,
                                          cache_starts[chosen], block_tables[chosen], scale, window)
-    else:
-        decodes = []
     page_size = k_pages.shape[1]
-    for s in sorted(set(range(len(starts))) - set(decodes)):
+    for s in [s for s in range(len(starts)) if s not in decodes]:
         first, last, start = bounds[s], bounds[s + 1], starts[s]
         end = start + last - first
         pages = block_tables[s, :-(-end // page_size)]
