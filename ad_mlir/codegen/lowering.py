@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
-KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
+KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
               ad.CachedCausalConv1dOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
@@ -72,7 +72,7 @@ def written_inputs(op: Operation) -> frozenset[int]:
         return frozenset(op.operands.index(cache) for cache in (op.k_cache, op.v_cache))
     if isinstance(op, ad.PagedAttentionOp):
         return frozenset(op.operands.index(pages) for pages in (op.k_pages, op.v_pages))
-    if isinstance(op, ad.CachedMlaAttentionOp):
+    if isinstance(op, ad.CachedMlaAttentionOp | ad.CachedIndexTopkOp):
         return frozenset({op.operands.index(op.cache)})
     if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
         return frozenset({op.operands.index(op.state)})
@@ -86,6 +86,11 @@ def kernel_region(op: Operation) -> KernelRegion:
             cached_attention_spec(op)
         except ValueError as e:  # e.g. a head_dim the template does not take
             raise NoKernelForm(str(e)) from e
+    if isinstance(op, ad.CachedIndexTopkOp):
+        raise NoKernelForm("DeepSeek sparse attention's indexer has no Triton template yet")
+    if isinstance(op, ad.CachedMlaAttentionOp) and op.selected is not None:
+        raise NoKernelForm("the MLA template attends to every causal position, not only DeepSeek sparse attention's "
+                           "selected ones")
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
     kernel_ops = [o for o in fused.body.block.ops if isinstance(o, KERNEL_OPS)]
     label = "_".join(dict.fromkeys(_kernel_label(o) for o in kernel_ops)) or None

@@ -1999,7 +1999,9 @@ class CachedMlaAttentionOp(AdOp):
     [batch, heads, seq, v_dim] has the query's dtype. Only rank + rope values per token and layer
     are cached, not the heads' expanded K and V. Decode absorbs the up-projection as DeepSeek's
     inference does (scores against the latent: `(W_uk[h]^T q_nope) . c`; output `W_uv[h]
-    sum_j p_j c_j`). Not pure: it writes the cache."""
+    sum_j p_j c_j`). With `selected` [batch, seq, k] (int64; DeepSeek sparse attention's choice,
+    `ad.cached_index_topk`), new token i attends only to the positions its row lists among those
+    (-1: none). Not pure: it writes the cache."""
 
     name = "ad.cached_mla_attention"
     q_nope = operand_def(AdTensor)
@@ -2010,11 +2012,13 @@ class CachedMlaAttentionOp(AdOp):
     cache = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    selected = opt_operand_def(AdTensor)
     scale = prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
         "$q_nope `,` $q_rope `,` $latent `,` $k_rope `kv_b` $kv_b_weight `cache` $cache `slots` $slots `starts` "
-        "$starts `scale` $scale attr-dict `:` `(` type($q_nope) `,` type($q_rope) `,` type($latent) `,` "
+        "$starts (`selected` $selected^ `:` type($selected))? `scale` $scale attr-dict `:` `(` type($q_nope) `,` "
+        "type($q_rope) `,` type($latent) `,` "
         "type($k_rope) `,` type($kv_b_weight) `,` type($cache) `,` type($slots) `,` type($starts) `)` `->` "
         "type($result)"
     )
@@ -2051,6 +2055,63 @@ class CachedMlaAttentionOp(AdOp):
         if self.result.type != TensorType(self.q_nope.type.element_type, [*qn[:3], v_dim]):
             raise VerifyException(f"ad.cached_mla_attention result must be [batch, {heads}, seq, {v_dim}] in the "
                                   "query's element type")
+        if self.selected is not None:
+            _verify_selected(self.name, self.selected, (qn[0], qn[2]))
+
+
+def _verify_selected(name: str, selected: SSAValue, rows: tuple[int, int]) -> None:
+    """`selected` is [batch, seq, k] int64 of the query's batch and seq."""
+    shape = _shape(selected.type)
+    if len(shape) != 3 or not shapes_compatible(shape[:2], rows) or selected.type.element_type != i64:
+        raise VerifyException(f"{name} selected must be tensor<batch x seq x k x i64> of the query's batch and seq")
+
+
+@irdl_op_definition
+class CachedIndexTopkOp(AdOp):
+    """DeepSeek sparse attention's lightning indexer over a cache of its keys, the cache written
+    in place: which `topk` cached positions each new token attends to.
+
+    `query` [batch, seq, heads, dim] are the indexer's query heads and `key` [batch, seq, dim]
+    its one key per token (RoPE applied to both), `weights` [batch, seq, heads] each head's
+    weight. Row b uses slot `slots[b]` of `cache` [slots, max_seq, dim], which already holds
+    `starts[b]` keys: the new keys are written at positions starts[b] .. starts[b] + seq - 1, and
+    new token i scores each position t <= starts[b] + i as `sum_h weights[h] * relu(scale *
+    query[h] . key_t)` (in fp32, as HF). The result [batch, seq, topk] (int64) lists the `topk`
+    best positions (torch.topk's order), -1 where fewer positions are causal: the `selected`
+    operand of `ad.cached_mla_attention`. Not pure: it writes the cache."""
+
+    name = "ad.cached_index_topk"
+    query = operand_def(AdTensor)
+    key = operand_def(AdTensor)
+    weights = operand_def(AdTensor)
+    cache = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    scale = prop_def(FloatAttr[Float64Type])
+    topk = prop_def(IntegerAttr[I64])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$query `,` $key `,` $weights `cache` $cache `slots` $slots `starts` $starts `scale` $scale `topk` $topk "
+        "attr-dict `:` `(` type($query) `,` type($key) `,` type($weights) `,` type($cache) `,` type($slots) `,` "
+        "type($starts) `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        q, k, w, cache = (_shape(x.type) for x in (self.query, self.key, self.weights, self.cache))
+        if len(q) != 4 or DYNAMIC_INDEX in q[2:] or len(k) != 3 or not shapes_compatible(k, (*q[:2], q[3])):
+            raise VerifyException("ad.cached_index_topk query must be [batch, seq, heads, dim] (heads and dim static) "
+                                  "and key [batch, seq, dim]")
+        if len(w) != 3 or not shapes_compatible(w, q[:3]):
+            raise VerifyException(f"ad.cached_index_topk weights must be [batch, seq, {q[2]}]")
+        if len(cache) != 3 or cache[2] != q[3] or self.cache.type.element_type != self.key.type.element_type:
+            raise VerifyException(f"ad.cached_index_topk cache must be [slots, max_seq, {q[3]}] of the key's element "
+                                  "type")
+        for meta in (self.slots, self.starts):
+            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
+                raise VerifyException("ad.cached_index_topk slots/starts must be tensor<batch x i64>")
+        if self.topk.value.data < 1 or self.result.type != TensorType(i64, [*q[:2], self.topk.value.data]):
+            raise VerifyException(f"ad.cached_index_topk result must be tensor<batch x seq x {self.topk.value.data} x "
+                                  "i64> (topk positive)")
 
 
 FP8_MAX = 448.0
@@ -2386,7 +2447,7 @@ Ad = Dialect(
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
-        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedSelectiveScanOp,
+        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, CachedSelectiveScanOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

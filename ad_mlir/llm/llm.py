@@ -59,7 +59,7 @@ class CacheArgument:
     """The HF module path of the op it serves."""
 
 
-PER_TOKEN_ROLES = ("key", "value", "latent")
+PER_TOKEN_ROLES = ("key", "value", "latent", "index_key")
 """`ad.cache` roles of the caches that hold every token of a slot."""
 
 

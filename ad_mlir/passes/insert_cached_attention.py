@@ -162,6 +162,7 @@ from ad_mlir.passes.patterns.scan_patterns import (
     match_selective_scan,
     match_ssm_scan,
 )
+from ad_mlir.passes.patterns.sparse_attention import Indexer, SparseMask, match_sparse_mask
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,8 @@ MIXERS_LISTED = 4
 
 
 class PerSequenceState(PassFailedException):
-    """The paged form refused: a mixer of the model keeps a state per sequence (the slot form holds it)."""
+    """The paged form refused where the slot form caches the model: a mixer of the model keeps a
+    state per sequence, or DeepSeek sparse attention's indexer selects keys (cached in slots only)."""
 
 
 @dataclass(frozen=True)
@@ -250,8 +252,11 @@ class InsertCachedAttentionPass(ModulePass):
                 self._replace_conv(fn, conv, i, slots, starts)
             for i, scan in enumerate(scans):
                 self._replace_scan(fn, scan, i, slots, starts)
+            indexers: dict[ad.TorchOp, SSAValue] = {}
             for i, mla in enumerate(mlas):
-                self._replace_mla(fn, mla, i, slots, starts)
+                self._replace_mla(fn, mla, i, slots, starts, indexers)
+            for topk in indexers:
+                erase_computation(topk.outputs[0], Rewriter.erase_op)
             region_dce(fn.body)
         _refuse_uncached_mixers(fn, missed)
         if not attentions and not mlas and not convs and not scans:
@@ -261,25 +266,71 @@ class InsertCachedAttentionPass(ModulePass):
         log.info("insert-cached-attention: %d attentions, %d MLAs, %d short convolutions and %d scans cached (%d slots "
                  "x %d tokens)", len(attentions), len(mlas), len(convs), len(scans), self.max_batch, self.max_seq_len)
 
-    def _replace_mla(self, fn: func.FuncOp, mla: Mla, i: int, slots: SSAValue, starts: SSAValue) -> None:
+    def _replace_mla(self, fn: func.FuncOp, mla: Mla, i: int, slots: SSAValue, starts: SSAValue,
+                     indexers: dict[ad.TorchOp, SSAValue]) -> None:
         """MLA's expanded attention -> `ad.cached_mla_attention` over a latent cache argument
-        `latent_cache_<i>` [max-batch, max-seq-len, rank + rope] in the latent's dtype."""
+        `latent_cache_<i>` [max-batch, max-seq-len, rank + rope] in the latent's dtype; under
+        DeepSeek sparse attention's mask, with the selection of its indexer (`indexers`: those
+        cached so far, by their `aten.topk`)."""
         attention = mla.attention
         layer = _layer(attention.output)
+        sparse = self._sparse_mask(fn, attention, layer)
+        selected: list[SSAValue] = []
+        if sparse is not None:
+            attention.mask = sparse.causal
+            if sparse.indexer.topk not in indexers:
+                indexers[sparse.indexer.topk] = self._cached_indexer(fn, sparse.indexer, layer, len(indexers), slots,
+                                                                     starts)
+            selected = [indexers[sparse.indexer.topk]]
         if self._window(fn, attention, layer) is not None:
             raise PassFailedException(f"{layer}: MLA under a sliding-window mask is not cached (only causal MLA is)")
         rank, rope = mla.latent.type.get_shape()[3], mla.k_rope.type.get_shape()[3]
         cache_type = TensorType(mla.latent.type.element_type, [self.max_batch, self.max_seq_len, rank + rope])
         cache = _append_argument(fn, cache_type, {ad.INPUT_ATTR: f"latent_cache_{i}", ad.CACHE_ATTR: f"{layer} latent"})
         cached = ad.CachedMlaAttentionOp.build(
-            operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, slots, starts],
+            operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, slots, starts, selected],
             properties={"scale": FloatAttr(attention.scale, Float64Type())},
             result_types=[attention.output.results[0].type])
         cached.location = attention.output.location
         Rewriter.replace_op(attention.output, cached)
-        erase_dead(Rewriter.erase_op, [*attention.chain, *mla.ops])
+        erase_dead(Rewriter.erase_op, [*attention.chain, *mla.ops, *(sparse.ops if sparse is not None else ())])
         if attention.mask is not None:
             erase_computation(attention.mask, Rewriter.erase_op)
+
+    def _sparse_mask(self, fn: func.FuncOp, attention: Attention, layer: str) -> SparseMask | None:
+        """DeepSeek sparse attention's selection in `attention`'s mask (`match_sparse_mask`),
+        whose indexer must mask causally; None when the mask holds no selection; raises when it
+        holds one of another form."""
+        found = match_sparse_mask(attention.mask) if attention.mask is not None else None
+        if isinstance(found, str):
+            raise PassFailedException(f"{layer}: its attention mask selects keys by aten.topk, but {found}")
+        if found is not None:
+            try:
+                mask = evaluate(fn, found.indexer.mask, self._inputs())
+                if causal_window(mask) is not None:
+                    raise MaskError("it is a sliding window")
+            except MaskError as e:
+                raise PassFailedException(f"{layer}: the mask of its sparse attention's indexer is not causal: {e}") \
+                    from None
+        return found
+
+    def _cached_indexer(self, fn: func.FuncOp, indexer: Indexer, layer: str, i: int, slots: SSAValue,
+                        starts: SSAValue) -> SSAValue:
+        """`ad.cached_index_topk` over a cache argument `index_key_cache_<i>` [max-batch,
+        max-seq-len, index head dim] in the key's dtype, placed before the `aten.topk` it replaces."""
+        key_type = indexer.key.type
+        cache_type = TensorType(key_type.element_type, [self.max_batch, self.max_seq_len, key_type.get_shape()[2]])
+        cache = _append_argument(fn, cache_type, {ad.INPUT_ATTR: f"index_key_cache_{i}",
+                                                  ad.CACHE_ATTR: f"{layer} index_key"})
+        batch, seq = indexer.query.type.get_shape()[:2]
+        chosen = ad.CachedIndexTopkOp.build(
+            operands=[indexer.query, indexer.key, indexer.weights, cache, slots, starts],
+            properties={"scale": FloatAttr(indexer.scale, Float64Type()), "topk": IntegerAttr(indexer.k, i64)},
+            result_types=[TensorType(i64, [batch, seq, indexer.k])])
+        chosen.location = indexer.topk.location
+        chosen.result.name_hint = "selected"
+        Rewriter.insert_op(chosen, InsertPoint.before(indexer.topk))
+        return chosen.result
 
     def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule | SelectiveScan, i: int,
                       slots: SSAValue, starts: SSAValue) -> None:
@@ -358,6 +409,11 @@ class InsertCachedAttentionPass(ModulePass):
                 f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the query's batch "
                 f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
                 "(ad_mlir.llm.llm.export_flat)")
+        if self._sparse_mask(fn, attention, layer) is not None:
+            raise (PerSequenceState if self.paged else PassFailedException)(
+                f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
+                "in the slot form (paged=false); this attention is "
+                + ("paged" if self.paged else "not MLA (the log says why)"))
         _bias_as_key_dim(attention)
         window = self._window(fn, attention, layer)
         if attention.key_seq_first:

@@ -632,11 +632,12 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
 @_writing_op("cached_mla_attention", mutates_args=("cache",))
 def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
                          kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-                         scale: float) -> torch.Tensor:
+                         scale: float, selected: torch.Tensor | None = None) -> torch.Tensor:
     """`ad.cached_mla_attention`: the new latent ++ k_rope written into each row's cache slot
     after the tokens it holds, then HF's MLA over the slot's first start + seq positions: the
     cached latents expanded by `kv_b_weight` into each head's k_nope and value (HF's `expand_kv`),
-    the shared rotated key beside k_nope, SDPA causal with offset. One row at a time: the
+    the shared rotated key beside k_nope, SDPA causal with offset (and, with `selected`, only
+    over the positions each token's row lists: DeepSeek sparse attention). One row at a time: the
     reference reads each row's slot and start on the host."""
     heads, seq, nope = q_nope.shape[1], q_nope.shape[2], q_nope.shape[3]
     rank = latent.shape[3]
@@ -651,6 +652,8 @@ def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: tor
         k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
         key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
         allowed = torch.arange(end, device=q_nope.device)[None, :] <= torch.arange(start, end, device=q_nope.device)[:, None]
+        if selected is not None:
+            allowed = allowed & _chosen(selected[b], end)
         out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], key, value, attn_mask=allowed, scale=scale)
     return out
 
@@ -658,8 +661,42 @@ def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: tor
 @cached_mla_attention.register_fake
 def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
       kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-      scale: float) -> torch.Tensor:
+      scale: float, selected: torch.Tensor | None = None) -> torch.Tensor:
     return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
+
+
+def _chosen(selected: torch.Tensor, end: int) -> torch.Tensor:
+    """[seq, end] booleans: True at the positions each row of `selected` [seq, k] lists (-1: none)."""
+    chosen = torch.zeros(selected.shape[0], end + 1, dtype=torch.bool, device=selected.device)
+    chosen.scatter_(1, torch.where(selected < 0, end, selected), True)  # -1 lands in the extra column
+    return chosen[:, :end]
+
+
+@_writing_op("cached_index_topk", mutates_args=("cache",))
+def cached_index_topk(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor,
+                      slots: torch.Tensor, starts: torch.Tensor, scale: float, topk: int) -> torch.Tensor:
+    """`ad.cached_index_topk`: each row's new keys written into its cache slot after the keys it
+    holds, then HF's indexer scores over the slot's first start + seq positions (fp32: `sum_h w_h
+    relu(scale q_h . k_t)`, -inf past each token's own position) and torch.topk of min(topk,
+    positions) of them; the positions of a -inf score (not causal) and the columns past that
+    count are -1. One row at a time: the reference reads each row's slot and start on the host."""
+    seq = query.shape[1]
+    out = torch.full((*query.shape[:2], topk), -1, dtype=torch.int64, device=query.device)
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        end = start + seq
+        cache[slot, start:end] = key[b]
+        scores = torch.relu(torch.matmul(query[b].float(), cache[slot, :end].float().T) * scale)  # [seq, heads, end]
+        index = torch.matmul(weights[b].float()[:, None, :], scores)[:, 0]
+        causal = torch.arange(end, device=query.device)[None, :] <= torch.arange(start, end, device=query.device)[:, None]
+        best = index.masked_fill(~causal, float("-inf")).topk(min(topk, end), dim=-1)
+        out[b, :, :best.indices.shape[1]] = best.indices.masked_fill(best.values == float("-inf"), -1)
+    return out
+
+
+@cached_index_topk.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+      starts: torch.Tensor, scale: float, topk: int) -> torch.Tensor:
+    return query.new_empty((*query.shape[:2], topk), dtype=torch.int64)
 
 
 @_writing_op("cached_causal_conv1d", mutates_args=("state",))
@@ -886,6 +923,7 @@ REFERENCE_OPS = frozenset(
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
-                 "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_selective_scan")
+                 "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
+                 "cached_selective_scan")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""
