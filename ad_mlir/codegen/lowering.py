@@ -91,6 +91,8 @@ def kernel_region(op: Operation) -> KernelRegion:
     if isinstance(op, ad.CachedMlaAttentionOp) and op.selected is not None:
         raise NoKernelForm("the MLA template attends to every causal position, not only DeepSeek sparse attention's "
                            "selected ones")
+    if isinstance(op, ad.CachedMlaAttentionOp) and op.sinks is not None:
+        raise NoKernelForm("the MLA template has no sink logits")
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
     kernel_ops = [o for o in fused.body.block.ops if isinstance(o, KERNEL_OPS)]
     label = "_".join(dict.fromkeys(_kernel_label(o) for o in kernel_ops)) or None

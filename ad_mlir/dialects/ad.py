@@ -2001,9 +2001,11 @@ class CachedMlaAttentionOp(AdOp):
     inference does (scores against the latent: `(W_uk[h]^T q_nope) . c`; output `W_uv[h]
     sum_j p_j c_j`). With `selected` [batch, seq, k] (int64; DeepSeek sparse attention's choice,
     `ad.cached_index_topk`), new token i attends only to the positions its row lists among those
-    (-1: none). Not pure: it writes the cache."""
+    (-1: none). With `sinks` [heads] (HY-V4), each head's sink logit is one more softmax column,
+    dropped after (as `ad.cached_attention`'s). Not pure: it writes the cache."""
 
     name = "ad.cached_mla_attention"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
     q_nope = operand_def(AdTensor)
     q_rope = operand_def(AdTensor)
     latent = operand_def(AdTensor)
@@ -2013,11 +2015,12 @@ class CachedMlaAttentionOp(AdOp):
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
     selected = opt_operand_def(AdTensor)
+    sinks = opt_operand_def(AdTensor)
     scale = prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
         "$q_nope `,` $q_rope `,` $latent `,` $k_rope `kv_b` $kv_b_weight `cache` $cache `slots` $slots `starts` "
-        "$starts (`selected` $selected^ `:` type($selected))? `scale` $scale attr-dict `:` `(` type($q_nope) `,` "
+        "$starts (`selected` $selected^ `:` type($selected))? (`sinks` $sinks^ `:` type($sinks))? `scale` $scale attr-dict `:` `(` type($q_nope) `,` "
         "type($q_rope) `,` type($latent) `,` "
         "type($k_rope) `,` type($kv_b_weight) `,` type($cache) `,` type($slots) `,` type($starts) `)` `->` "
         "type($result)"
@@ -2057,6 +2060,8 @@ class CachedMlaAttentionOp(AdOp):
                                   "query's element type")
         if self.selected is not None:
             _verify_selected(self.name, self.selected, (qn[0], qn[2]))
+        if self.sinks is not None and _shape(self.sinks.type) != (heads,):
+            raise VerifyException(f"ad.cached_mla_attention sinks must be [{heads}]")
 
 
 def _verify_selected(name: str, selected: SSAValue, rows: tuple[int, int]) -> None:

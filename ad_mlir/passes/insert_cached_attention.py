@@ -288,7 +288,8 @@ class InsertCachedAttentionPass(ModulePass):
         cache_type = TensorType(mla.latent.type.element_type, [self.max_batch, self.max_seq_len, rank + rope])
         cache = _append_argument(fn, cache_type, {ad.INPUT_ATTR: f"latent_cache_{i}", ad.CACHE_ATTR: f"{layer} latent"})
         cached = ad.CachedMlaAttentionOp.build(
-            operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, slots, starts, selected],
+            operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, slots, starts, selected,
+                      _optional(attention.sinks)],
             properties={"scale": FloatAttr(attention.scale, Float64Type())},
             result_types=[attention.output.results[0].type])
         cached.location = attention.output.location

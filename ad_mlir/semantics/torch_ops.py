@@ -632,12 +632,14 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
 @_writing_op("cached_mla_attention", mutates_args=("cache",))
 def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
                          kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-                         scale: float, selected: torch.Tensor | None = None) -> torch.Tensor:
+                         scale: float, selected: torch.Tensor | None = None,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     """`ad.cached_mla_attention`: the new latent ++ k_rope written into each row's cache slot
     after the tokens it holds, then HF's MLA over the slot's first start + seq positions: the
     cached latents expanded by `kv_b_weight` into each head's k_nope and value (HF's `expand_kv`),
     the shared rotated key beside k_nope, SDPA causal with offset (and, with `selected`, only
-    over the positions each token's row lists: DeepSeek sparse attention). One row at a time: the
+    over the positions each token's row lists: DeepSeek sparse attention; with `sinks`, HF's
+    eager attention with a sink column per head). One row at a time: the
     reference reads each row's slot and start on the host."""
     heads, seq, nope = q_nope.shape[1], q_nope.shape[2], q_nope.shape[3]
     rank = latent.shape[3]
@@ -654,14 +656,15 @@ def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: tor
         allowed = torch.arange(end, device=q_nope.device)[None, :] <= torch.arange(start, end, device=q_nope.device)[:, None]
         if selected is not None:
             allowed = allowed & _chosen(selected[b], end)
-        out[b] = torch.nn.functional.scaled_dot_product_attention(query[b], key, value, attn_mask=allowed, scale=scale)
+        out[b] = _eager_attention(query[b], key, value, allowed, scale, sinks=sinks) if sinks is not None else \
+            torch.nn.functional.scaled_dot_product_attention(query[b], key, value, attn_mask=allowed, scale=scale)
     return out
 
 
 @cached_mla_attention.register_fake
 def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
       kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-      scale: float, selected: torch.Tensor | None = None) -> torch.Tensor:
+      scale: float, selected: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
 
 

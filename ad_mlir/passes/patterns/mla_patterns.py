@@ -52,9 +52,9 @@ def match_mla(attention: Attention) -> Mla | str | None:
     if expansion is None:
         return None
     split, view_ops, linear = expansion
-    if attention.rope is not None or attention.softcap is not None or attention.sinks is not None \
-            or attention.alibi is not None or attention.qk_norm is not None:
-        return "its attention applies RoPE, a soft cap, sinks, ALiBi or QK-norm itself"
+    if attention.rope is not None or attention.softcap is not None or attention.alibi is not None \
+            or attention.qk_norm is not None:
+        return "its attention applies RoPE, a soft cap, ALiBi or QK-norm itself"
     key = _key_parts(attention.key)
     if key is None or key[0] != split.outputs[0]:
         return "its key is not [k_nope, k_rot expanded to every head] of the expanded latent's k_nope"
