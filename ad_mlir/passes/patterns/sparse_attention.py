@@ -71,9 +71,9 @@ def match_sparse_mask(mask: SSAValue) -> SparseMask | str | None:
     if found is None:
         return None
     causal, scatter, ops = found
-    indices = scatter.inputs[1]
+    indices, casts = scatter.inputs[1], []
     while isinstance(indices.owner, ad.CastOp):
-        ops.append(indices.owner)
+        casts.append(indices.owner)
         indices = indices.owner.input
     topk = indices.owner
     if not _is_torch(topk, TOPK) or indices != topk.outputs[1]:
@@ -84,7 +84,7 @@ def match_sparse_mask(mask: SSAValue) -> SparseMask | str | None:
     indexer = _indexer(topk)
     if isinstance(indexer, str):
         return f"its top-k selection is not DeepSeek's lightning indexer: {indexer}"
-    return SparseMask(indexer, causal, [*ops, scatter, ones])
+    return SparseMask(indexer, causal, [*ops, scatter, ones, *casts])
 
 
 def _selection(mask: SSAValue) -> tuple[SSAValue, ad.TorchOp, list[Operation]] | None:

@@ -483,3 +483,21 @@ func.func @paged_attention_flattened(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?
   %0 = ad.paged_attention %q, %k, %k pages %kp, %kp query_starts %s cache_starts %s block_tables %bt scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>) -> tensor<2x4x?x64xbf16>
   func.return
 }
+
+// -----
+
+// The indexer's key cache holds its one key per token (128), not a head's query width.
+func.func @cached_index_topk_cache_width(%iq: tensor<?x?x64x128xbf16>, %ik: tensor<?x?x128xbf16>, %iw: tensor<?x?x64xf32>, %ic: tensor<8x4096x64xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_index_topk' cache must be [slots, max_seq, 128] of the key's element type
+  %sel = ad.cached_index_topk %iq, %ik, %iw cache %ic slots %s starts %s scale 1.000000e+00 topk 4 : (tensor<?x?x64x128xbf16>, tensor<?x?x128xbf16>, tensor<?x?x64xf32>, tensor<8x4096x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x4xi64>
+  func.return
+}
+
+// -----
+
+// The selection is int64 positions, [batch, seq, k].
+func.func @cached_mla_selected_dtype(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x576xbf16>, %s: tensor<?xi64>, %sel: tensor<?x?x4xi32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' selected must be tensor<batch x seq x k x i64> of the query's batch and seq
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s selected %sel : tensor<?x?x4xi32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  func.return
+}

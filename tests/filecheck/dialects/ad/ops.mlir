@@ -287,6 +287,17 @@ func.func @cached_mla_attention(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128
   func.return
 }
 
+// DeepSeek-V3.2's sparse attention: the indexer (64 heads of 128, top 2048 of an index-key cache
+// of 128 per token) and the MLA restricted to its selection; HY-V4's sink logits.
+func.func @cached_sparse_mla_attention(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x4096x576xbf16>, %s: tensor<?xi64>, %iq: tensor<?x?x64x128xbf16>, %ik: tensor<?x?x128xbf16>, %iw: tensor<?x?x64xf32>, %ic: tensor<8x4096x128xbf16>, %sinks: tensor<128xf32>) {
+  // CHECK-LABEL: func.func @cached_sparse_mla_attention
+  %sel = ad.cached_index_topk %iq, %ik, %iw cache %ic slots %s starts %s scale 0.088388347648318447 topk 2048 : (tensor<?x?x64x128xbf16>, tensor<?x?x128xbf16>, tensor<?x?x64xf32>, tensor<8x4096x128xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x2048xi64>
+  // CHECK-NEXT: %sel = ad.cached_index_topk %iq, %ik, %iw cache %ic slots %s starts %s scale 0.088388347648318447 topk 2048 : (tensor<?x?x64x128xbf16>, tensor<?x?x128xbf16>, tensor<?x?x64xf32>, tensor<8x4096x128xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x2048xi64>
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s selected %sel : tensor<?x?x2048xi64> sinks %sinks : tensor<128xf32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  // CHECK-NEXT: ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s selected %sel : tensor<?x?x2048xi64> sinks %sinks : tensor<128xf32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  func.return
+}
+
 // Mamba1's selective scan at Falcon-Mamba-7B's sizes (8192 channels, state 16), with and without D, z and dt_bias.
 func.func @cached_selective_scan(%x: tensor<?x8192x?xbf16>, %a: tensor<8192x16xf32>, %b: tensor<?x16x?xbf16>, %d: tensor<8192xf32>, %st: tensor<8x8192x16xf32>, %s: tensor<?xi64>) {
   // CHECK-LABEL: func.func @cached_selective_scan
