@@ -68,7 +68,18 @@ max-seq-len, kv_lora_rank + qk_rope_head_dim] in the latent's dtype, marked `ad.
 latent"`: the latent ++ rotated key part of each token, not the heads' K and V (at DeepSeek-V3's
 sizes 576 values per token and layer instead of 128 heads x (192 + 128)). The expansion is erased;
 the cached op absorbs `kv_b_proj` into the query and the output. An MLA that does not match
-exactly is cached as plain attention over its expanded K and V (the log says why).
+exactly is cached as plain attention over its expanded K and V (the log says why). An MLA with
+sink logits (HY-V4's eager form) carries them over (`sinks`).
+
+DeepSeek sparse attention (DeepSeek-V3.2, GLM-5, A.X K2, HY-V4, dots.3 note:
+`sparse_attention.match_sparse_mask`, an MLA whose mask is the causal mask restricted to the
+top-k keys of a lightning indexer) caches the indexer too: its `aten.topk` becomes
+`ad.cached_index_topk` over an argument `index_key_cache_<i>` [max-batch, max-seq-len, index
+head dim] in the key's dtype, marked `ad.cache = "<layer> index_key"` (each token's one index
+key), and the cached MLA takes its result as `selected`; a layer whose mask reuses another's
+topk (GLM-5's "shared" layers) gets the same selection. The indexer's own mask must be causal. A
+sparse attention that is not MLA is refused by name, and the paged form refuses it as
+`PerSequenceState` (`LLM` falls back to the slot form).
 
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction

@@ -1,0 +1,128 @@
+"""DeepSeek sparse attention (DSA) generating through a cache of its indexer's keys: the lightning
+indexer (`ad.cached_index_topk`) scores every cached position with its own heads and keeps the
+`index_topk` best per query, and the MLA (`ad.cached_mla_attention`) attends to those only.
+The five families of transformers 5.24 with the indexer, built small by the sweep's config
+(`zoo.small`, hidden 64, 4 index heads of 32, index_topk 2: every query past the second attends
+to 2 keys of up to 23) with a wide init (0.5) so that greedy tokens vary: DeepSeek-V3.2 (SDPA's
+boolean mask), GLM-5 with its second layer sharing the first's selection, HY-V4 (eager: an
+additive mask and sink logits, its output gated), A.X K2, and dots.3 note's text model (a sliding
+layer without indexer, then an indexed one). Tokens against HF `generate` (three prompts in two
+slots), per-step logits (prefill and 4 decode steps) against HF's full-prefix forward, on the
+reference (the indexer and the restricted MLA have no Triton template: `NoKernelForm`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_generate import _assert_logits_close, _assert_step_logits_match, _hf_tokens
+
+import ad_mlir
+from ad_mlir.codegen.lowering import kernel_region
+from ad_mlir.compiler import compile_program
+from ad_mlir.dialects import ad
+from ad_mlir.dialects.decompositions import NoKernelForm
+from ad_mlir.llm.llm import cached_pipeline, export_for_cache
+from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.zoo.small import model_from_config, small_config
+
+PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
+NEW_TOKENS = 12
+INDEX = {"index_n_heads": 4, "index_head_dim": 32, "index_topk": 2, "initializer_range": 0.5}
+FAMILIES = {"deepseek_v32": {}, "glm_moe_dsa": {"indexer_types": ["full", "shared"]}, "hy_v4": {}, "axk2": {},
+            "dots3_note_text": {}}
+LATENT = 32 + 8
+"""kv_lora_rank + qk_rope_head_dim of `small_config` at hidden 64: a latent cache's values per token."""
+INDEXERS = {"glm_moe_dsa": 1, "dots3_note_text": 1}
+"""Indexers per model where not one per layer (GLM-5's shared layer, dots.3 note's sliding one)."""
+
+
+def _model(family: str) -> torch.nn.Module:
+    return model_from_config(small_config(family, hidden_size=64, overrides={**INDEX, **FAMILIES[family]}))
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def dsa(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module, ad_mlir.LLM]:
+    model = _model(request.param)
+    return request.param, model, ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
+
+
+def test_the_indexer_keys_are_cached_beside_the_latent(dsa) -> None:  # noqa: ANN001
+    """One index-key cache [slots, max_seq, 32] per indexer, one latent cache per layer; their
+    bytes per token counted in `token_bytes` (fp32); neither op has a kernel (refused by name,
+    so nothing runs the plain MLA template over every key)."""
+    family, _, llm = dsa
+    indexers = INDEXERS.get(family, 2)
+    index_caches = {name: tuple(c.shape) for name, c in llm.caches.items() if name.startswith("index_key_cache")}
+    assert index_caches == {f"index_key_cache_{i}": (2, 32, 32) for i in range(indexers)}
+    assert sum(llm.token_bytes.values()) == 2 * LATENT * 4 + indexers * 32 * 4
+    ops = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedIndexTopkOp | ad.CachedMlaAttentionOp)]
+    assert sum(isinstance(op, ad.CachedIndexTopkOp) for op in ops) == indexers
+    for op in ops:
+        with pytest.raises(NoKernelForm):
+            kernel_region(op)
+
+
+def test_greedy_tokens_match_hf_generate(dsa) -> None:  # noqa: ANN001
+    """Three prompts in two slots (a slot reused), 12 new tokens: up to 23 cached positions of
+    which each query keeps 2."""
+    _, model, llm = dsa
+    expected = [_hf_tokens(model, prompt, NEW_TOKENS) for prompt in PROMPTS]
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
+    assert [out.token_ids for out in outputs] == expected
+
+
+def test_step_logits_match_hf_prefill_and_decode(dsa) -> None:  # noqa: ANN001
+    """Within 2e-5 x the largest logit, as `test_mla`'s (fp32 reordering of the batched rows
+    through the wide weights); a wrong selection moves logits by order 1 (the next test)."""
+    _assert_step_logits_match(*dsa[1:], atol=2e-5)
+
+
+def test_the_selection_matters(dsa) -> None:  # noqa: ANN001
+    """What the tests above would catch: HF's forward with every causal key kept (index_topk past
+    the length) moves the last logits of the longest prompt far beyond their tolerance."""
+    _, model, _ = dsa
+    prompt = torch.tensor([PROMPTS[2]])
+    indexers = [m for m in model.modules() if hasattr(m, "index_topk")]
+    with torch.no_grad():
+        sparse = model(prompt).logits[0, -1]
+        for m in indexers:
+            m.index_topk = 1000
+        try:
+            dense = model(prompt).logits[0, -1]
+        finally:
+            for m in indexers:
+                m.index_topk = INDEX["index_topk"]
+    assert (sparse - dense).abs().max() > 0.1 * max(1.0, sparse.abs().max().item())
+
+
+@pytest.mark.parametrize("dsa", ["deepseek_v32"], indirect=True)
+def test_a_prompt_prefilled_in_two_chunks_equals_one_prefill(dsa) -> None:  # noqa: ANN001
+    """The second chunk (start > 0, several tokens) selects among the keys the first left in the
+    index-key cache and its own, causally."""
+    _, model, llm = dsa
+    prompt = torch.tensor([PROMPTS[2]])
+    with torch.no_grad(), reference_kernels():
+        llm.step(prompt[:, :4], torch.arange(4)[None], [1], [0])
+        chunked = llm.step(prompt[:, 4:], torch.arange(4, prompt.shape[1])[None], [1], [4])
+        _assert_logits_close(chunked, model(prompt).logits[:, 4:], atol=2e-5)
+
+
+def test_the_paged_form_falls_back_to_slots() -> None:
+    """`paged_where_possible`: the paged form refuses the indexer (`PerSequenceState`, naming the
+    layer), and the model gets the slot form's caches."""
+    from ad_mlir.llm.llm import paged_where_possible
+
+    llm = paged_where_possible(_model("deepseek_v32"), page_size=16, max_batch=2, max_seq_len=32)
+    assert "index_key_cache_0" in llm.caches and "latent_cache_0" in llm.caches
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "hy_v4"])
+def test_every_pass_verified(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`verify=True`: each pass (the cached function at start 0, the indexer's selection and the
+    restricted MLA included, computes what the uncached one did) and the compiled graph against
+    the IR, on the same random inputs; strict (no pass may be skipped)."""
+    monkeypatch.setenv("AD_MLIR_SKIP_ON_ERROR", "0")
+    _, program = compile_program(export_for_cache(_model(family), 2, 32), pipeline=cached_pipeline("default", 2, 32),
+                                 verify=True)
+    assert sum(isinstance(op, ad.CachedIndexTopkOp) for op in program.function.body.walk()) == 2
