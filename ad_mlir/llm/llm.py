@@ -53,7 +53,7 @@ class CacheArgument:
     shape: tuple[int, ...]
     dtype: torch.dtype
     per_token: bool
-    """A K/V cache or MLA's latent cache, which grows with the tokens of a slot; else a state of
+    """A K/V cache, MLA's latent cache or DSA's index-key cache, which grows with the tokens of a slot; else a state of
     fixed size per slot (a convolution's, a recurrent scan's)."""
     layer: str
     """The HF module path of the op it serves."""
@@ -322,7 +322,7 @@ class LLM:
         """The caches that are a state of fixed size per slot (not per token)."""
         self.token_bytes: dict[str, int] = {}
         """Bytes one token takes in each layer's per-token caches (its key and value, or MLA's
-        latent and rope key), by layer (HF module path)."""
+        latent and rope key, and DeepSeek sparse attention's index key), by layer (HF module path)."""
         for c in arguments:
             if c.per_token:
                 self.token_bytes[c.layer] = self.token_bytes.get(c.layer, 0) + \

@@ -21,7 +21,7 @@ from ad_mlir.codegen.lowering import kernel_region
 from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.decompositions import NoKernelForm
-from ad_mlir.llm.llm import cached_pipeline, export_for_cache
+from ad_mlir.llm.llm import cache_arguments, cached_pipeline, export_for_cache
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import model_from_config, small_config
 
@@ -30,10 +30,10 @@ NEW_TOKENS = 12
 INDEX = {"index_n_heads": 4, "index_head_dim": 32, "index_topk": 2, "initializer_range": 0.5}
 FAMILIES = {"deepseek_v32": {}, "glm_moe_dsa": {"indexer_types": ["full", "shared"]}, "hy_v4": {}, "axk2": {},
             "dots3_note_text": {}}
-LATENT = 32 + 8
-"""kv_lora_rank + qk_rope_head_dim of `small_config` at hidden 64: a latent cache's values per token."""
 INDEXERS = {"glm_moe_dsa": 1, "dots3_note_text": 1}
 """Indexers per model where not one per layer (GLM-5's shared layer, dots.3 note's sliding one)."""
+SPARSE_LAYERS = {"dots3_note_text": 1}
+"""Attentions restricted to a selection where not both layers (dots.3 note's sliding layer is not)."""
 
 
 def _model(family: str) -> torch.nn.Module:
@@ -47,16 +47,22 @@ def dsa(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module, ad_mlir.L
 
 
 def test_the_indexer_keys_are_cached_beside_the_latent(dsa) -> None:  # noqa: ANN001
-    """One index-key cache [slots, max_seq, 32] per indexer, one latent cache per layer; their
-    bytes per token counted in `token_bytes` (fp32); neither op has a kernel (refused by name,
+    """One index-key cache [slots, max_seq, 32] per indexer; an indexed layer's bytes per token
+    in `token_bytes` are its latent's and its index key's (fp32); neither op has a kernel (refused by name,
     so nothing runs the plain MLA template over every key)."""
     family, _, llm = dsa
     indexers = INDEXERS.get(family, 2)
     index_caches = {name: tuple(c.shape) for name, c in llm.caches.items() if name.startswith("index_key_cache")}
     assert index_caches == {f"index_key_cache_{i}": (2, 32, 32) for i in range(indexers)}
-    assert sum(llm.token_bytes.values()) == 2 * LATENT * 4 + indexers * 32 * 4
-    ops = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedIndexTopkOp | ad.CachedMlaAttentionOp)]
+    arguments = cache_arguments(llm.program.function)
+    for i in range(indexers):  # the indexed layer's bytes: its latent's and its index key's (32)
+        layer = next(c.layer for c in arguments if c.name == f"index_key_cache_{i}")
+        latent = next(c.shape[2] for c in arguments if c.layer == layer and c.name.startswith("latent"))
+        assert llm.token_bytes[layer] == (latent + 32) * 4
+    ops = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedIndexTopkOp)
+           or (isinstance(op, ad.CachedMlaAttentionOp) and op.selected is not None)]
     assert sum(isinstance(op, ad.CachedIndexTopkOp) for op in ops) == indexers
+    assert len(ops) - indexers == SPARSE_LAYERS.get(family, 2)
     for op in ops:
         with pytest.raises(NoKernelForm):
             kernel_region(op)
