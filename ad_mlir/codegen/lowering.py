@@ -88,9 +88,6 @@ def kernel_region(op: Operation) -> KernelRegion:
             raise NoKernelForm(str(e)) from e
     if isinstance(op, ad.CachedIndexTopkOp):
         raise NoKernelForm("DeepSeek sparse attention's indexer has no Triton template yet")
-    if isinstance(op, ad.CachedMlaAttentionOp) and op.selected is not None:
-        raise NoKernelForm("the MLA template attends to every causal position, not only DeepSeek sparse attention's "
-                           "selected ones")
     if isinstance(op, ad.CachedMlaAttentionOp) and op.sinks is not None:
         raise NoKernelForm("the MLA template has no sink logits")
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
@@ -141,7 +138,8 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     if isinstance(op, ad.CachedMlaAttentionOp):
         from ad_mlir.codegen.mla_attention_kernel import emit_mla_attention_module
 
-        return emit_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, name, header)
+        return emit_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, name, header,
+                                         sparse=op.selected is not None)
     if isinstance(op, ad.CachedCausalConv1dOp):
         return causal_conv_kernel.emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type),
                                                           op.bias is not None, name, header)

@@ -26,6 +26,14 @@ races with no read. The dots take their operands in the input dtype (fp32 with i
 the scores and the accumulator stay fp32. Prefill is the same absorbed loop (compute-bound on a
 GPU at long prompts; expanding K/V for prefill, as DeepSeek does, is not done here); decode has
 no split over the cached positions, so one row's cache is read by cdiv(H, BLOCK_M) programs.
+
+With DeepSeek sparse attention's selection (`sparse=True`: the op's `selected` [B, S, k], the
+positions each new token attends to, -1 for none) the launch takes `selected` after `starts`,
+writes the new latents into the cache first (device indexing, no host sync), and the kernel
+gathers each token's selected cache rows instead of walking every position: grid (B * S,
+cdiv(H, BLOCK_M)), a program takes one new token and BLOCK_M of its heads and runs the same
+online softmax over its k selected positions in blocks of BLOCK_N (a position past the token's
+own, or -1, is masked), as FlashMLA's sparse decoding does.
 """
 
 from __future__ import annotations
@@ -58,7 +66,8 @@ def mla_blocks(rank: int, rope: int) -> MlaBlocks:
     return MlaBlocks(16, 16, 4, 2)
 
 
-_KERNEL = '''
+# The module's source: a kernel (dense or sparse), the block both share, the output shapes, its launch.
+_DENSE = '''
 @triton.jit(do_not_specialize=["seq_len", "heads"])
 def {name}(q_lat, q_rope, latent, k_rope, cache, slots, starts, o_lat, seq_len, heads, scale_log2,
         qr_sb, qr_sh, qr_st, qr_sd, l_sb, l_st, l_sd, kr_sb, kr_st, kr_sd, c_ss, c_st, c_sd,
@@ -111,7 +120,50 @@ def {name}(q_lat, q_rope, latent, k_rope, cache, slots, starts, o_lat, seq_len, 
              mask=m_ok[:, None] & r_ok[None, :])
 
 
-@triton.jit
+'''
+
+_SPARSE = '''
+@triton.jit(do_not_specialize=["seq_len", "heads", "topk"])
+def {name}(q_lat, q_rope, cache, slots, starts, selected, o_lat, seq_len, heads, topk, scale_log2,
+        qr_sb, qr_sh, qr_st, qr_sd, c_ss, c_st, c_sd,
+        RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    row = token // seq_len
+    t = token % seq_len
+    hs = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    h_ok = hs < heads
+    rs = tl.arange(0, BLOCK_R)
+    ps = tl.arange(0, BLOCK_P)
+    r_ok = rs < RANK
+    p_ok = ps < ROPE
+    slot = tl.load(slots + row)
+    last = tl.load(starts + row) + t
+    q_a = tl.load(q_lat + ((row * heads + hs) * seq_len + t)[:, None] * RANK + rs[None, :],
+                  mask=h_ok[:, None] & r_ok[None, :], other=0.0)
+    q_a = q_a.to({elem}).to(DOT_DTYPE)
+    q_b = tl.load(q_rope + row * qr_sb + hs[:, None] * qr_sh + t * qr_st + ps[None, :] * qr_sd,
+                  mask=h_ok[:, None] & p_ok[None, :], other=0.0).to(DOT_DTYPE)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
+    slot_rows = cache + slot * c_ss
+    for j0 in range(0, topk, BLOCK_N):
+        js = j0 + tl.arange(0, BLOCK_N)
+        idx = tl.load(selected + token * topk + js, mask=js < topk, other=-1)
+        n_ok = (idx >= 0) & (idx <= last)
+        k_a = tl.load(slot_rows + idx[:, None] * c_st + rs[None, :] * c_sd, mask=n_ok[:, None] & r_ok[None, :],
+                      other=0.0)
+        k_b = tl.load(slot_rows + idx[:, None] * c_st + (RANK + ps[None, :]) * c_sd,
+                      mask=n_ok[:, None] & p_ok[None, :], other=0.0)
+        m_i, l_i, acc = _mla_block(q_a, q_b, k_a, k_b, n_ok[None, :], m_i, l_i, acc, scale_log2)
+    out = acc / l_i[:, None]
+    tl.store(o_lat + (token * heads + hs[:, None]) * RANK + rs[None, :], out, mask=h_ok[:, None] & r_ok[None, :])
+
+
+'''
+
+_BLOCK = '''@triton.jit
 def _mla_block(q_a, q_b, k_a, k_b, seen, m_i, l_i, acc, scale_log2):
     """One tile of keys into the online softmax: scores against the latent and the rope part,
     the latent itself as the values."""
@@ -127,7 +179,9 @@ def _mla_block(q_a, q_b, k_a, k_b, seen, m_i, l_i, acc, scale_log2):
     return m_new, l_i, acc
 
 
-OUTPUT_DTYPES = ({dtype},)
+'''
+
+_SHAPES = '''OUTPUT_DTYPES = ({dtype},)
 
 
 def output_shapes(tensors):
@@ -135,7 +189,9 @@ def output_shapes(tensors):
     return [(*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3])]
 
 
-def launch(kernel, tensors, scalars):
+'''
+
+_DENSE_LAUNCH = '''def launch(kernel, tensors, scalars):
     q_nope, q_rope, latent, k_rope, kv_b_weight, cache, slots, starts = tensors
     batch, heads, seq_len, nope = q_nope.shape
     rank, rope = latent.shape[3], k_rope.shape[3]
@@ -159,11 +215,40 @@ def launch(kernel, tensors, scalars):
     return [out.to({dtype})]
 '''
 
+_SPARSE_LAUNCH = '''def launch(kernel, tensors, scalars):
+    q_nope, q_rope, latent, k_rope, kv_b_weight, cache, slots, starts, selected = tensors
+    batch, heads, seq_len, nope = q_nope.shape
+    rank, rope = latent.shape[3], k_rope.shape[3]
+    if tuple(cache.shape[2:]) != (rank + rope,) or kv_b_weight.shape[1] != rank \
+            or tuple(selected.shape[:2]) != (batch, seq_len):
+        raise ValueError(f"sparse mla kernel: latent {{tuple(latent.shape)}}, k_rope {{tuple(k_rope.shape)}}, "
+                         f"cache {{tuple(cache.shape)}}, kv_b_weight {{tuple(kv_b_weight.shape)}}, "
+                         f"selected {{tuple(selected.shape)}}")
+    w = kv_b_weight.view(heads, -1, rank)
+    if batch * seq_len == 0:
+        return [torch.empty(output_shapes(tensors)[0], dtype={dtype}, device=q_nope.device)]
+    positions = starts[:, None] + torch.arange(seq_len, device=starts.device)
+    cache[slots[:, None], positions] = torch.cat([latent[:, 0], k_rope[:, 0]], dim=-1).to(cache.dtype)
+    q_lat = torch.matmul(q_nope.float(), w[:, :nope].float()).contiguous()
+    o_lat = torch.empty((batch, seq_len, heads, rank), dtype=torch.float32, device=q_nope.device)
+    blocks = mla_blocks(rank, rope)
+    topk = selected.shape[2]
+    kernel[(batch * seq_len, triton.cdiv(heads, blocks.block_m))](
+        q_lat, q_rope, cache, slots, starts, selected.contiguous(), o_lat, seq_len, heads, topk, SCALE * LOG2E,
+        *q_rope.stride(), *cache.stride(), RANK=rank, ROPE=rope,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)), BLOCK_P=max(16, triton.next_power_of_2(rope)),
+        BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps, num_stages=blocks.num_stages,
+        enable_fp_fusion=True)
+    out = torch.matmul(o_lat.transpose(1, 2), w[:, nope:].float().transpose(1, 2))
+    return [out.to({dtype})]
+'''
 
-def emit_mla_attention_module(dtype: torch.dtype, scale: float, name: str, header: str) -> str:
+
+def emit_mla_attention_module(dtype: torch.dtype, scale: float, name: str, header: str, sparse: bool = False) -> str:
     """The kernel file for MLA with queries, latent and cache of `dtype` and scores scaled by
-    `scale`."""
-    kernel = _KERNEL.format(name=name, dtype=str(dtype), elem=TL_DTYPE[dtype],
-                            precision=', input_precision="ieee"' if dtype == torch.float32 else "")
+    `scale`; with `sparse`, over each token's selected positions (module docstring)."""
+    parts = (_SPARSE, _BLOCK, _SHAPES, _SPARSE_LAUNCH) if sparse else (_DENSE, _BLOCK, _SHAPES, _DENSE_LAUNCH)
+    kernel = "".join(parts).format(name=name, dtype=str(dtype), elem=TL_DTYPE[dtype],
+                                   precision=', input_precision="ieee"' if dtype == torch.float32 else "")
     constants = [dot_dtype_line(dtype), f"SCALE = {float(scale)!r}", f"LOG2E = {LOG2E!r}"]
     return module_source(header, {"ad_mlir.codegen.mla_attention_kernel": ["mla_blocks"]}, constants, [kernel])

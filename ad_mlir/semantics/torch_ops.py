@@ -669,9 +669,11 @@ def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: 
 
 
 def _chosen(selected: torch.Tensor, end: int) -> torch.Tensor:
-    """[seq, end] booleans: True at the positions each row of `selected` [seq, k] lists (-1: none)."""
+    """[seq, end] booleans: True at the positions below `end` each row of `selected` [seq, k]
+    lists (-1: none)."""
     chosen = torch.zeros(selected.shape[0], end + 1, dtype=torch.bool, device=selected.device)
-    chosen.scatter_(1, torch.where(selected < 0, end, selected), True)  # -1 lands in the extra column
+    outside = (selected < 0) | (selected >= end)
+    chosen.scatter_(1, torch.where(outside, end, selected), True)  # the extra column takes what is outside
     return chosen[:, :end]
 
 

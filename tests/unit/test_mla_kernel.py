@@ -123,3 +123,89 @@ def test_mla_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build) -> None:  # 
     assert [s.grid for s in specs] == [(1, 1024 * heads // 32), (8, heads // 32)]
     for report in compile_all(specs):
         assert report.spills == 0, report
+
+
+@pytest.fixture(scope="module")
+def build_sparse(tmp_path_factory: pytest.TempPathFactory) -> Callable[[tuple], ModuleType]:
+    return template_builder(tmp_path_factory.mktemp("sparse_mla_kernels"), "sparse_mla",
+                            lambda spec, name, header: emit_mla_attention_module(*spec, name, header, sparse=True))
+
+
+def _selection(topk: int) -> torch.Tensor:
+    """[2, SEQ, topk] positions as DeepSeek sparse attention's indexer gives them: distinct, one at
+    or before the token's own position at least, some past it (masked causally) and some -1."""
+    g = torch.Generator().manual_seed(topk)
+    picks = torch.stack([torch.stack([torch.randperm(SEQ, generator=g)[:topk] for _ in range(SEQ)]) for _ in range(2)])
+    own = torch.arange(SEQ)[None, :].expand(2, -1)
+    picks[:, :, 0] = torch.where((picks[:, :, 1:] == own[..., None]).any(-1), picks[:, :, 0], own)
+    picks[:, 1::3, -1] = -1
+    return picks.to(DEVICE)
+
+
+@pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
+@pytest.mark.parametrize(("dtype", "heads", "nope", "rope", "rank", "v_dim", "topk"), [
+    (torch.float32, 4, 16, 8, 32, 16, 5),   # DeepSeek-V3's ratios, scaled down; topk no power of two
+    (torch.bfloat16, 3, 12, 6, 40, 20, 20),  # 3 heads, widths no powers of two, more keys than a block
+])
+def test_sparse_mla_in_pieces_equals_masked_expanded_attention(build_sparse, run_kernel: bool,  # noqa: ANN001
+                                                               dtype: torch.dtype, heads: int, nope: int, rope: int,
+                                                               rank: int, v_dim: int, topk: int) -> None:
+    """DeepSeek sparse attention's MLA (`selected`): each token attends to its selected positions
+    at or before its own only; against HF's expanded attention with the mask `causal & ~index_mask`
+    (SDPA), in pieces, the kernel and the reference, at `TOLERANCE`."""
+    scale = (nope + rope) ** -0.5
+    (q_nope, q_rope, latent, k_rope), weight = _inputs(dtype, heads, nope, rope, rank, v_dim)
+    selected = _selection(topk)
+    batch, _, seq, _ = q_nope.shape
+    chosen = torch.zeros(batch, seq, seq + 1, dtype=torch.bool, device=DEVICE)
+    chosen.scatter_(2, torch.where(selected < 0, seq, selected), True)
+    allowed = chosen[..., :seq] & torch.ones(seq, seq, dtype=torch.bool, device=DEVICE).tril()
+    kv = torch.nn.functional.linear(latent, weight).view(batch, seq, heads, -1).transpose(1, 2)
+    k_nope, value = kv.split([nope, kv.shape[-1] - nope], dim=-1)
+    key = torch.cat([k_nope, k_rope.expand(-1, heads, -1, -1)], dim=-1)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        torch.cat([q_nope, q_rope], dim=-1), key, value, attn_mask=allowed[:, None], scale=scale).float()
+    cache = torch.randn(3, 32, rank + rope, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
+    untouched = cache[1].clone()
+    module = build_sparse((dtype, scale)) if run_kernel else None
+    done = [0, 0]
+    for piece in PIECES:
+        rows = [r for r, _ in piece]
+        chunk = [torch.stack([x[r, :, done[r]:e] for r, e in piece]) for x in (q_nope, q_rope, latent, k_rope)]
+        picks = torch.stack([selected[r, done[r]:e] for r, e in piece])
+        slots = torch.tensor([SLOTS[r] for r in rows], device=DEVICE)
+        starts = torch.tensor([done[r] for r in rows], device=DEVICE)
+        if module is not None:
+            out = module.launch(getattr(module, module.kernel_name), [*chunk, weight, cache, slots, starts, picks], [])[0]
+        else:
+            out = torch_ops.cached_mla_attention(*chunk, weight, cache, slots, starts, scale, picks)
+        for i, (r, e) in enumerate(piece):
+            want = expected[r, :, done[r]:e]
+            assert (out[i].float() - want).abs().max() <= TOLERANCE[dtype] * (1 + want.abs().max()), (piece, r)
+            done[r] = e
+    for r, slot in enumerate(SLOTS):
+        assert torch.equal(cache[slot, :SEQ], torch.cat([latent[r, 0], k_rope[r, 0]], dim=-1))
+    assert torch.equal(cache[1], untouched)
+
+
+def test_sparse_mla_ptx_for_sm90_at_deepseek_v32_sizes_has_no_spills(build_sparse) -> None:  # noqa: ANN001
+    """DeepSeek-V3.2's sparse MLA (128 heads, nope 128 + rope 64, value 128, latent 512, top
+    2048) in bf16: a 1024-token prefill of 1 row and a decode step of 8, compiled for sm_90 as
+    the runtime specializes them: no spills."""
+    heads, nope, rope, rank, v_dim, topk = 128, 128, 64, 512, 128, 2048
+    module = build_sparse((torch.bfloat16, (nope + rope) ** -0.5))
+    launches = []
+    for batch, seq in ((1, 1024), (8, 1)):
+        def meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+            return torch.empty(*shape, dtype=dtype, device="meta")
+        q_nope, q_rope = meta(batch, seq, heads, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
+        latent, k_rope = meta(batch, seq, rank + rope).split([rank, rope], dim=-1)
+        tensors = [q_nope, q_rope, latent.unsqueeze(1), k_rope.unsqueeze(1), meta(heads * (nope + v_dim), rank),
+                   meta(16, 4096, rank + rope), *[meta(batch, dtype=torch.int64)] * 2,
+                   meta(batch, seq, topk, dtype=torch.int64)]
+        launches += record_launches(module, tensors, [])
+    fn = getattr(module, module.kernel_name)
+    specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
+    assert [s.grid for s in specs] == [(1024, heads // 32), (8, heads // 32)]
+    for report in compile_all(specs):
+        assert report.spills == 0, report
