@@ -1,7 +1,8 @@
 """What codegen emits for a kernel: the `ad.fused` region of an op, with kernel ops expanded.
 
-A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or `ad.cached_attention`,
-`ad.paged_attention` and `ad.cached_causal_conv1d`, which are not pure: they write their caches) on its own. Either way
+A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or the cached ops such as
+`ad.cached_attention`, `ad.paged_attention`, `ad.cached_mla_attention`, `ad.cached_index_topk` and
+`ad.cached_causal_conv1d`, which are not pure: they write their caches) on its own. Either way
 codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
 kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the
 generic region kernel sees elementwise and row-reduction ops only. Attention, RoPE and MoE ops
@@ -86,8 +87,6 @@ def kernel_region(op: Operation) -> KernelRegion:
             cached_attention_spec(op)
         except ValueError as e:  # e.g. a head_dim the template does not take
             raise NoKernelForm(str(e)) from e
-    if isinstance(op, ad.CachedIndexTopkOp):
-        raise NoKernelForm("DeepSeek sparse attention's indexer has no Triton template yet")
     if isinstance(op, ad.CachedMlaAttentionOp) and op.sinks is not None:
         raise NoKernelForm("the MLA template has no sink logits")
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
@@ -105,7 +104,7 @@ def _kernel_label(op: Operation) -> str:
 
 
 TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
-                ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
+                ad.CachedIndexTopkOp, ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
@@ -140,6 +139,10 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
 
         return emit_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, name, header,
                                          sparse=op.selected is not None)
+    if isinstance(op, ad.CachedIndexTopkOp):
+        from ad_mlir.codegen.index_topk_kernel import emit_index_topk_module
+
+        return emit_index_topk_module(op.scale.value.data, op.topk.value.data, name, header)
     if isinstance(op, ad.CachedCausalConv1dOp):
         return causal_conv_kernel.emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type),
                                                           op.bias is not None, name, header)

@@ -8,13 +8,15 @@ boolean mask), GLM-5 with its second layer sharing the first's selection, HY-V4 
 additive mask and sink logits, its output gated), A.X K2, and dots.3 note's text model (a sliding
 layer without indexer, then an indexed one). Tokens against HF `generate` (three prompts in two
 slots), per-step logits (prefill and 4 decode steps) against HF's full-prefix forward, on the
-reference (the indexer has no Triton template; the sparse MLA template is tested in
+reference, and DeepSeek-V3.2's in the Triton interpreter (the indexer's template and the MLA
+template's sparse form; both against HF in `tests/unit/test_index_topk_kernel.py` and
 `tests/unit/test_mla_kernel.py`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from kernel_guard import graph_kernels, kernels_ran
 from test_generate import _assert_logits_close, _assert_step_logits_match, _hf_tokens
 
 import ad_mlir
@@ -49,9 +51,9 @@ def dsa(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module, ad_mlir.L
 
 def test_the_indexer_keys_are_cached_beside_the_latent(dsa) -> None:  # noqa: ANN001
     """One index-key cache [slots, max_seq, 32] per indexer; an indexed layer's bytes per token
-    in `token_bytes` are its latent's and its index key's (fp32). The indexer has no kernel
-    (refused by name: it runs as its reference), the restricted MLA has the sparse template
-    unless it has sinks (HY-V4's: refused by name, so nothing runs a template that drops them)."""
+    in `token_bytes` are its latent's and its index key's (fp32). The indexer and the restricted
+    MLA have their templates, unless the MLA has sinks (HY-V4's: refused by name, so nothing runs
+    a template that drops them)."""
     family, _, llm = dsa
     indexers = INDEXERS.get(family, 2)
     index_caches = {name: tuple(c.shape) for name, c in llm.caches.items() if name.startswith("index_key_cache")}
@@ -66,7 +68,7 @@ def test_the_indexer_keys_are_cached_beside_the_latent(dsa) -> None:  # noqa: AN
     assert sum(isinstance(op, ad.CachedIndexTopkOp) for op in ops) == indexers
     assert len(ops) - indexers == SPARSE_LAYERS.get(family, 2)
     for op in ops:
-        if isinstance(op, ad.CachedIndexTopkOp) or op.sinks is not None:
+        if isinstance(op, ad.CachedMlaAttentionOp) and op.sinks is not None:
             with pytest.raises(NoKernelForm):
                 kernel_region(op)
         else:
@@ -105,6 +107,19 @@ def test_the_selection_matters(dsa) -> None:  # noqa: ANN001
             for m in indexers:
                 m.index_topk = INDEX["index_topk"]
     assert (sparse - dense).abs().max() > 0.1 * max(1.0, sparse.abs().max().item())
+
+
+@pytest.mark.parametrize("dsa", ["deepseek_v32"], indirect=True)
+def test_in_the_interpreter(dsa, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Every kernel in the Triton interpreter, the indexer's and the sparse MLA's among them
+    (prefill, decode of both slots, a reused slot), the reference refused: three prompts in two
+    slots, 6 new tokens."""
+    _, model, llm = dsa
+    names = graph_kernels(llm.graph)
+    assert any(n.startswith("cached_index_topk") for n in names) and any(n.startswith("cached_mla") for n in names)
+    with kernels_ran(monkeypatch):
+        outputs = llm.generate(PROMPTS, max_new_tokens=6)
+    assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 6) for prompt in PROMPTS]
 
 
 @pytest.mark.parametrize("dsa", ["deepseek_v32"], indirect=True)
