@@ -10,10 +10,15 @@ and writes each result once (`bench/traffic.py`'s model, GEMMs included), except
   cache argument, and writes the new token's K and V;
 - `ad.cached_mla_attention` reads each row's latent cache up to `cached` tokens once per block
   of query heads of its kernel (`mla_blocks`), writes the new latent, and its launch writes and
-  reads the absorbed query and the latent-space output ([batch, heads, rank] in fp32, each twice).
+  reads the absorbed query and the latent-space output ([batch, heads, rank] in fp32, each twice);
+  with DeepSeek sparse attention's `selected` it reads min(k, cached + 1) latents of each row (the
+  selected ones) per block of query heads, and the selection;
+- `ad.cached_index_topk` reads each row's index-key cache up to `cached` tokens, writes the new
+  key, and writes and reads a score per position of the slot (max_seq fp32, `torch.topk`'s input).
 The ideal: every weight read once (a table shared by the embedding and the LM head, or read only
-by the embedding: once, or `batch` rows), each row's K/V (or MLA latent) caches read once up to
-`cached` tokens and the new K/V (latent) written; activations, logits included, cost nothing.
+by the embedding: once, or `batch` rows), each row's K/V (MLA latent, index-key) caches read once
+up to `cached` tokens (a sparse MLA's latents: the selected ones) and the new K/V (latent, index
+key) written; activations, logits included, cost nothing.
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ def _op_bytes(op: Operation, batch: int, cached: int) -> int:
                 + decode_bytes(op.slots, batch) + decode_bytes(op.starts, batch))
     if isinstance(op, ad.CachedMlaAttentionOp):
         return _mla_bytes(op, batch, cached, written)
+    if isinstance(op, ad.CachedIndexTopkOp):
+        new = sum(decode_bytes(v, batch) for v in (op.query, op.key, op.weights, op.slots, op.starts))
+        row, max_seq = _row_bytes(op.cache), op.cache.type.get_shape()[1]
+        return new + batch * cached * row + batch * row + 2 * batch * max_seq * 4 + written
     if isinstance(op, ad.EmbeddingOp):
         return decode_bytes(op.indices, batch) + 2 * written  # the rows read equal the rows written
     return sum(min(decode_bytes(v, batch), decode_bytes(_root(v), batch)) for v in tensors) + written
@@ -76,9 +85,16 @@ def _mla_bytes(op: ad.CachedMlaAttentionOp, batch: int, cached: int, written: in
     heads, _, rope, rank, _ = op.dims()
     reads = -(-heads // mla_blocks(rank, rope).block_m)
     row = _row_bytes(op.cache)
-    new = sum(decode_bytes(v, batch) for v in (op.q_nope, op.q_rope, op.latent, op.k_rope, op.slots, op.starts))
+    inputs = (op.q_nope, op.q_rope, op.latent, op.k_rope, op.slots, op.starts, *([op.selected] if op.selected else []))
+    new = sum(decode_bytes(v, batch) for v in inputs)
     latent_space = 2 * 2 * batch * heads * rank * 4  # q W_uk and the output before W_uv: written, read
-    return new + decode_bytes(op.kv_b_weight, batch) + reads * batch * cached * row + batch * row + latent_space + written
+    return new + decode_bytes(op.kv_b_weight, batch) + reads * batch * _latents_read(op, cached) * row + batch * row \
+        + latent_space + written
+
+
+def _latents_read(op: ad.CachedMlaAttentionOp, cached: int) -> int:
+    """Cached latents a row's decode token reads: all of them, or the selected ones."""
+    return cached if op.selected is None else min(op.selected.type.get_shape()[2], cached + 1)
 
 
 def decode_step_traffic(program: ImportedProgram, batch: int, cached: int) -> dict[str, Any]:
@@ -96,8 +112,13 @@ def decode_step_traffic(program: ImportedProgram, batch: int, cached: int) -> di
         launches += 1
     caches = [op for op in fn.body.block.ops if isinstance(op, ad.CachedAttentionOp)]
     latents = [op for op in fn.body.block.ops if isinstance(op, ad.CachedMlaAttentionOp)]
-    kv = sum(2 * batch * _row_bytes(op.k_cache) for op in caches) + sum(batch * _row_bytes(op.cache) for op in latents)
-    ideal = {"weights": _weight_bytes(fn, program, batch), "caches_read": kv * cached, "new_kv_written": kv}
+    indexers = [op for op in fn.body.block.ops if isinstance(op, ad.CachedIndexTopkOp)]
+    kv = sum(2 * batch * _row_bytes(op.k_cache) for op in caches) + sum(batch * _row_bytes(op.cache) for op in latents) \
+        + sum(batch * _row_bytes(op.cache) for op in indexers)
+    read = sum(2 * batch * _row_bytes(op.k_cache) * cached for op in caches) \
+        + sum(batch * _row_bytes(op.cache) * _latents_read(op, cached) for op in latents) \
+        + sum(batch * _row_bytes(op.cache) * cached for op in indexers)
+    ideal = {"weights": _weight_bytes(fn, program, batch), "caches_read": read, "new_kv_written": kv}
     return {"batch": batch, "cached": cached, "launches": launches, "modelled_bytes": modelled,
             "ideal_bytes": sum(ideal.values()), **{f"ideal_{k}_bytes": v for k, v in ideal.items()},
             "ratio": modelled / sum(ideal.values())}

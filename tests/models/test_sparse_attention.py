@@ -134,6 +134,21 @@ def test_a_prompt_prefilled_in_two_chunks_equals_one_prefill(dsa) -> None:  # no
         _assert_logits_close(chunked, model(prompt).logits[:, 4:], atol=2e-5)
 
 
+@pytest.mark.parametrize("dsa", ["deepseek_v32"], indirect=True)
+def test_decode_traffic_reads_the_selected_latents_and_every_index_key(dsa) -> None:  # noqa: ANN001
+    """`ad-bench`'s modelled decode step with 10 cached tokens: its ideal reads, per row and layer,
+    the 2 selected latents of (32 + 8) x 4 bytes and all 10 index keys of 32 x 4 bytes, and
+    writes one of each; the modelled step (which also reads and writes the indexer's scores of
+    the whole slot) is above that ideal."""
+    from ad_mlir.bench.decode_traffic import decode_step_traffic
+
+    latent, index_key = (32 + 8) * 4, 32 * 4
+    traffic = decode_step_traffic(dsa[2].program, 2, 10)
+    assert traffic["ideal_caches_read_bytes"] == 2 * 2 * (2 * latent + 10 * index_key)
+    assert traffic["ideal_new_kv_written_bytes"] == 2 * 2 * (latent + index_key)
+    assert traffic["modelled_bytes"] > traffic["ideal_bytes"]
+
+
 def test_the_paged_form_falls_back_to_slots() -> None:
     """`paged_where_possible`: the paged form refuses the indexer (`PerSequenceState`, naming the
     layer), and the model gets the slot form's caches."""
