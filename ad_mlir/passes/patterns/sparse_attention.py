@@ -1,15 +1,17 @@
-"""DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5, A.X K2, dots.3 note) as HF writes it,
+"""DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5, A.X K2, HY-V4, dots.3 note) as HF writes it,
 for `insert-cached-attention` to cache the indexer's keys and restrict the cached attention to
 the keys it selects.
 
 HF's lightning indexer (transformers 5.24, `DeepseekV32Indexer` and its copies) scores every key
 position t for each query s with small heads of its own and keeps the `index_topk` best:
     scores[b, s, h, t] = relu(scale * q[b, s, h] . k[b, t])       (q [B, S, H, D], k [B, S, D])
-    index[b, s, t]     = sum_h w[b, s, h] * scores[b, s, h, t]     (matmul of w [B, S, 1, H])
+    index[b, s, t]     = sum_h w[b, s, h] * scores[b, s, h, t]     (matmul of w [B, S, 1, H]; HY-V4
+                                                                    scales w instead: scale 1)
     index              = masked_fill(index, ~causal, -inf)         (or index + additive mask)
     chosen             = topk(index, min(index_topk, T)).indices
 and the attention's mask becomes `causal & ~scatter(ones, chosen, False)` (SDPA's boolean mask)
-or `masked_fill(causal, scatter(ones, chosen, False), lowest)` (the eager additive mask). A layer
+or `masked_fill(causal, scatter(ones, chosen, False), lowest)` (the eager additive mask: the fill
+at most half the dtype's lowest, as `attention_masks.attended` reads masks). A layer
 that shares the previous one's selection (GLM-5's `indexer_types = "shared"`) builds its mask from
 the same `topk`. `match_sparse_mask` reads this shape from an attention's mask; None when the mask
 holds no `aten.topk` selection, why not when it does but the rest differs.
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.matching import constant, producer
+from ad_mlir.semantics.op_table import torch_dtype
 
 TOPK = "aten.topk.default"
 SCATTER = "aten.scatter.value"
@@ -101,7 +105,8 @@ def _selection(mask: SSAValue) -> tuple[SSAValue, ad.TorchOp, list[Operation]] |
     if _is_torch(op, MASKED_FILL) and len(op.inputs) == 2:
         fill = op.args.data[2]
         found = _unsqueezed_scatter(op.inputs[1])
-        if found is not None and isinstance(fill, FloatAttr) and fill.value.data < -1e30:
+        lowest = torch.finfo(torch_dtype(op.inputs[0].type)).min if found is not None else None
+        if lowest is not None and isinstance(fill, FloatAttr) and fill.value.data <= lowest / 2:
             return op.inputs[0], found[0], [op, found[1]]
     return None
 

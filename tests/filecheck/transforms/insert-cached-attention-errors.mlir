@@ -267,3 +267,33 @@ func.func @shift_by_cat(%x: tensor<1x?x8xf32> {ad.input = "x"}, %h: tensor<?x8xf
   %s = ad.cat %x, %x dim 1 : (tensor<1x?x8xf32>, tensor<1x?x8xf32>) -> tensor<1x?x8xf32> loc("model.shift")
   func.return %s, %picked : tensor<1x?x8xf32>, tensor<?x8xf32>
 }
+
+// -----
+
+// DeepSeek sparse attention's selection (an indexer's topk scattered into the mask) over an
+// attention that is not MLA: refused by name, not cached without its selection.
+// CHECK: model.layers.0.self_attn: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA in the slot form (paged=false); this attention is not MLA (the log says why)
+func.func @sparse_not_mla(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %iq: tensor<1x?x3x4xf32> {ad.input = "iq"}, %ik: tensor<1x?x4xf32> {ad.input = "ik"}, %iw: tensor<1x?x3xf32> {ad.input = "iw"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
+  %s = ad.sym_size %q dim 2 : tensor<1x2x?x8xf32>
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %causal3 = ad.le %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %causal = ad.unsqueeze %causal3 dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %kt = ad.transpose %ik -1, -2 : tensor<1x?x4xf32> -> tensor<1x4x?xf32>
+  %kt1 = ad.unsqueeze %kt dim 1 : tensor<1x4x?xf32> -> tensor<1x1x4x?xf32>
+  %dots = ad.matmul %iq, %kt1 : (tensor<1x?x3x4xf32>, tensor<1x1x4x?xf32>) -> tensor<1x?x3x?xf32>
+  %relu = ad.relu %dots : tensor<1x?x3x?xf32> -> tensor<1x?x3x?xf32>
+  %row = ad.unsqueeze %iw dim -2 : tensor<1x?x3xf32> -> tensor<1x?x1x3xf32>
+  %weighted = ad.matmul %row, %relu : (tensor<1x?x1x3xf32>, tensor<1x?x3x?xf32>) -> tensor<1x?x1x?xf32>
+  %index = ad.squeeze %weighted dim [-2] : tensor<1x?x1x?xf32> -> tensor<1x?x?xf32>
+  %not_causal = ad.bitwise_not %causal3 : tensor<1x?x?xi1> -> tensor<1x?x?xi1>
+  %masked = ad.torch_op "aten.masked_fill.Scalar"(%index, %not_causal) [#ad.ref<0>, #ad.ref<1>, 0xfff0000000000000 : f64] {} : (tensor<1x?x?xf32>, tensor<1x?x?xi1>) -> tensor<1x?x?xf32>
+  %values, %indices = ad.torch_op "aten.topk.default"(%masked) [#ad.ref<0>, 2 : i64] {} unpack : (tensor<1x?x?xf32>) -> (tensor<1x?x?xf32>, tensor<1x?x?xi64>)
+  %ones = ad.torch_op "aten.new_ones.default"(%indices, %s) [#ad.ref<0>, [1 : i64, #ad.ref<1>, #ad.ref<1>]] {dtype = i1, pin_memory = false} : (tensor<1x?x?xi64>, index) -> tensor<1x?x?xi1>
+  %dropped = ad.torch_op "aten.scatter.value"(%ones, %indices) [#ad.ref<0>, -1 : i64, #ad.ref<1>, false] {} : (tensor<1x?x?xi1>, tensor<1x?x?xi64>) -> tensor<1x?x?xi1>
+  %dropped4 = ad.unsqueeze %dropped dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %kept = ad.bitwise_not %dropped4 : tensor<1x1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %mask = ad.bitwise_and %kept, %causal : tensor<1x1x?x?xi1>, tensor<1x1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %o = ad.attention %q, %k, %v mask %mask scale 0.35355339059327379 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
