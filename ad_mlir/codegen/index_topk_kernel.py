@@ -8,13 +8,17 @@ takes, in the op's operand order, `query [B, S, H, D]`, `key [B, S, D]`, `weight
 is read on the host), writes each row's new keys into rows `starts[b] ..` of slot `slots[b]`
 (device indexing) and returns the int64 positions [B, S, TOPK].
 
-Grid (B * S, cdiv(max_seq, BLOCK_N)): a program scores BLOCK_N cached positions for one new token,
-all its heads at once: `sum_h w[h] relu(SCALE * q[h] . k_t)`, in fp32 as HF computes it (the
+Grid (B * S, cdiv(max_seq, BLOCK_N)): a program scores BLOCK_N positions of the slot for one new
+token (those before `starts[b]` read from the cache, the new ones from `key`: rows that share a
+slot, as the verifier's prefills do, each see their own keys), all its heads at once: `sum_h w[h] relu(SCALE * q[h] . k_t)`, in fp32 as HF computes it (the
 tiles loaded in their dtype and widened, the dot at ieee precision); positions past the token's
 own are -inf, and a block wholly past it is only filled with -inf. The launch then takes
-`torch.topk` of each token's row of max_seq scores (the device's top-k: the kernel's row is the
-whole slot, so the step's shapes are static) and marks the -inf picks (fewer causal positions than
-TOPK) -1.
+`torch.topk` of each token's row of max_seq scores on the device (the row is the whole slot, so
+the step's shapes are static) and marks the -inf picks (fewer causal positions than TOPK) -1.
+Where scores are equal at the k-th place (relu zeroing every head of several keys) the kernel
+may keep another of them than the reference, which takes torch.topk of the causal positions
+alone as HF does: either is a top-k (torch.topk leaves ties open, and its choice depends on the
+row's length).
 """
 
 from __future__ import annotations
@@ -39,15 +43,16 @@ def index_blocks(heads: int, dim: int) -> IndexBlocks:
 
 _KERNEL = '''
 @triton.jit(do_not_specialize=["seq_len"])
-def {name}(query, weights, cache, slots, starts, scores, seq_len, max_seq, scale,
-        q_sb, q_st, q_sh, q_sd, w_sb, w_st, w_sh, c_ss, c_st, c_sd,
+def {name}(query, key, weights, cache, slots, starts, scores, seq_len, max_seq, scale,
+        q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sd, w_sb, w_st, w_sh, c_ss, c_st, c_sd,
         HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_N: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     row = token // seq_len
     t = token % seq_len
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    last = tl.load(starts + row) + t
+    start = tl.load(starts + row)
+    last = start + t
     index = tl.full([BLOCK_N], float("-inf"), tl.float32)
     if tl.program_id(1) * BLOCK_N <= last:
         hs = tl.arange(0, BLOCK_M)
@@ -58,8 +63,12 @@ def {name}(query, weights, cache, slots, starts, scores, seq_len, max_seq, scale
         slot = tl.load(slots + row)
         q = tl.load(query + row * q_sb + t * q_st + hs[:, None] * q_sh + ds[None, :] * q_sd,
                     mask=h_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        k = tl.load(cache + slot * c_ss + ns[:, None] * c_st + ds[None, :] * c_sd, mask=seen[:, None] & d_ok[None, :],
-                    other=0.0).to(tl.float32)
+        cached = seen & (ns < start)
+        new = seen & (ns >= start)
+        k = tl.load(cache + slot * c_ss + ns[:, None] * c_st + ds[None, :] * c_sd,
+                    mask=cached[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        k += tl.load(key + row * k_sb + (ns - start)[:, None] * k_st + ds[None, :] * k_sd,
+                     mask=new[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         w = tl.load(weights + row * w_sb + t * w_st + hs * w_sh, mask=h_ok, other=0.0).to(tl.float32)
         s = tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee") * scale, 0.0)
         index = tl.where(seen, tl.sum(w[:, None] * s, axis=0), float("-inf"))
@@ -90,8 +99,8 @@ def launch(kernel, tensors, scalars):
     scores = torch.empty((batch, seq_len, max_seq), dtype=torch.float32, device=query.device)
     blocks = index_blocks(heads, dim)
     kernel[(batch * seq_len, triton.cdiv(max_seq, blocks.block_n))](
-        query, weights, cache, slots, starts, scores, seq_len, max_seq, SCALE, *query.stride(), *weights.stride(),
-        *cache.stride(), HEADS=heads, DIM=dim, BLOCK_M=max(16, triton.next_power_of_2(heads)),
+        query, key, weights, cache, slots, starts, scores, seq_len, max_seq, SCALE, *query.stride(), *key.stride(),
+        *weights.stride(), *cache.stride(), HEADS=heads, DIM=dim, BLOCK_M=max(16, triton.next_power_of_2(heads)),
         BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
     best = scores.topk(min(TOPK, max_seq), dim=-1)
     chosen[..., :best.indices.shape[-1]] = best.indices.masked_fill(best.values == float("-inf"), -1)

@@ -28,9 +28,10 @@ GPU at long prompts; expanding K/V for prefill, as DeepSeek does, is not done he
 no split over the cached positions, so one row's cache is read by cdiv(H, BLOCK_M) programs.
 
 With DeepSeek sparse attention's selection (`sparse=True`: the op's `selected` [B, S, k], the
-positions each new token attends to, -1 for none) the launch takes `selected` after `starts`,
-writes the new latents into the cache first (device indexing, no host sync), and the kernel
-gathers each token's selected cache rows instead of walking every position: grid (B * S,
+positions each new token attends to, -1 for none) the launch takes `selected` after `starts`
+and writes the new latents into the cache (device indexing, no host sync), and the kernel
+gathers each token's selected rows (from the cache before `starts[b]`, from `latent`/`k_rope`
+after: rows sharing a slot each see their own) instead of walking every position: grid (B * S,
 cdiv(H, BLOCK_M)), a program takes one new token and BLOCK_M of its heads and runs the same
 online softmax over its k selected positions in blocks of BLOCK_N (a position past the token's
 own, or -1, is masked), as FlashMLA's sparse decoding does.
@@ -124,8 +125,8 @@ def {name}(q_lat, q_rope, latent, k_rope, cache, slots, starts, o_lat, seq_len, 
 
 _SPARSE = '''
 @triton.jit(do_not_specialize=["seq_len", "heads", "topk"])
-def {name}(q_lat, q_rope, cache, slots, starts, selected, o_lat, seq_len, heads, topk, scale_log2,
-        qr_sb, qr_sh, qr_st, qr_sd, c_ss, c_st, c_sd,
+def {name}(q_lat, q_rope, latent, k_rope, cache, slots, starts, selected, o_lat, seq_len, heads, topk, scale_log2,
+        qr_sb, qr_sh, qr_st, qr_sd, l_sb, l_st, l_sd, kr_sb, kr_st, kr_sd, c_ss, c_st, c_sd,
         RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
@@ -138,7 +139,8 @@ def {name}(q_lat, q_rope, cache, slots, starts, selected, o_lat, seq_len, heads,
     r_ok = rs < RANK
     p_ok = ps < ROPE
     slot = tl.load(slots + row)
-    last = tl.load(starts + row) + t
+    start = tl.load(starts + row)
+    last = start + t
     q_a = tl.load(q_lat + ((row * heads + hs) * seq_len + t)[:, None] * RANK + rs[None, :],
                   mask=h_ok[:, None] & r_ok[None, :], other=0.0)
     q_a = q_a.to({elem}).to(DOT_DTYPE)
@@ -152,10 +154,16 @@ def {name}(q_lat, q_rope, cache, slots, starts, selected, o_lat, seq_len, heads,
         js = j0 + tl.arange(0, BLOCK_N)
         idx = tl.load(selected + token * topk + js, mask=js < topk, other=-1)
         n_ok = (idx >= 0) & (idx <= last)
-        k_a = tl.load(slot_rows + idx[:, None] * c_st + rs[None, :] * c_sd, mask=n_ok[:, None] & r_ok[None, :],
+        cached = n_ok & (idx < start)
+        new = n_ok & (idx >= start)
+        k_a = tl.load(slot_rows + idx[:, None] * c_st + rs[None, :] * c_sd, mask=cached[:, None] & r_ok[None, :],
                       other=0.0)
+        k_a += tl.load(latent + row * l_sb + (idx - start)[:, None] * l_st + rs[None, :] * l_sd,
+                       mask=new[:, None] & r_ok[None, :], other=0.0)
         k_b = tl.load(slot_rows + idx[:, None] * c_st + (RANK + ps[None, :]) * c_sd,
-                      mask=n_ok[:, None] & p_ok[None, :], other=0.0)
+                      mask=cached[:, None] & p_ok[None, :], other=0.0)
+        k_b += tl.load(k_rope + row * kr_sb + (idx - start)[:, None] * kr_st + ps[None, :] * kr_sd,
+                       mask=new[:, None] & p_ok[None, :], other=0.0)
         m_i, l_i, acc = _mla_block(q_a, q_b, k_a, k_b, n_ok[None, :], m_i, l_i, acc, scale_log2)
     out = acc / l_i[:, None]
     tl.store(o_lat + (token * heads + hs[:, None]) * RANK + rs[None, :], out, mask=h_ok[:, None] & r_ok[None, :])
@@ -234,8 +242,9 @@ _SPARSE_LAUNCH = '''def launch(kernel, tensors, scalars):
     blocks = mla_blocks(rank, rope)
     topk = selected.shape[2]
     kernel[(batch * seq_len, triton.cdiv(heads, blocks.block_m))](
-        q_lat, q_rope, cache, slots, starts, selected.contiguous(), o_lat, seq_len, heads, topk, SCALE * LOG2E,
-        *q_rope.stride(), *cache.stride(), RANK=rank, ROPE=rope,
+        q_lat, q_rope, latent, k_rope, cache, slots, starts, selected.contiguous(), o_lat, seq_len, heads, topk,
+        SCALE * LOG2E, *q_rope.stride(), latent.stride(0), latent.stride(2), latent.stride(3), k_rope.stride(0),
+        k_rope.stride(2), k_rope.stride(3), *cache.stride(), RANK=rank, ROPE=rope,
         BLOCK_R=max(16, triton.next_power_of_2(rank)), BLOCK_P=max(16, triton.next_power_of_2(rope)),
         BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps, num_stages=blocks.num_stages,
         enable_fp_fusion=True)

@@ -2082,7 +2082,8 @@ class CachedIndexTopkOp(AdOp):
     `starts[b]` keys: the new keys are written at positions starts[b] .. starts[b] + seq - 1, and
     new token i scores each position t <= starts[b] + i as `sum_h weights[h] * relu(scale *
     query[h] . key_t)` (in fp32, as HF). The result [batch, seq, topk] (int64) lists the `topk`
-    best positions (torch.topk's order), -1 where fewer positions are causal: the `selected`
+    best positions (torch.topk's order; which of equal scores at the k-th place are kept is
+    left open, as in HF), -1 where fewer positions are causal: the `selected`
     operand of `ad.cached_mla_attention`. Not pure: it writes the cache."""
 
     name = "ad.cached_index_topk"

@@ -683,8 +683,9 @@ def cached_index_topk(query: torch.Tensor, key: torch.Tensor, weights: torch.Ten
     """`ad.cached_index_topk`: each row's new keys written into its cache slot after the keys it
     holds, then HF's indexer scores over the slot's first start + seq positions (fp32: `sum_h w_h
     relu(scale q_h . k_t)`, -inf past each token's own position) and torch.topk of min(topk,
-    positions) of them; the positions of a -inf score (not causal) and the columns past that
-    count are -1. One row at a time: the reference reads each row's slot and start on the host."""
+    positions) of them, as HF takes them (so equal scores are kept as HF keeps them on the same
+    device); the positions of a -inf score (not causal) and the columns past that count are -1.
+    One row at a time: the reference reads each row's slot and start on the host."""
     seq = query.shape[1]
     out = torch.full((*query.shape[:2], topk), -1, dtype=torch.int64, device=query.device)
     for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
