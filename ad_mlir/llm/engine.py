@@ -73,7 +73,7 @@ class CachedModel(Protocol):
     tokenizer: Any
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: Sequence[int],
-             starts: Sequence[int]) -> torch.Tensor: ...
+             starts: Sequence[int], last_only: bool = False) -> torch.Tensor: ...
 
     def decode(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int],
                free: Sequence[int]) -> torch.Tensor: ...
@@ -308,7 +308,7 @@ class Engine(BaseEngine):
                 break
             chunk = request.output.prompt_token_ids[request.cached: request.cached + budget]
             logits = self.llm.step(torch.tensor([chunk]), torch.arange(request.cached, request.cached + len(chunk))[None],
-                                   [request.slot], [request.cached])
+                                   [request.slot], [request.cached], last_only=True)
             request.cached += len(chunk)
             budget -= len(chunk)
             if request.prefilled:

@@ -75,7 +75,7 @@ def cached_pipeline(pipeline: str | Path, max_batch: int, max_seq_len: int) -> s
     are gone by then)."""
     from ad_mlir.passes.pipeline import PIPELINES, resolve_pipeline
 
-    insert = f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len}}}"
+    insert = f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len} logits-indices=true}}"
     passes = [q for p in split_spec(resolve_pipeline(pipeline))
               for q in (split_spec(PIPELINES["default"]) if p == "default" else [p])]
     names = [p.split("{", 1)[0].strip() for p in passes]
@@ -88,7 +88,7 @@ def paged_pipeline(pipeline: str | Path, page_size: int, num_pages: int, max_seq
     `num_pages` pages of `page_size` tokens, masks evaluated at `max_seq_len` tokens."""
     slot_form = cached_pipeline(pipeline, 1, max_seq_len)
     return slot_form.replace(
-        f"insert-cached-attention{{max-batch=1 max-seq-len={max_seq_len}}}",
+        f"insert-cached-attention{{max-batch=1 max-seq-len={max_seq_len} logits-indices=true}}",
         f"insert-cached-attention{{max-seq-len={max_seq_len} paged=true page-size={page_size} num-pages={num_pages}}}")
 
 
@@ -448,21 +448,25 @@ class LLM:
     # -- one step of the compiled graph ------------------------------------------------
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: Sequence[int],
-             starts: Sequence[int]) -> torch.Tensor:
+             starts: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Run the graph on `tokens`/`positions` [batch, seq] for sequences in `slots` whose
-        caches hold `starts` tokens; returns the logits [batch, seq, vocab]."""
+        caches hold `starts` tokens; returns the logits [batch, seq, vocab], with `last_only`
+        [batch, 1, vocab] (the LM head runs on the last token alone)."""
         def on_device(values: Sequence[int]) -> torch.Tensor:
             return torch.tensor(list(values), dtype=torch.int64, device=self.device)
 
-        return self.forward(tokens.to(self.device), positions.to(self.device), on_device(slots), on_device(starts))
+        seq = tokens.shape[1]
+        rows = on_device([seq - 1] if last_only else range(seq))
+        return self.forward(tokens.to(self.device), positions.to(self.device), on_device(slots), on_device(starts), rows)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                starts: torch.Tensor) -> torch.Tensor:
-        """`step` on tensors already on the device (what a CUDA graph captures)."""
+                starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """`step` on tensors already on the device (what a CUDA graph captures); `rows` [n]:
+        the token indices whose logits are returned ([batch, n, vocab])."""
         if self.page_size is not None:
             raise ValueError("this LLM is compiled in the paged form: run it with forward_flat")
         given = {"input_ids": tokens, "position_ids": positions, "cache_slots": slots, "cache_starts": starts,
-                 "use_cache": False, **self.caches}
+                 "logits_indices": rows, "use_cache": False, **self.caches}
         with torch.no_grad():
             return self.runner(*(given[name] for name in self.inputs))[0]
 
@@ -473,7 +477,7 @@ class LLM:
         bucket with dummy rows in `free` slots (`pad_to_bucket`)."""
         if self.decode_graphs is None:
             ids, positions = torch.tensor(tokens)[:, None], torch.tensor(starts)[:, None]
-            return self.step(ids, positions, slots, starts)[:, -1]
+            return self.step(ids, positions, slots, starts, last_only=True)[:, -1]
         return self.decode_graphs.run(*pad_to_bucket(tokens, slots, starts, free, self.decode_graphs.buckets))[
             : len(tokens), -1]
 
@@ -603,9 +607,10 @@ class CudaGraphDecode:
         static = {"tokens": torch.zeros(batch, 1, dtype=torch.int64, device=device),
                   "slots": torch.arange(batch, device=device),
                   "starts": torch.zeros(batch, dtype=torch.int64, device=device)}
+        row = torch.zeros(1, dtype=torch.int64, device=device)  # a decode step's one token
 
         def run() -> torch.Tensor:
-            return llm.forward(static["tokens"], static["starts"][:, None], static["slots"], static["starts"])
+            return llm.forward(static["tokens"], static["starts"][:, None], static["slots"], static["starts"], row)
 
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))

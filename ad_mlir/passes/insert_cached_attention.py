@@ -12,7 +12,10 @@ does besides attention, its window, soft cap and QK-norm, the cached op does too
   DeepSeek's MLA heads, whose full per-head K and V are cached, not the compressed latent), marked `ad.cache = "<layer> key|value"` (the layer is the
   attention's HF module path);
 - once per function, `cache_slots` and `cache_starts` (tensor<?xi64>: each batch row's cache
-  slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`.
+  slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`;
+  with `logits-indices=true` (as `ad_mlir.LLM` compiles) also `logits_indices` (tensor<?xi64>,
+  marked `ad.logits_indices`): the step's token indices whose logits are computed, in every row
+  (a prefill wants its last token's only), gathered before the LM head as in the paged form.
 
 The RoPE of an `ad.rope_attention` (or `ad.rope`) carries over whole: its tables (whose width is
 the rotary dim: partial rotary) and `interleaved`; the cache holds the keys rotated.
@@ -95,8 +98,9 @@ max_pages_per_seq] and `logits_indices` [n] (all int64, marked `ad.query_starts`
 batch 1 (`input_ids` and `position_ids` [1, T]: the step's tokens of every sequence, flattened).
 The LM head runs only on the flattened tokens `logits_indices` (AutoDeploy's
 `gather_logits_before_lm_head`): its input is gathered along the token axis, so the logits are
-[1, n, vocab]; the LM head must be the `ad.linear` that the logits come from, through
-elementwise ops only (a cast, Gemma2's soft cap), else the pass refuses. States that are per
+[1, n, vocab]; the LM head is the `ad.linear` that the logits come from, through
+elementwise ops only (a cast, Gemma2's soft cap); without one the logits themselves are
+gathered (their next-to-last axis must be the tokens', else the pass refuses). States that are per
 sequence (short convolutions, scans) are not paged: a model with one is refused, naming the
 layer and the mixer (compile it in the slot form).
 """
@@ -196,6 +200,9 @@ class InsertCachedAttentionPass(ModulePass):
     """With `paged`: tokens a page holds (a power of two)."""
     num_pages: int = 256
     """With `paged`: pages of each pool."""
+    logits_indices: bool = False
+    """The slot form with a `logits_indices` argument: the LM head runs on those tokens only
+    (the paged form always has it)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.max_batch < 1 or self.max_seq_len < 1:
@@ -254,6 +261,9 @@ class InsertCachedAttentionPass(ModulePass):
                 self._replace_mla(fn, mla, i, slots, starts)
             region_dce(fn.body)
         _refuse_uncached_mixers(fn, missed)
+        if self.logits_indices and (attentions or mlas or convs or scans):
+            _gather_logits(fn, _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
+                                                {ad.INPUT_ATTR: "logits_indices", ad.LOGITS_INDICES_ATTR: ""}))
         if not attentions and not mlas and not convs and not scans:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
@@ -497,35 +507,51 @@ PAGED_METADATA = (
 
 def _gather_logits(fn: func.FuncOp, indices: SSAValue) -> None:
     """The LM head's input gathered at `indices` along the token axis (`aten.index_select`), so
-    the LM head and what follows it (elementwise) run on those tokens only."""
+    the LM head and what follows it (elementwise) run on those tokens only. Logits that come
+    from no `ad.linear` through elementwise ops are gathered themselves (the same rows, without
+    the saving), when their next-to-last axis is the tokens'."""
     returned = fn.body.block.last_op
-    value = returned.operands[0] if isinstance(returned, func.ReturnOp) and returned.operands else None
+    logits = returned.operands[0] if isinstance(returned, func.ReturnOp) and returned.operands else None
+    head = _lm_head(logits) if logits is not None else None
+    if head is None and (logits is None or not _token_axis_is_next_to_last(logits)):
+        what = describe_op(logits.owner) if logits is not None and isinstance(logits.owner, Operation) else "no op"
+        raise PassFailedException(
+            f"insert-cached-attention: the logits (the function's first result, from {what}) do not come from an "
+            "ad.linear LM head through elementwise ops, nor are they [..., tokens, vocab], so they cannot be "
+            "computed for the logits_indices tokens alone")
+    rows = head.input if head is not None else logits
+    gather = ad.TorchOp.build(
+        operands=[[rows, indices]], result_types=[[rows.type]],
+        properties={"target": StringAttr("aten.index_select.default"),
+                    "args": ArrayAttr([ad.OperandRefAttr(0), IntegerAttr(len(rows.type.get_shape()) - 2, i64),
+                                       ad.OperandRefAttr(1)]),
+                    "kwargs": DictionaryAttr({})})
+    if head is not None:
+        gather.location = head.location
+        gather.results[0].name_hint = "logits_rows"
+        Rewriter.insert_op(gather, InsertPoint.before(head))
+        head.operands[0] = gather.results[0]
+    else:
+        log.info("insert-cached-attention: the logits come from %s, not an ad.linear LM head: the logits are "
+                 "gathered, not its input", describe_op(logits.owner) if isinstance(logits.owner, Operation) else "an argument")
+        Rewriter.insert_op(gather, InsertPoint.before(returned))
+        returned.operands[0] = gather.results[0]
+
+
+def _lm_head(logits: SSAValue) -> ad.LinearOp | None:
+    """The `ad.linear` the logits come from through elementwise ops and casts that have no
+    other per-token operand, or None."""
+    value: SSAValue | None = logits
     while value is not None and not isinstance(value.owner, ad.LinearOp):
         owner = value.owner
         per_token = [v for v in getattr(owner, "operands", ()) if _has_token_axis(v)]
-        if not isinstance(owner, ad.ElementwiseOp | ad.CastOp) or len(per_token) != 1:
-            value = None
-            break
-        value = per_token[0]
-    if value is None:
-        what = describe_op(returned.operands[0].owner) if returned.operands and isinstance(
-            returned.operands[0].owner, Operation) else "no op"
-        raise PassFailedException(
-            f"insert-cached-attention{{paged=true}}: the logits (the function's first result, from {what}) do not "
-            "come from an ad.linear LM head through elementwise ops, so the LM head cannot run on the "
-            "logits_indices tokens alone")
-    head = value.owner
-    hidden = head.input
-    axis = len(hidden.type.get_shape()) - 2
-    gather = ad.TorchOp.build(
-        operands=[[hidden, indices]], result_types=[[hidden.type]],
-        properties={"target": StringAttr("aten.index_select.default"),
-                    "args": ArrayAttr([ad.OperandRefAttr(0), IntegerAttr(axis, i64), ad.OperandRefAttr(1)]),
-                    "kwargs": DictionaryAttr({})})
-    gather.location = head.location
-    gather.results[0].name_hint = "logits_rows"
-    Rewriter.insert_op(gather, InsertPoint.before(head))
-    head.operands[0] = gather.results[0]
+        value = per_token[0] if isinstance(owner, ad.ElementwiseOp | ad.CastOp) and len(per_token) == 1 else None
+    return value.owner if value is not None else None
+
+
+def _token_axis_is_next_to_last(value: SSAValue) -> bool:
+    return isinstance(value.type, TensorType) and len(value.type.get_shape()) >= 2 and \
+        value.type.get_shape()[-2] == DYNAMIC_INDEX
 
 
 def _has_token_axis(value: SSAValue) -> bool:
