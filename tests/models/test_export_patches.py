@@ -148,14 +148,14 @@ def test_minimax_exports_with_its_lightning_attention_in_one_block() -> None:
 
 GENERATION_EXPORTS = {
     "inkling2_text": ({"layer_types": ["hybrid"]}, ["Inkling2DynamicShortConvolution"]),
-    "inkling2_loop_text": ({"layer_types": ["hybrid"]}, ["Inkling2LoopDynamicShortConvolution"]),
     "deepseek_v4": ({"layer_types": ["compressed_sparse_attention"]}, ["DeepseekV4CSACompressor", "DeepseekV4Indexer"]),
 }
 """Families whose export for generation (batch and length dynamic, the length down to 1) fixed the
 length in HF's code, one layer of the kind that has it, and the classes replaced: Inkling2's
 dynamic short convolution on its `hybrid` layers (a flip of an unfold whose window and length
 strides are both 1: `seq < 4`), DeepSeek-V4's CSA compressor and its indexer (a shift of windows
-through a slice of windows - 1: `seq - 1 != 1`). Aria's is `test_aria_generates_hf_tokens`."""
+through a slice of windows - 1: `seq - 1 != 1`). Inkling2-Loop's copy of Inkling2's convolution is
+`test_inkling2_loops_convolution_is_replaced_exactly`, Aria's `test_aria_generates_hf_tokens`."""
 
 
 def _wide(family: str, settings: dict[str, Any]) -> torch.nn.Module:
@@ -198,6 +198,14 @@ def test_exports_for_generation_with_hfs_values(family: str) -> None:
             positions = torch.arange(tokens.shape[1]).expand_as(tokens)
             torch.testing.assert_close(ep.module()(input_ids=tokens, position_ids=positions, use_cache=False).logits,
                                        model(input_ids=tokens).logits)
+
+
+def test_inkling2_loops_convolution_is_replaced_exactly() -> None:
+    """Inkling2-Loop's dynamic short convolution, HF's copy of Inkling2's, gets the same
+    replacement (its export is Inkling2's; not exported again here, to save the suite's time)."""
+    model = _wide("inkling2_loop_text", {"layer_types": ["hybrid"]})
+    ids = torch.randint(1, 1000, (2, 11), generator=torch.Generator().manual_seed(0))
+    _assert_replaced_exactly(model, ["Inkling2LoopDynamicShortConvolution"], ids)
 
 
 def test_aria_generates_hf_tokens() -> None:
