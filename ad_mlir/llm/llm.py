@@ -698,10 +698,12 @@ class CudaGraphFlatDecode:
 
     def takes(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
               cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor) -> bool:
-        """A decode-only step a graph holds."""
+        """A decode-only step a graph holds: one token per sequence, each one's logits in order."""
         seqs = cache_starts.shape[0]
         return (input_ids.shape[1] == logits_indices.shape[0] == seqs <= self.buckets[-1]
-                and block_tables.shape[1] == self.width)
+                and block_tables.shape[1] == self.width
+                and torch.equal(logits_indices.cpu(), torch.arange(seqs))
+                and torch.equal(query_starts.cpu(), torch.arange(seqs + 1)))
 
     def run(self, *flat: torch.Tensor) -> torch.Tensor:
         """The logits [seqs, vocab] of a step `takes` holds (valid until the next replay)."""
