@@ -166,6 +166,7 @@ from ad_mlir.passes.patterns.scan_patterns import (
     match_selective_scan,
     match_ssm_scan,
 )
+from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
@@ -236,6 +237,7 @@ class InsertCachedAttentionPass(ModulePass):
         for i, attention in enumerate(attentions):
             self._replace(fn, attention, i, metadata[:3])
         region_dce(fn.body)
+        _positions_from_input(fn)
         _refuse_uncached_mixers(fn, missed)
         _gather_logits(fn, metadata[3])
         log.info("insert-cached-attention: %d attentions paged (%d pages x %d tokens)", len(attentions),
@@ -260,6 +262,7 @@ class InsertCachedAttentionPass(ModulePass):
             for i, mla in enumerate(mlas):
                 self._replace_mla(fn, mla, i, slots, starts)
             region_dce(fn.body)
+            _positions_from_starts(fn, starts)
         _refuse_uncached_mixers(fn, missed)
         if self.logits_indices and (attentions or mlas or convs or scans):
             _gather_logits(fn, _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
@@ -577,6 +580,76 @@ def _refuse_uncached_mixers(fn: func.FuncOp, missed: dict[Operation, str]) -> No
             "such sequence mixers (scans other than Mamba's and the gated delta rule's; linear "
             "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
             "attention) are not supported for generation yet")
+
+
+def _positions_from_starts(fn: func.FuncOp, starts: SSAValue) -> None:
+    """The slot form: a range counting the step's tokens as positions (`match_step_positions`)
+    becomes each row's real ones, its cache start + 0..seq-1, flattened to [batch * seq] so that
+    the per-position ops keep their types; where those meet the rows, they are viewed as
+    [batch, seq, ...]."""
+    for found in _step_positions(fn, batched=True):
+        arange = found.arange
+        column, row = _unsqueezed(starts, 1), _unsqueezed(arange.result, 0)
+        grid = ad.AddOp(column.result, row.result, TensorType(i64, [DYNAMIC_INDEX, DYNAMIC_INDEX]))
+        flat = _viewed(grid.result, [], [-1])
+        batch = ad.SymSizeOp.build(operands=[found.input_ids], properties={"dim": IntegerAttr(0, i64)},
+                                   result_types=[IndexType()])
+        new_ops = [column, row, grid, flat, batch]
+        for op in new_ops:
+            op.location = arange.location
+        Rewriter.insert_op(new_ops, InsertPoint.after(arange))
+        flat.result.name_hint = "positions"
+        arange.result.replace_uses_with_if(flat.result, lambda use, keep=row: use.operation is not keep)
+        for op, index in found.meetings:
+            value = op.operands[index]
+            rest = list(value.type.get_shape()[value.type.get_shape().index(DYNAMIC_INDEX) + 1:])
+            view = _viewed(value, [batch.result, arange.end], [DYNAMIC_INDEX, DYNAMIC_INDEX, *rest])
+            view.location = op.location
+            Rewriter.insert_op(view, InsertPoint.before(op))
+            op.operands[index] = view.result
+        log.info("insert-cached-attention: the positions counted at %s start at each row's cache start",
+                 _layer(arange))
+
+
+def _positions_from_input(fn: func.FuncOp) -> None:
+    """The paged form: a range counting the step's tokens as positions (`match_step_positions`)
+    becomes the `position_ids` input [1, tokens] (an argument added where the model has none),
+    viewed as [tokens]."""
+    found = _step_positions(fn, batched=False)
+    if not found:
+        return
+    given = [a for a in fn.body.block.args if input_name(fn, a) == POSITION_INPUT]
+    positions = given[0] if given else _append_argument(fn, TensorType(i64, [1, DYNAMIC_INDEX]),
+                                                        {ad.INPUT_ATTR: POSITION_INPUT})
+    flat = _viewed(positions, [], [-1])
+    flat.location = found[0].arange.location
+    Rewriter.insert_op(flat, InsertPoint.at_start(fn.body.block))
+    flat.result.name_hint = "positions"
+    for f in found:
+        log.info("insert-cached-attention: the positions counted at %s are the %s input", _layer(f.arange),
+                 POSITION_INPUT)
+        f.arange.result.replace_all_uses_with(flat.result)
+        erase_dead(Rewriter.erase_op, [f.arange])
+
+
+def _step_positions(fn: func.FuncOp, batched: bool) -> list[StepPositions]:
+    """The ranges of `fn` that count the step's tokens as positions, in program order."""
+    matches = (_logged(match_step_positions(fn, op, batched), op, "ad.arange")
+               for op in list(fn.body.block.ops) if isinstance(op, ad.ArangeOp))
+    return [m for m in matches if m is not None]
+
+
+def _unsqueezed(value: SSAValue, dim: int) -> ad.UnsqueezeOp:
+    shape = list(value.type.get_shape())
+    return ad.UnsqueezeOp.build(operands=[value], properties={"dim": IntegerAttr(dim, i64)},
+                                result_types=[TensorType(value.type.element_type, [*shape[:dim], 1, *shape[dim:]])])
+
+
+def _viewed(value: SSAValue, sizes: list[SSAValue], static: list[int]) -> ad.ReshapeOp:
+    """`value` reshaped to `static` (DYNAMIC_INDEX where `sizes` gives the size, -1 inferred)."""
+    shape = [DYNAMIC_INDEX if d in (DYNAMIC_INDEX, -1) else d for d in static]
+    return ad.ReshapeOp.build(operands=[value, sizes], properties={"static_sizes": DenseArrayBase.from_list(i64, static)},
+                              result_types=[TensorType(value.type.element_type, shape)])
 
 
 def _split_mlas(attentions: list[Attention]) -> tuple[list[Attention], list[Mla]]:
