@@ -628,8 +628,9 @@ def _positions_from_input(fn: func.FuncOp) -> None:
     for f in found:
         log.info("insert-cached-attention: the positions counted at %s are the %s input", _layer(f.arange),
                  POSITION_INPUT)
+        size = f.arange.end.owner
         f.arange.result.replace_all_uses_with(flat.result)
-        erase_dead(Rewriter.erase_op, [f.arange])
+        erase_dead(Rewriter.erase_op, [f.arange, size])
 
 
 def _step_positions(fn: func.FuncOp, batched: bool) -> list[StepPositions]:
