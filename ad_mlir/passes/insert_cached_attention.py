@@ -86,15 +86,30 @@ mask is dropped, a sliding-window one becomes the op's `window`, anything else i
 naming the layer. An additive (float) mask, as the eager form adds, must hold 0 where it attends
 and a very negative number (at most half the dtype's lowest, or -inf) where it masks. RoPE
 positions must come from a `position_ids` input (export the model with it, as
-`ad_mlir.generate` does): with a cache the new tokens' positions are start + 0..seq-1, which an
-`arange(seq)` inside the graph does not know.
+`ad_mlir.generate` does): with a cache the new tokens' positions are start + 0..seq-1.
+
+A decoder whose forward takes no `position_ids` counts its positions itself: BART's, mBART's,
+TrOCR's and BlenderBot's learned positional embedding, Pegasus' and Marian's sinusoidal table,
+indexed by `arange(seq)` (plus BART's offset of 2). Such a range
+(`step_positions.match_step_positions`: from 0 by 1 over `input_ids`' sequence axis, int64, each
+of its uses turned into positions by an embedding's indices or cos/sin through per-position ops
+only) gets the step's real positions, once the attentions are cached. In the slot form they are
+each row's cache start + the range (`cache_starts[:, None] + arange(seq)`), flattened to [batch *
+seq] so that the ops between the range and the table keep their types; where the looked-up rows
+(one per position, no batch axis) meet the [batch, seq, ...] rows (the add to the token
+embeddings, TrOCR's expand over the batch), they are viewed as [batch, seq, ...]. In the paged
+form they are the `position_ids` input [1, T], viewed as [T] (an argument added after the others
+where the model has none). Whatever the model adds to the range (BART's 2) stays and applies to
+the real positions. A range used in any other way (compared with each row's length, indexing
+rows) is left alone and refused below, naming its layer.
 
 With `paged=true` (vLLM's paged K/V, one flattened batch per step) each attention becomes
 `ad.paged_attention` instead, over pools `k_pages_<i>` / `v_pages_<i>` [num-pages, page-size,
 kv_heads, head_dim] (marked `ad.cache` as above), and the function gets, in this order, the
 arguments `query_starts` [seqs + 1], `cache_starts` [seqs], `block_tables` [seqs,
 max_pages_per_seq] and `logits_indices` [n] (all int64, marked `ad.query_starts`,
-`ad.cache_starts`, `ad.block_tables`, `ad.logits_indices`). The model must be exported with
+`ad.cache_starts`, `ad.block_tables`, `ad.logits_indices`; then `position_ids` [1, T] where the
+pass gives a range the real positions and the model has none). The model must be exported with
 batch 1 (`input_ids` and `position_ids` [1, T]: the step's tokens of every sequence, flattened).
 The LM head runs only on the flattened tokens `logits_indices` (AutoDeploy's
 `gather_logits_before_lm_head`): its input is gathered along the token axis, so the logits are

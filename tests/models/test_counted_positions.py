@@ -16,9 +16,9 @@ import torch
 from test_attention_spellings import PROMPTS
 from test_generate import _assert_interpreted_tokens_are_hf, _assert_step_logits_match, _hf_tokens
 from test_paged import NUM_PAGES, PAGE_SIZE, _assert_tokens_are_hf, _run_schedule
-from transformers import GenerationConfig
 
 import ad_mlir
+from ad_mlir.bench.families import greedy_only
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import model_from_config, small_config
 
@@ -31,13 +31,7 @@ def _decoder(family: str) -> torch.nn.Module:
     config = small_config(family, hidden_size=64, overrides=DECODER)
     config.initializer_range = 0.5
     torch.manual_seed(0)
-    model = model_from_config(config).eval()
-    # BART's and Pegasus' generation config forces EOS as the last token: a policy of HF's
-    # `generate`, not the model's greedy tokens, which are what LLM answers
-    defaults = model.generation_config
-    model.generation_config = GenerationConfig(eos_token_id=defaults.eos_token_id,
-                                               pad_token_id=defaults.pad_token_id)
-    return model
+    return greedy_only(model_from_config(config).eval())  # BART's and Pegasus' force EOS as the last token
 
 
 @pytest.fixture(scope="module", params=["bart", "pegasus"])
