@@ -649,10 +649,19 @@ def _positions_from_input(fn: func.FuncOp) -> None:
 
 
 def _step_positions(fn: func.FuncOp, batched: bool) -> list[StepPositions]:
-    """The ranges of `fn` that count the step's tokens as positions, in program order."""
-    matches = (_logged(match_step_positions(fn, op, batched), op, "ad.arange")
-               for op in list(fn.body.block.ops) if isinstance(op, ad.ArangeOp))
-    return [m for m in matches if m is not None]
+    """The ranges of `fn` that count the step's tokens as positions, in program order, among
+    those the mixer check would refuse; why another one is not, to the log."""
+    found = []
+    for mixer in position_mixers(fn):
+        if not isinstance(mixer.op, ad.ArangeOp):
+            continue
+        match = match_step_positions(fn, mixer.op, batched)
+        if isinstance(match, str):
+            log.info("insert-cached-attention: the range at %s does not take the step's positions: %s",
+                     _layer(mixer.op), match)
+        elif match is not None:
+            found.append(match)
+    return found
 
 
 def _unsqueezed(value: SSAValue, dim: int) -> ad.UnsqueezeOp:
