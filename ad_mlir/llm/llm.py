@@ -121,7 +121,9 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
     inputs on the model's device and HF's own cache off (the compiled graph has ours): through
     `use_cache=False` where the forward names it, else through the config (a forward that takes
     it in `**kwargs`). `position_ids` only where the forward takes it: a model without computes
-    its positions itself, which `insert-cached-attention` refuses unless nothing needs them."""
+    its positions itself, which `insert-cached-attention` replaces by the step's real ones where
+    they are a range over the step's tokens from 0 (BART's, Pegasus' positional embeddings), and
+    refuses otherwise."""
     from ad_mlir.frontends.export import export_inference
 
     params = inspect.signature(model.forward).parameters

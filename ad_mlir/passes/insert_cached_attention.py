@@ -86,15 +86,30 @@ mask is dropped, a sliding-window one becomes the op's `window`, anything else i
 naming the layer. An additive (float) mask, as the eager form adds, must hold 0 where it attends
 and a very negative number (at most half the dtype's lowest, or -inf) where it masks. RoPE
 positions must come from a `position_ids` input (export the model with it, as
-`ad_mlir.generate` does): with a cache the new tokens' positions are start + 0..seq-1, which an
-`arange(seq)` inside the graph does not know.
+`ad_mlir.generate` does): with a cache the new tokens' positions are start + 0..seq-1.
+
+A decoder whose forward takes no `position_ids` counts its positions itself: BART's, mBART's,
+TrOCR's and BlenderBot's learned positional embedding, Pegasus' and Marian's sinusoidal table,
+indexed by `arange(seq)` (plus BART's offset of 2). Such a range
+(`step_positions.match_step_positions`: from 0 by 1 over `input_ids`' sequence axis, int64, each
+of its uses turned into positions by an embedding's indices or cos/sin through per-position ops
+only) gets the step's real positions, once the attentions are cached. In the slot form they are
+each row's cache start + the range (`cache_starts[:, None] + arange(seq)`), flattened to [batch *
+seq] so that the ops between the range and the table keep their types; where the looked-up rows
+(one per position, no batch axis) meet the [batch, seq, ...] rows (the add to the token
+embeddings, TrOCR's expand over the batch), they are viewed as [batch, seq, ...]. In the paged
+form they are the `position_ids` input [1, T], viewed as [T] (an argument added after the others
+where the model has none). Whatever the model adds to the range (BART's 2) stays and applies to
+the real positions. A range used in any other way (compared with each row's length, indexing
+rows) is left alone and refused below, naming its layer.
 
 With `paged=true` (vLLM's paged K/V, one flattened batch per step) each attention becomes
 `ad.paged_attention` instead, over pools `k_pages_<i>` / `v_pages_<i>` [num-pages, page-size,
 kv_heads, head_dim] (marked `ad.cache` as above), and the function gets, in this order, the
 arguments `query_starts` [seqs + 1], `cache_starts` [seqs], `block_tables` [seqs,
 max_pages_per_seq] and `logits_indices` [n] (all int64, marked `ad.query_starts`,
-`ad.cache_starts`, `ad.block_tables`, `ad.logits_indices`). The model must be exported with
+`ad.cache_starts`, `ad.block_tables`, `ad.logits_indices`; then `position_ids` [1, T] where the
+pass gives a range the real positions and the model has none). The model must be exported with
 batch 1 (`input_ids` and `position_ids` [1, T]: the step's tokens of every sequence, flattened).
 The LM head runs only on the flattened tokens `logits_indices` (AutoDeploy's
 `gather_logits_before_lm_head`): its input is gathered along the token axis, so the logits are
@@ -166,6 +181,7 @@ from ad_mlir.passes.patterns.scan_patterns import (
     match_selective_scan,
     match_ssm_scan,
 )
+from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
@@ -236,6 +252,7 @@ class InsertCachedAttentionPass(ModulePass):
         for i, attention in enumerate(attentions):
             self._replace(fn, attention, i, metadata[:3])
         region_dce(fn.body)
+        _positions_from_input(fn)
         _refuse_uncached_mixers(fn, missed)
         _gather_logits(fn, metadata[3])
         log.info("insert-cached-attention: %d attentions paged (%d pages x %d tokens)", len(attentions),
@@ -260,6 +277,7 @@ class InsertCachedAttentionPass(ModulePass):
             for i, mla in enumerate(mlas):
                 self._replace_mla(fn, mla, i, slots, starts)
             region_dce(fn.body)
+            _positions_from_starts(fn, starts)
         _refuse_uncached_mixers(fn, missed)
         if self.logits_indices and (attentions or mlas or convs or scans):
             _gather_logits(fn, _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
@@ -577,6 +595,86 @@ def _refuse_uncached_mixers(fn: func.FuncOp, missed: dict[Operation, str]) -> No
             "such sequence mixers (scans other than Mamba's and the gated delta rule's; linear "
             "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
             "attention) are not supported for generation yet")
+
+
+def _positions_from_starts(fn: func.FuncOp, starts: SSAValue) -> None:
+    """The slot form: a range counting the step's tokens as positions (`match_step_positions`)
+    becomes each row's real ones, its cache start + 0..seq-1, flattened to [batch * seq] so that
+    the per-position ops keep their types; where those meet the rows, they are viewed as
+    [batch, seq, ...]."""
+    for found in _step_positions(fn, batched=True):
+        arange = found.arange
+        column, row = _unsqueezed(starts, 1), _unsqueezed(arange.result, 0)
+        grid = ad.AddOp(column.result, row.result, TensorType(i64, [DYNAMIC_INDEX, DYNAMIC_INDEX]))
+        flat = _viewed(grid.result, [], [-1])
+        batch = ad.SymSizeOp.build(operands=[found.input_ids], properties={"dim": IntegerAttr(0, i64)},
+                                   result_types=[IndexType()])
+        new_ops = [column, row, grid, flat, batch]
+        for op in new_ops:
+            op.location = arange.location
+        Rewriter.insert_op(new_ops, InsertPoint.after(arange))
+        flat.result.name_hint = "positions"
+        arange.result.replace_uses_with_if(flat.result, lambda use, keep=row: use.operation is not keep)
+        for op, index in found.meetings:
+            value = op.operands[index]
+            rest = list(value.type.get_shape()[value.type.get_shape().index(DYNAMIC_INDEX) + 1:])
+            view = _viewed(value, [batch.result, arange.end], [DYNAMIC_INDEX, DYNAMIC_INDEX, *rest])
+            view.location = op.location
+            Rewriter.insert_op(view, InsertPoint.before(op))
+            op.operands[index] = view.result
+        log.info("insert-cached-attention: the positions counted at %s start at each row's cache start",
+                 _layer(arange))
+
+
+def _positions_from_input(fn: func.FuncOp) -> None:
+    """The paged form: a range counting the step's tokens as positions (`match_step_positions`)
+    becomes the `position_ids` input [1, tokens] (an argument added where the model has none),
+    viewed as [tokens]."""
+    found = _step_positions(fn, batched=False)
+    if not found:
+        return
+    given = [a for a in fn.body.block.args if input_name(fn, a) == POSITION_INPUT]
+    positions = given[0] if given else _append_argument(fn, TensorType(i64, [1, DYNAMIC_INDEX]),
+                                                        {ad.INPUT_ATTR: POSITION_INPUT})
+    flat = _viewed(positions, [], [-1])
+    flat.location = found[0].arange.location
+    Rewriter.insert_op(flat, InsertPoint.at_start(fn.body.block))
+    flat.result.name_hint = "positions"
+    for f in found:
+        log.info("insert-cached-attention: the positions counted at %s are the %s input", _layer(f.arange),
+                 POSITION_INPUT)
+        size = f.arange.end.owner
+        f.arange.result.replace_all_uses_with(flat.result)
+        erase_dead(Rewriter.erase_op, [f.arange, size])
+
+
+def _step_positions(fn: func.FuncOp, batched: bool) -> list[StepPositions]:
+    """The ranges of `fn` that count the step's tokens as positions, in program order, among
+    those the mixer check would refuse; why another one is not, to the log."""
+    found = []
+    for mixer in position_mixers(fn):
+        if not isinstance(mixer.op, ad.ArangeOp):
+            continue
+        match = match_step_positions(fn, mixer.op, batched)
+        if isinstance(match, str):
+            log.info("insert-cached-attention: the range at %s does not take the step's positions: %s",
+                     _layer(mixer.op), match)
+        elif match is not None:
+            found.append(match)
+    return found
+
+
+def _unsqueezed(value: SSAValue, dim: int) -> ad.UnsqueezeOp:
+    shape = list(value.type.get_shape())
+    return ad.UnsqueezeOp.build(operands=[value], properties={"dim": IntegerAttr(dim, i64)},
+                                result_types=[TensorType(value.type.element_type, [*shape[:dim], 1, *shape[dim:]])])
+
+
+def _viewed(value: SSAValue, sizes: list[SSAValue], static: list[int]) -> ad.ReshapeOp:
+    """`value` reshaped to `static` (DYNAMIC_INDEX where `sizes` gives the size, -1 inferred)."""
+    shape = [DYNAMIC_INDEX if d in (DYNAMIC_INDEX, -1) else d for d in static]
+    return ad.ReshapeOp.build(operands=[value, sizes], properties={"static_sizes": DenseArrayBase.from_list(i64, static)},
+                              result_types=[TensorType(value.type.element_type, shape)])
 
 
 def _split_mlas(attentions: list[Attention]) -> tuple[list[Attention], list[Mla]]:
