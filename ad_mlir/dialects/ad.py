@@ -1818,7 +1818,8 @@ def _verify_state_metadata(op: Operation, name: str, state_shape: tuple[int, ...
 class CachedSsmScanOp(AdOp):
     """Mamba2's state-space scan of each batch row's new tokens, continuing from the row's SSM
     state, the state written in place (HF's `mamba2_chunk_scan` and its one-token
-    `selective_state_update`, in one op: Nemotron-H, Bamba, Zamba2, Falcon-H1...).
+    `selective_state_update`, in one op: Nemotron-H, Bamba, Zamba2, Falcon-H1...; MiniMax's
+    lightning attention, exported as this scan with dt = 1, A = -slope, B = k, C = q, x = v).
 
     `input` [batch, seq, heads, head_dim] is x, `dt` [batch, seq, heads] the time steps, `a`
     [heads] the (negative) decay rates A, `b`/`c` [batch, seq, groups, state_size] B and C

@@ -24,8 +24,9 @@ of the length's positions; it gets the same mask from `torch.arange`. Llama 4's 
 its experts' output in a way whose strides torch.export cannot simplify; it gets the same ops
 without the round trip. ZAYA's CCA projection slices seq - 1 tokens, which torch.export cannot
 tell from one; it gets the same values from a slice of seq tokens. MiniMax's lightning attention
-loops over blocks of `min(block_size, seq)` tokens; it gets HF's one iteration on `seq` tokens
-where the sequence fits one block. Three more fix the length only in the export for generation
+loops over blocks of `min(block_size, seq)` tokens; it gets the same recurrence (a linear
+attention with a decay per head) as a Mamba2 scan through `torch_ops.mamba2_chunk_scan`, whose
+cached form generation uses. Three more fix the length only in the export for generation
 (batch and length both dynamic, the length down to 1): Aria's MoE block views its flattened
 input back for its shared experts (they get the input itself), Inkling2's dynamic short
 convolution flips an unfolded view (it flips a contiguous copy), and DeepSeek-V4's CSA compressor
@@ -212,37 +213,39 @@ def _zaya_cca_projection(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+LIGHTNING_SCAN_MODULE = "transformers.models.mamba2.modeling_mamba2"
+"""The modeling module whose `mamba2_chunk_scan` (HF's) computes MiniMax's lightning attention."""
+
+
 def _minimax_lightning_attention(original: Callable[..., Any]) -> Callable[..., Any]:
-    """transformers' `MiniMaxLightningAttention.forward` without a cache on at most `block_size`
-    tokens (with a cache, or longer, HF's): HF's loop over blocks then runs once, on a block of
-    `min(block_size, seq)` tokens, which torch.export cannot tell from `seq` (its guard
-    `min(256, seq) <= seq` fixes the length); here that one iteration on a block of `seq` tokens,
-    the same ops on the same values. A block as long as the export's longest length is a config
-    setting (`zoo.small.FAMILY_SIZES`); with a shorter one the length check here fixes the length."""
+    """transformers' `MiniMaxLightningAttention.forward` without a cache (with one, HF's), its
+    attention core through `torch_ops.mamba2_chunk_scan` (HF's Mamba2 scan), whose cached form is
+    `ad.cached_ssm_scan`. HF's no-cache form loops over blocks of `min(block_size, seq)` tokens
+    (torch.export fixes the length on it: `min(256, seq) <= seq`) and computes, from a zero
+    state, o_i = sum_{j <= i} exp(-slope_h (i - j)) (q_i . k_j) v_j; its decode (with a cache) is
+    the recurrence S_t = exp(-slope_h) S_{t-1} + k_t^T v_t, o_t = q_t S_t. That is Mamba2's scan
+    with time steps dt = 1 (no bias, no softplus, HF's default clamp to [0, inf)), A = -slope_h,
+    x = v, B = k, C = q (a group per head, the state [head_dim, head_dim]) and no D. The scan
+    returns fp32 (cast back to the values' dtype, HF's); it sums the decays as cumulative sums of
+    A where HF multiplies powers of exp(-slope), so its values are HF's up to fp32 rounding, at
+    any length (no block limit). The norm, gate and output projection are HF's."""
     def forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any, attention_mask: torch.Tensor | None,
                 cache: Any = None, **kwargs: Any) -> Any:
-        batch_size, seq_len, _ = hidden_states.shape
-        if cache is not None or not seq_len <= self.block_size:
+        if cache is not None:
             return original(self, hidden_states, position_embeddings, attention_mask, cache, **kwargs)
+        batch_size, seq_len, _ = hidden_states.shape
         heads, head_dim = self.num_attention_heads, self.head_dim
         qkv_states = self.act_fn(self.qkv_proj(hidden_states))
         qkv_states = sys.modules[type(self).__module__].apply_mask_to_padding_states(qkv_states, attention_mask)
         qkv_states = qkv_states.reshape(batch_size, seq_len, heads, 3 * head_dim)
-        query, key, value = (t.transpose(1, 2) for t in torch.split(qkv_states, head_dim, dim=3))
-        state = torch.zeros(batch_size, heads, head_dim, head_dim, device=value.device, dtype=value.dtype)
-        # HF's slices of the decays (`[:, :n]`, `[:, -n:]`) as gathers of the same rows: a slice's
-        # view guards on whether it is the whole tensor (`seq != block_size`), fixing the length
-        first = torch.arange(seq_len, device=value.device)
-        diagonal_decay = self.diagonal_decay.index_select(2, first).index_select(3, first)
-        query_decay = self.query_decay.index_select(1, first)
-        key_decay = self.key_decay.index_select(1, first + (self.block_size - seq_len))
-        intra = torch.matmul(query, key.transpose(-1, -2)) * diagonal_decay
-        attn_output = torch.matmul(query * query_decay, state) + torch.matmul(intra, value)
-        next_state = torch.matmul((key * key_decay).transpose(-1, -2), value)
-        state = state * torch.exp(-self.slope_rate * seq_len) + next_state
-        attn_output = attn_output.transpose(1, 2).reshape(batch_size, seq_len, heads * head_dim)
+        query, key, value = torch.split(qkv_states, head_dim, dim=3)
+        dt = torch.ones_like(value[..., 0], dtype=torch.float32)
+        decay = -self.slope_rate.view(heads)
+        attn_output = torch.ops.ad_mlir.mamba2_chunk_scan(LIGHTNING_SCAN_MODULE, value, dt, decay, key, query,
+                                                          self.block_size, None, None, False, 0.0, math.inf)
+        attn_output = attn_output.to(value.dtype).reshape(batch_size, seq_len, heads * head_dim)
         attn_output = torch.sigmoid(self.output_gate(hidden_states)) * self.norm(attn_output)
-        return self.out_proj(attn_output), state
+        return self.out_proj(attn_output), None
 
     return forward
 
