@@ -115,7 +115,11 @@ The LM head runs only on the flattened tokens `logits_indices` (AutoDeploy's
 `gather_logits_before_lm_head`): its input is gathered along the token axis, so the logits are
 [1, n, vocab]; the LM head is the `ad.linear` that the logits come from, through
 elementwise ops only (a cast, Gemma2's soft cap); without one the logits themselves are
-gathered (their next-to-last axis must be the tokens', else the pass refuses). States that are per
+gathered (their next-to-last axis must be the tokens', else the pass refuses). An MLA (matched
+as above) becomes `ad.paged_mla_attention` with the same metadata over one pool
+`latent_pages_<i>` [num-pages, page-size, kv_lora_rank + qk_rope_head_dim] in the latent's dtype,
+marked `ad.cache = "<layer> latent"`: its pages hold the latent ++ rotated key part, not the
+heads' K and V. States that are per
 sequence (short convolutions, scans) are not paged: a model with one is refused, naming the
 layer and the mixer (compile it in the slot form).
 """
