@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
 KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
-              ad.CachedCausalConv1dOp, *RECURRENT_OPS)
+              ad.PagedMlaAttentionOp, ad.CachedCausalConv1dOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
@@ -74,6 +74,8 @@ def written_inputs(op: Operation) -> frozenset[int]:
         return frozenset(op.operands.index(pages) for pages in (op.k_pages, op.v_pages))
     if isinstance(op, ad.CachedMlaAttentionOp):
         return frozenset({op.operands.index(op.cache)})
+    if isinstance(op, ad.PagedMlaAttentionOp):
+        return frozenset({op.operands.index(op.pages)})
     if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
         return frozenset({op.operands.index(op.state)})
     return frozenset()
@@ -101,7 +103,7 @@ def _kernel_label(op: Operation) -> str:
 
 
 TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
-                ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
+                ad.PagedMlaAttentionOp, ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
@@ -135,6 +137,11 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         from ad_mlir.codegen.mla_attention_kernel import emit_mla_attention_module
 
         return emit_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, name, header)
+    if isinstance(op, ad.PagedMlaAttentionOp):
+        from ad_mlir.codegen.paged_mla_attention_kernel import emit_paged_mla_attention_module
+
+        return emit_paged_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, op.page_size(), name,
+                                               header)
     if isinstance(op, ad.CachedCausalConv1dOp):
         return causal_conv_kernel.emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type),
                                                           op.bias is not None, name, header)

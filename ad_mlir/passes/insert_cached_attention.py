@@ -115,7 +115,11 @@ The LM head runs only on the flattened tokens `logits_indices` (AutoDeploy's
 `gather_logits_before_lm_head`): its input is gathered along the token axis, so the logits are
 [1, n, vocab]; the LM head is the `ad.linear` that the logits come from, through
 elementwise ops only (a cast, Gemma2's soft cap); without one the logits themselves are
-gathered (their next-to-last axis must be the tokens', else the pass refuses). States that are per
+gathered (their next-to-last axis must be the tokens', else the pass refuses). An MLA (matched
+as above) becomes `ad.paged_mla_attention` with the same metadata over one pool
+`latent_pages_<i>` [num-pages, page-size, kv_lora_rank + qk_rope_head_dim] in the latent's dtype,
+marked `ad.cache = "<layer> latent"`: its pages hold the latent ++ rotated key part, not the
+heads' K and V. States that are per
 sequence (short convolutions, scans) are not paged: a model with one is refused, naming the
 layer and the mixer (compile it in the slot form).
 """
@@ -236,14 +240,15 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _apply_paged(self, fn: func.FuncOp) -> None:
         """The paged, flattened form: `ad.paged_attention`s, their metadata and the gathered LM head."""
-        attentions, missed = _find_attentions(fn)
+        found, missed = _find_attentions(fn)
+        attentions, mlas = _split_mlas(found)
         for mixer, what in [*((c.conv, "short causal convolution") for c in _find_short_convs(fn)),
                             *((s.op, "Mamba2 state-space scan" if isinstance(s, SsmScan) else "gated delta rule")
                               for s in _find_scans(fn))]:
             raise PerSequenceState(
                 f"{_layer(mixer)}: a {what} keeps a state per sequence, which the paged form (paged=true) does not "
                 "hold: compile this model in the slot form (paged=false)")
-        if not attentions:
+        if not attentions and not mlas:
             _refuse_uncached_mixers(fn, missed)
             log.info("insert-cached-attention: no attention in @%s", fn.sym_name.data)
             return
@@ -251,12 +256,14 @@ class InsertCachedAttentionPass(ModulePass):
                     for name, attr, shape in PAGED_METADATA]
         for i, attention in enumerate(attentions):
             self._replace(fn, attention, i, metadata[:3])
+        for i, mla in enumerate(mlas):
+            self._replace_paged_mla(fn, mla, i, metadata[:3])
         region_dce(fn.body)
         _positions_from_input(fn)
         _refuse_uncached_mixers(fn, missed)
         _gather_logits(fn, metadata[3])
-        log.info("insert-cached-attention: %d attentions paged (%d pages x %d tokens)", len(attentions),
-                 self.num_pages, self.page_size)
+        log.info("insert-cached-attention: %d attentions and %d MLAs paged (%d pages x %d tokens)", len(attentions),
+                 len(mlas), self.num_pages, self.page_size)
 
     def _apply_to(self, fn: func.FuncOp) -> None:
         found, missed = _find_attentions(fn)
@@ -305,6 +312,32 @@ class InsertCachedAttentionPass(ModulePass):
             result_types=[attention.output.results[0].type])
         cached.location = attention.output.location
         Rewriter.replace_op(attention.output, cached)
+        erase_dead(Rewriter.erase_op, [*attention.chain, *mla.ops])
+        if attention.mask is not None:
+            erase_computation(attention.mask, Rewriter.erase_op)
+
+    def _replace_paged_mla(self, fn: func.FuncOp, mla: Mla, i: int, metadata: list[SSAValue]) -> None:
+        """MLA's expanded attention -> `ad.paged_mla_attention` over a pool `latent_pages_<i>`
+        [num-pages, page-size, rank + rope] in the latent's dtype (metadata: query_starts,
+        cache_starts, block_tables)."""
+        attention = mla.attention
+        layer = _layer(attention.output)
+        if attention.query.type.get_shape()[0] != 1:
+            raise PassFailedException(
+                f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the MLA query's batch "
+                f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
+                "(ad_mlir.llm.llm.export_flat)")
+        if self._window(fn, attention, layer) is not None:
+            raise PassFailedException(f"{layer}: MLA under a sliding-window mask is not cached (only causal MLA is)")
+        rank, rope = mla.latent.type.get_shape()[3], mla.k_rope.type.get_shape()[3]
+        pool_type = TensorType(mla.latent.type.element_type, [self.num_pages, self.page_size, rank + rope])
+        pool = _append_argument(fn, pool_type, {ad.INPUT_ATTR: f"latent_pages_{i}", ad.CACHE_ATTR: f"{layer} latent"})
+        paged = ad.PagedMlaAttentionOp.build(
+            operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, pool, *metadata],
+            properties={"scale": FloatAttr(attention.scale, Float64Type())},
+            result_types=[attention.output.results[0].type])
+        paged.location = attention.output.location
+        Rewriter.replace_op(attention.output, paged)
         erase_dead(Rewriter.erase_op, [*attention.chain, *mla.ops])
         if attention.mask is not None:
             erase_computation(attention.mask, Rewriter.erase_op)

@@ -436,7 +436,8 @@ SPECS: tuple[OpSpec, ...] = (
             ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
             ad.PagedAttentionOp,
             ad.CachedCausalConv1dOp,
-            ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.CachedSelectiveScanOp,
+            ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.PagedMlaAttentionOp,
+            ad.CachedSelectiveScanOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
             ad.GeluAndMulOp, ad.ActivationOp,
         )
