@@ -133,6 +133,7 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/paged_attention_kernel.py": Tests((), ("tests/unit/test_paged_attention.py", "-k", "not ptx")),
     "ad_mlir/codegen/ssm_scan_kernel.py": Tests((), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
     "ad_mlir/codegen/mla_attention_kernel.py": Tests((), ("tests/unit/test_mla_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/paged_mla_attention_kernel.py": Tests((), ("tests/unit/test_paged_mla_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/selective_scan_kernel.py": Tests((), ("tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/gated_delta_rule_kernel.py": Tests(
         (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "gated_delta_rule and not ptx")),

@@ -159,8 +159,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [f"- {part}: skipped, {why}" for part, why in results["skipped"].items()]
     lines += [f"- {part}: from an earlier run ({m['date']}, torch {m['torch']}, triton {m['triton']})"
               + (f"; note: {m['note']}" if m.get("note") else "") for part, m in results.get("part_machines", {}).items()]
-    for part, rows in results["parts"].items():
-        lines += ["", TABLES[part](rows)]
+    for part in sorted(results["parts"], key=list(TABLES).index):  # one order, whichever part ran last
+        lines += ["", TABLES[part](results["parts"][part])]
     return "\n".join(lines) + "\n"
 
 

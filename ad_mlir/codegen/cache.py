@@ -74,6 +74,7 @@ def _codegen_fingerprint() -> str:
         mla_attention_kernel,
         moe_kernel,
         paged_attention_kernel,
+        paged_mla_attention_kernel,
         rope_kernel,
         selective_scan_kernel,
         skeleton,
@@ -85,7 +86,8 @@ def _codegen_fingerprint() -> str:
     h = hashlib.sha256(triton.__version__.encode())
     for module in (region_kernel, attention_kernel, cached_attention_kernel, causal_conv_kernel, rope_kernel, lowering,
                    blocks, launch, writer, decompositions, moe_kernel, kernel_forms, skeleton, ssm_scan_kernel,
-                   gated_delta_rule_kernel, mla_attention_kernel, selective_scan_kernel, paged_attention_kernel):
+                   gated_delta_rule_kernel, mla_attention_kernel, selective_scan_kernel, paged_attention_kernel,
+                   paged_mla_attention_kernel):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 

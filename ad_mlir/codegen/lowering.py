@@ -1,7 +1,7 @@
 """What codegen emits for a kernel: the `ad.fused` region of an op, with kernel ops expanded.
 
 A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or the cached ops such as
-`ad.cached_attention`, `ad.paged_attention`, `ad.cached_mla_attention`, `ad.cached_index_topk` and
+`ad.cached_attention`, `ad.paged_attention`, the MLA ops, `ad.cached_index_topk` and
 `ad.cached_causal_conv1d`, which are not pure: they write their caches) on its own. Either way
 codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
 kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
 KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
-              ad.CachedCausalConv1dOp, *RECURRENT_OPS)
+              ad.PagedMlaAttentionOp, ad.CachedCausalConv1dOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
@@ -75,6 +75,8 @@ def written_inputs(op: Operation) -> frozenset[int]:
         return frozenset(op.operands.index(pages) for pages in (op.k_pages, op.v_pages))
     if isinstance(op, ad.CachedMlaAttentionOp | ad.CachedIndexTopkOp):
         return frozenset({op.operands.index(op.cache)})
+    if isinstance(op, ad.PagedMlaAttentionOp):
+        return frozenset({op.operands.index(op.pages)})
     if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
         return frozenset({op.operands.index(op.state)})
     return frozenset()
@@ -104,7 +106,7 @@ def _kernel_label(op: Operation) -> str:
 
 
 TEMPLATE_OPS = (ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp,
-                ad.CachedIndexTopkOp, ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
+                ad.CachedIndexTopkOp, ad.PagedMlaAttentionOp, ad.CachedCausalConv1dOp, ad.MoeOp, *RECURRENT_OPS)
 """Kernel ops emitted from a template of their own (they have no decomposition)."""
 
 
@@ -143,6 +145,11 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         from ad_mlir.codegen.index_topk_kernel import emit_index_topk_module
 
         return emit_index_topk_module(op.scale.value.data, op.topk.value.data, name, header)
+    if isinstance(op, ad.PagedMlaAttentionOp):
+        from ad_mlir.codegen.paged_mla_attention_kernel import emit_paged_mla_attention_module
+
+        return emit_paged_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, op.page_size(), name,
+                                               header)
     if isinstance(op, ad.CachedCausalConv1dOp):
         return causal_conv_kernel.emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type),
                                                           op.bias is not None, name, header)

@@ -1818,7 +1818,8 @@ def _verify_state_metadata(op: Operation, name: str, state_shape: tuple[int, ...
 class CachedSsmScanOp(AdOp):
     """Mamba2's state-space scan of each batch row's new tokens, continuing from the row's SSM
     state, the state written in place (HF's `mamba2_chunk_scan` and its one-token
-    `selective_state_update`, in one op: Nemotron-H, Bamba, Zamba2, Falcon-H1...).
+    `selective_state_update`, in one op: Nemotron-H, Bamba, Zamba2, Falcon-H1...; MiniMax's
+    lightning attention, exported as this scan with dt = 1, A = -slope, B = k, C = q, x = v).
 
     `input` [batch, seq, heads, head_dim] is x, `dt` [batch, seq, heads] the time steps, `a`
     [heads] the (negative) decay rates A, `b`/`c` [batch, seq, groups, state_size] B and C
@@ -2118,6 +2119,79 @@ class CachedIndexTopkOp(AdOp):
         if self.topk.value.data < 1 or self.result.type != TensorType(i64, [*q[:2], self.topk.value.data]):
             raise VerifyException(f"ad.cached_index_topk result must be tensor<batch x seq x {self.topk.value.data} x "
                                   "i64> (topk positive)")
+
+
+@irdl_op_definition
+class PagedMlaAttentionOp(AdOp):
+    """Multi-head latent attention of the new tokens of many sequences, flattened into one, over
+    a pool of latent pages read and written through each sequence's block table (the form of
+    `ad.cached_mla_attention` for one flattened batch per step, as `ad.paged_attention` is
+    `ad.cached_attention`'s).
+
+    `q_nope` [1, heads, T, nope], `q_rope` [1, heads, T, rope], `latent` [1, 1, T, rank], `k_rope`
+    [1, 1, T, rope] and `kv_b_weight` are `ad.cached_mla_attention`'s, for the T new tokens of
+    every sequence of a step, each sequence's contiguous; the metadata is `ad.paged_attention`'s:
+    sequence s has the tokens `query_starts[s]` .. `query_starts[s + 1] - 1`, already holds
+    `cache_starts[s]` tokens, and position p of it is row p % page_size of page `block_tables[s,
+    p / page_size]` of `pages` [num_pages, page_size, rank + rope] (page_size a static power of
+    two; pages in any order in the pool). The new latent ++ k_rope is written into the pages in
+    place, then each new token attends causally over its own sequence's positions 0 .. its own
+    with `ad.cached_mla_attention`'s scores and values. Pages a step writes belong to that
+    sequence alone. The result [1, heads, T, v_dim] has the query's dtype. Not pure: it writes
+    the pages."""
+
+    name = "ad.paged_mla_attention"
+    q_nope = operand_def(AdTensor)
+    q_rope = operand_def(AdTensor)
+    latent = operand_def(AdTensor)
+    k_rope = operand_def(AdTensor)
+    kv_b_weight = operand_def(AdTensor)
+    pages = operand_def(AdTensor)
+    query_starts = operand_def(AdTensor)
+    cache_starts = operand_def(AdTensor)
+    block_tables = operand_def(AdTensor)
+    scale = prop_def(FloatAttr[Float64Type])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$q_nope `,` $q_rope `,` $latent `,` $k_rope `kv_b` $kv_b_weight `pages` $pages `query_starts` $query_starts "
+        "`cache_starts` $cache_starts `block_tables` $block_tables `scale` $scale attr-dict `:` `(` type($q_nope) `,` "
+        "type($q_rope) `,` type($latent) `,` type($k_rope) `,` type($kv_b_weight) `,` type($pages) `,` "
+        "type($query_starts) `,` type($cache_starts) `,` type($block_tables) `)` `->` type($result)"
+    )
+
+    def page_size(self) -> int:
+        return _shape(self.pages.type)[1]
+
+    def verify_op(self) -> None:
+        qn, qr, lat, kr, w, pages = (_shape(x.type) for x in (self.q_nope, self.q_rope, self.latent, self.k_rope,
+                                                               self.kv_b_weight, self.pages))
+        if not len(qn) == len(qr) == len(lat) == len(kr) == 4 or DYNAMIC_INDEX in (*qn[1:2], *qn[3:], *qr[3:], lat[3]) \
+                or qn[0] != 1:
+            raise VerifyException("ad.paged_mla_attention q_nope/q_rope must be [1, heads, tokens, dim] and "
+                                  "latent/k_rope [1, 1, tokens, dim], heads and dims static")
+        if qr[:3] != qn[:3] or lat[1] != 1 or kr[:3] != lat[:3] or (lat[0], lat[2]) != (qn[0], qn[2]) \
+                or kr[3] != qr[3]:
+            raise VerifyException("ad.paged_mla_attention q_nope/q_rope [1, heads, tokens, *] and latent/k_rope "
+                                  "[1, 1, tokens, *] must agree in tokens, q_rope and k_rope in the rope dim")
+        heads, nope, rope, rank = qn[1], qn[3], qr[3], lat[3]
+        if len(w) != 2 or w[1] != rank or w[0] % heads or w[0] // heads <= nope:
+            raise VerifyException(f"ad.paged_mla_attention kv_b_weight must be [{heads} * ({nope} + v_dim), {rank}]")
+        if len(pages) != 3 or pages[2] != rank + rope or self.pages.type.element_type != self.latent.type.element_type:
+            raise VerifyException(f"ad.paged_mla_attention pages must be [pages, page_size, {rank} + {rope}] of the "
+                                  "latent's element type")
+        if pages[1] == DYNAMIC_INDEX or pages[1] < 1 or pages[1] & (pages[1] - 1):
+            raise VerifyException(f"ad.paged_mla_attention page_size {pages[1]} must be a static power of two")
+        if not self.q_nope.type.element_type == self.q_rope.type.element_type == self.latent.type.element_type \
+                == self.k_rope.type.element_type:
+            raise VerifyException("ad.paged_mla_attention queries, latent and k_rope must have one element type")
+        for name, meta, rank_of in (("query_starts", self.query_starts, 1), ("cache_starts", self.cache_starts, 1),
+                                    ("block_tables", self.block_tables, 2)):
+            if len(_shape(meta.type)) != rank_of or meta.type.element_type != i64:
+                raise VerifyException(f"ad.paged_mla_attention {name} must be a rank-{rank_of} i64 tensor")
+        v_dim = w[0] // heads - nope
+        if self.result.type != TensorType(self.q_nope.type.element_type, [*qn[:3], v_dim]):
+            raise VerifyException(f"ad.paged_mla_attention result must be [1, {heads}, tokens, {v_dim}] in the "
+                                  "query's element type")
 
 
 FP8_MAX = 448.0
@@ -2453,7 +2527,8 @@ Ad = Dialect(
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
-        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, CachedSelectiveScanOp,
+        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,
+        CachedSelectiveScanOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

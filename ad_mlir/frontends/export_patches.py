@@ -24,14 +24,21 @@ of the length's positions; it gets the same mask from `torch.arange`. Llama 4's 
 its experts' output in a way whose strides torch.export cannot simplify; it gets the same ops
 without the round trip. ZAYA's CCA projection slices seq - 1 tokens, which torch.export cannot
 tell from one; it gets the same values from a slice of seq tokens. MiniMax's lightning attention
-loops over blocks of `min(block_size, seq)` tokens; it gets HF's one iteration on `seq` tokens
-where the sequence fits one block. All are `METHODS`.
+loops over blocks of `min(block_size, seq)` tokens; it gets the same recurrence (a linear
+attention with a decay per head) as a Mamba2 scan through `torch_ops.mamba2_chunk_scan`, whose
+cached form generation uses. Three more fix the length only in the export for generation
+(batch and length both dynamic, the length down to 1): Aria's MoE block views its flattened
+input back for its shared experts (they get the input itself), Inkling2's dynamic short
+convolution flips an unfolded view (it flips a contiguous copy), and DeepSeek-V4's CSA compressor
+and indexer shift windows through a slice of windows - 1 (they shift by a concatenation). All are
+`METHODS`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -206,37 +213,153 @@ def _zaya_cca_projection(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+LIGHTNING_SCAN_MODULE = "transformers.models.mamba2.modeling_mamba2"
+"""The modeling module whose `mamba2_chunk_scan` (HF's) computes MiniMax's lightning attention."""
+
+
 def _minimax_lightning_attention(original: Callable[..., Any]) -> Callable[..., Any]:
-    """transformers' `MiniMaxLightningAttention.forward` without a cache on at most `block_size`
-    tokens (with a cache, or longer, HF's): HF's loop over blocks then runs once, on a block of
-    `min(block_size, seq)` tokens, which torch.export cannot tell from `seq` (its guard
-    `min(256, seq) <= seq` fixes the length); here that one iteration on a block of `seq` tokens,
-    the same ops on the same values. A block as long as the export's longest length is a config
-    setting (`zoo.small.FAMILY_SIZES`); with a shorter one the length check here fixes the length."""
+    """transformers' `MiniMaxLightningAttention.forward` without a cache (with one, HF's), its
+    attention core through `torch_ops.mamba2_chunk_scan` (HF's Mamba2 scan), whose cached form is
+    `ad.cached_ssm_scan`. HF's no-cache form loops over blocks of `min(block_size, seq)` tokens
+    (torch.export fixes the length on it: `min(256, seq) <= seq`) and computes, from a zero
+    state, o_i = sum_{j <= i} exp(-slope_h (i - j)) (q_i . k_j) v_j; its decode (with a cache) is
+    the recurrence S_t = exp(-slope_h) S_{t-1} + k_t^T v_t, o_t = q_t S_t. That is Mamba2's scan
+    with time steps dt = 1 (no bias, no softplus, HF's default clamp to [0, inf)), A = -slope_h,
+    x = v, B = k, C = q (a group per head, the state [head_dim, head_dim]) and no D. The scan
+    returns fp32 (cast back to the values' dtype, HF's); it sums the decays as cumulative sums of
+    A where HF multiplies powers of exp(-slope), so its values are HF's up to fp32 rounding, at
+    any length (no block limit). The norm, gate and output projection are HF's."""
     def forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any, attention_mask: torch.Tensor | None,
                 cache: Any = None, **kwargs: Any) -> Any:
-        batch_size, seq_len, _ = hidden_states.shape
-        if cache is not None or not seq_len <= self.block_size:
+        if cache is not None:
             return original(self, hidden_states, position_embeddings, attention_mask, cache, **kwargs)
+        batch_size, seq_len, _ = hidden_states.shape
         heads, head_dim = self.num_attention_heads, self.head_dim
         qkv_states = self.act_fn(self.qkv_proj(hidden_states))
         qkv_states = sys.modules[type(self).__module__].apply_mask_to_padding_states(qkv_states, attention_mask)
         qkv_states = qkv_states.reshape(batch_size, seq_len, heads, 3 * head_dim)
-        query, key, value = (t.transpose(1, 2) for t in torch.split(qkv_states, head_dim, dim=3))
-        state = torch.zeros(batch_size, heads, head_dim, head_dim, device=value.device, dtype=value.dtype)
-        # HF's slices of the decays (`[:, :n]`, `[:, -n:]`) as gathers of the same rows: a slice's
-        # view guards on whether it is the whole tensor (`seq != block_size`), fixing the length
-        first = torch.arange(seq_len, device=value.device)
-        diagonal_decay = self.diagonal_decay.index_select(2, first).index_select(3, first)
-        query_decay = self.query_decay.index_select(1, first)
-        key_decay = self.key_decay.index_select(1, first + (self.block_size - seq_len))
-        intra = torch.matmul(query, key.transpose(-1, -2)) * diagonal_decay
-        attn_output = torch.matmul(query * query_decay, state) + torch.matmul(intra, value)
-        next_state = torch.matmul((key * key_decay).transpose(-1, -2), value)
-        state = state * torch.exp(-self.slope_rate * seq_len) + next_state
-        attn_output = attn_output.transpose(1, 2).reshape(batch_size, seq_len, heads * head_dim)
+        query, key, value = torch.split(qkv_states, head_dim, dim=3)
+        dt = torch.ones_like(value[..., 0], dtype=torch.float32)
+        decay = -self.slope_rate.view(heads)
+        attn_output = torch.ops.ad_mlir.mamba2_chunk_scan(LIGHTNING_SCAN_MODULE, value, dt, decay, key, query,
+                                                          self.block_size, None, None, False, 0.0, math.inf)
+        attn_output = attn_output.to(value.dtype).reshape(batch_size, seq_len, heads * head_dim)
         attn_output = torch.sigmoid(self.output_gate(hidden_states)) * self.norm(attn_output)
-        return self.out_proj(attn_output), state
+        return self.out_proj(attn_output), None
+
+    return forward
+
+
+def _aria_text_moe(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """transformers' `AriaTextMoELayer.forward` with its shared experts on the block's input where
+    HF gives them its flattened view reshaped back (`hidden_states.view(-1, hidden).view(shape)`,
+    the same tensor): with batch and length both dynamic torch.export cannot simplify the strides
+    of that round trip (its guard `seq * min(128, 128 * seq) == 128 * seq` fixes the length)."""
+    flat = hidden_states.view(-1, hidden_states.size(-1))
+    _, top_k_weights, top_k_index = self.router(flat)
+    expert_output = self.experts(flat, top_k_index, top_k_weights).view(hidden_states.shape)
+    return expert_output + self.shared_experts(hidden_states)
+
+
+def _inkling2_dynamic_short_convolution(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `Inkling2DynamicShortConvolution.forward` (and Inkling2-Loop's copy) without a
+    cache and packed sequences (with either, HF's), its windows flipped after a contiguous copy of
+    HF's `unfold` where HF flips the unfolded view itself: the view's window and sequence strides
+    are both 1, and the flip's output layout compares their sizes (its guard `seq < 4`, the kernel
+    size, fixes the length). The same values, then HF's ops."""
+    def forward(self: Any, hidden_states: torch.Tensor, dynamic_input: torch.Tensor, cache: Any = None,
+                conv_mask: torch.Tensor | None = None, cache_offset: int = 0, **kwargs: Any) -> torch.Tensor:
+        if cache is not None or kwargs.get("seq_idx") is not None:
+            return original(self, hidden_states, dynamic_input, cache, conv_mask, cache_offset, **kwargs)
+        input_dtype = hidden_states.dtype
+        batch_size, seq_len, hidden_size = hidden_states.shape
+        size = self.conv_kernel_size
+        dynamic_weights = self.weight_proj(dynamic_input).float()
+        dynamic_weights = dynamic_weights.view(batch_size, seq_len, self.num_heads, 1, size)
+        weights = self.static_weight.float().T.view(self.num_heads, -1, size) + dynamic_weights
+        hidden_states = hidden_states.float()
+        residual = hidden_states
+        module = sys.modules[type(self).__module__]
+        context = module.apply_mask_to_padding_states(hidden_states, conv_mask).transpose(1, 2)
+        context = torch.nn.functional.pad(context, (size - 1, 0))[..., -(seq_len + size - 1):]
+        windows = context.unfold(-1, size, 1).contiguous().flip(-1).transpose(1, 2)
+        windows = windows.reshape(batch_size, seq_len, self.num_heads, -1, size)
+        hidden_states = (windows * weights).sum(-1).reshape(batch_size, seq_len, hidden_size)
+        hidden_states = (hidden_states + residual) / math.sqrt(2 * size + 1)
+        return hidden_states.to(input_dtype)
+
+    return forward
+
+
+def _deepseek_v4_compressed(module: Any, kv: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """[batch, windows, head_dim]: the compressed entries of DeepSeek-V4's CSA compressor or its
+    indexer (`module`) without a cache, as HF computes them (windows from position 0), with the
+    previous window's half of each window (Ca; window 0's zeros and -inf gates) shifted in by
+    `cat([first, all])[:, :-1]` where HF writes `new_kv[:, 1:, :ratio] = chunk_kv[:, :-1]` under
+    `if n_windows > 1`: the copy into that slice of windows - 1 guards on whether it is one window
+    (`seq - 1 != 1`, then `seq >= 3`, which fix the length). The same values, then HF's ops."""
+    ratio, head_dim = module.compress_rate, module.head_dim
+    batch, usable = kv.shape[0], (kv.shape[1] // ratio) * ratio
+    if usable == 0:
+        return kv.new_zeros((batch, 0, head_dim))
+    windows = usable // ratio
+    chunk_kv = kv[:, :usable].view(batch, windows, ratio, -1)
+    chunk_gate = gate[:, :usable].view(batch, windows, ratio, -1) + module.position_bias
+    previous_kv = torch.cat([chunk_kv.new_zeros((batch, 1, ratio, head_dim)), chunk_kv[..., :head_dim]], dim=1)
+    previous_gate = torch.cat([chunk_gate.new_full((batch, 1, ratio, head_dim), float("-inf")),
+                               chunk_gate[..., :head_dim]], dim=1)
+    new_kv = torch.cat([previous_kv[:, :-1], chunk_kv[..., head_dim:]], dim=2)
+    new_gate = torch.cat([previous_gate[:, :-1], chunk_gate[..., head_dim:]], dim=2)
+    compressed = module.kv_norm((new_kv * new_gate.softmax(dim=2, dtype=torch.float32).to(new_kv.dtype)).sum(dim=2))
+    positions = (torch.arange(windows, device=compressed.device) * ratio).unsqueeze(0).expand(batch, -1)
+    cos, sin = module.rotary_emb(compressed, position_ids=positions, layer_type=module.rope_layer_type)
+    return sys.modules[type(module).__module__].apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
+
+
+def _deepseek_v4_indexer(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `DeepseekV4Indexer.forward` without a cache (with one, HF's), its compressed
+    keys from `_deepseek_v4_compressed`."""
+    def forward(self: Any, hidden_states: torch.Tensor, q_residual: torch.Tensor, position_ids: torch.Tensor,
+                cache: Any, layer_idx: int) -> torch.Tensor:
+        if cache is not None:
+            return original(self, hidden_states, q_residual, position_ids, cache, layer_idx)
+        batch, seq_len, _ = hidden_states.shape
+        module = sys.modules[type(self).__module__]
+        compressed_kv = _deepseek_v4_compressed(self, self.kv_proj(hidden_states), self.gate_proj(hidden_states))
+        cos_q, sin_q = self.rotary_emb(hidden_states, position_ids=position_ids, layer_type=self.rope_layer_type)
+        q = self.q_b_proj(q_residual).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        q = module.apply_rotary_pos_emb(q, cos_q, sin_q).transpose(1, 2)
+        index_scores = self.scorer(q, compressed_kv, hidden_states)
+        compressed_len = compressed_kv.shape[1]
+        top_k = min(self.index_topk, compressed_len)
+        if compressed_len == 0:
+            return index_scores.topk(top_k, dim=-1).indices
+        causal_threshold = (position_ids + 1) // self.compress_rate
+        entry_indices = torch.arange(compressed_len, device=index_scores.device)
+        future_mask = entry_indices.view(1, 1, -1) >= causal_threshold.unsqueeze(-1)
+        top_k_indices = index_scores.masked_fill(future_mask, float("-inf")).topk(top_k, dim=-1).indices
+        invalid = top_k_indices >= causal_threshold.unsqueeze(-1)
+        return torch.where(invalid, torch.full_like(top_k_indices, -1), top_k_indices)
+
+    return forward
+
+
+def _deepseek_v4_csa_compressor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `DeepseekV4CSACompressor.forward` without a cache (with one, HF's), its
+    compressed entries from `_deepseek_v4_compressed`."""
+    def forward(self: Any, hidden_states: torch.Tensor, q_residual: torch.Tensor, position_ids: torch.Tensor,
+                cache: Any, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if cache is not None:
+            return original(self, hidden_states, q_residual, position_ids, cache, layer_idx)
+        batch, seq_len, _ = hidden_states.shape
+        compressed_kv = _deepseek_v4_compressed(self, self.kv_proj(hidden_states),
+                                                self.gate_proj(hidden_states)).unsqueeze(1)
+        top_k_indices = self.indexer(hidden_states, q_residual, position_ids, cache, layer_idx)
+        compressed_len = compressed_kv.shape[2]
+        safe_indices = torch.where(top_k_indices >= 0, top_k_indices, torch.full_like(top_k_indices, compressed_len))
+        block_bias = compressed_kv.new_full((batch, 1, seq_len, compressed_len + 1), float("-inf"))
+        block_bias.scatter_(-1, safe_indices.unsqueeze(1), 0.0)
+        return compressed_kv, block_bias[..., :compressed_len]
 
     return forward
 
@@ -246,6 +369,8 @@ def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], C
 
 
 EXPERTS = ("self", "hidden_states", "top_k_index", "top_k_weights")
+DEEPSEEK_V4_COMPRESSOR = ("self", "hidden_states", "q_residual", "position_ids", "cache", "layer_idx")
+DYNAMIC_CONVOLUTION = ("self", "hidden_states", "dynamic_input", "cache", "conv_mask", "cache_offset", "kwargs")
 METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
     "DbrxExperts": ("forward", EXPERTS, _always(_dbrx_experts_dense)),
     "LongcatFlashExperts": ("forward", EXPERTS, _always(_longcat_experts_dense)),
@@ -255,11 +380,17 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     "ZayaCCAProjection": ("forward", ("self", "hidden_states", "cache", "conv_mask"), _zaya_cca_projection),
     "MiniMaxLightningAttention": ("forward", ("self", "hidden_states", "position_embeddings", "attention_mask",
                                               "cache", "kwargs"), _minimax_lightning_attention),
+    "AriaTextMoELayer": ("forward", ("self", "hidden_states"), _always(_aria_text_moe)),
+    **{name: ("forward", DYNAMIC_CONVOLUTION, _inkling2_dynamic_short_convolution)
+       for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
+    "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
+    "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
 }
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
-without a cache. A class whose method takes other parameters (another transformers version) is
+without a cache, Aria's MoE block, and Inkling2's dynamic short convolution and DeepSeek-V4's CSA
+compressor and indexer without a cache. A class whose method takes other parameters (another transformers version) is
 left alone."""
 
 

@@ -73,7 +73,7 @@ class CachedModel(Protocol):
     tokenizer: Any
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: Sequence[int],
-             starts: Sequence[int]) -> torch.Tensor: ...
+             starts: Sequence[int], last_only: bool = False) -> torch.Tensor: ...
 
     def decode(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int],
                free: Sequence[int]) -> torch.Tensor: ...
@@ -308,7 +308,7 @@ class Engine(BaseEngine):
                 break
             chunk = request.output.prompt_token_ids[request.cached: request.cached + budget]
             logits = self.llm.step(torch.tensor([chunk]), torch.arange(request.cached, request.cached + len(chunk))[None],
-                                   [request.slot], [request.cached])
+                                   [request.slot], [request.cached], last_only=True)
             request.cached += len(chunk)
             budget -= len(chunk)
             if request.prefilled:
@@ -352,13 +352,20 @@ class PagedEngine(BaseEngine):
     allow, each starting after the full pages of its tokens that are cached (`prefix_caching`).
     All of it runs as one `forward_flat` call.
 
+    `max_running` caps the requests in the cache at once (vLLM's `max_num_seqs`; None: as many
+    as the pages hold): a step's decodes are that many at most, which bounds its time.
+
     For metrics: `pages_in_use`, `pages_free`, `pages_cached`, `prefix_hits`, `prefix_queries`,
     `prefix_hit_rate` (prompt tokens found cached over those looked up) and `preemptions`."""
 
     llm: PagedModel
 
-    def __init__(self, llm: PagedModel, max_step_tokens: int = 256, prefix_caching: bool = True) -> None:
+    def __init__(self, llm: PagedModel, max_step_tokens: int = 256, prefix_caching: bool = True,
+                 max_running: int | None = None) -> None:
         super().__init__(llm, max_step_tokens)
+        if max_running is not None and max_running < 1:
+            raise ValueError(f"max_running must be at least 1, got {max_running}")
+        self.max_running = max_running
         self.blocks = BlockManager(llm.num_pages, llm.page_size, prefix_caching)
         self.pages_per_seq = pages_for(llm.max_seq_len, llm.page_size)
         """The width of the block tables fed to `forward_flat`."""
@@ -461,9 +468,10 @@ class PagedEngine(BaseEngine):
 
     def _admit(self, budget: int) -> list[_Chunk]:
         """Waiting requests that enter the cache, first come first served, each with its first
-        chunk after its cached prefix; the first that does not fit (budget, pages) stops it."""
+        chunk after its cached prefix; the first that does not fit (budget, pages, `max_running`)
+        stops it."""
         chunks = []
-        while self.waiting and budget > 0:
+        while self.waiting and budget > 0 and (self.max_running is None or len(self.running) < self.max_running):
             request = self.waiting[0]
             tokens = request.token_ids
             shared = self.blocks.cached_prefix(tokens)
@@ -510,10 +518,12 @@ def is_paged(llm: object) -> bool:
     return getattr(llm, "page_size", None) is not None and callable(getattr(llm, "forward_flat", None))
 
 
-def make_engine(llm: CachedModel | PagedModel, max_step_tokens: int = 256) -> BaseEngine:
-    """A `PagedEngine` for a model compiled with a paged cache, else an `Engine` over its slots."""
+def make_engine(llm: CachedModel | PagedModel, max_step_tokens: int = 256,
+                max_running: int | None = None) -> BaseEngine:
+    """A `PagedEngine` for a model compiled with a paged cache (at most `max_running` requests in
+    it at once), else an `Engine` over its slots (as many as it has slots)."""
     if is_paged(llm):
-        return PagedEngine(llm, max_step_tokens)
+        return PagedEngine(llm, max_step_tokens, max_running=max_running)
     return Engine(llm, max_step_tokens)
 
 

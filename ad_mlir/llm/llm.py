@@ -75,7 +75,7 @@ def cached_pipeline(pipeline: str | Path, max_batch: int, max_seq_len: int) -> s
     are gone by then)."""
     from ad_mlir.passes.pipeline import PIPELINES, resolve_pipeline
 
-    insert = f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len}}}"
+    insert = f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len} logits-indices=true}}"
     passes = [q for p in split_spec(resolve_pipeline(pipeline))
               for q in (split_spec(PIPELINES["default"]) if p == "default" else [p])]
     names = [p.split("{", 1)[0].strip() for p in passes]
@@ -88,7 +88,7 @@ def paged_pipeline(pipeline: str | Path, page_size: int, num_pages: int, max_seq
     `num_pages` pages of `page_size` tokens, masks evaluated at `max_seq_len` tokens."""
     slot_form = cached_pipeline(pipeline, 1, max_seq_len)
     return slot_form.replace(
-        f"insert-cached-attention{{max-batch=1 max-seq-len={max_seq_len}}}",
+        f"insert-cached-attention{{max-batch=1 max-seq-len={max_seq_len} logits-indices=true}}",
         f"insert-cached-attention{{max-seq-len={max_seq_len} paged=true page-size={page_size} num-pages={num_pages}}}")
 
 
@@ -121,7 +121,9 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
     inputs on the model's device and HF's own cache off (the compiled graph has ours): through
     `use_cache=False` where the forward names it, else through the config (a forward that takes
     it in `**kwargs`). `position_ids` only where the forward takes it: a model without computes
-    its positions itself, which `insert-cached-attention` refuses unless nothing needs them."""
+    its positions itself, which `insert-cached-attention` replaces by the step's real ones where
+    they are a range over the step's tokens from 0 (BART's, Pegasus' positional embeddings), and
+    refuses otherwise."""
     from ad_mlir.frontends.export import export_inference
 
     params = inspect.signature(model.forward).parameters
@@ -244,8 +246,9 @@ class LLM:
     `kv_cache_budget`, else `max_batch` sequences of `max_seq_len` tokens), and `forward_flat`
     runs one step of prefill chunks and decodes of many sequences through their block tables
     (the caller allocates the pages: `generate` runs on the paged scheduler, `make_engine`).
-    Models with per-sequence states (short convolutions, scans) are refused; `step`, `decode` and
-    CUDA graphs are the slot form's.
+    Models with per-sequence states (short convolutions, scans) are refused; `step` and `decode`
+    are the slot form's. With CUDA graphs its decode-only steps are replayed per bucket of
+    sequences (`CudaGraphFlatDecode`), the pool holding one scratch page more (`scratch_page`).
 
     Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
     each rank compiles the same IR, holds its slice of the weights and caches of its local K/V
@@ -276,9 +279,14 @@ class LLM:
         self.page_size = page_size
         """Tokens a page holds in the paged form (`forward_flat`); None in the slot form."""
         start = time.perf_counter()
+        self.decode_graphs: CudaGraphDecode | CudaGraphFlatDecode | None = None
+        self.scratch_page: int | None = None
+        """The paged form with CUDA graphs: the pool's last page, which no sequence holds (the
+        padding rows of a captured decode step write there); `num_pages` excludes it."""
         if page_size is not None:
             max_seq_len = max_seq_len or DEFAULT_MAX_SEQ_LEN
-            self._compile_paged(max_batch, max_seq_len, page_size, num_pages, kv_cache_budget)
+            scratch = cuda_graphs is not False and self.device.type == "cuda"
+            self._compile_paged(max_batch, max_seq_len, page_size, num_pages, kv_cache_budget, scratch)
         elif num_pages is not None:
             raise ValueError("num_pages is for the paged form: give page_size too")
         else:
@@ -336,10 +344,11 @@ class LLM:
     # -- the paged form ------------------------------------------------------------------
 
     def _compile_paged(self, max_batch: int, max_seq_len: int, page_size: int, num_pages: int | None,
-                       budget: int | float | None) -> None:
+                       budget: int | float | None, scratch: bool = False) -> None:
         """Export the flattened form and compile it over page pools: `num_pages` given, else
         bought by `budget` (measured on a probe compile of `PROBE_PAGES` pages), else enough for
-        `max_batch` sequences of `max_seq_len` tokens."""
+        `max_batch` sequences of `max_seq_len` tokens; with `scratch`, one page more
+        (`scratch_page`), within the budget."""
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size={page_size} must be a power of two")
         if num_pages is not None and budget is not None:
@@ -350,7 +359,7 @@ class LLM:
             self._compile(ep, max_batch, max_seq_len, PROBE_PAGES)
             per_page = self.cache_bytes // PROBE_PAGES
             budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
-            num_pages = budget_bytes // per_page
+            num_pages = budget_bytes // per_page - scratch
             if num_pages < 1:
                 raise ValueError(f"kv_cache_budget of {budget_bytes} bytes holds no page of {page_size} tokens "
                                  f"({per_page} bytes in the K and V pools of all layers); raise the budget")
@@ -358,7 +367,9 @@ class LLM:
             num_pages = max_batch * -(-max_seq_len // page_size)
         if num_pages < 1:
             raise ValueError(f"num_pages={num_pages} must be positive")
-        self._compile(ep, max_batch, max_seq_len, num_pages)
+        self._compile(ep, max_batch, max_seq_len, num_pages + scratch)
+        if scratch:
+            self.num_pages, self.scratch_page = num_pages, num_pages
 
     def forward_flat(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
                      cache_starts: torch.Tensor, block_tables: torch.Tensor,
@@ -372,10 +383,18 @@ class LLM:
         LLM's pools (`caches`, [num_pages, page_size, kv_heads, head_dim] per layer and role)."""
         if self.page_size is None:
             raise ValueError("forward_flat runs the paged form: build the LLM with page_size")
+        flat = (input_ids, position_ids, query_starts, cache_starts, block_tables, logits_indices)
+        graphs = self.decode_graphs
+        if isinstance(graphs, CudaGraphFlatDecode) and graphs.takes(*flat):
+            return graphs.run(*flat)
+        return self.run_flat(*(t.to(self.device, torch.int64) for t in flat))
+
+    def run_flat(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
+                 cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """`forward_flat` on int64 tensors already on the device, eagerly (what a CUDA graph captures)."""
         given = {"input_ids": input_ids, "position_ids": position_ids, "query_starts": query_starts,
-                 "cache_starts": cache_starts, "block_tables": block_tables, "logits_indices": logits_indices}
-        given = {name: t.to(self.device, torch.int64) for name, t in given.items()}
-        given |= {"use_cache": False, **self.caches}
+                 "cache_starts": cache_starts, "block_tables": block_tables, "logits_indices": logits_indices,
+                 "use_cache": False, **self.caches}
         with torch.no_grad():
             logits = self.runner(*(given[name] for name in self.inputs))[0]
         return logits.reshape(logits_indices.shape[0], logits.shape[-1])
@@ -448,21 +467,25 @@ class LLM:
     # -- one step of the compiled graph ------------------------------------------------
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: Sequence[int],
-             starts: Sequence[int]) -> torch.Tensor:
+             starts: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Run the graph on `tokens`/`positions` [batch, seq] for sequences in `slots` whose
-        caches hold `starts` tokens; returns the logits [batch, seq, vocab]."""
+        caches hold `starts` tokens; returns the logits [batch, seq, vocab], with `last_only`
+        [batch, 1, vocab] (the LM head runs on the last token alone)."""
         def on_device(values: Sequence[int]) -> torch.Tensor:
             return torch.tensor(list(values), dtype=torch.int64, device=self.device)
 
-        return self.forward(tokens.to(self.device), positions.to(self.device), on_device(slots), on_device(starts))
+        seq = tokens.shape[1]
+        rows = on_device([seq - 1] if last_only else range(seq))
+        return self.forward(tokens.to(self.device), positions.to(self.device), on_device(slots), on_device(starts), rows)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                starts: torch.Tensor) -> torch.Tensor:
-        """`step` on tensors already on the device (what a CUDA graph captures)."""
+                starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """`step` on tensors already on the device (what a CUDA graph captures); `rows` [n]:
+        the token indices whose logits are returned ([batch, n, vocab])."""
         if self.page_size is not None:
             raise ValueError("this LLM is compiled in the paged form: run it with forward_flat")
         given = {"input_ids": tokens, "position_ids": positions, "cache_slots": slots, "cache_starts": starts,
-                 "use_cache": False, **self.caches}
+                 "logits_indices": rows, "use_cache": False, **self.caches}
         with torch.no_grad():
             return self.runner(*(given[name] for name in self.inputs))[0]
 
@@ -473,16 +496,18 @@ class LLM:
         bucket with dummy rows in `free` slots (`pad_to_bucket`)."""
         if self.decode_graphs is None:
             ids, positions = torch.tensor(tokens)[:, None], torch.tensor(starts)[:, None]
-            return self.step(ids, positions, slots, starts)[:, -1]
+            return self.step(ids, positions, slots, starts, last_only=True)[:, -1]
         return self.decode_graphs.run(*pad_to_bucket(tokens, slots, starts, free, self.decode_graphs.buckets))[
             : len(tokens), -1]
 
-    def _capture_decode(self, cuda_graphs: bool | None) -> CudaGraphDecode | None:
+    def _capture_decode(self, cuda_graphs: bool | None) -> CudaGraphDecode | CudaGraphFlatDecode | None:
         """The decode graphs when asked for, or by default on CUDA; a default that fails to
         capture (an op that synchronises with the host) falls back to eager steps, logged."""
-        if cuda_graphs is False or self.device.type != "cuda" or self.page_size is not None:
+        if cuda_graphs is False or self.device.type != "cuda":
             return None
         try:
+            if self.page_size is not None:
+                return CudaGraphFlatDecode(self, decode_buckets(self.max_batch), self.scratch_page)
             return CudaGraphDecode(self, decode_buckets(self.max_batch))
         except RuntimeError as e:
             if cuda_graphs:
@@ -603,9 +628,10 @@ class CudaGraphDecode:
         static = {"tokens": torch.zeros(batch, 1, dtype=torch.int64, device=device),
                   "slots": torch.arange(batch, device=device),
                   "starts": torch.zeros(batch, dtype=torch.int64, device=device)}
+        row = torch.zeros(1, dtype=torch.int64, device=device)  # a decode step's one token
 
         def run() -> torch.Tensor:
-            return llm.forward(static["tokens"], static["starts"][:, None], static["slots"], static["starts"])
+            return llm.forward(static["tokens"], static["starts"][:, None], static["slots"], static["starts"], row)
 
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -624,6 +650,72 @@ class CudaGraphDecode:
             static[name].copy_(torch.tensor(values).view(static[name].shape), non_blocking=True)
         graph.replay()
         return out
+
+
+def pad_flat_decode(input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
+                    cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor,
+                    bucket: int, scratch_page: int) -> tuple[torch.Tensor, ...]:
+    """A decode-only step's `forward_flat` inputs (one new token per sequence, each one's logits
+    wanted) padded to `bucket` sequences: each dummy sequence feeds token 0 at position 0 of a
+    block table that is `scratch_page` throughout, a page no sequence holds, so it writes and reads
+    nothing of theirs; its logits come last."""
+    pad, on = bucket - cache_starts.shape[0], {"dtype": torch.int64, "device": input_ids.device}
+    zeros = torch.zeros(1, pad, **on)
+    return (torch.cat([input_ids, zeros], 1), torch.cat([position_ids, zeros], 1), torch.arange(bucket + 1, **on),
+            torch.cat([cache_starts, zeros[0]]),
+            torch.cat([block_tables, torch.full((pad, block_tables.shape[1]), scratch_page, **on)]),
+            torch.arange(bucket, **on))
+
+
+class CudaGraphFlatDecode:
+    """The paged form's decode-only steps (every sequence one new token, each one's logits wanted)
+    as one CUDA graph per bucket of sequences, as `CudaGraphDecode` does for the slots: a step is
+    padded to its bucket (`pad_flat_decode`, the dummy rows in `scratch_page`), copied into the
+    bucket's static inputs and replayed; other steps (prefill chunks, more sequences than the
+    largest bucket, another block-table width) run eagerly. The paged kernel's decode phase reads
+    sizes only from shapes (no host sync). It has never run on a GPU here (none was lent)."""
+
+    def __init__(self, llm: LLM, buckets: Sequence[int], scratch_page: int) -> None:
+        self.buckets = tuple(sorted(buckets))
+        self.scratch_page = scratch_page
+        self.width = -(-llm.max_seq_len // llm.page_size)
+        """The block tables' width the graphs take (the engine's: `max_seq_len` in pages)."""
+        pool = torch.cuda.graph_pool_handle()
+        self.graphs = {b: self._capture(llm, b, pool) for b in reversed(self.buckets)}
+
+    def _capture(self, llm: LLM, bucket: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
+        empty = torch.zeros(0, dtype=torch.int64)
+        padded = pad_flat_decode(empty[None], empty[None], torch.zeros(1, dtype=torch.int64), empty,
+                                 torch.zeros(0, self.width, dtype=torch.int64), empty, bucket, self.scratch_page)
+        static = [t.to(llm.device) for t in padded]
+        side = torch.cuda.Stream(llm.device)
+        side.wait_stream(torch.cuda.current_stream(llm.device))
+        with torch.cuda.stream(side):  # warm-up outside the capture: lazy initialisation, kernel compilation
+            llm.run_flat(*static)
+        torch.cuda.current_stream(llm.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = llm.run_flat(*static)
+        return graph, static, out
+
+    def takes(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
+              cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor) -> bool:
+        """A decode-only step a graph holds: one token per sequence, each one's logits in order."""
+        seqs = cache_starts.shape[0]
+        return (input_ids.shape[1] == logits_indices.shape[0] == seqs <= self.buckets[-1]
+                and block_tables.shape[1] == self.width
+                and torch.equal(logits_indices.cpu(), torch.arange(seqs))
+                and torch.equal(query_starts.cpu(), torch.arange(seqs + 1)))
+
+    def run(self, *flat: torch.Tensor) -> torch.Tensor:
+        """The logits [seqs, vocab] of a step `takes` holds (valid until the next replay)."""
+        seqs = flat[3].shape[0]
+        bucket = min(b for b in self.buckets if b >= seqs)
+        graph, static, out = self.graphs[bucket]
+        for buffer, values in zip(static, pad_flat_decode(*flat, bucket, self.scratch_page), strict=True):
+            buffer.copy_(values, non_blocking=True)
+        graph.replay()
+        return out[:seqs]
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:

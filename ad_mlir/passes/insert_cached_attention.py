@@ -12,7 +12,10 @@ does besides attention, its window, soft cap and QK-norm, the cached op does too
   DeepSeek's MLA heads, whose full per-head K and V are cached, not the compressed latent), marked `ad.cache = "<layer> key|value"` (the layer is the
   attention's HF module path);
 - once per function, `cache_slots` and `cache_starts` (tensor<?xi64>: each batch row's cache
-  slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`.
+  slot and the tokens that slot already holds), marked `ad.cache_slots` / `ad.cache_starts`;
+  with `logits-indices=true` (as `ad_mlir.LLM` compiles) also `logits_indices` (tensor<?xi64>,
+  marked `ad.logits_indices`): the step's token indices whose logits are computed, in every row
+  (a prefill wants its last token's only), gathered before the LM head as in the paged form.
 
 The RoPE of an `ad.rope_attention` (or `ad.rope`) carries over whole: its tables (whose width is
 the rotary dim: partial rotary) and `interleaved`; the cache holds the keys rotated.
@@ -78,8 +81,8 @@ top-k keys of a lightning indexer) caches the indexer too: its `aten.topk` becom
 head dim] in the key's dtype, marked `ad.cache = "<layer> index_key"` (each token's one index
 key), and the cached MLA takes its result as `selected`; a layer whose mask reuses another's
 topk (GLM-5's "shared" layers) gets the same selection. The indexer's own mask must be causal. A
-sparse attention that is not MLA is refused by name, and the paged form refuses it as
-`PerSequenceState` (`LLM` falls back to the slot form).
+sparse attention that is not MLA is refused by name, and the paged form refuses a sparse MLA or
+one with sinks as `PerSequenceState` (`paged_where_possible` falls back to the slot form).
 
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
@@ -94,20 +97,40 @@ mask is dropped, a sliding-window one becomes the op's `window`, anything else i
 naming the layer. An additive (float) mask, as the eager form adds, must hold 0 where it attends
 and a very negative number (at most half the dtype's lowest, or -inf) where it masks. RoPE
 positions must come from a `position_ids` input (export the model with it, as
-`ad_mlir.generate` does): with a cache the new tokens' positions are start + 0..seq-1, which an
-`arange(seq)` inside the graph does not know.
+`ad_mlir.generate` does): with a cache the new tokens' positions are start + 0..seq-1.
+
+A decoder whose forward takes no `position_ids` counts its positions itself: BART's, mBART's,
+TrOCR's and BlenderBot's learned positional embedding, Pegasus' and Marian's sinusoidal table,
+indexed by `arange(seq)` (plus BART's offset of 2). Such a range
+(`step_positions.match_step_positions`: from 0 by 1 over `input_ids`' sequence axis, int64, each
+of its uses turned into positions by an embedding's indices or cos/sin through per-position ops
+only) gets the step's real positions, once the attentions are cached. In the slot form they are
+each row's cache start + the range (`cache_starts[:, None] + arange(seq)`), flattened to [batch *
+seq] so that the ops between the range and the table keep their types; where the looked-up rows
+(one per position, no batch axis) meet the [batch, seq, ...] rows (the add to the token
+embeddings, TrOCR's expand over the batch), they are viewed as [batch, seq, ...]. In the paged
+form they are the `position_ids` input [1, T], viewed as [T] (an argument added after the others
+where the model has none). Whatever the model adds to the range (BART's 2) stays and applies to
+the real positions. A range used in any other way (compared with each row's length, indexing
+rows) is left alone and refused below, naming its layer.
 
 With `paged=true` (vLLM's paged K/V, one flattened batch per step) each attention becomes
 `ad.paged_attention` instead, over pools `k_pages_<i>` / `v_pages_<i>` [num-pages, page-size,
 kv_heads, head_dim] (marked `ad.cache` as above), and the function gets, in this order, the
 arguments `query_starts` [seqs + 1], `cache_starts` [seqs], `block_tables` [seqs,
 max_pages_per_seq] and `logits_indices` [n] (all int64, marked `ad.query_starts`,
-`ad.cache_starts`, `ad.block_tables`, `ad.logits_indices`). The model must be exported with
+`ad.cache_starts`, `ad.block_tables`, `ad.logits_indices`; then `position_ids` [1, T] where the
+pass gives a range the real positions and the model has none). The model must be exported with
 batch 1 (`input_ids` and `position_ids` [1, T]: the step's tokens of every sequence, flattened).
 The LM head runs only on the flattened tokens `logits_indices` (AutoDeploy's
 `gather_logits_before_lm_head`): its input is gathered along the token axis, so the logits are
-[1, n, vocab]; the LM head must be the `ad.linear` that the logits come from, through
-elementwise ops only (a cast, Gemma2's soft cap), else the pass refuses. States that are per
+[1, n, vocab]; the LM head is the `ad.linear` that the logits come from, through
+elementwise ops only (a cast, Gemma2's soft cap); without one the logits themselves are
+gathered (their next-to-last axis must be the tokens', else the pass refuses). An MLA (matched
+as above) becomes `ad.paged_mla_attention` with the same metadata over one pool
+`latent_pages_<i>` [num-pages, page-size, kv_lora_rank + qk_rope_head_dim] in the latent's dtype,
+marked `ad.cache = "<layer> latent"`: its pages hold the latent ++ rotated key part, not the
+heads' K and V. States that are per
 sequence (short convolutions, scans) are not paged: a model with one is refused, naming the
 layer and the mixer (compile it in the slot form).
 """
@@ -174,6 +197,7 @@ from ad_mlir.passes.patterns.scan_patterns import (
     match_ssm_scan,
 )
 from ad_mlir.passes.patterns.sparse_attention import Indexer, SparseMask, match_sparse_mask
+from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
@@ -209,6 +233,9 @@ class InsertCachedAttentionPass(ModulePass):
     """With `paged`: tokens a page holds (a power of two)."""
     num_pages: int = 256
     """With `paged`: pages of each pool."""
+    logits_indices: bool = False
+    """The slot form with a `logits_indices` argument: the LM head runs on those tokens only
+    (the paged form always has it)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.max_batch < 1 or self.max_seq_len < 1:
@@ -226,14 +253,15 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _apply_paged(self, fn: func.FuncOp) -> None:
         """The paged, flattened form: `ad.paged_attention`s, their metadata and the gathered LM head."""
-        attentions, missed = _find_attentions(fn)
+        found, missed = _find_attentions(fn)
+        attentions, mlas = _split_mlas(found)
         for mixer, what in [*((c.conv, "short causal convolution") for c in _find_short_convs(fn)),
                             *((s.op, "Mamba2 state-space scan" if isinstance(s, SsmScan) else "gated delta rule")
                               for s in _find_scans(fn))]:
             raise PerSequenceState(
                 f"{_layer(mixer)}: a {what} keeps a state per sequence, which the paged form (paged=true) does not "
                 "hold: compile this model in the slot form (paged=false)")
-        if not attentions:
+        if not attentions and not mlas:
             _refuse_uncached_mixers(fn, missed)
             log.info("insert-cached-attention: no attention in @%s", fn.sym_name.data)
             return
@@ -241,11 +269,14 @@ class InsertCachedAttentionPass(ModulePass):
                     for name, attr, shape in PAGED_METADATA]
         for i, attention in enumerate(attentions):
             self._replace(fn, attention, i, metadata[:3])
+        for i, mla in enumerate(mlas):
+            self._replace_paged_mla(fn, mla, i, metadata[:3])
         region_dce(fn.body)
+        _positions_from_input(fn)
         _refuse_uncached_mixers(fn, missed)
         _gather_logits(fn, metadata[3])
-        log.info("insert-cached-attention: %d attentions paged (%d pages x %d tokens)", len(attentions),
-                 self.num_pages, self.page_size)
+        log.info("insert-cached-attention: %d attentions and %d MLAs paged (%d pages x %d tokens)", len(attentions),
+                 len(mlas), self.num_pages, self.page_size)
 
     def _apply_to(self, fn: func.FuncOp) -> None:
         found, missed = _find_attentions(fn)
@@ -269,7 +300,11 @@ class InsertCachedAttentionPass(ModulePass):
             for topk in indexers:
                 erase_computation(topk.outputs[0], Rewriter.erase_op)
             region_dce(fn.body)
+            _positions_from_starts(fn, starts)
         _refuse_uncached_mixers(fn, missed)
+        if self.logits_indices and (attentions or mlas or convs or scans):
+            _gather_logits(fn, _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
+                                                {ad.INPUT_ATTR: "logits_indices", ad.LOGITS_INDICES_ATTR: ""}))
         if not attentions and not mlas and not convs and not scans:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
@@ -343,6 +378,36 @@ class InsertCachedAttentionPass(ModulePass):
         chosen.result.name_hint = "selected"
         Rewriter.insert_op(chosen, InsertPoint.before(indexer.topk))
         return chosen.result
+
+    def _replace_paged_mla(self, fn: func.FuncOp, mla: Mla, i: int, metadata: list[SSAValue]) -> None:
+        """MLA's expanded attention -> `ad.paged_mla_attention` over a pool `latent_pages_<i>`
+        [num-pages, page-size, rank + rope] in the latent's dtype (metadata: query_starts,
+        cache_starts, block_tables)."""
+        attention = mla.attention
+        layer = _layer(attention.output)
+        if self._sparse_mask(fn, attention, layer) is not None or attention.sinks is not None:
+            raise PerSequenceState(
+                f"{layer}: an MLA under DeepSeek sparse attention's key selection or with sink logits is cached in the "
+                "slot form only (paged=false)")
+        if attention.query.type.get_shape()[0] != 1:
+            raise PassFailedException(
+                f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the MLA query's batch "
+                f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
+                "(ad_mlir.llm.llm.export_flat)")
+        if self._window(fn, attention, layer) is not None:
+            raise PassFailedException(f"{layer}: MLA under a sliding-window mask is not cached (only causal MLA is)")
+        rank, rope = mla.latent.type.get_shape()[3], mla.k_rope.type.get_shape()[3]
+        pool_type = TensorType(mla.latent.type.element_type, [self.num_pages, self.page_size, rank + rope])
+        pool = _append_argument(fn, pool_type, {ad.INPUT_ATTR: f"latent_pages_{i}", ad.CACHE_ATTR: f"{layer} latent"})
+        paged = ad.PagedMlaAttentionOp.build(
+            operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, pool, *metadata],
+            properties={"scale": FloatAttr(attention.scale, Float64Type())},
+            result_types=[attention.output.results[0].type])
+        paged.location = attention.output.location
+        Rewriter.replace_op(attention.output, paged)
+        erase_dead(Rewriter.erase_op, [*attention.chain, *mla.ops])
+        if attention.mask is not None:
+            erase_computation(attention.mask, Rewriter.erase_op)
 
     def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule | SelectiveScan, i: int,
                       slots: SSAValue, starts: SSAValue) -> None:
@@ -422,10 +487,9 @@ class InsertCachedAttentionPass(ModulePass):
                 f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
                 "(ad_mlir.llm.llm.export_flat)")
         if self._sparse_mask(fn, attention, layer) is not None:
-            raise (PerSequenceState if self.paged else PassFailedException)(
+            raise PassFailedException(
                 f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
-                "in the slot form (paged=false); this attention is "
-                + ("paged" if self.paged else "not MLA (the log says why)"))
+                "in the slot form (paged=false); this attention is not MLA (the log says why)")
         _bias_as_key_dim(attention)
         window = self._window(fn, attention, layer)
         if attention.key_seq_first:
@@ -565,35 +629,51 @@ PAGED_METADATA = (
 
 def _gather_logits(fn: func.FuncOp, indices: SSAValue) -> None:
     """The LM head's input gathered at `indices` along the token axis (`aten.index_select`), so
-    the LM head and what follows it (elementwise) run on those tokens only."""
+    the LM head and what follows it (elementwise) run on those tokens only. Logits that come
+    from no `ad.linear` through elementwise ops are gathered themselves (the same rows, without
+    the saving), when their next-to-last axis is the tokens'."""
     returned = fn.body.block.last_op
-    value = returned.operands[0] if isinstance(returned, func.ReturnOp) and returned.operands else None
+    logits = returned.operands[0] if isinstance(returned, func.ReturnOp) and returned.operands else None
+    head = _lm_head(logits) if logits is not None else None
+    if head is None and (logits is None or not _token_axis_is_next_to_last(logits)):
+        what = describe_op(logits.owner) if logits is not None and isinstance(logits.owner, Operation) else "no op"
+        raise PassFailedException(
+            f"insert-cached-attention: the logits (the function's first result, from {what}) do not come from an "
+            "ad.linear LM head through elementwise ops, nor are they [..., tokens, vocab], so they cannot be "
+            "computed for the logits_indices tokens alone")
+    rows = head.input if head is not None else logits
+    gather = ad.TorchOp.build(
+        operands=[[rows, indices]], result_types=[[rows.type]],
+        properties={"target": StringAttr("aten.index_select.default"),
+                    "args": ArrayAttr([ad.OperandRefAttr(0), IntegerAttr(len(rows.type.get_shape()) - 2, i64),
+                                       ad.OperandRefAttr(1)]),
+                    "kwargs": DictionaryAttr({})})
+    if head is not None:
+        gather.location = head.location
+        gather.results[0].name_hint = "logits_rows"
+        Rewriter.insert_op(gather, InsertPoint.before(head))
+        head.operands[0] = gather.results[0]
+    else:
+        log.info("insert-cached-attention: the logits come from %s, not an ad.linear LM head: the logits are "
+                 "gathered, not its input", describe_op(logits.owner) if isinstance(logits.owner, Operation) else "an argument")
+        Rewriter.insert_op(gather, InsertPoint.before(returned))
+        returned.operands[0] = gather.results[0]
+
+
+def _lm_head(logits: SSAValue) -> ad.LinearOp | None:
+    """The `ad.linear` the logits come from through elementwise ops and casts that have no
+    other per-token operand, or None."""
+    value: SSAValue | None = logits
     while value is not None and not isinstance(value.owner, ad.LinearOp):
         owner = value.owner
         per_token = [v for v in getattr(owner, "operands", ()) if _has_token_axis(v)]
-        if not isinstance(owner, ad.ElementwiseOp | ad.CastOp) or len(per_token) != 1:
-            value = None
-            break
-        value = per_token[0]
-    if value is None:
-        what = describe_op(returned.operands[0].owner) if returned.operands and isinstance(
-            returned.operands[0].owner, Operation) else "no op"
-        raise PassFailedException(
-            f"insert-cached-attention{{paged=true}}: the logits (the function's first result, from {what}) do not "
-            "come from an ad.linear LM head through elementwise ops, so the LM head cannot run on the "
-            "logits_indices tokens alone")
-    head = value.owner
-    hidden = head.input
-    axis = len(hidden.type.get_shape()) - 2
-    gather = ad.TorchOp.build(
-        operands=[[hidden, indices]], result_types=[[hidden.type]],
-        properties={"target": StringAttr("aten.index_select.default"),
-                    "args": ArrayAttr([ad.OperandRefAttr(0), IntegerAttr(axis, i64), ad.OperandRefAttr(1)]),
-                    "kwargs": DictionaryAttr({})})
-    gather.location = head.location
-    gather.results[0].name_hint = "logits_rows"
-    Rewriter.insert_op(gather, InsertPoint.before(head))
-    head.operands[0] = gather.results[0]
+        value = per_token[0] if isinstance(owner, ad.ElementwiseOp | ad.CastOp) and len(per_token) == 1 else None
+    return value.owner if value is not None else None
+
+
+def _token_axis_is_next_to_last(value: SSAValue) -> bool:
+    return isinstance(value.type, TensorType) and len(value.type.get_shape()) >= 2 and \
+        value.type.get_shape()[-2] == DYNAMIC_INDEX
 
 
 def _has_token_axis(value: SSAValue) -> bool:
@@ -619,6 +699,86 @@ def _refuse_uncached_mixers(fn: func.FuncOp, missed: dict[Operation, str]) -> No
             "such sequence mixers (scans other than Mamba's and the gated delta rule's; linear "
             "attention; convolutions other than HF's causal short convolution; attention forms not matched as "
             "attention) are not supported for generation yet")
+
+
+def _positions_from_starts(fn: func.FuncOp, starts: SSAValue) -> None:
+    """The slot form: a range counting the step's tokens as positions (`match_step_positions`)
+    becomes each row's real ones, its cache start + 0..seq-1, flattened to [batch * seq] so that
+    the per-position ops keep their types; where those meet the rows, they are viewed as
+    [batch, seq, ...]."""
+    for found in _step_positions(fn, batched=True):
+        arange = found.arange
+        column, row = _unsqueezed(starts, 1), _unsqueezed(arange.result, 0)
+        grid = ad.AddOp(column.result, row.result, TensorType(i64, [DYNAMIC_INDEX, DYNAMIC_INDEX]))
+        flat = _viewed(grid.result, [], [-1])
+        batch = ad.SymSizeOp.build(operands=[found.input_ids], properties={"dim": IntegerAttr(0, i64)},
+                                   result_types=[IndexType()])
+        new_ops = [column, row, grid, flat, batch]
+        for op in new_ops:
+            op.location = arange.location
+        Rewriter.insert_op(new_ops, InsertPoint.after(arange))
+        flat.result.name_hint = "positions"
+        arange.result.replace_uses_with_if(flat.result, lambda use, keep=row: use.operation is not keep)
+        for op, index in found.meetings:
+            value = op.operands[index]
+            rest = list(value.type.get_shape()[value.type.get_shape().index(DYNAMIC_INDEX) + 1:])
+            view = _viewed(value, [batch.result, arange.end], [DYNAMIC_INDEX, DYNAMIC_INDEX, *rest])
+            view.location = op.location
+            Rewriter.insert_op(view, InsertPoint.before(op))
+            op.operands[index] = view.result
+        log.info("insert-cached-attention: the positions counted at %s start at each row's cache start",
+                 _layer(arange))
+
+
+def _positions_from_input(fn: func.FuncOp) -> None:
+    """The paged form: a range counting the step's tokens as positions (`match_step_positions`)
+    becomes the `position_ids` input [1, tokens] (an argument added where the model has none),
+    viewed as [tokens]."""
+    found = _step_positions(fn, batched=False)
+    if not found:
+        return
+    given = [a for a in fn.body.block.args if input_name(fn, a) == POSITION_INPUT]
+    positions = given[0] if given else _append_argument(fn, TensorType(i64, [1, DYNAMIC_INDEX]),
+                                                        {ad.INPUT_ATTR: POSITION_INPUT})
+    flat = _viewed(positions, [], [-1])
+    flat.location = found[0].arange.location
+    Rewriter.insert_op(flat, InsertPoint.at_start(fn.body.block))
+    flat.result.name_hint = "positions"
+    for f in found:
+        log.info("insert-cached-attention: the positions counted at %s are the %s input", _layer(f.arange),
+                 POSITION_INPUT)
+        size = f.arange.end.owner
+        f.arange.result.replace_all_uses_with(flat.result)
+        erase_dead(Rewriter.erase_op, [f.arange, size])
+
+
+def _step_positions(fn: func.FuncOp, batched: bool) -> list[StepPositions]:
+    """The ranges of `fn` that count the step's tokens as positions, in program order, among
+    those the mixer check would refuse; why another one is not, to the log."""
+    found = []
+    for mixer in position_mixers(fn):
+        if not isinstance(mixer.op, ad.ArangeOp):
+            continue
+        match = match_step_positions(fn, mixer.op, batched)
+        if isinstance(match, str):
+            log.info("insert-cached-attention: the range at %s does not take the step's positions: %s",
+                     _layer(mixer.op), match)
+        elif match is not None:
+            found.append(match)
+    return found
+
+
+def _unsqueezed(value: SSAValue, dim: int) -> ad.UnsqueezeOp:
+    shape = list(value.type.get_shape())
+    return ad.UnsqueezeOp.build(operands=[value], properties={"dim": IntegerAttr(dim, i64)},
+                                result_types=[TensorType(value.type.element_type, [*shape[:dim], 1, *shape[dim:]])])
+
+
+def _viewed(value: SSAValue, sizes: list[SSAValue], static: list[int]) -> ad.ReshapeOp:
+    """`value` reshaped to `static` (DYNAMIC_INDEX where `sizes` gives the size, -1 inferred)."""
+    shape = [DYNAMIC_INDEX if d in (DYNAMIC_INDEX, -1) else d for d in static]
+    return ad.ReshapeOp.build(operands=[value, sizes], properties={"static_sizes": DenseArrayBase.from_list(i64, static)},
+                              result_types=[TensorType(value.type.element_type, shape)])
 
 
 def _split_mlas(attentions: list[Attention]) -> tuple[list[Attention], list[Mla]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -173,26 +173,57 @@ def run_pipeline(
     undone and skipped with a warning naming it and the op it failed on: the graph stays what
     it was before that pass, so it stays correct. A pass whose rewrite its caller relies on
     (`skippable_on_error = False`: the cache insertion, without which `LLM` cannot generate)
-    raises whatever the setting."""
+    raises whatever the setting.
+
+    Without `numeric` the passes first run straight through and the IR is verified once, at the
+    end: a copy of the module before each pass and a verification after it cost as much as the
+    passes themselves. Only if a pass raises or the IR ends invalid does the pipeline run again
+    from the start, checked pass by pass as above, which names (or skips) the pass."""
     config = load_pipeline(pipeline)
     if skip_on_error is None:
         skip_on_error = config.skips_on_error()
+    passes = expand_passes(PassPipeline.parse_spec(get_all_passes(), config.spec).passes)
     ctx = make_context()
-    records: list[PassRecord] = []
-    for p in expand_passes(PassPipeline.parse_spec(get_all_passes(), config.spec).passes):
-        ops, start = count_ops(module), time.perf_counter()
-        before = module.clone() if skip_on_error else None
+    if numeric is None and verify and passes:
+        start = module.clone()
         try:
-            _apply_checked(p, ctx, module, verify, numeric)
-        except Exception as e:
-            if before is None or not getattr(p, "skippable_on_error", True):
-                raise
-            log.warning("%s: skipped (skip_on_error), the graph is left as before it: %s", p.name, failure(e))
-            _restore(module, before)
+            records = _run_passes(passes, ctx, module, lambda p: p.apply(ctx, module))
+            module.verify()
+            return records
+        except Exception as e:  # noqa: BLE001 (whatever failed, the checked run below says it, naming the pass)
+            log.info("pipeline: %s; running it again pass by pass, checked", failure(e))
+            _restore(module, start)
+    return _run_passes(passes, ctx, module, lambda p: _apply_checked_or_skipped(p, ctx, module, verify, numeric,
+                                                                                 skip_on_error))
+
+
+def _run_passes(passes: Sequence[ModulePass], ctx: Context, module: ModuleOp,
+                apply: Callable[[ModulePass], None]) -> list[PassRecord]:
+    """`apply` each pass in turn, timed and logged."""
+    records: list[PassRecord] = []
+    ops = count_ops(module)
+    for p in passes:
+        start = time.perf_counter()
+        apply(p)
         record = PassRecord(p.name, ops, count_ops(module), time.perf_counter() - start)
         log.info("%s: %d -> %d ops in %.3f s", record.name, record.ops_before, record.ops_after, record.seconds)
         records.append(record)
+        ops = record.ops_after
     return records
+
+
+def _apply_checked_or_skipped(p: ModulePass, ctx: Context, module: ModuleOp, verify: bool,
+                              numeric: NumericVerifier | None, skip_on_error: bool) -> None:
+    """`p` applied and checked; if that fails, with `skip_on_error` and a skippable pass, the
+    module as before it, with a warning, else the failure raised."""
+    before = module.clone() if skip_on_error else None
+    try:
+        _apply_checked(p, ctx, module, verify, numeric)
+    except Exception as e:
+        if before is None or not getattr(p, "skippable_on_error", True):
+            raise
+        log.warning("%s: skipped (skip_on_error), the graph is left as before it: %s", p.name, failure(e))
+        _restore(module, before)
 
 
 def _apply_checked(p: ModulePass, ctx: Context, module: ModuleOp, verify: bool,

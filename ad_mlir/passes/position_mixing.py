@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DYNAMIC_INDEX, IndexType, NameLoc, TensorType
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.semantics.torch_ops import SEQUENCE_MIXER_OPS
@@ -80,7 +80,8 @@ def _data_slice(results: Iterable[SSAValue]) -> set[Operation]:
 def _arange(op: ad.ArangeOp) -> str | None:
     """A range as long as a token axis that becomes positions (embedding indices, or RoPE angles)
     numbers the tokens of this step only: with a cache it restarts at 0 in every decode step
-    (positions must come from a `position_ids` input). A range that only indexes or counts rows
+    (positions must come from a `position_ids` input, or be the range added to the cache's
+    starts, as `insert-cached-attention` makes them). A range that only indexes or counts rows
     (an MoE block's token bookkeeping) is no position."""
     if not _token_axes(op.result) or not _becomes_positions(op.result):
         return None
@@ -95,9 +96,23 @@ def _becomes_positions(value: SSAValue) -> bool:
             user = use.operation
             if (isinstance(user, ad.EmbeddingOp) and use.index == 1) or isinstance(user, ad.CosOp | ad.SinOp):
                 return True
-            if user not in seen:
+            if user not in seen and not _adds_cache_starts(user):
                 seen.add(user)
                 stack += list(user.results)
+    return False
+
+
+def _adds_cache_starts(op: Operation) -> bool:
+    """An add of the function's `ad.cache_starts` argument (each row's cached tokens, possibly
+    unsqueezed): what it adds to is counted from each row's real start."""
+    if not isinstance(op, ad.AddOp):
+        return False
+    for value in op.operands:
+        while isinstance(value.owner, ad.UnsqueezeOp):
+            value = value.owner.input
+        fn = value.owner.parent_op() if isinstance(value, BlockArgument) else None
+        if isinstance(fn, func.FuncOp) and fn.arg_attrs and ad.CACHE_STARTS_ATTR in fn.arg_attrs.data[value.index].data:
+            return True
     return False
 
 

@@ -437,6 +437,7 @@ SPECS: tuple[OpSpec, ...] = (
             ad.PagedAttentionOp,
             ad.CachedCausalConv1dOp,
             ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
+            ad.PagedMlaAttentionOp,
             ad.CachedSelectiveScanOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
             ad.GeluAndMulOp, ad.ActivationOp,

@@ -705,6 +705,52 @@ def _(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, cache: torc
     return query.new_empty((*query.shape[:2], topk), dtype=torch.int64)
 
 
+@_writing_op("paged_mla_attention", mutates_args=("pages",))
+def paged_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
+                        kv_b_weight: torch.Tensor, pages: torch.Tensor, query_starts: torch.Tensor,
+                        cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+    """`ad.paged_mla_attention`: sequence by sequence (its new tokens `query_starts[s]` ..
+    `query_starts[s + 1]`, after the `cache_starts[s]` it holds) the new latent ++ k_rope written
+    into its pages through its block table, then `cached_mla_attention`'s expanded attention over
+    its positions read back from the pages. The reference reads the metadata on the host."""
+    heads, nope = q_nope.shape[1], q_nope.shape[3]
+    query = torch.cat([q_nope, q_rope], dim=-1)[0]
+    new = torch.cat([latent[0, 0], k_rope[0, 0]], dim=-1)
+    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // heads - nope))
+    page_size = pages.shape[1]
+    bounds = query_starts.tolist()
+    for s, start in enumerate(cache_starts.tolist()):
+        first, last = bounds[s], bounds[s + 1]
+        end = start + last - first
+        table = block_tables[s, :-(-end // page_size)]
+        positions = torch.arange(start, end, device=q_nope.device)
+        pages[table[positions // page_size], positions % page_size] = new[first:last]
+        cached = pages[table].flatten(0, 1)[:end]
+        out[0, :, first:last] = _mla_over_prefix(query[:, first:last], cached, kv_b_weight, nope, start, scale)
+    return out
+
+
+def _mla_over_prefix(query: torch.Tensor, cached: torch.Tensor, kv_b_weight: torch.Tensor, nope: int, start: int,
+                     scale: float) -> torch.Tensor:
+    """One sequence's MLA as HF computes it: queries [heads, seq, nope + rope] at positions
+    start.. over its latents ++ rope keys [start + seq, rank + rope] expanded by `kv_b_weight`
+    into each head's k_nope and value (HF's `expand_kv`), the rope key shared by the heads,
+    SDPA causal with offset."""
+    heads, end, rank = query.shape[0], cached.shape[0], kv_b_weight.shape[1]
+    kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
+    k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
+    key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
+    allowed = torch.arange(end, device=query.device)[None, :] <= torch.arange(start, end, device=query.device)[:, None]
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
+
+
+@paged_mla_attention.register_fake
+def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
+      kv_b_weight: torch.Tensor, pages: torch.Tensor, query_starts: torch.Tensor, cache_starts: torch.Tensor,
+      block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+    return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
+
+
 @_writing_op("cached_causal_conv1d", mutates_args=("state",))
 def cached_causal_conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
                          slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
@@ -930,6 +976,7 @@ REFERENCE_OPS = frozenset(
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
+                 "paged_mla_attention",
                  "cached_selective_scan")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

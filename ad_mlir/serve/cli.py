@@ -41,6 +41,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                        "--max-batch sequences of --max-seq-len tokens)")
     serve.add_argument("--max-step-tokens", type=int, default=256, help="tokens one engine step feeds: the running "
                        "decodes, then chunks of waiting prompts (a longer prompt is prefilled over several steps)")
+    serve.add_argument("--max-running", type=int, default=None, help="requests in the paged cache at once, at most "
+                       "(the decodes of one step; default: as many as its pages hold; the slot form: its slots)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request that gives "
                        "none (capped to what fits the slot)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer API_KEY' on the /v1 routes")
@@ -64,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         pages = {"num_pages": args.num_pages} if args.page_size and args.num_pages else {}
         llm = paged_where_possible(args.model, args.page_size or None, max_batch=args.max_batch,
                                    max_seq_len=args.max_seq_len, pipeline=args.pipeline, **pages)
-        engine = make_engine(llm, max_step_tokens=args.max_step_tokens)
+        engine = make_engine(llm, max_step_tokens=args.max_step_tokens, max_running=args.max_running)
     except ValueError as e:
         sys.exit(f"error: {e}")
     name = args.served_model_name or args.model

@@ -91,7 +91,6 @@ FAMILY_SIZES: dict[str, dict[str, Any]] = {
                         "swa_kv_lora_rank": 64, "swa_head_dim": 48, "swa_qk_nope_head_dim": 32, "swa_v_head_dim": 32},
     "deepseek_v4": {"compress_rates": {"compressed_sparse_attention": 1, "heavily_compressed_attention": 1}},
     "longcat_flash": {"zero_expert_num": 2},
-    "minimax": {"block_size": 1024},
     "cpmant": {"dim_ff": 256, "dim_head": 32, "init_std": 0.02},
     "big_bird": {"attention_type": "original_full"},
     "xmod": {"default_language": "en_XX"},
@@ -119,21 +118,15 @@ on its full ones, as Cohere's Command models, with multimodal RoPE sections that
 of 32 (the default's 24 + 20 + 20 fit 128); dots.3 note's (text) layer kinds (its default's first
 two are both indexed), its token indexer and shared experts, and the MLA heads of its sliding
 layers, which it sets apart from the others (`swa_*`: 64 heads, latent 1024, for hidden 4096) with
-the same shape as WHERE_PRESENT's (rope 16, nope 32, value 32, latent 64); MiniMax's lightning
-attention block (default 256) as long as the sweep's longest sequence (`bench.families.MAX_SEQ`):
-one block at every length the export allows (its blocks are a loop in Python, and with 256 the
-export fails on `min(256, seq) <= seq`); HF computes the same attention in one block or several
-(the blocks only split the sum); BigBird's full attention, which HF itself runs in place of its
-block-sparse one below 704 tokens (`(5 + 2 * num_random_blocks) * block_size`, with a warning),
+the same shape as WHERE_PRESENT's (rope 16, nope 32, value 32, latent 64); BigBird's full
+attention, which HF itself runs in place of its block-sparse one below 704 tokens (`(5 + 2 * num_random_blocks) * block_size`, with a warning),
 so at the sweep's lengths in both; X-MOD's language adapter (HF raises without one); DeepSeek-V4's
 KV compression rates (4 and 128 tokens a window by default): 1, the one rate at which the export
 can keep the length dynamic (its compressor slices the longest multiple of the rate and branches
 on whether any window is full, which torch.export fixes for one length with any other rate), so
 each window is one token; LongCat-Flash's zero-compute (identity) experts beside its routed ones:
 2 (256 by default), few like WHERE_PRESENT's routed experts, as its export runs every expert on
-every token (`frontends/export_patches.METHODS`); MiniMax's lightning-attention block (256 by
-default) as long as the sweep's longest length (`bench.families.MAX_SEQ`), so that every exported
-length is one block, which the export patch computes without HF's `min(block_size, seq)`; CPM-Ant's FFN and head sizes, which it names
+every token (`frontends/export_patches.METHODS`); CPM-Ant's FFN and head sizes, which it names
 apart (`dim_ff`, default 10240; `dim_head`, default 128: 4 heads of 128 for hidden 128), as SIZES',
 and its init's std, 0.02 as the other families' `initializer_range` (its default of 1.0 draws
 weights N(0, 1): activations reach ~1500 and the logits ~42, where fp32 rounding alone, each

@@ -88,3 +88,18 @@ def test_generation_on_cuda_matches_hf(family: str) -> None:
             expected = model(torch.tensor([sequence[:-1]], device="cuda")).logits[0, len(prompt) - 1:]
         torch.testing.assert_close(torch.stack(steps), expected, rtol=1.3e-6,
                                    atol=4e-5 * max(1.0, expected.abs().max().item()))
+
+
+@pytest.mark.usefixtures("no_reference_fallback")
+def test_paged_generation_with_cuda_graphs_matches_hf() -> None:
+    """The paged form on CUDA, its decode-only steps replayed from CUDA graphs (a scratch page
+    for the padding rows): three prompts, greedy, fp32, HF's tokens (checked to vary)."""
+    model = _cuda_model("llama", "float32", layers=2, overrides=WIDE)
+    llm = ad_mlir.LLM(model, max_batch=4, max_seq_len=64, page_size=16)
+    assert llm.decode_graphs is not None and llm.scratch_page == llm.num_pages
+    outputs = llm.generate(PROMPTS, max_new_tokens=16)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, do_sample=False)
+        tokens = hf[0, len(prompt):].tolist()
+        assert out.token_ids == tokens and len(set(tokens)) >= len(tokens) / 4, tokens

@@ -2,7 +2,8 @@
 causal LMs of every common decoder shape built small from their HF config classes, exported with
 a dynamic sequence length, compiled with the default pipeline and run against eager, with the
 kernels as their torch reference and in the Triton interpreter (a region that ran its reference
-there fails the test), in fp32 at two sequence lengths and in bf16.
+there fails the test), in fp32 at two sequence lengths and, for one family of each distinct set
+of LLM ops, in bf16.
 
 fp32: torch.testing's defaults (rtol 1.3e-6, atol 1e-5) on the logits: the kernels compute in
 fp32 like eager and only reorder sums. bf16: against the fp32 model, within twice eager bf16's
@@ -53,6 +54,11 @@ FUSED_OPS: dict[str, dict[str, int]] = {
 """The LLM-level ops of decoder layer 0 after the default pipeline (generic `ad.fused` regions
 aside), per family of the matrix."""
 
+BF16_FAMILIES = {next(f for f in sorted(FUSED_OPS) if FUSED_OPS[f] == ops) for ops in FUSED_OPS.values()}
+"""The families checked in bf16 too: the first of each distinct set of LLM ops (11 of 24). The
+others' kernels are the same templates on the same dtypes (the fp32 check runs each family's
+own), and each bf16 export and compile costs the suite ~4 s a family."""
+
 
 def test_the_matrix_is_covered() -> None:
     assert sorted(FUSED_OPS) == sorted(MATRIX)
@@ -92,11 +98,12 @@ def test_family_compiles_and_matches_eager(family: str, kernels_only_in_the_inte
     """Every LLM-level op of the fp32 graph is a generated kernel (none left as its reference op
     or as torch calls), so its interpreter path runs only kernels."""
     with no_dropped_ops():
-        row = sweep_family(family)
+        row = sweep_family(family, bf16=family in BF16_FAMILIES)
     graph_kernels(compiled_graphs[0])
     assert row.status == "ok", f"{family} ({MATRIX[family]}): {row.status}: {row.reason}"
     assert sorted(row.reference_error) == sorted(row.interpreter_error) == sorted(SEQ_LENS), "both paths ran"
-    assert {"reference", "interpreter"} <= set(row.bf16_error), "bf16 ran on both paths"
+    if family in BF16_FAMILIES:
+        assert {"reference", "interpreter"} <= set(row.bf16_error), "bf16 ran on both paths"
     assert row.kernel_calls > 0, "no kernel of ours in the compiled graph: the interpreter path checked nothing"
     assert row.kernels_after is not None and row.kernels_after < row.kernels_before, "the pipeline fused nothing"
     llm_ops = {op: n for op, n in row.fused_ops.items() if op != "ad.fused"}

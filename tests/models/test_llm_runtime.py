@@ -119,7 +119,8 @@ def test_the_command_line_takes_a_budget(capsys: pytest.CaptureFixture[str]) -> 
 def _trace_decode(llm: ad_mlir.LLM, batch: int) -> torch.fx.GraphModule:
     """The compiled graph as one decode step of `batch` rows runs it, traced op by op with fake
     tensors of static shapes (an op that reads data on the host fails the trace)."""
-    ints = {"input_ids": (batch, 1), "position_ids": (batch, 1), "cache_slots": (batch,), "cache_starts": (batch,)}
+    ints = {"input_ids": (batch, 1), "position_ids": (batch, 1), "cache_slots": (batch,), "cache_starts": (batch,),
+            "logits_indices": (1,)}
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # the weights stay real constants
     given: dict[str, Any] = {"use_cache": False, **{n: mode.from_tensor(c) for n, c in llm.caches.items()},
                              **{n: mode.from_tensor(torch.zeros(s, dtype=torch.int64)) for n, s in ints.items()}}
@@ -180,6 +181,19 @@ def test_decode_buckets_cover_every_batch_up_to_max_batch() -> None:
     assert decode_buckets(1) == (1,)
     assert decode_buckets(4) == (1, 2, 4)
     assert decode_buckets(6) == (1, 2, 4, 6)
+
+
+def test_a_prefill_for_its_last_logits_runs_the_lm_head_on_the_last_token_alone(llm: ad_mlir.LLM) -> None:
+    """`last_only` (what the engine's prefill asks): the logits of the last token, the full
+    prefill's last row (both write the same K/V). fp32's default tolerance, not bitwise: the LM
+    head's GEMM over one row may sum in another order than over seven (measured 6e-8 apart)."""
+    prompt = torch.tensor([PROMPTS[0]])
+    positions = torch.arange(prompt.shape[1])[None]
+    with torch.no_grad(), reference_kernels():
+        every = llm.step(prompt, positions, [0], [0])
+        last = llm.step(prompt, positions, [0], [0], last_only=True)
+    assert every.shape[1] == prompt.shape[1] and last.shape[1] == 1
+    torch.testing.assert_close(last[:, 0], every[:, -1])
 
 
 def test_padded_decode_rows_leave_the_real_rows_unchanged(llm: ad_mlir.LLM) -> None:

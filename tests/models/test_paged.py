@@ -34,6 +34,7 @@ from xdsl.utils.exceptions import PassFailedException
 import ad_mlir
 from ad_mlir.dialects import ad
 from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
+from ad_mlir.llm.llm import pad_flat_decode
 from ad_mlir.runtime.kernels import reference_kernels
 
 PAGE_SIZE = 4
@@ -235,6 +236,39 @@ def test_a_decode_step_is_cuda_graph_ready(paged, seqs: int) -> None:
     assert decode_problems(gm, llm.inputs, set(llm.caches)) == []
     (output,) = (n for n in gm.graph.nodes if n.op == "output")
     assert tuple(output.args[0][0].meta["val"].shape) == (1, seqs, llm.model.config.vocab_size)
+
+
+def test_a_decode_step_padded_to_its_cuda_graph_bucket_gives_the_same_logits(paged) -> None:
+    """What `CudaGraphFlatDecode` replays, on the CPU: a decode step of two sequences padded to a
+    bucket of 4 (`pad_flat_decode`: two dummy sequences in a scratch page no block table holds)
+    gives the unpadded step's logits and leaves the sequences' pages as the unpadded step does.
+    Within the fp32 noise `ATOL` allows per unit of the largest value, for the logits and the
+    pages (measured 1.3e-4 on logits of ~20, 6.4e-5 on keys of 24: the GEMMs and the batched
+    attention over 4 rows sum in another order than over 2); a dummy row reading or writing a
+    sequence's page would be off by order 1."""
+    _, llm = paged["smollm2"]
+    scratch, rows = NUM_PAGES - 1, [0, 2]
+    assert scratch not in BLOCK_TABLES
+    prompts = [PROMPTS[s] for s in rows]
+    with torch.no_grad(), reference_kernels():
+        ids = [t for p in prompts for t in p]
+        starts = torch.tensor([0, len(prompts[0]), len(ids)])
+        first = llm.forward_flat(torch.tensor([ids]), torch.tensor([[i for p in prompts for i in range(len(p))]]),
+                                 starts, torch.zeros(2, dtype=torch.int64), BLOCK_TABLES[rows], starts[1:] - 1)
+        decode = (first.argmax(-1)[None], torch.tensor([[len(p) for p in prompts]]), torch.arange(3),
+                  torch.tensor([len(p) for p in prompts]), BLOCK_TABLES[rows], torch.arange(2))
+        before = {n: c.clone() for n, c in llm.caches.items()}
+        eager = llm.forward_flat(*decode)
+        written = {n: c.clone() for n, c in llm.caches.items()}
+        for name, cache in llm.caches.items():
+            cache.copy_(before[name])
+        padded = llm.forward_flat(*pad_flat_decode(*decode, bucket=4, scratch_page=scratch))
+    assert padded.shape[0] == 4
+    for got, expected in zip(padded[:2], eager, strict=True):
+        _assert_logits_close(got, expected, ATOL["smollm2"])
+    for name, cache in llm.caches.items():
+        scale = float(written[name].abs().max())  # the same noise per unit as the logits (measured 6.4e-5 on 24)
+        torch.testing.assert_close(cache[:scratch], written[name][:scratch], rtol=0, atol=ATOL["smollm2"] * scale)
 
 
 def test_a_model_with_a_per_sequence_state_is_refused() -> None:

@@ -192,6 +192,18 @@ def test_requests_arriving_while_others_decode_get_hf_tokens(setup: Setup) -> No
     _assert_idle(engine)
 
 
+def test_max_running_caps_the_requests_in_the_cache(setup: Setup) -> None:
+    """Four requests, at most two in the cache: the others wait (no pages) until one ends, and
+    every request still gets HF's tokens."""
+    prompts = _prompts(4, [7, 2, 11, 5])
+    engine = PagedEngine(PagedTokens(setup.model, num_pages=32), max_step_tokens=64, max_running=2)
+    running: list[int] = []
+    got = _run(engine, {0: prompts}, on_step=lambda e: running.append(len(e.running)))
+    _check_tokens(setup, prompts, got)
+    assert max(running) == 2 and engine.preemptions == 0
+    _assert_idle(engine)
+
+
 def test_a_pool_too_small_for_all_preempts_the_youngest_and_loses_nothing(setup: Setup,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Four requests of 10 to 13 tokens (+7 fed back) need 5 pages each at the end: 9 pages hold

@@ -53,7 +53,7 @@ def test_sharded_generation_on_two_gloo_ranks_matches_unsharded_and_hf() -> None
 
 
 def test_cache_insertion_goes_after_shard_and_fusions_and_before_regions() -> None:
-    insert = "insert-cached-attention{max-batch=2 max-seq-len=64}"
+    insert = "insert-cached-attention{max-batch=2 max-seq-len=64 logits-indices=true}"
     passes = cached_pipeline("canonicalize,shard{world-size=2 shard-layers=attention,mlp},default", 2, 64).split(",")
     assert passes[:3] == ["canonicalize", "shard{world-size=2 shard-layers=attention", "mlp}"]
     at = passes.index(insert)

@@ -119,13 +119,6 @@ def test_the_sweeps_model_exports_with_a_dynamic_length(family: str) -> None:
         torch.testing.assert_close(ep.module()(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
-def test_minimaxs_lightning_attention_block_holds_every_exported_length() -> None:
-    """The export patch computes HF's one block only where the sequence fits a block."""
-    from ad_mlir.bench.families import MAX_SEQ
-
-    assert small_config("minimax").block_size >= MAX_SEQ
-
-
 @pytest.mark.parametrize("family", ["inkling2_text", "inkling2_loop_text"])
 def test_the_lm_head_predicts_the_vocabulary(family: str) -> None:
     """Inkling's LM head has an output size of its own (`unpadded_vocab_size`): it is the

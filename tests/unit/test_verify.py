@@ -13,7 +13,7 @@ import pytest
 import torch
 from kernel_guard import graph_kernels, no_dropped_ops
 from xdsl.context import Context
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, f64, i64
 from xdsl.parser import Parser
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
@@ -57,6 +57,18 @@ class RaiseOnExp(ModulePass):
 
 
 @dataclass(frozen=True)
+class RetypeNeg(ModulePass):
+    """Test-only pass that leaves invalid IR: every ad.neg's result becomes f64 (its input f32)."""
+
+    name = "test-retype-neg"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for neg in [o for o in op.walk() if isinstance(o, ad.NegOp)]:
+            shape = neg.result.type.get_shape()
+            Rewriter.replace_op(neg, ad.NegOp.build(operands=[neg.input], result_types=[TensorType(f64, shape)]))
+
+
+@dataclass(frozen=True)
 class NarrowCachedWindow(ModulePass):
     """Test-only wrong rewrite: every cached attention sees only the last 2 positions."""
 
@@ -69,7 +81,7 @@ class NarrowCachedWindow(ModulePass):
 
 @pytest.fixture
 def test_passes(monkeypatch: pytest.MonkeyPatch) -> None:
-    for p in (SiluAsSigmoid, RaiseOnExp, NarrowCachedWindow):
+    for p in (SiluAsSigmoid, RaiseOnExp, RetypeNeg, NarrowCachedWindow):
         monkeypatch.setitem(passes._AD_PASSES, p.name, lambda p=p: p)
 
 
@@ -250,6 +262,36 @@ def test_a_wrong_rewrite_is_undone_with_skip_on_error() -> None:
     assert [r.name for r in records][:3] == ["canonicalize", "test-silu-as-sigmoid", "canonicalize"]
     names = {op.name for op in program.module.walk()}
     assert "ad.sigmoid" not in names and "ad.silu_and_mul" in names
+
+
+@pytest.mark.usefixtures("test_passes")
+def test_a_pass_that_leaves_invalid_ir_is_named_or_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    """The passes run straight through and the IR is verified once at the end; invalid IR there
+    runs the pipeline again pass by pass, which names the pass that left it (or skips it)."""
+    ep, _ = _exp_and_neg_module()
+    program = import_program(ep)
+    with pytest.raises(Exception, match="result element type f64 differs from the input's f32"):
+        run_pipeline(program.module, "canonicalize,test-retype-neg,fuse-elementwise", skip_on_error=False)
+    program = import_program(ep)
+    with caplog.at_level(logging.WARNING, logger="ad_mlir.passes.pipeline"):
+        records = run_pipeline(program.module, "canonicalize,test-retype-neg,fuse-elementwise", skip_on_error=True)
+    assert [r.name for r in records] == ["canonicalize", "test-retype-neg", "fuse-elementwise"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "ad_mlir.passes.pipeline"]
+    assert warning.startswith("test-retype-neg: skipped (skip_on_error)"), warning
+    program.module.verify()
+
+
+def test_a_valid_pipeline_verifies_the_module_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No copy of the module per pass and no verification per pass where nothing fails."""
+    ep, _ = _exp_and_neg_module()
+    program = import_program(ep)
+    calls = {"verify": 0, "clone": 0}
+    for name in calls:
+        real = getattr(ModuleOp, name)
+        monkeypatch.setattr(ModuleOp, name, lambda self, *a, _real=real, _name=name, **k:
+                            (calls.__setitem__(_name, calls[_name] + 1), _real(self, *a, **k))[1])
+    run_pipeline(program.module, "default", skip_on_error=True)
+    assert calls == {"verify": 1, "clone": 1}
 
 
 def test_skip_on_error_in_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

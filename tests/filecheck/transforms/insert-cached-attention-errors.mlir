@@ -269,6 +269,22 @@ func.func @shift_by_cat(%x: tensor<1x?x8xf32> {ad.input = "x"}, %h: tensor<?x8xf
 }
 
 // -----
+// A range over the step's tokens from 0 that indexes a position table but is also compared
+// with each row's length (a padding mask, as XLM's): that use is no position, so the range is
+// not replaced by the real positions and stays refused, naming its layer.
+// CHECK: 1 op(s) mix token positions outside the cached attention{{.*}}: model.embed_positions: ad.arange (counts the tokens of the step (positions not from position_ids)).
+func.func @positions_also_compared(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %lengths: tensor<?x1xi64> {ad.input = "lengths"}, %table: tensor<64x8xf32> {ad.param = "model.embed_positions.weight"}, %q: tensor<?x2x?x8xf32> {ad.input = "q"}, %k: tensor<?x2x?x8xf32> {ad.input = "k"}, %v: tensor<?x2x?x8xf32> {ad.input = "v"}) -> (tensor<?x8xf32>, tensor<?x?xi1>, tensor<?x2x?x8xf32>) {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64> loc("model.embed_positions")
+  %e = ad.embedding %table, %pos : (tensor<64x8xf32>, tensor<?xi64>) -> tensor<?x8xf32>
+  %padding = ad.lt %pos, %lengths : tensor<?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %o = ad.attention %q, %k, %v causal : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>) -> tensor<?x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %e, %padding, %o : tensor<?x8xf32>, tensor<?x?xi1>, tensor<?x2x?x8xf32>
+}
+
+// -----
 
 // DeepSeek sparse attention's selection (an indexer's topk scattered into the mask) over an
 // attention that is not MLA: refused by name, not cached without its selection.

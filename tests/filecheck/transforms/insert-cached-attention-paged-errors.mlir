@@ -15,7 +15,7 @@ func.func @short_conv(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %x: tensor
 
 // -----
 
-// CHECK: the logits (the function's first result, from %t = ad.transpose at model.layers.0.self_attn) do not come from an ad.linear LM head through elementwise ops
+// CHECK: the logits (the function's first result, from %t = ad.transpose at model.layers.0.self_attn) do not come from an ad.linear LM head through elementwise ops, nor are they [..., tokens, vocab]
 func.func @no_lm_head(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x?x2x8xf32> {
   %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
   %t = ad.transpose %o 1, 2 : tensor<1x2x?x8xf32> -> tensor<1x?x2x8xf32> loc("model.layers.0.self_attn")

@@ -45,3 +45,28 @@ func.func @llm(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32>
   %capped = ad.mul %th, %cap : tensor<1x?x32xf32>, f64 -> tensor<1x?x32xf32>
   func.return %capped : tensor<1x?x32xf32>
 }
+
+// -----
+
+// A decoder that counts its positions itself (Pegasus' sinusoidal table indexed by arange(seq),
+// no position_ids input): the paged form's tokens are one flattened sequence, so the range
+// becomes the position_ids input [1, tokens] (an argument added after the pools), viewed as
+// [tokens]; the lookup keeps its type.
+// CHECK-LABEL: func.func @positions_counted
+// CHECK-SAME:  %v_pages{{[_0-9]*}}: tensor<8x16x2x8xf32> {ad.input = "v_pages_0", ad.cache = "model.layers.0.self_attn value"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"})
+// CHECK-NEXT:  %positions = ad.reshape %position_ids [-1] : tensor<1x?xi64> -> tensor<?xi64>
+// CHECK-NOT:   ad.arange
+// CHECK:       %e = ad.embedding %table, %positions : (tensor<64x8xf32>, tensor<?xi64>) -> tensor<?x8xf32>
+// CHECK-NEXT:  %x = ad.add %tokens, %e : tensor<1x?x8xf32>, tensor<?x8xf32> -> tensor<1x?x8xf32>
+func.func @positions_counted(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %wte: tensor<32x8xf32> {ad.param = "model.embed_tokens.weight"}, %table: tensor<64x8xf32> {ad.param = "model.embed_positions.weight"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> (tensor<1x?x32xf32>, tensor<1x2x?x8xf32>) {
+  %tokens = ad.embedding %wte, %ids : (tensor<32x8xf32>, tensor<1x?xi64>) -> tensor<1x?x8xf32>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64> loc("model.embed_positions")
+  %e = ad.embedding %table, %pos : (tensor<64x8xf32>, tensor<?xi64>) -> tensor<?x8xf32>
+  %x = ad.add %tokens, %e : tensor<1x?x8xf32>, tensor<?x8xf32> -> tensor<1x?x8xf32>
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  %logits = ad.linear %x, %wte : (tensor<1x?x8xf32>, tensor<32x8xf32>) -> tensor<1x?x32xf32>
+  func.return %logits, %o : tensor<1x?x32xf32>, tensor<1x2x?x8xf32>
+}

@@ -573,3 +573,62 @@ func.func @key_bias(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1
   %o = ad.attention %q, %kr, %vr mask %mask scale 0.35355339059327379 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+
+// A decoder that counts its positions itself (BART's learned positions: the table indexed by
+// arange(seq) + 2, no position_ids input): the range becomes each row's cache start + 0..seq-1,
+// flattened to [batch * seq] so that the offset and the lookup keep their types; where the
+// looked-up rows meet the token embeddings [batch, seq, 8], they are viewed as [batch, seq, 8].
+// CHECK-LABEL: func.func @positions_counted
+// CHECK:       %[[RANGE:.*]] = ad.arange %c0, %n, %c1
+// CHECK-NEXT:  %[[COL:.*]] = ad.unsqueeze %cache_starts dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+// CHECK-NEXT:  %[[ROW:.*]] = ad.unsqueeze %[[RANGE]] dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+// CHECK-NEXT:  %[[GRID:.*]] = ad.add %[[COL]], %[[ROW]] : tensor<?x1xi64>, tensor<1x?xi64> -> tensor<?x?xi64>
+// CHECK-NEXT:  %positions = ad.reshape %[[GRID]] [-1] : tensor<?x?xi64> -> tensor<?xi64>
+// CHECK-NEXT:  %[[B:.*]] = ad.sym_size %ids dim 0 : tensor<?x?xi64>
+// CHECK-NEXT:  %u = ad.unsqueeze %positions dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+// CHECK-NEXT:  %shifted = ad.add %u, %c2 : tensor<1x?xi64>, i64 -> tensor<1x?xi64>
+// CHECK-NEXT:  %e = ad.embedding %table, %shifted : (tensor<66x8xf32>, tensor<1x?xi64>) -> tensor<1x?x8xf32>
+// CHECK-NEXT:  %[[ROWS:.*]] = ad.reshape %e [%[[B]], %n, 8] : tensor<1x?x8xf32> -> tensor<?x?x8xf32>
+// CHECK-NEXT:  %x = ad.add %tokens, %[[ROWS]] : tensor<?x?x8xf32>, tensor<?x?x8xf32> -> tensor<?x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v
+func.func @positions_counted(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %wte: tensor<32x8xf32> {ad.param = "model.embed_tokens.weight"}, %table: tensor<66x8xf32> {ad.param = "model.embed_positions.weight"}, %q: tensor<?x2x?x8xf32> {ad.input = "q"}, %k: tensor<?x2x?x8xf32> {ad.input = "k"}, %v: tensor<?x2x?x8xf32> {ad.input = "v"}) -> (tensor<?x?x8xf32>, tensor<?x2x?x8xf32>) {
+  %tokens = ad.embedding %wte, %ids : (tensor<32x8xf32>, tensor<?x?xi64>) -> tensor<?x?x8xf32>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %c2 = ad.constant 2 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64> loc("model.embed_positions")
+  %u = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %shifted = ad.add %u, %c2 : tensor<1x?xi64>, i64 -> tensor<1x?xi64>
+  %e = ad.embedding %table, %shifted : (tensor<66x8xf32>, tensor<1x?xi64>) -> tensor<1x?x8xf32>
+  %x = ad.add %tokens, %e : tensor<?x?x8xf32>, tensor<1x?x8xf32> -> tensor<?x?x8xf32>
+  %o = ad.attention %q, %k, %v causal : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>) -> tensor<?x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %x, %o : tensor<?x?x8xf32>, tensor<?x2x?x8xf32>
+}
+
+// -----
+
+// TrOCR's spelling: the range expanded over the batch before the offset and the lookup. The
+// positions are viewed as [batch, seq] at the expand, which then keeps them as they are.
+// CHECK-LABEL: func.func @positions_expanded
+// CHECK:       %positions = ad.reshape %{{.*}} [-1] : tensor<?x?xi64> -> tensor<?xi64>
+// CHECK-NEXT:  %[[B:.*]] = ad.sym_size %ids dim 0 : tensor<?x?xi64>
+// CHECK-NEXT:  %[[ROWS:.*]] = ad.reshape %positions [%[[B]], %n] : tensor<?xi64> -> tensor<?x?xi64>
+// CHECK-NEXT:  %wide = ad.expand %[[ROWS]] [%b, -1] : tensor<?x?xi64> -> tensor<?x?xi64>
+// CHECK-NEXT:  %shifted = ad.add %wide, %c2
+// CHECK-NEXT:  %e = ad.embedding %table, %shifted : (tensor<66x8xf32>, tensor<?x?xi64>) -> tensor<?x?x8xf32>
+func.func @positions_expanded(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %table: tensor<66x8xf32> {ad.param = "model.embed_positions.weight"}, %q: tensor<?x2x?x8xf32> {ad.input = "q"}, %k: tensor<?x2x?x8xf32> {ad.input = "k"}, %v: tensor<?x2x?x8xf32> {ad.input = "v"}) -> (tensor<?x?x8xf32>, tensor<?x2x?x8xf32>) {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %c2 = ad.constant 2 : i64
+  %b = ad.sym_size %ids dim 0 : tensor<?x?xi64>
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64> loc("model.embed_positions")
+  %wide = ad.expand %pos [%b, -1] : tensor<?xi64> -> tensor<?x?xi64>
+  %shifted = ad.add %wide, %c2 : tensor<?x?xi64>, i64 -> tensor<?x?xi64>
+  %e = ad.embedding %table, %shifted : (tensor<66x8xf32>, tensor<?x?xi64>) -> tensor<?x?x8xf32>
+  %o = ad.attention %q, %k, %v causal : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>) -> tensor<?x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %e, %o : tensor<?x?x8xf32>, tensor<?x2x?x8xf32>
+}

@@ -325,6 +325,33 @@ func.func @cached_mla_value_dim(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128
 
 // -----
 
+// Paged MLA's pool holds rank + rope values per row (512 + 64 = 576).
+func.func @paged_mla_pool_width(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x512xbf16>, %qs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_mla_attention' pages must be [pages, page_size, 512 + 64] of the latent's element type
+  %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %qs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x512xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
+  func.return
+}
+
+// -----
+
+// The paged kernel finds a position's row by a shift: pages of 48 tokens are refused.
+func.func @paged_mla_page_size(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x48x576xbf16>, %qs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_mla_attention' page_size 48 must be a static power of two
+  %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %qs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x48x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
+  func.return
+}
+
+// -----
+
+// One flattened batch: a query of batch 2 is refused.
+func.func @paged_mla_batch(%qn: tensor<2x128x?x128xbf16>, %qr: tensor<2x128x?x64xbf16>, %lat: tensor<2x1x?x512xbf16>, %kr: tensor<2x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_mla_attention' q_nope/q_rope must be [1, heads, tokens, dim] and latent/k_rope [1, 1, tokens, dim], heads and dims static
+  %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %qs block_tables %bt scale 1.250000e-01 : (tensor<2x128x?x128xbf16>, tensor<2x128x?x64xbf16>, tensor<2x1x?x512xbf16>, tensor<2x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<2x128x?x128xbf16>
+  func.return
+}
+
+// -----
+
 // Mamba1's A is [channels, state_size] (Mamba2's is one value per head).
 func.func @cached_selective_scan_a(%x: tensor<?x64x?xf32>, %a: tensor<64xf32>, %b: tensor<?x16x?xf32>, %st: tensor<8x64x16xf32>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_selective_scan' a must be [64, state_size], state_size static

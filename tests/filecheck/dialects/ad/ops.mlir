@@ -356,3 +356,11 @@ func.func @moe(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48x
   // CHECK-NEXT: ad.moe %x, %l experts %gu, %d shared 2 top_k 1 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>
   func.return
 }
+
+// Paged MLA at DeepSeek-V3's sizes: one flattened batch over a pool of 512 pages of 64 latents (512 + 64).
+func.func @paged_mla_attention(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
+  // CHECK-LABEL: func.func @paged_mla_attention
+  %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
+  // CHECK-NEXT: ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
+  func.return
+}
