@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import torch
 
 from ad_mlir.codegen.cache import KernelCache
+from ad_mlir.frontends.export import heap_frozen
 from ad_mlir.frontends.fx_import import ImportedProgram, import_program
 from ad_mlir.passes.patterns.attention_masks import constants_known
 from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
@@ -111,11 +112,12 @@ def compile_program(
     """`compile`, also returning the program the pipeline made (its function's arguments say
     what the compiled graph takes, e.g. the K/V caches `insert-cached-attention` added)."""
     opts = CompileOptions.of(options, **overrides)
-    program = import_program(gm, example_inputs, dynamic_shapes)
-    kernels, rank = opts.cache or KernelCache(), _rank(opts.world_size, opts.rank)
-    with constants_known(program.weights):  # a mask computed from a buffer (GPT-Neo's) can be evaluated
-        _run_pipeline_or_reuse(program, opts, kernels, rank)
-    compiled = export_program(program, build_kernels(program.module, kernels), fold_weights=True, rank=rank)
+    with heap_frozen():  # no full garbage collection over the model and the export while compiling
+        program = import_program(gm, example_inputs, dynamic_shapes)
+        kernels, rank = opts.cache or KernelCache(), _rank(opts.world_size, opts.rank)
+        with constants_known(program.weights):  # a mask computed from a buffer (GPT-Neo's) can be evaluated
+            _run_pipeline_or_reuse(program, opts, kernels, rank)
+        compiled = export_program(program, build_kernels(program.module, kernels), fold_weights=True, rank=rank)
     if opts.verify:
         check_compiled(compiled, program.module, program.weights)
     return compiled, program

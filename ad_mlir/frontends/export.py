@@ -3,6 +3,9 @@ backend and a dynamic sequence length."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ad_mlir.zoo.tiny import TinyConfig, example_input_ids
@@ -52,5 +55,26 @@ def export_inference(model: torch.nn.Module, kwargs: dict[str, Any], dynamic_sha
 
     from ad_mlir.frontends.export_patches import routed_for_export
 
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export():
+    with heap_frozen(), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export():
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Within: the objects that existed before (torch's and the other loaded modules', the model,
+    the exported graph) are left out of Python's cyclic garbage collection (`gc.freeze`), and
+    taken back at the end (`gc.unfreeze`). Why: a full collection visits every tracked object,
+    and exporting or compiling a model allocates enough to set off some; after a 32-layer Llama's
+    export each visits some 520,000 objects (0.3-0.5 s), in whichever stage allocates at the
+    time (measured, fresh process, 2 cores: time in the collector 0.59 -> 0.15 s over the stages
+    after the export, 0.25-0.32 -> 0.09 s in the export). Garbage made within is collected as before; garbage among the older objects waits
+    for the first collection after. Where objects are frozen already (a caller's `gc.freeze`, as
+    model servers do after loading, or an enclosing `heap_frozen`), nothing changes."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
