@@ -30,7 +30,10 @@ cached form generation uses. Three more fix the length only in the export for ge
 (batch and length both dynamic, the length down to 1): Aria's MoE block views its flattened
 input back for its shared experts (they get the input itself), Inkling2's dynamic short
 convolution flips an unfolded view (it flips a contiguous copy), and DeepSeek-V4's CSA compressor
-and indexer shift windows through a slice of windows - 1 (they shift by a concatenation). All are
+and indexer shift windows through a slice of windows - 1 (they shift by a concatenation). DeepSeek
+sparse attention's indexer (DeepSeek-V3.2 and its copies) takes `topk(min(index_topk, keys))`,
+whose check `min(index_topk, keys) <= keys` torch.export cannot prove for a length below
+index_topk; it ranks the scores padded with that many -inf columns (`_PaddedTopk`). All are
 `METHODS`.
 """
 
@@ -364,12 +367,44 @@ def _deepseek_v4_csa_compressor(original: Callable[..., Any]) -> Callable[..., A
     return forward
 
 
+class _PaddedTopk(torch.overrides.TorchFunctionMode):
+    """`scores.topk(k)` over the last dim with a symbolic `k` (HF's `min(index_topk, keys)`) as
+    the top-k of the scores padded with k columns of -inf, the padding's indices clamped to the
+    last key. torch.export cannot prove topk's own check `min(index_topk, keys) <= keys` (its
+    guard fixes the length unless index_topk is at most the least length it traces, 2); over
+    keys + k columns it holds. A padded column is picked only where fewer than k scores are
+    finite, so every finite one is picked too: the last key is then either picked already or -inf,
+    as the -inf columns HF picks there (which the attention's mask masks)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not torch.Tensor.topk or len(args) != 2 or not isinstance(args[1], torch.SymInt) or \
+                kwargs not in ({"dim": -1}, {}) or args[0].dim() == 0:
+            return func(*args, **kwargs)
+        scores, k = args
+        keys = scores.shape[-1]
+        padded = torch.nn.functional.pad(scores, (0, k), value=float("-inf"))
+        best = padded.topk(k, dim=-1)
+        return torch.return_types.topk((best.values, best.indices.clamp(max=keys - 1)))
+
+
+def _deepseek_v32_indexer(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `DeepseekV32Indexer.forward` and its copies, HF's own, its top-k through
+    `_PaddedTopk`."""
+    def forward(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with _PaddedTopk():
+            return original(self, *args, **kwargs)
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
 
 EXPERTS = ("self", "hidden_states", "top_k_index", "top_k_weights")
 DEEPSEEK_V4_COMPRESSOR = ("self", "hidden_states", "q_residual", "position_ids", "cache", "layer_idx")
+DSA_INDEXER = ("self", "hidden_states", "q_resid", "position_embeddings", "attention_mask", "position_ids", "cache")
 DYNAMIC_CONVOLUTION = ("self", "hidden_states", "dynamic_input", "cache", "conv_mask", "cache_offset", "kwargs")
 METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
     "DbrxExperts": ("forward", EXPERTS, _always(_dbrx_experts_dense)),
@@ -385,12 +420,15 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
     "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
+    **{name: ("forward", DSA_INDEXER, _deepseek_v32_indexer)
+       for name in ("DeepseekV32Indexer", "GlmMoeDsaIndexer", "AXK2Indexer", "HYV4Indexer", "Dots3NoteTextIndexer")},
 }
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
-without a cache, Aria's MoE block, and Inkling2's dynamic short convolution and DeepSeek-V4's CSA
-compressor and indexer without a cache. A class whose method takes other parameters (another transformers version) is
+without a cache, Aria's MoE block, Inkling2's dynamic short convolution, DeepSeek-V4's CSA
+compressor and indexer without a cache, and DeepSeek sparse attention's indexers (HF's own, their
+top-k padded). A class whose method takes other parameters (another transformers version) is
 left alone."""
 
 

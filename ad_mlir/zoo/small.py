@@ -47,10 +47,7 @@ expert (Qwen2-MoE's default of 5632 runs as 88 virtual experts of 64 in `ad.moe`
 (here 16 : 32 : 32 : 64), so that the query/key head dim (48) differs from the value's (32).
 The token indexer of DeepSeek sparse attention (DeepSeek-V3.2, GLM-5, dots.3 note...) keeps the
 `index_topk` best keys of each query (2048 by default), `min(index_topk, keys)` of them: with 2,
-the shortest length the export allows (`bench.families`' dynamic length starts at 2), that
-minimum is `index_topk` at every length (with a larger one torch.export cannot tell, and fails on
-its guard `min(2048, seq) <= seq`), and at the sweep's lengths the selection is really sparse
-(with 2048 HF would select every key). Inkling's LM head has an output size of its own
+at the sweep's lengths the selection is really sparse (with 2048 HF would select every key). Inkling's LM head has an output size of its own
 (`unpadded_vocab_size`, default 200058): the vocabulary's, or greedy tokens fall outside the
 embedding."""
 

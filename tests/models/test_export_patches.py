@@ -156,12 +156,15 @@ def test_minimax_exports_its_lightning_attention_as_a_scan() -> None:
 GENERATION_EXPORTS = {
     "inkling2_text": ({"layer_types": ["hybrid"]}, ["Inkling2DynamicShortConvolution"]),
     "deepseek_v4": ({"layer_types": ["compressed_sparse_attention"]}, ["DeepseekV4CSACompressor", "DeepseekV4Indexer"]),
+    "deepseek_v32": ({"index_topk": 8, "index_n_heads": 4, "index_head_dim": 32}, ["DeepseekV32Indexer"]),
 }
 """Families whose export for generation (batch and length dynamic, the length down to 1) fixed the
 length in HF's code, one layer of the kind that has it, and the classes replaced: Inkling2's
 dynamic short convolution on its `hybrid` layers (a flip of an unfold whose window and length
 strides are both 1: `seq < 4`), DeepSeek-V4's CSA compressor and its indexer (a shift of windows
-through a slice of windows - 1: `seq - 1 != 1`). Inkling2-Loop's copy of Inkling2's convolution is
+through a slice of windows - 1: `seq - 1 != 1`), DeepSeek-V3.2's sparse attention indexer with
+index_topk 8 (its `topk(min(8, keys))`: `min(8, seq) <= seq`; at 11 tokens the first 7 queries
+have fewer than 8 causal keys, so the padded top-k picks padding there). Inkling2-Loop's copy of Inkling2's convolution is
 `test_inkling2_loops_convolution_is_replaced_exactly`, Aria's `test_aria_generates_hf_tokens`."""
 
 

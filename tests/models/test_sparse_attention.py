@@ -167,3 +167,20 @@ def test_every_pass_verified(monkeypatch: pytest.MonkeyPatch) -> None:
     _, program = compile_program(export_for_cache(_model("deepseek_v32"), 2, 32),
                                  pipeline=cached_pipeline("default", 2, 32), verify=True)
     assert sum(isinstance(op, ad.CachedIndexTopkOp) for op in program.function.body.walk()) == 2
+
+
+def test_index_topk_past_some_prompt_lengths() -> None:
+    """index_topk 8 (HF's `topk(min(8, keys))`, which torch.export exports for any length through
+    `export_patches._PaddedTopk`): the 2- and 7-token prompts keep every causal key, the 11-token
+    one and the decode steps (up to 23 positions) 8 of them. Tokens against HF `generate` (three
+    prompts in two slots), per-step logits against HF's full-prefix forward within
+    `test_step_logits_match_hf_prefill_and_decode`'s tolerance."""
+    model = model_from_config(small_config("deepseek_v32", hidden_size=64, overrides={**INDEX, "index_topk": 8}))
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
+    assert [op.topk.value.data for op in llm.program.function.body.walk()
+            if isinstance(op, ad.CachedIndexTopkOp)] == [8, 8]
+    expected = [_hf_tokens(model, prompt, NEW_TOKENS) for prompt in PROMPTS]
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
+    assert [out.token_ids for out in outputs] == expected
+    _assert_step_logits_match(model, llm, atol=2e-5)

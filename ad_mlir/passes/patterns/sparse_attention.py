@@ -8,7 +8,10 @@ position t for each query s with small heads of its own and keeps the `index_top
     index[b, s, t]     = sum_h w[b, s, h] * scores[b, s, h, t]     (matmul of w [B, S, 1, H]; HY-V4
                                                                     scales w instead: scale 1)
     index              = masked_fill(index, ~causal, -inf)         (or index + additive mask)
-    chosen             = topk(index, min(index_topk, T)).indices
+    chosen             = topk(index, min(index_topk, T)).indices    (exported: the top-k of index
+                                                                    padded with min(index_topk, T)
+                                                                    columns of -inf, clamped to
+                                                                    T - 1: `export_patches`)
 and the attention's mask becomes `causal & ~scatter(ones, chosen, False)` (SDPA's boolean mask)
 or `masked_fill(causal, scatter(ones, chosen, False), lowest)` (the eager additive mask: the fill
 at most half the dtype's lowest, as `attention_masks.attended` reads masks). A layer
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, IntegerAttr, NoneAttr, NoneType
 from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
@@ -34,6 +37,9 @@ SCATTER = "aten.scatter.value"
 MASKED_FILL = "aten.masked_fill.Scalar"
 NEW_ONES = "aten.new_ones.default"
 SYM_MIN = "torch.sym_min"
+PAD = "aten.pad.default"
+CLAMP = "aten.clamp.default"
+SUB = "_operator.sub"
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,9 @@ def match_sparse_mask(mask: SSAValue) -> SparseMask | str | None:
     while isinstance(indices.owner, ad.CastOp):
         casts.append(indices.owner)
         indices = indices.owner.input
+    if (clamp := _last_key_clamp(indices)) is not None:
+        casts.append(clamp)
+        indices = clamp.inputs[0]
     topk = indices.owner
     if not _is_torch(topk, TOPK) or indices != topk.outputs[1]:
         return None
@@ -127,7 +136,7 @@ def _indexer(topk: ad.TorchOp) -> Indexer | str:
     k = _topk_count(topk)
     if k is None:
         return "its topk count is neither a constant nor min(index_topk, keys)"
-    scores, mask, fills = _masked(topk.inputs[0])
+    scores, mask, fills = _masked(_unpadded(topk))
     if mask is None:
         return "its scores are not masked by masked_fill(~mask, -inf) or an added mask"
     squeeze = producer(scores, ad.SqueezeOp)
@@ -161,6 +170,27 @@ def _topk_count(topk: ad.TorchOp) -> int | None:
     if _is_torch(bound, SYM_MIN) and isinstance(limit := bound.args.data[1], IntegerAttr):
         return limit.value.data
     return None
+
+
+def _last_key_clamp(indices: SSAValue) -> ad.TorchOp | None:
+    """`clamp(indices, max=keys - 1)`: `export_patches._PaddedTopk`'s indices of its padding
+    mapped to the last key (which the cached indexer's -1 stands for)."""
+    clamp = indices.owner
+    if not _is_torch(clamp, CLAMP) or len(clamp.inputs) != 2 or not isinstance(clamp.args.data[1], NoneAttr | NoneType):
+        return None
+    last = clamp.inputs[1].owner
+    return clamp if _is_torch(last, SUB) and _integer(last.args.data[1], 1) else None
+
+
+def _unpadded(topk: ad.TorchOp) -> SSAValue:
+    """What `topk` ranks, without the -inf columns `export_patches._PaddedTopk` appends (as many
+    as its count)."""
+    pad = topk.inputs[0].owner
+    if _is_torch(pad, PAD) and len(pad.inputs) == 2 and len(pad.args.data) == 4 and pad.inputs[1] == topk.inputs[1] and \
+            isinstance(fill := pad.args.data[3], FloatAttr) and fill.value.data == float("-inf") and \
+            isinstance(amounts := pad.args.data[1], ArrayAttr) and len(amounts) == 2 and _integer(amounts.data[0], 0):
+        return pad.inputs[0]
+    return topk.inputs[0]
 
 
 def _masked(scores: SSAValue) -> tuple[SSAValue, SSAValue | None, bool]:
