@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # torch loads after the arguments are parsed: --help stays fa
     from ad_mlir.llm.llm import LLM
 
 DEFAULT_PROMPT = "What is the capital of France?"
-BENCHMARK_REPEATS = 3
+BENCHMARK_REPEATS = 5
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -112,27 +112,28 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _benchmark(llm: LLM, outputs: list[GenerationOutput]) -> None:
     """Prefill time, time per decode token and tokens/s of ad-mlir and of HF eager `generate`
     (greedy, HF's dynamic cache) on the same prompts, one prompt at a time. Each time is the
-    fastest of `BENCHMARK_REPEATS` runs: a decode step of a tiny model is below the noise of one
-    run on a loaded machine, and the prefill (a one-token generation) subtracted from the whole
-    generation must not take a slower sample than it."""
+    fastest of `BENCHMARK_REPEATS` runs, the three runs taken in turn in each round: a decode step
+    of a tiny model is below the noise of one run on a loaded machine, and the prefill (a
+    one-token generation) subtracted from the whole generation must not take its samples in a
+    slower stretch than it."""
     import torch
 
-    def fastest(run: Callable[..., object], *args: object, **kwargs: object) -> float:
-        times = []
-        for _ in range(BENCHMARK_REPEATS):
-            start = time.perf_counter()
-            run(*args, **kwargs)
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def timed(run: Callable[..., object], *args: object, **kwargs: object) -> float:
+        start = time.perf_counter()
+        run(*args, **kwargs)
+        return time.perf_counter() - start
 
     for out in outputs:
         ids = out.prompt_token_ids
         n = len(out.token_ids)
-        prefill = fastest(llm.generate, [ids], max_new_tokens=1)
-        ours = fastest(llm.generate, [ids], max_new_tokens=n)
+        rounds = []
         with torch.no_grad():
-            hf = fastest(llm.model.generate, torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
-                         do_sample=False, use_cache=True)
+            for _ in range(BENCHMARK_REPEATS):
+                rounds.append((timed(llm.generate, [ids], max_new_tokens=1),
+                               timed(llm.generate, [ids], max_new_tokens=n),
+                               timed(llm.model.generate, torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
+                                     do_sample=False, use_cache=True)))
+        prefill, ours, hf = (min(times) for times in zip(*rounds, strict=True))
         per_token = (ours - prefill) / max(n - 1, 1)
         print(f"prompt of {len(ids)} tokens, {n} new: ad-mlir prefill {prefill * 1e3:.0f} ms, "
               f"{per_token * 1e3:.0f} ms per decode token, {n / ours:.1f} tokens/s; "

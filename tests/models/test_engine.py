@@ -41,7 +41,7 @@ class FedTokens:
     def __init__(self, llm: ad_mlir.LLM, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[int] = []
         step = llm.step
-        monkeypatch.setattr(llm, "step", lambda tokens, *a: self.calls.append(tokens.numel()) or step(tokens, *a))
+        monkeypatch.setattr(llm, "step", lambda tokens, *a, **k: self.calls.append(tokens.numel()) or step(tokens, *a, **k))
 
 
 def _run(engine: Engine, arrivals: dict[int, list[tuple[list[int], SamplingParams]]] | None = None,
