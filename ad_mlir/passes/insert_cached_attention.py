@@ -364,7 +364,10 @@ class InsertCachedAttentionPass(ModulePass):
     def _cached_indexer(self, fn: func.FuncOp, indexer: Indexer, layer: str, i: int, slots: SSAValue,
                         starts: SSAValue) -> SSAValue:
         """`ad.cached_index_topk` over a cache argument `index_key_cache_<i>` [max-batch,
-        max-seq-len, index head dim] in the key's dtype, placed before the `aten.topk` it replaces."""
+        max-seq-len, index head dim] in the key's dtype, placed before the `aten.topk` it replaces.
+        It keeps at most max-seq-len keys: a slot holds no more (DeepSeek-V3.2's index_topk of 2048
+        under a shorter cache would carry columns that are all -1)."""
+        k = min(indexer.k, self.max_seq_len)
         key_type = indexer.key.type
         cache_type = TensorType(key_type.element_type, [self.max_batch, self.max_seq_len, key_type.get_shape()[2]])
         cache = _append_argument(fn, cache_type, {ad.INPUT_ATTR: f"index_key_cache_{i}",
@@ -372,8 +375,8 @@ class InsertCachedAttentionPass(ModulePass):
         batch, seq = indexer.query.type.get_shape()[:2]
         chosen = ad.CachedIndexTopkOp.build(
             operands=[indexer.query, indexer.key, indexer.weights, cache, slots, starts],
-            properties={"scale": FloatAttr(indexer.scale, Float64Type()), "topk": IntegerAttr(indexer.k, i64)},
-            result_types=[TensorType(i64, [batch, seq, indexer.k])])
+            properties={"scale": FloatAttr(indexer.scale, Float64Type()), "topk": IntegerAttr(k, i64)},
+            result_types=[TensorType(i64, [batch, seq, k])])
         chosen.location = indexer.topk.location
         chosen.result.name_hint = "selected"
         Rewriter.insert_op(chosen, InsertPoint.before(indexer.topk))

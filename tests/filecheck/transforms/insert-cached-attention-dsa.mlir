@@ -7,6 +7,7 @@
 // whose mask reuses the same topk (GLM-5's "shared" indexer layers) gets the same selection and
 // no cache of its own.
 // RUN: ad-opt %s --split-input-file -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
+// RUN: ad-opt %s --split-input-file -p 'insert-cached-attention{max-batch=2 max-seq-len=4}' | filecheck %s --check-prefix=CAP
 
 // CHECK-LABEL: func.func @dsa
 // CHECK-SAME:  %index_key_cache{{.*}}: tensor<2x16x4xf32> {ad.input = "index_key_cache_0", ad.cache = "model.layers.0.self_attn index_key"}
@@ -77,7 +78,9 @@ func.func @dsa(%q_nope: tensor<1x2x?x8xf32> {ad.input = "q_nope"}, %q_rot: tenso
 
 // The same indexer exported with index_topk 8 (`export_patches._PaddedTopk`): its top-k over the
 // scores padded with min(8, keys) columns of -inf, the indices clamped to the last key. The pad
-// and the clamp go with the topk; the indexer keeps 8.
+// and the clamp go with the topk; the indexer keeps 8, or as many as a slot holds (4 at max-seq-len 4).
+// CAP-LABEL:   func.func @dsa_padded
+// CAP:         ad.cached_index_topk {{.*}} topk 4 : {{.*}} -> tensor<1x?x4xi64>
 // CHECK-LABEL: func.func @dsa_padded
 // CHECK-NOT:   aten.pad
 // CHECK:       %[[SEL:.*]] = ad.cached_index_topk %iq, %ik, %iw cache %index_key_cache slots %cache_slots starts %cache_starts scale 5.000000e-01 topk 8 : {{.*}} -> tensor<1x?x8xi64>
