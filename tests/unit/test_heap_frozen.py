@@ -44,12 +44,15 @@ def test_taken_back_when_the_body_raises() -> None:
 
 
 def test_a_callers_freeze_is_left_alone() -> None:
+    """Neither frozen again within (an object made after the caller's freeze stays tracked) nor
+    taken back after (the caller's frozen objects stay frozen). Not an exact count: a frozen
+    object another thread frees (pytest-xdist's) leaves the count."""
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
+        after_freeze = _Old()
         with heap_frozen():
-            pass
-        assert gc.get_freeze_count() == frozen
+            assert _tracked(after_freeze)
+        assert gc.get_freeze_count() > 0 and _tracked(after_freeze)
     finally:
         gc.unfreeze()
 
