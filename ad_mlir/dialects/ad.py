@@ -2034,28 +2034,15 @@ class CachedMlaAttentionOp(AdOp):
         return heads, nope, rope, rank, _shape(self.kv_b_weight.type)[0] // heads - nope
 
     def verify_op(self) -> None:
-        qn, qr, lat, kr, w, cache = (_shape(x.type) for x in (self.q_nope, self.q_rope, self.latent, self.k_rope,
-                                                               self.kv_b_weight, self.cache))
-        if not len(qn) == len(qr) == len(lat) == len(kr) == 4 or DYNAMIC_INDEX in (*qn[1:2], *qn[3:], *qr[3:], lat[3]):
-            raise VerifyException("ad.cached_mla_attention q_nope/q_rope must be [batch, heads, seq, dim] and "
-                                  "latent/k_rope [batch, 1, seq, dim], heads and dims static")
-        if qr[:3] != qn[:3] or lat[1] != 1 or kr[:3] != lat[:3] or (lat[0], lat[2]) != (qn[0], qn[2]) \
-                or kr[3] != qr[3]:
-            raise VerifyException("ad.cached_mla_attention q_nope/q_rope [batch, heads, seq, *] and latent/k_rope "
-                                  "[batch, 1, seq, *] must agree in batch and seq, q_rope and k_rope in the rope dim")
-        heads, nope, rope, rank = qn[1], qn[3], qr[3], lat[3]
-        if len(w) != 2 or w[1] != rank or w[0] % heads or w[0] // heads <= nope:
-            raise VerifyException(f"ad.cached_mla_attention kv_b_weight must be [{heads} * ({nope} + v_dim), {rank}]")
+        qn, heads, nope, rope, rank = _verify_mla_inputs(self, "batch", "seq", "batch and seq")
+        cache = _shape(self.cache.type)
         if len(cache) != 3 or cache[2] != rank + rope or self.cache.type.element_type != self.latent.type.element_type:
             raise VerifyException(f"ad.cached_mla_attention cache must be [slots, max_seq, {rank} + {rope}] of the "
                                   "latent's element type")
-        if not self.q_nope.type.element_type == self.q_rope.type.element_type == self.latent.type.element_type \
-                == self.k_rope.type.element_type:
-            raise VerifyException("ad.cached_mla_attention queries, latent and k_rope must have one element type")
         for meta in (self.slots, self.starts):
             if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
                 raise VerifyException("ad.cached_mla_attention slots/starts must be tensor<batch x i64>")
-        v_dim = w[0] // heads - nope
+        v_dim = _shape(self.kv_b_weight.type)[0] // heads - nope
         if self.result.type != TensorType(self.q_nope.type.element_type, [*qn[:3], v_dim]):
             raise VerifyException(f"ad.cached_mla_attention result must be [batch, {heads}, seq, {v_dim}] in the "
                                   "query's element type")
@@ -2063,6 +2050,27 @@ class CachedMlaAttentionOp(AdOp):
             _verify_selected(self.name, self.selected, (qn[0], qn[2]))
         if self.sinks is not None and _shape(self.sinks.type) != (heads,):
             raise VerifyException(f"ad.cached_mla_attention sinks must be [{heads}]")
+
+
+def _verify_mla_inputs(op: CachedMlaAttentionOp | PagedMlaAttentionOp, batch: str, seq: str,
+                       agree: str) -> tuple[tuple[int, ...], int, int, int, int]:
+    """The queries, latent, rope key and kv_b_weight of an MLA op, whose messages name the query's
+    leading dims `batch` and `seq` (what must `agree`): (q_nope's shape, heads, nope, rope, rank)."""
+    qn, qr, lat, kr, w = (_shape(x.type) for x in (op.q_nope, op.q_rope, op.latent, op.k_rope, op.kv_b_weight))
+    if not len(qn) == len(qr) == len(lat) == len(kr) == 4 or DYNAMIC_INDEX in (*qn[1:2], *qn[3:], *qr[3:], lat[3]) \
+            or (batch == "1" and qn[0] != 1):
+        raise VerifyException(f"{op.name} q_nope/q_rope must be [{batch}, heads, {seq}, dim] and "
+                              f"latent/k_rope [{batch}, 1, {seq}, dim], heads and dims static")
+    if qr[:3] != qn[:3] or lat[1] != 1 or kr[:3] != lat[:3] or (lat[0], lat[2]) != (qn[0], qn[2]) or kr[3] != qr[3]:
+        raise VerifyException(f"{op.name} q_nope/q_rope [{batch}, heads, {seq}, *] and latent/k_rope "
+                              f"[{batch}, 1, {seq}, *] must agree in {agree}, q_rope and k_rope in the rope dim")
+    heads, nope, rope, rank = qn[1], qn[3], qr[3], lat[3]
+    if len(w) != 2 or w[1] != rank or w[0] % heads or w[0] // heads <= nope:
+        raise VerifyException(f"{op.name} kv_b_weight must be [{heads} * ({nope} + v_dim), {rank}]")
+    if not op.q_nope.type.element_type == op.q_rope.type.element_type == op.latent.type.element_type \
+            == op.k_rope.type.element_type:
+        raise VerifyException(f"{op.name} queries, latent and k_rope must have one element type")
+    return qn, heads, nope, rope, rank
 
 
 def _verify_selected(name: str, selected: SSAValue, rows: tuple[int, int]) -> None:
@@ -2163,32 +2171,18 @@ class PagedMlaAttentionOp(AdOp):
         return _shape(self.pages.type)[1]
 
     def verify_op(self) -> None:
-        qn, qr, lat, kr, w, pages = (_shape(x.type) for x in (self.q_nope, self.q_rope, self.latent, self.k_rope,
-                                                               self.kv_b_weight, self.pages))
-        if not len(qn) == len(qr) == len(lat) == len(kr) == 4 or DYNAMIC_INDEX in (*qn[1:2], *qn[3:], *qr[3:], lat[3]) \
-                or qn[0] != 1:
-            raise VerifyException("ad.paged_mla_attention q_nope/q_rope must be [1, heads, tokens, dim] and "
-                                  "latent/k_rope [1, 1, tokens, dim], heads and dims static")
-        if qr[:3] != qn[:3] or lat[1] != 1 or kr[:3] != lat[:3] or (lat[0], lat[2]) != (qn[0], qn[2]) \
-                or kr[3] != qr[3]:
-            raise VerifyException("ad.paged_mla_attention q_nope/q_rope [1, heads, tokens, *] and latent/k_rope "
-                                  "[1, 1, tokens, *] must agree in tokens, q_rope and k_rope in the rope dim")
-        heads, nope, rope, rank = qn[1], qn[3], qr[3], lat[3]
-        if len(w) != 2 or w[1] != rank or w[0] % heads or w[0] // heads <= nope:
-            raise VerifyException(f"ad.paged_mla_attention kv_b_weight must be [{heads} * ({nope} + v_dim), {rank}]")
+        qn, heads, nope, rope, rank = _verify_mla_inputs(self, "1", "tokens", "tokens")
+        pages = _shape(self.pages.type)
         if len(pages) != 3 or pages[2] != rank + rope or self.pages.type.element_type != self.latent.type.element_type:
             raise VerifyException(f"ad.paged_mla_attention pages must be [pages, page_size, {rank} + {rope}] of the "
                                   "latent's element type")
         if pages[1] == DYNAMIC_INDEX or pages[1] < 1 or pages[1] & (pages[1] - 1):
             raise VerifyException(f"ad.paged_mla_attention page_size {pages[1]} must be a static power of two")
-        if not self.q_nope.type.element_type == self.q_rope.type.element_type == self.latent.type.element_type \
-                == self.k_rope.type.element_type:
-            raise VerifyException("ad.paged_mla_attention queries, latent and k_rope must have one element type")
         for name, meta, rank_of in (("query_starts", self.query_starts, 1), ("cache_starts", self.cache_starts, 1),
                                     ("block_tables", self.block_tables, 2)):
             if len(_shape(meta.type)) != rank_of or meta.type.element_type != i64:
                 raise VerifyException(f"ad.paged_mla_attention {name} must be a rank-{rank_of} i64 tensor")
-        v_dim = w[0] // heads - nope
+        v_dim = _shape(self.kv_b_weight.type)[0] // heads - nope
         if self.result.type != TensorType(self.q_nope.type.element_type, [*qn[:3], v_dim]):
             raise VerifyException(f"ad.paged_mla_attention result must be [1, {heads}, tokens, {v_dim}] in the "
                                   "query's element type")
