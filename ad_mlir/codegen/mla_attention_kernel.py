@@ -171,7 +171,7 @@ def {name}(q_lat, q_rope, latent, k_rope, cache, slots, starts, selected, o_lat,
 
 '''
 
-_BLOCK = '''@triton.jit
+MLA_BLOCK = '''@triton.jit
 def _mla_block(q_a, q_b, k_a, k_b, seen, m_i, l_i, acc, scale_log2):
     """One tile of keys into the online softmax: scores against the latent and the rope part,
     the latent itself as the values."""
@@ -256,7 +256,7 @@ _SPARSE_LAUNCH = '''def launch(kernel, tensors, scalars):
 def emit_mla_attention_module(dtype: torch.dtype, scale: float, name: str, header: str, sparse: bool = False) -> str:
     """The kernel file for MLA with queries, latent and cache of `dtype` and scores scaled by
     `scale`; with `sparse`, over each token's selected positions (module docstring)."""
-    parts = (_SPARSE, _BLOCK, _SHAPES, _SPARSE_LAUNCH) if sparse else (_DENSE, _BLOCK, _SHAPES, _DENSE_LAUNCH)
+    parts = (_SPARSE, MLA_BLOCK, _SHAPES, _SPARSE_LAUNCH) if sparse else (_DENSE, MLA_BLOCK, _SHAPES, _DENSE_LAUNCH)
     kernel = "".join(parts).format(name=name, dtype=str(dtype), elem=TL_DTYPE[dtype],
                                    precision=', input_precision="ieee"' if dtype == torch.float32 else "")
     constants = [dot_dtype_line(dtype), f"SCALE = {float(scale)!r}", f"LOG2E = {LOG2E!r}"]

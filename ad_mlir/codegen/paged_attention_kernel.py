@@ -74,7 +74,7 @@ def paged_prefill_blocks(width: int, dtype: torch.dtype, tokens: int, qk_norm: b
     return dataclasses.replace(blocks, num_warps=blocks.num_warps * 2)
 
 
-_KERNEL = '''\
+PAGE_ROWS = '''\
 @triton.jit
 def _page_rows(table, pos, row_mask, bt_s1, p_s0, p_s1, PAGE: tl.constexpr):
     """Offsets of positions `pos` of one sequence in a pool [pages, PAGE, ...] (strides p_s0,
@@ -83,6 +83,10 @@ def _page_rows(table, pos, row_mask, bt_s1, p_s0, p_s1, PAGE: tl.constexpr):
     return page * p_s0 + (pos % PAGE) * p_s1
 
 
+'''
+"""The block-table lookup every paged kernel uses (no template fields: it joins any template)."""
+
+_KERNEL = PAGE_ROWS + '''\
 @triton.jit
 def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, query_starts, cache_starts,
         block_tables, out, part_o, part_ml, n_tokens, n_heads, kv_group, n_splits, split_size,

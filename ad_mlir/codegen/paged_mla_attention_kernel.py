@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.mla_attention_kernel import LOG2E
+from ad_mlir.codegen.mla_attention_kernel import LOG2E, MLA_BLOCK
+from ad_mlir.codegen.paged_attention_kernel import PAGE_ROWS
 from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
 
 _KERNEL = '''
@@ -68,7 +69,7 @@ def {name}(q_lat, q_rope, latent, k_rope, pages, query_starts, cache_starts, blo
             rows = pages + _page_rows(table, ns, n_ok, bt_s1, p_s0, p_s1, PAGE)
             k_a = tl.load(rows[:, None] + rs[None, :] * p_s2, mask=n_ok[:, None] & r_ok[None, :], other=0.0)
             k_b = tl.load(rows[:, None] + (RANK + ps[None, :]) * p_s2, mask=n_ok[:, None] & p_ok[None, :], other=0.0)
-            m_i, l_i, acc = _paged_mla_block(q_a, q_b, k_a, k_b, n_ok[None, :], m_i, l_i, acc, scale_log2)
+            m_i, l_i, acc = _mla_block(q_a, q_b, k_a, k_b, n_ok[None, :], m_i, l_i, acc, scale_log2)
         for j0 in range(0, n_new, BLOCK_N):
             ns = j0 + tl.arange(0, BLOCK_N)
             n_ok = ns < n_new
@@ -77,7 +78,7 @@ def {name}(q_lat, q_rope, latent, k_rope, pages, query_starts, cache_starts, blo
             k_b = tl.load(k_rope + (first + ns[:, None]) * kr_st + ps[None, :] * kr_sd,
                           mask=n_ok[:, None] & p_ok[None, :], other=0.0)
             seen = n_ok[None, :] & (ns[None, :] <= ts[:, None])
-            m_i, l_i, acc = _paged_mla_block(q_a, q_b, k_a, k_b, seen, m_i, l_i, acc, scale_log2)
+            m_i, l_i, acc = _mla_block(q_a, q_b, k_a, k_b, seen, m_i, l_i, acc, scale_log2)
         out = acc / l_i[:, None]
         tl.store(o_lat + (toks[:, None] * heads + hs[:, None]) * RANK + rs[None, :], out,
                  mask=m_ok[:, None] & r_ok[None, :])
@@ -92,33 +93,9 @@ def {name}(q_lat, q_rope, latent, k_rope, pages, query_starts, cache_starts, blo
 
 
 @triton.jit
-def _page_rows(table, pos, row_mask, bt_s1, p_s0, p_s1, PAGE: tl.constexpr):
-    """Offsets of positions `pos` of one sequence in the pool [pages, PAGE, ...] (strides p_s0,
-    p_s1), through the sequence's block table row."""
-    page = tl.load(table + (pos // PAGE) * bt_s1, mask=row_mask, other=0)
-    return page * p_s0 + (pos % PAGE) * p_s1
-
-
-@triton.jit
 def _page_row(table, pos, bt_s1, p_s0, p_s1, PAGE: tl.constexpr):
-    """`_page_rows` of one position."""
+    """`_page_rows` (paged_attention_kernel.PAGE_ROWS) of one position."""
     return tl.load(table + (pos // PAGE) * bt_s1) * p_s0 + (pos % PAGE) * p_s1
-
-
-@triton.jit
-def _paged_mla_block(q_a, q_b, k_a, k_b, seen, m_i, l_i, acc, scale_log2):
-    """One tile of keys into the online softmax: scores against the latent and the rope part,
-    the latent itself as the values (the MLA template's `_mla_block`)."""
-    k_a = k_a.to(DOT_DTYPE)
-    qk = tl.dot(q_a, tl.trans(k_a){precision})
-    qk = tl.dot(q_b, tl.trans(k_b.to(DOT_DTYPE)), qk{precision})
-    s = tl.where(seen, qk * scale_log2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to({elem}).to(DOT_DTYPE), k_a, acc * alpha[:, None]{precision})
-    return m_new, l_i, acc
 
 
 OUTPUT_DTYPES = ({dtype},)
@@ -174,7 +151,7 @@ def emit_paged_mla_attention_module(dtype: torch.dtype, scale: float, page_size:
     `scale`, pages of `page_size` tokens (a power of two)."""
     if page_size < 1 or page_size & (page_size - 1):
         raise ValueError(f"paged mla kernel: page_size {page_size} must be a power of two")
-    kernel = _KERNEL.format(name=name, dtype=str(dtype), elem=TL_DTYPE[dtype], page=page_size,
+    kernel = (_KERNEL + PAGE_ROWS + MLA_BLOCK).format(name=name, dtype=str(dtype), elem=TL_DTYPE[dtype], page=page_size,
                             precision=', input_precision="ieee"' if dtype == torch.float32 else "")
     constants = [dot_dtype_line(dtype), f"SCALE = {float(scale)!r}", f"LOG2E = {LOG2E!r}"]
     return module_source(header, {"ad_mlir.codegen.mla_attention_kernel": ["mla_blocks"]}, constants, [kernel])
