@@ -328,10 +328,7 @@ class InsertCachedAttentionPass(ModulePass):
                 indexers[sparse.indexer.topk] = self._cached_indexer(fn, sparse.indexer, layer, len(indexers), slots,
                                                                      starts)
             selected = [indexers[sparse.indexer.topk]]
-        if self._window(fn, attention, layer) is not None:
-            raise PassFailedException(f"{layer}: MLA under a sliding-window mask is not cached (only causal MLA is)")
-        rank, rope = mla.latent.type.get_shape()[3], mla.k_rope.type.get_shape()[3]
-        cache_type = TensorType(mla.latent.type.element_type, [self.max_batch, self.max_seq_len, rank + rope])
+        cache_type = self._latent_type(fn, mla, layer, [self.max_batch, self.max_seq_len])
         cache = _append_argument(fn, cache_type, {ad.INPUT_ATTR: f"latent_cache_{i}", ad.CACHE_ATTR: f"{layer} latent"})
         cached = ad.CachedMlaAttentionOp.build(
             operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, slots, starts, selected,
@@ -382,6 +379,15 @@ class InsertCachedAttentionPass(ModulePass):
         Rewriter.insert_op(chosen, InsertPoint.before(indexer.topk))
         return chosen.result
 
+    def _latent_type(self, fn: func.FuncOp, mla: Mla, layer: str, rows: list[int]) -> TensorType:
+        """The type of MLA's cache of latent ++ rotated key part per token, [*rows, rank + rope] in
+        the latent's dtype (rows: slots and tokens, or pages and page rows); a sliding-window MLA
+        is refused."""
+        if self._window(fn, mla.attention, layer) is not None:
+            raise PassFailedException(f"{layer}: MLA under a sliding-window mask is not cached (only causal MLA is)")
+        rank, rope = mla.latent.type.get_shape()[3], mla.k_rope.type.get_shape()[3]
+        return TensorType(mla.latent.type.element_type, [*rows, rank + rope])
+
     def _replace_paged_mla(self, fn: func.FuncOp, mla: Mla, i: int, metadata: list[SSAValue]) -> None:
         """MLA's expanded attention -> `ad.paged_mla_attention` over a pool `latent_pages_<i>`
         [num-pages, page-size, rank + rope] in the latent's dtype (metadata: query_starts,
@@ -392,15 +398,8 @@ class InsertCachedAttentionPass(ModulePass):
             raise PerSequenceState(
                 f"{layer}: an MLA under DeepSeek sparse attention's key selection or with sink logits is cached in the "
                 "slot form only (paged=false)")
-        if attention.query.type.get_shape()[0] != 1:
-            raise PassFailedException(
-                f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the MLA query's batch "
-                f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
-                "(ad_mlir.llm.llm.export_flat)")
-        if self._window(fn, attention, layer) is not None:
-            raise PassFailedException(f"{layer}: MLA under a sliding-window mask is not cached (only causal MLA is)")
-        rank, rope = mla.latent.type.get_shape()[3], mla.k_rope.type.get_shape()[3]
-        pool_type = TensorType(mla.latent.type.element_type, [self.num_pages, self.page_size, rank + rope])
+        _refuse_batched(attention, layer, "MLA query")
+        pool_type = self._latent_type(fn, mla, layer, [self.num_pages, self.page_size])
         pool = _append_argument(fn, pool_type, {ad.INPUT_ATTR: f"latent_pages_{i}", ad.CACHE_ATTR: f"{layer} latent"})
         paged = ad.PagedMlaAttentionOp.build(
             operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, pool, *metadata],
@@ -484,11 +483,8 @@ class InsertCachedAttentionPass(ModulePass):
             raise PassFailedException(
                 f"{layer}: the RoPE positions do not come from a '{POSITION_INPUT}' input; export the model with "
                 f"{POSITION_INPUT} as an input so the cache can offset them")
-        if self.paged and attention.query.type.get_shape()[0] != 1:
-            raise PassFailedException(
-                f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the query's batch "
-                f"is {attention.query.type.get_shape()[0]}, not 1: export the model with input_ids [1, tokens] "
-                "(ad_mlir.llm.llm.export_flat)")
+        if self.paged:
+            _refuse_batched(attention, layer, "query")
         if self._sparse_mask(fn, attention, layer) is not None:
             raise PassFailedException(
                 f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
@@ -682,6 +678,16 @@ def _token_axis_is_next_to_last(value: SSAValue) -> bool:
 def _has_token_axis(value: SSAValue) -> bool:
     """A tensor with a dynamic dim (the flattened tokens'); weights and scalars have none."""
     return isinstance(value.type, TensorType) and DYNAMIC_INDEX in value.type.get_shape()
+
+
+def _refuse_batched(attention: Attention, layer: str, what: str) -> None:
+    """The paged form takes a step's tokens as one flattened sequence: `attention`'s query must
+    have batch 1 (`what` names the query in the error)."""
+    batch = attention.query.type.get_shape()[0]
+    if batch != 1:
+        raise PassFailedException(
+            f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the {what}'s batch "
+            f"is {batch}, not 1: export the model with input_ids [1, tokens] (ad_mlir.llm.llm.export_flat)")
 
 
 def _refuse_uncached_mixers(fn: func.FuncOp, missed: dict[Operation, str]) -> None:
