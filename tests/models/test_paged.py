@@ -141,6 +141,12 @@ def test_steps_that_forget_the_pages_are_seen(paged, monkeypatch: pytest.MonkeyP
     """The checks can fail: with the pools zeroed before each step (a step sees its own new
     tokens only), the second step's logits already differ from HF's."""
     model, llm = paged["smollm2"]
+    assert_forgotten_pages_are_seen(model, llm, ATOL["smollm2"], monkeypatch)
+
+
+def assert_forgotten_pages_are_seen(model: torch.nn.Module, llm: ad_mlir.LLM, atol: float,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_run_schedule` fails when the pools are zeroed before each step."""
     forward = llm.forward_flat
 
     def forgetful(*args: torch.Tensor) -> torch.Tensor:
@@ -150,7 +156,7 @@ def test_steps_that_forget_the_pages_are_seen(paged, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(llm, "forward_flat", forgetful)
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
-        _run_schedule(model, llm, ATOL["smollm2"])
+        _run_schedule(model, llm, atol)
 
 
 def test_the_paged_llm(paged) -> None:

@@ -15,7 +15,13 @@ import torch
 from kernel_guard import graph_kernels, kernels_ran
 from test_generate import PROMPTS, _hf_tokens
 from test_mla import LAYERS, RANK, ROPE, _model
-from test_paged import NUM_PAGES, PAGE_SIZE, _assert_tokens_are_hf, _run_schedule
+from test_paged import (
+    NUM_PAGES,
+    PAGE_SIZE,
+    _assert_tokens_are_hf,
+    _run_schedule,
+    assert_forgotten_pages_are_seen,
+)
 
 import ad_mlir
 from ad_mlir.dialects import ad
@@ -54,16 +60,7 @@ def test_flattened_steps_match_hf(paged_mla) -> None:  # noqa: ANN001
 def test_steps_that_forget_the_pages_are_seen(paged_mla, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The check can fail: with the pools zeroed before each step, a step's logits differ from HF's."""
     model, llm = paged_mla
-    forward = llm.forward_flat
-
-    def forgetful(*args: torch.Tensor) -> torch.Tensor:
-        for pool in llm.caches.values():
-            pool.zero_()
-        return forward(*args)
-
-    monkeypatch.setattr(llm, "forward_flat", forgetful)
-    with pytest.raises(AssertionError, match="Tensor-likes are not close"):
-        _run_schedule(model, llm, ATOL)
+    assert_forgotten_pages_are_seen(model, llm, ATOL, monkeypatch)
 
 
 def test_in_the_interpreter(paged_mla, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
