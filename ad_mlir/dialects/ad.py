@@ -1544,9 +1544,9 @@ class MoeOp(KernelOp):
 
 CACHE_ATTR = "ad.cache"
 """On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
-cache, "<layer> conv_state" for a convolution's state, "<layer> ssm_state" / "<layer>
-recurrent_state" for a Mamba2 / gated-delta-rule state, "<layer> latent" for MLA's latent cache, the layer being the HF module path of
-the op it serves."""
+cache, "<layer> conv_state" for a convolution's state, "<layer> token_window" for a cached token
+window's, "<layer> ssm_state" / "<layer> recurrent_state" for a Mamba2 / gated-delta-rule state,
+"<layer> latent" for MLA's latent cache, the layer being the HF module path of the op it serves."""
 CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 """On the per-sequence metadata arguments of a cached module: each batch row's cache slot, and
 how many tokens that slot already holds."""
@@ -1803,6 +1803,67 @@ class CachedCausalConv1dOp(AdOp):
         if self.result.type != self.input.type:
             raise VerifyException("ad.cached_causal_conv1d result must have the input's type")
 
+
+
+@irdl_op_definition
+class CachedTokenWindowOp(AdOp):
+    """Each batch row's new tokens after the `width` rows that come before them, from a state
+    per slot that the op updates in place: the history that ops looking back at most `width`
+    tokens need (ZAYA's convolutions after a left pad of `width` zero tokens; its values
+    shifted by one token).
+
+    `input` holds the new tokens of each row along its token axis `dim` (not 0, the batch axis;
+    the other axes static). Row b uses slot `slots[b]` of `state` (`input`'s shape with the
+    slots for the batch and `width` rows for the tokens): the last `width` rows before the new
+    ones when `starts[b]` > 0; when it is 0 (a new sequence), `initial`'s row b (`input`'s shape
+    with `width` tokens: what the model puts before its first token), or zeros without it. The
+    result is those `width` rows followed by the new ones (`width` + seq along `dim`), so its
+    row i holds the token `width` before new token i; afterwards the slot holds the result's
+    last `width` rows. Not pure: it writes the state."""
+
+    name = "ad.cached_token_window"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    initial = opt_operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    dim = prop_def(IntegerAttr[I64])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input (`initial` $initial^)? `state` $state `slots` $slots `starts` $starts `dim` $dim attr-dict `:` `(` "
+        "type($input) `,` type($state) `,` type($slots) `,` type($starts) (`,` type($initial)^)? `)` `->` "
+        "type($result)"
+    )
+
+    def width(self) -> int:
+        return _shape(self.state.type)[self.dim.value.data]
+
+    def verify_op(self) -> None:
+        x, state, d = _shape(self.input.type), _shape(self.state.type), self.dim.value.data
+        if len(x) < 2 or not 0 < d < len(x):
+            raise VerifyException(f"ad.cached_token_window dim {d} must be an axis of the input other than the batch "
+                                  "axis 0")
+        rest = [i for i in range(1, len(x)) if i != d]
+        if any(x[i] == DYNAMIC_INDEX for i in rest):
+            raise VerifyException("ad.cached_token_window input must be static but for its batch and token axes")
+        if len(state) != len(x) or state[d] in (DYNAMIC_INDEX, 0) or any(state[i] != x[i] for i in rest) \
+                or state[0] == DYNAMIC_INDEX:
+            raise VerifyException("ad.cached_token_window state must be the input's shape with static slots and "
+                                  "width for its batch and token axes")
+        if self.state.type.element_type != self.input.type.element_type:
+            raise VerifyException("ad.cached_token_window state must have the input's element type")
+        width = state[d]
+        rows = [x[0], *(width if i == d else x[i] for i in range(1, len(x)))]
+        if self.initial is not None and (not shapes_compatible(_shape(self.initial.type), tuple(rows))
+                                         or self.initial.type.element_type != self.input.type.element_type):
+            raise VerifyException(f"ad.cached_token_window initial must be {rows} of the input's element type")
+        for meta in (self.slots, self.starts):
+            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
+                raise VerifyException("ad.cached_token_window slots/starts must be tensor<batch x i64>")
+        tokens = DYNAMIC_INDEX if x[d] == DYNAMIC_INDEX else x[d] + width
+        if self.result.type != TensorType(self.input.type.element_type, [*x[:d], tokens, *x[d + 1:]]):
+            raise VerifyException("ad.cached_token_window result must be the input's type with width + seq tokens")
 
 def _verify_state_metadata(op: Operation, name: str, state_shape: tuple[int, ...]) -> None:
     """A recurrent state [slots, *state_shape] in fp32 and tensor<batch x i64> slots/starts."""
@@ -2518,7 +2579,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, CachedTokenWindowOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,

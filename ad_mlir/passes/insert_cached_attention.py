@@ -198,6 +198,7 @@ from ad_mlir.passes.patterns.scan_patterns import (
 )
 from ad_mlir.passes.patterns.sparse_attention import Indexer, SparseMask, match_sparse_mask
 from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions
+from ad_mlir.passes.patterns.token_window import PaddedConvs, Shift, match_left_pad, match_shift
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,8 @@ class InsertCachedAttentionPass(ModulePass):
         attentions, mlas = _split_mlas(found)
         for mixer, what in [*((c.conv, "short causal convolution") for c in _find_short_convs(fn)),
                             *((s.op, "Mamba2 state-space scan" if isinstance(s, SsmScan) else "gated delta rule")
-                              for s in _find_scans(fn))]:
+                              for s in _find_scans(fn)),
+                            *((_window_op(w), "cached token window") for w in _find_token_windows(fn))]:
             raise PerSequenceState(
                 f"{_layer(mixer)}: a {what} keeps a state per sequence, which the paged form (paged=true) does not "
                 "hold: compile this model in the slot form (paged=false)")
@@ -283,7 +285,9 @@ class InsertCachedAttentionPass(ModulePass):
         attentions, mlas = _split_mlas(found)
         convs = _find_short_convs(fn)
         scans = _find_scans(fn)
-        if attentions or mlas or convs or scans:
+        windows = _find_token_windows(fn)
+        states = [*convs, *scans, *windows]
+        if attentions or mlas or states:
             slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                      {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
             starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
@@ -294,6 +298,8 @@ class InsertCachedAttentionPass(ModulePass):
                 self._replace_conv(fn, conv, i, slots, starts)
             for i, scan in enumerate(scans):
                 self._replace_scan(fn, scan, i, slots, starts)
+            for i, window in enumerate(windows):
+                self._replace_window(fn, window, i, slots, starts)
             indexers: dict[ad.TorchOp, SSAValue] = {}
             for i, mla in enumerate(mlas):
                 self._replace_mla(fn, mla, i, slots, starts, indexers)
@@ -302,15 +308,16 @@ class InsertCachedAttentionPass(ModulePass):
             region_dce(fn.body)
             _positions_from_starts(fn, starts)
         _refuse_uncached_mixers(fn, missed)
-        if self.logits_indices and (attentions or mlas or convs or scans):
+        if self.logits_indices and (attentions or mlas or states):
             _gather_logits(fn, _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                                 {ad.INPUT_ATTR: "logits_indices", ad.LOGITS_INDICES_ATTR: ""}))
-        if not attentions and not mlas and not convs and not scans:
+        if not attentions and not mlas and not states:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
             return
-        log.info("insert-cached-attention: %d attentions, %d MLAs, %d short convolutions and %d scans cached (%d slots "
-                 "x %d tokens)", len(attentions), len(mlas), len(convs), len(scans), self.max_batch, self.max_seq_len)
+        log.info("insert-cached-attention: %d attentions, %d MLAs, %d short convolutions, %d scans and %d token windows "
+                 "cached (%d slots x %d tokens)", len(attentions), len(mlas), len(convs), len(scans), len(windows),
+                 self.max_batch, self.max_seq_len)
 
     def _replace_mla(self, fn: func.FuncOp, mla: Mla, i: int, slots: SSAValue, starts: SSAValue,
                      indexers: dict[ad.TorchOp, SSAValue]) -> None:
@@ -474,6 +481,37 @@ class InsertCachedAttentionPass(ModulePass):
         cached.location = conv.conv.location
         Rewriter.replace_op(conv.cut, cached)
         Rewriter.erase_op(conv.conv)
+
+    def _replace_window(self, fn: func.FuncOp, found: PaddedConvs | Shift, i: int, slots: SSAValue,
+                        starts: SSAValue) -> None:
+        """A left pad read by convolutions, or a shift by tokens -> `ad.cached_token_window` over a
+        state argument `token_window_<i>` (the input's shape with max-batch slots and `width`
+        tokens) in the input's dtype: the convolutions read it as they read the pad; the shift is
+        its first seq rows."""
+        x, at = found.input, _window_op(found)
+        shape = list(x.type.get_shape())
+        shape[0], shape[found.dim] = self.max_batch, found.width
+        state = _append_argument(fn, TensorType(x.type.element_type, shape),
+                                 {ad.INPUT_ATTR: f"token_window_{i}", ad.CACHE_ATTR: f"{_layer(at)} token_window"})
+        initial = [found.initial] if isinstance(found, Shift) else []
+        window = ad.CachedTokenWindowOp.build(operands=[x, initial, state, slots, starts],
+                                              properties={"dim": IntegerAttr(found.dim, i64)},
+                                              result_types=[at.results[0].type])
+        window.location = at.location
+        if isinstance(found, PaddedConvs):
+            Rewriter.replace_op(found.pad, window)
+            return
+        tokens = ad.SymSizeOp.build(operands=[x], properties={"dim": IntegerAttr(found.dim, i64)},
+                                    result_types=[IndexType()])
+        first = ad.SliceOp.build(operands=[window.result, [tokens.result]],
+                                 properties={"dim": IntegerAttr(found.dim, i64),
+                                             "static_bounds": DenseArrayBase.from_list(i64, [0, DYNAMIC_INDEX, 1])},
+                                 result_types=[found.cut.result.type])
+        for op in (tokens, first):
+            op.location = found.cut.location
+        Rewriter.insert_op([window, tokens], InsertPoint.before(found.cat))
+        Rewriter.replace_op(found.cut, first)
+        Rewriter.erase_op(found.cat)
 
     def _replace(self, fn: func.FuncOp, attention: Attention, i: int, metadata: list[SSAValue]) -> None:
         """`attention` -> `ad.cached_attention` (metadata: slots, starts) or, with `paged`,
@@ -805,6 +843,23 @@ def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule | SelectiveSca
 
 def _optional(value: SSAValue | None) -> list[SSAValue]:
     return [value] if value is not None else []
+
+
+def _find_token_windows(fn: func.FuncOp) -> list[PaddedConvs | Shift]:
+    """The left pads of tokens read by convolutions and the shifts by tokens of `fn`
+    (`token_window`), in program order."""
+    found = []
+    for op in fn.body.block.ops:
+        if isinstance(op, ad.TorchOp) and (match := _logged(match_left_pad(op), op, "pad")) is not None:
+            found.append(match)
+        elif isinstance(op, ad.CatOp) and (match := _logged(match_shift(op), op, "cat")) is not None:
+            found.append(match)
+    return found
+
+
+def _window_op(found: PaddedConvs | Shift) -> Operation:
+    """The op a cached token window replaces: the pad, or the shift's cat."""
+    return found.pad if isinstance(found, PaddedConvs) else found.cat
 
 
 def _find_short_convs(fn: func.FuncOp) -> list[ShortConv]:

@@ -22,6 +22,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, IndexType, NameLoc, TensorType
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
+from ad_mlir.passes.patterns.token_window import window_lead
 from ad_mlir.semantics.torch_ops import SEQUENCE_MIXER_OPS
 
 TO_THE_END = 2**63 - 1
@@ -241,7 +242,7 @@ def _torch_op(op: ad.TorchOp) -> str | None:
     target = op.target.data
     if target in SEQUENCE_MIXER_OPS:
         return f"{target}: a scan over the whole sequence whose state is not cached"
-    if not target.startswith(MIXING_TORCH_TARGETS):
+    if not target.startswith(MIXING_TORCH_TARGETS) or window_lead(op.results[0]) is not None:
         return None
     if any(_token_axes(v) for v in op.inputs):
         return f"{target} on a tensor with a token axis"

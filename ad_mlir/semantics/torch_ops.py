@@ -773,6 +773,30 @@ def _(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stat
     return torch.empty_like(input)
 
 
+@_writing_op("cached_token_window", mutates_args=("state",))
+def cached_token_window(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
+                        starts: torch.Tensor, dim: int) -> torch.Tensor:
+    """`ad.cached_token_window`: each row's new tokens along `dim` after the `width` rows before
+    them (its slot's state, or at start 0 `initial`'s row, zeros without it), the slot left
+    holding the last `width` rows. Gathers and writes the slots by index (no host sync: a decode
+    step stays capturable in a CUDA graph)."""
+    width = state.shape[dim]
+    before = state.index_select(0, slots)
+    fresh = initial.to(before.dtype) if initial is not None else torch.zeros_like(before)
+    started = (starts > 0).view(-1, *[1] * (before.dim() - 1))
+    window = torch.cat([torch.where(started, before, fresh), input], dim=dim)
+    state.index_copy_(0, slots, window.narrow(dim, window.shape[dim] - width, width))
+    return window
+
+
+@cached_token_window.register_fake
+def _(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
+      starts: torch.Tensor, dim: int) -> torch.Tensor:
+    shape = list(input.shape)
+    shape[dim] += state.shape[dim]
+    return input.new_empty(shape)
+
+
 def ssm_time_steps(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_min: float,
                    dt_max: float | None) -> torch.Tensor:
     """HF's Mamba2 time steps in fp32: dt + dt_bias, softplus, clamped, each step in dt's dtype."""
@@ -974,6 +998,7 @@ REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
+                 "cached_token_window",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
                  "paged_mla_attention",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import DYNAMIC_INDEX
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.semantics.op_table import attr_to_value
@@ -43,6 +43,20 @@ def match_short_conv(op: ad.TorchOp) -> ShortConv | str | None:
         return "its output is not cut back to the sequence's first tokens"
     return ShortConv(op, cut, x, weight, bias)
 
+
+
+def valid_conv_span(op: Operation) -> int | None:
+    """How many inputs before its own a `conv1d` output reads along the last axis, dilation x
+    (kernel - 1), when `op` is a valid one (stride 1, no padding: output t reads inputs t .. t +
+    span, so each output stands at its last input, span rows in) of [batch, channels, seq]; else None."""
+    if not isinstance(op, ad.TorchOp) or op.target.data != CONV1D:
+        return None
+    x, weight, _, stride, padding, dilation, _ = _conv1d_arguments(op)
+    shape, w_shape = x.type.get_shape(), weight.type.get_shape()
+    if len(shape) != 3 or len(w_shape) != 3 or w_shape[2] == DYNAMIC_INDEX or stride != [1] or padding != [0] \
+            or len(dilation) != 1:
+        return None
+    return dilation[0] * (w_shape[2] - 1)
 
 def _conv1d_arguments(op: ad.TorchOp) -> list:
     """`conv1d(input, weight, bias=None, stride=[1], padding=[0], dilation=[1], groups=1)`."""
