@@ -1854,10 +1854,11 @@ class CachedTokenWindowOp(AdOp):
         if self.state.type.element_type != self.input.type.element_type:
             raise VerifyException("ad.cached_token_window state must have the input's element type")
         width = state[d]
-        rows = [x[0], *(width if i == d else x[i] for i in range(1, len(x)))]
-        if self.initial is not None and (not shapes_compatible(_shape(self.initial.type), tuple(rows))
+        rows = [width if i == d else x[i] for i in range(1, len(x))]
+        if self.initial is not None and (not shapes_compatible(_shape(self.initial.type), (x[0], *rows))
                                          or self.initial.type.element_type != self.input.type.element_type):
-            raise VerifyException(f"ad.cached_token_window initial must be {rows} of the input's element type")
+            raise VerifyException(f"ad.cached_token_window initial must be [batch, {', '.join(map(str, rows))}] of "
+                                  "the input's element type")
         for meta in (self.slots, self.starts):
             if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
                 raise VerifyException("ad.cached_token_window slots/starts must be tensor<batch x i64>")

@@ -498,11 +498,13 @@ class InsertCachedAttentionPass(ModulePass):
                                               properties={"dim": IntegerAttr(found.dim, i64)},
                                               result_types=[at.results[0].type])
         window.location = at.location
+        window.result.name_hint = "window"
         if isinstance(found, PaddedConvs):
             Rewriter.replace_op(found.pad, window)
             return
         tokens = ad.SymSizeOp.build(operands=[x], properties={"dim": IntegerAttr(found.dim, i64)},
                                     result_types=[IndexType()])
+        tokens.result.name_hint = "tokens"
         first = ad.SliceOp.build(operands=[window.result, [tokens.result]],
                                  properties={"dim": IntegerAttr(found.dim, i64),
                                              "static_bounds": DenseArrayBase.from_list(i64, [0, DYNAMIC_INDEX, 1])},

@@ -45,3 +45,12 @@ func.func @gated_delta_rule(%q: tensor<?x?x2x16xbf16> {ad.input = "q"}, %k: tens
   %o = ad.torch_op "ad_mlir.chunk_gated_delta_rule.default"(%q, %k, %v, %g, %beta) ["transformers.models.qwen3_next.modeling_qwen3_next", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 64 : i64, true] {} : (tensor<?x?x2x16xbf16>, tensor<?x?x2x16xbf16>, tensor<?x?x4x8xbf16>, tensor<?x?x4xf32>, tensor<?x?x4xbf16>) -> tensor<?x?x4x8xbf16> loc("model.layers.0.linear_attn")
   func.return %o : tensor<?x?x4x8xbf16>
 }
+
+// -----
+
+// CHECK: model.layers.0.qkv_proj: a cached token window keeps a state per sequence, which the paged form (paged=true) does not hold: compile this model in the slot form (paged=false)
+func.func @token_window(%h: tensor<1x?x4xf32> {ad.input = "h"}, %start: tensor<1x1x4xf32> {ad.param = "model.layers.0.start"}) -> tensor<1x?x4xf32> {
+  %cat = ad.cat %start, %h dim 1 : (tensor<1x1x4xf32>, tensor<1x?x4xf32>) -> tensor<1x?x4xf32> loc("model.layers.0.qkv_proj")
+  %shift = ad.slice %cat dim 1 [0, -1, 1] : tensor<1x?x4xf32> -> tensor<1x?x4xf32> loc("model.layers.0.qkv_proj")
+  func.return %shift : tensor<1x?x4xf32>
+}

@@ -364,3 +364,14 @@ func.func @paged_mla_attention(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x
   // CHECK-NEXT: ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
   func.return
 }
+
+// A cached token window: ZAYA's 2 q/k inputs before a step ([slots, channels, 2] along the last
+// axis), and its one delayed value before a step, a sequence starting from its start row.
+func.func @cached_token_window(%x: tensor<?x192x?xbf16>, %st: tensor<8x192x2xbf16>, %v: tensor<?x?x32xbf16>, %v0: tensor<?x1x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>) {
+  // CHECK-LABEL: func.func @cached_token_window
+  %0 = ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x192x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
+  // CHECK-NEXT: ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x192x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
+  %1 = ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
+  // CHECK-NEXT: ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
+  func.return
+}
