@@ -1,8 +1,9 @@
 """`insert-cached-attention`: every causal attention becomes `ad.cached_attention` over K/V
-caches, every short causal convolution `ad.cached_causal_conv1d` over a state, and every
-recurrent scan `ad.cached_ssm_scan` / `ad.cached_gated_delta_rule` over a state, each cache a new
-argument of the function (AutoDeploy's cache-initialization stage); a graph left with any other
-op that mixes token positions is refused.
+caches, every short causal convolution `ad.cached_causal_conv1d` over a state, every recurrent
+scan `ad.cached_ssm_scan` / `ad.cached_gated_delta_rule` over a state, and the history that
+padded convolutions and shifts by tokens read an `ad.cached_token_window` over a state, each
+cache a new argument of the function (AutoDeploy's cache-initialization stage); a graph left
+with any other op that mixes token positions is refused.
 
 For each `ad.rope_attention` (and plain `ad.attention`), in program order (what the fused op
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
@@ -53,6 +54,20 @@ HF's short causal convolution (LFM2: a depthwise `conv1d` padded by kernel - 1 a
 the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d` over an
 argument `conv_state_<i>` [max-batch, channels, kernel - 1] in the input's dtype, marked
 `ad.cache = "<layer> conv_state"`: the inputs of the kernel - 1 tokens before a step.
+
+Ops that read at most W tokens back from a sequence after W rows that hold no token
+(`patterns/token_window.py`) get a cached token window: a left pad of W zero tokens read by
+stacked valid convolutions whose spans, dilation x (kernel - 1) each, add up to W (ZAYA's CCA
+q/k: a pad of (2 - 1) + (2 - 1) before convolutions of kernels 2 and 2), and a shift by W tokens,
+`cat([start, x])[:-W]` along a token axis whose W start rows are computed from no token (ZAYA's
+delayed values, W = 1, start `v_proj_delayed(zeros)`). The pad, or the cat, becomes
+`ad.cached_token_window` over an argument `token_window_<i>` (the input's shape with max-batch
+slots and W tokens) in the input's dtype, marked `ad.cache = "<layer> token_window"`: the W rows
+before a step, which the op puts in front of the step's tokens (at a sequence's start zeros, or
+the shift's start rows), as HF's cache does. The convolutions run unchanged on those W + seq
+rows, and each of their outputs is its own token's; the shift becomes the window's first seq
+rows. A pad whose convolutions look back less or more than W, or a shift whose start rows read a
+token, is left as it is and refused below.
 
 HF's chunked scans, as the export patches route them (`frontends/export_patches.py`: one
 opaque op over the whole sequence, `scan_patterns`), become their cached ops over an fp32 state
@@ -131,8 +146,8 @@ as above) becomes `ad.paged_mla_attention` with the same metadata over one pool
 `latent_pages_<i>` [num-pages, page-size, kv_lora_rank + qk_rope_head_dim] in the latent's dtype,
 marked `ad.cache = "<layer> latent"`: its pages hold the latent ++ rotated key part, not the
 heads' K and V. States that are per
-sequence (short convolutions, scans) are not paged: a model with one is refused, naming the
-layer and the mixer (compile it in the slot form).
+sequence (short convolutions, scans, token windows) are not paged: a model with one is refused,
+naming the layer and the mixer (compile it in the slot form).
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ counted inside the graph).
 
 In a graph compiled for generation, a decode step sees only its new tokens: what a position
 needs from earlier ones must come from a cache. `insert-cached-attention` caches attention, HF's
-short causal convolution and the export patches' chunked scans, so any other op that mixes
-positions would silently see a one-token sequence.
+short causal convolution, the export patches' chunked scans and the history that padded
+convolutions and shifts read (`ad.cached_token_window`), so any other op that mixes positions
+would silently see a one-token sequence. A valid convolution that looks back no further than the
+rows a cached token window put before the step's tokens (`token_window.window_lead`) reads only
+what the window holds, and is no mixer.
 Token axes are told by their type: the export for the cache makes batch and sequence dynamic,
 and every axis computed from them stays dynamic (`?`), while model sizes are static.
 """
