@@ -182,9 +182,9 @@ def cache_layout(llm: LLM) -> str:
 
 def paged_where_possible(model: torch.nn.Module | str, page_size: int | None, **kwargs: Any) -> LLM:
     """`LLM(model, page_size=page_size, **kwargs)`, the paged form, for a model whose mixers are all
-    attention; a model with a mixer that keeps a state per sequence (a short convolution, a scan),
-    which the paged form does not hold, gets the slot form instead, with a warning saying why.
-    `page_size` None: the slot form."""
+    attention; a model with a mixer that keeps a state per sequence (a short convolution, a scan
+    or a token window), which the paged form does not hold, gets the slot form instead, with a
+    warning saying why. `page_size` None: the slot form."""
     from ad_mlir.zoo.checkpoints import load_causal_lm
 
     if page_size is None:

@@ -245,7 +245,7 @@ def _torch_op(op: ad.TorchOp) -> str | None:
     target = op.target.data
     if target in SEQUENCE_MIXER_OPS:
         return f"{target}: a scan over the whole sequence whose state is not cached"
-    if not target.startswith(MIXING_TORCH_TARGETS) or window_lead(op.results[0]) is not None:
+    if not target.startswith(MIXING_TORCH_TARGETS) or (op.results and window_lead(op.results[0]) is not None):
         return None
     if any(_token_axes(v) for v in op.inputs):
         return f"{target} on a tensor with a token axis"

@@ -79,7 +79,7 @@ def match_left_pad(op: ad.TorchOp) -> PaddedConvs | str | None:
     if args.get("mode", "constant") != "constant" or args.get("value") not in (None, 0, 0.0) or after != 0 \
             or width < 1:
         return f"it is not a left pad of zeros (pad {pad}, mode {args.get('mode')}, value {args.get('value')})"
-    if len(shape) != 3 or dim != 2:
+    if len(shape) != 3 or dim != 2 or not _static_rows(x, dim):
         return f"it pads axis {dim} of {list(shape)}, not the tokens of [batch, channels, seq]"
     convs, span, value = [], 0, op.results[0]
     while span < width:
@@ -114,7 +114,15 @@ def match_shift(op: ad.CatOp) -> Shift | str | None:
         return f"the {width} rows it puts before the tokens are not cut off their end ([:-{width}])"
     if not reads_no_token(initial):
         return "the rows it puts before the tokens are computed from the tokens"
+    if not _static_rows(x, dim):
+        return f"its rows {list(x.type.get_shape())} are not static but for the batch and token axes"
     return Shift(op, cut, x, initial, width, dim)
+
+
+def _static_rows(x: SSAValue, dim: int) -> bool:
+    """Each of `x`'s rows along token axis `dim` has a static shape (a window's state holds W of
+    them per slot)."""
+    return all(size != DYNAMIC_INDEX for i, size in enumerate(x.type.get_shape()) if i not in (0, dim))
 
 
 def reads_no_token(value: SSAValue) -> bool:
