@@ -41,6 +41,7 @@ from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.matching import (
     constant,
     is_last_dim_row_reduction,
+    is_masked_fill,
     other_operand,
     plain_binary,
     producer,
@@ -113,8 +114,7 @@ def match_key_bias(mask: SSAValue, query_heads: int) -> tuple[SSAValue, SSAValue
         repeat_kv(masked_fill(expand(unsqueeze(bias, 2), [-1, -1, queries, -1]), masked, lowest))"""
     filled, repeat = match_repeat_kv(mask, query_heads)
     op = filled.owner
-    if not (isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2
-            and op.args.data[0] == ad.OperandRefAttr(0) and filled.has_one_use()):
+    if not (is_masked_fill(op) and op.args.data[0] == ad.OperandRefAttr(0) and filled.has_one_use()):
         return None
     fill = op.args.data[2] if len(op.args.data) == 3 else None
     lowest = torch.finfo(torch_dtype(filled.type.element_type)).min
@@ -201,15 +201,16 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
     op = logits.owner
     if any(use.operation not in users for use in logits.uses):
         return "its input has other users"
-    if isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2:
+    if is_masked_fill(op):
         fill = op.args.data[2] if len(op.args.data) == 3 else None
         lowest = torch.finfo(torch_dtype(logits.type.element_type)).min
         if not isinstance(fill, FloatAttr) or fill.value.data > lowest / 2 or op.args.data[0] != ad.OperandRefAttr(0):
             return "its masked_fill does not fill the scores with a very negative number"
-        scores = _biased_scores(op.inputs[0])
+        mask, shape_ops = _expanded_as(op.inputs[1], op.inputs[0])
+        scores = _biased_scores(op.inputs[0], shape_ops)
         if scores is None:
             return "its masked scores are not matmul(q, k^T) * scale (+ a bias), each used only there"
-        return scores, op.inputs[1], True, [op], {}
+        return scores, mask, True, [op, *shape_ops], {}
     if (second := _second_mask(logits)) is not None:
         return second[0], None, False, second[1], second[2]
     if not plain_binary(op, ad.AddOp):
@@ -225,6 +226,19 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
         return found[0], mask, False, [op, *found[1]], found[2]
     return _buffer_mask(logits) or ("its masked scores are not matmul(q, k^T) * scale, soft-capped or not (+ a bias), "
                                     "each used only there")
+
+
+EXPAND_AS = "aten.expand_as.default"
+
+
+def _expanded_as(mask: SSAValue, scores: SSAValue) -> tuple[SSAValue, list[Operation]]:
+    """(m, [the expand_as]) when `mask` is `m.expand_as(scores)` (XLM's), used only there: the
+    broadcast masked_fill does to its mask anyway, reading the scores' shape alone; else (mask, [])."""
+    op = mask.owner
+    if isinstance(op, ad.TorchOp) and op.target.data == EXPAND_AS and tuple(op.inputs)[1:] == (scores,) \
+            and op.args.data[:2] == (ad.OperandRefAttr(0), ad.OperandRefAttr(1)) and mask.has_one_use():
+        return op.inputs[0], [op]
+    return mask, []
 
 
 def _second_mask(value: SSAValue) -> tuple[Scores, list[Operation], dict[str, object]] | None:
@@ -295,10 +309,11 @@ def _buffer_mask(logits: SSAValue) -> str | None:
     return None
 
 
-def _biased_scores(value: SSAValue) -> Scores | None:
+def _biased_scores(value: SSAValue, shape_readers: list[Operation] | None = None) -> Scores | None:
     """`_scores(value)`, or of one operand of `value` = scores + bias (ALiBi, BLOOM and MPT: a
-    tensor the insert pass evaluates)."""
-    if (scores := _scores(value)) is not None:
+    tensor the insert pass evaluates); `value` may also be read by `shape_readers` (for its
+    shape alone)."""
+    if (scores := _scores(value, shape_readers or [])) is not None:
         return (*scores, None)
     add = value.owner
     if not plain_binary(add, ad.AddOp) or not value.has_one_use():
@@ -554,15 +569,18 @@ def _is_baddbmm(value: SSAValue) -> bool:
     return isinstance(op, ad.TorchOp) and op.target.data == "aten.baddbmm.default" and len(op.args.data) == 3
 
 
-def _scores(value: SSAValue) -> tuple[ad.MatmulOp, float, float | None, list[Operation]] | None:
+def _scores(value: SSAValue, shape_readers: list[Operation] | None = None,
+            ) -> tuple[ad.MatmulOp, float, float | None, list[Operation]] | None:
     """(matmul, scale, softcap, ops users first) when `value` is `matmul * scale`, soft-capped
-    or not, and each value on the way has no other user (the probabilities stay internal)."""
+    or not, and each value on the way has no other user (the probabilities stay internal) but
+    `shape_readers`, which read `value`'s shape alone."""
     capped = _softcapped(value)
     scaled, softcap, cap_ops = capped if capped is not None else (value, None, [])
     unscaled, scale, scale_ops = _scaled(scaled)
     qk = producer(unscaled, ad.MatmulOp)
     ops = [*cap_ops, *scale_ops]
-    if qk is None or not all(r.has_one_use() for op in [*ops, qk] for r in op.results):
+    if qk is None or not all(sum(use.operation not in (shape_readers or []) for use in r.uses) == 1
+                             for op in [*ops, qk] for r in op.results):
         return None
     return qk, scale, softcap, ops
 

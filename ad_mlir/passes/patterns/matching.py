@@ -62,6 +62,17 @@ def dominates_op(value: SSAValue, op: Operation) -> bool:
     return owner.parent_block() is op.parent_block() and owner.is_before_in_block(op)
 
 
+MASKED_FILLS = frozenset({"aten.masked_fill.Scalar", "aten.masked_fill_.Scalar"})
+"""`masked_fill` and its in-place form (XLM's `scores.masked_fill_(mask, lowest)`, which the
+export keeps in place): the same value where the filled tensor has no other user, which the
+matchers require of the scores they match."""
+
+
+def is_masked_fill(op: Operation) -> bool:
+    """`op` is a torch `masked_fill(x, mask, number)`, in place or not."""
+    return isinstance(op, ad.TorchOp) and op.target.data in MASKED_FILLS and len(op.inputs) == 2
+
+
 PURE_TORCH_TARGETS = frozenset({"aten.repeat_interleave.self_int"})
 """Opaque torch ops known to have no side effect (the patterns compare and erase them)."""
 
