@@ -34,7 +34,9 @@ and indexer shift windows through a slice of windows - 1 (they shift by a concat
 sparse attention's indexer (DeepSeek-V3.2 and its copies) takes `topk(min(index_topk, keys))`,
 whose check `min(index_topk, keys) <= keys` torch.export cannot prove for a length below
 index_topk; it ranks the scores padded with that many -inf columns (`_PaddedTopk`). All are
-`METHODS`.
+`METHODS`. One more is replaced only in the export for generation (`GENERATION_METHODS`), whose
+steps hold only real tokens: XLM's mask of the positions past its count of tokens that are not
+its pad id, a sum over the tokens, as all ones (exact for sequences without the pad id).
 """
 
 from __future__ import annotations

@@ -35,7 +35,9 @@ an error naming the layer. The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone, and the refusal below says why it is no attention form (OpenAI-GPT's
-mask multiplied in from its triangular buffer in another form). GPT-Neo's `where(mask, scores, fill)`
+mask multiplied in from its triangular buffer in another form). XLM's scores, masked by an in-place
+`masked_fill_` (True where masked) of a mask `expand_as` the scores, are matched as MPT's
+`masked_fill` without a bias. GPT-Neo's `where(mask, scores, fill)`
 under HF's mask is matched: both masks are evaluated (the window is the narrower), the fill must be very
 negative; the mask and fill read the model's buffer and a lifted constant, whose values the
 compiler puts in scope (`attention_masks.constants_known`). OpenAI-GPT's

@@ -17,6 +17,9 @@ with x = scores + mask (casts allowed around the factor).
 ALiBi's scores carry a bias (`Attention.alibi`, which the insert pass evaluates), MPT's under a
 boolean mask that is True where it masks:
     p   = softmax(masked_fill(matmul(q, k^T) * scale + bias, mask, lowest))
+(XLM's fill is in place, `masked_fill_`, its mask `expand_as` the scores: the broadcast
+masked_fill makes anyway; its query divided by sqrt(head_dim) before the matmul is the query,
+scale 1)
 and BLOOM's are computed over [batch * heads] rows:
     s   = view(baddbmm(bias, view(q, [b * h, s, d]), transpose(view(k, ...), -1, -2), beta=1,
                alpha=scale), [b, h, s, keys])
