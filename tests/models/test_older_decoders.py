@@ -4,7 +4,8 @@ pad id and masks the hidden states past that count; the export for generation gi
 all-ones `attention_mask` (`export_patches.GENERATION_METHODS`: a step's tokens are all real, and
 in a sequence without the pad id HF's mask is all ones), its scores are masked by an in-place
 `masked_fill_` of a mask `expand_as` the scores. XLM without `causal` (its default, an MLM
-encoder) attends both ways and is refused by name.
+encoder) attends both ways and is refused by name, as CPM-Ant is: HF's forward marks every
+token as context, so each attends to later ones too.
 
 The model is built from its config class with wide random weights (greedy tokens vary). HF's own
 `generate` is no reference for XLM: its `prepare_inputs_for_generation` appends `mask_token_id`
@@ -94,3 +95,21 @@ def test_xlm_plain_export_keeps_hf_padding_mask() -> None:
         got, expected = ep.module()(input_ids=ids).logits, model(input_ids=ids).logits
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(expected[0, -1], model.pred_layer.proj.bias.detach())
+
+
+def test_cpmant_is_refused_by_its_bidirectional_mask() -> None:
+    """CPM-Ant's forward marks every token as context (HF's `context` is all ones), so each token
+    attends to every other, later ones too: a token's logits change when tokens follow it, which
+    no cache can give. Its attention (masked_fill with a `scalar_tensor` fill, the probabilities
+    zeroed again after the softmax) is matched, and its mask refused by name."""
+    config = small_config("cpmant", hidden_size=64)
+    config.initializer_range = 0.5
+    torch.manual_seed(0)
+    model = model_from_config(config).eval()
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        whole, prefix = model(ids).logits, model(ids[:, :4]).logits
+    assert (whole[0, 3] - prefix[0, 3]).abs().max() > 0.1  # measured: 1.9 on logits up to 15
+    with pytest.raises(PassFailedException, match="cpmant.encoder.layers.0.self_att.self_attention: its attention "
+                                                  "mask is neither causal"):
+        ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
