@@ -571,7 +571,11 @@ class InsertCachedAttentionPass(ModulePass):
         """CPM-Ant's mask that zeroes the probabilities after the softmax must be the scores'
         masked_fill mask `masked` (evaluated); a MaskError otherwise."""
         values = evaluate(fn, zeroed, self._inputs())
-        if values.dtype != torch.bool or not torch.equal(*torch.broadcast_tensors(values, masked)):
+        try:
+            same = values.dtype == torch.bool and torch.equal(*torch.broadcast_tensors(values, masked))
+        except RuntimeError:  # shapes that do not broadcast together
+            same = False
+        if not same:
             raise MaskError("its probabilities are zeroed after the softmax under a mask other than its scores' one")
 
     def _selected_window(self, fn: func.FuncOp, mask: SSAValue, fill: SSAValue) -> int | None:

@@ -45,7 +45,7 @@ from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.matching import (
     constant,
     is_last_dim_row_reduction,
-    masked_fill,
+    match_masked_fill,
     other_operand,
     plain_binary,
     producer,
@@ -123,7 +123,7 @@ def match_key_bias(mask: SSAValue, query_heads: int) -> tuple[SSAValue, SSAValue
         repeat_kv(masked_fill(expand(unsqueeze(bias, 2), [-1, -1, queries, -1]), masked, lowest))"""
     filled, repeat = match_repeat_kv(mask, query_heads)
     op = filled.owner
-    found = masked_fill(op) if filled.has_one_use() else None
+    found = match_masked_fill(op) if filled.has_one_use() else None
     if found is None:
         return None
     biased, masked, fill, fill_ops = found
@@ -217,7 +217,7 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
     op = logits.owner
     if any(use.operation not in users for use in logits.uses):
         return "its input has other users"
-    if (found := masked_fill(op)) is not None:
+    if (found := match_masked_fill(op)) is not None:
         filled, mask, fill, fill_ops = found
         if fill is None or fill > torch.finfo(torch_dtype(logits.type.element_type)).min / 2:
             return "its masked_fill does not fill the scores with a very negative number"
@@ -328,7 +328,7 @@ def _biased_scores(value: SSAValue, shape_readers: list[Operation] | None = None
     """`_scores(value)`, or of one operand of `value` = scores + bias (ALiBi, BLOOM and MPT: a
     tensor the insert pass evaluates); `value` may also be read by `shape_readers` (for its
     shape alone)."""
-    if (scores := _scores(value, shape_readers or [])) is not None:
+    if (scores := _scores(value, shape_readers)) is not None:
         return (*scores, None)
     add = value.owner
     if not plain_binary(add, ad.AddOp) or not value.has_one_use():
@@ -362,7 +362,7 @@ def _zeroed(probs: SSAValue) -> tuple[SSAValue, SSAValue, list[Operation]] | Non
     CPM-Ant's `masked_fill(probs, mask, 0)`, which zeroes the masked keys' probabilities after the
     softmax; else None."""
     user = sole_user(probs, ad.TorchOp)
-    found = masked_fill(user) if user is not None else None
+    found = match_masked_fill(user) if user is not None else None
     if found is None or found[0] != probs or found[2] != 0:
         return None
     return user.results[0], found[1], [user, *found[3]]
@@ -605,8 +605,9 @@ def _scores(value: SSAValue, shape_readers: list[Operation] | None = None,
     unscaled, scale, scale_ops = _scaled(scaled)
     qk = producer(unscaled, ad.MatmulOp)
     ops = [*cap_ops, *scale_ops]
-    if qk is None or not all(sum(use.operation not in (shape_readers or []) for use in r.uses) == 1
-                             for op in [*ops, qk] for r in op.results):
+    readers = shape_readers or []
+    if qk is None or not all(sum(use.operation not in readers for use in r.uses) == 1 for op in [*ops, qk]
+                             for r in op.results):
         return None
     return qk, scale, softcap, ops
 

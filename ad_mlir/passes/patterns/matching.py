@@ -70,7 +70,7 @@ matchers require of what they match) and its form with a 0-d tensor fill (CPM-An
 SCALAR_TENSOR = "aten.scalar_tensor.default"
 
 
-def masked_fill(op: Operation) -> tuple[SSAValue, SSAValue, float | None, list[Operation]] | None:
+def match_masked_fill(op: Operation) -> tuple[SSAValue, SSAValue, float | None, list[Operation]] | None:
     """(x, mask, the fill, [the fill's `scalar_tensor`]) when `op` is a torch `masked_fill(x,
     mask, fill)`, in place or not; the fill None where it is no number known here (a tensor not
     made by `torch.scalar_tensor` of one)."""
