@@ -45,10 +45,11 @@ def match_short_conv(op: ad.TorchOp) -> ShortConv | str | None:
 
 
 
-def valid_conv_span(op: Operation) -> int | None:
-    """How many inputs before its own a `conv1d` output reads along the last axis, dilation x
-    (kernel - 1), when `op` is a valid one (stride 1, no padding: output t reads inputs t .. t +
-    span, so each output stands at its last input, span rows in) of [batch, channels, seq]; else None."""
+def valid_conv(op: Operation) -> tuple[SSAValue, int] | None:
+    """The input of `op` when it is a valid `conv1d` (stride 1, no padding) of [batch, channels,
+    seq], and how many inputs before its own an output reads along the last axis, its span of
+    dilation x (kernel - 1) (output t reads inputs t .. t + span: it stands at its last input,
+    span rows in); else None."""
     if not isinstance(op, ad.TorchOp) or op.target.data != CONV1D:
         return None
     x, weight, _, stride, padding, dilation, _ = _conv1d_arguments(op)
@@ -56,7 +57,7 @@ def valid_conv_span(op: Operation) -> int | None:
     if len(shape) != 3 or len(w_shape) != 3 or w_shape[2] == DYNAMIC_INDEX or stride != [1] or padding != [0] \
             or len(dilation) != 1:
         return None
-    return dilation[0] * (w_shape[2] - 1)
+    return x, dilation[0] * (w_shape[2] - 1)
 
 def _conv1d_arguments(op: ad.TorchOp) -> list:
     """`conv1d(input, weight, bias=None, stride=[1], padding=[0], dilation=[1], groups=1)`."""

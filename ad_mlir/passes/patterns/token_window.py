@@ -21,7 +21,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, IndexType, TensorType
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.patterns.conv_patterns import valid_conv_span
+from ad_mlir.passes.patterns.conv_patterns import valid_conv
 from ad_mlir.semantics.op_table import attr_to_value, bound_arguments
 
 PAD_TARGETS = ("aten.pad.default", "aten.constant_pad_nd.default")
@@ -31,13 +31,13 @@ SHAPE_ONLY_TARGETS = ("aten.new_zeros.default", "aten.new_ones.default", "aten.n
 
 @dataclass(frozen=True)
 class PaddedConvs:
-    """`pad` puts `width` zero rows before `input`'s tokens along axis `dim`; `convs` read them."""
+    """`pad` puts `width` zero rows before `input`'s tokens along axis `dim`, which valid
+    convolutions looking back `width` tokens in all read."""
 
     pad: ad.TorchOp
     input: SSAValue
     width: int
     dim: int
-    convs: list[ad.TorchOp]
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ def window_lead(value: SSAValue) -> int | None:
     owner = value.owner
     if isinstance(owner, ad.CachedTokenWindowOp):
         return owner.width()
-    span = valid_conv_span(owner) if isinstance(owner, Operation) else None
-    lead = window_lead(owner.operands[0]) if span is not None else None
-    return lead - span if lead is not None and lead >= span else None
+    conv = valid_conv(owner) if isinstance(owner, Operation) else None
+    lead = window_lead(conv[0]) if conv is not None else None
+    return lead - conv[1] if lead is not None and lead >= conv[1] else None
 
 
 def match_left_pad(op: ad.TorchOp) -> PaddedConvs | str | None:
@@ -81,19 +81,17 @@ def match_left_pad(op: ad.TorchOp) -> PaddedConvs | str | None:
         return f"it is not a left pad of zeros (pad {pad}, mode {args.get('mode')}, value {args.get('value')})"
     if len(shape) != 3 or dim != 2 or not _static_rows(x, dim):
         return f"it pads axis {dim} of {list(shape)}, not the tokens of [batch, channels, seq]"
-    convs, span, value = [], 0, op.results[0]
+    span, value = 0, op.results[0]
     while span < width:
         use = value.get_unique_use()
-        conv = use.operation if use is not None and use.index == 0 else None
-        step = valid_conv_span(conv) if conv is not None else None
-        if step is None:
+        found = valid_conv(use.operation) if use is not None else None
+        if found is None or found[0] is not value:
             return (f"its {width} padded tokens are not all read by valid convolutions of [batch, channels, seq] "
                     f"(found spans adding up to {span})")
-        convs.append(conv)
-        span, value = span + step, conv.results[0]
+        span, value = span + found[1], use.operation.results[0]
     if span != width:
         return f"its convolutions look back {span} tokens, not the {width} it pads"
-    return PaddedConvs(op, x, width, dim, convs)
+    return PaddedConvs(op, x, width, dim)
 
 
 def match_shift(op: ad.CatOp) -> Shift | str | None:
