@@ -103,7 +103,7 @@ def match_shift(op: ad.CatOp) -> Shift | str | None:
     rank = len(x.type.get_shape())
     dim = (op.dim.value.data if op.dim is not None else 0) % rank
     width = initial.type.get_shape()[dim]
-    if dim == 0 or x.type.get_shape()[dim] != DYNAMIC_INDEX or width == DYNAMIC_INDEX:
+    if dim == 0 or x.type.get_shape()[dim] != DYNAMIC_INDEX or width in (DYNAMIC_INDEX, 0):
         return None
     use = op.result.get_unique_use()
     cut = use.operation if use is not None else None
