@@ -91,6 +91,9 @@ def kernel_region(op: Operation) -> KernelRegion:
             raise NoKernelForm(str(e)) from e
     if isinstance(op, ad.CachedMlaAttentionOp) and op.sinks is not None:
         raise NoKernelForm("the MLA template has no sink logits")
+    if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)) and op.query_starts is not None:
+        raise NoKernelForm(f"{op.name} over the paged form's flattened sequences (query_starts) has no kernel yet: "
+                           "its templates take batch rows")
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
     kernel_ops = [o for o in fused.body.block.ops if isinstance(o, KERNEL_OPS)]
     label = "_".join(dict.fromkeys(_kernel_label(o) for o in kernel_ops)) or None

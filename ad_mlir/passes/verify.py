@@ -80,7 +80,7 @@ def _cache_input(arg: SSAValue, attrs: DictionaryAttr, slots: int, pages: int) -
     b % slots (rows sharing a slot are harmless at start 0: nothing is read back), and the
     position ids 0..seq-1 that a prefill has (the pass dropped a mask computed from them). The
     paged form (`pages` > 0: the pools' page size) gets one sequence of all the tokens in pages
-    0, 1, .. and the logits of every token."""
+    0, 1, .. (and state slot 0) and the logits of every token."""
     names = attrs.data
     if ad.CACHE_ATTR in names:
         return torch.zeros(arg.type.get_shape(), dtype=T.torch_dtype(arg.type.element_type))
@@ -90,6 +90,8 @@ def _cache_input(arg: SSAValue, attrs: DictionaryAttr, slots: int, pages: int) -
         return torch.zeros(1 if pages else SEQ, dtype=torch.int64)
     if ad.QUERY_STARTS_ATTR in names:
         return torch.tensor([0, SEQ])
+    if ad.STATE_SLOTS_ATTR in names:
+        return torch.zeros(1, dtype=torch.int64)
     if ad.BLOCK_TABLES_ATTR in names:
         return torch.arange(-(-SEQ // pages))[None]
     if ad.LOGITS_INDICES_ATTR in names:
