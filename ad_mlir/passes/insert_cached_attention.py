@@ -136,9 +136,9 @@ sequence (short convolutions, scans) are not paged but kept in pools of `max-bat
 more argument, `state_slots` [seqs] (int64, marked `ad.state_slots`, after `logits_indices`),
 and each such op takes `query_starts` besides, so that it runs sequence by sequence over the
 flattened tokens, sequence s from slot `state_slots[s]`, from a zero state where its
-`cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring). Those ops have no kernel in this
-form yet (`NoKernelForm`: their torch reference runs). A model with such states and no attention
-has nothing to page and is refused (`PerSequenceState`).
+`cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels are the slot
+form's launched once per sequence (`codegen/by_sequence.py`). A model with such states and no
+attention has nothing to page and is refused (`PerSequenceState`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Per-sequence states in the paged form: hybrid models served over pages and state slots.
 
 LFM2 (short convolutions beside attention), Nemotron-H (Mamba2's scan and its convolution,
-MoE, attention) and Qwen3-Next (the gated delta rule and its convolution, gated attention),
+attention) and Qwen3-Next (the gated delta rule and its convolution, gated attention),
 tiny, wide-init (0.5) so that greedy tokens vary (`_hf_tokens` checks it) and a state that is
 wrong or missing shows. Their convolutions and scans keep a state per sequence in pools of
 `max_batch` slots beside the K/V pages (`state_slots`), run sequence by sequence over the
@@ -9,9 +9,10 @@ flattened step. `test_paged._run_schedule`'s flattened steps (a prefill chunk be
 a first chunk, a prompt split over two steps, pages out of order, state slots not the sequences'
 order) against HF's full-prefix forward; the paged scheduler (`PagedEngine`) on the compiled
 model against HF `generate` with arrivals while others decode, a prompt longer than the step's
-budget and a pool small enough to preempt. On the kernels' torch reference: the state ops have
-no kernel in the paged form (`NoKernelForm`), and the paged attention kernel is tested in
-test_paged.py."""
+budget and a pool small enough to preempt. On the kernels' torch reference, and Nemotron-H's
+steps (its convolution, scan and paged attention) with every kernel in the Triton interpreter:
+the state ops' kernels are the slot form's launched once per sequence (`codegen/by_sequence.py`;
+the gated delta rule's is checked so in tests/unit/test_recurrent_state_kernels.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import logging
 
 import pytest
 import torch
+from kernel_guard import graph_kernels, kernels_ran
 from test_generate import PROMPTS, _hf_tokens
 from test_paged import BLOCK_TABLES, NUM_PAGES, PAGE_SIZE, _assert_tokens_are_hf, _run_schedule
 from test_recurrent_mixers import CONFIGS
-from transformers import AutoModelForCausalLM, Lfm2Config, MambaConfig
+from transformers import AutoModelForCausalLM, Lfm2Config, MambaConfig, NemotronHConfig
 from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
@@ -34,7 +36,10 @@ from ad_mlir.runtime.kernels import reference_kernels
 LFM2 = Lfm2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"], pad_token_id=0,
                   max_position_embeddings=256, initializer_range=0.5)
-FAMILIES = {"lfm2": LFM2, "nemotron_h": CONFIGS["nemotron_h"], "qwen3_next": CONFIGS["qwen3_next"]}
+NEMOTRON_H = CONFIGS["nemotron_h"].to_dict() | {"layers_block_type": ["linear_attention", "full_attention"]}
+"""test_recurrent_mixers' Nemotron-H with its Mamba2 and attention layers only (its MoE and MLP
+layers keep no state and would only slow the interpreter run)."""
+FAMILIES = {"lfm2": LFM2, "nemotron_h": NemotronHConfig(**NEMOTRON_H), "qwen3_next": CONFIGS["qwen3_next"]}
 STATE_OPS = {"lfm2": (ad.CachedCausalConv1dOp,), "nemotron_h": (ad.CachedCausalConv1dOp, ad.CachedSsmScanOp),
              "qwen3_next": (ad.CachedCausalConv1dOp, ad.CachedGatedDeltaRuleOp)}
 SLOTS = 3
@@ -78,6 +83,17 @@ def test_flattened_steps_match_hf(hybrids, family: str) -> None:  # noqa: ANN001
     test_recurrent_mixers); greedy tokens fed back are HF's."""
     model, llm = hybrids[family]
     _assert_tokens_are_hf(model, _run_schedule(model, llm, 1e-5))
+
+
+def test_nemotron_h_in_the_interpreter(hybrids, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The same steps with every kernel in the Triton interpreter: the convolution's and the
+    scan's slot kernels launched once per sequence of the step (`codegen/by_sequence.py`), the
+    paged attention's, within the same fp32 tolerance."""
+    model, llm = hybrids["nemotron_h"]
+    kernels = graph_kernels(llm.graph)
+    for op in (*STATE_OPS["nemotron_h"], ad.PagedAttentionOp):
+        assert any(name.startswith(op.name.removeprefix("ad.")) for name in kernels), (op.name, kernels)
+    _assert_tokens_are_hf(model, _run_schedule(model, llm, 1e-5, lambda: kernels_ran(monkeypatch)))
 
 
 def test_steps_that_forget_the_states_are_seen(hybrids, monkeypatch: pytest.MonkeyPatch) -> None:
