@@ -1547,6 +1547,9 @@ CACHE_ATTR = "ad.cache"
 cache, "<layer> conv_state" for a convolution's state, "<layer> ssm_state" / "<layer>
 recurrent_state" for a Mamba2 / gated-delta-rule state, "<layer> latent" for MLA's latent cache, the layer being the HF module path of
 the op it serves."""
+PER_TOKEN_ROLES = ("key", "value", "latent", "index_key")
+"""`ad.cache` roles of the caches that hold every token of a slot (in the paged form: the page
+pools); the others are states of a fixed size per slot."""
 CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 """On the per-sequence metadata arguments of a cached module: each batch row's cache slot, and
 how many tokens that slot already holds."""

@@ -59,10 +59,6 @@ class CacheArgument:
     """The HF module path of the op it serves."""
 
 
-PER_TOKEN_ROLES = ("key", "value", "latent", "index_key")
-"""`ad.cache` roles of the caches that hold every token of a slot."""
-
-
 CACHE_BEFORE = ("decompose", "fuse-elementwise")
 """`insert-cached-attention` goes before the first of these passes."""
 
@@ -212,7 +208,7 @@ def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
         if ad.CACHE_ATTR in attrs.data:
             layer, role = attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)
             caches.append(CacheArgument(attrs.data[ad.INPUT_ATTR].data, tuple(arg.type.get_shape()),
-                                        torch_dtype(arg.type.element_type), role in PER_TOKEN_ROLES, layer))
+                                        torch_dtype(arg.type.element_type), role in ad.PER_TOKEN_ROLES, layer))
     return caches
 
 

@@ -113,7 +113,8 @@ def example_arguments(fn: func.FuncOp, weights: Mapping[str, torch.Tensor] | Non
                  if ad.CACHE_ATTR in attrs.data), default=1)
     paged = any(ad.BLOCK_TABLES_ATTR in attrs.data for attrs in arg_attrs)
     page_size = next((a.type.get_shape()[1] for a, attrs in zip(block_args, arg_attrs, strict=True)
-                      if ad.CACHE_ATTR in attrs.data), 0) if paged else 0
+                      if ad.CACHE_ATTR in attrs.data
+                      and attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)[1] in ad.PER_TOKEN_ROLES), 0) if paged else 0
     args = []
     for arg, attrs in zip(block_args, arg_attrs, strict=True):
         weight = weight_of(attrs)
