@@ -1789,9 +1789,9 @@ class CachedCausalConv1dOp(AdOp):
     result = result_def(AdTensor)
     assembly_format = (
         "$input `,` $weight (`bias` $bias^)? `state` $state `slots` $slots `starts` $starts "
-        "(`query_starts` $query_starts^)? attr-dict `:` `(` "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` `(` "
         "type($input) `,` type($weight) `,` type($state) `,` type($slots) `,` type($starts) (`,` type($bias)^)? "
-        "(`,` `query_starts` type($query_starts)^)? `)` `->` type($result)"
+        "`)` `->` type($result)"
     )
 
     def kernel_size(self) -> int:
@@ -1877,10 +1877,10 @@ class CachedSsmScanOp(AdOp):
     assembly_format = (
         "$input `,` $dt `,` $a `,` $b `,` $c (`d` $d^)? (`dt_bias` $dt_bias^)? (`dt_softplus` $dt_softplus^)? "
         "(`dt_min` $dt_min^)? (`dt_max` $dt_max^)? `state` $state `slots` $slots `starts` $starts "
-        "(`query_starts` $query_starts^)? attr-dict `:` "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` "
         "`(` type($input) `,` type($dt) `,` type($a) `,` type($b) `,` type($c) `,` type($state) `,` type($slots) "
         "`,` type($starts) (`,` `d` type($d)^)? (`,` `dt_bias` type($dt_bias)^)? "
-        "(`,` `query_starts` type($query_starts)^)? `)` `->` type($result)"
+        "`)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -1941,11 +1941,11 @@ class CachedSelectiveScanOp(AdOp):
     result = result_def(AdTensor)
     assembly_format = (
         "$input `,` $dt `,` $a `,` $b `,` $c (`d` $d^)? (`z` $z^)? (`dt_bias` $dt_bias^)? (`dt_softplus` "
-        "$dt_softplus^)? `state` $state `slots` $slots `starts` $starts (`query_starts` $query_starts^)? attr-dict "
-        "`:` `(` type($input) `,` "
+        "$dt_softplus^)? `state` $state `slots` $slots `starts` $starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` `(` type($input) `,` "
         "type($dt) `,` type($a) `,` type($b) `,` type($c) `,` type($state) `,` type($slots) `,` type($starts) "
         "(`,` `d` type($d)^)? (`,` `z` type($z)^)? (`,` `dt_bias` type($dt_bias)^)? "
-        "(`,` `query_starts` type($query_starts)^)? `)` `->` type($result)"
+        "`)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -2002,9 +2002,10 @@ class CachedGatedDeltaRuleOp(AdOp):
     result = result_def(AdTensor)
     assembly_format = (
         "$query `,` $key `,` $value `,` $g `,` $beta (`use_qk_l2norm` $use_qk_l2norm^)? `state` $state `slots` "
-        "$slots `starts` $starts (`query_starts` $query_starts^)? attr-dict `:` `(` type($query) `,` type($key) `,` "
+        "$slots `starts` $starts (`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` `(` "
+        "type($query) `,` type($key) `,` "
         "type($value) `,` type($g) `,` type($beta) `,` type($state) `,` type($slots) `,` type($starts) "
-        "(`,` `query_starts` type($query_starts)^)? `)` `->` type($result)"
+        "`)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
