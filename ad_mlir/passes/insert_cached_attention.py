@@ -216,8 +216,9 @@ MIXERS_LISTED = 4
 
 
 class PerSequenceState(PassFailedException):
-    """The paged form refused where the slot form caches the model: a mixer of the model keeps a
-    state per sequence, or DeepSeek sparse attention's indexer selects keys (cached in slots only)."""
+    """The paged form refused where the slot form caches the model: states kept per sequence with
+    no attention to page, DeepSeek sparse attention's indexer (cached in slots only), or MLA with
+    sink logits."""
 
 
 @dataclass(frozen=True)
