@@ -145,6 +145,17 @@ def test_the_paged_engine_gives_hf_tokens(hybrids, family: str, monkeypatch: pyt
     assert all(r.slot is None for r in requests.values())
 
 
+def test_a_byte_budget_pays_for_the_states_then_buys_pages(hybrids) -> None:  # noqa: ANN001
+    """kv_cache_budget in the paged form: the states first (LFM2's two convolutions: 3 slots x 64
+    channels x 2 inputs x 4 bytes each), then whole pages (its one attention layer's K and V: 4
+    tokens x 2 kv heads x 16 x 4 bytes each), 10 pages and a bit."""
+    model, _ = hybrids["lfm2"]
+    states, per_page = 2 * SLOTS * 64 * 2 * 4, 2 * PAGE_SIZE * 2 * 16 * 4
+    llm = ad_mlir.LLM(model, max_batch=SLOTS, max_seq_len=24, page_size=PAGE_SIZE,
+                      kv_cache_budget=states + 10 * per_page + 100)
+    assert llm.state_bytes == states and llm.num_pages == 10 and llm.cache_bytes == states + 10 * per_page
+
+
 def test_a_model_of_states_alone_gets_the_slot_form(caplog: pytest.LogCaptureFixture) -> None:
     """Mamba (scans, no attention) has nothing to page: the paged form refuses it by name
     (`PerSequenceState`), and `paged_where_possible` (the command lines' builder) gives it the
