@@ -367,7 +367,8 @@ class PagedEngine(BaseEngine):
     tokens whose state the new request needs (nothing saves a state at a page's end).
 
     For metrics: `pages_in_use`, `pages_free`, `pages_cached`, `prefix_hits`, `prefix_queries`,
-    `prefix_hit_rate` (prompt tokens found cached over those looked up) and `preemptions`."""
+    `prefix_hit_rate` (prompt tokens found cached over those looked up), `preemptions` and
+    `state_slots_in_use`."""
 
     llm: PagedModel
 
@@ -395,6 +396,11 @@ class PagedEngine(BaseEngine):
     def pages_free(self) -> int:
         """Pages that can be taken (cached ones that nobody holds included)."""
         return self.blocks.pool.num_free
+
+    @property
+    def state_slots_in_use(self) -> int:
+        """Per-sequence state slots held by running requests (0 for a model without states)."""
+        return self.llm.num_state_slots - len(self.free_state_slots)
 
     @property
     def pages_cached(self) -> int:

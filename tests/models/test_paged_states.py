@@ -136,12 +136,14 @@ def test_the_paged_engine_gives_hf_tokens(hybrids, family: str, monkeypatch: pyt
             engine.step()
             slots = [r.slot for r in engine.running]
             assert None not in slots and len(set(slots)) == len(slots), "each running request its own state slot"
+            assert engine.state_slots_in_use == len(slots)
             held.append(len(slots))
             step += 1
     assert engine.preemptions > 0 and max(held) >= 2
     for i, prompt in enumerate(PROMPTS):
         assert requests[i].output.token_ids == _hf_tokens(model, prompt, 8), f"prompt {i}"
-    assert sorted(engine.free_state_slots) == list(range(SLOTS)) and engine.pages_in_use == 0
+    assert sorted(engine.free_state_slots) == list(range(SLOTS)) and engine.state_slots_in_use == 0
+    assert engine.pages_in_use == 0 and engine.prefix_hits == 0
     assert all(r.slot is None for r in requests.values())
 
 
