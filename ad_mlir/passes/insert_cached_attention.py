@@ -151,8 +151,15 @@ as above) becomes `ad.paged_mla_attention` with the same metadata over one pool
 `latent_pages_<i>` [num-pages, page-size, kv_lora_rank + qk_rope_head_dim] in the latent's dtype,
 marked `ad.cache = "<layer> latent"`: its pages hold the latent ++ rotated key part, not the
 heads' K and V. States that are per
-sequence (short convolutions, scans, token windows) are not paged: a model with one is refused,
-naming the layer and the mixer (compile it in the slot form).
+sequence (short convolutions, scans) are not paged but kept in pools of `max-batch` state slots
+([max-batch, ...] as in the slot form), one slot per running sequence: the function gets one
+more argument, `state_slots` [seqs] (int64, marked `ad.state_slots`, after `logits_indices`),
+and each such op takes `query_starts` besides, so that it runs sequence by sequence over the
+flattened tokens, sequence s from slot `state_slots[s]`, from a zero state where its
+`cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels are the slot
+form's launched once per sequence (`codegen/by_sequence.py`). A model with such states and no
+attention has nothing to page and is refused (`PerSequenceState`), as is a cached token window
+(its state is not paged yet: compile such a model in the slot form).
 """
 
 from __future__ import annotations
@@ -225,13 +232,15 @@ log = logging.getLogger(__name__)
 Match = TypeVar("Match")
 
 POSITION_INPUT = "position_ids"
+STATE_SLOTS_INPUT = "state_slots"
 MIXERS_LISTED = 4
 """Position-mixing ops named in a refusal (the count says how many more)."""
 
 
 class PerSequenceState(PassFailedException):
-    """The paged form refused where the slot form caches the model: a mixer of the model keeps a
-    state per sequence, or DeepSeek sparse attention's indexer selects keys (cached in slots only)."""
+    """The paged form refused where the slot form caches the model: states kept per sequence with
+    no attention to page, DeepSeek sparse attention's indexer (cached in slots only), or MLA with
+    sink logits."""
 
 
 @dataclass(frozen=True)
@@ -276,19 +285,30 @@ class InsertCachedAttentionPass(ModulePass):
         """The paged, flattened form: `ad.paged_attention`s, their metadata and the gathered LM head."""
         found, missed = _find_attentions(fn)
         attentions, mlas = _split_mlas(found)
-        for mixer, what in [*((c.conv, "short causal convolution") for c in _find_short_convs(fn)),
-                            *((s.op, "Mamba2 state-space scan" if isinstance(s, SsmScan) else "gated delta rule")
-                              for s in _find_scans(fn)),
-                            *((_window_op(w), "cached token window") for w in _find_token_windows(fn))]:
+        for window in _find_token_windows(fn):
             raise PerSequenceState(
-                f"{_layer(mixer)}: a {what} keeps a state per sequence, which the paged form (paged=true) does not "
-                "hold: compile this model in the slot form (paged=false)")
+                f"{_layer(_window_op(window))}: a cached token window keeps a state per sequence, which the paged form "
+                "(paged=true) does not hold: compile this model in the slot form (paged=false)")
+        convs, scans = _find_short_convs(fn), _find_scans(fn)
         if not attentions and not mlas:
+            if convs or scans:
+                mixer = convs[0].conv if convs else scans[0].op
+                raise PerSequenceState(
+                    f"{_layer(mixer)}: the model keeps states per sequence but has no attention, so the paged form "
+                    "(paged=true) has nothing to page: compile this model in the slot form (paged=false)")
             _refuse_uncached_mixers(fn, missed)
             log.info("insert-cached-attention: no attention in @%s", fn.sym_name.data)
             return
         metadata = [_append_argument(fn, TensorType(i64, shape), {ad.INPUT_ATTR: name, attr: ""})
                     for name, attr, shape in PAGED_METADATA]
+        query_starts, cache_starts = metadata[:2]
+        if convs or scans:
+            state_slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
+                                           {ad.INPUT_ATTR: STATE_SLOTS_INPUT, ad.STATE_SLOTS_ATTR: ""})
+            for i, conv in enumerate(convs):
+                self._replace_conv(fn, conv, i, state_slots, cache_starts, query_starts)
+            for i, scan in enumerate(scans):
+                self._replace_scan(fn, scan, i, state_slots, cache_starts, query_starts)
         for i, attention in enumerate(attentions):
             self._replace(fn, attention, i, metadata[:3])
         for i, mla in enumerate(mlas):
@@ -297,8 +317,9 @@ class InsertCachedAttentionPass(ModulePass):
         _positions_from_input(fn)
         _refuse_uncached_mixers(fn, missed)
         _gather_logits(fn, metadata[3])
-        log.info("insert-cached-attention: %d attentions and %d MLAs paged (%d pages x %d tokens)", len(attentions),
-                 len(mlas), self.num_pages, self.page_size)
+        log.info("insert-cached-attention: %d attentions and %d MLAs paged (%d pages x %d tokens), %d short "
+                 "convolutions and %d scans over %d state slots", len(attentions), len(mlas), self.num_pages,
+                 self.page_size, len(convs), len(scans), self.max_batch)
 
     def _apply_to(self, fn: func.FuncOp) -> None:
         found, missed = _find_attentions(fn)
@@ -439,12 +460,13 @@ class InsertCachedAttentionPass(ModulePass):
             erase_computation(attention.mask, Rewriter.erase_op)
 
     def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule | SelectiveScan, i: int,
-                      slots: SSAValue, starts: SSAValue) -> None:
+                      slots: SSAValue, starts: SSAValue, query_starts: SSAValue | None = None) -> None:
         """An opaque chunked scan -> its cached op over a state argument in fp32: Mamba2's
         `ssm_state_<i>` [max-batch, heads, head_dim, state_size], the gated delta rule's
-        `recurrent_state_<i>` [max-batch, value heads, key dim, value dim]."""
+        `recurrent_state_<i>` [max-batch, value heads, key dim, value dim]; in the paged form
+        (`query_starts` given) over the flattened sequences, `slots` being their state slots."""
         if isinstance(scan, SelectiveScan):
-            self._replace_selective_scan(fn, scan, i, slots, starts)
+            self._replace_selective_scan(fn, scan, i, slots, starts, query_starts)
             return
         if isinstance(scan, SsmScan):
             _, _, heads, head_dim = scan.input.type.get_shape()
@@ -462,18 +484,19 @@ class InsertCachedAttentionPass(ModulePass):
                 properties["dt_max"] = FloatAttr(scan.dt_max, Float64Type())
             cached = ad.CachedSsmScanOp.build(
                 operands=[scan.input, scan.dt, scan.a, scan.b, scan.c, _optional(scan.d), _optional(scan.dt_bias),
-                          state, slots, starts],
+                          state, slots, starts, _optional(query_starts)],
                 properties=properties, result_types=[scan.op.results[0].type])
         else:
             cached = ad.CachedGatedDeltaRuleOp.build(
-                operands=[scan.query, scan.key, scan.value, scan.g, scan.beta, state, slots, starts],
+                operands=[scan.query, scan.key, scan.value, scan.g, scan.beta, state, slots, starts,
+                          _optional(query_starts)],
                 properties={"use_qk_l2norm": UnitAttr()} if scan.use_qk_l2norm else {},
                 result_types=[scan.op.results[0].type])
         cached.location = scan.op.location
         Rewriter.replace_op(scan.op, cached)
 
     def _replace_selective_scan(self, fn: func.FuncOp, scan: SelectiveScan, i: int, slots: SSAValue,
-                                starts: SSAValue) -> None:
+                                starts: SSAValue, query_starts: SSAValue | None) -> None:
         """Mamba1's opaque selective scan -> `ad.cached_selective_scan` over `ssm_state_<i>`
         [max-batch, channels, state_size] in fp32."""
         state_type = TensorType(Float32Type(), [self.max_batch, *scan.a.type.get_shape()])
@@ -481,21 +504,23 @@ class InsertCachedAttentionPass(ModulePass):
                                                   ad.CACHE_ATTR: f"{_layer(scan.op)} ssm_state"})
         cached = ad.CachedSelectiveScanOp.build(
             operands=[scan.input, scan.dt, scan.a, scan.b, scan.c, _optional(scan.d), _optional(scan.z),
-                      _optional(scan.dt_bias), state, slots, starts],
+                      _optional(scan.dt_bias), state, slots, starts, _optional(query_starts)],
             properties={"dt_softplus": UnitAttr()} if scan.dt_softplus else {},
             result_types=[scan.op.results[0].type])
         cached.location = scan.op.location
         Rewriter.replace_op(scan.op, cached)
 
-    def _replace_conv(self, fn: func.FuncOp, conv: ShortConv, i: int, slots: SSAValue, starts: SSAValue) -> None:
+    def _replace_conv(self, fn: func.FuncOp, conv: ShortConv, i: int, slots: SSAValue, starts: SSAValue,
+                      query_starts: SSAValue | None = None) -> None:
         """The convolution and its cut -> `ad.cached_causal_conv1d` over a state argument
-        [max-batch, channels, kernel - 1] in the input's dtype."""
+        [max-batch, channels, kernel - 1] in the input's dtype; in the paged form (`query_starts`
+        given) over the flattened sequences, `slots` being their state slots."""
         channels, _, kernel = conv.weight.type.get_shape()
         state_type = TensorType(conv.input.type.element_type, [self.max_batch, channels, kernel - 1])
         state = _append_argument(fn, state_type, {ad.INPUT_ATTR: f"conv_state_{i}",
                                                   ad.CACHE_ATTR: f"{_layer(conv.conv)} conv_state"})
         cached = ad.CachedCausalConv1dOp.build(
-            operands=[conv.input, conv.weight, [conv.bias] if conv.bias is not None else [], state, slots, starts],
+            operands=[conv.input, conv.weight, _optional(conv.bias), state, slots, starts, _optional(query_starts)],
             result_types=[conv.cut.result.type],
         )
         cached.location = conv.conv.location
