@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from xdsl.ir import Operation
 
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.export import heap_frozen
 from ad_mlir.frontends.fx_import import ImportedProgram, import_program
+from ad_mlir.passes import repeated_layers
 from ad_mlir.passes.patterns.attention_masks import constants_known
 from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
 from ad_mlir.passes.verify import NumericVerifier
 from ad_mlir.runtime.fx_export import export_program
-from ad_mlir.runtime.kernels import build_kernels
+from ad_mlir.runtime.kernels import RegionKernel, build_kernels
 from ad_mlir.runtime.program_cache import ProgramCache, pass_warnings, program_cache_enabled, program_key
 from ad_mlir.runtime.verify import check_compiled
 from ad_mlir.semantics.weights import Rank
+
+log = logging.getLogger(__name__)
 
 Options = TypeVar("Options", bound="CompileOptions")
 
@@ -45,6 +50,11 @@ class CompileOptions:
     group's, else 1)."""
     rank: int | None = None
     """This process's rank in `world_size` (default: the process group's, else 0)."""
+    layers_once: bool = True
+    """Run the pipeline and code generation on one instance of each distinct decoder layer and
+    instantiate it for the others (`passes/repeated_layers.py`; a model whose layers do not
+    repeat is compiled whole). With `verify` the whole program is compiled, so that every pass is
+    checked on every layer."""
 
     @classmethod
     def of(cls: type[Options], options: CompileOptions | Mapping[str, Any] | None = None,
@@ -116,28 +126,65 @@ def compile_program(
         program = import_program(gm, example_inputs, dynamic_shapes)
         kernels, rank = opts.cache or KernelCache(), _rank(opts.world_size, opts.rank)
         with constants_known(program.weights):  # a mask computed from a buffer (GPT-Neo's) can be evaluated
-            _run_pipeline_or_reuse(program, opts, kernels, rank)
-        compiled = export_program(program, build_kernels(program.module, kernels), fold_weights=True, rank=rank)
+            built = _run_pipeline_or_reuse(program, opts, kernels, rank)
+        compiled = export_program(program, built, fold_weights=True, rank=rank)
     if opts.verify:
         check_compiled(compiled, program.module, program.weights)
     return compiled, program
 
 
-def _run_pipeline_or_reuse(program: ImportedProgram, opts: CompileOptions, kernels: KernelCache, rank: Rank) -> None:
+def _run_pipeline_or_reuse(
+    program: ImportedProgram, opts: CompileOptions, kernels: KernelCache, rank: Rank
+) -> dict[Operation, RegionKernel]:
     """Run the pipeline on `program`'s module, or take its result from the program cache
     (`runtime/program_cache.py`, beside `kernels`) where an earlier compile stored it, with the
-    warnings its passes logged (said again). With `verify` the passes always run (each is
-    checked); their result is stored either way."""
+    warnings its passes logged (said again); then its kernels. With `verify` the passes always
+    run (each is checked); their result is stored either way."""
     if not program_cache_enabled():
-        run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
-        return
+        return _compile_module(program, opts, kernels)
     programs, key = ProgramCache.beside(kernels), program_key(program, load_pipeline(opts.pipeline), rank)
     if not opts.verify and (stored := programs.load(key)) is not None:
         program.module = stored.module
-        return
+        return build_kernels(program.module, kernels)
     with pass_warnings() as warnings:
-        run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
+        built = _compile_module(program, opts, kernels)
     programs.store(key, program.module, warnings)
+    return built
+
+
+def _compile_module(program: ImportedProgram, opts: CompileOptions, kernels: KernelCache) -> dict[Operation, RegionKernel]:
+    """The pipeline and code generation on `program`'s module: once per distinct decoder layer
+    where its layers repeat (`opts.layers_once`), else on the whole."""
+    if opts.layers_once and not opts.verify and (built := _compile_layers_once(program, opts, kernels)) is not None:
+        return built
+    run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
+    return build_kernels(program.module, kernels)
+
+
+def _compile_layers_once(
+    program: ImportedProgram, opts: CompileOptions, kernels: KernelCache
+) -> dict[Operation, RegionKernel] | None:
+    """`repeated_layers`: compile a shortened program and lengthen it to all the layers; None
+    (`program` unchanged, the reason logged) where the layers do not repeat."""
+    try:
+        layout, p = repeated_layers.period(program.function)
+        short = repeated_layers.shorten(program.function, layout, p)
+        run_pipeline(short, opts.pipeline)
+        built = build_kernels(short, kernels)
+        repeated_layers.lengthen(short, len(layout.layers), p, lambda old, new: _same_kernel(built, old, new))
+    except repeated_layers.NotRepeating as e:
+        log.info("repeated layers: compiling the whole program (%s)", e)
+        return None
+    log.info("repeated layers: %d layers of period %d, compiled %d and instantiated the other %d",
+             len(layout.layers), p, repeated_layers.kept_layers(len(layout.layers), p),
+             len(layout.layers) - repeated_layers.kept_layers(len(layout.layers), p))
+    program.module = short
+    return built
+
+
+def _same_kernel(built: dict[Operation, RegionKernel], original: Operation, copy: Operation) -> None:
+    if original in built:
+        built[copy] = built[original]
 
 
 def _rank(world_size: int | None, rank: int | None) -> Rank:
