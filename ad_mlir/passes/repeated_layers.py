@@ -73,9 +73,10 @@ class Layout:
 
 
 def layout(fn: func.FuncOp) -> Layout:
-    """The layers of `fn` by its ops' locations. Each layer's ops must be contiguous and in
-    order (ops without a location belong where they stand), one stack of them, and no op of
-    the model outside it (the rotary embedding, the final norm) between them."""
+    """The layers of `fn` by its ops' locations: one stack of them, each layer's ops contiguous
+    and in order. An op without a layer in its location belongs to the layer it stands in (a
+    constant; a region `fuse-elementwise` made of a layer's ops and the model's mask ops, named
+    by its first op)."""
     where: list[tuple[str, int] | None | str] = []
     for op in fn.body.block.ops:
         name = op.location.desc.data if isinstance(op.location, NameLoc) else None
@@ -89,8 +90,6 @@ def layout(fn: func.FuncOp) -> Layout:
     last = max(i for i, w in enumerate(where) if isinstance(w, tuple))
     layers: list[list[Operation]] = []
     for op, w in zip(ops[first:last + 1], where[first:last + 1], strict=True):
-        if isinstance(w, str):
-            raise NotRepeating(f"{op.name} at {w} stands between the layers")
         if isinstance(w, tuple) and w[1] != len(layers) - 1:
             if w[1] != len(layers):
                 raise NotRepeating(f"{op.name} of layer {w[1]} follows layer {len(layers) - 1}")
@@ -111,6 +110,12 @@ def _defined(ops: Iterable[Operation]) -> dict[SSAValue, int]:
     return numbers
 
 
+def _read_only_by(v: SSAValue, ops: set[Operation]) -> bool:
+    """Whether only `ops` read `v` (a layer and the one before it; a value every layer reads,
+    such as a size the first layer computed, is no value of the layer before)."""
+    return all(use.operation in ops for use in v.uses)
+
+
 class _Keys:
     """Structural keys of op lists (layers or groups of layers), relative to their first layer."""
 
@@ -126,11 +131,12 @@ class _Keys:
             return ("loc", renamed(attr.desc.data, self.stack, lambda i: f"{{{i - layer}}}"))
         return attr
 
-    def operand(self, v: SSAValue, own: Mapping[SSAValue, int], previous: Mapping[SSAValue, int], layer: int) -> Hashable:
+    def operand(self, v: SSAValue, own: Mapping[SSAValue, int], previous: Mapping[SSAValue, int],
+                here: set[Operation], layer: int) -> Hashable:
         if v in own:
             return ("own", own[v])
-        if v in previous:
-            return ("previous", previous[v])
+        if v in previous and _read_only_by(v, here):  # counted from its end: the first layer differs
+            return ("previous", len(previous) - previous[v])
         if isinstance(v.owner, ad.ConstantOp):
             return ("constant", v.owner.value, v.type)
         if v in self.weights:
@@ -139,28 +145,30 @@ class _Keys:
 
     def key(self, ops: Sequence[Operation], previous: Sequence[Operation], layer: int) -> tuple[Hashable, ...]:
         own, before = _defined(ops), _defined(previous)
+        here = {op for top in [*previous, *ops] for op in top.walk()}
         return tuple(
             (op.name, tuple(op.result_types), tuple(sorted(op.properties.items())),
              tuple(sorted(op.attributes.items())), self.relative(op.location, layer),
              tuple(tuple((tuple(a.type for a in b.args), len(b.ops)) for b in r.blocks) for r in op.regions),
-             tuple(self.operand(v, own, before, layer) for v in op.operands))
+             tuple(self.operand(v, own, before, here, layer) for v in op.operands))
             for top in ops for op in top.walk()
         )
 
 
 def period(fn: func.FuncOp) -> tuple[Layout, int]:
     """The function's layers and their smallest period P (layer i is layer i + P's program for
-    every i > 0); NotRepeating where that leaves too few layers to gain from."""
+    every i > 0); NotRepeating where there is none that repeats more often than the shortened
+    program keeps it (`kept_layers`)."""
     lay = layout(fn)
     keys = _Keys(fn, lay.stack)
     n = len(lay.layers)
     layer_keys = [keys.key(lay.layers[i], lay.layers[i - 1] if i else [], i) for i in range(n)]
     for p in range(1, n):
+        if kept_layers(n, p) + p > n:
+            break
         if all(layer_keys[i] == layer_keys[i + p] for i in range(1, n - p)):
-            if n - kept_layers(n, p) < p:
-                raise NotRepeating(f"{n} layers of period {p}: too few to repeat")
             return lay, p
-    raise NotRepeating(f"the {n} layers do not repeat")
+    raise NotRepeating(f"the {n} layers do not repeat {STEADY_GROUPS + 1} times or more")
 
 
 def kept_layers(n: int, p: int) -> int:
@@ -259,11 +267,12 @@ def lengthen(module: ModuleOp, layers: int, p: int, on_copy: Callable[[Operation
         for inner in op.walk():
             for v in inner.operands:
                 renamer.weight(v, tail_shift)
-    before = list(_defined(groups[2]))
+    here = {op for top in [*groups[2], *template] for op in top.walk()}
+    before = [v if _read_only_by(v, here) else None for v in _defined(groups[2])]
     previous = template
     for c, renames in enumerate(weights, start=1):
-        previous = _insert_copy(template, dict(zip(before, _defined(previous), strict=True)) | renames,
-                                rest[0], lambda i, s=c * p: i + s, lay.stack, on_copy)
+        mapper = {v: new for v, new in zip(before, _defined(previous), strict=True) if v is not None}
+        previous = _insert_copy(template, mapper | renames, rest[0], lambda i, s=c * p: i + s, lay.stack, on_copy)
     last = dict(zip(_defined(template), _defined(previous), strict=True))
     for op in rest:
         for inner in op.walk():
