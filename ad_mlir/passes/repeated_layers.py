@@ -3,27 +3,30 @@
 Every decoder layer of a model is the same program on other weights: the pipeline need not
 match, rewrite and check each of them again. The layers are found by their locations (an op's
 HF module path names its layer: the first numbered part of the path, `model.layers.7.mlp`, in
-one layer stack); each layer's ops are hashed structurally (op names, types, properties, the
-operands as "this layer's value n", "the previous layer's value n", a constant, or one and the
-same value before the layers; weights by their name relative to the layer), which gives the
-smallest period P of the stack (1 for a Llama, 2 for Gemma2's sliding/global alternation, more
-for a hybrid). A model whose layers do not repeat is compiled whole.
+one layer stack); each layer's ops are hashed structurally (op names, types, properties,
+locations and weight names relative to the layer, and the operands as "this layer's value n",
+"the previous layer's value n" (counted from its end, and only where no later layer reads it),
+a constant, or one and the same value from before), which gives the smallest period P of the
+stack (1 for a Llama, 2 for Gemma2's sliding/global alternation or a hybrid alternating two
+mixers). A model whose layers do not repeat often enough is compiled whole.
 
 A stack of N layers with period P is cut to K = 5P + N mod P layers (`shorten`): the prefix, the
-first K layers and the suffix, which reads the last layer's values where it read layer N-1's.
-The pipeline runs on that. Its layers fall into groups of P: the first group differs (layer 0
-has no residual add before its first norm), the last is next to the suffix (whose norm fuses
-the last residual add); groups 2 and 3 are in the steady state, and `lengthen` checks that they
-are the same program up to their weights and layer names before it instantiates group 3 for the
-missing layers (each copy reads the previous copy's values and its own layer's weights) and
-renames the last group and the suffix to the layers they stand for. Where the check fails
-(`NotRepeating`), the caller compiles the whole program.
+first K layers and the suffix, which reads the last layers' values where it read those of the
+layers they stand for. The pipeline runs on that. Its layers fall into 5 groups of P (and the
+rest): group 0 differs (layer 0 has no residual add before its first norm), group 1 reads it,
+the last group is next to the suffix (whose norm fuses the last residual add); groups 2 and 3
+are in the steady state. `lengthen` checks that they are the same program up to their weights
+and layer names, instantiates group 3 for the missing layers (each copy reads the copy before it
+and its own layers' weights) and renames the last group and the suffix to the layers they stand
+for. Where a check fails (`NotRepeating`: the message says which), the caller compiles the
+whole program; a pass that adds an argument per layer (the K/V caches of
+`insert-cached-attention`) makes groups 2 and 3 differ, so such pipelines compile the whole
+program today.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
@@ -34,11 +37,12 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_of
 
-log = logging.getLogger("ad_mlir.passes.repeated_layers")
-
-STEADY_GROUPS = 5
-"""Groups of P layers the shortened program keeps: the first (it differs), two that must
-match, the one instantiated and the last (next to the suffix)."""
+KEPT_GROUPS = 5
+"""Groups of P layers the shortened program keeps: group 0 (the first layer differs), group 1
+(it reads group 0), groups 2 and 3 (which must be one program; 3 is instantiated for the
+missing layers) and the last, next to the suffix."""
+LAST = KEPT_GROUPS - 1
+"""The last group: it stands for the model's last layers."""
 _NUMBERED = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 
@@ -168,17 +172,18 @@ def period(fn: func.FuncOp) -> tuple[Layout, int]:
             break
         if all(layer_keys[i] == layer_keys[i + p] for i in range(1, n - p)):
             return lay, p
-    raise NotRepeating(f"the {n} layers do not repeat {STEADY_GROUPS + 1} times or more")
+    raise NotRepeating(f"the {n} layers do not repeat {KEPT_GROUPS + 1} times or more")
 
 
 def kept_layers(n: int, p: int) -> int:
-    return STEADY_GROUPS * p + n % p
+    return KEPT_GROUPS * p + n % p
 
 
 def shorten(fn: func.FuncOp, lay: Layout, p: int) -> ModuleOp:
     """A new module of `fn`'s prefix, first K = `kept_layers` layers and suffix, with all of
-    `fn`'s arguments (`fn` is left as it is). Where the suffix read layer i of the last K - 4P
-    layers, it reads layer i - (N - K), the same value of the layer standing for it."""
+    `fn`'s arguments (`fn` is left as it is). Where the suffix read layer i of the last K - LAST * P
+    layers, it reads layer i - (N - K), the same value of the layer standing for it; a read of
+    an earlier layer from LAST * P on (one that will be a copy) raises NotRepeating."""
     n, k = len(lay.layers), kept_layers(len(lay.layers), p)
     block = Block(arg_types=[a.type for a in fn.body.block.args])
     mapper: dict[SSAValue, SSAValue] = {}
@@ -187,14 +192,15 @@ def shorten(fn: func.FuncOp, lay: Layout, p: int) -> ModuleOp:
         mapper[old] = new
     for op in [*lay.prefix, *(op for layer in lay.layers[:k] for op in layer)]:
         block.add_op(op.clone(mapper))
-    layer_of_value = {v: i for i in range(STEADY_GROUPS * p - p, n) for v in _defined(lay.layers[i])}
-    for i in range(n - (k - (STEADY_GROUPS - 1) * p), n):
+    last = n - (k - LAST * p)  # the first of the layers the last group stands for
+    layer_of_value = {v: i for i in range(LAST * p, n) for v in _defined(lay.layers[i])}
+    for i in range(last, n):
         for v, kept in zip(_defined(lay.layers[i]), _defined(lay.layers[i - (n - k)]), strict=True):
             mapper[v] = mapper[kept]
     for op in lay.suffix:
         for inner in op.walk():
             for v in inner.operands:
-                if v in layer_of_value and layer_of_value[v] < n - (k - (STEADY_GROUPS - 1) * p):
+                if layer_of_value.get(v, last) < last:
                     raise NotRepeating(f"{inner.name} after the layers reads layer {layer_of_value[v]}, not one of the last")
         block.add_op(op.clone(mapper))
     return ModuleOp([func.FuncOp("forward", fn.function_type, Region(block), arg_attrs=fn.arg_attrs)])
@@ -246,11 +252,11 @@ def lengthen(module: ModuleOp, layers: int, p: int, on_copy: Callable[[Operation
     k = kept_layers(layers, p)
     if len(lay.layers) != k:
         raise NotRepeating(f"the pipeline left {len(lay.layers)} of the {k} layers it was given")
-    groups = [[op for layer in lay.layers[g * p:(g + 1) * p] for op in layer] for g in range(STEADY_GROUPS - 1)]
+    groups = [[op for layer in lay.layers[g * p:(g + 1) * p] for op in layer] for g in range(LAST)]
     keys = _Keys(fn, lay.stack)
     if keys.key(groups[2], groups[1], 2 * p) != keys.key(groups[3], groups[2], 3 * p):
-        raise NotRepeating(f"layers {2 * p}-{3 * p - 1} and {3 * p}-{4 * p - 1} compiled to different programs")
-    rest = [*(op for layer in lay.layers[4 * p:] for op in layer), *lay.suffix]
+        raise NotRepeating(f"layers {_span(2 * p, p)} and {_span(3 * p, p)} compiled to different programs")
+    rest = [*(op for layer in lay.layers[LAST * p:] for op in layer), *lay.suffix]
     middle = {v for g in groups[1:3] for v in _defined(g)}
     for op in rest:
         for inner in op.walk():
@@ -262,7 +268,7 @@ def lengthen(module: ModuleOp, layers: int, p: int, on_copy: Callable[[Operation
     shift = layers - k
     weights = [_renames(reads, renamer, lambda i, s=c * p: i + s)  # NotRepeating before any change
                for c in range(1, shift // p + 1)]
-    tail_shift: Callable[[int], int] = lambda i: i + shift if i >= 4 * p else i  # noqa: E731
+    tail_shift: Callable[[int], int] = lambda i: i + shift if i >= LAST * p else i  # noqa: E731
     for op in rest:
         for inner in op.walk():
             for v in inner.operands:
@@ -278,6 +284,10 @@ def lengthen(module: ModuleOp, layers: int, p: int, on_copy: Callable[[Operation
         for inner in op.walk():
             inner.operands = tuple(renamer.weight(last.get(v, v), tail_shift) for v in inner.operands)
             _shifted_location(inner, lay.stack, tail_shift)
+
+
+def _span(first: int, count: int) -> str:
+    return f"{first}" if count == 1 else f"{first}-{first + count - 1}"
 
 
 def _renames(reads: Iterable[SSAValue], renamer: _Renamer, shift: Callable[[int], int]) -> dict[SSAValue, SSAValue]:
