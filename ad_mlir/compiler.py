@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
 from ad_mlir.codegen.cache import KernelCache
@@ -138,47 +139,77 @@ def _run_pipeline_or_reuse(
 ) -> dict[Operation, RegionKernel]:
     """Run the pipeline on `program`'s module, or take its result from the program cache
     (`runtime/program_cache.py`, beside `kernels`) where an earlier compile stored it, with the
-    warnings its passes logged (said again); then its kernels. With `verify` the passes always
-    run (each is checked); their result is stored either way."""
+    warnings its passes logged (said again); then its kernels. Where the decoder layers repeat
+    (`opts.layers_once`), on a shortened program lengthened afterwards (`_compile_shortened`).
+    With `verify` the passes always run, on the whole program (each is checked on every layer);
+    their result is stored either way."""
+    short = _shortened(program, opts)
+    if short is not None and (built := _compile_shortened(program, short, opts, kernels, rank)) is not None:
+        return built
+    numeric = NumericVerifier(program.weights) if opts.verify else None
     if not program_cache_enabled():
-        return _compile_module(program, opts, kernels)
+        run_pipeline(program.module, opts.pipeline, numeric=numeric)
+        return build_kernels(program.module, kernels)
     programs, key = ProgramCache.beside(kernels), program_key(program, load_pipeline(opts.pipeline), rank)
     if not opts.verify and (stored := programs.load(key)) is not None:
         program.module = stored.module
         return build_kernels(program.module, kernels)
     with pass_warnings() as warnings:
-        built = _compile_module(program, opts, kernels)
+        run_pipeline(program.module, opts.pipeline, numeric=numeric)
     programs.store(key, program.module, warnings)
-    return built
-
-
-def _compile_module(program: ImportedProgram, opts: CompileOptions, kernels: KernelCache) -> dict[Operation, RegionKernel]:
-    """The pipeline and code generation on `program`'s module: once per distinct decoder layer
-    where its layers repeat (`opts.layers_once`), else on the whole."""
-    if opts.layers_once and not opts.verify and (built := _compile_layers_once(program, opts, kernels)) is not None:
-        return built
-    run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
     return build_kernels(program.module, kernels)
 
 
-def _compile_layers_once(
-    program: ImportedProgram, opts: CompileOptions, kernels: KernelCache
-) -> dict[Operation, RegionKernel] | None:
-    """`repeated_layers`: compile a shortened program and lengthen it to all the layers; None
-    (`program` unchanged, the reason logged) where the layers do not repeat."""
+@dataclass(frozen=True)
+class _Shortened:
+    """A program whose decoder layers repeat, cut to a few of them (`repeated_layers.shorten`)."""
+
+    module: ModuleOp
+    layers: int
+    period: int
+
+    def __str__(self) -> str:
+        kept = repeated_layers.kept_layers(self.layers, self.period)
+        return f"{self.layers} layers of period {self.period}, compiled {kept} and instantiated the other {self.layers - kept}"
+
+
+def _shortened(program: ImportedProgram, opts: CompileOptions) -> _Shortened | None:
+    if not opts.layers_once or opts.verify:
+        return None
     try:
         layout, p = repeated_layers.period(program.function)
-        short = repeated_layers.shorten(program.function, layout, p)
-        run_pipeline(short, opts.pipeline)
-        built = build_kernels(short, kernels)
-        repeated_layers.lengthen(short, len(layout.layers), p, lambda old, new: _same_kernel(built, old, new))
+        return _Shortened(repeated_layers.shorten(program.function, layout, p), len(layout.layers), p)
     except repeated_layers.NotRepeating as e:
         log.info("repeated layers: compiling the whole program (%s)", e)
         return None
-    log.info("repeated layers: %d layers of period %d, compiled %d and instantiated the other %d",
-             len(layout.layers), p, repeated_layers.kept_layers(len(layout.layers), p),
-             len(layout.layers) - repeated_layers.kept_layers(len(layout.layers), p))
-    program.module = short
+
+
+def _compile_shortened(
+    program: ImportedProgram, short: _Shortened, opts: CompileOptions, kernels: KernelCache, rank: Rank
+) -> dict[Operation, RegionKernel] | None:
+    """The pipeline (or the program cache, keyed by the shortened program and the layer count,
+    which with the layers' period determine the whole) and code generation on the shortened
+    program, then `repeated_layers.lengthen` to all the layers: `program`'s module becomes that.
+    None (`program` unchanged, the reason logged) where the compiled layers do not repeat."""
+    programs = ProgramCache.beside(kernels) if program_cache_enabled() else None
+    key = programs and program_key(ImportedProgram(short.module, program.weights), load_pipeline(opts.pipeline),
+                                   rank, repeated=f"{short.layers} layers of period {short.period}")
+    stored = programs.load(key) if programs else None
+    module, warnings = (stored.module, list(stored.warnings)) if stored else (short.module, [])
+    if stored is None:
+        with pass_warnings() as warnings:
+            run_pipeline(module, opts.pipeline)
+    to_store = module.clone() if programs and stored is None else None  # lengthen changes the module
+    built = build_kernels(module, kernels)
+    try:
+        repeated_layers.lengthen(module, short.layers, short.period, lambda old, new: _same_kernel(built, old, new))
+    except repeated_layers.NotRepeating as e:
+        log.info("repeated layers: compiling the whole program (%s)", e)
+        return None
+    if to_store is not None:
+        programs.store(key, to_store, warnings)
+    log.info("repeated layers: %s", short)
+    program.module = module
     return built
 
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import io
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
+from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.compiler import compile_program
 from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.passes.repeated_layers import layer_of, renamed
+from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE
 from ad_mlir.zoo.small import model_from_config, small_config
 
 LOGGER = "ad_mlir.compiler"
@@ -69,6 +72,27 @@ def test_layers_compiled_once_give_the_whole_programs_ops(
     assert f"{layers} layers of period {period}, compiled {kept} and instantiated the other {layers - kept}" in said
     assert once == whole
     assert f'loc("model.layers.{layers - 1}.' in once
+
+
+def test_the_program_cache_keeps_the_shortened_program_and_lengthens_what_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first compile stores the compiled shortened program, the second reads it (the
+    pipeline skipped) and lengthens it to the whole compile's program and outputs."""
+    monkeypatch.setenv(PROGRAM_CACHE_VARIABLE, "1")
+    model, ids = _model("llama", 6), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    exported = export_with_ids(model, ids)
+    first = compile_program(exported, cache=KernelCache(tmp_path))[1]
+    with caplog.at_level(logging.INFO):
+        second, program = compile_program(exported, cache=KernelCache(tmp_path))
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "the pass pipeline skipped" in said and "6 layers of period 1, compiled 5" in said
+    assert len(list((tmp_path / "programs").glob("*.mlir"))) == 1
+    monkeypatch.setenv(PROGRAM_CACHE_VARIABLE, "0")
+    whole, whole_program = compile_program(exported, layers_once=False)
+    assert _text(program.module) == _text(first.module) == _text(whole_program.module)
+    with torch.no_grad():
+        assert torch.equal(second(ids)[0], whole(ids)[0])
 
 
 def test_layers_that_do_not_repeat_are_compiled_whole(caplog: pytest.LogCaptureFixture) -> None:
