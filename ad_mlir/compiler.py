@@ -192,21 +192,22 @@ def _compile_shortened(
     program, then `repeated_layers.lengthen` to all the layers: `program`'s module becomes that.
     None (`program` unchanged, the reason logged) where the compiled layers do not repeat."""
     programs = ProgramCache.beside(kernels) if program_cache_enabled() else None
-    key = programs and program_key(ImportedProgram(short.module, program.weights), load_pipeline(opts.pipeline),
-                                   rank, repeated=f"{short.layers} layers of period {short.period}")
-    stored = programs.load(key) if programs else None
-    module, warnings = (stored.module, list(stored.warnings)) if stored else (short.module, [])
+    key = None if programs is None else program_key(
+        ImportedProgram(short.module, program.weights), load_pipeline(opts.pipeline), rank,
+        repeated=f"{short.layers} layers of period {short.period}")
+    stored = None if programs is None else programs.load(key)
+    module, warnings = (stored.module if stored else short.module), []
     if stored is None:
         with pass_warnings() as warnings:
             run_pipeline(module, opts.pipeline)
-    to_store = module.clone() if programs and stored is None else None  # lengthen changes the module
+    to_store = module.clone() if programs is not None and stored is None else None  # lengthen changes the module
     built = build_kernels(module, kernels)
     try:
         repeated_layers.lengthen(module, short.layers, short.period, lambda old, new: _same_kernel(built, old, new))
     except repeated_layers.NotRepeating as e:
         log.info("repeated layers: compiling the whole program (%s)", e)
         return None
-    if to_store is not None:
+    if programs is not None and to_store is not None:
         programs.store(key, to_store, warnings)
     log.info("repeated layers: %s", short)
     program.module = module
