@@ -18,8 +18,10 @@ the last group is next to the suffix (whose norm fuses the last residual add); g
 are in the steady state. `lengthen` checks that they are the same program up to their weights
 and layer names, instantiates group 3 for the missing layers (each copy reads the copy before it
 and its own layers' weights) and renames the last group and the suffix to the layers they stand
-for. Where a check fails (`NotRepeating`: the message says which), the caller compiles the
-whole program; a pass that adds an argument per layer (the K/V caches of
+for. This relies on the passes being local (what they make of a layer depends on that layer
+and its neighbours, not on how many layers follow); a pass that numbers layers or adds per-layer
+arguments makes groups 2 and 3 differ, which the check catches. Where a check fails
+(`NotRepeating`: the message says which), the caller compiles the whole program; a pass that adds an argument per layer (the K/V caches of
 `insert-cached-attention`) makes groups 2 and 3 differ, so such pipelines compile the whole
 program today.
 """
