@@ -109,10 +109,8 @@ def _defined(ops: Iterable[Operation]) -> dict[SSAValue, int]:
     numbers: dict[SSAValue, int] = {}
     for top in ops:
         for op in top.walk():
-            for region in op.regions:
-                for block in region.blocks:
-                    numbers.update((a, len(numbers) + i) for i, a in enumerate(block.args))
-            numbers.update((r, len(numbers) + i) for i, r in enumerate(op.results))
+            for value in [*(a for r in op.regions for b in r.blocks for a in b.args), *op.results]:
+                numbers[value] = len(numbers)
     return numbers
 
 
