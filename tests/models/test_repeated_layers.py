@@ -107,3 +107,16 @@ def test_layer_names_are_renamed_in_their_stack_only() -> None:
     assert layer_of("lm_head.weight") is None
     assert renamed("model.layers.12.mlp.experts.3.w1", "model.layers", lambda i: i + 9) == "model.layers.21.mlp.experts.3.w1"
     assert renamed("transformer.h.2.attn", "model.layers", lambda i: i + 9) == "transformer.h.2.attn"
+
+
+def test_verify_compiles_the_whole_program_so_every_pass_is_checked_on_every_layer(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """One pass (numeric checks of the default pipeline on six layers take long) suffices: the
+    program's layers repeat, yet it is not shortened."""
+    model, ids = _model("llama", 6), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        compiled = compile_program(export_with_ids(model, ids), verify=True, pipeline="fuse-silu-mul")[0]
+    assert not [r for r in caplog.records if "repeated layers" in r.getMessage()]
+    with torch.no_grad():  # fp32, reference path: as in `_both`
+        torch.testing.assert_close(compiled(ids)[0], model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
