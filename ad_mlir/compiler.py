@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.export import heap_frozen
 from ad_mlir.frontends.fx_import import ImportedProgram, import_program
+from ad_mlir.passes import repeated_layers
 from ad_mlir.passes.patterns.attention_masks import constants_known
 from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
 from ad_mlir.passes.verify import NumericVerifier
 from ad_mlir.runtime.fx_export import export_program
-from ad_mlir.runtime.kernels import build_kernels
+from ad_mlir.runtime.kernels import RegionKernel, build_kernels
 from ad_mlir.runtime.program_cache import ProgramCache, pass_warnings, program_cache_enabled, program_key
 from ad_mlir.runtime.verify import check_compiled
 from ad_mlir.semantics.weights import Rank
+
+log = logging.getLogger(__name__)
 
 Options = TypeVar("Options", bound="CompileOptions")
 
@@ -45,6 +51,11 @@ class CompileOptions:
     group's, else 1)."""
     rank: int | None = None
     """This process's rank in `world_size` (default: the process group's, else 0)."""
+    layers_once: bool = True
+    """Run the pipeline and code generation on one instance of each distinct decoder layer and
+    instantiate it for the others (`passes/repeated_layers.py`; a model whose layers do not
+    repeat is compiled whole). With `verify` the whole program is compiled, so that every pass is
+    checked on every layer."""
 
     @classmethod
     def of(cls: type[Options], options: CompileOptions | Mapping[str, Any] | None = None,
@@ -116,28 +127,96 @@ def compile_program(
         program = import_program(gm, example_inputs, dynamic_shapes)
         kernels, rank = opts.cache or KernelCache(), _rank(opts.world_size, opts.rank)
         with constants_known(program.weights):  # a mask computed from a buffer (GPT-Neo's) can be evaluated
-            _run_pipeline_or_reuse(program, opts, kernels, rank)
-        compiled = export_program(program, build_kernels(program.module, kernels), fold_weights=True, rank=rank)
+            built = _run_pipeline_or_reuse(program, opts, kernels, rank)
+        compiled = export_program(program, built, fold_weights=True, rank=rank)
     if opts.verify:
         check_compiled(compiled, program.module, program.weights)
     return compiled, program
 
 
-def _run_pipeline_or_reuse(program: ImportedProgram, opts: CompileOptions, kernels: KernelCache, rank: Rank) -> None:
+def _run_pipeline_or_reuse(
+    program: ImportedProgram, opts: CompileOptions, kernels: KernelCache, rank: Rank
+) -> dict[Operation, RegionKernel]:
     """Run the pipeline on `program`'s module, or take its result from the program cache
     (`runtime/program_cache.py`, beside `kernels`) where an earlier compile stored it, with the
-    warnings its passes logged (said again). With `verify` the passes always run (each is
-    checked); their result is stored either way."""
+    warnings its passes logged (said again); then its kernels. Where the decoder layers repeat
+    (`opts.layers_once`), on a shortened program lengthened afterwards (`_compile_shortened`).
+    With `verify` the passes always run, on the whole program (each is checked on every layer);
+    their result is stored either way."""
+    short = _shortened(program, opts)
+    if short is not None and (built := _compile_shortened(program, short, opts, kernels, rank)) is not None:
+        return built
+    numeric = NumericVerifier(program.weights) if opts.verify else None
     if not program_cache_enabled():
-        run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
-        return
+        run_pipeline(program.module, opts.pipeline, numeric=numeric)
+        return build_kernels(program.module, kernels)
     programs, key = ProgramCache.beside(kernels), program_key(program, load_pipeline(opts.pipeline), rank)
     if not opts.verify and (stored := programs.load(key)) is not None:
         program.module = stored.module
-        return
+        return build_kernels(program.module, kernels)
     with pass_warnings() as warnings:
-        run_pipeline(program.module, opts.pipeline, numeric=NumericVerifier(program.weights) if opts.verify else None)
+        run_pipeline(program.module, opts.pipeline, numeric=numeric)
     programs.store(key, program.module, warnings)
+    return build_kernels(program.module, kernels)
+
+
+@dataclass(frozen=True)
+class _Shortened:
+    """A program whose decoder layers repeat, cut to a few of them (`repeated_layers.shorten`)."""
+
+    module: ModuleOp
+    layers: int
+    period: int
+
+    def __str__(self) -> str:
+        kept = repeated_layers.kept_layers(self.layers, self.period)
+        return f"{self.layers} layers of period {self.period}, compiled {kept} and instantiated the other {self.layers - kept}"
+
+
+def _shortened(program: ImportedProgram, opts: CompileOptions) -> _Shortened | None:
+    if not opts.layers_once or opts.verify:
+        return None
+    try:
+        layout, p = repeated_layers.period(program.function)
+        return _Shortened(repeated_layers.shorten(program.function, layout, p), len(layout.layers), p)
+    except repeated_layers.NotRepeating as e:
+        log.info("repeated layers: compiling the whole program (%s)", e)
+        return None
+
+
+def _compile_shortened(
+    program: ImportedProgram, short: _Shortened, opts: CompileOptions, kernels: KernelCache, rank: Rank
+) -> dict[Operation, RegionKernel] | None:
+    """The pipeline (or the program cache, keyed by the shortened program and the layer count,
+    which with the layers' period determine the whole) and code generation on the shortened
+    program, then `repeated_layers.lengthen` to all the layers: `program`'s module becomes that.
+    None (`program` unchanged, the reason logged) where the compiled layers do not repeat."""
+    programs = ProgramCache.beside(kernels) if program_cache_enabled() else None
+    key = None if programs is None else program_key(
+        ImportedProgram(short.module, program.weights), load_pipeline(opts.pipeline), rank,
+        repeated=f"{short.layers} layers of period {short.period}")
+    stored = None if programs is None else programs.load(key)
+    module, warnings = (stored.module if stored else short.module), []
+    if stored is None:
+        with pass_warnings() as warnings:
+            run_pipeline(module, opts.pipeline)
+    to_store = module.clone() if programs is not None and stored is None else None  # lengthen changes the module
+    built = build_kernels(module, kernels)
+    try:
+        repeated_layers.lengthen(module, short.layers, short.period, lambda old, new: _same_kernel(built, old, new))
+    except repeated_layers.NotRepeating as e:
+        log.info("repeated layers: compiling the whole program (%s)", e)
+        return None
+    if programs is not None and to_store is not None:
+        programs.store(key, to_store, warnings)
+    log.info("repeated layers: %s", short)
+    program.module = module
+    return built
+
+
+def _same_kernel(built: dict[Operation, RegionKernel], original: Operation, copy: Operation) -> None:
+    if original in built:
+        built[copy] = built[original]
 
 
 def _rank(world_size: int | None, rank: int | None) -> Rank:

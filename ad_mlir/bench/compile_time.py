@@ -49,13 +49,16 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
-    """Seconds per stage of `ad_mlir.compile` on `model` (export, import, the program cache's
-    key and lookup, then each pass of the default pipeline and the program cache's write where
-    the lookup missed, Triton codegen, PTX for sm_90 of each distinct kernel, export back to
-    FX), in order."""
+    """Seconds per stage of `ad_mlir.compile` on `model` (export, import, finding the repeated
+    decoder layers and shortening the program to a few of them, the program cache's key and
+    lookup, then each pass of the default pipeline and the program cache's write where the
+    lookup missed, Triton codegen, lengthening the program to all the layers, PTX for sm_90 of
+    each distinct kernel, export back to FX), in order. A model whose layers do not repeat is
+    compiled whole, as `compile` does (`passes/repeated_layers.py`)."""
     from ad_mlir.codegen.cache import KernelCache
     from ad_mlir.codegen.ptx import ptx_reports
-    from ad_mlir.frontends.fx_import import import_program
+    from ad_mlir.frontends.fx_import import ImportedProgram, import_program
+    from ad_mlir.passes import repeated_layers
     from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
     from ad_mlir.runtime.fx_export import export_program
     from ad_mlir.runtime.kernels import build_kernels
@@ -70,21 +73,35 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
         stages[stage] = time.perf_counter() - start
         return result
 
+    def shortened() -> tuple[ImportedProgram, int, int] | None:
+        try:
+            layout, p = repeated_layers.period(program.function)
+        except repeated_layers.NotRepeating:
+            return None
+        return ImportedProgram(repeated_layers.shorten(program.function, layout, p), program.weights), len(layout.layers), p
+
     ids = torch.zeros(1, TOKENS, dtype=torch.long, device=next(model.parameters()).device)
     ep = timed("export", lambda: export_with_ids(model, ids))
     with heap_frozen():  # as `compile_program` compiles
         program = timed("import", lambda: import_program(ep))
+        short = timed("repeated layers: shorten", shortened)
+        compiled, repeated = (short[0], f"{short[1]} layers of period {short[2]}") if short else (program, "")
         cache = KernelCache()
         programs = ProgramCache.beside(cache)
-        key = timed("program key", lambda: program_key(program, load_pipeline(PIPELINES["default"]), SINGLE_RANK))
+        key = timed("program key", lambda: program_key(compiled, load_pipeline(PIPELINES["default"]), SINGLE_RANK,
+                                                       repeated))
         stored = timed("program cache read", lambda: programs.load(key))
         if stored is None:
-            for record in run_pipeline(program.module, PIPELINES["default"]):
+            for record in run_pipeline(compiled.module, PIPELINES["default"]):
                 stages[f"pass {record.name}"] = record.seconds
-            timed("program cache write", lambda: programs.store(key, program.module))
+            timed("program cache write", lambda: programs.store(key, compiled.module))
         else:
-            program.module = stored.module
-        kernels = timed("Triton codegen", lambda: build_kernels(program.module, cache))
+            compiled.module = stored.module
+        kernels = timed("Triton codegen", lambda: build_kernels(compiled.module, cache))
+        if short:
+            timed("repeated layers: lengthen", lambda: repeated_layers.lengthen(
+                compiled.module, short[1], short[2], lambda old, new: kernels.update({new: kernels[old]} if old in kernels else {})))
+            program.module = compiled.module
         if ptx:
             timed("PTX (sm_90)", lambda: ptx_reports(kernels.values()))
         timed("export to FX", lambda: export_program(program, kernels, fold_weights=True))

@@ -180,6 +180,8 @@ class _Importer:
         self.arg_attrs: list[DictionaryAttr] = []
         self.weights: dict[str, torch.Tensor] = {}
         self.input_specs: dict[str, InputSpec] = {}
+        self.verified: set[Operation] = set()
+        """Ops verified when they were built."""
 
     # entry points ---------------------------------------------------------------
 
@@ -228,7 +230,12 @@ class _Importer:
         )
         module = ModuleOp([fn])
         try:
-            module.verify()
+            # each typed op verified as it was built (`_typed_op`): verifying it again was a third of the import
+            for op in (module, fn):
+                op.verify(verify_nested_ops=False)
+            for op in self.block.ops:
+                if op not in self.verified:
+                    op.verify()
         except VerifyException as e:
             raise ImportError_(f"imported IR does not verify: {e}") from e
         return ImportedProgram(module, self.weights, self.input_specs)
@@ -388,6 +395,7 @@ class _Importer:
         except VerifyException:
             op.drop_all_references()  # refused (kept as ad.torch_op): it must not stay a user of its operands
             raise
+        self.verified.add(op)
         return op
 
     def _operand(self, value: Any) -> SSAValue:

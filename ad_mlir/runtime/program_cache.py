@@ -13,6 +13,9 @@ An entry's key is the sha256 of everything the pipeline's result depends on:
 - the pipeline (its pass string and whether a failing pass is skipped), the world size and rank;
 - the versions of ad-mlir, torch, Triton and xDSL and the source of the passes, dialects and op
   semantics (a development checkout changes without its version).
+Where the decoder layers repeat (`passes/repeated_layers.py`), the module keyed and stored is the
+shortened program (which keeps every weight argument) with the count of layers it stands for and
+their period: those determine the whole program, and a program read is lengthened again.
 What the weights are made into is not cached: the exporter computes the concatenated weights of
 `fuse-gemms`, FP8-quantized weights and shards from the weights of each compile.
 
@@ -100,11 +103,12 @@ def _weight_digest(kind: str, tensor: torch.Tensor) -> str:
     return f"{described} {hashlib.sha256(data).hexdigest()}"
 
 
-def program_key(program: ImportedProgram, pipeline: PipelineConfig, rank: Rank) -> str:
-    """The key of the pipeline's result on `program` (see the module's docstring)."""
+def program_key(program: ImportedProgram, pipeline: PipelineConfig, rank: Rank, repeated: str = "") -> str:
+    """The key of the pipeline's result on `program` (see the module's docstring); `repeated`
+    says how many layers a shortened program stands for (`passes/repeated_layers.py`)."""
     h = hashlib.sha256(_compiler_fingerprint().encode())
     h.update(f"pipeline={pipeline.spec}\nskip_on_error={pipeline.skips_on_error()}\n".encode())
-    h.update(f"rank={rank.rank}/{rank.world_size}\n".encode())
+    h.update(f"rank={rank.rank}/{rank.world_size}\nrepeated={repeated}\n".encode())
     h.update(module_text(program.module).encode())
     kinds = _weight_kinds(program.module)
     for fqn in sorted(program.weights):

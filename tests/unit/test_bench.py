@@ -63,13 +63,13 @@ def test_the_default_pipeline_moves_less_than_eager_on_llama_and_gemma2() -> Non
 def test_compile_time_stages_run_in_fresh_processes() -> None:
     (row,) = run_compile_time([1], shape=TINY, inductor=False, ptx=False)
     stages = list(row["stages"])
-    assert stages[:4] == ["export", "import", "program key", "program cache read"]
+    assert stages[:5] == ["export", "import", "repeated layers: shorten", "program key", "program cache read"]
     assert stages[-3:] == ["program cache write", "Triton codegen", "export to FX"]
     passes = [s.removeprefix("pass ") for s in stages if s.startswith("pass ")]
     assert passes == PIPELINES["default"].split(","), "one stage per pass of the default pipeline, in order"
     # warm: a second fresh process, given the caches the first left, reads the pipeline's result
-    assert list(row["warm_stages"]) == ["export", "import", "program key", "program cache read", "Triton codegen",
-                                        "export to FX"]
+    assert list(row["warm_stages"]) == ["export", "import", "repeated layers: shorten", "program key",
+                                        "program cache read", "Triton codegen", "export to FX"]
     assert row["ad_mlir_s"] == sum(row["stages"].values())
     assert row["ad_mlir_warm_s"] == sum(row["warm_stages"].values())
     assert (row["inductor_s"], row["ratio"], row["inductor_note"]) == (None, None, "not run (--no-inductor)")

@@ -37,7 +37,7 @@ def test_keywords_override_the_options_object(tmp_path: Path) -> None:
 
 
 def test_an_unknown_option_is_named_with_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown CompileOptions option\(s\) pipelin \(known: cache, pipeline, rank"):
+    with pytest.raises(ValueError, match=r"unknown CompileOptions option\(s\) pipelin \(known: cache, layers_once, pipeline, rank"):
         ad_mlir.compile(_export(), pipelin="none")
     with pytest.raises(ValueError, match="unknown BackendOptions option"):
         BackendOptions.of({"fallbak": False})

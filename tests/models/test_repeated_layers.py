@@ -1,0 +1,122 @@
+"""Compiling once per distinct decoder layer (`passes/repeated_layers.py`, `CompileOptions.layers_once`)
+gives the program the whole-program compile gives: the same `ad` ops, operands, weights and
+locations for every layer (the module's text, value names aside), and the same outputs. Families:
+a Llama (period 1), Gemma2's sliding/global alternation (period 2), LFM2 with convolution and
+attention layers (a hybrid, period 2) and Mixtral (MoE), each deep enough that layers are
+instantiated; a model whose layers do not repeat falls back to the whole program."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.printer import Printer
+
+from ad_mlir.codegen.cache import KernelCache
+from ad_mlir.compiler import compile_program
+from ad_mlir.frontends.export import export_with_ids
+from ad_mlir.passes.repeated_layers import layer_of, renamed
+from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE
+from ad_mlir.zoo.small import model_from_config, small_config
+
+LOGGER = "ad_mlir.compiler"
+
+
+def _text(module: ModuleOp) -> str:
+    """The module with locations, its values numbered in order (their names are hints only)."""
+    module = module.clone()
+    for op in module.walk():
+        for value in [*op.results, *(a for r in op.regions for b in r.blocks for a in b.args)]:
+            value.name_hint = None
+    out = io.StringIO()
+    Printer(stream=out, print_generic_format=True, print_debuginfo=True).print_op(module)
+    return out.getvalue()
+
+
+def _model(family: str, layers: int, **overrides: object) -> torch.nn.Module:
+    return model_from_config(small_config(family, layers=layers, hidden_size=64, overrides=overrides)).eval()
+
+
+def _both(model: torch.nn.Module, caplog: pytest.LogCaptureFixture) -> tuple[str, str, str]:
+    """The compiled program's text once per layer and whole, and what the first compile logged;
+    the two graphs' outputs on the same tokens must be equal (the same ops on the same weights)."""
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    exported = export_with_ids(model, ids)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        once, once_program = compile_program(exported, layers_once=True)
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == LOGGER)
+    whole, whole_program = compile_program(exported, layers_once=False)
+    with torch.no_grad():
+        got, expected, eager = once(ids)[0], whole(ids)[0], model(input_ids=ids).logits
+    assert torch.equal(got, expected)
+    # fp32 on the reference path: only the fused ops' order of summation differs from eager
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+    return _text(once_program.module), _text(whole_program.module), said
+
+
+@pytest.mark.parametrize(("family", "layers", "period", "overrides"), [
+    ("llama", 6, 1, {}),
+    ("gemma2", 12, 2, {}),
+    ("lfm2", 12, 2, {"layer_types": ["conv", "full_attention"] * 6}),
+    ("mixtral", 6, 1, {}),
+])
+def test_layers_compiled_once_give_the_whole_programs_ops(
+    family: str, layers: int, period: int, overrides: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    once, whole, said = _both(_model(family, layers, **overrides), caplog)
+    kept = 5 * period + layers % period
+    assert f"{layers} layers of period {period}, compiled {kept} and instantiated the other {layers - kept}" in said
+    assert once == whole
+    assert f'loc("model.layers.{layers - 1}.' in once
+
+
+def test_the_program_cache_keeps_the_shortened_program_and_lengthens_what_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first compile stores the compiled shortened program, the second reads it (the
+    pipeline skipped) and lengthens it to the whole compile's program and outputs."""
+    monkeypatch.setenv(PROGRAM_CACHE_VARIABLE, "1")
+    model, ids = _model("llama", 6), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    exported = export_with_ids(model, ids)
+    first = compile_program(exported, cache=KernelCache(tmp_path))[1]
+    with caplog.at_level(logging.INFO):
+        second, program = compile_program(exported, cache=KernelCache(tmp_path))
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "the pass pipeline skipped" in said and "6 layers of period 1, compiled 5" in said
+    assert len(list((tmp_path / "programs").glob("*.mlir"))) == 1
+    monkeypatch.setenv(PROGRAM_CACHE_VARIABLE, "0")
+    whole, whole_program = compile_program(exported, layers_once=False)
+    assert _text(program.module) == _text(first.module) == _text(whole_program.module)
+    with torch.no_grad():
+        assert torch.equal(second(ids)[0], whole(ids)[0])
+
+
+def test_layers_that_do_not_repeat_are_compiled_whole(caplog: pytest.LogCaptureFixture) -> None:
+    types = ["conv", "full_attention", "conv", "conv", "full_attention", "conv"]
+    once, whole, said = _both(_model("lfm2", len(types), layer_types=types), caplog)
+    assert "compiling the whole program (the 6 layers do not repeat 6 times or more)" in said
+    assert once == whole
+
+
+def test_layer_names_are_renamed_in_their_stack_only() -> None:
+    assert layer_of("model.layers.12.mlp.experts.3.w1") == ("model.layers", 12)
+    assert layer_of("lm_head.weight") is None
+    assert renamed("model.layers.12.mlp.experts.3.w1", "model.layers", lambda i: i + 9) == "model.layers.21.mlp.experts.3.w1"
+    assert renamed("transformer.h.2.attn", "model.layers", lambda i: i + 9) == "transformer.h.2.attn"
+
+
+def test_verify_compiles_the_whole_program_so_every_pass_is_checked_on_every_layer(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """One pass (numeric checks of the default pipeline on six layers take long) suffices: the
+    program's layers repeat, yet it is not shortened."""
+    model, ids = _model("llama", 6), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        compiled = compile_program(export_with_ids(model, ids), verify=True, pipeline="fuse-silu-mul")[0]
+    assert not [r for r in caplog.records if "repeated layers" in r.getMessage()]
+    with torch.no_grad():  # fp32, reference path: as in `_both`
+        torch.testing.assert_close(compiled(ids)[0], model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
