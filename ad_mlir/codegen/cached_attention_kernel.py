@@ -102,6 +102,10 @@ class CachedAttentionSpec(RotaryHead):
     v_head_dim: int | None = None
     """The value's (and the output's) head dim where it differs from the query's and key's
     (DeepSeek's MLA heads: q/k 192, v 128); None: the same."""
+    distance_extent: int | None = None
+    """A bias per query token and head over this many backward distances, [B, Hq, S, extent]
+    contiguous, is an input (after the ALiBi slopes): the score of the key at distance d from
+    the query gets entry d when d < extent (Inkling's relative logits)."""
 
     @property
     def value_dim(self) -> int:
@@ -118,6 +122,8 @@ class CachedAttentionSpec(RotaryHead):
         if self.qk_norm is not None and not self.rope:
             raise ValueError("cached attention kernel: qk_norm needs rope=True (QK-norm comes with RoPE from "
                              "ad.rope_attention)")
+        if self.distance_extent is not None:
+            raise ValueError("cached attention kernel: no distance bias yet (the op runs as its reference)")
         if self.window is not None and self.window < 1:
             raise ValueError(f"cached attention kernel: window {self.window} must be positive")
         if not 0 < self.value_dim <= MAX_HEAD_DIM:
