@@ -186,6 +186,7 @@ from ad_mlir.passes.patterns.attention_patterns import (
     match_repeat_kv,
 )
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
+from ad_mlir.passes.patterns.distance_bias import biased_mask, check_distance_bias, match_distance_bias
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
 from ad_mlir.passes.patterns.scan_patterns import (
@@ -489,6 +490,7 @@ class InsertCachedAttentionPass(ModulePass):
             raise PassFailedException(
                 f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
                 "in the slot form (paged=false); this attention is not MLA (the log says why)")
+        distance_bias, bias_computed = self._distance_bias(fn, attention, layer)
         _bias_as_key_dim(attention)
         window = self._window(fn, attention, layer)
         if attention.key_seq_first:
@@ -514,7 +516,7 @@ class InsertCachedAttentionPass(ModulePass):
         op_class = ad.PagedAttentionOp if self.paged else ad.CachedAttentionOp
         cached = op_class.build(
             operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, *metadata,
-                      sinks, slopes],
+                      sinks, slopes, distance_bias],
             properties=properties,
             result_types=[attention.output.results[0].type],
         )
@@ -522,9 +524,29 @@ class InsertCachedAttentionPass(ModulePass):
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
         for computed in (attention.mask, attention.alibi, *(attention.selected or ()),
-                         *(attention.multiplied or ())[:1]):
+                         *(attention.multiplied or ())[:1], bias_computed):
             if computed is not None:
                 erase_computation(computed, Rewriter.erase_op)
+
+    def _distance_bias(self, fn: func.FuncOp, attention: Attention,
+                       layer: str) -> tuple[list[SSAValue], SSAValue | None]:
+        """([the per-token logits], the bias they replace) when the scores' bias (eager: added
+        to the scores; SDPA: the float mask `where(mask, bias, lowest)`, which leaves the boolean
+        mask) is Inkling's relative bias gathered by distance (`patterns/distance_bias.py`);
+        ([], None) for any other. A bias of that form gathered otherwise raises, naming the layer."""
+        if attention.alibi is not None and (found := match_distance_bias(attention.alibi)) is not None:
+            bias, attention.alibi = attention.alibi, None
+        elif attention.mask is not None and not attention.mask_fills and (split := biased_mask(attention.mask)):
+            bias = attention.mask
+            attention.mask, found = split
+        else:
+            return [], None
+        try:
+            check_distance_bias(fn, found, self._inputs())
+        except MaskError as e:
+            raise PassFailedException(f"{layer}: {e}; only a bias gathered by the query-key distance can be "
+                                      "cached") from None
+        return [found.logits], bias
 
     def _cache_type(self, x: SSAValue) -> TensorType:
         """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
