@@ -533,13 +533,24 @@ def test_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build, dtype: torch.dty
     _assert_compiles_without_spills(module, dtype, 128, 128, 192, None, [], [], v_head_dim=128)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_inkling_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Inkling's sliding layers: 64 query / 16 K/V heads of 128, window 512, the relative bias
+    over 512 distances per token and head (`distance_bias`), no RoPE."""
+    module = build(_spec(128, dtype, rope=False, window=512, distance_extent=512))
+    biases = {(b, s): [_meta(b, 64, s, 512, dtype=dtype)] for b, s in ((1, 1024), (8, 1))}
+    _assert_compiles_without_spills(module, dtype, 64, 16, 128, None, [], biases)
+
+
 def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: int,
                                     head_dim: int, rotary_dim: int | None, weights: list[torch.Tensor],
-                                    trailing: list[torch.Tensor], v_head_dim: int | None = None) -> None:
+                                    trailing: list[torch.Tensor] | dict[tuple[int, int], list[torch.Tensor]],
+                                    v_head_dim: int | None = None) -> None:
     """A 1024-token prefill (one launch) and a decode step of 8 sequences (split kernel +
     reduce) over a cache of 16 slots x 8192 positions (RoPE tables of `rotary_dim` when set),
     specialized as the runtime launches them
-    and compiled for sm_90: no spills, shared memory within an H100's."""
+    and compiled for sm_90: no spills, shared memory within an H100's. `trailing`: the tensors
+    after `starts`, or those of each (batch, seq) launch."""
     launches = []
     for batch, seq in ((1, 1024), (8, 1)):
         v_dim = v_head_dim or head_dim
@@ -548,7 +559,7 @@ def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, head
                    *([_meta(batch, seq, rotary_dim, dtype=dtype)] * 2 if rotary_dim else []), *weights,
                    _meta(16, 8192, kv_heads, head_dim, dtype=dtype), _meta(16, 8192, kv_heads, v_dim, dtype=dtype),
                    *[_meta(batch, dtype=torch.int64)] * 2,
-                   *trailing]
+                   *(trailing[batch, seq] if isinstance(trailing, dict) else trailing)]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
@@ -583,3 +594,16 @@ def test_distance_bias_reference(dtype: torch.dtype) -> None:
         _assert_close(case.k_cache, k_cache, 0.0)
         plain = _expected(Case(starts, seq, 6, 2, 64, dtype, max_seq=64, rope=False, seed=seq), 0.125, window=9)[0]
         assert (reference.float() - plain.float()).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_distance_bias_kernel(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """The kernel with Inkling's distance bias (extent 6, window 9, GQA 6:2, the bias given
+    transposed as HF's [batch, seq, heads, extent] matmul makes it): a prefill (a prompt, a chunk
+    after a cached prefix: distances reaching into the cache) and a decode step over several
+    splits (a cache of 256); the expectation is HF's gather form."""
+    spec = _spec(64, dtype, rope=False, window=9, distance_extent=6)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, rope=False, seed=seq, distance_extent=6)
+        case.distance = [case.distance[0].transpose(1, 2).contiguous().transpose(1, 2)]
+        _check(build(spec), case, spec)
