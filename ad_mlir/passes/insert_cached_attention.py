@@ -186,7 +186,12 @@ from ad_mlir.passes.patterns.attention_patterns import (
     match_repeat_kv,
 )
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
-from ad_mlir.passes.patterns.distance_bias import biased_mask, check_distance_bias, match_distance_bias
+from ad_mlir.passes.patterns.distance_bias import (
+    biased_mask,
+    check_distance_bias,
+    match_distance_bias,
+    scaled_logits,
+)
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
 from ad_mlir.passes.patterns.scan_patterns import (
@@ -198,7 +203,7 @@ from ad_mlir.passes.patterns.scan_patterns import (
     match_ssm_scan,
 )
 from ad_mlir.passes.patterns.sparse_attention import Indexer, SparseMask, match_sparse_mask
-from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions
+from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions, rows_axis
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
@@ -532,8 +537,9 @@ class InsertCachedAttentionPass(ModulePass):
                        layer: str) -> tuple[list[SSAValue], SSAValue | None]:
         """([the per-token logits], the bias they replace) when the scores' bias (eager: added
         to the scores; SDPA: the float mask `where(mask, bias, lowest)`, which leaves the boolean
-        mask) is Inkling's relative bias gathered by distance (`patterns/distance_bias.py`);
-        ([], None) for any other. A bias of that form gathered otherwise raises, naming the layer."""
+        mask) is Inkling's relative bias gathered by distance (`patterns/distance_bias.py`; the
+        logits scaled per query as the bias was, by new ops before the attention); ([], None)
+        for any other. A bias of that form gathered otherwise raises, naming the layer."""
         if attention.alibi is not None and (found := match_distance_bias(attention.alibi)) is not None:
             bias, attention.alibi = attention.alibi, None
         elif attention.mask is not None and not attention.mask_fills and (split := biased_mask(attention.mask)):
@@ -546,7 +552,7 @@ class InsertCachedAttentionPass(ModulePass):
         except MaskError as e:
             raise PassFailedException(f"{layer}: {e}; only a bias gathered by the query-key distance can be "
                                       "cached") from None
-        return [found.logits], bias
+        return [scaled_logits(found, InsertPoint.before(attention.output))], bias
 
     def _cache_type(self, x: SSAValue) -> TensorType:
         """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
@@ -753,7 +759,8 @@ def _positions_from_starts(fn: func.FuncOp, starts: SSAValue) -> None:
         for op, index in found.meetings:
             value = op.operands[index]
             rest = list(value.type.get_shape()[value.type.get_shape().index(DYNAMIC_INDEX) + 1:])
-            view = _viewed(value, [batch.result, arange.end], [DYNAMIC_INDEX, DYNAMIC_INDEX, *rest])
+            ones = [1] * (rows_axis(value, op.results[0]) - 1)
+            view = _viewed(value, [batch.result, arange.end], [DYNAMIC_INDEX, *ones, DYNAMIC_INDEX, *rest])
             view.location = op.location
             Rewriter.insert_op(view, InsertPoint.before(op))
             op.operands[index] = view.result

@@ -4,7 +4,9 @@ relative states times a bank of bias-vs-distance profiles, gathered by query-key
 past `rel_extent`), which the cached attention takes as its `distance_bias` operand; its keys and
 values pass short convolutions first (cached as `ad.cached_causal_conv1d`). Built from the config
 class with wide random weights (greedy tokens vary): one sliding layer (window 4, the bias over 4
-distances) and one full layer (the bias over 6 distances), both reached by the prompts; tokens
+distances) and one full layer (the bias over 6 distances, and log scaling: the query and the
+bias times tau = 1 + alpha log(max(position + 1, n_floor) / n_floor), from the step's real
+positions), both reached by the prompts; tokens
 against HF `generate` (three prompts in two slots), per-step logits (prefill and 4 decode steps)
 against HF's full-prefix forward, with the kernels as their reference and in the Triton
 interpreter. (Its short convolutions keep a state per sequence: the paged form refuses the
@@ -32,7 +34,8 @@ def _inkling(**settings: object) -> torch.nn.Module:
     config.initializer_range = 0.5
     for name, value in {"layer_types": ["hybrid_sliding", "hybrid"], "sliding_window_size": WINDOW,
                         "rel_extent": EXTENT, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
-                        "swa_head_dim": 16, "head_dim": 16, **settings}.items():
+                        "swa_head_dim": 16, "head_dim": 16, "log_scaling_n_floor": 2, "log_scaling_alpha": 0.5,
+                        **settings}.items():
         setattr(config, name, value)
     return model_from_config(config)
 
@@ -68,17 +71,20 @@ def test_step_logits_match_hf_prefill_and_decode(inkling) -> None:  # noqa: ANN0
 
 def test_in_the_interpreter(inkling, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The cached attention's kernel with the bias (prefill and split-K decode) in the Triton
-    interpreter, the reference refused: three prompts in two slots."""
+    interpreter, the reference refused: two prompts (7 tokens: past both extents), 3 new tokens."""
     model, llm = inkling
-    _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS, 4)
+    _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS[:2], 3)
 
 
-def test_the_bias_decides_its_tokens(inkling) -> None:  # noqa: ANN001
+def test_the_bias_and_the_log_scaling_decide_its_tokens(inkling) -> None:  # noqa: ANN001
     """What the tests above would catch: the same weights without the relative bias (its
-    profiles zeroed) generate other tokens, so a cached attention that dropped it would be seen."""
+    profiles zeroed), or without log scaling, generate other tokens, so a cached attention that
+    dropped the bias, or positions that restart at each step, would be seen."""
     model, _ = inkling
-    unbiased = _inkling()
+    unbiased, unscaled = _inkling(), _inkling(log_scaling_n_floor=None)
     with torch.no_grad():
         for layer in unbiased.model.layers:
             layer.self_attn.rel_logits_proj.proj.zero_()
-    assert [_hf_tokens(unbiased, p, 8) for p in PROMPTS] != [_hf_tokens(model, p, 8) for p in PROMPTS]
+    expected = [_hf_tokens(model, p, 8) for p in PROMPTS]
+    assert [_hf_tokens(unbiased, p, 8) for p in PROMPTS] != expected
+    assert [_hf_tokens(unscaled, p, 8) for p in PROMPTS] != expected

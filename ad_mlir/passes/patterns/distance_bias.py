@@ -8,22 +8,26 @@ HF computes it densely over [queries, keys]:
     distance = unsqueeze(q_positions[:, None] - k_positions[None, :])  [1, 1, seq, keys]
     bias     = masked_fill(gather(logits, -1, expand(clamp(distance, 0, extent - 1))),
                            (distance < 0) | (distance >= extent), 0.0)
-and adds it to the scaled scores: in the eager form as `scores + bias` (the matcher's ALiBi
+possibly scaled per query after (Inkling's log scaling of the full layers multiplies it by tau of
+the query position, a [1, 1, seq, 1] factor, in fp32 between casts), and adds it to the scaled
+scores: in the eager form as `scores + bias` (the matcher's ALiBi
 slot, `Attention.alibi`), through SDPA as the float mask `where(mask, bias, lowest)`
 (transformers' `create_position_bias_mask`). `match_distance_bias` recognises the form by its
 ops; `check_distance_bias` then runs the index and the masked positions' computations (they may
 read only the inputs' shapes, as a mask's) and checks that the bias is `logits[..., q - k]`
-where 0 <= q - k < extent and 0 elsewhere, so that only the logits remain for the cached op."""
+where 0 <= q - k < extent and 0 elsewhere, so that only the logits (scaled per query as the
+bias was: `per_query`) remain for the cached op."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr, IntegerType
-from xdsl.ir import SSAValue
+from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr, IntegerType, TensorType
+from xdsl.ir import Operation, SSAValue
+from xdsl.rewriter import InsertPoint, Rewriter
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.attention_masks import MaskError, evaluate
@@ -41,6 +45,9 @@ class DistanceBias:
     """The gather's index before its expand over batch and heads: [1, 1, seq, keys] or broadcast to it."""
     outside: SSAValue
     """The masked_fill's boolean mask: True where the bias is 0."""
+    per_query: list[ad.CastOp | ad.MulOp] = field(default_factory=list)
+    """Casts and products by a factor with one value per query (its key dim 1) applied to the
+    gathered bias, last first: they apply to the logits alike (`scaled_logits`)."""
 
     @property
     def extent(self) -> int:
@@ -50,7 +57,11 @@ class DistanceBias:
 def match_distance_bias(bias: SSAValue) -> DistanceBias | None:
     """The module docstring's form of `bias` [batch, heads, seq, keys]: `masked_fill(gather(
     logits, -1, expand(index)), outside, 0.0)` with 4-D float logits of a static last dim
-    (the extent); None otherwise."""
+    (the extent), under casts and products by per-query factors; None otherwise."""
+    per_query: list[ad.CastOp | ad.MulOp] = []
+    while (step := _per_query_step(bias)) is not None:
+        per_query.append(step)
+        bias = step.operands[0] if isinstance(step, ad.CastOp) else _scaled_operand(step)
     fill = bias.owner
     if not (isinstance(fill, ad.TorchOp) and fill.target.data == "aten.masked_fill.Scalar" and len(fill.inputs) == 2
             and fill.args.data[0] == ad.OperandRefAttr(0) and len(fill.args.data) == 3):
@@ -68,7 +79,45 @@ def match_distance_bias(bias: SSAValue) -> DistanceBias | None:
     if len(shape) != 4 or shape[3] == DYNAMIC_INDEX or not torch_dtype(logits.type.element_type).is_floating_point:
         return None
     expand = producer(index, ad.ExpandOp)
-    return DistanceBias(logits, expand.input if expand is not None else index, fill.inputs[1])
+    return DistanceBias(logits, expand.input if expand is not None else index, fill.inputs[1], per_query)
+
+
+def _per_query_step(value: SSAValue) -> ad.CastOp | ad.MulOp | None:
+    """The op of `value` when it is a cast or a product by a factor whose key dim is 1 (4-D
+    [..., seq, 1] at most: one value per query, so it scales each query's logits alike)."""
+    op = value.owner
+    if isinstance(op, ad.CastOp):
+        return op
+    if isinstance(op, ad.MulOp) and _scaled_operand(op) is not None:
+        return op
+    return None
+
+
+def _scaled_operand(mul: ad.MulOp) -> SSAValue | None:
+    """The [batch, heads, seq, keys] operand of `mul` whose other operand is a per-query factor."""
+    for x, factor in ((mul.input, mul.other), (mul.other, mul.input)):
+        shape = x.type.get_shape() if isinstance(x.type, TensorType) else ()
+        other = factor.type.get_shape() if isinstance(factor.type, TensorType) else ()
+        if len(shape) == 4 and len(other) <= 4 and (not other or other[-1] == 1) \
+                and all(d == 1 for d in other[:-2][-2:]):
+            return x
+    return None
+
+
+def scaled_logits(found: DistanceBias, at: InsertPoint) -> SSAValue:
+    """`found`'s logits under its per-query casts and products (new ops inserted `at`)."""
+    value = found.logits
+    for op in reversed(found.per_query):
+        shape = value.type.get_shape()
+        if isinstance(op, ad.CastOp):
+            new: Operation = ad.CastOp(value, TensorType(op.result.type.element_type, shape))
+        else:
+            factor = op.other if _scaled_operand(op) is op.input else op.input
+            new = ad.MulOp(value, factor, TensorType(op.result.type.element_type, shape))
+        new.location = op.location
+        Rewriter.insert_op(new, at)
+        value = new.results[0]
+    return value
 
 
 def check_distance_bias(fn: func.FuncOp, found: DistanceBias, inputs: Mapping[str, torch.Tensor]) -> None:
