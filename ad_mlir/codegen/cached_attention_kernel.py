@@ -7,7 +7,7 @@ launch takes, in the op's operand order, `q [B, Hq, S, D]`, `k [B, Hkv, S, D]`, 
 D]`, with QK-norm `q_norm`, `k_norm [D]` (Qwen3, Gemma3: each new query and key head
 RMS-normalized before RoPE, as the attention template does), then `k_cache [slots, max_seq, Hkv,
 D]`, `v_cache [slots, max_seq, Hkv, Dv]`, `slots`, `starts [B]` (int64, on the device: nothing is
-read on the host), with sinks `sinks [Hq]`, with ALiBi `alibi [Hq]` slopes (both contiguous),
+read on the host), with sinks `sinks [Hq]` (or per token `[B, Hq, S]`), with ALiBi `alibi [Hq]` slopes (both contiguous),
 with a distance bias `distance_bias [B, Hq, S, extent]` (any strides),
 writes the new keys (after QK-norm and RoPE) and values into rows `starts[b] ..` of slot
 `slots[b]` and returns `out [B, Hq, S, Dv]`,
@@ -98,7 +98,8 @@ class CachedAttentionSpec(RotaryHead):
     """q_norm and k_norm weights [D] are inputs (after the tables): the new query and key rows
     are RMS-normalized per head before RoPE (the cache holds the normalized keys)."""
     sinks: bool = False
-    """A sink logit per query head [Hq] is an input (after `starts`): it joins each row's softmax."""
+    """A sink logit per query head [Hq], or per token and head [B, Hq, S] (Inkling2), is an input
+    (after `starts`): it joins each row's softmax."""
     alibi: bool = False
     """ALiBi slopes per query head [Hq] are an input (after the sinks): scores get slope * (key -
     query position)."""
@@ -257,7 +258,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
         seq_len, n_heads, kv_group, n_splits, split_size,
         q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
         cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd, qn_sd, kn_sd,
-        kc_s0, kc_s1, kc_s2, kc_s3, vc_s0, vc_s1, vc_s2, vc_s3, db_sb, db_sh, db_ss, db_sd,
+        kc_s0, kc_s1, kc_s2, kc_s3, vc_s0, vc_s1, vc_s2, vc_s3, db_sb, db_sh, db_ss, db_sd, sk_sb, sk_sh, sk_ss,
         PHASE: tl.constexpr, V_DIM: tl.constexpr, V_P: tl.constexpr, HALF: tl.constexpr,
         HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
         ROPE: tl.constexpr,
@@ -278,7 +279,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
         m_max = tl.max(m, 0)
         if SINKS:
             # The head's sink is one more softmax term (weight exp(sink), no value): merged once, here.
-            sink = tl.load(sinks + bh % n_heads).to(tl.float32) * LOG2E
+            sink = tl.load(sinks + bh // n_heads * sk_sb + bh % n_heads * sk_sh).to(tl.float32) * LOG2E
             m_max = tl.maximum(m_max, sink)
         w = tl.exp2(m - m_max)
         o = tl.load(part_o + part[:, None] * V_DIM + dims[None, :], mask=s_in[:, None] & d_in[None, :], other=0.0)
@@ -371,7 +372,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
         v_new = v + b * v_sb + kvh * v_sh
         if SINKS:
             # The online softmax starts from the sink's term: max = sink, sum = exp(sink - max) = 1.
-            m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks + h).to(tl.float32) * LOG2E
+            sink_rows = sinks + b * sk_sb + h * sk_sh + m_pos * sk_ss  # one head's, or each token's
+            m_i = tl.load(sink_rows, mask=m_in, other=0.0).to(tl.float32) * LOG2E
             l_i = tl.full([BLOCK_M], 1.0, tl.float32)
         else:
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -469,6 +471,8 @@ def launch(kernel, tensors, scalars):
         return [out]
     strides = [_stride(t, d) for t, n in ((q, 4), (k, 4), (v, 4), (cos, 3), (sin, 3), (q_norm, 1), (k_norm, 1),
                                           (k_cache, 4), (v_cache, 4), (distance_bias, 4)) for d in range(n)]
+    # sinks [Hq] read as [B, Hq, S] with strides 0 but the head's; per token [B, Hq, S] as they are
+    strides += [0, sinks.stride(0), 0] if sinks.dim() == 1 else [_stride(sinks, d) for d in range(3)]
     common = (q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, distance_bias, k_cache, v_cache, slots, starts, out)
     if seq_len > 1:
         blocks = prefill_blocks($width, $dtype, seq_len, $norm, $extent > 0)

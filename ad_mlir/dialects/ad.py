@@ -1584,7 +1584,8 @@ class CachedAttentionOp(AdOp):
     query and key heads are RMS-normalized before RoPE (the cache holds the normalized, rotated
     keys). With `sinks` [heads] (gpt-oss), each head's learned sink logit joins the softmax
     of every query of that head: softmax over [scores, sink] with the sink's column dropped, so
-    the sink takes a share of the probability and attends to no value. With `alibi_slopes`
+    the sink takes a share of the probability and attends to no value; `sinks` [batch, heads,
+    seq] (Inkling2: computed from each token's hidden state) gives each new token its own. With `alibi_slopes`
     [heads] (BLOOM, MPT), the scores of head h get ALiBi's linear bias `slope[h] * (key position
     - query position)` (after scale and soft cap; HF's `slope * key position` differs from it by a
     constant per query, which the softmax cancels). With `distance_bias` [batch, heads, seq,
@@ -1659,9 +1660,14 @@ class CachedAttentionOp(AdOp):
             raise VerifyException("ad.cached_attention result must have the query's type with the value's head_dim")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
-        for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):
+        if self.sinks is not None and _shape(self.sinks.type) == q[:3]:  # one sink logit per token and head
+            per_heads = (("alibi_slopes", self.alibi_slopes),)
+        else:
+            per_heads = (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes))
+        for name, per_head in per_heads:
             if per_head is not None and (_shape(per_head.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
-                raise VerifyException(f"ad.cached_attention {name} must be [heads] = [{q[1]}], one per query head")
+                raise VerifyException(f"ad.cached_attention {name} must be [heads] = [{q[1]}], one per query head"
+                                      + (" (sinks: or [batch, heads, seq], one per token)" if name == "sinks" else ""))
         _verify_distance_bias(self, q)
         _verify_qk_norm(self)
 

@@ -516,7 +516,7 @@ class InsertCachedAttentionPass(ModulePass):
         if attention.qk_norm is not None:
             *norm_weights, norm = attention.qk_norm
             properties |= norm.properties()
-        sinks = [attention.sinks] if attention.sinks is not None else []
+        sinks = [self._sinks(attention, layer)] if attention.sinks is not None else []
         slopes = [self._alibi_slopes(fn, attention, layer)] if attention.alibi is not None else []
         op_class = ad.PagedAttentionOp if self.paged else ad.CachedAttentionOp
         cached = op_class.build(
@@ -553,6 +553,22 @@ class InsertCachedAttentionPass(ModulePass):
             raise PassFailedException(f"{layer}: {e}; only a bias gathered by the query-key distance can be "
                                       "cached") from None
         return [scaled_logits(found, InsertPoint.before(attention.output))], bias
+
+    def _sinks(self, attention: Attention, layer: str) -> SSAValue:
+        """The op's `sinks`: [heads] as matched, or a [batch, heads, seq, 1] column per token
+        squeezed to [batch, heads, seq] (a new op before the attention; the slot form only)."""
+        sinks = attention.sinks
+        shape = sinks.type.get_shape()
+        if len(shape) == 1:
+            return sinks
+        if self.paged:
+            raise PassFailedException(f"{layer}: its sink logits are one per token (Inkling2's); the paged form "
+                                      "(paged=true) takes one per head only: compile it in the slot form")
+        squeeze = ad.SqueezeOp.build(operands=[sinks], properties={"dim": DenseArrayBase.from_list(i64, [3])},
+                                     result_types=[TensorType(sinks.type.element_type, shape[:3])])
+        squeeze.location = attention.output.location
+        Rewriter.insert_op(squeeze, InsertPoint.before(attention.output))
+        return squeeze.result
 
     def _cache_type(self, x: SSAValue) -> TensorType:
         """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value

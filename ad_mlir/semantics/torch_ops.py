@@ -425,12 +425,14 @@ def cached_attention(
     key/value written into each row's cache slot after the tokens it holds, then attention over
     the slot's first start + seq positions, causal with offset (and within `window`), the scores
     soft-capped with `softcap`, ALiBi's `slope * (key - query position)` added (`alibi_slopes`),
-    each query's bias by backward distance added (`distance_bias`), each head's sink logit in its
-    softmax (`sinks`). One row at a time: the reference reads each row's slot and start on the host."""
+    each query's bias by backward distance added (`distance_bias`), each head's (or each token's)
+    sink logit in its softmax (`sinks`). One row at a time: the reference reads each row's slot and start on the host."""
     query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
                                 qk_norm_offset, qk_norm_weight_in_fp32)
+    per_token = sinks is not None and sinks.dim() == 3  # [batch, heads, seq]: each token's own
     rows = [_write_and_attend(query[b], key[b], value[b], k_cache[slot], v_cache[slot], start, scale, window,
-                              softcap, sinks, alibi_slopes, distance_bias[b] if distance_bias is not None else None)
+                              softcap, sinks[b] if per_token else sinks, alibi_slopes,
+                              distance_bias[b] if distance_bias is not None else None)
             for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True))]
     return rows[0][None] if len(rows) == 1 else torch.stack(rows)
 
@@ -532,7 +534,9 @@ def _eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     if sinks is not None:
-        sink = sinks.float().reshape(-1, 1, 1).expand(*scores.shape[:-1], 1)
+        # [heads]: one per head; [heads, seq]: one per query token and head
+        sink = (sinks.float().reshape(-1, 1, 1) if sinks.dim() == 1 else sinks.float()[..., None])
+        sink = sink.expand(*scores.shape[:-1], 1)
         probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(scores, dim=-1)

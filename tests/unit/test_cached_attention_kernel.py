@@ -190,8 +190,9 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
         if case.distance:
             scores = scores + _inkling_position_bias(case.distance[0][b].to(work), query_pos, key_pos)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        if case.sinks:  # gpt-oss: the sink column joins the softmax, then goes
-            sink = case.sinks[0].to(work)[:, None, None].expand(-1, seq, 1)
+        if case.sinks:  # gpt-oss: the sink column joins the softmax, then goes (Inkling2: one per token)
+            sinks = case.sinks[0].to(work)
+            sink = sinks[b][..., None] if sinks.dim() == 3 else sinks[:, None, None].expand(-1, seq, 1)
             probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
         else:
             probs = scores.softmax(-1)
@@ -607,3 +608,24 @@ def test_distance_bias_kernel(build, dtype: torch.dtype) -> None:  # noqa: ANN00
         case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, rope=False, seed=seq, distance_extent=6)
         case.distance = [case.distance[0].transpose(1, 2).contiguous().transpose(1, 2)]
         _check(build(spec), case, spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_sinks_per_token_prefill_and_decode(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Inkling2's sink logit per token and head ([batch, heads, seq], given as the transposed
+    [batch, seq, heads] projection HF makes it), window 5: a prefill (a prompt, a chunk after a
+    cached prefix) and a decode step over several splits (a cache of 256), GQA 6:2; also what the
+    op's reference computes. One sink per head instead moves the outputs past the tolerance."""
+    spec = _spec(64, dtype, rope=False, window=5, sinks=True)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, rope=False, seed=seq)
+        g = torch.Generator().manual_seed(seq)
+        case.sinks = [(torch.randn(len(starts), seq, 6, generator=g) * 2).to(dtype).to(DEVICE).transpose(1, 2)]
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+                                               case.starts, spec.scale, 5, sinks=case.sinks[0])
+        out = _check(build(spec), case, spec)
+        _assert_close(out, reference, TOLERANCE[dtype])
+        per_head = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache.clone(), v_cache.clone(),
+                                              case.slots, case.starts, spec.scale, 5, sinks=case.sinks[0][0, :, 0])
+        assert (out.float() - per_head.float()).abs().max() > 0.1
