@@ -10,13 +10,19 @@ positions), both reached by the prompts; tokens
 against HF `generate` (three prompts in two slots), per-step logits (prefill and 4 decode steps)
 against HF's full-prefix forward, with the kernels as their reference and in the Triton
 interpreter. (Its short convolutions keep a state per sequence: the paged form refuses the
-model, so the paged kernel's bias is tested in tests/unit/test_paged_attention.py.)"""
+model, so the paged kernel's bias is tested in tests/unit/test_paged_attention.py.)
+
+Inkling2's sliding layers add a sink logit per token and head (`sink_proj` of the hidden state,
+the cached attention's `sinks` [batch, heads, seq]) to the same bias; its full layers'
+dynamic short convolutions (taps computed per token) are not cached: such a layer is refused,
+naming the convolution's ops."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from test_generate import _assert_interpreted_tokens_are_hf, _assert_step_logits_match, _hf_tokens
+from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
 from ad_mlir.dialects import ad
@@ -88,3 +94,44 @@ def test_the_bias_and_the_log_scaling_decide_its_tokens(inkling) -> None:  # noq
     expected = [_hf_tokens(model, p, 8) for p in PROMPTS]
     assert [_hf_tokens(unbiased, p, 8) for p in PROMPTS] != expected
     assert [_hf_tokens(unscaled, p, 8) for p in PROMPTS] != expected
+
+
+@pytest.fixture(scope="module")
+def inkling2() -> tuple[torch.nn.Module, ad_mlir.LLM]:
+    """Two sliding layers (window 4, the bias over 4 distances), each with sinks per token."""
+    config = small_config("inkling2_text", hidden_size=64)
+    config.initializer_range = 0.5
+    for name, value in {"layer_types": ["hybrid_sliding"] * 2, "sliding_window_size": WINDOW,
+                        "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16}.items():
+        setattr(config, name, value)
+    model = model_from_config(config)
+    return model, ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
+
+
+def test_inkling2_takes_sinks_per_token(inkling2) -> None:  # noqa: ANN001
+    _, llm = inkling2
+    cached = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedAttentionOp)]
+    assert [(op.window.value.data, op.sinks.type.get_shape()[1], op.distance_bias.type.get_shape()[3])
+            for op in cached] == [(WINDOW, 4, WINDOW)] * 2
+    assert all(len(op.sinks.type.get_shape()) == 3 for op in cached)
+
+
+def test_inkling2_generates_hf_greedy_tokens(inkling2) -> None:  # noqa: ANN001
+    model, llm = inkling2
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=8)
+    assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 8) for prompt in PROMPTS]
+
+
+def test_inkling2_step_logits_match_hf_prefill_and_decode(inkling2) -> None:  # noqa: ANN001
+    _assert_step_logits_match(*inkling2)
+
+
+def test_inkling2_dynamic_convolution_is_refused() -> None:
+    """A full layer's keys and values pass a convolution whose taps each token computes: not
+    cached, so refused, naming its ops and layer."""
+    config = small_config("inkling2_text", hidden_size=64)
+    config.layer_types = ["hybrid_sliding", "hybrid"]
+    with pytest.raises(PassFailedException, match=r"model\.layers\.1\.self_attn\.k_proj\.sconv: ad\.torch_op "
+                       r"\(aten\.pad\.default"):
+        ad_mlir.LLM(model_from_config(config), max_batch=2, max_seq_len=32)
