@@ -31,7 +31,14 @@ masks; BLOOM's `baddbmm(bias, q, k^T)` over [batch * heads] rows, viewed as head
 the values) is evaluated at max-seq-len tokens as the mask is: it must be `slope[h] * key
 position` plus a constant per query, and its computation must hold the slopes ([heads], or MPT's
 [1, heads, 1, 1], then viewed as [heads]), which become the op's `alibi_slopes`; anything else is
-an error naming the layer. The pass runs before `decompose` (as
+an error naming the layer. Inkling's relative bias (`patterns/distance_bias.py`: per-token
+logits [batch, heads, seq, extent] gathered by the query-key distance and zeroed outside 0 ..
+extent - 1, added to the scores or, through SDPA, the float mask `where(mask, bias, lowest)`)
+becomes the op's `distance_bias`: the gather's index and zeroed positions are run at
+max-seq-len tokens and must be exactly those (else an error naming the layer); per-query casts
+and factors on the bias (Inkling's log scaling) apply to the logits. Inkling2's sink logit per
+token ([batch, heads, seq, 1] concatenated to the scores) becomes `sinks` [batch, heads, seq]
+(the paged form refuses it by name). The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone, and the refusal below says why it is no attention form (OpenAI-GPT's
@@ -101,14 +108,16 @@ positions must come from a `position_ids` input (export the model with it, as
 
 A decoder whose forward takes no `position_ids` counts its positions itself: BART's, mBART's,
 TrOCR's and BlenderBot's learned positional embedding, Pegasus' and Marian's sinusoidal table,
-indexed by `arange(seq)` (plus BART's offset of 2). Such a range
+indexed by `arange(seq)` (plus BART's offset of 2); Inkling's log scaling of its full layers'
+queries by `tau(arange(seq) + 1)`. Such a range
 (`step_positions.match_step_positions`: from 0 by 1 over `input_ids`' sequence axis, int64, each
-of its uses turned into positions by an embedding's indices or cos/sin through per-position ops
-only) gets the step's real positions, once the attentions are cached. In the slot form they are
+of its uses turned into positions by an embedding's indices, cos/sin or a cast to a float through
+per-position ops only) gets the step's real positions, once the attentions are cached. In the slot form they are
 each row's cache start + the range (`cache_starts[:, None] + arange(seq)`), flattened to [batch *
 seq] so that the ops between the range and the table keep their types; where the looked-up rows
 (one per position, no batch axis) meet the [batch, seq, ...] rows (the add to the token
-embeddings, TrOCR's expand over the batch), they are viewed as [batch, seq, ...]. In the paged
+embeddings, TrOCR's expand over the batch, Inkling's [1, 1, seq, 1] factor on the [batch, heads,
+seq, head_dim] query), they are viewed as [batch, seq, ...] ([batch, 1, seq, 1]). In the paged
 form they are the `position_ids` input [1, T], viewed as [T] (an argument added after the others
 where the model has none). Whatever the model adds to the range (BART's 2) stays and applies to
 the real positions. A range used in any other way (compared with each row's length, indexing
@@ -758,7 +767,7 @@ def _positions_from_starts(fn: func.FuncOp, starts: SSAValue) -> None:
     """The slot form: a range counting the step's tokens as positions (`match_step_positions`)
     becomes each row's real ones, its cache start + 0..seq-1, flattened to [batch * seq] so that
     the per-position ops keep their types; where those meet the rows, they are viewed as
-    [batch, seq, ...]."""
+    [batch, 1.., seq, ...] (the token axis where the rows have it)."""
     for found in _step_positions(fn, batched=True):
         arange = found.arange
         column, row = _unsqueezed(starts, 1), _unsqueezed(arange.result, 0)
