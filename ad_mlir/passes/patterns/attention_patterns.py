@@ -417,12 +417,12 @@ def _sink_logits(softmax: ad.SoftmaxOp, logits: SSAValue,
     if any(use.operation not in (softmax, *ops) for use in logits.uses):
         return "its scores with the sink column have other users"
     scores, column = cat.tensors
-    if _per_token_column(column, scores):
-        return scores, column, [cat]
     expand = producer(column, ad.ExpandOp)
     per_head = producer(expand.input, ad.ReshapeOp) if expand is not None and column.has_one_use() else None
     if per_head is None or not expand.input.has_one_use() or len(per_head.input.type.get_shape()) != 1 \
             or tuple(per_head.result.type.get_shape()) != (1, per_head.input.type.get_shape()[0], 1, 1):
+        if _per_token_column(column, scores):
+            return scores, column, [cat]
         return ("the column concatenated to its scores is not a logit per head ([heads] viewed as [1, heads, 1, 1]) "
                 "nor one per token and head ([batch, heads, seq, 1])")
     return scores, per_head.input, [cat, expand, per_head]
