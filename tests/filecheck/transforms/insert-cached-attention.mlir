@@ -668,3 +668,34 @@ func.func @distance_bias(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: ten
   %o = ad.attention %q, %k, %v mask %mask scale 1.250000e-01 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+
+// Inkling's log scaling: the query times tau of its position, 1 + log(max((arange(seq) + 1) / 2,
+// 1)) viewed as [1, 1, seq, 1]. The range takes each row's real positions (cache start + 0..seq-1,
+// flattened), and where tau meets the [batch, heads, seq, head_dim] query it is viewed as
+// [batch, 1, seq, 1].
+// CHECK-LABEL: func.func @log_scaled_query
+// CHECK:       %positions = ad.reshape %{{.*}} [-1] : tensor<?x?xi64> -> tensor<?xi64>
+// CHECK:       ad.cast %{{.*}} : tensor<?xi64> -> tensor<?xf32>
+// CHECK:       %[[TAU:.*]] = ad.reshape %{{.*}} [1, 1, -1, 1] : tensor<?xf32> -> tensor<1x1x?x1xf32>
+// CHECK:       %[[ROWS:.*]] = ad.reshape %[[TAU]] [%{{.*}}, 1, %{{.*}}, 1] : tensor<1x1x?x1xf32> -> tensor<?x1x?x1xf32>
+// CHECK-NEXT:  %{{.*}} = ad.mul %q, %[[ROWS]] : tensor<?x2x?x8xf32>, tensor<?x1x?x1xf32> -> tensor<?x2x?x8xf32>
+func.func @log_scaled_query(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %q: tensor<?x2x?x8xf32> {ad.input = "q"}, %k: tensor<?x2x?x8xf32> {ad.input = "k"}, %v: tensor<?x2x?x8xf32> {ad.input = "v"}) -> tensor<?x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %next = ad.add %pos, %c1 : tensor<?xi64>, i64 -> tensor<?xi64>
+  %f = ad.cast %next : tensor<?xi64> -> tensor<?xf32>
+  %two = ad.constant 2.000000e+00 : f64
+  %ratio = ad.div %f, %two : tensor<?xf32>, f64 -> tensor<?xf32>
+  %floor = ad.torch_op "aten.clamp.default"(%ratio) [#ad.ref<0>, 1.000000e+00 : f64] {} : (tensor<?xf32>) -> tensor<?xf32>
+  %log = ad.log %floor : tensor<?xf32> -> tensor<?xf32>
+  %one = ad.constant 1.000000e+00 : f64
+  %t = ad.add %log, %one : tensor<?xf32>, f64 -> tensor<?xf32>
+  %tau = ad.reshape %t [1, 1, -1, 1] : tensor<?xf32> -> tensor<1x1x?x1xf32>
+  %qs = ad.mul %q, %tau : tensor<?x2x?x8xf32>, tensor<1x1x?x1xf32> -> tensor<?x2x?x8xf32>
+  %o = ad.attention %qs, %k, %v causal : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>) -> tensor<?x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<?x2x?x8xf32>
+}
