@@ -1701,10 +1701,9 @@ class PagedAttentionOp(AdOp):
 
     Everything else is `ad.cached_attention`'s: RoPE from `cos`/`sin` [1, T, rotary_dim] (the
     tokens' own positions) and `interleaved`, QK-norm, `softcap`, `sinks` (one per head only),
-    `alibi_slopes`,
-    `distance_bias` ([1, heads, T, extent]: token t's vector over the backward distances from its
-    own position), grouped-query attention. The result is [1, heads, T, value head_dim]. Not pure: it writes
-    the pages."""
+    `alibi_slopes`, `distance_bias` ([1, heads, T, extent]: token t's vector over the backward
+    distances from its own position), grouped-query attention. The result is [1, heads, T, value
+    head_dim]. Not pure: it writes the pages."""
 
     name = "ad.paged_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
