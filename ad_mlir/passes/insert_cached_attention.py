@@ -39,7 +39,7 @@ becomes the op's `distance_bias`: the gather's index and zeroed positions are ru
 max-seq-len tokens and must be exactly those (else an error naming the layer); per-query casts
 and factors on the bias (Inkling's log scaling) apply to the logits. Inkling2's sink logit per
 token ([batch, heads, seq, 1] concatenated to the scores) becomes `sinks` [batch, heads, seq]
-(the paged form refuses it by name). The pass runs before `decompose` (as
+(the paged form refuses it by name, as `PerSequenceState`). The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone, and the refusal below says why it is no attention form (OpenAI-GPT's
@@ -254,8 +254,8 @@ MIXERS_LISTED = 4
 
 class PerSequenceState(PassFailedException):
     """The paged form refused where the slot form caches the model: states kept per sequence with
-    no attention to page, DeepSeek sparse attention's indexer (cached in slots only), or MLA with
-    sink logits."""
+    no attention to page, DeepSeek sparse attention's indexer (cached in slots only), MLA with
+    sink logits, or sink logits per token (Inkling2's)."""
 
 
 @dataclass(frozen=True)
@@ -657,8 +657,8 @@ class InsertCachedAttentionPass(ModulePass):
         if len(shape) == 1:
             return sinks
         if self.paged:
-            raise PassFailedException(f"{layer}: its sink logits are one per token (Inkling2's); the paged form "
-                                      "(paged=true) takes one per head only: compile it in the slot form")
+            raise PerSequenceState(f"{layer}: its sink logits are one per token (Inkling2's); the paged form "
+                                   "(paged=true) takes one per head only: compile it in the slot form")
         squeeze = ad.SqueezeOp.build(operands=[sinks], properties={"dim": DenseArrayBase.from_list(i64, [3])},
                                      result_types=[TensorType(sinks.type.element_type, shape[:3])])
         squeeze.location = attention.output.location

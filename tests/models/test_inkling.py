@@ -9,11 +9,11 @@ bias times tau = 1 + alpha log(max(position + 1, n_floor) / n_floor), from the s
 positions), both reached by the prompts; tokens
 against HF `generate` (three prompts in two slots), per-step logits (prefill and 4 decode steps)
 against HF's full-prefix forward, with the kernels as their reference and in the Triton
-interpreter. (Its short convolutions keep a state per sequence: the paged form refuses the
-model, so the paged kernel's bias is tested in tests/unit/test_paged_attention.py.)
+interpreter; the paged form (`ad.paged_attention` with the bias, positions from `position_ids`)
+once, its tokens against HF's (its kernel in tests/unit/test_paged_attention.py).
 
 Inkling2's sliding layers add a sink logit per token and head (`sink_proj` of the hidden state,
-the cached attention's `sinks` [batch, heads, seq]) to the same bias; its full layers'
+the cached attention's `sinks` [batch, heads, seq], slot form only) to the same bias; its full layers'
 dynamic short convolutions (taps computed per token) are not cached: such a layer is refused,
 naming the convolution's ops."""
 
@@ -26,6 +26,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
 from ad_mlir.dialects import ad
+from ad_mlir.passes.insert_cached_attention import PerSequenceState
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import model_from_config, small_config
 
@@ -82,6 +83,16 @@ def test_in_the_interpreter(inkling, monkeypatch: pytest.MonkeyPatch) -> None:  
     _assert_interpreted_tokens_are_hf(model, llm, monkeypatch, PROMPTS[:2], 3)
 
 
+def test_the_paged_form_generates_hf_greedy_tokens(inkling) -> None:  # noqa: ANN001
+    model, _ = inkling
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=32, page_size=4)
+    assert sum(isinstance(op, ad.PagedAttentionOp) and op.distance_bias is not None
+               for op in llm.program.function.body.walk()) == 2
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=8)
+    assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 8) for prompt in PROMPTS]
+
+
 def test_the_bias_and_the_log_scaling_decide_its_tokens(inkling) -> None:  # noqa: ANN001
     """What the tests above would catch: the same weights without the relative bias (its
     profiles zeroed), or without log scaling, generate other tokens, so a cached attention that
@@ -125,6 +136,14 @@ def test_inkling2_generates_hf_greedy_tokens(inkling2) -> None:  # noqa: ANN001
 
 def test_inkling2_step_logits_match_hf_prefill_and_decode(inkling2) -> None:  # noqa: ANN001
     _assert_step_logits_match(*inkling2)
+
+
+def test_inkling2_paged_form_is_refused_by_its_sinks(inkling2) -> None:  # noqa: ANN001
+    """`ad.paged_attention` takes sinks per head only: the paged form refuses the sinks per token
+    by name, as a `PerSequenceState` (what `paged_where_possible` falls back to the slot form on)."""
+    model, _ = inkling2
+    with pytest.raises(PerSequenceState, match=r"model\.layers\.0\.self_attn: its sink logits are one per token"):
+        ad_mlir.LLM(model, max_batch=2, max_seq_len=32, page_size=4)
 
 
 def test_inkling2_dynamic_convolution_is_refused() -> None:
