@@ -7,7 +7,8 @@ launch takes, in the op's operand order, `q [B, Hq, S, D]`, `k [B, Hkv, S, D]`, 
 D]`, with QK-norm `q_norm`, `k_norm [D]` (Qwen3, Gemma3: each new query and key head
 RMS-normalized before RoPE, as the attention template does), then `k_cache [slots, max_seq, Hkv,
 D]`, `v_cache [slots, max_seq, Hkv, Dv]`, `slots`, `starts [B]` (int64, on the device: nothing is
-read on the host), with sinks `sinks [Hq]`, with ALiBi `alibi [Hq]` slopes (both contiguous),
+read on the host), with sinks `sinks [Hq]` (or per token `[B, Hq, S]`), with ALiBi `alibi [Hq]` slopes (both contiguous),
+with a distance bias `distance_bias [B, Hq, S, extent]` (any strides),
 writes the new keys (after QK-norm and RoPE) and values into rows `starts[b] ..` of slot
 `slots[b]` and returns `out [B, Hq, S, Dv]`,
 contiguous. Nothing copies a cache.
@@ -35,7 +36,9 @@ interpreter's on CPU, a recorder for the PTX report):
 Scores are q.k * scale, soft-capped (`softcap * tanh(s / softcap)`, Gemma2) when asked, masked
 (cached length, causal offset, sliding `window`: key position > query position - window), then
 the online softmax runs in fp32 with exp2. ALiBi adds slope * (key - query position) to the
-scores after the soft cap (in fp32, from the absolute positions). A head's sink logit (gpt-oss) is one more term of
+scores after the soft cap (in fp32, from the absolute positions); a distance bias adds each
+query's entry at the key's backward distance (query - key position) where it is below the
+extent, read per score tile (Inkling's relative logits). A head's sink logit (gpt-oss) is one more term of
 the softmax with no value: prefill starts each row's online softmax from it (max = sink, sum =
 1), decode adds it once when the splits merge. Q, K and P are rounded to the input dtype for the dots
 (as FlashAttention does); RoPE, scores and softmax stay in fp32; the cache holds the rotated key
@@ -95,13 +98,18 @@ class CachedAttentionSpec(RotaryHead):
     """q_norm and k_norm weights [D] are inputs (after the tables): the new query and key rows
     are RMS-normalized per head before RoPE (the cache holds the normalized keys)."""
     sinks: bool = False
-    """A sink logit per query head [Hq] is an input (after `starts`): it joins each row's softmax."""
+    """A sink logit per query head [Hq], or per token and head [B, Hq, S] (Inkling2), is an input
+    (after `starts`): it joins each row's softmax."""
     alibi: bool = False
     """ALiBi slopes per query head [Hq] are an input (after the sinks): scores get slope * (key -
     query position)."""
     v_head_dim: int | None = None
     """The value's (and the output's) head dim where it differs from the query's and key's
     (DeepSeek's MLA heads: q/k 192, v 128); None: the same."""
+    distance_extent: int | None = None
+    """A bias per query token and head over this many backward distances, [B, Hq, S, extent]
+    contiguous, is an input (after the ALiBi slopes): the score of the key at distance d from
+    the query gets entry d when d < extent (Inkling's relative logits)."""
 
     @property
     def value_dim(self) -> int:
@@ -118,6 +126,8 @@ class CachedAttentionSpec(RotaryHead):
         if self.qk_norm is not None and not self.rope:
             raise ValueError("cached attention kernel: qk_norm needs rope=True (QK-norm comes with RoPE from "
                              "ad.rope_attention)")
+        if self.distance_extent is not None and self.distance_extent < 1:
+            raise ValueError(f"cached attention kernel: distance_extent {self.distance_extent} must be positive")
         if self.window is not None and self.window < 1:
             raise ValueError(f"cached attention kernel: window {self.window} must be positive")
         if not 0 < self.value_dim <= MAX_HEAD_DIM:
@@ -146,13 +156,18 @@ def decode_warps(width: int, dtype: torch.dtype) -> int:
     return 8 if dtype == torch.float32 and width > 128 else 4
 
 
-def prefill_blocks(width: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False) -> AttentionBlocks:
+def prefill_blocks(width: int, dtype: torch.dtype, seq_len: int, qk_norm: bool = False,
+                   distance_bias: bool = False) -> AttentionBlocks:
     """The attention template's blocks (`attention_blocks`), with half the keys per step in
-    fp32: this kernel also holds the cache's K pieces, and fp32 at head_dim 64 spilled."""
+    fp32: this kernel also holds the cache's K pieces, and fp32 at head_dim 64 spilled. A
+    distance bias gathers a [BLOCK_M, BLOCK_N] tile by 64-bit addresses on top: with it, half
+    the keys per step in 16-bit too and twice the warps in fp32 (measured for Inkling's heads of
+    128 on sm_90: 224 bytes spilled in the paged bf16 prefill, 16 in the cached fp32 one)."""
     blocks = attention_blocks(width, dtype, seq_len, qk_norm)
     if dtype != torch.float32:
-        return blocks
-    return dataclasses.replace(blocks, block_n=max(16, blocks.block_n // 2))
+        return dataclasses.replace(blocks, block_n=max(16, blocks.block_n // 2)) if distance_bias else blocks
+    return dataclasses.replace(blocks, block_n=max(16, blocks.block_n // 2),
+                               num_warps=blocks.num_warps * (2 if distance_bias else 1))
 
 
 _HELPERS = '''\
@@ -198,11 +213,14 @@ def _scaled(x, SCALE: tl.constexpr):
 
 
 @triton.jit
-def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, distance, SOFTCAP: tl.constexpr,
-            ALIBI: tl.constexpr, REST: tl.constexpr, TAIL: tl.constexpr):
+def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, distance, bias_rows, row_mask, bias_sd,
+            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, EXTENT: tl.constexpr, REST: tl.constexpr,
+            TAIL: tl.constexpr):
     """(q . k) (q already scaled), one dot per piece, soft-capped when SOFTCAP > 0, plus ALiBi's
     slope (one per row) times the key's distance from the query (key - query position) when
-    ALIBI, in log2 units; -inf where not visible."""
+    ALIBI, plus, when EXTENT > 0, each row's distance bias (its vector at `bias_rows`, entries
+    `bias_sd` apart) at the key's backward distance where that is below EXTENT, in log2 units;
+    -inf where not visible."""
     qk = tl.dot(q_a, tl.trans(k_a.to(DOT_DTYPE))$precision)
     qk = tl.dot(q_b, tl.trans(k_b.to(DOT_DTYPE)), qk$precision)
     if REST > 0:
@@ -213,6 +231,10 @@ def _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, distance, SO
         qk = _soft_capped(qk, SOFTCAP)
     if ALIBI:
         qk += slope[:, None] * distance.to(tl.float32)
+    if EXTENT > 0:
+        back = -distance
+        near = row_mask[:, None] & (back >= 0) & (back < EXTENT)
+        qk += tl.load(bias_rows[:, None] + back * bias_sd, mask=near, other=0.0).to(tl.float32)
     return tl.where(visible, qk * LOG2E, float("-inf"))
 
 
@@ -231,16 +253,17 @@ def _softmax_step(qk, v_tile, m_i, l_i, acc):
 
 _KERNEL = '''\
 @triton.jit
-def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slots, starts, out, part_o, part_ml,
+def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v_cache, slots, starts, out, part_o,
+        part_ml,
         seq_len, n_heads, kv_group, n_splits, split_size,
         q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
         cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd, qn_sd, kn_sd,
-        kc_s0, kc_s1, kc_s2, kc_s3, vc_s0, vc_s1, vc_s2, vc_s3,
+        kc_s0, kc_s1, kc_s2, kc_s3, vc_s0, vc_s1, vc_s2, vc_s3, db_sb, db_sh, db_ss, db_sd, sk_sb, sk_sh, sk_ss,
         PHASE: tl.constexpr, V_DIM: tl.constexpr, V_P: tl.constexpr, HALF: tl.constexpr,
         HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
         ROPE: tl.constexpr,
         INTERLEAVED: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        SINKS: tl.constexpr, ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+        SINKS: tl.constexpr, ALIBI: tl.constexpr, EXTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     dims = tl.arange(0, V_P)  # of a value / output row (Q and K are held as pieces)
     d_in = dims < V_DIM
     keys = tl.arange(0, BLOCK_N)
@@ -256,7 +279,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slo
         m_max = tl.max(m, 0)
         if SINKS:
             # The head's sink is one more softmax term (weight exp(sink), no value): merged once, here.
-            sink = tl.load(sinks + bh % n_heads).to(tl.float32) * LOG2E
+            sink = tl.load(sinks + bh // n_heads * sk_sb + bh % n_heads * sk_sh).to(tl.float32) * LOG2E
             m_max = tl.maximum(m_max, sink)
         w = tl.exp2(m - m_max)
         o = tl.load(part_o + part[:, None] * V_DIM + dims[None, :], mask=s_in[:, None] & d_in[None, :], other=0.0)
@@ -278,6 +301,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slo
         heads = kvh * kv_group + rows
         at_start = rows * 0  # every row reads the new token's cos/sin row
         slope = tl.load(alibi + heads, mask=r_in, other=0.0).to(tl.float32) if ALIBI else 0.0
+        bias_rows = dist_bias + b * db_sb + heads * db_sh  # the new token's vector of each head
         q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb, heads * q_sh, q_sd, q_norm, qn_sd, cos + b * cos_sb, at_start,
                                        cos_sd, sin + b * sin_sb, at_start, sin_sd, r_in,
                                        HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
@@ -312,8 +336,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slo
             k_p = tl.where(is_new, new_k_p, k_p)
             k_t = tl.where(is_new, new_k_t, k_t)
             v_tile = tl.where(is_new, new_v, v_tile)
-            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], slope, n_pos[None, :] - start, SOFTCAP,
-                         ALIBI, REST, TAIL)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], slope, n_pos[None, :] - start,
+                         bias_rows, r_in, db_sd, SOFTCAP, ALIBI, EXTENT, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         part = (b * n_heads + heads) * n_splits + split
         tl.store(part_o + part[:, None] * V_DIM + dims[None, :], acc, mask=r_in[:, None] & d_in[None, :])
@@ -337,6 +361,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slo
         m_pos = start_m + rows
         m_in = m_pos < seq_len
         slope = tl.zeros([BLOCK_M], tl.float32) + tl.load(alibi + h).to(tl.float32) if ALIBI else 0.0
+        bias_rows = dist_bias + b * db_sb + h * db_sh + m_pos * db_ss
         q_a, q_b, q_p, q_t = _new_rows(q + b * q_sb + h * q_sh, m_pos * q_ss, q_sd, q_norm, qn_sd, cos + b * cos_sb,
                                        m_pos * cos_ss, cos_sd, sin + b * sin_sb, m_pos * sin_ss, sin_sd, m_in,
                                        HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
@@ -347,7 +372,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slo
         v_new = v + b * v_sb + kvh * v_sh
         if SINKS:
             # The online softmax starts from the sink's term: max = sink, sum = exp(sink - max) = 1.
-            m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks + h).to(tl.float32) * LOG2E
+            sink_rows = sinks + b * sk_sb + h * sk_sh + m_pos * sk_ss  # one head's, or each token's
+            m_i = tl.load(sink_rows, mask=m_in, other=0.0).to(tl.float32) * LOG2E
             l_i = tl.full([BLOCK_M], 1.0, tl.float32)
         else:
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -368,7 +394,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slo
             if WINDOW > 0:
                 visible = visible & (n_pos[None, :] > start + m_pos[:, None] - WINDOW)
             qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, n_pos[None, :] - (start + m_pos[:, None]),
-                         SOFTCAP, ALIBI, REST, TAIL)
+                         bias_rows, m_in, db_sd, SOFTCAP, ALIBI, EXTENT, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         lo = 0
         if WINDOW > 0:
@@ -386,7 +412,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slo
             if WINDOW > 0:
                 visible = visible & (n_pos[None, :] > m_pos[:, None] - WINDOW)
             qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, n_pos[None, :] - m_pos[:, None],
-                         SOFTCAP, ALIBI, REST, TAIL)
+                         bias_rows, m_in, db_sd, SOFTCAP, ALIBI, EXTENT, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         # Every query sees its own key: l_i > 0 on every row in range.
         out_tile = acc / tl.where(m_in, l_i, 1.0)[:, None]
@@ -407,7 +433,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slo
 _LAUNCHER = '''\
 OUTPUT_DTYPES = ($dtype, )
 SPEC = dict(V_DIM=$v_dim, V_P=$v_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm, SCALE=$scale,
-            WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks, ALIBI=$alibi)
+            WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks, ALIBI=$alibi, EXTENT=$extent)
 
 
 def output_shapes(tensors):
@@ -444,10 +470,12 @@ def launch(kernel, tensors, scalars):
     if out.numel() == 0:
         return [out]
     strides = [_stride(t, d) for t, n in ((q, 4), (k, 4), (v, 4), (cos, 3), (sin, 3), (q_norm, 1), (k_norm, 1),
-                                          (k_cache, 4), (v_cache, 4)) for d in range(n)]
-    common = (q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_cache, v_cache, slots, starts, out)
+                                          (k_cache, 4), (v_cache, 4), (distance_bias, 4)) for d in range(n)]
+    # sinks [Hq] read as [B, Hq, S] with strides 0 but the head's; per token [B, Hq, S] as they are
+    strides += [0, sinks.stride(0), 0] if sinks.dim() == 1 else [_stride(sinks, d) for d in range(3)]
+    common = (q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, distance_bias, k_cache, v_cache, slots, starts, out)
     if seq_len > 1:
-        blocks = prefill_blocks($width, $dtype, seq_len, $norm)
+        blocks = prefill_blocks($width, $dtype, seq_len, $norm, $extent > 0)
         kernel[(batch * n_heads, triton.cdiv(seq_len, blocks.block_m))](
             *common, out, out, seq_len, n_heads, kv_group, 1, 1, *strides, PHASE=$PREFILL, **SPEC,
             BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, SPLITS=1, num_warps=blocks.num_warps,
@@ -469,11 +497,13 @@ def launch(kernel, tensors, scalars):
 
 def _unpack(spec: CachedAttentionSpec) -> str:
     """The launcher's unpacking of its tensors: the op's operands. Without RoPE the kernel takes
-    no tables, without QK-norm no weights, without sinks or ALiBi no per-head values: q stands in
-    for them (never read)."""
+    no tables, without QK-norm no weights, without sinks, ALiBi or a distance bias no values of
+    those: q stands in for them (never read)."""
     given = {"cos": spec.rope, "sin": spec.rope, "q_norm": spec.qk_norm is not None,
-             "k_norm": spec.qk_norm is not None, "sinks": spec.sinks, "alibi": spec.alibi}
-    order = ["q", "k", "v", "cos", "sin", "q_norm", "k_norm", "k_cache", "v_cache", "slots", "starts", "sinks", "alibi"]
+             "k_norm": spec.qk_norm is not None, "sinks": spec.sinks, "alibi": spec.alibi,
+             "distance_bias": spec.distance_extent is not None}
+    order = ["q", "k", "v", "cos", "sin", "q_norm", "k_norm", "k_cache", "v_cache", "slots", "starts", "sinks", "alibi",
+             "distance_bias"]
     present = [name for name in order if given.get(name, True)]
     absent = [name for name in order if not given.get(name, True)]
     return ", ".join(present) + " = tensors" + "".join(f"\n    {name} = q" for name in absent)
@@ -503,6 +533,7 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "norm": spec.qk_norm is not None,
         "sinks": spec.sinks,
         "alibi": spec.alibi,
+        "extent": spec.distance_extent or 0,
         "unpack": _unpack(spec),
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
     }

@@ -253,6 +253,7 @@ def cached_attention_spec(op: ad.CachedAttentionOp | ad.PagedAttentionOp) -> Cac
         interleaved=op.interleaved is not None,
         sinks=op.sinks is not None,
         alibi=op.alibi_slopes is not None,
+        distance_extent=op.distance_bias.type.get_shape()[3] if op.distance_bias is not None else None,
         v_head_dim=v_dim if (v_dim := op.value.type.get_shape()[3]) != op.query.type.get_shape()[3] else None,
     )
 

@@ -8,13 +8,14 @@ Dv]` (the new tokens of every sequence, flattened; any strides), with RoPE `cos`
 rotary_dim]`, with QK-norm `q_norm`, `k_norm [D]`, then `k_pages [pages, PAGE, Hkv, D]`,
 `v_pages [pages, PAGE, Hkv, Dv]`, `query_starts [seqs + 1]`, `cache_starts [seqs]`,
 `block_tables [seqs, max_pages]` (int64, on the device: nothing is read on the host), with
-sinks `sinks [Hq]`, with ALiBi `alibi [Hq]`; writes each sequence's new keys (after QK-norm and
+sinks `sinks [Hq]`, with ALiBi `alibi [Hq]`, with a distance bias `distance_bias [1, Hq, T,
+extent]` (any strides); writes each sequence's new keys (after QK-norm and
 RoPE) and values into its pages at positions `cache_starts[s] ..` and returns `out [1, Hq, T,
 Dv]`, contiguous. Position p of sequence s is row p % PAGE of page `block_tables[s, p / PAGE]`
 (PAGE a power of two, a constexpr: the division is a shift).
 
 The phases are the cached-attention template's (`cached_attention_kernel`: its helpers, scores,
-online softmax, sinks, ALiBi, soft cap, window and head pieces), with the cache rows of a
+online softmax, sinks, ALiBi, distance bias, soft cap, window and head pieces), with the cache rows of a
 position looked up through the block table:
 
 - PREFILL (some sequence brings more than one token; variable length): grid (seqs * Hq,
@@ -65,10 +66,11 @@ class PagedAttentionSpec(CachedAttentionSpec):
             raise ValueError(f"paged attention kernel: page_size {self.page_size} must be a power of two")
 
 
-def paged_prefill_blocks(width: int, dtype: torch.dtype, tokens: int, qk_norm: bool = False) -> AttentionBlocks:
+def paged_prefill_blocks(width: int, dtype: torch.dtype, tokens: int, qk_norm: bool = False,
+                         distance_bias: bool = False) -> AttentionBlocks:
     """The cached template's prefill blocks (`prefill_blocks`), on twice the warps in fp32: the
     page lookups' 64-bit offsets on top of its tiles spilled fp32 heads of 128 at 4 warps."""
-    blocks = prefill_blocks(width, dtype, tokens, qk_norm)
+    blocks = prefill_blocks(width, dtype, tokens, qk_norm, distance_bias)
     if dtype != torch.float32:
         return blocks
     return dataclasses.replace(blocks, num_warps=blocks.num_warps * 2)
@@ -88,15 +90,15 @@ def _page_rows(table, pos, row_mask, bt_s1, p_s0, p_s1, PAGE: tl.constexpr):
 
 _KERNEL = PAGE_ROWS + '''\
 @triton.jit
-def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, query_starts, cache_starts,
+def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_pages, v_pages, query_starts, cache_starts,
         block_tables, out, part_o, part_ml, n_tokens, n_heads, kv_group, n_splits, split_size,
         q_sh, q_ss, q_sd, k_sh, k_ss, k_sd, v_sh, v_ss, v_sd, cos_ss, cos_sd, sin_ss, sin_sd, qn_sd, kn_sd,
-        kp_s0, kp_s1, kp_s2, kp_s3, vp_s0, vp_s1, vp_s2, vp_s3, bt_s0, bt_s1,
+        kp_s0, kp_s1, kp_s2, kp_s3, vp_s0, vp_s1, vp_s2, vp_s3, bt_s0, bt_s1, db_sh, db_ss, db_sd,
         PHASE: tl.constexpr, PAGE: tl.constexpr, V_DIM: tl.constexpr, V_P: tl.constexpr, HALF: tl.constexpr,
         HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
         ROPE: tl.constexpr,
         INTERLEAVED: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        SINKS: tl.constexpr, ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+        SINKS: tl.constexpr, ALIBI: tl.constexpr, EXTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     dims = tl.arange(0, V_P)  # of a value / output row (Q and K are held as pieces)
     d_in = dims < V_DIM
     keys = tl.arange(0, BLOCK_N)
@@ -135,6 +137,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, que
         heads = kvh * kv_group + rows
         at_token = rows * 0  # every row reads the new token's cos/sin row
         slope = tl.load(alibi + heads, mask=r_in, other=0.0).to(tl.float32) if ALIBI else 0.0
+        bias_rows = dist_bias + heads * db_sh + t * db_ss  # the new token's vector of each head
         q_a, q_b, q_p, q_t = _new_rows(q + t * q_ss, heads * q_sh, q_sd, q_norm, qn_sd, cos + t * cos_ss, at_token,
                                        cos_sd, sin + t * sin_ss, at_token, sin_sd, r_in,
                                        HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
@@ -171,8 +174,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, que
             k_p = tl.where(is_new, new_k_p, k_p)
             k_t = tl.where(is_new, new_k_t, k_t)
             v_tile = tl.where(is_new, new_v, v_tile)
-            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], slope, n_pos[None, :] - start, SOFTCAP,
-                         ALIBI, REST, TAIL)
+            qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, n_in[None, :], slope, n_pos[None, :] - start,
+                         bias_rows, r_in, db_sd, SOFTCAP, ALIBI, EXTENT, REST, TAIL)
             m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
         part = (s * n_heads + heads) * n_splits + split
         tl.store(part_o + part[:, None] * V_DIM + dims[None, :], acc, mask=r_in[:, None] & d_in[None, :])
@@ -202,6 +205,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, que
             m_in = m_pos < n_new
             m_tok = first + m_pos  # the queries' rows among the step's tokens
             slope = tl.zeros([BLOCK_M], tl.float32) + tl.load(alibi + h).to(tl.float32) if ALIBI else 0.0
+            bias_rows = dist_bias + h * db_sh + m_tok * db_ss
             q_a, q_b, q_p, q_t = _new_rows(q + h * q_sh, m_tok * q_ss, q_sd, q_norm, qn_sd, cos, m_tok * cos_ss,
                                            cos_sd, sin, m_tok * sin_ss, sin_sd, m_in,
                                            HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
@@ -233,7 +237,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, que
                 if WINDOW > 0:
                     visible = visible & (n_pos[None, :] > start + m_pos[:, None] - WINDOW)
                 qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope,
-                             n_pos[None, :] - (start + m_pos[:, None]), SOFTCAP, ALIBI, REST, TAIL)
+                             n_pos[None, :] - (start + m_pos[:, None]), bias_rows, m_in, db_sd, SOFTCAP, ALIBI, EXTENT,
+                             REST, TAIL)
                 # the tile's page ids, looked up once for K and V; V loaded once the K pieces are dead
                 v_tile = tl.load(vp_head + (page * vp_s0 + in_page * vp_s1)[:, None] + dims[None, :] * vp_s3,
                                  mask=n_in[:, None] & d_in[None, :], other=0)
@@ -255,7 +260,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, que
                 if WINDOW > 0:
                     visible = visible & (n_pos[None, :] > m_pos[:, None] - WINDOW)
                 qk = _scores(q_a, q_b, q_p, q_t, k_a, k_b, k_p, k_t, visible, slope, n_pos[None, :] - m_pos[:, None],
-                             SOFTCAP, ALIBI, REST, TAIL)
+                             bias_rows, m_in, db_sd, SOFTCAP, ALIBI, EXTENT, REST, TAIL)
                 m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
             # Every query sees its own key: l_i > 0 on every row in range.
             out_tile = acc / tl.where(m_in, l_i, 1.0)[:, None]
@@ -276,7 +281,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, que
 _LAUNCHER = '''\
 OUTPUT_DTYPES = ($dtype, )
 SPEC = dict(PAGE=$page, V_DIM=$v_dim, V_P=$v_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm,
-            SCALE=$scale, WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks, ALIBI=$alibi)
+            SCALE=$scale, WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks, ALIBI=$alibi, EXTENT=$extent)
 
 
 def output_shapes(tensors):
@@ -312,11 +317,12 @@ def launch(kernel, tensors, scalars):
         return [out]
     strides = [t.stride(d) for t, dims in ((q, (1, 2, 3)), (k, (1, 2, 3)), (v, (1, 2, 3)), (cos, (1, 2)),
                                            (sin, (1, 2)), (q_norm, (0,)), (k_norm, (0,)), (k_pages, (0, 1, 2, 3)),
-                                           (v_pages, (0, 1, 2, 3)), (block_tables, (0, 1))) for d in dims]
-    common = (q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, k_pages, v_pages, query_starts, cache_starts,
+                                           (v_pages, (0, 1, 2, 3)), (block_tables, (0, 1)),
+                                           (distance_bias, (1, 2, 3))) for d in dims]
+    common = (q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, distance_bias, k_pages, v_pages, query_starts, cache_starts,
               block_tables, out)
     if n_tokens != seqs:  # some sequence brings more than one token
-        blocks = paged_prefill_blocks($width, $dtype, n_tokens, $norm)
+        blocks = paged_prefill_blocks($width, $dtype, n_tokens, $norm, $extent > 0)
         kernel[(seqs * n_heads, triton.cdiv(n_tokens, blocks.block_m))](
             *common, out, out, n_tokens, n_heads, kv_group, 1, 1, *strides, PHASE=$PREFILL, **SPEC,
             BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, SPLITS=1, num_warps=blocks.num_warps,
@@ -339,12 +345,13 @@ def launch(kernel, tensors, scalars):
 
 def _unpack(spec: PagedAttentionSpec) -> str:
     """The launcher's unpacking of its tensors: the op's operands. Without RoPE the kernel takes
-    no tables, without QK-norm no weights, without sinks or ALiBi no per-head values: q stands in
-    for them (never read)."""
+    no tables, without QK-norm no weights, without sinks, ALiBi or a distance bias no values of
+    those: q stands in for them (never read)."""
     given = {"cos": spec.rope, "sin": spec.rope, "q_norm": spec.qk_norm is not None,
-             "k_norm": spec.qk_norm is not None, "sinks": spec.sinks, "alibi": spec.alibi}
+             "k_norm": spec.qk_norm is not None, "sinks": spec.sinks, "alibi": spec.alibi,
+             "distance_bias": spec.distance_extent is not None}
     order = ["q", "k", "v", "cos", "sin", "q_norm", "k_norm", "k_pages", "v_pages", "query_starts", "cache_starts",
-             "block_tables", "sinks", "alibi"]
+             "block_tables", "sinks", "alibi", "distance_bias"]
     present = [name for name in order if given.get(name, True)]
     absent = [name for name in order if not given.get(name, True)]
     return ", ".join(present) + " = tensors" + "".join(f"\n    {name} = q" for name in absent)
@@ -376,6 +383,7 @@ def emit_paged_attention_module(spec: PagedAttentionSpec, name: str, header: str
         "norm": spec.qk_norm is not None,
         "sinks": spec.sinks,
         "alibi": spec.alibi,
+        "extent": spec.distance_extent or 0,
         "unpack": _unpack(spec),
         "PREFILL": PREFILL, "DECODE": DECODE, "REDUCE": REDUCE,
     }

@@ -1555,6 +1555,20 @@ CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 how many tokens that slot already holds."""
 
 
+def _verify_distance_bias(op: CachedAttentionOp | PagedAttentionOp, query: tuple[int, ...]) -> None:
+    """`distance_bias` is [batch, heads, seq, extent] of the query's batch, heads and seq, in
+    a float type, with a static extent (the kernels unroll over it)."""
+    bias = op.distance_bias
+    if bias is None:
+        return
+    shape = _shape(bias.type)
+    if len(shape) != 4 or shape[:3] != query[:3] or shape[3] == DYNAMIC_INDEX or shape[3] < 1 \
+            or bias.type.element_type not in _FLOAT_TYPES:
+        raise VerifyException(f"{op.name} distance_bias must be a float [batch, heads, seq, extent] = "
+                              f"[{', '.join('?' if d == DYNAMIC_INDEX else str(d) for d in query[:3])}, extent] with a static "
+                              f"extent, not {bias.type}")
+
+
 @irdl_op_definition
 class CachedAttentionOp(AdOp):
     """Attention of each batch row's new tokens over its K/V cache, the cache written in place.
@@ -1573,10 +1587,17 @@ class CachedAttentionOp(AdOp):
     query and key heads are RMS-normalized before RoPE (the cache holds the normalized, rotated
     keys). With `sinks` [heads] (gpt-oss), each head's learned sink logit joins the softmax
     of every query of that head: softmax over [scores, sink] with the sink's column dropped, so
-    the sink takes a share of the probability and attends to no value. With `alibi_slopes`
+    the sink takes a share of the probability and attends to no value; `sinks` [batch, heads,
+    seq] (Inkling2: computed from each token's hidden state) gives each new token its own. With `alibi_slopes`
     [heads] (BLOOM, MPT), the scores of head h get ALiBi's linear bias `slope[h] * (key position
     - query position)` (after scale and soft cap; HF's `slope * key position` differs from it by a
-    constant per query, which the softmax cancels). Not pure: it writes the caches."""
+    constant per query, which the softmax cancels). With `distance_bias` [batch, heads, seq,
+    extent] (Inkling's relative logits, computed per token from its hidden state), new token i of
+    row b, at position p = starts[b] + i, gets `distance_bias[b, h, i, p - j]` added to its score
+    for the key at position j (after scale and soft cap) when 0 <= p - j < extent, nothing for
+    keys further back: a bias vector per query token and head over the backward distances 0 ..
+    extent - 1 (a table of the weights, broadcast over tokens, is this too). Not pure: it writes
+    the caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1593,6 +1614,7 @@ class CachedAttentionOp(AdOp):
     starts = operand_def(AdTensor)
     sinks = opt_operand_def(AdTensor)
     alibi_slopes = opt_operand_def(AdTensor)
+    distance_bias = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
@@ -1605,7 +1627,8 @@ class CachedAttentionOp(AdOp):
         "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
         "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
         "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
-        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? attr-dict `:` `(` type($query) `,` type($key) "
+        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? "
+        "(`distance_bias` $distance_bias^ `:` type($distance_bias))? attr-dict `:` `(` type($query) `,` type($key) "
         "`,` type($value) `,` type($k_cache) "
         "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
@@ -1640,9 +1663,15 @@ class CachedAttentionOp(AdOp):
             raise VerifyException("ad.cached_attention result must have the query's type with the value's head_dim")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
-        for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):
+        if self.sinks is not None and _shape(self.sinks.type) == q[:3]:  # one sink logit per token and head
+            per_heads = (("alibi_slopes", self.alibi_slopes),)
+        else:
+            per_heads = (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes))
+        for name, per_head in per_heads:
             if per_head is not None and (_shape(per_head.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
-                raise VerifyException(f"ad.cached_attention {name} must be [heads] = [{q[1]}], one per query head")
+                raise VerifyException(f"ad.cached_attention {name} must be [heads] = [{q[1]}], one per query head"
+                                      + (" (sinks: or [batch, heads, seq], one per token)" if name == "sinks" else ""))
+        _verify_distance_bias(self, q)
         _verify_qk_norm(self)
 
 
@@ -1677,9 +1706,10 @@ class PagedAttentionOp(AdOp):
     sequence's start) belong to that sequence alone; full pages before it may be shared.
 
     Everything else is `ad.cached_attention`'s: RoPE from `cos`/`sin` [1, T, rotary_dim] (the
-    tokens' own positions) and `interleaved`, QK-norm, `softcap`, `sinks`, `alibi_slopes`,
-    grouped-query attention. The result is [1, heads, T, value head_dim]. Not pure: it writes
-    the pages."""
+    tokens' own positions) and `interleaved`, QK-norm, `softcap`, `sinks` (one per head only),
+    `alibi_slopes`, `distance_bias` ([1, heads, T, extent]: token t's vector over the backward
+    distances from its own position), grouped-query attention. The result is [1, heads, T, value
+    head_dim]. Not pure: it writes the pages."""
 
     name = "ad.paged_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1697,6 +1727,7 @@ class PagedAttentionOp(AdOp):
     block_tables = operand_def(AdTensor)
     sinks = opt_operand_def(AdTensor)
     alibi_slopes = opt_operand_def(AdTensor)
+    distance_bias = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
@@ -1710,7 +1741,8 @@ class PagedAttentionOp(AdOp):
         "`pages` $k_pages `,` $v_pages `query_starts` $query_starts `cache_starts` $cache_starts `block_tables` "
         "$block_tables `scale` $scale (`window` $window^)? "
         "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
-        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? attr-dict `:` `(` type($query) `,` type($key) "
+        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? "
+        "(`distance_bias` $distance_bias^ `:` type($distance_bias))? attr-dict `:` `(` type($query) `,` type($key) "
         "`,` type($value) `,` type($k_pages) `,` type($v_pages) `,` type($query_starts) `,` type($cache_starts) "
         "`,` type($block_tables) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
@@ -1755,6 +1787,7 @@ class PagedAttentionOp(AdOp):
         for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):
             if per_head is not None and (_shape(per_head.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
                 raise VerifyException(f"ad.paged_attention {name} must be [heads] = [{q[1]}], one per query head")
+        _verify_distance_bias(self, q)
         _verify_qk_norm(self)
 
 

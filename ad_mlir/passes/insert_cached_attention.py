@@ -32,7 +32,14 @@ masks; BLOOM's `baddbmm(bias, q, k^T)` over [batch * heads] rows, viewed as head
 the values) is evaluated at max-seq-len tokens as the mask is: it must be `slope[h] * key
 position` plus a constant per query, and its computation must hold the slopes ([heads], or MPT's
 [1, heads, 1, 1], then viewed as [heads]), which become the op's `alibi_slopes`; anything else is
-an error naming the layer. The pass runs before `decompose` (as
+an error naming the layer. Inkling's relative bias (`patterns/distance_bias.py`: per-token
+logits [batch, heads, seq, extent] gathered by the query-key distance and zeroed outside 0 ..
+extent - 1, added to the scores or, through SDPA, the float mask `where(mask, bias, lowest)`)
+becomes the op's `distance_bias`: the gather's index and zeroed positions are run at
+max-seq-len tokens and must be exactly those (else an error naming the layer); per-query casts
+and factors on the bias (Inkling's log scaling) apply to the logits. Inkling2's sink logit per
+token ([batch, heads, seq, 1] concatenated to the scores) becomes `sinks` [batch, heads, seq]
+(the paged form refuses it by name, as `PerSequenceState`). The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone, and the refusal below says why it is no attention form (OpenAI-GPT's
@@ -121,14 +128,16 @@ positions must come from a `position_ids` input (export the model with it, as
 
 A decoder whose forward takes no `position_ids` counts its positions itself: BART's, mBART's,
 TrOCR's and BlenderBot's learned positional embedding, Pegasus' and Marian's sinusoidal table,
-indexed by `arange(seq)` (plus BART's offset of 2). Such a range
+indexed by `arange(seq)` (plus BART's offset of 2); Inkling's log scaling of its full layers'
+queries by `tau(arange(seq) + 1)`. Such a range
 (`step_positions.match_step_positions`: from 0 by 1 over `input_ids`' sequence axis, int64, each
-of its uses turned into positions by an embedding's indices or cos/sin through per-position ops
-only) gets the step's real positions, once the attentions are cached. In the slot form they are
+of its uses turned into positions by an embedding's indices, cos/sin or a cast to a float through
+per-position ops only) gets the step's real positions, once the attentions are cached. In the slot form they are
 each row's cache start + the range (`cache_starts[:, None] + arange(seq)`), flattened to [batch *
 seq] so that the ops between the range and the table keep their types; where the looked-up rows
 (one per position, no batch axis) meet the [batch, seq, ...] rows (the add to the token
-embeddings, TrOCR's expand over the batch), they are viewed as [batch, seq, ...]. In the paged
+embeddings, TrOCR's expand over the batch, Inkling's [1, 1, seq, 1] factor on the [batch, heads,
+seq, head_dim] query), they are viewed as [batch, seq, ...] ([batch, 1, seq, 1]). In the paged
 form they are the `position_ids` input [1, T], viewed as [T] (an argument added after the others
 where the model has none). Whatever the model adds to the range (BART's 2) stays and applies to
 the real positions. A range used in any other way (compared with each row's length, indexing
@@ -213,6 +222,12 @@ from ad_mlir.passes.patterns.attention_patterns import (
     match_repeat_kv,
 )
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
+from ad_mlir.passes.patterns.distance_bias import (
+    biased_mask,
+    check_distance_bias,
+    match_distance_bias,
+    scaled_logits,
+)
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
 from ad_mlir.passes.patterns.scan_patterns import (
@@ -224,7 +239,7 @@ from ad_mlir.passes.patterns.scan_patterns import (
     match_ssm_scan,
 )
 from ad_mlir.passes.patterns.sparse_attention import Indexer, SparseMask, match_sparse_mask
-from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions
+from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions, rows_axis
 from ad_mlir.passes.patterns.token_window import PaddedConvs, Shift, match_left_pad, match_shift
 from ad_mlir.passes.position_mixing import position_mixers
 
@@ -239,8 +254,8 @@ MIXERS_LISTED = 4
 
 class PerSequenceState(PassFailedException):
     """The paged form refused where the slot form caches the model: states kept per sequence with
-    no attention to page, DeepSeek sparse attention's indexer (cached in slots only), or MLA with
-    sink logits."""
+    no attention to page, DeepSeek sparse attention's indexer (cached in slots only), MLA with
+    sink logits, or sink logits per token (Inkling2's)."""
 
 
 @dataclass(frozen=True)
@@ -574,6 +589,7 @@ class InsertCachedAttentionPass(ModulePass):
             raise PassFailedException(
                 f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
                 "in the slot form (paged=false); this attention is not MLA (the log says why)")
+        distance_bias, bias_computed = self._distance_bias(fn, attention, layer)
         _bias_as_key_dim(attention)
         window = self._window(fn, attention, layer)
         if attention.key_seq_first:
@@ -594,12 +610,12 @@ class InsertCachedAttentionPass(ModulePass):
         if attention.qk_norm is not None:
             *norm_weights, norm = attention.qk_norm
             properties |= norm.properties()
-        sinks = [attention.sinks] if attention.sinks is not None else []
+        sinks = [self._sinks(attention, layer)] if attention.sinks is not None else []
         slopes = [self._alibi_slopes(fn, attention, layer)] if attention.alibi is not None else []
         op_class = ad.PagedAttentionOp if self.paged else ad.CachedAttentionOp
         cached = op_class.build(
             operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, *metadata,
-                      sinks, slopes],
+                      sinks, slopes, distance_bias],
             properties=properties,
             result_types=[attention.output.results[0].type],
         )
@@ -607,10 +623,47 @@ class InsertCachedAttentionPass(ModulePass):
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
         computations = (attention.mask, attention.alibi, attention.zeroed, *(attention.selected or ()),
-                        *(attention.multiplied or ())[:1])
+                        *(attention.multiplied or ())[:1], bias_computed)
         for computed in dict.fromkeys(computations):  # CPM-Ant's two masks may be one value
             if computed is not None:
                 erase_computation(computed, Rewriter.erase_op)
+
+    def _distance_bias(self, fn: func.FuncOp, attention: Attention,
+                       layer: str) -> tuple[list[SSAValue], SSAValue | None]:
+        """([the per-token logits], the bias they replace) when the scores' bias (eager: added
+        to the scores; SDPA: the float mask `where(mask, bias, lowest)`, which leaves the boolean
+        mask) is Inkling's relative bias gathered by distance (`patterns/distance_bias.py`; the
+        logits scaled per query as the bias was, by new ops before the attention); ([], None)
+        for any other. A bias of that form gathered otherwise raises, naming the layer."""
+        if attention.alibi is not None and (found := match_distance_bias(attention.alibi)) is not None:
+            bias, attention.alibi = attention.alibi, None
+        elif attention.mask is not None and not attention.mask_fills and (split := biased_mask(attention.mask)):
+            bias = attention.mask
+            attention.mask, found = split
+        else:
+            return [], None
+        try:
+            check_distance_bias(fn, found, self._inputs())
+        except MaskError as e:
+            raise PassFailedException(f"{layer}: {e}; only a bias gathered by the query-key distance can be "
+                                      "cached") from None
+        return [scaled_logits(found, InsertPoint.before(attention.output))], bias
+
+    def _sinks(self, attention: Attention, layer: str) -> SSAValue:
+        """The op's `sinks`: [heads] as matched, or a [batch, heads, seq, 1] column per token
+        squeezed to [batch, heads, seq] (a new op before the attention; the slot form only)."""
+        sinks = attention.sinks
+        shape = sinks.type.get_shape()
+        if len(shape) == 1:
+            return sinks
+        if self.paged:
+            raise PerSequenceState(f"{layer}: its sink logits are one per token (Inkling2's); the paged form "
+                                   "(paged=true) takes one per head only: compile it in the slot form")
+        squeeze = ad.SqueezeOp.build(operands=[sinks], properties={"dim": DenseArrayBase.from_list(i64, [3])},
+                                     result_types=[TensorType(sinks.type.element_type, shape[:3])])
+        squeeze.location = attention.output.location
+        Rewriter.insert_op(squeeze, InsertPoint.before(attention.output))
+        return squeeze.result
 
     def _cache_type(self, x: SSAValue) -> TensorType:
         """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
@@ -813,7 +866,7 @@ def _positions_from_starts(fn: func.FuncOp, starts: SSAValue) -> None:
     """The slot form: a range counting the step's tokens as positions (`match_step_positions`)
     becomes each row's real ones, its cache start + 0..seq-1, flattened to [batch * seq] so that
     the per-position ops keep their types; where those meet the rows, they are viewed as
-    [batch, seq, ...]."""
+    [batch, 1.., seq, ...] (the token axis where the rows have it)."""
     for found in _step_positions(fn, batched=True):
         arange = found.arange
         column, row = _unsqueezed(starts, 1), _unsqueezed(arange.result, 0)
@@ -830,7 +883,8 @@ def _positions_from_starts(fn: func.FuncOp, starts: SSAValue) -> None:
         for op, index in found.meetings:
             value = op.operands[index]
             rest = list(value.type.get_shape()[value.type.get_shape().index(DYNAMIC_INDEX) + 1:])
-            view = _viewed(value, [batch.result, arange.end], [DYNAMIC_INDEX, DYNAMIC_INDEX, *rest])
+            ones = [1] * (rows_axis(value, op.results[0]) - 1)
+            view = _viewed(value, [batch.result, arange.end], [DYNAMIC_INDEX, *ones, DYNAMIC_INDEX, *rest])
             view.location = op.location
             Rewriter.insert_op(view, InsertPoint.before(op))
             op.operands[index] = view.result

@@ -25,6 +25,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, IndexType, NameLoc, TensorType
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
+from ad_mlir.passes.patterns.matching import is_float_cast
 from ad_mlir.passes.patterns.token_window import window_lead
 from ad_mlir.semantics.torch_ops import SEQUENCE_MIXER_OPS
 
@@ -82,8 +83,9 @@ def _data_slice(results: Iterable[SSAValue]) -> set[Operation]:
 
 
 def _arange(op: ad.ArangeOp) -> str | None:
-    """A range as long as a token axis that becomes positions (embedding indices, or RoPE angles)
-    numbers the tokens of this step only: with a cache it restarts at 0 in every decode step
+    """A range as long as a token axis that becomes positions (embedding indices, RoPE angles, or,
+    through elementwise ops only, numbers cast to a float: Inkling's log scaling of each query by
+    its position) numbers the tokens of this step only: with a cache it restarts at 0 in every decode step
     (positions must come from a `position_ids` input, or be the range added to the cache's
     starts, as `insert-cached-attention` makes them). A range that only indexes or counts rows
     (an MoE block's token bookkeeping) is no position."""
@@ -94,15 +96,18 @@ def _arange(op: ad.ArangeOp) -> str | None:
 
 def _becomes_positions(value: SSAValue) -> bool:
     seen: set[Operation] = set()
-    stack = [value]
+    stack = [(value, True)]
     while stack:
-        for use in stack.pop().uses:
+        value, elementwise = stack.pop()
+        for use in value.uses:
             user = use.operation
-            if (isinstance(user, ad.EmbeddingOp) and use.index == 1) or isinstance(user, ad.CosOp | ad.SinOp):
+            if (isinstance(user, ad.EmbeddingOp) and use.index == 1) or isinstance(user, ad.CosOp | ad.SinOp) \
+                    or (elementwise and is_float_cast(user)):
                 return True
             if user not in seen and not _adds_cache_starts(user):
                 seen.add(user)
-                stack += list(user.results)
+                still = elementwise and isinstance(user, ad.ElementwiseOp | ad.UnsqueezeOp)
+                stack += [(r, still) for r in user.results]
     return False
 
 

@@ -420,30 +420,35 @@ def cached_attention(
     qk_norm_weight_in_fp32: bool = False,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    distance_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), the new
     key/value written into each row's cache slot after the tokens it holds, then attention over
     the slot's first start + seq positions, causal with offset (and within `window`), the scores
     soft-capped with `softcap`, ALiBi's `slope * (key - query position)` added (`alibi_slopes`),
-    each head's sink logit in its softmax (`sinks`). One row at a time: the reference reads each
-    row's slot and start on the host."""
+    each query's bias by backward distance added (`distance_bias`), each head's (or each token's)
+    sink logit in its softmax (`sinks`). One row at a time: the reference reads each row's slot and start on the host."""
     query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
                                 qk_norm_offset, qk_norm_weight_in_fp32)
+    per_token = sinks is not None and sinks.dim() == 3  # [batch, heads, seq]: each token's own
     rows = [_write_and_attend(query[b], key[b], value[b], k_cache[slot], v_cache[slot], start, scale, window,
-                              softcap, sinks, alibi_slopes)
+                              softcap, sinks[b] if per_token else sinks, alibi_slopes,
+                              distance_bias[b] if distance_bias is not None else None)
             for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True))]
     return rows[0][None] if len(rows) == 1 else torch.stack(rows)
 
 
 def _write_and_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_slot: torch.Tensor,
                       v_slot: torch.Tensor, start: int, scale: float, window: int | None, softcap: float | None,
-                      sinks: torch.Tensor | None, alibi_slopes: torch.Tensor | None) -> torch.Tensor:
+                      sinks: torch.Tensor | None, alibi_slopes: torch.Tensor | None,
+                      distance_bias: torch.Tensor | None) -> torch.Tensor:
     """One row of `cached_attention`: its new keys/values [kv_heads, seq, d] written into its
     slot [max_seq, kv_heads, d] from `start`, then its queries over the slot's positions."""
     end = start + query.shape[1]
     k_slot[start:end] = key.transpose(0, 1)
     v_slot[start:end] = value.transpose(0, 1)
-    return _attend_over_prefix(query, k_slot[:end], v_slot[:end], start, scale, window, softcap, sinks, alibi_slopes)
+    return _attend_over_prefix(query, k_slot[:end], v_slot[:end], start, scale, window, softcap, sinks, alibi_slopes,
+                               distance_bias)
 
 
 def _new_query_key(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
@@ -465,12 +470,14 @@ def _new_query_key(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor | N
 
 def _attend_over_prefix(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
                         window: int | None, softcap: float | None, sinks: torch.Tensor | None,
-                        alibi_slopes: torch.Tensor | None) -> torch.Tensor:
+                        alibi_slopes: torch.Tensor | None,
+                        distance_bias: torch.Tensor | None = None) -> torch.Tensor:
     """One sequence's new queries [heads, seq, head_dim] at positions start.. over its keys and
     values [positions, kv_heads, head_dim] (the cached ones, then the new ones): causal with
-    offset, within `window`, soft-capped, ALiBi-biased, with sinks, as `cached_attention` says."""
+    offset, within `window`, soft-capped, ALiBi-biased, biased by distance ([heads, seq, extent]),
+    with sinks, as `cached_attention` says."""
     k, v = k.transpose(0, 1), v.transpose(0, 1)
-    if softcap is None and sinks is None and alibi_slopes is None:
+    if softcap is None and sinks is None and alibi_slopes is None and distance_bias is None:
         return _sdpa_with_offset(query[None], k[None], v[None], start, window, scale)[0]
     end, groups = k.shape[1], query.shape[0] // k.shape[0]
     positions = torch.arange(start, end, device=query.device)
@@ -478,8 +485,22 @@ def _attend_over_prefix(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     bias = None
     if alibi_slopes is not None:
         bias = alibi_slopes.float()[:, None, None] * (torch.arange(end, device=query.device) - positions[:, None])
+    if distance_bias is not None:
+        by_distance = _bias_by_distance(distance_bias, positions, end)
+        bias = by_distance if bias is None else bias + by_distance
     k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
     return _eager_attention(query, k, v, allowed, scale, softcap, sinks, bias)
+
+
+def _bias_by_distance(distance_bias: torch.Tensor, positions: torch.Tensor, end: int) -> torch.Tensor:
+    """The scores' bias [heads, seq, end] of queries at `positions` over keys 0 .. end - 1 from
+    `distance_bias` [heads, seq, extent]: each query's entry at its distance to the key, 0 where
+    the key is ahead or `extent` or more back (fp32)."""
+    extent = distance_bias.shape[-1]
+    distance = positions[:, None] - torch.arange(end, device=positions.device)[None, :]
+    index = distance.clamp(0, extent - 1).expand(distance_bias.shape[0], -1, -1)
+    gathered = distance_bias.float().gather(-1, index)
+    return gathered.masked_fill((distance < 0) | (distance >= extent), 0.0)
 
 
 def _sdpa_with_offset(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int, window: int | None,
@@ -514,7 +535,9 @@ def _eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     if sinks is not None:
-        sink = sinks.float().reshape(-1, 1, 1).expand(*scores.shape[:-1], 1)
+        # [heads]: one per head; [heads, seq]: one per query token and head
+        sink = (sinks.float().reshape(-1, 1, 1) if sinks.dim() == 1 else sinks.float()[..., None])
+        sink = sink.expand(*scores.shape[:-1], 1)
         probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(scores, dim=-1)
@@ -529,7 +552,8 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       window: int | None = None, softcap: float | None = None, interleaved: bool = False,
       q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
-      sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+      sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+      distance_bias: torch.Tensor | None = None) -> torch.Tensor:
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
@@ -556,6 +580,7 @@ def paged_attention(
     qk_norm_weight_in_fp32: bool = False,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    distance_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ad.paged_attention`: QK-norm and RoPE on the new query/key (when given), then sequence
     by sequence (its new tokens `query_starts[s]` .. `query_starts[s + 1]`, after the
@@ -566,7 +591,8 @@ def paged_attention(
                                 qk_norm_offset, qk_norm_weight_in_fp32)
     out = query.new_empty((*query.shape[:3], value.shape[3]))
     bounds, starts = query_starts.tolist(), cache_starts.tolist()
-    batched = softcap is None and sinks is None and alibi_slopes is None  # the forms `_paged_decodes` computes
+    # the forms `_paged_decodes` computes
+    batched = softcap is None and sinks is None and alibi_slopes is None and distance_bias is None
     decodes = [s for s in range(len(starts)) if batched and bounds[s + 1] - bounds[s] == 1]
     if decodes and len(decodes) == len(starts):
         return _paged_decodes(query, key, value, k_pages, v_pages, cache_starts, block_tables, scale, window)
@@ -585,8 +611,9 @@ def paged_attention(
         v_pages[rows] = value[0, :, first:last].transpose(0, 1)
         k = k_pages[pages].flatten(0, 1)[:end]
         v = v_pages[pages].flatten(0, 1)[:end]
-        out[0, :, first:last] = _attend_over_prefix(query[0, :, first:last], k, v, start, scale, window, softcap,
-                                                    sinks, alibi_slopes)
+        out[0, :, first:last] = _attend_over_prefix(
+            query[0, :, first:last], k, v, start, scale, window, softcap, sinks, alibi_slopes,
+            distance_bias[0, :, first:last] if distance_bias is not None else None)
     return out
 
 
@@ -626,7 +653,8 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       block_tables: torch.Tensor, scale: float, window: int | None = None, softcap: float | None = None,
       interleaved: bool = False, q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
-      sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+      sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+      distance_bias: torch.Tensor | None = None) -> torch.Tensor:
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 

@@ -66,9 +66,9 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttention
 def _spec(head_dim: int = 64, dtype: torch.dtype = torch.float32, rope: bool = True, window: int | None = None,
           softcap: float | None = None, rotary_dim: int | None = None, interleaved: bool = False,
           qk_norm: QkNorm | None = None, sinks: bool = False, alibi: bool = False,
-          v_head_dim: int | None = None) -> CachedAttentionSpec:
+          v_head_dim: int | None = None, distance_extent: int | None = None) -> CachedAttentionSpec:
     return CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, rope, dtype if rope else None, window, softcap,
-                               rotary_dim, interleaved, qk_norm, sinks, alibi, v_head_dim)
+                               rotary_dim, interleaved, qk_norm, sinks, alibi, v_head_dim, distance_extent)
 
 
 class Case:
@@ -78,7 +78,7 @@ class Case:
     def __init__(self, starts: list[int], seq: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  max_seq: int, rope: bool = True, seed: int = 0, rotary_dim: int | None = None,
                  interleaved: bool = False, qk_norm: QkNorm | None = None, sinks: bool = False,
-                 alibi: bool = False, v_head_dim: int | None = None):
+                 alibi: bool = False, v_head_dim: int | None = None, distance_extent: int | None = None):
         g = torch.Generator().manual_seed(seed)
         batch = len(starts)
 
@@ -113,10 +113,14 @@ class Case:
         # BLOOM's and MPT's slopes for 6 heads (2^-(8/8 * (i + 1)) over the next power of two, 8,
         # interleaved: 0.5, 0.125, ... then 0.707 ...), always fp32 as HF builds them
         self.alibi = [_alibi_slopes(heads).to(DEVICE)] if alibi else []
+        # Inkling's relative logits: a bias per query token and head over `distance_extent`
+        # backward distances, std 2 (as wide as the scores and more)
+        self.distance = [(torch.randn(batch, heads, seq, distance_extent, generator=g) * 2).to(dtype).to(DEVICE)
+                         ] if distance_extent else []
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.q, self.k, self.v, *self.tables, *self.norm_weights, self.k_cache, self.v_cache, self.slots,
-                self.starts, *self.sinks, *self.alibi]
+                self.starts, *self.sinks, *self.alibi, *self.distance]
 
 
 def _alibi_slopes(heads: int) -> torch.Tensor:
@@ -172,7 +176,7 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
         allowed = key_pos <= query_pos
         if window is not None:
             allowed &= key_pos > query_pos - window
-        if softcap is None and not case.sinks and not case.alibi:
+        if softcap is None and not case.sinks and not case.alibi and not case.distance:
             out[b] = F.scaled_dot_product_attention(q[b], keys, values, attn_mask=allowed, scale=scale)
             continue
         # With ALiBi in fp64: HF's bias grows with the key position (100 at position 200 for a
@@ -183,14 +187,27 @@ def _expected(case: Case, scale: float, window: int | None = None, softcap: floa
             scores = torch.tanh(scores / softcap) * softcap
         if case.alibi:  # BLOOM's form: slope * key position (constant per query: the softmax cancels it)
             scores = scores + case.alibi[0][:, None, None] * key_pos
+        if case.distance:
+            scores = scores + _inkling_position_bias(case.distance[0][b].to(work), query_pos, key_pos)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        if case.sinks:  # gpt-oss: the sink column joins the softmax, then goes
-            sink = case.sinks[0].to(work)[:, None, None].expand(-1, seq, 1)
+        if case.sinks:  # gpt-oss: the sink column joins the softmax, then goes (Inkling2: one per token)
+            sinks = case.sinks[0].to(work)
+            sink = sinks[b][..., None] if sinks.dim() == 3 else sinks[:, None, None].expand(-1, seq, 1)
             probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
         else:
             probs = scores.softmax(-1)
         out[b] = (probs.to(q.dtype) @ values).to(q.dtype)
     return out, k_cache, v_cache
+
+
+def _inkling_position_bias(rel_logits: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+    """transformers' `InklingRelativeLogits` of one row's rel_logits [heads, seq, extent] at
+    query positions [seq, 1] over key positions [1, keys]: gathered by distance, 0 outside
+    0 <= distance < extent."""
+    extent = rel_logits.shape[-1]
+    distance = query_pos - key_pos
+    index = distance.clamp(0, extent - 1).expand(rel_logits.shape[0], -1, -1)
+    return rel_logits.gather(-1, index).masked_fill((distance < 0) | (distance >= extent), 0.0)
 
 
 def _assert_close(got: torch.Tensor, expected: torch.Tensor, eps: float) -> None:
@@ -517,13 +534,24 @@ def test_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build, dtype: torch.dty
     _assert_compiles_without_spills(module, dtype, 128, 128, 192, None, [], [], v_head_dim=128)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_ptx_for_sm90_at_inkling_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Inkling's sliding layers: 64 query / 16 K/V heads of 128, window 512, the relative bias
+    over 512 distances per token and head (`distance_bias`), no RoPE."""
+    module = build(_spec(128, dtype, rope=False, window=512, distance_extent=512))
+    biases = {(b, s): [_meta(b, 64, s, 512, dtype=dtype)] for b, s in ((1, 1024), (8, 1))}
+    _assert_compiles_without_spills(module, dtype, 64, 16, 128, None, [], biases)
+
+
 def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: int,
                                     head_dim: int, rotary_dim: int | None, weights: list[torch.Tensor],
-                                    trailing: list[torch.Tensor], v_head_dim: int | None = None) -> None:
+                                    trailing: list[torch.Tensor] | dict[tuple[int, int], list[torch.Tensor]],
+                                    v_head_dim: int | None = None) -> None:
     """A 1024-token prefill (one launch) and a decode step of 8 sequences (split kernel +
     reduce) over a cache of 16 slots x 8192 positions (RoPE tables of `rotary_dim` when set),
     specialized as the runtime launches them
-    and compiled for sm_90: no spills, shared memory within an H100's."""
+    and compiled for sm_90: no spills, shared memory within an H100's. `trailing`: the tensors
+    after `starts`, or those of each (batch, seq) launch."""
     launches = []
     for batch, seq in ((1, 1024), (8, 1)):
         v_dim = v_head_dim or head_dim
@@ -532,7 +560,7 @@ def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, head
                    *([_meta(batch, seq, rotary_dim, dtype=dtype)] * 2 if rotary_dim else []), *weights,
                    _meta(16, 8192, kv_heads, head_dim, dtype=dtype), _meta(16, 8192, kv_heads, v_dim, dtype=dtype),
                    *[_meta(batch, dtype=torch.int64)] * 2,
-                   *trailing]
+                   *(trailing[batch, seq] if isinstance(trailing, dict) else trailing)]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
@@ -550,3 +578,54 @@ def test_ptx_for_sm90_at_doge_sizes_has_no_spills(build, dtype: torch.dtype) -> 
     cached as one more query/key head dim (129; the value's stays 128), RoPE applied before."""
     module = build(_spec(129, dtype, rope=False, v_head_dim=128))
     _assert_compiles_without_spills(module, dtype, 8, 4, 129, None, [], [], v_head_dim=128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_distance_bias_reference(dtype: torch.dtype) -> None:
+    """Inkling's per-token relative bias (`distance_bias`, extent 6 < the keys, GQA 6:2, window 9
+    as its sliding layers) in the op's reference: a prefill (a prompt, a chunk after a cached
+    prefix) and decode steps (a cache of 64). Without the bias the outputs move far beyond the
+    tolerance (checked)."""
+    for seq, starts in ((9, [0, 21]), (1, [3, 7, 40])):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=64, rope=False, seed=seq, distance_extent=6)
+        expected, k_cache, v_cache = _expected(case, 0.125, window=9)
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, case.k_cache, case.v_cache,
+                                               case.slots, case.starts, 0.125, 9, distance_bias=case.distance[0])
+        _assert_close(reference, expected, TOLERANCE[dtype])
+        _assert_close(case.k_cache, k_cache, 0.0)
+        plain = _expected(Case(starts, seq, 6, 2, 64, dtype, max_seq=64, rope=False, seed=seq), 0.125, window=9)[0]
+        assert (reference.float() - plain.float()).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_distance_bias_kernel(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """The kernel with Inkling's distance bias (extent 6, window 9, GQA 6:2, the bias given
+    transposed as HF's [batch, seq, heads, extent] matmul makes it): a prefill (a prompt, a chunk
+    after a cached prefix: distances reaching into the cache) and a decode step over several
+    splits (a cache of 256); the expectation is HF's gather form."""
+    spec = _spec(64, dtype, rope=False, window=9, distance_extent=6)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, rope=False, seed=seq, distance_extent=6)
+        case.distance = [case.distance[0].transpose(1, 2).contiguous().transpose(1, 2)]
+        _check(build(spec), case, spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_sinks_per_token_prefill_and_decode(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Inkling2's sink logit per token and head ([batch, heads, seq], given as the transposed
+    [batch, seq, heads] projection HF makes it), window 5: a prefill (a prompt, a chunk after a
+    cached prefix) and a decode step over several splits (a cache of 256), GQA 6:2; also what the
+    op's reference computes. One sink per head instead moves the outputs past the tolerance."""
+    spec = _spec(64, dtype, rope=False, window=5, sinks=True)
+    for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
+        case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, rope=False, seed=seq)
+        g = torch.Generator().manual_seed(seq)
+        case.sinks = [(torch.randn(len(starts), seq, 6, generator=g) * 2).to(dtype).to(DEVICE).transpose(1, 2)]
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+                                               case.starts, spec.scale, 5, sinks=case.sinks[0])
+        out = _check(build(spec), case, spec)
+        _assert_close(out, reference, TOLERANCE[dtype])
+        per_head = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache.clone(), v_cache.clone(),
+                                              case.slots, case.starts, spec.scale, 5, sinks=case.sinks[0][0, :, 0])
+        assert (out.float() - per_head.float()).abs().max() > 0.1

@@ -90,9 +90,10 @@ class Step:
             k_cache = self.k_pages[pages].flatten(0, 1)[None].clone()
             v_cache = self.v_pages[pages].flatten(0, 1)[None].clone()
             tables = [t[:, rows] if t is not None else None for t in self.tables]
+            per_token = {"distance_bias": options["distance_bias"][:, :, rows]} if "distance_bias" in options else {}
             out[:, :, rows] = torch_ops.cached_attention(
                 self.q[:, :, rows], self.k[:, :, rows], self.v[:, :, rows], *tables, k_cache, v_cache,
-                torch.tensor([0]), torch.tensor([start]), self.head_dim**-0.5, **options)
+                torch.tensor([0]), torch.tensor([start]), self.head_dim**-0.5, **(options | per_token))
             keys.append(k_cache[0, :start + n])
             values.append(v_cache[0, :start + n])
         return out, keys, values
@@ -169,14 +170,15 @@ def _check_kernel(build: Callable, step: Step, **options: Any) -> None:  # noqa:
     """The kernel's output and pages against the slot form; pages of no sequence untouched."""
     norm = QkNorm(options["qk_norm_eps"], 0.0, False) if "qk_norm_eps" in options else None
     module = build(_spec(step, **{k: v for k, v in options.items() if k in ("window", "softcap")},
-                         sinks="sinks" in options, alibi="alibi_slopes" in options, qk_norm=norm))
+                         sinks="sinks" in options, alibi="alibi_slopes" in options, qk_norm=norm,
+                         distance_extent=options["distance_bias"].shape[3] if "distance_bias" in options else None))
     expected, keys, values = step.slot_form(**options)
     k_pages, v_pages = step.k_pages.clone(), step.v_pages.clone()
     args = step.paged_arguments()
     args[5:7] = k_pages, v_pages
     weights = [options[n] for n in ("q_norm_weight", "k_norm_weight") if n in options]
     tensors = [t for t in args[:5] if t is not None] + weights + args[5:]
-    tensors += [options[n] for n in ("sinks", "alibi_slopes") if n in options]
+    tensors += [options[n] for n in ("sinks", "alibi_slopes", "distance_bias") if n in options]
     out, = module.launch(getattr(module, module.kernel_name), tensors, [])
     _close(out, expected, TOLERANCE[step.dtype])
     for s in range(len(step.starts)):
@@ -216,6 +218,23 @@ def test_kernel_qk_norm(build, decode: bool) -> None:  # noqa: ANN001
     _check_kernel(build, step, q_norm_weight=weights[0], k_norm_weight=weights[1], qk_norm_eps=1e-6)
 
 
+@pytest.mark.parametrize("decode", [False, True], ids=["mixed", "decode"])
+def test_distance_bias(build, decode: bool) -> None:  # noqa: ANN001
+    """Inkling's per-token distance bias (extent 5: past a page of 4, short of the longest
+    sequence), window 6, on both paths: the kernel and the op's reference against the slot form
+    (whose reference is checked against HF's gather form in test_cached_attention_kernel.py);
+    the bias of std 2 moves the outputs past the tolerance (checked)."""
+    step = STEPS["decode" if decode else "mixed"]
+    bias = torch.randn(1, step.heads, sum(step.news), 5, generator=torch.Generator().manual_seed(4)) * 2
+    _check_kernel(build, step, window=6, distance_bias=bias)
+    expected = step.slot_form(window=6, distance_bias=bias)[0]
+    args = step.paged_arguments()
+    args[5:7] = step.k_pages.clone(), step.v_pages.clone()
+    got = torch_ops.paged_attention(*args, step.head_dim**-0.5, 6, distance_bias=bias)
+    torch.testing.assert_close(got, expected)
+    assert (expected - step.slot_form(window=6)[0]).abs().max() > 0.1
+
+
 def test_kernel_in_bf16(build) -> None:  # noqa: ANN001
     _check_kernel(build, Step(starts=[0, 5, 7], news=[10, 6, 1], dtype=torch.bfloat16, seed=2))
 
@@ -230,6 +249,10 @@ PTX_FORMS = {
     "llama3-fp32": (torch.float32, 32, 8, 128, {}),
     # gpt-oss-120b's sliding layers: 64 query / 8 K/V heads of 64, sinks, window 128, RoPE before
     "gpt-oss-bf16": (torch.bfloat16, 64, 8, 64, {"rope": False, "cos_dtype": None, "window": 128, "sinks": True}),
+    # Inkling's sliding layers: 64 query / 16 K/V heads of 128, window 512, a relative bias over
+    # 512 distances per token (QK-norm and the k/v convolutions before)
+    "inkling-bf16": (torch.bfloat16, 64, 16, 128, {"rope": False, "cos_dtype": None, "window": 512,
+                                                   "distance_extent": 512}),
 }
 
 
@@ -249,7 +272,8 @@ def test_ptx_for_sm90_has_no_spills(form: str, tmp_path: Path) -> None:
                    *[_meta(1, kv_heads, tokens, head_dim, dtype=dtype)] * 2, *tables,
                    *[_meta(4096, 16, kv_heads, head_dim, dtype=dtype)] * 2,
                    _meta(seqs + 1, dtype=torch.int64), _meta(seqs, dtype=torch.int64),
-                   _meta(seqs, 512, dtype=torch.int64), *([_meta(heads, dtype=dtype)] if spec.sinks else [])]
+                   _meta(seqs, 512, dtype=torch.int64), *([_meta(heads, dtype=dtype)] if spec.sinks else []),
+                   *([_meta(1, heads, tokens, spec.distance_extent, dtype=dtype)] if spec.distance_extent else [])]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]

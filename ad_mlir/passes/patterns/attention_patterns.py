@@ -9,6 +9,7 @@ a bare tanh is cap 1, whose division and product canonicalize drops; without the
 eager attention, there is no soft cap). gpt-oss's attention sinks are this form with one more
 softmax column, each head's learned logit, dropped after:
     l   = cat([scores + mask, expand(reshape(sinks, [1, heads, 1, 1]), [b, heads, s, 1])], -1)
+(Inkling2's column is a [b, heads, s, 1] logit per token, computed from its hidden state)
     p   = softmax(l - max(l, -1, keepdim))[..., :-1]       (the max subtracted or not)
 (without sinks too: MiMo-V2's). GraniteSWA's sinks scale the output by the share of the
 denominator the keys have (the same attention):
@@ -79,7 +80,8 @@ class Attention:
     interleaved: bool = False
     """RoPE rotates pairs (2i, 2i + 1) (`ad.RopeAttentionOp`)."""
     sinks: SSAValue | None = None
-    """[heads]: each head's sink logit, a softmax column of its own (gpt-oss)."""
+    """[heads]: each head's sink logit, a softmax column of its own (gpt-oss); or [batch, heads,
+    seq, 1]: each query token's (Inkling2)."""
     alibi: SSAValue | None = None
     """A bias added to the scaled scores, to be ALiBi's (BLOOM, MPT): the insert pass evaluates
     it and finds its slopes."""
@@ -185,7 +187,7 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     value, value_repeat = match_repeat_kv(value, heads)
     if not _heads_of(query, key, value, weighted.result, transposed[2]) or heads % _key_heads(key, transposed[2]):
         return "its query, key and value are not [batch, heads or kv_heads, seq, head_dim] of one type"
-    if sinks is not None and sinks.type.get_shape() != (heads,):
+    if sinks is not None and sinks.type.get_shape() != (heads,) and len(sinks.type.get_shape()) != 4:
         return f"its sink logits are not one per head: {sinks.type}"
     chain = [*([weighted] if output != weighted else []), *zero_ops, *([cast] if cast else []),
              *([sink_dropped] if sink_dropped else []), *rows_ops[:1], softmax, *rows_ops[1:], *sink_ops, *mask_ops,
@@ -460,8 +462,19 @@ def _sink_logits(softmax: ad.SoftmaxOp, logits: SSAValue,
     per_head = producer(expand.input, ad.ReshapeOp) if expand is not None and column.has_one_use() else None
     if per_head is None or not expand.input.has_one_use() or len(per_head.input.type.get_shape()) != 1 \
             or tuple(per_head.result.type.get_shape()) != (1, per_head.input.type.get_shape()[0], 1, 1):
-        return "the column concatenated to its scores is not a logit per head ([heads] viewed as [1, heads, 1, 1])"
+        if _per_token_column(column, scores):
+            return scores, column, [cat]
+        return ("the column concatenated to its scores is not a logit per head ([heads] viewed as [1, heads, 1, 1]) "
+                "nor one per token and head ([batch, heads, seq, 1])")
     return scores, per_head.input, [cat, expand, per_head]
+
+
+def _per_token_column(column: SSAValue, scores: SSAValue) -> bool:
+    """`column` is [batch, heads, seq, 1] of the scores' batch, heads and seq, in their float type
+    (Inkling2's sink logit per token and head, computed from the token's hidden state)."""
+    shape, of = column.type.get_shape(), scores.type.get_shape()
+    return len(shape) == 4 and shape[3] == 1 and shape[:3] == of[:3] and DYNAMIC_INDEX != shape[1] \
+        and column.type.element_type == scores.type.element_type
 
 
 def _lse_sinks(weighted: ad.MatmulOp, logits: SSAValue) -> tuple[ad.MulOp, SSAValue, list[Operation]] | None:

@@ -5,11 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from xdsl.dialects.builtin import DYNAMIC_INDEX, DenseArrayBase, FloatAttr, IntegerAttr, NameLoc, i64
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    DenseArrayBase,
+    FloatAttr,
+    IntegerAttr,
+    NameLoc,
+    TensorType,
+    i64,
+)
 from xdsl.ir import Attribute, Block, Operation, OpResult, SSAValue
 from xdsl.traits import Pure
 
 from ad_mlir.dialects import ad
+from ad_mlir.semantics.op_table import torch_dtype
 
 OpT = TypeVar("OpT", bound=Operation)
 
@@ -160,3 +169,9 @@ def describe_op(op: Operation) -> str:
     name = f"%{op.results[0].name_hint} = " if op.results and op.results[0].name_hint else ""
     where = f" at {op.location.desc.data}" if isinstance(op.location, NameLoc) else ""
     return f"{name}{op.name}{where}"
+
+
+def is_float_cast(op: Operation) -> bool:
+    """`op` casts to a float type: integers (positions) become numbers that scale values."""
+    return isinstance(op, ad.CastOp) and isinstance(op.result.type, TensorType) \
+        and torch_dtype(op.result.type.element_type).is_floating_point

@@ -53,8 +53,8 @@ def match_mla(attention: Attention) -> Mla | str | None:
         return None
     split, view_ops, linear = expansion
     if attention.rope is not None or attention.softcap is not None or attention.alibi is not None \
-            or attention.qk_norm is not None:
-        return "its attention applies RoPE, a soft cap, ALiBi or QK-norm itself"
+            or attention.qk_norm is not None or (attention.sinks is not None and len(attention.sinks.type.get_shape()) != 1):
+        return "its attention applies RoPE, a soft cap, ALiBi, QK-norm or sink logits per token itself"
     key = _key_parts(attention.key)
     if key is None or key[0] != split.outputs[0]:
         return "its key is not [k_nope, k_rot expanded to every head] of the expanded latent's k_nope"

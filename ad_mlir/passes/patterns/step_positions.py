@@ -2,16 +2,19 @@
 HF's decoders without a `position_ids` input spell them (BART's, mBART's and TrOCR's learned
 positional embedding of `arange(past, past + seq)` plus an offset of 2, Pegasus' and Marian's
 sinusoidal table, BlenderBot's learned one, with `past` 0 in the export), becoming positions as
-an embedding's indices or RoPE's cos/sin.
+an embedding's indices or RoPE's cos/sin, or cast to a float as numbers (Inkling's log scaling
+of each query and its relative bias by `tau(position)`, viewed as [1, 1, seq, 1]).
 
 Such a range is exact as positions only for a prefill from 0: with a cache, token t of a step
 is at start + t. `match_step_positions` finds a range that can take the real positions: it
 counts the tokens of `input_ids`' sequence axis from 0 by 1, and every use of it turns it into
-positions (through an embedding or cos/sin) by per-position ops (unsqueeze, cast, broadcast,
-elementwise arithmetic with no other token tensor: BART's `+ 2`), so each token's values read
-its own position and nothing else. Where the range's values (one per token, no batch axis)
-first meet rows of [batch, seq, ...] (the add to the token embeddings, TrOCR's expand over the
-batch) is where per-row positions, given flattened, are viewed as [batch, seq] again."""
+positions (through an embedding, cos/sin or a cast to a float) by per-position ops (unsqueeze,
+cast, broadcast, a view that keeps only the token axis, elementwise arithmetic with no other
+token tensor: BART's `+ 2`, Inkling's clamp and log), so each token's values read its own
+position and nothing else. Where the range's values (one per token, no batch axis) first meet
+rows of [batch, ..., seq, ...] (the add to the token embeddings, TrOCR's expand over the batch,
+Inkling's product with the [batch, heads, seq, head_dim] query) is where per-row positions,
+given flattened, are viewed as [batch, 1.., seq, ...] again."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.attention_masks import input_name
-from ad_mlir.passes.patterns.matching import describe_op
+from ad_mlir.passes.patterns.matching import describe_op, is_float_cast
 
 TOKENS_INPUT = "input_ids"
 
@@ -79,14 +82,15 @@ def _walk(value: SSAValue, encoded: bool, flat: bool, meetings: list[tuple[Opera
     for use in value.uses:
         user = use.operation
         now_encoded = encoded or (isinstance(user, ad.EmbeddingOp) and use.index == 1) or \
-            isinstance(user, ad.CosOp | ad.SinOp)
+            isinstance(user, ad.CosOp | ad.SinOp) or is_float_cast(user)
         if _per_position(user, value):
             why = _walk(user.results[0], now_encoded, flat, meetings)
         elif isinstance(user, ad.ExpandOp):  # broadcast over the batch: each row the same positions
             why = _meet(user, use.index, meetings) if flat else None
             why = why or _walk(user.result, now_encoded, False, meetings)
         elif not encoded:
-            why = f"it reaches {describe_op(user)} before it becomes positions (an embedding's indices or cos/sin)"
+            why = (f"it reaches {describe_op(user)} before it becomes positions (an embedding's indices, cos/sin or "
+                   "a float)")
         else:
             why = _meet(user, use.index, meetings) if flat else None
         if why is not None:
@@ -96,16 +100,27 @@ def _walk(value: SSAValue, encoded: bool, flat: bool, meetings: list[tuple[Opera
 
 def _per_position(op: Operation, value: SSAValue) -> bool:
     """`op` computes each position's values from that position's alone: an unsqueeze, a cast,
-    an expand to static sizes, an embedding of `value`, or elementwise arithmetic whose other
-    operands have no token axis."""
+    an expand to static sizes, a view of [seq] with other dims of 1 only, an embedding of
+    `value`, or elementwise arithmetic (a torch clamp too) whose other operands have no token
+    axis."""
     if isinstance(op, ad.UnsqueezeOp | ad.CastOp):
         return True
+    if isinstance(op, ad.ReshapeOp):
+        shape = op.result.type.get_shape()
+        return value.type.get_shape() == (DYNAMIC_INDEX,) and shape.count(DYNAMIC_INDEX) == 1 and \
+            all(d in (1, DYNAMIC_INDEX) for d in shape)
+    if isinstance(op, ad.TorchOp) and op.target.data in ELEMENTWISE_TORCH_OPS:
+        return tuple(op.inputs) == (value,)
     if isinstance(op, ad.ExpandOp):
         return not op.sizes
     if isinstance(op, ad.EmbeddingOp):
         return op.indices is value and not _has_token_axis(op.weight)
     return isinstance(op, ad.ElementwiseOp) and len(op.results) == 1 and \
         not any(_has_token_axis(v) for v in op.operands if v is not value)
+
+
+ELEMENTWISE_TORCH_OPS = frozenset({"aten.clamp.default"})
+"""Opaque torch ops that compute each element from that element alone (with number arguments)."""
 
 
 def _meet(op: Operation, index: int, meetings: list[tuple[Operation, int]]) -> str | None:
@@ -119,11 +134,18 @@ def _meet(op: Operation, index: int, meetings: list[tuple[Operation, int]]) -> s
 
 
 def _meets_rows(value: SSAValue, result: SSAValue) -> bool:
-    """`value` ([seq, ...] or [1, seq, ...], the rest static) broadcast into `result` [batch, seq, ...]:
-    its token axis, aligned from the right, is the result's dim 1 after a dynamic batch."""
+    """`value` ([seq, ...] or [1.., seq, ...], the rest static) broadcast into `result` [batch,
+    ..., seq, ...]: its token axis, aligned from the right, is one of the result's after a
+    dynamic batch (`rows_axis`)."""
     shape, out = value.type.get_shape(), result.type.get_shape()
     token = shape.index(DYNAMIC_INDEX)
-    return all(d == 1 for d in shape[:token]) and len(out) - (len(shape) - token) == 1 and out[0] == DYNAMIC_INDEX
+    return all(d == 1 for d in shape[:token]) and rows_axis(value, result) >= 1 and out[0] == DYNAMIC_INDEX
+
+
+def rows_axis(value: SSAValue, result: SSAValue) -> int:
+    """The axis of `result` that `value`'s token axis broadcasts to (aligned from the right)."""
+    shape = value.type.get_shape()
+    return len(result.type.get_shape()) - (len(shape) - shape.index(DYNAMIC_INDEX))
 
 
 def _has_token_axis(value: SSAValue) -> bool:

@@ -315,6 +315,37 @@ func.func @sparse_not_mla(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1
 }
 
 // -----
+
+// A bias gathered like Inkling's but by the key-query distance (keys ahead, which causality
+// masks): the masked positions are not those outside 0..extent-1 of the backward distance.
+// CHECK: model.layers.1.self_attn: its score bias gathered from a table of 3 is not zeroed exactly outside the query-key distances 0 .. 2; only a bias gathered by the query-key distance can be cached
+func.func @distance_bias_ahead(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %logits: tensor<1x2x?x3xf32> {ad.input = "logits"}) -> tensor<1x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %c3 = ad.constant 3 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %d2 = ad.sub %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi64>
+  %d3 = ad.unsqueeze %d2 dim 0 : tensor<?x?xi64> -> tensor<1x?x?xi64>
+  %d = ad.unsqueeze %d3 dim 1 : tensor<1x?x?xi64> -> tensor<1x1x?x?xi64>
+  %clamped = ad.torch_op "aten.clamp.default"(%d) [#ad.ref<0>, 0 : i64, 2 : i64] {} : (tensor<1x1x?x?xi64>) -> tensor<1x1x?x?xi64>
+  %index = ad.expand %clamped [1, 2, -1, -1] : tensor<1x1x?x?xi64> -> tensor<1x2x?x?xi64>
+  %gathered = ad.torch_op "aten.gather.default"(%logits, %index) [#ad.ref<0>, -1 : i64, #ad.ref<1>] {} : (tensor<1x2x?x3xf32>, tensor<1x2x?x?xi64>) -> tensor<1x2x?x?xf32>
+  %ahead = ad.lt %d, %c0 : tensor<1x1x?x?xi64>, i64 -> tensor<1x1x?x?xi1>
+  %far = ad.ge %d, %c3 : tensor<1x1x?x?xi64>, i64 -> tensor<1x1x?x?xi1>
+  %outside = ad.bitwise_or %ahead, %far : tensor<1x1x?x?xi1>, tensor<1x1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %bias = ad.torch_op "aten.masked_fill.Scalar"(%gathered, %outside) [#ad.ref<0>, #ad.ref<1>, 0.000000e+00 : f64] {} : (tensor<1x2x?x?xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x?xf32>
+  %causal = ad.le %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %lowest = ad.constant -3.4028234663852886e+38 : f64
+  %mask = ad.where %causal, %bias, %lowest : tensor<?x?xi1>, tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %o = ad.attention %q, %k, %v mask %mask scale 1.250000e-01 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
 // A left pad of 3 tokens whose convolutions look back 1 + 1 = 2 only (the pad's first row would
 // reach the step's tokens) is no form a token window caches: the pad and both convolutions are
 // refused.

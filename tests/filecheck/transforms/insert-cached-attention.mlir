@@ -635,6 +635,42 @@ func.func @positions_expanded(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %t
 
 // -----
 
+// Inkling's relative bias through SDPA (transformers' where(mask, bias, lowest)): per-token
+// logits [1, 2, seq, 3] gathered by the query-key distance clamped to 0..2, 0 outside 0..2.
+// One ad.cached_attention that reads the logits as its distance_bias; the gather, the masks and
+// the positions are gone.
+// CHECK-LABEL: func.func @distance_bias
+// CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.where
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 1.250000e-01 distance_bias %logits : tensor<1x2x?x3xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @distance_bias(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %logits: tensor<1x2x?x3xf32> {ad.input = "logits"}) -> tensor<1x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %c3 = ad.constant 3 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %d2 = ad.sub %qp, %kp : tensor<?x1xi64>, tensor<1x?xi64> -> tensor<?x?xi64>
+  %d3 = ad.unsqueeze %d2 dim 0 : tensor<?x?xi64> -> tensor<1x?x?xi64>
+  %d = ad.unsqueeze %d3 dim 1 : tensor<1x?x?xi64> -> tensor<1x1x?x?xi64>
+  %clamped = ad.torch_op "aten.clamp.default"(%d) [#ad.ref<0>, 0 : i64, 2 : i64] {} : (tensor<1x1x?x?xi64>) -> tensor<1x1x?x?xi64>
+  %index = ad.expand %clamped [1, 2, -1, -1] : tensor<1x1x?x?xi64> -> tensor<1x2x?x?xi64>
+  %gathered = ad.torch_op "aten.gather.default"(%logits, %index) [#ad.ref<0>, -1 : i64, #ad.ref<1>] {} : (tensor<1x2x?x3xf32>, tensor<1x2x?x?xi64>) -> tensor<1x2x?x?xf32>
+  %ahead = ad.lt %d, %c0 : tensor<1x1x?x?xi64>, i64 -> tensor<1x1x?x?xi1>
+  %far = ad.ge %d, %c3 : tensor<1x1x?x?xi64>, i64 -> tensor<1x1x?x?xi1>
+  %outside = ad.bitwise_or %ahead, %far : tensor<1x1x?x?xi1>, tensor<1x1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %bias = ad.torch_op "aten.masked_fill.Scalar"(%gathered, %outside) [#ad.ref<0>, #ad.ref<1>, 0.000000e+00 : f64] {} : (tensor<1x2x?x?xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x?xf32>
+  %causal = ad.le %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %lowest = ad.constant -3.4028234663852886e+38 : f64
+  %mask = ad.where %causal, %bias, %lowest : tensor<?x?xi1>, tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %o = ad.attention %q, %k, %v mask %mask scale 1.250000e-01 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x?xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}
+
+// -----
+
 // ZAYA's CCA projection: a left pad of 2 zero tokens read by two stacked valid convolutions
 // (kernels 2 and 2: they look back 1 + 1 = 2 tokens) becomes ad.cached_token_window over a
 // state of the 2 inputs before a step, [slots, channels, 2], which the convolutions read as they
@@ -662,6 +698,37 @@ func.func @token_windows(%x: tensor<?x8x?xf32> {ad.input = "x"}, %w1: tensor<8x1
   %cat = ad.cat %start, %h dim 1 : (tensor<?x1x4xf32>, tensor<?x?x4xf32>) -> tensor<?x?x4xf32> loc("model.layers.0.qkv_proj")
   %shift = ad.slice %cat dim 1 [0, -1, 1] : tensor<?x?x4xf32> -> tensor<?x?x4xf32> loc("model.layers.0.qkv_proj")
   func.return %c2, %shift : tensor<?x8x?xf32>, tensor<?x?x4xf32>
+}
+
+// -----
+
+// Inkling's log scaling: the query times tau of its position, 1 + log(max((arange(seq) + 1) / 2,
+// 1)) viewed as [1, 1, seq, 1]. The range takes each row's real positions (cache start + 0..seq-1,
+// flattened), and where tau meets the [batch, heads, seq, head_dim] query it is viewed as
+// [batch, 1, seq, 1].
+// CHECK-LABEL: func.func @log_scaled_query
+// CHECK:       %positions = ad.reshape %{{.*}} [-1] : tensor<?x?xi64> -> tensor<?xi64>
+// CHECK:       ad.cast %{{.*}} : tensor<?xi64> -> tensor<?xf32>
+// CHECK:       %[[TAU:.*]] = ad.reshape %{{.*}} [1, 1, -1, 1] : tensor<?xf32> -> tensor<1x1x?x1xf32>
+// CHECK:       %[[ROWS:.*]] = ad.reshape %[[TAU]] [%{{.*}}, 1, %{{.*}}, 1] : tensor<1x1x?x1xf32> -> tensor<?x1x?x1xf32>
+// CHECK-NEXT:  %{{.*}} = ad.mul %q, %[[ROWS]] : tensor<?x2x?x8xf32>, tensor<?x1x?x1xf32> -> tensor<?x2x?x8xf32>
+func.func @log_scaled_query(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %q: tensor<?x2x?x8xf32> {ad.input = "q"}, %k: tensor<?x2x?x8xf32> {ad.input = "k"}, %v: tensor<?x2x?x8xf32> {ad.input = "v"}) -> tensor<?x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %next = ad.add %pos, %c1 : tensor<?xi64>, i64 -> tensor<?xi64>
+  %f = ad.cast %next : tensor<?xi64> -> tensor<?xf32>
+  %two = ad.constant 2.000000e+00 : f64
+  %ratio = ad.div %f, %two : tensor<?xf32>, f64 -> tensor<?xf32>
+  %floor = ad.torch_op "aten.clamp.default"(%ratio) [#ad.ref<0>, 1.000000e+00 : f64] {} : (tensor<?xf32>) -> tensor<?xf32>
+  %log = ad.log %floor : tensor<?xf32> -> tensor<?xf32>
+  %one = ad.constant 1.000000e+00 : f64
+  %t = ad.add %log, %one : tensor<?xf32>, f64 -> tensor<?xf32>
+  %tau = ad.reshape %t [1, 1, -1, 1] : tensor<?xf32> -> tensor<1x1x?x1xf32>
+  %qs = ad.mul %q, %tau : tensor<?x2x?x8xf32>, tensor<1x1x?x1xf32> -> tensor<?x2x?x8xf32>
+  %o = ad.attention %qs, %k, %v causal : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>) -> tensor<?x2x?x8xf32> loc("model.layers.0.self_attn")
+  func.return %o : tensor<?x2x?x8xf32>
 }
 
 // -----

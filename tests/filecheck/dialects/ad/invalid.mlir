@@ -307,6 +307,15 @@ func.func @cached_attention_cache_dtype(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x
 
 // -----
 
+// The distance bias is one vector per query token and head: [batch, heads, seq, extent].
+func.func @cached_attention_distance_bias_heads(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %db: tensor<?x2x?x6xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' distance_bias must be a float [batch, heads, seq, extent] = [?, 4, ?, extent] with a static extent, not tensor<?x2x?x6xf32>
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 distance_bias %db : tensor<?x2x?x6xf32> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
 // MLA's latent cache holds rank + rope values per token (512 + 64 = 576), not rank alone.
 func.func @cached_mla_cache_width(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x512xbf16>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' cache must be [slots, max_seq, 512 + 64] of the latent's element type
