@@ -100,6 +100,7 @@ TESTS: dict[str, Tests] = {
                                              "pipeline or skip or failing or yaml")),
     "ad_mlir/passes/position_mixing.py": Tests(_lit(*_CACHED)),
     "ad_mlir/passes/quantize_linear_fp8.py": Tests(_lit("quantize-linear-fp8"), ("tests/unit/test_fp8.py",)),
+    "ad_mlir/passes/repeated_layers.py": Tests((), ("tests/models/test_repeated_layers.py", "-k", "llama or renamed")),
     "ad_mlir/passes/shard.py": Tests(_lit("shard", "shard-errors", "shard-moe"),
                                      ("tests/unit/test_shard.py", "-k", "not gloo")),
     "ad_mlir/passes/verify.py": Tests((), ("tests/unit/test_verify.py", "-k", "not every_family")),
@@ -114,6 +115,9 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/patterns/sparse_attention.py": Tests(_lit("insert-cached-attention-dsa"),
                                                          ("tests/models/test_sparse_attention.py", "-k",
                                                           "greedy and deepseek_v32")),
+    "ad_mlir/passes/patterns/distance_bias.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-errors"),
+                                                      ("tests/models/test_inkling.py", "-k",
+                                                       "step_logits and not inkling2")),
     "ad_mlir/passes/patterns/token_window.py": Tests(_lit(*_CACHED),
                                                      ("tests/models/test_sequence_mixers.py", "-k",
                                                       "zaya and (logits or chunks)")),
@@ -133,6 +137,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/attention_kernel.py": Tests(
         (), ("tests/unit/test_attention_kernel.py", "-k", "not ptx and not sliding_window_matches and not any_head_dim "
              "and not rope_causal_gqa and not qk_norm and not random_mask")),
+    "ad_mlir/codegen/by_sequence.py": Tests((), ("tests/unit/test_causal_conv_kernel.py",
+                                                 "tests/unit/test_recurrent_state_kernels.py", "-k", "flattened")),
     "ad_mlir/codegen/blocks.py": Tests((_TRITON,), _NUMERIC),
     "ad_mlir/codegen/cache.py": Tests((), ("tests/unit/test_kernel_cache.py",)),
     "ad_mlir/codegen/cached_attention_kernel.py": Tests(
