@@ -546,8 +546,8 @@ class InsertCachedAttentionPass(ModulePass):
                         starts: SSAValue) -> None:
         """A left pad read by convolutions, or a shift by tokens -> `ad.cached_token_window` over a
         state argument `token_window_<i>` (the input's shape with max-batch slots and `width`
-        tokens) in the input's dtype: the convolutions read it as they read the pad; the shift is
-        its first seq rows."""
+        tokens) in the input's dtype: the convolutions and unfolds read it as they read the pad
+        (the cut to its last seq + width rows, all of them, goes); the shift is its first seq rows."""
         x, at = found.input, _window_op(found)
         shape = list(x.type.get_shape())
         shape[0], shape[found.dim] = self.max_batch, found.width
@@ -561,6 +561,8 @@ class InsertCachedAttentionPass(ModulePass):
         window.result.name_hint = "window"
         if isinstance(found, PaddedConvs):
             Rewriter.replace_op(found.pad, window)
+            if found.cut is not None:  # it keeps all of the window's rows too
+                Rewriter.replace_op(found.cut, [], [window.result])
             return
         tokens = ad.SymSizeOp.build(operands=[x], properties={"dim": IntegerAttr(found.dim, i64)},
                                     result_types=[IndexType()])

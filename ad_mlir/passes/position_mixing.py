@@ -26,11 +26,9 @@ from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.matching import is_float_cast
-from ad_mlir.passes.patterns.token_window import window_lead
+from ad_mlir.passes.patterns.token_window import TO_THE_END, window_lead
+from ad_mlir.semantics.op_table import attr_to_value, bound_arguments
 from ad_mlir.semantics.torch_ops import SEQUENCE_MIXER_OPS
-
-TO_THE_END = 2**63 - 1
-"""`ad.slice`'s end bound for "to the end" (torch clamps it)."""
 
 MIXING_TORCH_TARGETS = (
     "aten.conv", "aten._convolution", "aten.cumsum", "aten.cumprod", "aten.logcumsumexp", "aten.cummax",
@@ -252,9 +250,20 @@ def _torch_op(op: ad.TorchOp) -> str | None:
         return f"{target}: a scan over the whole sequence whose state is not cached"
     if not target.startswith(MIXING_TORCH_TARGETS) or (op.results and window_lead(op.results[0]) is not None):
         return None
+    if target == "aten.flip.default":
+        return _flip(op)
     if any(_token_axes(v) for v in op.inputs):
         return f"{target} on a tensor with a token axis"
     return None
+
+
+def _flip(op: ad.TorchOp) -> str | None:
+    """A flip reverses only the axes it names: over static ones (Inkling2's taps of an unfolded
+    window) it moves no token."""
+    args = bound_arguments(op.target.data, attr_to_value(op.args, op.inputs), attr_to_value(op.kwargs, op.inputs))
+    x, dims = args["self"], args["dims"]
+    rank = len(x.type.get_shape())
+    return _over({d % rank for d in dims}, x, f"{op.target.data} flips")
 
 
 _RULES: dict[type[Operation], Callable[..., str | None]] = {

@@ -12,19 +12,27 @@ against HF's full-prefix forward, with the kernels as their reference and in the
 interpreter; the paged form (`ad.paged_attention` with the bias, positions from `position_ids`)
 once, its tokens against HF's (its kernel in tests/unit/test_paged_attention.py).
 
-Inkling2's sliding layers add a sink logit per token and head (`sink_proj` of the hidden state,
-the cached attention's `sinks` [batch, heads, seq], slot form only) to the same bias; its full layers'
-dynamic short convolutions (taps computed per token) are not cached: such a layer is refused,
-naming the convolution's ops."""
+Inkling2's layers add a sink logit per token and head (`sink_proj` of the hidden state, the
+cached attention's `sinks` [batch, heads, seq], slot form only) to the same bias; its full layers'
+keys and values pass dynamic short convolutions (taps computed per token) over
+`F.pad(x, (3, 0))[..., -(seq + 3):].unfold(-1, 4, 1)`, whose pad becomes a cached token window of
+the 3 tokens before a step (`ad.cached_token_window`): tokens against HF `generate` (three
+prompts in two slots), per-step logits (prefill and 4 decode steps), a prefill in three chunks
+against HF's full-prefix forward, and a decode without its window seen to be wrong."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_generate import _assert_interpreted_tokens_are_hf, _assert_step_logits_match, _hf_tokens
-from xdsl.utils.exceptions import PassFailedException
+from test_generate import (
+    _assert_interpreted_tokens_are_hf,
+    _assert_logits_close,
+    _assert_step_logits_match,
+    _hf_tokens,
+)
 
 import ad_mlir
+from ad_mlir.bench.families import greedy_only
 from ad_mlir.dialects import ad
 from ad_mlir.passes.insert_cached_attention import PerSequenceState
 from ad_mlir.runtime.kernels import reference_kernels
@@ -107,27 +115,47 @@ def test_the_bias_and_the_log_scaling_decide_its_tokens(inkling) -> None:  # noq
     assert [_hf_tokens(unscaled, p, 8) for p in PROMPTS] != expected
 
 
-@pytest.fixture(scope="module")
-def inkling2() -> tuple[torch.nn.Module, ad_mlir.LLM]:
-    """Two sliding layers (window 4, the bias over 4 distances), each with sinks per token."""
-    config = small_config("inkling2_text", hidden_size=64)
+def _inkling2(layer_types: list[str]) -> torch.nn.Module:
+    config = small_config("inkling2_text", layers=len(layer_types), hidden_size=64)
     config.initializer_range = 0.5
-    for name, value in {"layer_types": ["hybrid_sliding"] * 2, "sliding_window_size": WINDOW,
+    for name, value in {"layer_types": layer_types, "sliding_window_size": WINDOW, "rel_extent": EXTENT,
                         "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16}.items():
         setattr(config, name, value)
-    model = model_from_config(config)
+    return greedy_only(model_from_config(config).eval())
+
+
+@pytest.fixture(scope="module")
+def inkling2() -> tuple[torch.nn.Module, ad_mlir.LLM]:
+    """A sliding layer (window 4, the bias over 4 distances) and a full one (the bias over 6
+    distances, keys and values through dynamic short convolutions of kernel 4), each with sinks
+    per token."""
+    model = _inkling2(["hybrid_sliding", "hybrid"])
     return model, ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
 
 
 def test_inkling2_takes_sinks_per_token(inkling2) -> None:  # noqa: ANN001
     _, llm = inkling2
     cached = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedAttentionOp)]
-    assert [(op.window.value.data, op.sinks.type.get_shape()[1], op.distance_bias.type.get_shape()[3])
-            for op in cached] == [(WINDOW, 4, WINDOW)] * 2
+    assert [(op.window.value.data if op.window else None, op.sinks.type.get_shape()[1],
+             op.distance_bias.type.get_shape()[3]) for op in cached] == [(WINDOW, 4, WINDOW), (None, 4, EXTENT)]
     assert all(len(op.sinks.type.get_shape()) == 3 for op in cached)
 
 
+def test_inkling2_caches_the_dynamic_convolutions_token_windows(inkling2) -> None:  # noqa: ANN001
+    """The full layer's key and value convolutions read the 3 tokens before a step from a window
+    each [slots, channels, 3] (2 kv heads x 16 channels); the pad and its cut are gone, the
+    unfold reads the window."""
+    _, llm = inkling2
+    assert {name: tuple(c.shape) for name, c in llm.caches.items() if name.startswith("token_window")} \
+        == {"token_window_0": (2, 32, 3), "token_window_1": (2, 32, 3)}
+    ops = list(llm.program.function.body.walk())
+    windows = [op for op in ops if isinstance(op, ad.CachedTokenWindowOp)]
+    assert [op.result.get_unique_use().operation.target.data for op in windows] == ["aten.unfold.default"] * 2
+    assert not any(isinstance(op, ad.TorchOp) and op.target.data == "aten.pad.default" for op in ops)
+
+
 def test_inkling2_generates_hf_greedy_tokens(inkling2) -> None:  # noqa: ANN001
+    """Three prompts in two slots: a reused slot starts its windows from zeros, as the pad does."""
     model, llm = inkling2
     with reference_kernels():
         outputs = llm.generate(PROMPTS, max_new_tokens=8)
@@ -138,19 +166,39 @@ def test_inkling2_step_logits_match_hf_prefill_and_decode(inkling2) -> None:  # 
     _assert_step_logits_match(*inkling2)
 
 
-def test_inkling2_paged_form_is_refused_by_its_sinks(inkling2) -> None:  # noqa: ANN001
+def test_an_inkling2_prompt_prefilled_in_three_chunks_equals_one_prefill(inkling2) -> None:  # noqa: ANN001
+    """The later chunks (start > 0) continue from the windows the earlier left; the middle one of
+    a single token, fewer than the window's 3, keeps the two rows before it in the window."""
+    model, llm = inkling2
+    prompt = torch.tensor([PROMPTS[2]])
+    with torch.no_grad(), reference_kernels():
+        expected = model(prompt).logits
+        for first, last in ((0, 4), (4, 5), (5, prompt.shape[1])):
+            logits = llm.step(prompt[:, first:last], torch.arange(first, last)[None], [1], [first])
+            _assert_logits_close(logits, expected[:, first:last])
+
+
+@pytest.mark.parametrize("window", ["token_window_0", "token_window_1"])
+def test_an_inkling2_decode_step_without_a_window_is_wrong(inkling2, window: str) -> None:  # noqa: ANN001
+    """What the logits tests above would catch: the same decode step with the key or the value
+    window zeroed moves the logits beyond their tolerance. Only the step's own key or value is
+    wrong then, one of 8 in a layer whose whole attention moves the logits by 0.25 (measured): the
+    tokens test alone would not see it (measured: 5.8e-4 (keys) and 5.0e-4 (values) off on
+    logits up to 13.8, against an atol of 1.4e-4 there)."""
+    model, llm = inkling2
+    prompt = PROMPTS[0]
+    with torch.no_grad(), reference_kernels():
+        first = int(llm.step(torch.tensor([prompt]), torch.arange(len(prompt))[None], [0], [0])[0, -1].argmax())
+        llm.caches[window][0].zero_()
+        stale = llm.step(torch.tensor([[first]]), torch.tensor([[len(prompt)]]), [0], [len(prompt)])[0, -1]
+        expected = model(torch.tensor([[*prompt, first]])).logits[0, -1]
+    with pytest.raises(AssertionError, match="Tensor-likes are not close"):
+        _assert_logits_close(stale, expected)
+
+
+def test_inkling2_paged_form_is_refused_by_its_sinks() -> None:
     """`ad.paged_attention` takes sinks per head only: the paged form refuses the sinks per token
-    by name, as a `PerSequenceState` (what `paged_where_possible` falls back to the slot form on)."""
-    model, _ = inkling2
+    by name, as a `PerSequenceState` (what `paged_where_possible` falls back to the slot form on).
+    One sliding layer: a full layer's token windows are refused first (per-slot states)."""
     with pytest.raises(PerSequenceState, match=r"model\.layers\.0\.self_attn: its sink logits are one per token"):
-        ad_mlir.LLM(model, max_batch=2, max_seq_len=32, page_size=4)
-
-
-def test_inkling2_dynamic_convolution_is_refused() -> None:
-    """A full layer's keys and values pass a convolution whose taps each token computes: not
-    cached, so refused, naming its ops and layer."""
-    config = small_config("inkling2_text", hidden_size=64)
-    config.layer_types = ["hybrid_sliding", "hybrid"]
-    with pytest.raises(PassFailedException, match=r"model\.layers\.1\.self_attn\.k_proj\.sconv: ad\.torch_op "
-                       r"\(aten\.pad\.default"):
-        ad_mlir.LLM(model_from_config(config), max_batch=2, max_seq_len=32)
+        ad_mlir.LLM(_inkling2(["hybrid_sliding"]), max_batch=2, max_seq_len=32, page_size=4)
