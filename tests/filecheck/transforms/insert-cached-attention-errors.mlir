@@ -358,6 +358,24 @@ func.func @pad_wider_than_the_convolutions(%x: tensor<?x8x?xf32> {ad.input = "x"
 }
 
 // -----
+
+// Inkling2's pad of 3 tokens cut to its last seq + 2 rows (-(seq + 2)) before unfold(-1, 4, 1):
+// the cut drops a row of the pad, so the windows are not each token's and the 3 before it; no
+// form a token window caches: the pad, the cut and the unfold are refused (the flip of the
+// unfolded taps' axis moves no token).
+// CHECK: insert-cached-attention: 3 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.1.self_attn.k_proj.sconv: ad.torch_op (aten.pad.default on a tensor with a token axis); model.layers.1.self_attn.k_proj.sconv: ad.slice (slices token axis 2 by [?:end:1]); model.layers.1.self_attn.k_proj.sconv: ad.torch_op (aten.unfold.default on a tensor with a token axis).
+func.func @unfold_of_a_cut_pad(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %x: tensor<?x8x?xf32> {ad.input = "x"}) -> tensor<?x8x?x4xf32> {
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %pad = ad.torch_op "aten.pad.default"(%x) [#ad.ref<0>, [3 : i64, 0 : i64]] {} : (tensor<?x8x?xf32>) -> tensor<?x8x?xf32> loc("model.layers.1.self_attn.k_proj.sconv")
+  %add = ad.torch_op "_operator.add"(%n) [#ad.ref<0>, 2 : i64] {} : (index) -> index
+  %neg = ad.torch_op "_operator.neg"(%add) [#ad.ref<0>] {} : (index) -> index
+  %cut = ad.slice %pad dim 2 [%neg, 9223372036854775807, 1] : tensor<?x8x?xf32> -> tensor<?x8x?xf32> loc("model.layers.1.self_attn.k_proj.sconv")
+  %unfold = ad.torch_op "aten.unfold.default"(%cut) [#ad.ref<0>, -1 : i64, 4 : i64, 1 : i64] {} : (tensor<?x8x?xf32>) -> tensor<?x8x?x4xf32> loc("model.layers.1.self_attn.k_proj.sconv")
+  %flip = ad.torch_op "aten.flip.default"(%unfold) [#ad.ref<0>, [-1 : i64]] {} : (tensor<?x8x?x4xf32>) -> tensor<?x8x?x4xf32> loc("model.layers.1.self_attn.k_proj.sconv")
+  func.return %flip : tensor<?x8x?x4xf32>
+}
+
+// -----
 // A shift whose start row is the sequence's own first token (h[:, :1]) is no shift a token
 // window caches: in a decode step the start would be the new token.
 // CHECK: insert-cached-attention: 3 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.first: ad.slice (slices token axis 1 by [0:1:1]); model.layers.0.shift: ad.cat (concatenates over token axis 1); model.layers.0.shift: ad.slice (slices token axis 1 by [0:-1:1]).

@@ -702,6 +702,33 @@ func.func @token_windows(%x: tensor<?x8x?xf32> {ad.input = "x"}, %w1: tensor<8x1
 
 // -----
 
+// Inkling2's dynamic short convolution (kernel 4): F.pad(x, (3, 0)) cut to its last seq + 3 rows
+// (-(seq + 4 - 1), seq counted from the input ids), unfold(-1, 4, 1) (window t: token t and the
+// 3 before it), then a flip of the unfolded taps' axis. The pad becomes ad.cached_token_window of
+// 3 rows, which the unfold reads; the cut, which keeps all the window's rows, goes; the flip of a
+// static axis stays.
+// CHECK-LABEL: func.func @unfolded_token_window
+// CHECK-SAME:  %token_window: tensor<2x8x3xf32> {ad.input = "token_window_0", ad.cache = "model.layers.1.self_attn.k_proj.sconv token_window"})
+// CHECK-NOT:   aten.pad
+// CHECK:       %window = ad.cached_token_window %x state %token_window slots %cache_slots starts %cache_starts dim 2 : (tensor<?x8x?xf32>, tensor<2x8x3xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x8x?xf32>
+// CHECK-NOT:   ad.slice
+// CHECK:       %unfold = ad.torch_op "aten.unfold.default"(%window) [#ad.ref<0>, -1 : i64, 4 : i64, 1 : i64]
+// CHECK-NEXT:  %flip = ad.torch_op "aten.flip.default"(%unfold)
+// CHECK-NEXT:  func.return %flip
+func.func @unfolded_token_window(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %x: tensor<?x8x?xf32> {ad.input = "x"}) -> tensor<?x8x?x4xf32> {
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %pad = ad.torch_op "aten.pad.default"(%x) [#ad.ref<0>, [3 : i64, 0 : i64]] {} : (tensor<?x8x?xf32>) -> tensor<?x8x?xf32> loc("model.layers.1.self_attn.k_proj.sconv")
+  %add = ad.torch_op "_operator.add"(%n) [#ad.ref<0>, 4 : i64] {} : (index) -> index
+  %sub = ad.torch_op "_operator.sub"(%add) [#ad.ref<0>, 1 : i64] {} : (index) -> index
+  %neg = ad.torch_op "_operator.neg"(%sub) [#ad.ref<0>] {} : (index) -> index
+  %cut = ad.slice %pad dim 2 [%neg, 9223372036854775807, 1] : tensor<?x8x?xf32> -> tensor<?x8x?xf32> loc("model.layers.1.self_attn.k_proj.sconv")
+  %unfold = ad.torch_op "aten.unfold.default"(%cut) [#ad.ref<0>, -1 : i64, 4 : i64, 1 : i64] {} : (tensor<?x8x?xf32>) -> tensor<?x8x?x4xf32> loc("model.layers.1.self_attn.k_proj.sconv")
+  %flip = ad.torch_op "aten.flip.default"(%unfold) [#ad.ref<0>, [-1 : i64]] {} : (tensor<?x8x?x4xf32>) -> tensor<?x8x?x4xf32> loc("model.layers.1.self_attn.k_proj.sconv")
+  func.return %flip : tensor<?x8x?x4xf32>
+}
+
+// -----
+
 // Inkling's log scaling: the query times tau of its position, 1 + log(max((arange(seq) + 1) / 2,
 // 1)) viewed as [1, 1, seq, 1]. The range takes each row's real positions (cache start + 0..seq-1,
 // flattened), and where tau meets the [batch, heads, seq, head_dim] query it is viewed as
