@@ -1854,7 +1854,8 @@ class CachedTokenWindowOp(AdOp):
     """Each batch row's new tokens after the `width` rows that come before them, from a state
     per slot that the op updates in place: the history that ops looking back at most `width`
     tokens need (ZAYA's convolutions after a left pad of `width` zero tokens; its values
-    shifted by one token).
+    shifted by one token; Inkling2's unfold of its padded keys and values into windows of
+    `width` + 1 tokens).
 
     `input` holds the new tokens of each row along its token axis `dim` (not 0, the batch axis;
     the other axes static). Row b uses slot `slots[b]` of `state` (`input`'s shape with the

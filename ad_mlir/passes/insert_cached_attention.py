@@ -70,7 +70,10 @@ argument `conv_state_<i>` [max-batch, channels, kernel - 1] in the input's dtype
 Ops that read at most W tokens back from a sequence after W rows that hold no token
 (`patterns/token_window.py`) get a cached token window: a left pad of W zero tokens read by
 stacked valid convolutions whose spans, dilation x (kernel - 1) each, add up to W (ZAYA's CCA
-q/k: a pad of (2 - 1) + (2 - 1) before convolutions of kernels 2 and 2), and a shift by W tokens,
+q/k: a pad of (2 - 1) + (2 - 1) before convolutions of kernels 2 and 2), or by an
+`unfold(-1, W + 1, 1)` after a cut to the pad's last seq + W rows, all of them (Inkling2's dynamic
+short convolution: `F.pad(x, (k - 1, 0))[..., -(seq + k - 1):].unfold(-1, k, 1)`, the cut going
+with the pad), and a shift by W tokens,
 `cat([start, x])[:-W]` along a token axis whose W start rows are computed from no token (ZAYA's
 delayed values, W = 1, start `v_proj_delayed(zeros)`). The pad, or the cat, becomes
 `ad.cached_token_window` over an argument `token_window_<i>` (the input's shape with max-batch
