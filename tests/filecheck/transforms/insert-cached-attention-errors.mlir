@@ -376,6 +376,16 @@ func.func @unfold_of_a_cut_pad(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %
 }
 
 // -----
+
+// A flip over a token axis (the sequence reversed) is a mixer; over a static axis it is not.
+// CHECK: insert-cached-attention: 1 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.mixer: ad.torch_op (aten.flip.default flips over token axis 2).
+func.func @flip_of_the_tokens(%x: tensor<?x8x?xf32> {ad.input = "x"}) -> tensor<?x8x?xf32> {
+  %channels = ad.torch_op "aten.flip.default"(%x) [#ad.ref<0>, [1 : i64]] {} : (tensor<?x8x?xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.mixer")
+  %tokens = ad.torch_op "aten.flip.default"(%channels) [#ad.ref<0>, [1 : i64, -1 : i64]] {} : (tensor<?x8x?xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.mixer")
+  func.return %tokens : tensor<?x8x?xf32>
+}
+
+// -----
 // A shift whose start row is the sequence's own first token (h[:, :1]) is no shift a token
 // window caches: in a decode step the start would be the new token.
 // CHECK: insert-cached-attention: 3 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.first: ad.slice (slices token axis 1 by [0:1:1]); model.layers.0.shift: ad.cat (concatenates over token axis 1); model.layers.0.shift: ad.slice (slices token axis 1 by [0:-1:1]).
