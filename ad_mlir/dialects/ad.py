@@ -1573,7 +1573,12 @@ class CachedAttentionOp(AdOp):
     the sink takes a share of the probability and attends to no value. With `alibi_slopes`
     [heads] (BLOOM, MPT), the scores of head h get ALiBi's linear bias `slope[h] * (key position
     - query position)` (after scale and soft cap; HF's `slope * key position` differs from it by a
-    constant per query, which the softmax cancels). Not pure: it writes the caches."""
+    constant per query, which the softmax cancels). With `compressed` [batch, kv_heads, seq,
+    head_dim] and `compressed_cache` [slots, max_seq, kv_heads, head_dim] (DeepSeek-V4's HCA at
+    compress rate 1: one compressed entry per token, which is its own key and value), the new
+    entries are written into `compressed_cache` as the keys are, and the queries attend, in the
+    same softmax, to the slot's entries too: causal with offset and without the window. Not pure:
+    it writes the caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1590,6 +1595,8 @@ class CachedAttentionOp(AdOp):
     starts = operand_def(AdTensor)
     sinks = opt_operand_def(AdTensor)
     alibi_slopes = opt_operand_def(AdTensor)
+    compressed = opt_operand_def(AdTensor)
+    compressed_cache = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
@@ -1602,7 +1609,9 @@ class CachedAttentionOp(AdOp):
         "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
         "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
         "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
-        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? attr-dict `:` `(` type($query) `,` type($key) "
+        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? "
+        "(`compressed` $compressed^ `,` $compressed_cache `:` type($compressed) `,` type($compressed_cache))? "
+        "attr-dict `:` `(` type($query) `,` type($key) "
         "`,` type($value) `,` type($k_cache) "
         "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
@@ -1613,6 +1622,14 @@ class CachedAttentionOp(AdOp):
         if not len(q) == len(k) == len(v) == len(kc) == len(vc) == 4:
             raise VerifyException("ad.cached_attention query/key/value must be [batch, heads, seq, head_dim] and "
                                   "the caches [slots, max_seq, kv_heads, head_dim]")
+        if (self.compressed is None) != (self.compressed_cache is None):
+            raise VerifyException("ad.cached_attention takes compressed and compressed_cache together")
+        if self.compressed is not None and (
+                self.compressed.type != self.key.type or self.compressed_cache.type != self.k_cache.type):
+            raise VerifyException("ad.cached_attention compressed entries and their cache must have the key's and "
+                                  "the key cache's types")
+        if self.compressed is not None and (self.softcap is not None or self.alibi_slopes is not None):
+            raise VerifyException("ad.cached_attention with compressed entries takes no softcap or ALiBi slopes")
         if k[:3] != v[:3] or self.key.type.element_type != self.value.type.element_type \
                 or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
             raise VerifyException("ad.cached_attention key and value must be [batch, kv_heads, seq, head_dim] of one "

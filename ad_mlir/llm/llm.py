@@ -53,13 +53,14 @@ class CacheArgument:
     shape: tuple[int, ...]
     dtype: torch.dtype
     per_token: bool
-    """A K/V cache, MLA's latent cache or DSA's index-key cache, which grows with the tokens of a slot; else a state of
-    fixed size per slot (a convolution's, a recurrent scan's)."""
+    """A K/V cache, MLA's latent cache, DSA's index-key cache or DeepSeek-V4's compressed entries,
+    which grows with the tokens of a slot; else a state of fixed size per slot (a convolution's, a
+    recurrent scan's)."""
     layer: str
     """The HF module path of the op it serves."""
 
 
-PER_TOKEN_ROLES = ("key", "value", "latent", "index_key")
+PER_TOKEN_ROLES = ("key", "value", "latent", "index_key", "compressed")
 """`ad.cache` roles of the caches that hold every token of a slot."""
 
 

@@ -185,6 +185,11 @@ from ad_mlir.passes.patterns.attention_patterns import (
     match_key_bias,
     match_repeat_kv,
 )
+from ad_mlir.passes.patterns.compressed_attention import (
+    CompressedKeys,
+    UncachedCompression,
+    match_compressed_keys,
+)
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
@@ -489,6 +494,7 @@ class InsertCachedAttentionPass(ModulePass):
             raise PassFailedException(
                 f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
                 "in the slot form (paged=false); this attention is not MLA (the log says why)")
+        compressed = self._compressed_keys(fn, attention, layer)
         _bias_as_key_dim(attention)
         window = self._window(fn, attention, layer)
         if attention.key_seq_first:
@@ -497,6 +503,11 @@ class InsertCachedAttentionPass(ModulePass):
         caches = [_append_argument(fn, self._cache_type(x), {ad.INPUT_ATTR: f"{role[0]}_{kind}_{i}",
                                                              ad.CACHE_ATTR: f"{layer} {role}"})
                   for role, x in (("key", attention.key), ("value", attention.value))]
+        entries: list[SSAValue | list] = [[], []]
+        if compressed is not None:
+            entries = [compressed.compressed, _append_argument(
+                fn, self._cache_type(compressed.compressed),
+                {ad.INPUT_ATTR: f"c_cache_{i}", ad.CACHE_ATTR: f"{layer} compressed"})]
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
         if attention.interleaved:
             properties["interleaved"] = UnitAttr()
@@ -514,17 +525,45 @@ class InsertCachedAttentionPass(ModulePass):
         op_class = ad.PagedAttentionOp if self.paged else ad.CachedAttentionOp
         cached = op_class.build(
             operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, *metadata,
-                      sinks, slopes],
+                      sinks, slopes, *([] if self.paged else entries)],
             properties=properties,
             result_types=[attention.output.results[0].type],
         )
         cached.location = attention.output.location
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
+        if compressed is not None:
+            erase_dead(Rewriter.erase_op, compressed.ops)
+            erase_computation(compressed.hidden, Rewriter.erase_op)
         for computed in (attention.mask, attention.alibi, *(attention.selected or ()),
                          *(attention.multiplied or ())[:1]):
             if computed is not None:
                 erase_computation(computed, Rewriter.erase_op)
+
+    def _compressed_keys(self, fn: func.FuncOp, attention: Attention, layer: str) -> CompressedKeys | None:
+        """DeepSeek-V4's compressed entries concatenated to `attention`'s keys
+        (`match_compressed_keys`), taken apart: the attention's key, value and mask become the
+        sliding-window ones. Only HCA's at compress rate 1 are cached (one entry per token, seen
+        causally), in the slot form; other forms are refused by name."""
+        found = match_compressed_keys(attention)
+        if found is None:
+            return None
+        if isinstance(found, UncachedCompression):
+            raise PassFailedException(
+                f"{layer}: its keys concatenate the compressed K/V entries of {found.describe()}, which are not "
+                "cached (only DeepSeek-V4's HCA at compress rate 1 is: one entry per token)")
+        if self.paged:
+            raise PerSequenceState(f"{layer}: DeepSeek-V4's compressed K/V entries are cached in the slot form only "
+                                   "(paged=false)")
+        try:
+            if causal_window(~evaluate(fn, found.hidden, self._inputs())) is not None:
+                raise MaskError("it is a sliding window")
+        except MaskError as e:
+            raise PassFailedException(f"{layer}: the mask of its DeepSeek-V4 compressed entries is not causal: {e}") \
+                from None
+        attention.key = attention.value = found.key
+        attention.mask = found.mask
+        return found
 
     def _cache_type(self, x: SSAValue) -> TensorType:
         """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
