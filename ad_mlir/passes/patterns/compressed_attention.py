@@ -76,13 +76,13 @@ def match_compressed_keys(attention: Attention) -> CompressedKeys | UncachedComp
     found = _rate_one_bias(bias)
     if found is None:
         return UncachedCompression(_reads(bias, TOPK), _rate(bias))
-    fill, hidden = found
-    return CompressedKeys(key, compressed, mask, hidden, [masks, cat, fill])
+    fill, zeros = found
+    return CompressedKeys(key, compressed, mask, fill.inputs[1], [masks, cat, fill, zeros])
 
 
-def _rate_one_bias(bias: SSAValue) -> tuple[ad.TorchOp, SSAValue] | None:
-    """(the masked_fill, its boolean mask) when `bias` is HCA's block bias at compress rate 1:
-    zeros filled with -inf where `arange(entries) >= (position_ids + 1) // 1`."""
+def _rate_one_bias(bias: SSAValue) -> tuple[ad.TorchOp, ad.TorchOp] | None:
+    """(the masked_fill, its zeros) when `bias` is HCA's block bias at compress rate 1: zeros
+    filled with -inf where `arange(entries) >= (position_ids + 1) // 1`."""
     fill = bias.owner
     if not (isinstance(fill, ad.TorchOp) and fill.target.data == MASKED_FILL and len(fill.inputs) == 2
             and bias.has_one_use()):
@@ -92,7 +92,7 @@ def _rate_one_bias(bias: SSAValue) -> tuple[ad.TorchOp, SSAValue] | None:
     if not (isinstance(zeros, ad.TorchOp) and zeros.target.data == NEW_ZEROS) \
             or not isinstance(value, FloatAttr) or value.value.data != float("-inf") or _rate(bias) != 1:
         return None
-    return fill, fill.inputs[1]
+    return fill, zeros
 
 
 def _rate(bias: SSAValue) -> int | None:
