@@ -84,6 +84,15 @@ topk (GLM-5's "shared" layers) gets the same selection. The indexer's own mask m
 sparse attention that is not MLA is refused by name, and the paged form refuses a sparse MLA or
 one with sinks as `PerSequenceState` (`paged_where_possible` falls back to the slot form).
 
+DeepSeek-V4's attention (`compressed_attention.match_compressed_keys`) concatenates its
+compressor's entries to its one K = V head and the compressor's block bias to HF's mask: at HCA's
+compress rate 1 (one entry per token, its bias's mask evaluated and causal) the entries become
+the cached op's `compressed` over an argument `c_cache_<i>` [max-batch, max-seq-len, 1, head_dim]
+in the key's dtype, marked `ad.cache = "<layer> compressed"`, attended causally without the
+window; the concatenations and the block bias are erased. CSA (its indexer's top-k choice of
+entries) and other compress rates are refused naming the layer, the kind and the rate; the paged
+form refuses the entries as `PerSequenceState`.
+
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
 over a token axis, a shift, an attention softmax not matched, positions counted inside the graph)

@@ -42,12 +42,14 @@ def hca() -> tuple[torch.nn.Module, ad_mlir.LLM]:
 
 def test_the_compressed_entries_are_cached_per_token(hca) -> None:  # noqa: ANN001
     """One compressed-entry cache [slots, max_seq, 1, head_dim] per HCA layer beside its K/V
-    caches, read by a cached attention that has no template (refused, so nothing runs one that
+    caches (counted in `token_bytes`), read by a cached attention that has no template (refused, so nothing runs one that
     drops the entries)."""
     model, llm = hca
     assert model.config.layer_types == ["heavily_compressed_attention"] * 2
     compressed = {name: tuple(c.shape) for name, c in llm.caches.items() if name.startswith("c_cache")}
     assert compressed == {"c_cache_0": (2, 32, 1, 32), "c_cache_1": (2, 32, 1, 32)}
+    # per token and layer: its key, its value (the same K = V head, cached twice) and its entry
+    assert llm.token_bytes == {f"model.layers.{i}.self_attn": 3 * 32 * 4 for i in range(2)}
     ops = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedAttentionOp)]
     assert len(ops) == 2 and all(op.compressed is not None and op.sinks is not None for op in ops)
     for op in ops:
