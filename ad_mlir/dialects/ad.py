@@ -1577,8 +1577,10 @@ class CachedAttentionOp(AdOp):
     head_dim] and `compressed_cache` [slots, max_seq, kv_heads, head_dim] (DeepSeek-V4's HCA at
     compress rate 1: one compressed entry per token, which is its own key and value), the new
     entries are written into `compressed_cache` as the keys are, and the queries attend, in the
-    same softmax, to the slot's entries too: causal with offset and without the window. Not pure:
-    it writes the caches."""
+    same softmax, to the slot's entries too: causal with offset and without the window; with
+    `selected` [batch, seq, k] (int64, -1 for none: DeepSeek-V4's CSA, the choice of
+    `ad.cached_index_topk`), each query only to the entries it lists. Not pure: it writes the
+    caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1597,6 +1599,7 @@ class CachedAttentionOp(AdOp):
     alibi_slopes = opt_operand_def(AdTensor)
     compressed = opt_operand_def(AdTensor)
     compressed_cache = opt_operand_def(AdTensor)
+    selected = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
@@ -1611,6 +1614,7 @@ class CachedAttentionOp(AdOp):
         "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
         "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? "
         "(`compressed` $compressed^ `,` $compressed_cache `:` type($compressed) `,` type($compressed_cache))? "
+        "(`selected` $selected^ `:` type($selected))? "
         "attr-dict `:` `(` type($query) `,` type($key) "
         "`,` type($value) `,` type($k_cache) "
         "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
@@ -1630,6 +1634,10 @@ class CachedAttentionOp(AdOp):
                                   "the key cache's types")
         if self.compressed is not None and (self.softcap is not None or self.alibi_slopes is not None):
             raise VerifyException("ad.cached_attention with compressed entries takes no softcap or ALiBi slopes")
+        if self.selected is not None:
+            if self.compressed is None:
+                raise VerifyException("ad.cached_attention selected needs compressed entries")
+            _verify_selected("ad.cached_attention", self.selected, (q[0], q[2]))
         if k[:3] != v[:3] or self.key.type.element_type != self.value.type.element_type \
                 or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
             raise VerifyException("ad.cached_attention key and value must be [batch, kv_heads, seq, head_dim] of one "
@@ -1819,6 +1827,42 @@ class CachedCausalConv1dOp(AdOp):
                 raise VerifyException("ad.cached_causal_conv1d slots/starts must be tensor<batch x i64>")
         if self.result.type != self.input.type:
             raise VerifyException("ad.cached_causal_conv1d result must have the input's type")
+
+
+@irdl_op_definition
+class CachedShiftOp(AdOp):
+    """Each new token's predecessor along the sequence, continued from the row's state, the state
+    written in place (DeepSeek-V4's CSA at compress rate 1: each compressed entry pools the
+    previous token's half, HF's `cat([fill, x], dim=1)[:, :-1]`).
+
+    `input` [batch, seq, ...] holds the new tokens of each row. Row b uses slot `slots[b]` of
+    `state` [slots, ...]: result[b, i] = input[b, i - 1] for i > 0, and result[b, 0] is the
+    state (the last token of the slot's previous step) when `starts[b]` > 0, `fill` when it is 0
+    (a new sequence); afterwards the slot holds input[b, seq - 1]. Not pure: it writes the state."""
+
+    name = "ad.cached_shift"
+    input = operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    fill = prop_def(FloatAttr[Float64Type])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `state` $state `slots` $slots `starts` $starts `fill` $fill attr-dict `:` `(` type($input) `,` "
+        "type($state) `,` type($slots) `,` type($starts) `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        x, state = _shape(self.input.type), _shape(self.state.type)
+        if len(x) < 2 or len(state) != len(x) - 1 or state[1:] != x[2:] \
+                or self.state.type.element_type != self.input.type.element_type:
+            raise VerifyException("ad.cached_shift input must be [batch, seq, ...] and its state [slots, ...] of the "
+                                  "input's trailing dims and element type")
+        for meta in (self.slots, self.starts):
+            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
+                raise VerifyException("ad.cached_shift slots/starts must be tensor<batch x i64>")
+        if self.result.type != self.input.type:
+            raise VerifyException("ad.cached_shift result must have the input's type")
 
 
 def _verify_state_metadata(op: Operation, name: str, state_shape: tuple[int, ...]) -> None:
@@ -2535,7 +2579,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, CachedShiftOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,

@@ -196,8 +196,10 @@ from ad_mlir.passes.patterns.attention_patterns import (
 )
 from ad_mlir.passes.patterns.compressed_attention import (
     CompressedKeys,
+    Selection,
     UncachedCompression,
     match_compressed_keys,
+    match_shift,
 )
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
@@ -372,7 +374,7 @@ class InsertCachedAttentionPass(ModulePass):
                     from None
         return found
 
-    def _cached_indexer(self, fn: func.FuncOp, indexer: Indexer, layer: str, i: int, slots: SSAValue,
+    def _cached_indexer(self, fn: func.FuncOp, indexer: Indexer | Selection, layer: str, i: int, slots: SSAValue,
                         starts: SSAValue) -> SSAValue:
         """`ad.cached_index_topk` over a cache argument `index_key_cache_<i>` [max-batch,
         max-seq-len, index head dim] in the key's dtype, placed before the `aten.topk` it replaces.
@@ -512,11 +514,13 @@ class InsertCachedAttentionPass(ModulePass):
         caches = [_append_argument(fn, self._cache_type(x), {ad.INPUT_ATTR: f"{role[0]}_{kind}_{i}",
                                                              ad.CACHE_ATTR: f"{layer} {role}"})
                   for role, x in (("key", attention.key), ("value", attention.value))]
-        entries: list[SSAValue | list] = [[], []]
+        entries: list[SSAValue | list] = [[], [], []]
         if compressed is not None:
             entries = [compressed.compressed, _append_argument(
                 fn, self._cache_type(compressed.compressed),
-                {ad.INPUT_ATTR: f"c_cache_{i}", ad.CACHE_ATTR: f"{layer} compressed"})]
+                {ad.INPUT_ATTR: f"c_cache_{i}", ad.CACHE_ATTR: f"{layer} compressed"}), []]
+            if compressed.selection is not None:
+                entries[2] = self._csa_selection(fn, compressed, layer, metadata[0], metadata[1])
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
         if attention.interleaved:
             properties["interleaved"] = UnitAttr()
@@ -543,7 +547,10 @@ class InsertCachedAttentionPass(ModulePass):
         erase_dead(Rewriter.erase_op, attention.chain)
         if compressed is not None:
             erase_dead(Rewriter.erase_op, compressed.ops)
-            erase_computation(compressed.hidden, Rewriter.erase_op)
+            if compressed.selection is not None:
+                erase_computation(compressed.selection.chosen, Rewriter.erase_op)
+            else:
+                erase_computation(compressed.hidden, Rewriter.erase_op)
         for computed in (attention.mask, attention.alibi, *(attention.selected or ()),
                          *(attention.multiplied or ())[:1]):
             if computed is not None:
@@ -565,7 +572,8 @@ class InsertCachedAttentionPass(ModulePass):
             raise PerSequenceState(f"{layer}: DeepSeek-V4's compressed K/V entries are cached in the slot form only "
                                    "(paged=false)")
         try:
-            if causal_window(~evaluate(fn, found.hidden, self._inputs())) is not None:
+            hidden = found.hidden if found.selection is None else found.selection.future
+            if causal_window(~evaluate(fn, hidden, self._inputs())) is not None:
                 raise MaskError("it is a sliding window")
         except MaskError as e:
             raise PassFailedException(f"{layer}: the mask of its DeepSeek-V4 compressed entries is not causal: {e}") \
@@ -573,6 +581,31 @@ class InsertCachedAttentionPass(ModulePass):
         attention.key = attention.value = found.key
         attention.mask = found.mask
         return found
+
+    def _csa_selection(self, fn: func.FuncOp, compressed: CompressedKeys, layer: str, slots: SSAValue,
+                       starts: SSAValue) -> SSAValue:
+        """CSA's indexer at compress rate 1 as `ad.cached_index_topk` over its own index-key cache
+        (its result replaces HF's chosen entries), and each previous-token shift of the entries'
+        and the index keys' computations (`match_shift`) as `ad.cached_shift` over a state
+        argument `shift_state_<j>` [max-batch, ...] marked `ad.cache = "<layer> shift_state"`."""
+        selection = compressed.selection
+        indexers = sum(1 for a in fn.args if a.name_hint and a.name_hint.startswith("index_key_cache"))
+        chosen = self._cached_indexer(fn, selection, layer, indexers, slots, starts)
+        selection.chosen.replace_all_uses_with(chosen)
+        found = {op: shift for value in (compressed.compressed, selection.key) for op in backward_slice(value)[0]
+                 if isinstance(op, ad.SliceOp) and (shift := match_shift(op.result)) is not None}
+        for cut, (x, fill, ops) in found.items():
+            value = cut.result
+            shifts = sum(1 for a in fn.args if a.name_hint and a.name_hint.startswith("shift_state"))
+            state = _append_argument(fn, TensorType(x.type.element_type, [self.max_batch, *x.type.get_shape()[2:]]),
+                                     {ad.INPUT_ATTR: f"shift_state_{shifts}", ad.CACHE_ATTR: f"{layer} shift_state"})
+            shifted = ad.CachedShiftOp.build(operands=[x, state, slots, starts],
+                                             properties={"fill": FloatAttr(fill, Float64Type())},
+                                             result_types=[value.type])
+            shifted.location = value.owner.location
+            Rewriter.replace_op(value.owner, shifted)
+            erase_dead(Rewriter.erase_op, ops[1:])
+        return chosen
 
     def _cache_type(self, x: SSAValue) -> TensorType:
         """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value

@@ -421,6 +421,7 @@ def cached_attention(
     alibi_slopes: torch.Tensor | None = None,
     compressed: torch.Tensor | None = None,
     compressed_cache: torch.Tensor | None = None,
+    selected: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), the new
     key/value written into each row's cache slot after the tokens it holds, then attention over
@@ -428,7 +429,7 @@ def cached_attention(
     soft-capped with `softcap`, ALiBi's `slope * (key - query position)` added (`alibi_slopes`),
     each head's sink logit in its softmax (`sinks`); with `compressed`, its entries (each its own
     key and value) written into `compressed_cache` the same way and attended in the same softmax,
-    causal with offset, without the window. One row at a time: the reference reads each row's
+    causal with offset, without the window (with `selected`, only those it lists). One row at a time: the reference reads each row's
     slot and start on the host."""
     query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
                                 qk_norm_offset, qk_norm_weight_in_fp32)
@@ -437,7 +438,7 @@ def cached_attention(
         if compressed is not None and compressed_cache is not None:
             rows.append(_write_and_attend_compressed(query[b], key[b], value[b], compressed[b], k_cache[slot],
                                                      v_cache[slot], compressed_cache[slot], start, scale, window,
-                                                     sinks))
+                                                     sinks, selected[b] if selected is not None else None))
         else:
             rows.append(_write_and_attend(query[b], key[b], value[b], k_cache[slot], v_cache[slot], start, scale,
                                           window, softcap, sinks, alibi_slopes))
@@ -447,16 +448,21 @@ def cached_attention(
 def _write_and_attend_compressed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  compressed: torch.Tensor, k_slot: torch.Tensor, v_slot: torch.Tensor,
                                  c_slot: torch.Tensor, start: int, scale: float, window: int | None,
-                                 sinks: torch.Tensor | None) -> torch.Tensor:
+                                 sinks: torch.Tensor | None, selected: torch.Tensor | None) -> torch.Tensor:
     """One row of `cached_attention` with compressed entries: the new keys, values and entries
     [kv_heads, seq, d] written from `start`, then one softmax of its queries over the slot's keys
-    (within `window`) and its entries (causal only), HF's `cat([kv, compressed_kv], dim=2)`."""
+    (within `window`) and its entries (causal only; with `selected` [seq, k], only those listed),
+    HF's `cat([kv, compressed_kv], dim=2)`."""
     end = start + query.shape[1]
     k_slot[start:end] = key.transpose(0, 1)
     v_slot[start:end] = value.transpose(0, 1)
     c_slot[start:end] = compressed.transpose(0, 1)
     positions = torch.arange(start, end, device=query.device)
-    allowed = torch.cat([_keys_seen(positions, end, window), _keys_seen(positions, end, None)], dim=-1)
+    entries = _keys_seen(positions, end, None)
+    if selected is not None:  # a column of its own for -1, dropped after
+        listed = torch.zeros(selected.shape[0], end + 1, dtype=torch.bool, device=query.device)
+        entries = entries & listed.scatter(1, torch.where(selected >= 0, selected, end), True)[:, :end]
+    allowed = torch.cat([_keys_seen(positions, end, window), entries], dim=-1)
     groups = query.shape[0] // key.shape[0]
     keys = torch.cat([k_slot[:end], c_slot[:end]]).transpose(0, 1).repeat_interleave(groups, dim=0)
     values = torch.cat([v_slot[:end], c_slot[:end]]).transpose(0, 1).repeat_interleave(groups, dim=0)
@@ -558,8 +564,29 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
       sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-      compressed: torch.Tensor | None = None, compressed_cache: torch.Tensor | None = None) -> torch.Tensor:
+      compressed: torch.Tensor | None = None, compressed_cache: torch.Tensor | None = None,
+      selected: torch.Tensor | None = None) -> torch.Tensor:
     return query.new_empty((*query.shape[:3], value.shape[3]))
+
+
+@_writing_op("cached_shift", mutates_args=("state",))
+def cached_shift(input: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+                 fill: float) -> torch.Tensor:
+    """`ad.cached_shift`: each new token's predecessor, the first one's the slot's state (or
+    `fill` for a new sequence); the slot then holds the row's last token. One row at a time: the
+    reference reads each row's slot and start on the host."""
+    out = torch.empty_like(input)
+    out[:, 1:] = input[:, :-1]
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        out[b, 0] = state[slot] if start > 0 else fill
+        state[slot] = input[b, -1]
+    return out
+
+
+@cached_shift.register_fake
+def _(input: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+      fill: float) -> torch.Tensor:
+    return torch.empty_like(input)
 
 
 @_writing_op("paged_attention", mutates_args=("k_pages", "v_pages"))
@@ -1004,7 +1031,7 @@ REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
-                 "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
+                 "cached_shift", "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
                  "paged_mla_attention",
                  "cached_selective_scan")

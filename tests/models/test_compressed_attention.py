@@ -34,9 +34,13 @@ def _model(**overrides: object) -> torch.nn.Module:
     return greedy_only(model_from_config(small_config("deepseek_v4", overrides={**WIDE, **overrides})))
 
 
+LAYERS = ["heavily_compressed_attention", "compressed_sparse_attention"]
+"""The sweep's two layers (`bench.families.generation_config`): one of each kind."""
+
+
 @pytest.fixture(scope="module")
 def hca() -> tuple[torch.nn.Module, ad_mlir.LLM]:
-    model = _model()
+    model = _model(layer_types=LAYERS)
     return model, ad_mlir.LLM(model, max_batch=2, max_seq_len=32)
 
 

@@ -8,8 +8,16 @@ the compressor's block bias to HF's mask, on the key axis:
     mask = cat([mask, block_bias], dim=-1)
 HCA's block bias lets query t see entry w iff w < (t + 1) // compress_rate:
     block_bias = masked_fill(new_zeros(...), arange(entries) >= (position_ids + 1) // rate, -inf)
-CSA's is built by a scatter of its indexer's top-k selection instead. `match_compressed_keys`
-reads this shape from a matched attention; None when its key is no such concatenation.
+CSA's lets it see only the entries its lightning indexer chose (-1: none):
+    index  = sum(relu(q @ k^T) * scale * weights[..., None], dim=2)     (q [B, S, H, D], k [B, S, D])
+    chosen = topk(masked_fill(index, arange(entries) >= (position_ids + 1) // rate, -inf),
+                  min(index_topk, entries)).indices, -1 where past the threshold
+    block_bias = scatter_(new_full(-inf), where(chosen >= 0, chosen, entries), 0)[..., :entries]
+At compress rate 1 each CSA entry pools two tokens' halves: the previous token's (Ca, with its
+gate) and its own (Cb); the export (`export_patches`) shifts the previous halves in as
+`cat([fill, x], dim=1)[:, :-1]` (kv filled with 0, gates with -inf), for the compressor and for
+the indexer's own keys (`match_shift`). `match_compressed_keys` reads this shape from a matched
+attention; None when its key is no such concatenation.
 """
 
 from __future__ import annotations
@@ -17,17 +25,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation, OpResult, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.attention_masks import backward_slice
 from ad_mlir.passes.patterns.attention_patterns import Attention
-from ad_mlir.passes.patterns.matching import producer
+from ad_mlir.passes.patterns.matching import constant, producer
 
 MASKED_FILL = "aten.masked_fill.Scalar"
 NEW_ZEROS = "aten.new_zeros.default"
+NEW_FULL = "aten.new_full.default"
+SCATTER_ = "aten.scatter_.value"
+SYM_MIN = "torch.sym_min"
 FLOOR_DIVIDE = "aten.floor_divide.default"
 TOPK = "aten.topk.default"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """CSA's lightning indexer over the compressed entries (module docstring), at compress rate 1
+    the shape of `ad.cached_index_topk`'s `sum_h w_h relu(scale q_h . k_t)`."""
+
+    query: SSAValue
+    """[batch, seq, heads, dim], RoPE applied."""
+    key: SSAValue
+    """[batch, seq, dim]: one index key per entry, RoPE applied."""
+    weights: SSAValue
+    """[batch, seq, heads]."""
+    scale: float
+    k: int
+    """HF's `index_topk`."""
+    future: SSAValue
+    """The index mask: True where a query may not see an entry."""
+    topk: ad.TorchOp
+    chosen: SSAValue
+    """The chosen entries, -1 for none: what `ad.cached_index_topk` gives."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +72,12 @@ class CompressedKeys:
     """The compressed entries [batch, kv_heads, entries, head_dim], each its own key and value."""
     mask: SSAValue
     """HF's mask of the sliding-window keys."""
-    hidden: SSAValue
-    """The block bias's boolean mask: True where a query may not see an entry."""
+    hidden: SSAValue | None
+    """HCA's block bias's boolean mask: True where a query may not see an entry."""
+    selection: Selection | None
+    """CSA's indexer."""
     ops: list[Operation]
-    """The concatenations and the block bias's masked_fill, users first."""
+    """The concatenations and the block bias's ops, users first."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +107,94 @@ def match_compressed_keys(attention: Attention) -> CompressedKeys | UncachedComp
         return None
     key, compressed = cat.tensors
     mask, bias = masks.tensors
-    found = _rate_one_bias(bias)
-    if found is None:
-        return UncachedCompression(_reads(bias, TOPK), _rate(bias))
-    fill, zeros = found
-    return CompressedKeys(key, compressed, mask, fill.inputs[1], [masks, cat, fill, zeros])
+    if _rate(bias) == 1 and (found := _rate_one_bias(bias)) is not None:
+        fill, zeros = found
+        return CompressedKeys(key, compressed, mask, fill.inputs[1], None, [masks, cat, fill, zeros])
+    if _rate(bias) == 1 and (chosen := _csa_bias(bias)) is not None:
+        selection, ops = chosen
+        return CompressedKeys(key, compressed, mask, None, selection, [masks, cat, *ops])
+    return UncachedCompression(_reads(bias, TOPK), _rate(bias))
+
+
+def match_shift(value: SSAValue) -> tuple[SSAValue, float, list[Operation]] | None:
+    """(x, fill, ops users first) when `value` is `cat([fill, x], dim=1)[:, :-1]`: x [batch, seq,
+    ...] shifted one token along its sequence axis, the fill (`new_zeros` or `new_full` of one
+    token) first."""
+    cut = producer(value, ad.SliceOp)
+    if cut is None or cut.dim.value.data != 1 or tuple(cut.static_bounds.get_values()) != (0, -1, 1):
+        return None
+    cat = producer(cut.input, ad.CatOp)
+    if cat is None or len(cat.tensors) != 2 or _dim(cat, len(cut.result.type.get_shape())) != 1 \
+            or not cut.input.has_one_use():
+        return None
+    first, x = cat.tensors
+    made = first.owner
+    if not isinstance(made, ad.TorchOp) or not first.has_one_use() or first.type.get_shape()[1] != 1:
+        return None
+    if made.target.data == NEW_ZEROS:
+        fill = 0.0
+    elif made.target.data == NEW_FULL and isinstance(value_attr := made.args.data[2], FloatAttr):
+        fill = value_attr.value.data
+    else:
+        return None
+    return x, fill, [cut, cat, made]
+
+
+def _csa_bias(bias: SSAValue) -> tuple[Selection, list[Operation]] | None:
+    """CSA's block bias (module docstring): its indexer and the ops from the bias to the chosen
+    entries, users first."""
+    cut = producer(bias, ad.SliceOp)
+    scatter = cut.input.owner if cut is not None else None
+    if not (isinstance(scatter, ad.TorchOp) and scatter.target.data == SCATTER_ and len(scatter.inputs) == 2
+            and _filled(scatter.inputs[0], NEW_FULL, float("-inf")) and scatter.args.data[-1] == FloatAttr(0.0, 64)):
+        return None
+    index = producer(scatter.inputs[1], ad.UnsqueezeOp)
+    valid = producer(index.input, ad.WhereOp) if index is not None else None
+    chosen = valid.input if valid is not None else None
+    picked = producer(chosen, ad.WhereOp) if chosen is not None else None
+    if picked is None or not isinstance(picked.other, OpResult) or picked.other.index != 1:
+        return None
+    topk = picked.other.owner
+    if not (isinstance(topk, ad.TorchOp) and topk.target.data == TOPK and len(topk.inputs) == 2):
+        return None
+    selection = _indexer(topk, chosen)
+    if selection is None:
+        return None
+    return selection, [cut, scatter, scatter.inputs[0].owner, index, valid]
+
+
+def _indexer(topk: ad.TorchOp, chosen: SSAValue) -> Selection | None:
+    """The indexer whose `topk` (of min(index_topk, entries)) the chosen entries come from."""
+    masked, count = topk.inputs
+    fill = masked.owner
+    minimum = count.owner
+    if not (isinstance(fill, ad.TorchOp) and fill.target.data == MASKED_FILL and len(fill.inputs) == 2
+            and fill.args.data[2] == FloatAttr(float("-inf"), 64)
+            and isinstance(minimum, ad.TorchOp) and minimum.target.data == SYM_MIN
+            and isinstance(k := minimum.args.data[1], IntegerAttr)):
+        return None
+    summed = producer(fill.inputs[0], ad.SumOp)
+    product = producer(summed.input, ad.MulOp) if summed is not None else None
+    if product is None or tuple(summed.dim.get_values()) != (2,):
+        return None
+    for scored, weighed in ((product.input, product.other), (product.other, product.input)):
+        weights = producer(weighed, ad.UnsqueezeOp)
+        scaled = producer(scored, ad.MulOp)
+        relu = producer(scaled.input, ad.ReluOp) if scaled is not None else None
+        dots = producer(relu.input, ad.MatmulOp) if relu is not None else None
+        keys = producer(dots.other, ad.UnsqueezeOp) if dots is not None else None
+        transposed = producer(keys.input, ad.TransposeOp) if keys is not None else None
+        scale = constant(scaled.other) if scaled is not None else None
+        if weights is None or transposed is None or scale is None or scale <= 0:
+            continue
+        return Selection(dots.input, transposed.input, weights.input, scale, k.value.data, fill.inputs[1], topk,
+                         chosen)
+    return None
+
+
+def _filled(value: SSAValue, target: str, fill: float) -> bool:
+    made = value.owner
+    return isinstance(made, ad.TorchOp) and made.target.data == target and made.args.data[-1] == FloatAttr(fill, 64)
 
 
 def _rate_one_bias(bias: SSAValue) -> tuple[ad.TorchOp, ad.TorchOp] | None:
