@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
 KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
-              ad.PagedMlaAttentionOp, ad.CachedCausalConv1dOp, *RECURRENT_OPS)
+              ad.PagedMlaAttentionOp, ad.CachedCausalConv1dOp, ad.CachedShiftOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
@@ -78,7 +78,7 @@ def written_inputs(op: Operation) -> frozenset[int]:
         return frozenset({op.operands.index(op.cache)})
     if isinstance(op, ad.PagedMlaAttentionOp):
         return frozenset({op.operands.index(op.pages)})
-    if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
+    if isinstance(op, (ad.CachedCausalConv1dOp, ad.CachedShiftOp, *RECURRENT_OPS)):
         return frozenset({op.operands.index(op.state)})
     return frozenset()
 
@@ -91,7 +91,9 @@ def kernel_region(op: Operation) -> KernelRegion:
         except ValueError as e:  # e.g. a head_dim the template does not take
             raise NoKernelForm(str(e)) from e
     if isinstance(op, ad.CachedAttentionOp) and op.compressed is not None:
-        raise NoKernelForm("the cached attention template has no compressed entries (DeepSeek-V4's HCA)")
+        raise NoKernelForm("the cached attention template has no compressed entries (DeepSeek-V4's CSA and HCA)")
+    if isinstance(op, ad.CachedShiftOp):
+        raise NoKernelForm("the previous-token shift (DeepSeek-V4's CSA overlap) has no template")
     if isinstance(op, ad.CachedMlaAttentionOp) and op.sinks is not None:
         raise NoKernelForm("the MLA template has no sink logits")
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)

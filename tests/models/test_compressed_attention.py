@@ -1,17 +1,18 @@
-"""DeepSeek-V4 generating through a cache of its compressed K/V entries: HF's attention
+"""DeepSeek-V4 generating through caches of its compressed K/V entries: HF's attention
 concatenates to its sliding-window keys (one shared K = V head, sinks) one compressed entry per
-closed window of `compress_rate` tokens; at HCA's compress rate 1 (the sweep's small config,
-`zoo.small`: two HCA layers, hidden 128) every token closes a window, and the entries are cached
-per token (`ad.cached_attention`'s `compressed` operand) and attended causally in the same
-softmax. Built with a wide init (0.5) so that greedy tokens vary; tokens against HF `generate`
-(three prompts in two slots), per-step logits (prefill and 4 decode steps) against HF's
-full-prefix forward, on the reference (the cached attention's template has no compressed
-entries: refused by `NoKernelForm`). Forms not cached (a compress rate above 1, CSA's indexer)
-are refused by name."""
+closed window of `compress_rate` tokens. At compress rate 1 (the sweep's small config, `zoo.small`,
+hidden 128, its two layers one of each kind as the sweep builds them) every token closes a window:
+the entries are cached per token (`ad.cached_attention`'s `compressed`) and attended causally in
+the same softmax; HCA's layer sees all of them, CSA's only those its lightning indexer chooses
+(`ad.cached_index_topk` over its index keys, the attention's `selected`), and each CSA entry and
+index key pools the previous token's half, kept per slot (`ad.cached_shift`). Built with a wide
+init (0.5) so that greedy tokens vary; tokens against HF `generate` (three prompts in two slots),
+per-step logits (prefill and 4 decode steps) against HF's full-prefix forward, on the reference
+(the attention with entries and the shift have no template: refused by `NoKernelForm`). Other
+compress rates are refused by name (`tests/filecheck/transforms/insert-cached-attention-compressed.mlir`;
+the export for generation fails before that at rate 2)."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 import torch
@@ -45,19 +46,27 @@ def hca() -> tuple[torch.nn.Module, ad_mlir.LLM]:
 
 
 def test_the_compressed_entries_are_cached_per_token(hca) -> None:  # noqa: ANN001
-    """One compressed-entry cache [slots, max_seq, 1, head_dim] per HCA layer beside its K/V
-    caches (counted in `token_bytes`), read by a cached attention that has no template (refused, so nothing runs one that
-    drops the entries)."""
+    """Each layer caches its compressed entries [slots, max_seq, 1, head_dim] beside its K/V
+    caches; the CSA layer also its indexer's keys [slots, max_seq, index_head_dim] and, per slot,
+    the last token's halves that the next token's entry and index key pool (kv and gate of each:
+    four shift states); `token_bytes` counts what grows per token. The cached attention with
+    entries and the shift have no template (refused, so nothing runs one that drops them)."""
     model, llm = hca
-    assert model.config.layer_types == ["heavily_compressed_attention"] * 2
-    compressed = {name: tuple(c.shape) for name, c in llm.caches.items() if name.startswith("c_cache")}
-    assert compressed == {"c_cache_0": (2, 32, 1, 32), "c_cache_1": (2, 32, 1, 32)}
-    # per token and layer: its key, its value (the same K = V head, cached twice) and its entry
-    assert llm.token_bytes == {f"model.layers.{i}.self_attn": 3 * 32 * 4 for i in range(2)}
-    ops = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedAttentionOp)]
-    assert len(ops) == 2 and all(op.compressed is not None and op.sinks is not None for op in ops)
-    for op in ops:
-        with pytest.raises(NoKernelForm, match="compressed entries"):
+    caches = {name: tuple(c.shape) for name, c in llm.caches.items()}
+    assert {n: c for n, c in caches.items() if n.startswith(("c_cache", "index_key", "shift"))} == {
+        "c_cache_0": (2, 32, 1, 32), "c_cache_1": (2, 32, 1, 32), "index_key_cache_0": (2, 32, 128),
+        "shift_state_0": (2, 1, 32), "shift_state_1": (2, 1, 32), "shift_state_2": (2, 1, 128),
+        "shift_state_3": (2, 1, 128)}
+    # per token and layer: its key, its value (the same K = V head, cached twice), its entry, CSA's index key
+    assert llm.token_bytes == {"model.layers.0.self_attn": 3 * 32 * 4, "model.layers.1.self_attn": (3 * 32 + 128) * 4}
+    ops = list(llm.program.function.body.walk())
+    attentions = [op for op in ops if isinstance(op, ad.CachedAttentionOp)]
+    assert [(op.compressed is not None, op.selected is not None) for op in attentions] == [(True, False), (True, True)]
+    assert sum(isinstance(op, ad.CachedIndexTopkOp) for op in ops) == 1
+    shifts = [op for op in ops if isinstance(op, ad.CachedShiftOp)]
+    assert [op.fill.value.data for op in shifts] == [0.0, float("-inf")] * 2
+    for op in [*attentions, *shifts]:
+        with pytest.raises(NoKernelForm, match="DeepSeek-V4"):
             kernel_region(op)
 
 
@@ -77,26 +86,26 @@ def test_step_logits_match_hf_prefill_and_decode(hca) -> None:  # noqa: ANN001
     _assert_step_logits_match(*hca, atol=2e-5)
 
 
-def test_the_compressed_entries_matter(hca) -> None:  # noqa: ANN001
-    """What the tests above would catch: HF's forward with the compressed entries' bias at -inf
-    everywhere (no entry seen) moves the last logits of the longest prompt far beyond their
-    tolerance."""
+def test_the_compressed_entries_and_the_selection_matter(hca) -> None:  # noqa: ANN001
+    """What the tests above would catch: HF's forward with every compressed entry 0 (a key of
+    score 0 and a value of 0), or with every causal entry kept by the indexer (index_topk past the
+    length), moves the last logits of the longest prompt far beyond their tolerance."""
     model, _ = hca
     prompt = torch.tensor([PROMPTS[2]])
-    compressors = [layer.self_attn.compressor for layer in model.model.layers]
+    indexer = model.model.layers[1].self_attn.compressor.indexer
+    norms = [layer.self_attn.compressor.kv_norm.weight for layer in model.model.layers]
+    kept = [w.clone() for w in norms]
     with torch.no_grad():
-        seen = model(prompt).logits[0, -1]
-        for c in compressors:
-            c.kv_norm.weight.zero_()  # every entry 0: each a key of score 0 and a value of 0
-        unseen = model(prompt).logits[0, -1]
-    assert (seen - unseen).abs().max() > 0.1 * max(1.0, seen.abs().max().item())
-
-
-def test_csa_is_refused_by_name() -> None:
-    """CSA's indexer selects compressed entries by its top-k: refused, naming the layer, CSA and
-    its compress rate (one layer: the refusal is the first layer's)."""
-    model = _model(num_hidden_layers=1, layer_types=["compressed_sparse_attention"])
-    refused = ("model.layers.0.self_attn: its keys concatenate the compressed K/V entries of DeepSeek-V4 CSA "
-               "(compressed entries selected by an indexer's top-k) at compress rate 1, which are not cached")
-    with pytest.raises(Exception, match=re.escape(refused)):
-        ad_mlir.LLM(model, max_batch=1, max_seq_len=16)
+        expected = model(prompt).logits[0, -1]
+        indexer.index_topk = 1000
+        dense = model(prompt).logits[0, -1]
+        indexer.index_topk = model.config.index_topk
+        try:
+            for w in norms:
+                w.zero_()
+            unseen = model(prompt).logits[0, -1]
+        finally:  # the model's weights, which the compiled LLM of the fixture may share
+            for w, k in zip(norms, kept, strict=True):
+                w.copy_(k)
+    for changed in (dense, unseen):
+        assert (expected - changed).abs().max() > 0.1 * max(1.0, expected.abs().max().item())
