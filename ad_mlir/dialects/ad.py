@@ -1845,7 +1845,7 @@ class CachedShiftOp(AdOp):
     state = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
-    fill = prop_def(FloatAttr[Float64Type])
+    fill = prop_def(FloatAttr)
     result = result_def(AdTensor)
     assembly_format = (
         "$input `state` $state `slots` $slots `starts` $starts `fill` $fill attr-dict `:` `(` type($input) `,` "
@@ -1863,6 +1863,8 @@ class CachedShiftOp(AdOp):
                 raise VerifyException("ad.cached_shift slots/starts must be tensor<batch x i64>")
         if self.result.type != self.input.type:
             raise VerifyException("ad.cached_shift result must have the input's type")
+        if not isinstance(self.fill.type, Float64Type):
+            raise VerifyException("ad.cached_shift fill must be an f64")
 
 
 def _verify_state_metadata(op: Operation, name: str, state_shape: tuple[int, ...]) -> None:

@@ -160,7 +160,9 @@ def _csa_bias(bias: SSAValue) -> tuple[Selection, list[Operation]] | None:
     selection = _indexer(topk, chosen)
     if selection is None:
         return None
-    return selection, [cut, scatter, scatter.inputs[0].owner, index, valid]
+    made = scatter.inputs[0].owner
+    return selection, [cut, scatter, made, *(v.owner for v in made.operands[1:] if isinstance(v, OpResult)), index,
+                       valid, *(v.owner for v in (valid.condition, valid.other) if isinstance(v, OpResult))]
 
 
 def _indexer(topk: ad.TorchOp, chosen: SSAValue) -> Selection | None:

@@ -536,3 +536,19 @@ func.func @cached_mla_selected_dtype(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<
   %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s selected %sel : tensor<?x?x4xi32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
   func.return
 }
+
+// -----
+
+func.func @cached_shift_state(%x: tensor<?x?x1x32xf32>, %st: tensor<8x32xf32>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_shift' input must be [batch, seq, ...] and its state [slots, ...] of the input's trailing dims and element type
+  %0 = ad.cached_shift %x state %st slots %s starts %s fill 0.000000e+00 : f64 : (tensor<?x?x1x32xf32>, tensor<8x32xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x1x32xf32>
+  func.return
+}
+
+// -----
+
+func.func @cached_attention_selected_without_entries(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %sel: tensor<?x?x2xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' selected needs compressed entries
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 selected %sel : tensor<?x?x2xi64> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}

@@ -254,7 +254,7 @@ func.func @paged_attention(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>,
   func.return
 }
 
-func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64xf32>, %part: tensor<?x?x16xbf16>, %w4: tensor<4xbf16>, %part2: tensor<?x2x?x32xbf16>, %vc32: tensor<8x512x2x32xbf16>) {
+func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64xf32>, %part: tensor<?x?x16xbf16>, %w4: tensor<4xbf16>, %part2: tensor<?x2x?x32xbf16>, %vc32: tensor<8x512x2x32xbf16>, %sel: tensor<?x?x2xi64>) {
   // CHECK-LABEL: func.func @cached_attention
   %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>) -> tensor<?x4x?x64xbf16>
@@ -273,6 +273,9 @@ func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>
   // DeepSeek-V4's HCA at compress rate 1: compressed entries (keys and values) in a cache of their own.
   %v4 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 window 128 sinks %w4 : tensor<4xbf16> compressed %k, %kc : tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 window 128 sinks %w4 : tensor<4xbf16> compressed %k, %kc : tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  // DeepSeek-V4's CSA: only the entries its indexer chose (-1: none).
+  %v4s = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 window 128 sinks %w4 : tensor<4xbf16> compressed %k, %kc : tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16> selected %sel : tensor<?x?x2xi64> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  // CHECK-NEXT: ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 window 128 sinks %w4 : tensor<4xbf16> compressed %k, %kc : tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16> selected %sel : tensor<?x?x2xi64> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   // DeepSeek's heads: the value (its cache and the result) 32 wide, the query and key 64.
   %mla = ad.cached_attention %q, %k, %part2 cache %kc, %vc32 slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x32xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x32xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %part2 cache %kc, %vc32 slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x32xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x32xbf16>
@@ -365,5 +368,13 @@ func.func @paged_mla_attention(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x
   // CHECK-LABEL: func.func @paged_mla_attention
   %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
   // CHECK-NEXT: ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
+  func.return
+}
+
+// DeepSeek-V4's CSA overlap at compress rate 1: each token's predecessor, continued from a per-slot state.
+func.func @cached_shift(%x: tensor<?x?x1x32xf32>, %st: tensor<8x1x32xf32>, %s: tensor<?xi64>) {
+  // CHECK-LABEL: func.func @cached_shift
+  %0 = ad.cached_shift %x state %st slots %s starts %s fill 0xFFF0000000000000 : f64 : (tensor<?x?x1x32xf32>, tensor<8x1x32xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x1x32xf32>
+  // CHECK-NEXT: ad.cached_shift %x state %st slots %s starts %s fill 0xfff0000000000000 : f64 : (tensor<?x?x1x32xf32>, tensor<8x1x32xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x1x32xf32>
   func.return
 }
