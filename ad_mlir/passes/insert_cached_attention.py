@@ -85,13 +85,17 @@ sparse attention that is not MLA is refused by name, and the paged form refuses 
 one with sinks as `PerSequenceState` (`paged_where_possible` falls back to the slot form).
 
 DeepSeek-V4's attention (`compressed_attention.match_compressed_keys`) concatenates its
-compressor's entries to its one K = V head and the compressor's block bias to HF's mask: at HCA's
-compress rate 1 (one entry per token, its bias's mask evaluated and causal) the entries become
-the cached op's `compressed` over an argument `c_cache_<i>` [max-batch, max-seq-len, 1, head_dim]
-in the key's dtype, marked `ad.cache = "<layer> compressed"`, attended causally without the
-window; the concatenations and the block bias are erased. CSA (its indexer's top-k choice of
-entries) and other compress rates are refused naming the layer, the kind and the rate; the paged
-form refuses the entries as `PerSequenceState`.
+compressor's entries to its one K = V head and the compressor's block bias to HF's mask: at
+compress rate 1 (one entry per token) the entries become the cached op's `compressed` over an
+argument `c_cache_<i>` [max-batch, max-seq-len, 1, head_dim] in the key's dtype, marked
+`ad.cache = "<layer> compressed"`, attended causally without the window (HCA's bias's mask is
+evaluated and must be causal). CSA's indexer (its mask evaluated, causal) becomes
+`ad.cached_index_topk` over `index_key_cache_<j>`, its result the cached op's `selected`, and each
+previous-token shift of its entries' and index keys' computations (`match_shift`)
+`ad.cached_shift` over an argument `shift_state_<k>` [max-batch, ...] marked `ad.cache = "<layer>
+shift_state"`. The concatenations and the block bias are erased. Other compress rates are
+refused naming the layer, the kind and the rate; the paged form refuses the entries as
+`PerSequenceState`.
 
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
@@ -559,15 +563,16 @@ class InsertCachedAttentionPass(ModulePass):
     def _compressed_keys(self, fn: func.FuncOp, attention: Attention, layer: str) -> CompressedKeys | None:
         """DeepSeek-V4's compressed entries concatenated to `attention`'s keys
         (`match_compressed_keys`), taken apart: the attention's key, value and mask become the
-        sliding-window ones. Only HCA's at compress rate 1 are cached (one entry per token, seen
-        causally), in the slot form; other forms are refused by name."""
+        sliding-window ones. Only those at compress rate 1 are cached (one entry per token, seen
+        causally, CSA's as its indexer chooses), in the slot form; other forms are refused by name."""
         found = match_compressed_keys(attention)
         if found is None:
             return None
         if isinstance(found, UncachedCompression):
             raise PassFailedException(
                 f"{layer}: its keys concatenate the compressed K/V entries of {found.describe()}, which are not "
-                "cached (only DeepSeek-V4's HCA at compress rate 1 is: one entry per token)")
+                "cached (only DeepSeek-V4's CSA and HCA at compress rate 1 as transformers 5.24 writes them are: one "
+                "entry per token)")
         if self.paged:
             raise PerSequenceState(f"{layer}: DeepSeek-V4's compressed K/V entries are cached in the slot form only "
                                    "(paged=false)")

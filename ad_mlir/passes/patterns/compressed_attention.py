@@ -96,8 +96,8 @@ class UncachedCompression:
 
 def match_compressed_keys(attention: Attention) -> CompressedKeys | UncachedCompression | None:
     """DeepSeek-V4's keys ++ compressed entries of `attention` (module docstring): the entries
-    and the block bias's mask when they are HCA's at compress rate 1 (one entry per token, seen
-    causally), what they are instead when not; None when the key is no such concatenation."""
+    and HCA's block bias's mask or CSA's indexer at compress rate 1 (one entry per token), what
+    they are instead when not; None when the key is no such concatenation."""
     cat = producer(attention.key, ad.CatOp)
     if cat is None or attention.value != attention.key or len(cat.tensors) != 2 or attention.mask is None \
             or attention.key_seq_first or _dim(cat, 4) != 2:

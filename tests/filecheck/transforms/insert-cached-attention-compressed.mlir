@@ -156,7 +156,7 @@ func.func @csa(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %kv: tensor<1x1x?x8xf32
 
 // -----
 
-// CHECK: model.layers.1.self_attn: its keys concatenate the compressed K/V entries of DeepSeek-V4 HCA at compress rate 2, which are not cached (only DeepSeek-V4's HCA at compress rate 1 is: one entry per token)
+// CHECK: model.layers.1.self_attn: its keys concatenate the compressed K/V entries of DeepSeek-V4 HCA at compress rate 2, which are not cached (only DeepSeek-V4's CSA and HCA at compress rate 1 as transformers 5.24 writes them are: one entry per token)
 func.func @rate_two(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %kv: tensor<1x1x?x8xf32> {ad.input = "kv"}, %c: tensor<1x1x?x8xf32> {ad.input = "c"}, %sinks: tensor<2xf32> {ad.param = "model.layers.1.self_attn.sinks"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
   %e = ad.sym_size %c dim 2 : tensor<1x1x?x8xf32>
