@@ -6,6 +6,9 @@
 // [slots, max-seq, 1, head_dim] (marked "<layer> compressed"); both concatenations, the block
 // bias and HF's mask (a window of 4) are gone. CSA below; at compress rate 2 a layer is refused by name.
 // RUN: ad-opt %s --split-input-file --verify-diagnostics -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
+// RUN: not ad-opt %s -p 'insert-cached-attention{max-seq-len=16 paged=true page-size=4 num-pages=8}' 2>&1 | filecheck %s --check-prefix=PAGED
+
+// PAGED: model.layers.0.self_attn: DeepSeek-V4's compressed K/V entries are cached in the slot form only (paged=false)
 
 // CHECK-LABEL: func.func @hca
 // CHECK-SAME:  %c_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "c_cache_0", ad.cache = "model.layers.0.self_attn compressed"}
