@@ -109,3 +109,17 @@ def test_the_compressed_entries_and_the_selection_matter(hca) -> None:  # noqa: 
                 w.copy_(k)
     for changed in (dense, unseen):
         assert (expected - changed).abs().max() > 0.1 * max(1.0, expected.abs().max().item())
+
+
+def test_decode_traffic_reads_the_entries_each_layer_attends(hca) -> None:  # noqa: ANN001
+    """`ad-bench`'s modelled decode step with 10 cached tokens: its ideal reads, per row, each
+    layer's 10 keys and values (32 x 4 bytes each), HCA's 10 entries and CSA's 2 selected ones
+    (32 x 4) and CSA's 10 index keys (128 x 4), and writes one of each; the modelled step is
+    above that ideal."""
+    from ad_mlir.bench.decode_traffic import decode_step_traffic
+
+    row, index_key = 32 * 4, 128 * 4
+    traffic = decode_step_traffic(hca[1].program, 2, 10)
+    assert traffic["ideal_caches_read_bytes"] == 2 * (2 * 2 * 10 * row + 10 * row + 2 * row + 10 * index_key)
+    assert traffic["ideal_new_kv_written_bytes"] == 2 * (2 * 3 * row + index_key)
+    assert traffic["modelled_bytes"] > traffic["ideal_bytes"]
