@@ -505,11 +505,11 @@ class InsertCachedAttentionPass(ModulePass):
                 f"{POSITION_INPUT} as an input so the cache can offset them")
         if self.paged:
             _refuse_batched(attention, layer, "query")
+        compressed = self._compressed_keys(fn, attention, layer)  # first: CSA's mask holds a top-k too
         if self._sparse_mask(fn, attention, layer) is not None:
             raise PassFailedException(
                 f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
                 "in the slot form (paged=false); this attention is not MLA (the log says why)")
-        compressed = self._compressed_keys(fn, attention, layer)
         _bias_as_key_dim(attention)
         window = self._window(fn, attention, layer)
         if attention.key_seq_first:
