@@ -43,19 +43,21 @@ def export_with_ids(
 
 
 def export_inference(model: torch.nn.Module, kwargs: dict[str, Any], dynamic_shapes: Any,
-                     args: tuple[Any, ...] = ()) -> torch.export.ExportedProgram:
+                     args: tuple[Any, ...] = (), generation: bool = False) -> torch.export.ExportedProgram:
     """`torch.export.export(model, args, kwargs)`, non-strict, under no_grad (inference graphs: no
     grad-mode wrappers) and with SDPA's math backend chosen while tracing: on CUDA the fused
     backends' fake kernels pad the mask to a multiple of 8 and guard on that padding, which a
     dynamic sequence length cannot satisfy (fp32 HF models on an H100, torch 2.11). The graph
     keeps the SDPA op either way; its backend is chosen again when it runs. HF's chunked scans
-    (Mamba2, the gated delta rule) are exported as opaque ops (`frontends/export_patches.py`)."""
+    (Mamba2, the gated delta rule) are exported as opaque ops (`frontends/export_patches.py`);
+    `generation`: the export for generation, whose steps hold only real tokens (with the patches
+    `export_patches.GENERATION_METHODS` adds)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ad_mlir.frontends.export_patches import routed_for_export
 
-    with heap_frozen(), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export():
+    with heap_frozen(), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export(generation):
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 

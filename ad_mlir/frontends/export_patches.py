@@ -34,7 +34,9 @@ and indexer shift windows through a slice of windows - 1 (they shift by a concat
 sparse attention's indexer (DeepSeek-V3.2 and its copies) takes `topk(min(index_topk, keys))`,
 whose check `min(index_topk, keys) <= keys` torch.export cannot prove for a length below
 index_topk; it ranks the scores padded with that many -inf columns (`_PaddedTopk`). All are
-`METHODS`.
+`METHODS`. One more is replaced only in the export for generation (`GENERATION_METHODS`), whose
+steps hold only real tokens: XLM's mask of the positions past its count of tokens that are not
+its pad id, a sum over the tokens, as all ones (exact for sequences without the pad id).
 """
 
 from __future__ import annotations
@@ -398,6 +400,28 @@ def _deepseek_v32_indexer(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _xlm_every_token_real(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `XLMModel.forward` with `attention_mask` all ones where it is given neither
+    that nor `lengths` (with either, HF's as called). HF then counts each row's tokens that are not
+    `pad_index` (`lengths`) and masks the hidden states of positions at or beyond that count
+    (`get_masks`: `arange(seq) < lengths`, a reduction over the tokens that a decode step of one
+    token cannot compute for the whole sequence). `LLM` pads no sequence, so in a sequence without
+    the pad id the count is the sequence's length and HF's mask is all ones: what the given mask
+    says, for each step alike. In a sequence that holds the pad id HF masks its last positions
+    instead (it takes the id for right padding), which no cache reproduces: exact only for
+    sequences without the pad id. For the export for generation only (`GENERATION_METHODS`)."""
+    signature = inspect.signature(original)
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        given = signature.bind(self, *args, **kwargs)
+        named = given.arguments
+        if named.get("input_ids") is not None and named.get("attention_mask") is None and named.get("lengths") is None:
+            named["attention_mask"] = torch.ones_like(named["input_ids"])
+        return original(*given.args, **given.kwargs)
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -432,13 +456,25 @@ top-k padded). A class whose method takes other parameters (another transformers
 left alone."""
 
 
-def _patched_methods() -> Iterator[tuple[type, str, Callable[..., Any]]]:
-    """(class, method, its replacement) for each `METHODS` class of the loaded modeling modules."""
+XLM_FORWARD = ("self", "input_ids", "attention_mask", "langs", "token_type_ids", "position_ids", "lengths", "cache",
+               "inputs_embeds", "output_attentions", "output_hidden_states", "return_dict", "kwargs")
+GENERATION_METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
+    "XLMModel": ("forward", XLM_FORWARD, _xlm_every_token_real),
+}
+"""`METHODS` replaced only in the export for generation (`routed_for_export(generation=True)`),
+where every token of a step is a real one (`LLM` pads no sequence): XLM's padding mask, counted
+from the tokens that are not its pad id, as all ones. The plain export keeps HF's mask."""
+
+
+def _patched_methods(
+        methods: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Callable[..., Any]]]],
+) -> Iterator[tuple[type, str, Callable[..., Any]]]:
+    """(class, method, its replacement) for each `methods` class of the loaded modeling modules."""
     seen: set[int] = set()
     for name, module in list(sys.modules.items()):
         if not name.startswith(MODELING_MODULES) or module is None:
             continue
-        for cls_name, (method, parameters, replacement) in METHODS.items():
+        for cls_name, (method, parameters, replacement) in methods.items():
             cls = module.__dict__.get(cls_name)
             if not isinstance(cls, type) or id(cls) in seen or method not in cls.__dict__:
                 continue
@@ -448,10 +484,10 @@ def _patched_methods() -> Iterator[tuple[type, str, Callable[..., Any]]]:
 
 
 @contextlib.contextmanager
-def routed_for_export() -> Iterator[list[str]]:
+def routed_for_export(generation: bool = False) -> Iterator[list[str]]:
     """Within it, every loaded transformers modeling module's `ROUTES` functions are routed
-    through the opaque ops and its `METHODS` classes' methods are replaced; yields the names
-    of what it replaced."""
+    through the opaque ops and its `METHODS` classes' methods are replaced (with `generation`,
+    those of `GENERATION_METHODS` too); yields the names of what it replaced."""
     patched: list[tuple[Any, str, Any]] = []
     for name, module in list(sys.modules.items()):
         if not name.startswith(MODELING_MODULES) or module is None:
@@ -462,7 +498,9 @@ def routed_for_export() -> Iterator[list[str]]:
                 torch_ops.SEQUENCE_MIXER_FUNCTIONS[name, function] = original
                 setattr(module, function, route(name, original))
                 patched.append((module, function, original))
-    methods = [(cls, method, cls.__dict__[method], replacement) for cls, method, replacement in _patched_methods()]
+    chosen = {**METHODS, **(GENERATION_METHODS if generation else {})}
+    methods = [(cls, method, cls.__dict__[method], replacement)
+               for cls, method, replacement in _patched_methods(chosen)]
     for cls, method, _, replacement in methods:
         setattr(cls, method, replacement)
     try:

@@ -145,7 +145,7 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
         kwargs["use_cache"], dims["use_cache"] = False, None
     try:
         with _hf_cache_off(model):
-            return export_inference(model, kwargs, dims)
+            return export_inference(model, kwargs, dims, generation=True)
     except Exception as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [""]
         # a constraint violation's first line names only the dim; its first "- " line says which guard the code added

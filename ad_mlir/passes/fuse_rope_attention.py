@@ -353,7 +353,7 @@ class FuseEagerRopeAttention(RopeAttentionFusion):
             log.info("fuse-rope-attention: the softmax at %s is no attention it fuses: %s", op.location, found)
             return
         if found.sinks is not None or found.alibi is not None or found.mask_fills or found.selected is not None \
-                or found.multiplied is not None or found.key_seq_first:
+                or found.multiplied is not None or found.key_seq_first or found.zeroed is not None:
             log.info("fuse-rope-attention: the eager attention at %s is not fused: ad.rope_attention takes no sink "
                      "logits, ALiBi bias, masked_fill mask, second mask or seq-first key (insert-cached-attention caches it "
                      "with them)",

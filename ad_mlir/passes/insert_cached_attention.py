@@ -35,7 +35,12 @@ an error naming the layer. The pass runs before `decompose` (as
 `ad_mlir.LLM`'s pipeline places it). The scores and probabilities must have no other user (with
 a cache they would cover the new tokens only); a softmax that feeds a matmul but does not match
 exactly is left alone, and the refusal below says why it is no attention form (OpenAI-GPT's
-mask multiplied in from its triangular buffer in another form). GPT-Neo's `where(mask, scores, fill)`
+mask multiplied in from its triangular buffer in another form). XLM's scores, masked by an in-place
+`masked_fill_` (True where masked) of a mask `expand_as` the scores, are matched as MPT's
+`masked_fill` without a bias; so are CPM-Ant's, masked by `masked_fill` with a
+`torch.scalar_tensor` fill and zeroed again after the softmax by `masked_fill(p, mask, 0)`, whose
+mask must evaluate to the scores' one (it then zeroes only what the softmax made 0: a causal row
+always attends to its own key). GPT-Neo's `where(mask, scores, fill)`
 under HF's mask is matched: both masks are evaluated (the window is the narrower), the fill must be very
 negative; the mask and fill read the model's buffer and a lifted constant, whose values the
 compiler puts in scope (`attention_masks.constants_known`). OpenAI-GPT's
@@ -555,8 +560,9 @@ class InsertCachedAttentionPass(ModulePass):
                 erase_computation(compressed.selection.chosen, Rewriter.erase_op)
             else:
                 erase_computation(compressed.hidden, Rewriter.erase_op)
-        for computed in (attention.mask, attention.alibi, *(attention.selected or ()),
-                         *(attention.multiplied or ())[:1]):
+        computations = (attention.mask, attention.alibi, attention.zeroed, *(attention.selected or ()),
+                        *(attention.multiplied or ())[:1])
+        for computed in dict.fromkeys(computations):  # CPM-Ant's two masks may be one value
             if computed is not None:
                 erase_computation(computed, Rewriter.erase_op)
 
@@ -633,6 +639,8 @@ class InsertCachedAttentionPass(ModulePass):
                 if attention.mask_fills:  # masked_fill's mask: True where masked
                     if mask.dtype != torch.bool:
                         raise MaskError(f"its masked_fill mask is {mask.dtype}, not boolean")
+                    if attention.zeroed is not None:
+                        self._check_zeroed(fn, attention.zeroed, mask)
                     mask = ~mask
                 windows.append(causal_window(mask))
             if attention.selected is not None:  # GPT-Neo's where(mask, scores, fill): both masks apply
@@ -644,6 +652,17 @@ class InsertCachedAttentionPass(ModulePass):
             raise PassFailedException(f"{layer}: {e}; only those can be cached") from None
         except MaskError as e:
             raise PassFailedException(f"{layer}: {e}") from None
+
+    def _check_zeroed(self, fn: func.FuncOp, zeroed: SSAValue, masked: torch.Tensor) -> None:
+        """CPM-Ant's mask that zeroes the probabilities after the softmax must be the scores'
+        masked_fill mask `masked` (evaluated); a MaskError otherwise."""
+        values = evaluate(fn, zeroed, self._inputs())
+        try:
+            same = values.dtype == torch.bool and torch.equal(*torch.broadcast_tensors(values, masked))
+        except RuntimeError:  # shapes that do not broadcast together
+            same = False
+        if not same:
+            raise MaskError("its probabilities are zeroed after the softmax under a mask other than its scores' one")
 
     def _selected_window(self, fn: func.FuncOp, mask: SSAValue, fill: SSAValue) -> int | None:
         """The window of `where(mask, scores, fill)`'s boolean mask, whose fill must mask (very

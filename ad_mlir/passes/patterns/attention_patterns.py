@@ -17,6 +17,10 @@ with x = scores + mask (casts allowed around the factor).
 ALiBi's scores carry a bias (`Attention.alibi`, which the insert pass evaluates), MPT's under a
 boolean mask that is True where it masks:
     p   = softmax(masked_fill(matmul(q, k^T) * scale + bias, mask, lowest))
+(XLM's fill is in place, `masked_fill_`, its mask `expand_as` the scores: the broadcast
+masked_fill makes anyway; its query divided by sqrt(head_dim) before the matmul is the query,
+scale 1; CPM-Ant's fill is a `torch.scalar_tensor`, and it zeroes the masked probabilities again
+after the softmax, `masked_fill(p, mask, 0)`)
 and BLOOM's are computed over [batch * heads] rows:
     s   = view(baddbmm(bias, view(q, [b * h, s, d]), transpose(view(k, ...), -1, -2), beta=1,
                alpha=scale), [b, h, s, keys])
@@ -41,6 +45,7 @@ from ad_mlir.dialects import ad
 from ad_mlir.passes.patterns.matching import (
     constant,
     is_last_dim_row_reduction,
+    match_masked_fill,
     other_operand,
     plain_binary,
     producer,
@@ -90,6 +95,11 @@ class Attention:
     key_seq_first: bool = False
     """`key` is [batch, seq, heads, head_dim], which the scores read transposed as k^T by one
     permute (OpenAI-GPT's `permute(0, 2, 3, 1)`): the insert pass permutes it to heads first."""
+    zeroed: SSAValue | None = None
+    """CPM-Ant's boolean mask (True where masked) under which `masked_fill(p, mask, 0)` zeroes the
+    probabilities after the softmax, with `mask_fills`: the insert pass evaluates it, which must be
+    `mask` (then it zeroes what the softmax made 0 already, but in rows with every key masked,
+    which a causal mask has none of)."""
 
 
 def match_repeat_kv(value: SSAValue, query_heads: int) -> tuple[SSAValue, list[Operation]]:
@@ -113,18 +123,18 @@ def match_key_bias(mask: SSAValue, query_heads: int) -> tuple[SSAValue, SSAValue
         repeat_kv(masked_fill(expand(unsqueeze(bias, 2), [-1, -1, queries, -1]), masked, lowest))"""
     filled, repeat = match_repeat_kv(mask, query_heads)
     op = filled.owner
-    if not (isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2
-            and op.args.data[0] == ad.OperandRefAttr(0) and filled.has_one_use()):
+    found = match_masked_fill(op) if filled.has_one_use() else None
+    if found is None:
         return None
-    fill = op.args.data[2] if len(op.args.data) == 3 else None
+    biased, masked, fill, fill_ops = found
     lowest = torch.finfo(torch_dtype(filled.type.element_type)).min
-    expand = producer(op.inputs[0], ad.ExpandOp)
+    expand = producer(biased, ad.ExpandOp)
     unsqueeze = producer(expand.input, ad.UnsqueezeOp) if expand is not None else None
-    if not isinstance(fill, FloatAttr) or fill.value.data > lowest / 2 or unsqueeze is None \
+    if fill is None or fill > lowest / 2 or unsqueeze is None \
             or ad.normalize_dim(unsqueeze.dim.value.data, 4) != 2 or len(unsqueeze.input.type.get_shape()) != 3 \
-            or not all(v.has_one_use() for v in (op.inputs[0], expand.input)):
+            or not all(v.has_one_use() for v in (biased, expand.input)):
         return None
-    return unsqueeze.input, op.inputs[1], [*repeat, op, expand, unsqueeze]
+    return unsqueeze.input, masked, [*repeat, op, *fill_ops, expand, unsqueeze]
 
 
 def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
@@ -135,6 +145,9 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         probs = sink_dropped.result
     if (cast := sole_user(probs, ad.CastOp)) is not None:
         probs = cast.result
+    zeroed, zero_ops = None, []
+    if (found := _zeroed(probs)) is not None:
+        probs, zeroed, zero_ops = found
     if sink_dropped is None and _baddbmm_scores(softmax) is not None:
         return _match_bmm_of_heads(softmax, probs)
     weighted = sole_user(probs, ad.MatmulOp)
@@ -160,6 +173,8 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
     if isinstance(masked, str):
         return masked
     (qk, scale, softcap, score_ops, bias), mask, mask_fills, mask_ops, second = masked
+    if zeroed is not None and not mask_fills:
+        return "its probabilities are zeroed under a mask, but its scores are not masked by masked_fill"
     query, query_view = _same_view(qk.input)
     heads = query.type.get_shape()[1] if len(query.type.get_shape()) == 4 else DYNAMIC_INDEX
     transposed = _key_transposed(qk.other)
@@ -172,10 +187,11 @@ def match_eager_attention(softmax: ad.SoftmaxOp) -> Attention | str | None:
         return "its query, key and value are not [batch, heads or kv_heads, seq, head_dim] of one type"
     if sinks is not None and sinks.type.get_shape() != (heads,):
         return f"its sink logits are not one per head: {sinks.type}"
-    chain = [*([weighted] if output != weighted else []), *([cast] if cast else []),
+    chain = [*([weighted] if output != weighted else []), *zero_ops, *([cast] if cast else []),
              *([sink_dropped] if sink_dropped else []), *rows_ops[:1], softmax, *rows_ops[1:], *sink_ops, *mask_ops,
              *score_ops, qk, *query_view, *transposed[1], *key_repeat, *value_view, *value_repeat]
-    forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills, "key_seq_first": transposed[2], **second}
+    forms = {"sinks": sinks, "alibi": bias, "mask_fills": mask_fills, "key_seq_first": transposed[2],
+             "zeroed": zeroed, **second}
     rope = producer(query, ad.RopeOp)
     if rope is not None and (query, key) == (rope.query_out, rope.key_out):
         return Attention(output, rope.query, rope.key, value, (rope.cos, rope.sin), mask, False, scale, softcap,
@@ -201,15 +217,15 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
     op = logits.owner
     if any(use.operation not in users for use in logits.uses):
         return "its input has other users"
-    if isinstance(op, ad.TorchOp) and op.target.data == "aten.masked_fill.Scalar" and len(op.inputs) == 2:
-        fill = op.args.data[2] if len(op.args.data) == 3 else None
-        lowest = torch.finfo(torch_dtype(logits.type.element_type)).min
-        if not isinstance(fill, FloatAttr) or fill.value.data > lowest / 2 or op.args.data[0] != ad.OperandRefAttr(0):
+    if (found := match_masked_fill(op)) is not None:
+        filled, mask, fill, fill_ops = found
+        if fill is None or fill > torch.finfo(torch_dtype(logits.type.element_type)).min / 2:
             return "its masked_fill does not fill the scores with a very negative number"
-        scores = _biased_scores(op.inputs[0])
+        mask, shape_ops = _expanded_as(mask, filled)
+        scores = _biased_scores(filled, shape_ops)
         if scores is None:
             return "its masked scores are not matmul(q, k^T) * scale (+ a bias), each used only there"
-        return scores, op.inputs[1], True, [op], {}
+        return scores, mask, True, [op, *fill_ops, *shape_ops], {}
     if (second := _second_mask(logits)) is not None:
         return second[0], None, False, second[1], second[2]
     if not plain_binary(op, ad.AddOp):
@@ -225,6 +241,19 @@ def _masked_scores(logits: SSAValue, users: list[Operation]) -> Masked | str:
         return found[0], mask, False, [op, *found[1]], found[2]
     return _buffer_mask(logits) or ("its masked scores are not matmul(q, k^T) * scale, soft-capped or not (+ a bias), "
                                     "each used only there")
+
+
+EXPAND_AS = "aten.expand_as.default"
+
+
+def _expanded_as(mask: SSAValue, scores: SSAValue) -> tuple[SSAValue, list[Operation]]:
+    """(m, [the expand_as]) when `mask` is `m.expand_as(scores)` (XLM's), used only there: the
+    broadcast masked_fill does to its mask anyway, reading the scores' shape alone; else (mask, [])."""
+    op = mask.owner
+    if isinstance(op, ad.TorchOp) and op.target.data == EXPAND_AS and tuple(op.inputs)[1:] == (scores,) \
+            and op.args.data[:2] == (ad.OperandRefAttr(0), ad.OperandRefAttr(1)) and mask.has_one_use():
+        return op.inputs[0], [op]
+    return mask, []
 
 
 def _second_mask(value: SSAValue) -> tuple[Scores, list[Operation], dict[str, object]] | None:
@@ -295,10 +324,11 @@ def _buffer_mask(logits: SSAValue) -> str | None:
     return None
 
 
-def _biased_scores(value: SSAValue) -> Scores | None:
+def _biased_scores(value: SSAValue, shape_readers: list[Operation] | None = None) -> Scores | None:
     """`_scores(value)`, or of one operand of `value` = scores + bias (ALiBi, BLOOM and MPT: a
-    tensor the insert pass evaluates)."""
-    if (scores := _scores(value)) is not None:
+    tensor the insert pass evaluates); `value` may also be read by `shape_readers` (for its
+    shape alone)."""
+    if (scores := _scores(value, shape_readers)) is not None:
         return (*scores, None)
     add = value.owner
     if not plain_binary(add, ad.AddOp) or not value.has_one_use():
@@ -325,6 +355,17 @@ def _heads_of(query: SSAValue, key: SSAValue, value: SSAValue, output: SSAValue,
         k = (k[0], k[2], k[1], k[3])
     return (k[:3] == v[:3] and k[3] == q[3] and o == (*q[:3], v[3])
             and key.type.element_type == value.type.element_type and output.type.element_type == query.type.element_type)
+
+
+def _zeroed(probs: SSAValue) -> tuple[SSAValue, SSAValue, list[Operation]] | None:
+    """(the zeroed probabilities, the mask, ops users first) when the sole user of `probs` is
+    CPM-Ant's `masked_fill(probs, mask, 0)`, which zeroes the masked keys' probabilities after the
+    softmax; else None."""
+    user = sole_user(probs, ad.TorchOp)
+    found = match_masked_fill(user) if user is not None else None
+    if found is None or found[0] != probs or found[2] != 0:
+        return None
+    return user.results[0], found[1], [user, *found[3]]
 
 
 def _last_column_dropped(probs: SSAValue) -> ad.SliceOp | None:
@@ -554,15 +595,19 @@ def _is_baddbmm(value: SSAValue) -> bool:
     return isinstance(op, ad.TorchOp) and op.target.data == "aten.baddbmm.default" and len(op.args.data) == 3
 
 
-def _scores(value: SSAValue) -> tuple[ad.MatmulOp, float, float | None, list[Operation]] | None:
+def _scores(value: SSAValue, shape_readers: list[Operation] | None = None,
+            ) -> tuple[ad.MatmulOp, float, float | None, list[Operation]] | None:
     """(matmul, scale, softcap, ops users first) when `value` is `matmul * scale`, soft-capped
-    or not, and each value on the way has no other user (the probabilities stay internal)."""
+    or not, and each value on the way has no other user (the probabilities stay internal) but
+    `shape_readers`, which read `value`'s shape alone."""
     capped = _softcapped(value)
     scaled, softcap, cap_ops = capped if capped is not None else (value, None, [])
     unscaled, scale, scale_ops = _scaled(scaled)
     qk = producer(unscaled, ad.MatmulOp)
     ops = [*cap_ops, *scale_ops]
-    if qk is None or not all(r.has_one_use() for op in [*ops, qk] for r in op.results):
+    readers = shape_readers or []
+    if qk is None or not all(sum(use.operation not in readers for use in r.uses) == 1 for op in [*ops, qk]
+                             for r in op.results):
         return None
     return qk, scale, softcap, ops
 

@@ -62,6 +62,35 @@ def dominates_op(value: SSAValue, op: Operation) -> bool:
     return owner.parent_block() is op.parent_block() and owner.is_before_in_block(op)
 
 
+MASKED_FILLS = frozenset({"aten.masked_fill.Scalar", "aten.masked_fill_.Scalar", "aten.masked_fill.Tensor"})
+"""`masked_fill`, its in-place form (XLM's `scores.masked_fill_(mask, lowest)`, which the
+export keeps in place: the same value where the filled tensor has no other user, which the
+matchers require of what they match) and its form with a 0-d tensor fill (CPM-Ant's
+`torch.scalar_tensor`)."""
+SCALAR_TENSOR = "aten.scalar_tensor.default"
+
+
+def match_masked_fill(op: Operation) -> tuple[SSAValue, SSAValue, float | None, list[Operation]] | None:
+    """(x, mask, the fill, [the fill's `scalar_tensor`]) when `op` is a torch `masked_fill(x,
+    mask, fill)`, in place or not; the fill None where it is no number known here (a tensor not
+    made by `torch.scalar_tensor` of one)."""
+    if not isinstance(op, ad.TorchOp) or op.target.data not in MASKED_FILLS or len(op.inputs) not in (2, 3) \
+            or len(op.args.data) != 3 or op.args.data[:2] != (ad.OperandRefAttr(0), ad.OperandRefAttr(1)):
+        return None
+    fill = op.args.data[2]
+    if len(op.inputs) == 2:
+        return op.inputs[0], op.inputs[1], _number(fill), []
+    made = op.inputs[2].owner
+    if fill != ad.OperandRefAttr(2) or not isinstance(made, ad.TorchOp) or made.target.data != SCALAR_TENSOR \
+            or made.inputs or not made.args.data or not op.inputs[2].has_one_use():
+        return op.inputs[0], op.inputs[1], None, []
+    return op.inputs[0], op.inputs[1], _number(made.args.data[0]), [made]
+
+
+def _number(attr: Attribute) -> float | None:
+    return float(attr.value.data) if isinstance(attr, IntegerAttr | FloatAttr) else None
+
+
 PURE_TORCH_TARGETS = frozenset({"aten.repeat_interleave.self_int"})
 """Opaque torch ops known to have no side effect (the patterns compare and erase them)."""
 

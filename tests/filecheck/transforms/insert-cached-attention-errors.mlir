@@ -313,3 +313,23 @@ func.func @sparse_not_mla(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1
   %o = ad.attention %q, %k, %v mask %mask scale 0.35355339059327379 : f64 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x1x?x?xi1>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+// CHECK: cpmant.encoder.layers.0.self_att.self_attention: its probabilities are zeroed after the softmax under a mask other than its scores' one
+func.func @zeroed_under_another_mask(%position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %later = ad.gt %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %m = ad.unsqueeze %later dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %earlier = ad.lt %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %other = ad.unsqueeze %earlier dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %ninf = ad.torch_op "aten.scalar_tensor.default"() [0xFFF0000000000000 : f64] {dtype = f32} : () -> tensor<f32>
+  %masked = ad.torch_op "aten.masked_fill.Tensor"(%s, %m, %ninf) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} : (tensor<1x2x?x?xf32>, tensor<1x1x?x?xi1>, tensor<f32>) -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %zero = ad.torch_op "aten.scalar_tensor.default"() [0 : i64] {dtype = f32} : () -> tensor<f32>
+  %pz = ad.torch_op "aten.masked_fill.Tensor"(%p, %other, %zero) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} : (tensor<1x2x?x?xf32>, tensor<1x1x?x?xi1>, tensor<f32>) -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %pz, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("cpmant.encoder.layers.0.self_att.self_attention")
+  func.return %o : tensor<1x2x?x8xf32>
+}

@@ -632,3 +632,69 @@ func.func @positions_expanded(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %t
   %o = ad.attention %q, %k, %v causal : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>) -> tensor<?x2x?x8xf32> loc("model.layers.0.self_attn")
   func.return %e, %o : tensor<?x?x8xf32>, tensor<?x2x?x8xf32>
 }
+
+// -----
+
+// XLM's eager attention: its query divided by sqrt(head_dim) before the matmul, its causal mask
+// (the range repeated over the rows, <= the range as a column) inverted by `== 0`, viewed as
+// [batch, 1, seq, keys], broadcast by `expand_as` of the scores (which reads their shape alone)
+// and applied by the in-place `masked_fill_` with the lowest float. One ad.cached_attention on
+// the divided query (scale 1); the mask, its expand_as and the in-place fill are gone.
+// CHECK-LABEL: func.func @xlm_masked_fill_in_place
+// CHECK:       %div = ad.div %q, %root
+// CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.softmax
+// CHECK:       ad.cached_attention %div, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 1.000000e+00 : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @xlm_masked_fill_in_place(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %q: tensor<?x2x?x8xf32> {ad.input = "q"}, %k: tensor<?x2x?x8xf32> {ad.input = "k"}, %v: tensor<?x2x?x8xf32> {ad.input = "v"}) -> tensor<?x2x?x8xf32> {
+  %bs = ad.sym_size %ids dim 0 : tensor<?x?xi64>
+  %n = ad.sym_size %ids dim 1 : tensor<?x?xi64>
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %row = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %row3 = ad.unsqueeze %row dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %keys = ad.torch_op "aten.repeat.default"(%row3, %bs, %n) [#ad.ref<0>, [#ad.ref<1>, #ad.ref<2>, 1 : i64]] {} : (tensor<1x1x?xi64>, index, index) -> tensor<?x?x?xi64>
+  %col = ad.unsqueeze %row dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %causal = ad.le %keys, %col : tensor<?x?x?xi64>, tensor<1x?x1xi64> -> tensor<?x?x?xi1>
+  %root = ad.constant 2.8284271247461903 : f64
+  %div = ad.div %q, %root : tensor<?x2x?x8xf32>, f64 -> tensor<?x2x?x8xf32>
+  %kt = ad.transpose %k 2, 3 : tensor<?x2x?x8xf32> -> tensor<?x2x8x?xf32>
+  %s = ad.matmul %div, %kt : (tensor<?x2x?x8xf32>, tensor<?x2x8x?xf32>) -> tensor<?x2x?x?xf32>
+  %masked_out = ad.eq %causal, %c0 : tensor<?x?x?xi1>, i64 -> tensor<?x?x?xi1>
+  %m = ad.reshape %masked_out [%bs, 1, %n, -1] : tensor<?x?x?xi1> -> tensor<?x1x?x?xi1>
+  %mx = ad.torch_op "aten.expand_as.default"(%m, %s) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<?x1x?x?xi1>, tensor<?x2x?x?xf32>) -> tensor<?x2x?x?xi1>
+  %masked = ad.torch_op "aten.masked_fill_.Scalar"(%s, %mx) [#ad.ref<0>, #ad.ref<1>, -3.4028234663852886e+38 : f64] {} : (tensor<?x2x?x?xf32>, tensor<?x2x?x?xi1>) -> tensor<?x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<?x2x?x?xf32> -> tensor<?x2x?x?xf32>
+  %o = ad.matmul %p, %v : (tensor<?x2x?x?xf32>, tensor<?x2x?x8xf32>) -> tensor<?x2x?x8xf32> loc("transformer.attentions.0")
+  func.return %o : tensor<?x2x?x8xf32>
+}
+
+// -----
+
+// CPM-Ant's eager attention (were its mask causal): the scores masked by masked_fill with a 0-d
+// tensor fill (`torch.scalar_tensor(-inf)`), and the probabilities zeroed again after the
+// softmax under the same mask (`masked_fill(p, mask, scalar_tensor(0))`). One ad.cached_attention;
+// both fills, their scalar tensors and the mask are gone.
+// CHECK-LABEL: func.func @zeroed_after_softmax
+// CHECK-NOT:   ad.torch_op
+// CHECK-NOT:   ad.softmax
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327373 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK-NEXT:  func.return
+func.func @zeroed_after_softmax(%position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
+  %b = ad.unsqueeze %position_ids dim 1 : tensor<1x?xi64> -> tensor<1x1x?xi64>
+  %later = ad.gt %b, %a : tensor<1x1x?xi64>, tensor<1x?x1xi64> -> tensor<1x?x?xi1>
+  %m = ad.unsqueeze %later dim 1 : tensor<1x?x?xi1> -> tensor<1x1x?x?xi1>
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %root = ad.constant 2.8284271247461903 : f64
+  %scaled = ad.div %s, %root : tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %ninf = ad.torch_op "aten.scalar_tensor.default"() [0xFFF0000000000000 : f64] {dtype = f32} : () -> tensor<f32>
+  %masked = ad.torch_op "aten.masked_fill.Tensor"(%scaled, %m, %ninf) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} : (tensor<1x2x?x?xf32>, tensor<1x1x?x?xi1>, tensor<f32>) -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32>
+  %zero = ad.torch_op "aten.scalar_tensor.default"() [0 : i64] {dtype = f32} : () -> tensor<f32>
+  %pz = ad.torch_op "aten.masked_fill.Tensor"(%p, %m, %zero) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} : (tensor<1x2x?x?xf32>, tensor<1x1x?x?xi1>, tensor<f32>) -> tensor<1x2x?x?xf32>
+  %o = ad.matmul %pz, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("cpmant.encoder.layers.0.self_att.self_attention")
+  func.return %o : tensor<1x2x?x8xf32>
+}
