@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_generate import _assert_step_logits_match, _hf_tokens
+from test_generate import _assert_logits_close, _assert_step_logits_match, _hf_tokens
 
 import ad_mlir
 from ad_mlir.bench.families import greedy_only
@@ -84,6 +84,17 @@ def test_step_logits_match_hf_prefill_and_decode(hca) -> None:  # noqa: ANN001
     (fp32 reordering of batched rows); a missing or stale compressed entry moves logits by order 1
     (the next test)."""
     _assert_step_logits_match(*hca, atol=2e-5)
+
+
+def test_a_prompt_prefilled_in_two_chunks_equals_one_prefill(hca) -> None:  # noqa: ANN001
+    """The second chunk (start > 0, several tokens) continues the shift from the slot's state and
+    attends to the entries and index keys the first chunk left, causally."""
+    model, llm = hca
+    prompt = torch.tensor([PROMPTS[2]])
+    with torch.no_grad(), reference_kernels():
+        llm.step(prompt[:, :4], torch.arange(4)[None], [1], [0])
+        chunked = llm.step(prompt[:, 4:], torch.arange(4, prompt.shape[1])[None], [1], [4])
+        _assert_logits_close(chunked, model(prompt).logits[:, 4:], atol=2e-5)
 
 
 def test_the_compressed_entries_and_the_selection_matter(hca) -> None:  # noqa: ANN001
