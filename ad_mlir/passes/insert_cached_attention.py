@@ -552,10 +552,13 @@ class InsertCachedAttentionPass(ModulePass):
             result_types=[attention.output.results[0].type],
         )
         cached.location = attention.output.location
+        # the key count of the repeated keys ++ entries (2 x seq), computed by a torch op DCE keeps
+        counts = [v.owner for op in attention.chain if isinstance(op, ad.ExpandOp) for v in op.operands
+                  if isinstance(v.type, IndexType) and isinstance(v.owner, ad.TorchOp)] if compressed else []
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
         if compressed is not None:
-            erase_dead(Rewriter.erase_op, compressed.ops)
+            erase_dead(Rewriter.erase_op, [*compressed.ops, *counts])
             if compressed.selection is not None:
                 erase_computation(compressed.selection.chosen, Rewriter.erase_op)
             else:
