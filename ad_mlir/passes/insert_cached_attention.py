@@ -603,16 +603,15 @@ class InsertCachedAttentionPass(ModulePass):
         and the index keys' computations (`match_shift`) as `ad.cached_shift` over a state
         argument `shift_state_<j>` [max-batch, ...] marked `ad.cache = "<layer> shift_state"`."""
         selection = compressed.selection
-        indexers = sum(1 for a in fn.args if a.name_hint and a.name_hint.startswith("index_key_cache"))
-        chosen = self._cached_indexer(fn, selection, layer, indexers, slots, starts)
+        chosen = self._cached_indexer(fn, selection, layer, _roles(fn, "index_key"), slots, starts)
         selection.chosen.replace_all_uses_with(chosen)
         found = {op: shift for value in (compressed.compressed, selection.key) for op in backward_slice(value)[0]
                  if isinstance(op, ad.SliceOp) and (shift := match_shift(op.result)) is not None}
         for cut, (x, fill, ops) in found.items():
             value = cut.result
-            shifts = sum(1 for a in fn.args if a.name_hint and a.name_hint.startswith("shift_state"))
             state = _append_argument(fn, TensorType(x.type.element_type, [self.max_batch, *x.type.get_shape()[2:]]),
-                                     {ad.INPUT_ATTR: f"shift_state_{shifts}", ad.CACHE_ATTR: f"{layer} shift_state"})
+                                     {ad.INPUT_ATTR: f"shift_state_{_roles(fn, 'shift_state')}",
+                                      ad.CACHE_ATTR: f"{layer} shift_state"})
             shifted = ad.CachedShiftOp.build(operands=[x, state, slots, starts],
                                              properties={"fill": FloatAttr(fill, Float64Type())},
                                              result_types=[value.type])
@@ -971,6 +970,12 @@ def _append_argument(fn: func.FuncOp, arg_type: TensorType, attrs: dict[str, str
     fn.arg_attrs = ArrayAttr(arg_attrs)
     fn.function_type = FunctionType.from_lists([a.type for a in block.args], fn.function_type.outputs.data)
     return arg
+
+
+def _roles(fn: func.FuncOp, role: str) -> int:
+    """The cache arguments of `fn` so far whose `ad.cache` role is `role` (to number the next)."""
+    return sum(1 for attrs in (fn.arg_attrs.data if fn.arg_attrs else ())
+               if ad.CACHE_ATTR in attrs.data and attrs.data[ad.CACHE_ATTR].data.endswith(f" {role}"))
 
 
 def _bias_as_key_dim(attention: Attention) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr
+from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr
 from xdsl.ir import Operation, OpResult, SSAValue
 
 from ad_mlir.dialects import ad
@@ -129,7 +129,8 @@ def match_shift(value: SSAValue) -> tuple[SSAValue, float, list[Operation]] | No
         return None
     first, x = cat.tensors
     made = first.owner
-    if not isinstance(made, ad.TorchOp) or not first.has_one_use() or first.type.get_shape()[1] != 1:
+    if not isinstance(made, ad.TorchOp) or not first.has_one_use() or first.type.get_shape()[1] != 1 \
+            or x.type.get_shape()[1] != DYNAMIC_INDEX:  # the sequence axis: dynamic
         return None
     if made.target.data == NEW_ZEROS:
         fill = 0.0
