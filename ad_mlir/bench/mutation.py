@@ -117,6 +117,9 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/patterns/sparse_attention.py": Tests(_lit("insert-cached-attention-dsa"),
                                                          ("tests/models/test_sparse_attention.py", "-k",
                                                           "greedy and deepseek_v32")),
+    "ad_mlir/passes/patterns/token_window.py": Tests(_lit(*_CACHED),
+                                                     ("tests/models/test_sequence_mixers.py", "-k",
+                                                      "zaya and (logits or chunks)")),
     "ad_mlir/passes/patterns/step_positions.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-errors",
                                                             "insert-cached-attention-paged"),
                                                        ("tests/models/test_counted_positions.py", "-k", "not interpreter")),
@@ -135,6 +138,8 @@ TESTS: dict[str, Tests] = {
              "and not rope_causal_gqa and not qk_norm and not random_mask")),
     "ad_mlir/codegen/blocks.py": Tests((_TRITON,), _NUMERIC),
     "ad_mlir/codegen/cache.py": Tests((), ("tests/unit/test_kernel_cache.py",)),
+    "ad_mlir/codegen/by_sequence.py": Tests((), ("tests/unit/test_causal_conv_kernel.py",
+                                                 "tests/unit/test_recurrent_state_kernels.py", "-k", "flattened")),
     "ad_mlir/codegen/cached_attention_kernel.py": Tests(
         (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
              "split_boundaries and not any_head_dim")),

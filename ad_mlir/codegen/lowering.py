@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Attribute, Block, Operation, Region
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.rewriter import Rewriter
 
 from ad_mlir.dialects import ad
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
 KERNEL_OPS = (ad.KernelOp, ad.CachedAttentionOp, ad.PagedAttentionOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
-              ad.PagedMlaAttentionOp, ad.CachedCausalConv1dOp, ad.CachedShiftOp, *RECURRENT_OPS)
+              ad.PagedMlaAttentionOp, ad.CachedCausalConv1dOp, *RECURRENT_OPS)
 """Ops that are a kernel on their own (besides `ad.fused` regions)."""
 
 
@@ -78,7 +78,7 @@ def written_inputs(op: Operation) -> frozenset[int]:
         return frozenset({op.operands.index(op.cache)})
     if isinstance(op, ad.PagedMlaAttentionOp):
         return frozenset({op.operands.index(op.pages)})
-    if isinstance(op, (ad.CachedCausalConv1dOp, ad.CachedShiftOp, *RECURRENT_OPS)):
+    if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
         return frozenset({op.operands.index(op.state)})
     return frozenset()
 
@@ -92,8 +92,6 @@ def kernel_region(op: Operation) -> KernelRegion:
             raise NoKernelForm(str(e)) from e
     if isinstance(op, ad.CachedAttentionOp) and op.compressed is not None:
         raise NoKernelForm("the cached attention template has no compressed entries (DeepSeek-V4's CSA and HCA)")
-    if isinstance(op, ad.CachedShiftOp):
-        raise NoKernelForm("the previous-token shift (DeepSeek-V4's CSA overlap) has no template")
     if isinstance(op, ad.CachedMlaAttentionOp) and op.sinks is not None:
         raise NoKernelForm("the MLA template has no sink logits")
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)
@@ -127,7 +125,6 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     from ad_mlir.codegen import (
         attention_kernel,
         cached_attention_kernel,
-        causal_conv_kernel,
         paged_attention_kernel,
         region_kernel,
         rope_kernel,
@@ -155,11 +152,8 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
 
         return emit_paged_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, op.page_size(), name,
                                                header)
-    if isinstance(op, ad.CachedCausalConv1dOp):
-        return causal_conv_kernel.emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type),
-                                                          op.bias is not None, name, header)
-    if isinstance(op, RECURRENT_OPS):
-        return _emit_recurrent_module(op, name, header)
+    if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
+        return _emit_state_module(op, name, header)
     if isinstance(op, ad.MoeOp):
         from ad_mlir.codegen.moe_kernel import emit_moe_module
 
@@ -169,6 +163,37 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
         return rope_kernel.emit_rope_module(head_dim, torch_dtype(op.query.type), torch_dtype(op.key.type), name,
                                             header, rotary_dim(op), op.interleaved is not None)
     return region_kernel.emit_kernel_module(region, name, header)
+
+
+def _emit_state_module(op: ad.CachedCausalConv1dOp | ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp |
+                       ad.CachedSelectiveScanOp, name: str, header: str) -> str:
+    """A per-sequence state op's kernel module: its template's, launched once per sequence in
+    the paged form (`query_starts`: `by_sequence`)."""
+    from ad_mlir.codegen.by_sequence import by_sequence_source
+    from ad_mlir.codegen.causal_conv_kernel import emit_causal_conv_module
+    from ad_mlir.semantics.op_table import torch_dtype
+
+    if isinstance(op, ad.CachedCausalConv1dOp):
+        source = emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type), op.bias is not None, name,
+                                         header)
+    else:
+        source = _emit_recurrent_module(op, name, header)
+    if op.query_starts is None:
+        return source
+    tokens, axis = _token_inputs(op)
+    return by_sequence_source(source, [i for i, v in enumerate(op.operands) if v in tokens], axis)
+
+
+def _token_inputs(op: ad.CachedCausalConv1dOp | ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp |
+                  ad.CachedSelectiveScanOp) -> tuple[list[SSAValue], int]:
+    """A state op's operands that hold a value per token, and their token axis."""
+    if isinstance(op, ad.CachedCausalConv1dOp):
+        return [op.input], 2
+    if isinstance(op, ad.CachedSelectiveScanOp):
+        return [op.input, op.dt, op.b, op.c, *([op.z] if op.z is not None else [])], 2
+    if isinstance(op, ad.CachedSsmScanOp):
+        return [op.input, op.dt, op.b, op.c], 1
+    return [op.query, op.key, op.value, op.g, op.beta], 1
 
 
 def _emit_recurrent_module(op: ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp | ad.CachedSelectiveScanOp, name: str,

@@ -1544,9 +1544,12 @@ class MoeOp(KernelOp):
 
 CACHE_ATTR = "ad.cache"
 """On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
-cache, "<layer> conv_state" for a convolution's state, "<layer> ssm_state" / "<layer>
-recurrent_state" for a Mamba2 / gated-delta-rule state, "<layer> latent" for MLA's latent cache, the layer being the HF module path of
-the op it serves."""
+cache, "<layer> conv_state" for a convolution's state, "<layer> token_window" for a cached token
+window's, "<layer> ssm_state" / "<layer> recurrent_state" for a Mamba2 / gated-delta-rule state,
+"<layer> latent" for MLA's latent cache, the layer being the HF module path of the op it serves."""
+PER_TOKEN_ROLES = ("key", "value", "latent", "index_key", "compressed")
+"""`ad.cache` roles of the caches that hold every token of a slot (in the paged form: the page
+pools); the others are states of a fixed size per slot."""
 CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 """On the per-sequence metadata arguments of a cached module: each batch row's cache slot, and
 how many tokens that slot already holds."""
@@ -1673,6 +1676,9 @@ QUERY_STARTS_ATTR, BLOCK_TABLES_ATTR, LOGITS_INDICES_ATTR = "ad.query_starts", "
 sequence's offset among the step's flattened tokens (and the total last), its page ids, and the
 flattened tokens whose logits the LM head computes. `ad.cache_starts` marks the tokens each
 sequence already holds, as in the slot form."""
+STATE_SLOTS_ATTR = "ad.state_slots"
+"""On the paged module's metadata argument of each sequence's slot in the per-sequence state
+pools (convolutions', scans'), where the model has such a state."""
 
 
 @irdl_op_definition
@@ -1789,7 +1795,12 @@ class CachedCausalConv1dOp(AdOp):
     history followed by the new inputs x, out[b, c, t] = bias[c] + sum_j weight[c, 0, j] *
     x[c, t - (kernel - 1) + j] (what `conv1d` with padding kernel - 1 gives on the whole
     sequence, cut to its length); afterwards the slot holds the last kernel - 1 inputs. Not
-    pure: it writes the state."""
+    pure: it writes the state.
+
+    With `query_starts` [seqs + 1] (the paged form: one flattened batch per step, cumulative as
+    `ad.paged_attention`'s), the batch is 1 and holds the new tokens of `seqs` sequences, sequence
+    s the tokens `query_starts[s]` .. `query_starts[s + 1] - 1` of the seq axis, each run as a
+    batch row of its own with slot `slots[s]` of the state pool and `starts[s]`."""
 
     name = "ad.cached_causal_conv1d"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1799,11 +1810,13 @@ class CachedCausalConv1dOp(AdOp):
     state = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
     result = result_def(AdTensor)
     assembly_format = (
-        "$input `,` $weight (`bias` $bias^)? `state` $state `slots` $slots `starts` $starts attr-dict `:` `(` "
-        "type($input) `,` type($weight) `,` type($state) `,` type($slots) `,` type($starts) (`,` type($bias)^)? `)` "
-        "`->` type($result)"
+        "$input `,` $weight (`bias` $bias^)? `state` $state `slots` $slots `starts` $starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` `(` "
+        "type($input) `,` type($weight) `,` type($state) `,` type($slots) `,` type($starts) (`,` type($bias)^)? "
+        "`)` `->` type($result)"
     )
 
     def kernel_size(self) -> int:
@@ -1822,59 +1835,91 @@ class CachedCausalConv1dOp(AdOp):
             raise VerifyException("ad.cached_causal_conv1d state must have the input's element type")
         if self.bias is not None and _shape(self.bias.type) != (w[0],):
             raise VerifyException(f"ad.cached_causal_conv1d bias must be [{w[0]}]")
-        for meta in (self.slots, self.starts):
-            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
-                raise VerifyException("ad.cached_causal_conv1d slots/starts must be tensor<batch x i64>")
+        _verify_slot_metadata(self, self.name, x[0])
         if self.result.type != self.input.type:
             raise VerifyException("ad.cached_causal_conv1d result must have the input's type")
 
 
+
 @irdl_op_definition
-class CachedShiftOp(AdOp):
-    """Each new token's predecessor along the sequence, continued from the row's state, the state
-    written in place (DeepSeek-V4's CSA at compress rate 1: each compressed entry pools the
-    previous token's half, HF's `cat([fill, x], dim=1)[:, :-1]`).
+class CachedTokenWindowOp(AdOp):
+    """Each batch row's new tokens after the `width` rows that come before them, from a state
+    per slot that the op updates in place: the history that ops looking back at most `width`
+    tokens need (ZAYA's convolutions after a left pad of `width` zero tokens; its values
+    shifted by one token).
 
-    `input` [batch, seq, ...] holds the new tokens of each row. Row b uses slot `slots[b]` of
-    `state` [slots, ...]: result[b, i] = input[b, i - 1] for i > 0, and result[b, 0] is the
-    state (the last token of the slot's previous step) when `starts[b]` > 0, `fill` when it is 0
-    (a new sequence); afterwards the slot holds input[b, seq - 1]. Not pure: it writes the state."""
+    `input` holds the new tokens of each row along its token axis `dim` (not 0, the batch axis;
+    the other axes static). Row b uses slot `slots[b]` of `state` (`input`'s shape with the
+    slots for the batch and `width` rows for the tokens): the last `width` rows before the new
+    ones when `starts[b]` > 0; when it is 0 (a new sequence), `initial`'s row b (`input`'s shape
+    with `width` tokens: what the model puts before its first token), or zeros without it. The
+    result is those `width` rows followed by the new ones (`width` + seq along `dim`), so its
+    row i holds the token `width` before new token i; afterwards the slot holds the result's
+    last `width` rows. Not pure: it writes the state."""
 
-    name = "ad.cached_shift"
+    name = "ad.cached_token_window"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
     input = operand_def(AdTensor)
+    initial = opt_operand_def(AdTensor)
     state = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
-    fill = prop_def(FloatAttr)
+    dim = prop_def(IntegerAttr[I64])
     result = result_def(AdTensor)
     assembly_format = (
-        "$input `state` $state `slots` $slots `starts` $starts `fill` $fill attr-dict `:` `(` type($input) `,` "
-        "type($state) `,` type($slots) `,` type($starts) `)` `->` type($result)"
+        "$input (`initial` $initial^)? `state` $state `slots` $slots `starts` $starts `dim` $dim attr-dict `:` `(` "
+        "type($input) `,` type($state) `,` type($slots) `,` type($starts) (`,` type($initial)^)? `)` `->` "
+        "type($result)"
     )
 
+    def width(self) -> int:
+        return _shape(self.state.type)[self.dim.value.data]
+
     def verify_op(self) -> None:
-        x, state = _shape(self.input.type), _shape(self.state.type)
-        if len(x) < 2 or len(state) != len(x) - 1 or state[1:] != x[2:] \
-                or self.state.type.element_type != self.input.type.element_type:
-            raise VerifyException("ad.cached_shift input must be [batch, seq, ...] and its state [slots, ...] of the "
-                                  "input's trailing dims and element type")
+        x, state, d = _shape(self.input.type), _shape(self.state.type), self.dim.value.data
+        if len(x) < 2 or not 0 < d < len(x):
+            raise VerifyException(f"ad.cached_token_window dim {d} must be an axis of the input other than the batch "
+                                  "axis 0")
+        rest = [i for i in range(1, len(x)) if i != d]
+        if any(x[i] == DYNAMIC_INDEX for i in rest):
+            raise VerifyException("ad.cached_token_window input must be static but for its batch and token axes")
+        if len(state) != len(x) or state[d] in (DYNAMIC_INDEX, 0) or any(state[i] != x[i] for i in rest) \
+                or state[0] == DYNAMIC_INDEX:
+            raise VerifyException("ad.cached_token_window state must be the input's shape with static slots and "
+                                  "width for its batch and token axes")
+        if self.state.type.element_type != self.input.type.element_type:
+            raise VerifyException("ad.cached_token_window state must have the input's element type")
+        width = state[d]
+        rows = [width if i == d else x[i] for i in range(1, len(x))]
+        if self.initial is not None and (not shapes_compatible(_shape(self.initial.type), (x[0], *rows))
+                                         or self.initial.type.element_type != self.input.type.element_type):
+            raise VerifyException(f"ad.cached_token_window initial must be [batch, {', '.join(map(str, rows))}] of "
+                                  "the input's element type")
         for meta in (self.slots, self.starts):
             if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
-                raise VerifyException("ad.cached_shift slots/starts must be tensor<batch x i64>")
-        if self.result.type != self.input.type:
-            raise VerifyException("ad.cached_shift result must have the input's type")
-        if not isinstance(self.fill.type, Float64Type):
-            raise VerifyException("ad.cached_shift fill must be an f64")
+                raise VerifyException("ad.cached_token_window slots/starts must be tensor<batch x i64>")
+        tokens = DYNAMIC_INDEX if x[d] == DYNAMIC_INDEX else x[d] + width
+        if self.result.type != TensorType(self.input.type.element_type, [*x[:d], tokens, *x[d + 1:]]):
+            raise VerifyException("ad.cached_token_window result must be the input's type with width + seq tokens")
 
 
-def _verify_state_metadata(op: Operation, name: str, state_shape: tuple[int, ...]) -> None:
-    """A recurrent state [slots, *state_shape] in fp32 and tensor<batch x i64> slots/starts."""
+def _verify_slot_metadata(op: Operation, name: str, batch: int) -> None:
+    """tensor<? x i64> slots/starts (a batch row's or, with `query_starts`, a sequence's), and
+    with `query_starts` a batch of 1."""
+    for meta in (op.slots, op.starts, *((op.query_starts,) if op.query_starts is not None else ())):
+        if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
+            raise VerifyException(f"{name} slots/starts/query_starts must be rank-1 i64 tensors")
+    if op.query_starts is not None and batch != 1:
+        raise VerifyException(f"{name} with query_starts (the flattened sequences of the paged form) takes a batch "
+                              f"of 1, not {batch}")
+
+
+def _verify_state_metadata(op: Operation, name: str, state_shape: tuple[int, ...], batch: int) -> None:
+    """A recurrent state [slots, *state_shape] in fp32 and the slot metadata (`_verify_slot_metadata`)."""
     state = _shape(op.state.type)
     if state is None or state[1:] != state_shape or op.state.type.element_type != Float32Type():
         raise VerifyException(f"{name} state must be [slots, {', '.join(map(str, state_shape))}] in f32")
-    for meta in (op.slots, op.starts):
-        if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
-            raise VerifyException(f"{name} slots/starts must be tensor<batch x i64>")
+    _verify_slot_metadata(op, name, batch)
 
 
 @irdl_op_definition
@@ -1894,7 +1939,11 @@ class CachedSsmScanOp(AdOp):
     `starts[b]` > 0, zeros when it is 0 (a new sequence). For each new token t, in order:
     h = h * exp(dt_t * a) + (dt_t * x_t) B_t^T, y_t = h C_t + d * x_t, with x, B and C in
     fp32. The result [batch, seq, heads, head_dim] is fp32 (as HF's scan returns it);
-    afterwards the slot holds h after the last token. Not pure: it writes the state."""
+    afterwards the slot holds h after the last token. Not pure: it writes the state.
+
+    With `query_starts` [seqs + 1] (the paged form), the batch is 1 and holds the new tokens of
+    `seqs` sequences, each run as a batch row of its own with `slots[s]` and `starts[s]`, as in
+    `ad.cached_causal_conv1d`."""
 
     name = "ad.cached_ssm_scan"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1908,15 +1957,18 @@ class CachedSsmScanOp(AdOp):
     state = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
     dt_softplus = opt_prop_def(UnitAttr)
     dt_min = opt_prop_def(FloatAttr[Float64Type])
     dt_max = opt_prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
         "$input `,` $dt `,` $a `,` $b `,` $c (`d` $d^)? (`dt_bias` $dt_bias^)? (`dt_softplus` $dt_softplus^)? "
-        "(`dt_min` $dt_min^)? (`dt_max` $dt_max^)? `state` $state `slots` $slots `starts` $starts attr-dict `:` "
+        "(`dt_min` $dt_min^)? (`dt_max` $dt_max^)? `state` $state `slots` $slots `starts` $starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` "
         "`(` type($input) `,` type($dt) `,` type($a) `,` type($b) `,` type($c) `,` type($state) `,` type($slots) "
-        "`,` type($starts) (`,` `d` type($d)^)? (`,` `dt_bias` type($dt_bias)^)? `)` `->` type($result)"
+        "`,` type($starts) (`,` `d` type($d)^)? (`,` `dt_bias` type($dt_bias)^)? "
+        "`)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -1933,7 +1985,7 @@ class CachedSsmScanOp(AdOp):
         for extra in (self.d, self.dt_bias):
             if extra is not None and _shape(extra.type) != (heads,):
                 raise VerifyException(f"ad.cached_ssm_scan d and dt_bias must be [{heads}]")
-        _verify_state_metadata(self, self.name, (heads, x[3], b[3]))
+        _verify_state_metadata(self, self.name, (heads, x[3], b[3]), x[0])
         if _shape(self.result.type) != x or self.result.type.element_type != Float32Type():
             raise VerifyException("ad.cached_ssm_scan result must be the input's shape in f32")
 
@@ -1953,7 +2005,11 @@ class CachedSelectiveScanOp(AdOp):
     the new ones when `starts[b]` > 0, zeros when it is 0 (a new sequence). For each new token t,
     in order, in fp32: h = h * exp(dt_t a) + (dt_t x_t) B_t^T, y_t = h C_t + d x_t, times silu(z_t)
     with a gate. The result [batch, channels, seq] has the input's dtype promoted by d's (HF's);
-    afterwards the slot holds h after the last token. Not pure: it writes the state."""
+    afterwards the slot holds h after the last token. Not pure: it writes the state.
+
+    With `query_starts` [seqs + 1] (the paged form), the batch is 1 and holds the new tokens of
+    `seqs` sequences, each run as a batch row of its own with `slots[s]` and `starts[s]`, as in
+    `ad.cached_causal_conv1d`."""
 
     name = "ad.cached_selective_scan"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1968,13 +2024,16 @@ class CachedSelectiveScanOp(AdOp):
     state = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
     dt_softplus = opt_prop_def(UnitAttr)
     result = result_def(AdTensor)
     assembly_format = (
         "$input `,` $dt `,` $a `,` $b `,` $c (`d` $d^)? (`z` $z^)? (`dt_bias` $dt_bias^)? (`dt_softplus` "
-        "$dt_softplus^)? `state` $state `slots` $slots `starts` $starts attr-dict `:` `(` type($input) `,` "
+        "$dt_softplus^)? `state` $state `slots` $slots `starts` $starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` `(` type($input) `,` "
         "type($dt) `,` type($a) `,` type($b) `,` type($c) `,` type($state) `,` type($slots) `,` type($starts) "
-        "(`,` `d` type($d)^)? (`,` `z` type($z)^)? (`,` `dt_bias` type($dt_bias)^)? `)` `->` type($result)"
+        "(`,` `d` type($d)^)? (`,` `z` type($z)^)? (`,` `dt_bias` type($dt_bias)^)? "
+        "`)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -1991,7 +2050,7 @@ class CachedSelectiveScanOp(AdOp):
                                    ("z", self.z, x)):
             if extra is not None and _shape(extra.type) != shape:
                 raise VerifyException(f"ad.cached_selective_scan {name} must be {list(shape)}")
-        _verify_state_metadata(self, self.name, (channels, a[1]))
+        _verify_state_metadata(self, self.name, (channels, a[1]), x[0])
         if _shape(self.result.type) != x:
             raise VerifyException("ad.cached_selective_scan result must be the input's shape")
 
@@ -2010,9 +2069,14 @@ class CachedGatedDeltaRuleOp(AdOp):
     before the new ones when `starts[b]` > 0, zeros when it is 0 (a new sequence). For each new
     token t, in order: S = S * exp(g_t); S = S + k_t (beta_t (v_t - k_t^T S))^T; o_t = q_t^T S.
     The result [batch, seq, v_heads, v_dim] has the query's dtype; afterwards the slot holds S
-    after the last token. Not pure: it writes the state."""
+    after the last token. Not pure: it writes the state.
+
+    With `query_starts` [seqs + 1] (the paged form), the batch is 1 and holds the new tokens of
+    `seqs` sequences, each run as a batch row of its own with `slots[s]` and `starts[s]`, as in
+    `ad.cached_causal_conv1d`."""
 
     name = "ad.cached_gated_delta_rule"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
     query = operand_def(AdTensor)
     key = operand_def(AdTensor)
     value = operand_def(AdTensor)
@@ -2021,12 +2085,15 @@ class CachedGatedDeltaRuleOp(AdOp):
     state = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
     use_qk_l2norm = opt_prop_def(UnitAttr)
     result = result_def(AdTensor)
     assembly_format = (
         "$query `,` $key `,` $value `,` $g `,` $beta (`use_qk_l2norm` $use_qk_l2norm^)? `state` $state `slots` "
-        "$slots `starts` $starts attr-dict `:` `(` type($query) `,` type($key) `,` type($value) `,` type($g) `,` "
-        "type($beta) `,` type($state) `,` type($slots) `,` type($starts) `)` `->` type($result)"
+        "$slots `starts` $starts (`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` `(` "
+        "type($query) `,` type($key) `,` "
+        "type($value) `,` type($g) `,` type($beta) `,` type($state) `,` type($slots) `,` type($starts) "
+        "`)` `->` type($result)"
     )
 
     def verify_op(self) -> None:
@@ -2039,7 +2106,7 @@ class CachedGatedDeltaRuleOp(AdOp):
                                   f"static and a multiple of {q[2]} key heads")
         if len(g) != 3 or g != beta or g[2] != v[2]:
             raise VerifyException(f"ad.cached_gated_delta_rule g and beta must be one [batch, seq, {v[2]}] type")
-        _verify_state_metadata(self, self.name, (v[2], q[3], v[3]))
+        _verify_state_metadata(self, self.name, (v[2], q[3], v[3]), q[0])
         if _shape(self.result.type) != v or self.result.type.element_type != self.query.type.element_type:
             raise VerifyException("ad.cached_gated_delta_rule result must be the value's shape in the query's "
                                   "dtype")
@@ -2581,7 +2648,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, CachedShiftOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, CachedTokenWindowOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,

@@ -12,7 +12,11 @@ the running decodes). Two schedulers share the requests, sampling and stop handl
   requests that begin with the same tokens (prefix caching), one flattened forward call per step
   holds every token fed, and when pages run out the youngest running request is preempted: its
   pages are freed and it is recomputed later from its prompt and the tokens it has generated
-  (nothing is lost).
+  (nothing is lost). A model with per-sequence states beside its pages (convolutions, scans)
+  gives each running request a state slot of its own (so at most its `num_state_slots` run at
+  once), freed when it finishes or is preempted (recomputed from position 0, its state starts
+  from zeros again); prefix caching is off for such a model, as a prefix's pages do not hold the
+  state after it.
 
 `make_engine` picks the one that fits the model. `step` returns what each request got in that
 step (`RequestUpdate`): new tokens, the new text (with a tokenizer; text that could begin a stop
@@ -86,19 +90,23 @@ class PagedModel(Protocol):
     page_size: int
     num_pages: int
     max_seq_len: int
+    num_state_slots: int
+    """Slots of its per-sequence states (0: it has none, and `forward_flat` takes no `state_slots`)."""
     eos: set[int]
     tokenizer: Any
 
     def forward_flat(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
-                     cache_starts: torch.Tensor, block_tables: torch.Tensor,
-                     logits_indices: torch.Tensor) -> torch.Tensor:
+                     cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor,
+                     state_slots: torch.Tensor | None = None) -> torch.Tensor:
         """One forward of the tokens of several sequences as one flat sequence: `input_ids` and
         `position_ids` [1, T]; sequence i's new tokens are rows `query_starts[i]` to
         `query_starts[i + 1]`, after the `cache_starts[i]` tokens its pages hold already;
         `block_tables` [num_seqs, max pages per sequence] lists each one's pages in order (entries
         past its tokens ignored). Writes the new tokens' K/V into those pages; returns the
-        logits [len(logits_indices), vocab] of the rows `logits_indices`. All inputs are int64
-        host tensors (the model moves them to its device)."""
+        logits [len(logits_indices), vocab] of the rows `logits_indices`. With per-sequence
+        states, `state_slots` [num_seqs] gives each one's state slot (its state continues there,
+        from zeros where its cache start is 0). All inputs are int64 host tensors (the model
+        moves them to its device)."""
         ...
 
 
@@ -353,10 +361,14 @@ class PagedEngine(BaseEngine):
     All of it runs as one `forward_flat` call.
 
     `max_running` caps the requests in the cache at once (vLLM's `max_num_seqs`; None: as many
-    as the pages hold): a step's decodes are that many at most, which bounds its time.
+    as the pages hold): a step's decodes are that many at most, which bounds its time. A model
+    with per-sequence states caps it at its `num_state_slots` (a request holds a state slot while
+    it runs: `request.slot`) and turns prefix caching off: its shared pages would skip the
+    tokens whose state the new request needs (nothing saves a state at a page's end).
 
     For metrics: `pages_in_use`, `pages_free`, `pages_cached`, `prefix_hits`, `prefix_queries`,
-    `prefix_hit_rate` (prompt tokens found cached over those looked up) and `preemptions`."""
+    `prefix_hit_rate` (prompt tokens found cached over those looked up), `preemptions` and
+    `state_slots_in_use`."""
 
     llm: PagedModel
 
@@ -365,8 +377,11 @@ class PagedEngine(BaseEngine):
         super().__init__(llm, max_step_tokens)
         if max_running is not None and max_running < 1:
             raise ValueError(f"max_running must be at least 1, got {max_running}")
-        self.max_running = max_running
-        self.blocks = BlockManager(llm.num_pages, llm.page_size, prefix_caching)
+        states = llm.num_state_slots
+        self.max_running = min(max_running or states, states) if states else max_running
+        self.free_state_slots = list(range(states))
+        """State slots no running request holds (none for a model without per-sequence states)."""
+        self.blocks = BlockManager(llm.num_pages, llm.page_size, prefix_caching and not states)
         self.pages_per_seq = pages_for(llm.max_seq_len, llm.page_size)
         """The width of the block tables fed to `forward_flat`."""
         self.preemptions = 0
@@ -381,6 +396,11 @@ class PagedEngine(BaseEngine):
     def pages_free(self) -> int:
         """Pages that can be taken (cached ones that nobody holds included)."""
         return self.blocks.pool.num_free
+
+    @property
+    def state_slots_in_use(self) -> int:
+        """Per-sequence state slots held by running requests (0 for a model without states)."""
+        return self.llm.num_state_slots - len(self.free_state_slots)
 
     @property
     def pages_cached(self) -> int:
@@ -418,7 +438,7 @@ class PagedEngine(BaseEngine):
         chunks = self._schedule()
         if not chunks:
             return []
-        logits = self.llm.forward_flat(*self._flat_inputs(chunks))
+        logits = self.llm.forward_flat(*self._flat_inputs(chunks), **self._state_slots(chunks))
         updates: dict[str, RequestUpdate] = {}
         for chunk in chunks:
             request = chunk.request
@@ -481,6 +501,8 @@ class PagedEngine(BaseEngine):
                 break
             self.running.append(self.waiting.popleft())
             request.cached = start
+            if self.llm.num_state_slots:
+                request.slot = self.free_state_slots.pop(0)
             chunks.append(_Chunk(request, tokens, start, length))
             budget -= length
         return chunks
@@ -488,6 +510,15 @@ class PagedEngine(BaseEngine):
     def _free(self, request: Request) -> None:
         self.blocks.free(request.id)
         request.cached = 0
+        if request.slot is not None:
+            self.free_state_slots.insert(0, request.slot)
+            request.slot = None
+
+    def _state_slots(self, chunks: Sequence[_Chunk]) -> dict[str, torch.Tensor]:
+        """`forward_flat`'s `state_slots` for `chunks` where the model has per-sequence states."""
+        if not self.llm.num_state_slots:
+            return {}
+        return {"state_slots": torch.tensor([c.request.slot for c in chunks], dtype=torch.int64)}
 
     def _flat_inputs(self, chunks: Sequence[_Chunk]) -> tuple[torch.Tensor, ...]:
         """`forward_flat`'s inputs for `chunks`: their tokens one after another, logits wanted

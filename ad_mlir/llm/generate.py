@@ -49,8 +49,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="size the caches from a memory budget instead: bytes (an integer), or on CUDA a fraction in "
                    "(0, 1] of the device memory free after one forward pass; --max-batch slots share it")
     p.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged K/V cache (a power "
-                   "of two; 0: the slot form, each sequence reserving --max-seq-len tokens). A model with a mixer "
-                   "that keeps a state per sequence (a convolution, a scan) gets the slot form, with a warning")
+                   "of two; 0: the slot form, each sequence reserving --max-seq-len tokens). States kept per "
+                   "sequence (convolutions, scans) sit beside the pages in --max-batch state slots; a model the "
+                   "paged form refuses (states without attention, DeepSeek sparse attention) gets the slot form, "
+                   "with a warning")
     p.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, run decode steps without CUDA graphs")
     p.add_argument("--pipeline", default="default")
     p.add_argument("--interpret", action="store_true", help="without CUDA, run the kernels in the Triton "

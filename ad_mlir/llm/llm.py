@@ -60,10 +60,6 @@ class CacheArgument:
     """The HF module path of the op it serves."""
 
 
-PER_TOKEN_ROLES = ("key", "value", "latent", "index_key", "compressed")
-"""`ad.cache` roles of the caches that hold every token of a slot."""
-
-
 CACHE_BEFORE = ("decompose", "fuse-elementwise")
 """`insert-cached-attention` goes before the first of these passes."""
 
@@ -84,13 +80,16 @@ def cached_pipeline(pipeline: str | Path, max_batch: int, max_seq_len: int) -> s
     return ",".join([*passes[:at], insert, *passes[at:]])
 
 
-def paged_pipeline(pipeline: str | Path, page_size: int, num_pages: int, max_seq_len: int) -> str:
+def paged_pipeline(pipeline: str | Path, page_size: int, num_pages: int, max_seq_len: int, max_batch: int = 8) -> str:
     """`cached_pipeline` with the paged, flattened form of `insert-cached-attention`: pools of
-    `num_pages` pages of `page_size` tokens, masks evaluated at `max_seq_len` tokens."""
+    `num_pages` pages of `page_size` tokens, masks evaluated at `max_seq_len` tokens, and
+    `max_batch` slots in the pools of per-sequence states (convolutions', scans') where the
+    model has such states."""
     slot_form = cached_pipeline(pipeline, 1, max_seq_len)
     return slot_form.replace(
         f"insert-cached-attention{{max-batch=1 max-seq-len={max_seq_len} logits-indices=true}}",
-        f"insert-cached-attention{{max-seq-len={max_seq_len} paged=true page-size={page_size} num-pages={num_pages}}}")
+        f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len} paged=true page-size={page_size} "
+        f"num-pages={num_pages}}}")
 
 
 def split_spec(spec: str) -> list[str]:
@@ -182,9 +181,10 @@ def cache_layout(llm: LLM) -> str:
 
 
 def paged_where_possible(model: torch.nn.Module | str, page_size: int | None, **kwargs: Any) -> LLM:
-    """`LLM(model, page_size=page_size, **kwargs)`, the paged form, for a model whose mixers are all
-    attention; a model with a mixer that keeps a state per sequence (a short convolution, a scan),
-    which the paged form does not hold, gets the slot form instead, with a warning saying why.
+    """`LLM(model, page_size=page_size, **kwargs)`, the paged form, where it holds the model
+    (attention, MLA, and beside them per-sequence states: short convolutions, scans); a model it
+    refuses (`PerSequenceState`: token windows, DeepSeek sparse attention's indexer, MLA with sink logits, states
+    without any attention to page) gets the slot form instead, with a warning saying why.
     `page_size` None: the slot form."""
     from ad_mlir.zoo.checkpoints import load_causal_lm
 
@@ -209,7 +209,7 @@ def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
         if ad.CACHE_ATTR in attrs.data:
             layer, role = attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)
             caches.append(CacheArgument(attrs.data[ad.INPUT_ATTR].data, tuple(arg.type.get_shape()),
-                                        torch_dtype(arg.type.element_type), role in PER_TOKEN_ROLES, layer))
+                                        torch_dtype(arg.type.element_type), role in ad.PER_TOKEN_ROLES, layer))
     return caches
 
 
@@ -247,8 +247,9 @@ class LLM:
     `kv_cache_budget`, else `max_batch` sequences of `max_seq_len` tokens), and `forward_flat`
     runs one step of prefill chunks and decodes of many sequences through their block tables
     (the caller allocates the pages: `generate` runs on the paged scheduler, `make_engine`).
-    Models with per-sequence states (short convolutions, scans) are refused; `step` and `decode`
-    are the slot form's. With CUDA graphs its decode-only steps are replayed per bucket of
+    Per-sequence states (short convolutions, scans) stay per sequence beside the pages: pools of
+    `max_batch` state slots (`num_state_slots`), one per running sequence, given to `forward_flat`
+    as `state_slots`; `step` and `decode` are the slot form's. With CUDA graphs its decode-only steps are replayed per bucket of
     sequences (`CudaGraphFlatDecode`), the pool holding one scratch page more (`scratch_page`).
 
     Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
@@ -316,7 +317,7 @@ class LLM:
         paged form's pools of `num_pages` x `page_size` tokens) and allocate them."""
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
         if num_pages is not None:
-            pipeline = paged_pipeline(self.options.pipeline, self.page_size, num_pages, max_seq_len)
+            pipeline = paged_pipeline(self.options.pipeline, self.page_size, num_pages, max_seq_len, max_batch)
         else:
             pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
@@ -358,12 +359,13 @@ class LLM:
         if num_pages is None and budget is not None:
             _check_budget(budget, self.device)
             self._compile(ep, max_batch, max_seq_len, PROBE_PAGES)
-            per_page = self.cache_bytes // PROBE_PAGES
+            per_page = (self.cache_bytes - self.state_bytes) // PROBE_PAGES
             budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
-            num_pages = budget_bytes // per_page - scratch
+            num_pages = (budget_bytes - self.state_bytes) // per_page - scratch
             if num_pages < 1:
                 raise ValueError(f"kv_cache_budget of {budget_bytes} bytes holds no page of {page_size} tokens "
-                                 f"({per_page} bytes in the K and V pools of all layers); raise the budget")
+                                 f"({per_page} bytes in the K and V pools of all layers, after {self.state_bytes} "
+                                 "bytes of per-sequence states); raise the budget")
         elif num_pages is None:
             num_pages = max_batch * -(-max_seq_len // page_size)
         if num_pages < 1:
@@ -373,32 +375,46 @@ class LLM:
             self.num_pages, self.scratch_page = num_pages, num_pages
 
     def forward_flat(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
-                     cache_starts: torch.Tensor, block_tables: torch.Tensor,
-                     logits_indices: torch.Tensor) -> torch.Tensor:
+                     cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor,
+                     state_slots: torch.Tensor | None = None) -> torch.Tensor:
         """One step of the paged form (built with `page_size`): `input_ids`, `position_ids` [1, T]
         hold the new tokens of every sequence, each sequence's contiguous; sequence s has tokens
         `query_starts[s]` .. `query_starts[s + 1] - 1` ([seqs + 1]), holds `cache_starts[s]`
         tokens already ([seqs]) and its positions are in the pages `block_tables[s]` ([seqs,
         max_pages_per_seq], page p holding positions p * page_size ..); all int64. Returns the
         logits [n, vocab] of the tokens `logits_indices` [n]. The new K/V are written into the
-        LLM's pools (`caches`, [num_pages, page_size, kv_heads, head_dim] per layer and role)."""
+        LLM's pools (`caches`, [num_pages, page_size, kv_heads, head_dim] per layer and role).
+        A model with per-sequence states (`num_state_slots` > 0) takes `state_slots` [seqs] too:
+        each sequence's slot in the state pools (its state continues there, from zeros where its
+        cache start is 0); a model without takes none."""
         if self.page_size is None:
             raise ValueError("forward_flat runs the paged form: build the LLM with page_size")
+        if (state_slots is None) != (self.num_state_slots == 0):
+            raise ValueError(f"forward_flat: this model has {self.num_state_slots} per-sequence state slots, and takes "
+                             "state_slots [seqs] exactly when it has some")
         flat = (input_ids, position_ids, query_starts, cache_starts, block_tables, logits_indices)
         graphs = self.decode_graphs
         if isinstance(graphs, CudaGraphFlatDecode) and graphs.takes(*flat):
             return graphs.run(*flat)
-        return self.run_flat(*(t.to(self.device, torch.int64) for t in flat))
+        states = () if state_slots is None else (state_slots.to(self.device, torch.int64),)
+        return self.run_flat(*(t.to(self.device, torch.int64) for t in flat), *states)
 
     def run_flat(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
-                 cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+                 cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor,
+                 state_slots: torch.Tensor | None = None) -> torch.Tensor:
         """`forward_flat` on int64 tensors already on the device, eagerly (what a CUDA graph captures)."""
         given = {"input_ids": input_ids, "position_ids": position_ids, "query_starts": query_starts,
                  "cache_starts": cache_starts, "block_tables": block_tables, "logits_indices": logits_indices,
-                 "use_cache": False, **self.caches}
+                 "state_slots": state_slots, "use_cache": False, **self.caches}
         with torch.no_grad():
             logits = self.runner(*(given[name] for name in self.inputs))[0]
         return logits.reshape(logits_indices.shape[0], logits.shape[-1])
+
+    @property
+    def num_state_slots(self) -> int:
+        """The paged form's slots of per-sequence states (convolutions', scans'): `max_batch`
+        where the model has such states (at most that many sequences run at once), else 0."""
+        return self.max_batch if self.slot_states else 0
 
     @property
     def cache_bytes(self) -> int:
@@ -505,6 +521,13 @@ class LLM:
         """The decode graphs when asked for, or by default on CUDA; a default that fails to
         capture (an op that synchronises with the host) falls back to eager steps, logged."""
         if cuda_graphs is False or self.device.type != "cuda":
+            return None
+        if self.page_size is not None and self.slot_states:
+            if cuda_graphs:
+                raise ValueError("cuda_graphs=True: the paged form's decode graphs do not take per-sequence states "
+                                 "(state_slots) yet; use cuda_graphs=False or the slot form")
+            log.warning("LLM: decode runs without CUDA graphs: the paged form's decode graphs do not take "
+                        "per-sequence states yet")
             return None
         try:
             if self.page_size is not None:

@@ -1,8 +1,9 @@
 """`insert-cached-attention`: every causal attention becomes `ad.cached_attention` over K/V
-caches, every short causal convolution `ad.cached_causal_conv1d` over a state, and every
-recurrent scan `ad.cached_ssm_scan` / `ad.cached_gated_delta_rule` over a state, each cache a new
-argument of the function (AutoDeploy's cache-initialization stage); a graph left with any other
-op that mixes token positions is refused.
+caches, every short causal convolution `ad.cached_causal_conv1d` over a state, every recurrent
+scan `ad.cached_ssm_scan` / `ad.cached_gated_delta_rule` over a state, and the history that
+padded convolutions and shifts by tokens read an `ad.cached_token_window` over a state, each
+cache a new argument of the function (AutoDeploy's cache-initialization stage); a graph left
+with any other op that mixes token positions is refused.
 
 For each `ad.rope_attention` (and plain `ad.attention`), in program order (what the fused op
 does besides attention, its window, soft cap and QK-norm, the cached op does too):
@@ -59,6 +60,20 @@ the sequence, `conv_patterns.match_short_conv`) becomes `ad.cached_causal_conv1d
 argument `conv_state_<i>` [max-batch, channels, kernel - 1] in the input's dtype, marked
 `ad.cache = "<layer> conv_state"`: the inputs of the kernel - 1 tokens before a step.
 
+Ops that read at most W tokens back from a sequence after W rows that hold no token
+(`patterns/token_window.py`) get a cached token window: a left pad of W zero tokens read by
+stacked valid convolutions whose spans, dilation x (kernel - 1) each, add up to W (ZAYA's CCA
+q/k: a pad of (2 - 1) + (2 - 1) before convolutions of kernels 2 and 2), and a shift by W tokens,
+`cat([start, x])[:-W]` along a token axis whose W start rows are computed from no token (ZAYA's
+delayed values, W = 1, start `v_proj_delayed(zeros)`). The pad, or the cat, becomes
+`ad.cached_token_window` over an argument `token_window_<i>` (the input's shape with max-batch
+slots and W tokens) in the input's dtype, marked `ad.cache = "<layer> token_window"`: the W rows
+before a step, which the op puts in front of the step's tokens (at a sequence's start zeros, or
+the shift's start rows), as HF's cache does. The convolutions run unchanged on those W + seq
+rows, and each of their outputs is its own token's; the shift becomes the window's first seq
+rows. A pad whose convolutions look back less or more than W, or a shift whose start rows read a
+token, is left as it is and refused below.
+
 HF's chunked scans, as the export patches route them (`frontends/export_patches.py`: one
 opaque op over the whole sequence, `scan_patterns`), become their cached ops over an fp32 state
 argument marked `ad.cache = "<layer> ssm_state|recurrent_state"`: Mamba2's
@@ -95,10 +110,10 @@ compress rate 1 (one entry per token) the entries become the cached op's `compre
 argument `c_cache_<i>` [max-batch, max-seq-len, 1, head_dim] in the key's dtype, marked
 `ad.cache = "<layer> compressed"`, attended causally without the window (HCA's bias's mask is
 evaluated and must be causal). CSA's indexer (its mask evaluated, causal) becomes
-`ad.cached_index_topk` over `index_key_cache_<j>`, its result the cached op's `selected`, and each
-previous-token shift of its entries' and index keys' computations (`match_shift`)
-`ad.cached_shift` over an argument `shift_state_<k>` [max-batch, ...] marked `ad.cache = "<layer>
-shift_state"`. The concatenations and the block bias are erased. Other compress rates are
+`ad.cached_index_topk` over `index_key_cache_<j>`, its result the cached op's `selected`; each
+previous-token shift of its entries' and index keys' computations (`cat([fill, x], 1)[:, :-1]`,
+kv filled with 0, gates with -inf) is a shift by one token, a cached token window (above) with
+the fill as its initial row. The concatenations and the block bias are erased. Other compress rates are
 refused naming the layer, the kind and the rate; the paged form refuses the entries as
 `PerSequenceState`.
 
@@ -149,8 +164,15 @@ as above) becomes `ad.paged_mla_attention` with the same metadata over one pool
 `latent_pages_<i>` [num-pages, page-size, kv_lora_rank + qk_rope_head_dim] in the latent's dtype,
 marked `ad.cache = "<layer> latent"`: its pages hold the latent ++ rotated key part, not the
 heads' K and V. States that are per
-sequence (short convolutions, scans) are not paged: a model with one is refused, naming the
-layer and the mixer (compile it in the slot form).
+sequence (short convolutions, scans) are not paged but kept in pools of `max-batch` state slots
+([max-batch, ...] as in the slot form), one slot per running sequence: the function gets one
+more argument, `state_slots` [seqs] (int64, marked `ad.state_slots`, after `logits_indices`),
+and each such op takes `query_starts` besides, so that it runs sequence by sequence over the
+flattened tokens, sequence s from slot `state_slots[s]`, from a zero state where its
+`cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels are the slot
+form's launched once per sequence (`codegen/by_sequence.py`). A model with such states and no
+attention has nothing to page and is refused (`PerSequenceState`), as is a cached token window
+(its state is not paged yet: compile such a model in the slot form).
 """
 
 from __future__ import annotations
@@ -208,7 +230,6 @@ from ad_mlir.passes.patterns.compressed_attention import (
     Selection,
     UncachedCompression,
     match_compressed_keys,
-    match_shift,
 )
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.matching import describe_op, erase_dead
@@ -223,19 +244,22 @@ from ad_mlir.passes.patterns.scan_patterns import (
 )
 from ad_mlir.passes.patterns.sparse_attention import Indexer, SparseMask, match_sparse_mask
 from ad_mlir.passes.patterns.step_positions import StepPositions, match_step_positions
+from ad_mlir.passes.patterns.token_window import PaddedConvs, Shift, match_left_pad, match_shift
 from ad_mlir.passes.position_mixing import position_mixers
 
 log = logging.getLogger(__name__)
 Match = TypeVar("Match")
 
 POSITION_INPUT = "position_ids"
+STATE_SLOTS_INPUT = "state_slots"
 MIXERS_LISTED = 4
 """Position-mixing ops named in a refusal (the count says how many more)."""
 
 
 class PerSequenceState(PassFailedException):
-    """The paged form refused where the slot form caches the model: a mixer of the model keeps a
-    state per sequence, or DeepSeek sparse attention's indexer selects keys (cached in slots only)."""
+    """The paged form refused where the slot form caches the model: states kept per sequence with
+    no attention to page, DeepSeek sparse attention's indexer (cached in slots only), or MLA with
+    sink logits."""
 
 
 @dataclass(frozen=True)
@@ -280,18 +304,30 @@ class InsertCachedAttentionPass(ModulePass):
         """The paged, flattened form: `ad.paged_attention`s, their metadata and the gathered LM head."""
         found, missed = _find_attentions(fn)
         attentions, mlas = _split_mlas(found)
-        for mixer, what in [*((c.conv, "short causal convolution") for c in _find_short_convs(fn)),
-                            *((s.op, "Mamba2 state-space scan" if isinstance(s, SsmScan) else "gated delta rule")
-                              for s in _find_scans(fn))]:
+        for window in _find_token_windows(fn):
             raise PerSequenceState(
-                f"{_layer(mixer)}: a {what} keeps a state per sequence, which the paged form (paged=true) does not "
-                "hold: compile this model in the slot form (paged=false)")
+                f"{_layer(_window_op(window))}: a cached token window keeps a state per sequence, which the paged form "
+                "(paged=true) does not hold: compile this model in the slot form (paged=false)")
+        convs, scans = _find_short_convs(fn), _find_scans(fn)
         if not attentions and not mlas:
+            if convs or scans:
+                mixer = convs[0].conv if convs else scans[0].op
+                raise PerSequenceState(
+                    f"{_layer(mixer)}: the model keeps states per sequence but has no attention, so the paged form "
+                    "(paged=true) has nothing to page: compile this model in the slot form (paged=false)")
             _refuse_uncached_mixers(fn, missed)
             log.info("insert-cached-attention: no attention in @%s", fn.sym_name.data)
             return
         metadata = [_append_argument(fn, TensorType(i64, shape), {ad.INPUT_ATTR: name, attr: ""})
                     for name, attr, shape in PAGED_METADATA]
+        query_starts, cache_starts = metadata[:2]
+        if convs or scans:
+            state_slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
+                                           {ad.INPUT_ATTR: STATE_SLOTS_INPUT, ad.STATE_SLOTS_ATTR: ""})
+            for i, conv in enumerate(convs):
+                self._replace_conv(fn, conv, i, state_slots, cache_starts, query_starts)
+            for i, scan in enumerate(scans):
+                self._replace_scan(fn, scan, i, state_slots, cache_starts, query_starts)
         for i, attention in enumerate(attentions):
             self._replace(fn, attention, i, metadata[:3])
         for i, mla in enumerate(mlas):
@@ -300,15 +336,18 @@ class InsertCachedAttentionPass(ModulePass):
         _positions_from_input(fn)
         _refuse_uncached_mixers(fn, missed)
         _gather_logits(fn, metadata[3])
-        log.info("insert-cached-attention: %d attentions and %d MLAs paged (%d pages x %d tokens)", len(attentions),
-                 len(mlas), self.num_pages, self.page_size)
+        log.info("insert-cached-attention: %d attentions and %d MLAs paged (%d pages x %d tokens), %d short "
+                 "convolutions and %d scans over %d state slots", len(attentions), len(mlas), self.num_pages,
+                 self.page_size, len(convs), len(scans), self.max_batch)
 
     def _apply_to(self, fn: func.FuncOp) -> None:
         found, missed = _find_attentions(fn)
         attentions, mlas = _split_mlas(found)
         convs = _find_short_convs(fn)
         scans = _find_scans(fn)
-        if attentions or mlas or convs or scans:
+        windows = _find_token_windows(fn)
+        states = [*convs, *scans, *windows]
+        if attentions or mlas or states:
             slots = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                      {ad.INPUT_ATTR: "cache_slots", ad.CACHE_SLOTS_ATTR: ""})
             starts = _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
@@ -319,6 +358,8 @@ class InsertCachedAttentionPass(ModulePass):
                 self._replace_conv(fn, conv, i, slots, starts)
             for i, scan in enumerate(scans):
                 self._replace_scan(fn, scan, i, slots, starts)
+            for i, window in enumerate(windows):
+                self._replace_window(fn, window, i, slots, starts)
             indexers: dict[ad.TorchOp, SSAValue] = {}
             for i, mla in enumerate(mlas):
                 self._replace_mla(fn, mla, i, slots, starts, indexers)
@@ -327,15 +368,16 @@ class InsertCachedAttentionPass(ModulePass):
             region_dce(fn.body)
             _positions_from_starts(fn, starts)
         _refuse_uncached_mixers(fn, missed)
-        if self.logits_indices and (attentions or mlas or convs or scans):
+        if self.logits_indices and (attentions or mlas or states):
             _gather_logits(fn, _append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]),
                                                 {ad.INPUT_ATTR: "logits_indices", ad.LOGITS_INDICES_ATTR: ""}))
-        if not attentions and not mlas and not convs and not scans:
+        if not attentions and not mlas and not states:
             log.info("insert-cached-attention: no attention in @%s (neither an attention op nor HF's eager "
                      "matmul/softmax form)", fn.sym_name.data)
             return
-        log.info("insert-cached-attention: %d attentions, %d MLAs, %d short convolutions and %d scans cached (%d slots "
-                 "x %d tokens)", len(attentions), len(mlas), len(convs), len(scans), self.max_batch, self.max_seq_len)
+        log.info("insert-cached-attention: %d attentions, %d MLAs, %d short convolutions, %d scans and %d token windows "
+                 "cached (%d slots x %d tokens)", len(attentions), len(mlas), len(convs), len(scans), len(windows),
+                 self.max_batch, self.max_seq_len)
 
     def _replace_mla(self, fn: func.FuncOp, mla: Mla, i: int, slots: SSAValue, starts: SSAValue,
                      indexers: dict[ad.TorchOp, SSAValue]) -> None:
@@ -437,12 +479,13 @@ class InsertCachedAttentionPass(ModulePass):
             erase_computation(attention.mask, Rewriter.erase_op)
 
     def _replace_scan(self, fn: func.FuncOp, scan: SsmScan | GatedDeltaRule | SelectiveScan, i: int,
-                      slots: SSAValue, starts: SSAValue) -> None:
+                      slots: SSAValue, starts: SSAValue, query_starts: SSAValue | None = None) -> None:
         """An opaque chunked scan -> its cached op over a state argument in fp32: Mamba2's
         `ssm_state_<i>` [max-batch, heads, head_dim, state_size], the gated delta rule's
-        `recurrent_state_<i>` [max-batch, value heads, key dim, value dim]."""
+        `recurrent_state_<i>` [max-batch, value heads, key dim, value dim]; in the paged form
+        (`query_starts` given) over the flattened sequences, `slots` being their state slots."""
         if isinstance(scan, SelectiveScan):
-            self._replace_selective_scan(fn, scan, i, slots, starts)
+            self._replace_selective_scan(fn, scan, i, slots, starts, query_starts)
             return
         if isinstance(scan, SsmScan):
             _, _, heads, head_dim = scan.input.type.get_shape()
@@ -460,18 +503,19 @@ class InsertCachedAttentionPass(ModulePass):
                 properties["dt_max"] = FloatAttr(scan.dt_max, Float64Type())
             cached = ad.CachedSsmScanOp.build(
                 operands=[scan.input, scan.dt, scan.a, scan.b, scan.c, _optional(scan.d), _optional(scan.dt_bias),
-                          state, slots, starts],
+                          state, slots, starts, _optional(query_starts)],
                 properties=properties, result_types=[scan.op.results[0].type])
         else:
             cached = ad.CachedGatedDeltaRuleOp.build(
-                operands=[scan.query, scan.key, scan.value, scan.g, scan.beta, state, slots, starts],
+                operands=[scan.query, scan.key, scan.value, scan.g, scan.beta, state, slots, starts,
+                          _optional(query_starts)],
                 properties={"use_qk_l2norm": UnitAttr()} if scan.use_qk_l2norm else {},
                 result_types=[scan.op.results[0].type])
         cached.location = scan.op.location
         Rewriter.replace_op(scan.op, cached)
 
     def _replace_selective_scan(self, fn: func.FuncOp, scan: SelectiveScan, i: int, slots: SSAValue,
-                                starts: SSAValue) -> None:
+                                starts: SSAValue, query_starts: SSAValue | None) -> None:
         """Mamba1's opaque selective scan -> `ad.cached_selective_scan` over `ssm_state_<i>`
         [max-batch, channels, state_size] in fp32."""
         state_type = TensorType(Float32Type(), [self.max_batch, *scan.a.type.get_shape()])
@@ -479,26 +523,61 @@ class InsertCachedAttentionPass(ModulePass):
                                                   ad.CACHE_ATTR: f"{_layer(scan.op)} ssm_state"})
         cached = ad.CachedSelectiveScanOp.build(
             operands=[scan.input, scan.dt, scan.a, scan.b, scan.c, _optional(scan.d), _optional(scan.z),
-                      _optional(scan.dt_bias), state, slots, starts],
+                      _optional(scan.dt_bias), state, slots, starts, _optional(query_starts)],
             properties={"dt_softplus": UnitAttr()} if scan.dt_softplus else {},
             result_types=[scan.op.results[0].type])
         cached.location = scan.op.location
         Rewriter.replace_op(scan.op, cached)
 
-    def _replace_conv(self, fn: func.FuncOp, conv: ShortConv, i: int, slots: SSAValue, starts: SSAValue) -> None:
+    def _replace_conv(self, fn: func.FuncOp, conv: ShortConv, i: int, slots: SSAValue, starts: SSAValue,
+                      query_starts: SSAValue | None = None) -> None:
         """The convolution and its cut -> `ad.cached_causal_conv1d` over a state argument
-        [max-batch, channels, kernel - 1] in the input's dtype."""
+        [max-batch, channels, kernel - 1] in the input's dtype; in the paged form (`query_starts`
+        given) over the flattened sequences, `slots` being their state slots."""
         channels, _, kernel = conv.weight.type.get_shape()
         state_type = TensorType(conv.input.type.element_type, [self.max_batch, channels, kernel - 1])
         state = _append_argument(fn, state_type, {ad.INPUT_ATTR: f"conv_state_{i}",
                                                   ad.CACHE_ATTR: f"{_layer(conv.conv)} conv_state"})
         cached = ad.CachedCausalConv1dOp.build(
-            operands=[conv.input, conv.weight, [conv.bias] if conv.bias is not None else [], state, slots, starts],
+            operands=[conv.input, conv.weight, _optional(conv.bias), state, slots, starts, _optional(query_starts)],
             result_types=[conv.cut.result.type],
         )
         cached.location = conv.conv.location
         Rewriter.replace_op(conv.cut, cached)
         Rewriter.erase_op(conv.conv)
+
+    def _replace_window(self, fn: func.FuncOp, found: PaddedConvs | Shift, i: int, slots: SSAValue,
+                        starts: SSAValue) -> None:
+        """A left pad read by convolutions, or a shift by tokens -> `ad.cached_token_window` over a
+        state argument `token_window_<i>` (the input's shape with max-batch slots and `width`
+        tokens) in the input's dtype: the convolutions read it as they read the pad; the shift is
+        its first seq rows."""
+        x, at = found.input, _window_op(found)
+        shape = list(x.type.get_shape())
+        shape[0], shape[found.dim] = self.max_batch, found.width
+        state = _append_argument(fn, TensorType(x.type.element_type, shape),
+                                 {ad.INPUT_ATTR: f"token_window_{i}", ad.CACHE_ATTR: f"{_layer(at)} token_window"})
+        initial = [found.initial] if isinstance(found, Shift) else []
+        window = ad.CachedTokenWindowOp.build(operands=[x, initial, state, slots, starts],
+                                              properties={"dim": IntegerAttr(found.dim, i64)},
+                                              result_types=[at.results[0].type])
+        window.location = at.location
+        window.result.name_hint = "window"
+        if isinstance(found, PaddedConvs):
+            Rewriter.replace_op(found.pad, window)
+            return
+        tokens = ad.SymSizeOp.build(operands=[x], properties={"dim": IntegerAttr(found.dim, i64)},
+                                    result_types=[IndexType()])
+        tokens.result.name_hint = "tokens"
+        first = ad.SliceOp.build(operands=[window.result, [tokens.result]],
+                                 properties={"dim": IntegerAttr(found.dim, i64),
+                                             "static_bounds": DenseArrayBase.from_list(i64, [0, DYNAMIC_INDEX, 1])},
+                                 result_types=[found.cut.result.type])
+        for op in (tokens, first):
+            op.location = found.cut.location
+        Rewriter.insert_op([window, tokens], InsertPoint.before(found.cat))
+        Rewriter.replace_op(found.cut, first)
+        Rewriter.erase_op(found.cat)
 
     def _replace(self, fn: func.FuncOp, attention: Attention, i: int, metadata: list[SSAValue]) -> None:
         """`attention` -> `ad.cached_attention` (metadata: slots, starts) or, with `paged`,
@@ -599,25 +678,12 @@ class InsertCachedAttentionPass(ModulePass):
     def _csa_selection(self, fn: func.FuncOp, compressed: CompressedKeys, layer: str, slots: SSAValue,
                        starts: SSAValue) -> SSAValue:
         """CSA's indexer at compress rate 1 as `ad.cached_index_topk` over its own index-key cache
-        (its result replaces HF's chosen entries), and each previous-token shift of the entries'
-        and the index keys' computations (`match_shift`) as `ad.cached_shift` over a state
-        argument `shift_state_<j>` [max-batch, ...] marked `ad.cache = "<layer> shift_state"`."""
+        (its result replaces HF's chosen entries). The previous-token shifts of the entries' and
+        the index keys' computations are shifts by one token (`token_window.match_shift`), each
+        its own cached token window (`_replace_window`)."""
         selection = compressed.selection
         chosen = self._cached_indexer(fn, selection, layer, _roles(fn, "index_key"), slots, starts)
         selection.chosen.replace_all_uses_with(chosen)
-        found = {op: shift for value in (compressed.compressed, selection.key) for op in backward_slice(value)[0]
-                 if isinstance(op, ad.SliceOp) and (shift := match_shift(op.result)) is not None}
-        for cut, (x, fill, ops) in found.items():
-            value = cut.result
-            state = _append_argument(fn, TensorType(x.type.element_type, [self.max_batch, *x.type.get_shape()[2:]]),
-                                     {ad.INPUT_ATTR: f"shift_state_{_roles(fn, 'shift_state')}",
-                                      ad.CACHE_ATTR: f"{layer} shift_state"})
-            shifted = ad.CachedShiftOp.build(operands=[x, state, slots, starts],
-                                             properties={"fill": FloatAttr(fill, Float64Type())},
-                                             result_types=[value.type])
-            shifted.location = value.owner.location
-            Rewriter.replace_op(value.owner, shifted)
-            erase_dead(Rewriter.erase_op, ops[1:])
         return chosen
 
     def _cache_type(self, x: SSAValue) -> TensorType:
@@ -912,6 +978,23 @@ def _find_scans(fn: func.FuncOp) -> list[SsmScan | GatedDeltaRule | SelectiveSca
 
 def _optional(value: SSAValue | None) -> list[SSAValue]:
     return [value] if value is not None else []
+
+
+def _find_token_windows(fn: func.FuncOp) -> list[PaddedConvs | Shift]:
+    """The left pads of tokens read by convolutions and the shifts by tokens of `fn`
+    (`token_window`), in program order."""
+    found = []
+    for op in fn.body.block.ops:
+        if isinstance(op, ad.TorchOp) and (match := _logged(match_left_pad(op), op, "pad")) is not None:
+            found.append(match)
+        elif isinstance(op, ad.CatOp) and (match := _logged(match_shift(op), op, "cat")) is not None:
+            found.append(match)
+    return found
+
+
+def _window_op(found: PaddedConvs | Shift) -> Operation:
+    """The op a cached token window replaces: the pad, or the shift's cat."""
+    return found.pad if isinstance(found, PaddedConvs) else found.cat
 
 
 def _find_short_convs(fn: func.FuncOp) -> list[ShortConv]:

@@ -5,8 +5,11 @@ counted inside the graph).
 
 In a graph compiled for generation, a decode step sees only its new tokens: what a position
 needs from earlier ones must come from a cache. `insert-cached-attention` caches attention, HF's
-short causal convolution and the export patches' chunked scans, so any other op that mixes
-positions would silently see a one-token sequence.
+short causal convolution, the export patches' chunked scans and the history that padded
+convolutions and shifts read (`ad.cached_token_window`), so any other op that mixes positions
+would silently see a one-token sequence. A valid convolution that looks back no further than the
+rows a cached token window put before the step's tokens (`token_window.window_lead`) reads only
+what the window holds, and is no mixer.
 Token axes are told by their type: the export for the cache makes batch and sequence dynamic,
 and every axis computed from them stays dynamic (`?`), while model sizes are static.
 """
@@ -22,6 +25,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, IndexType, NameLoc, TensorType
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ad_mlir.dialects import ad
+from ad_mlir.passes.patterns.token_window import window_lead
 from ad_mlir.semantics.torch_ops import SEQUENCE_MIXER_OPS
 
 TO_THE_END = 2**63 - 1
@@ -241,7 +245,7 @@ def _torch_op(op: ad.TorchOp) -> str | None:
     target = op.target.data
     if target in SEQUENCE_MIXER_OPS:
         return f"{target}: a scan over the whole sequence whose state is not cached"
-    if not target.startswith(MIXING_TORCH_TARGETS):
+    if not target.startswith(MIXING_TORCH_TARGETS) or (op.results and window_lead(op.results[0]) is not None):
         return None
     if any(_token_axes(v) for v in op.inputs):
         return f"{target} on a tensor with a token axis"

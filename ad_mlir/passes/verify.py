@@ -80,7 +80,7 @@ def _cache_input(arg: SSAValue, attrs: DictionaryAttr, slots: int, pages: int) -
     b % slots (rows sharing a slot are harmless at start 0: nothing is read back), and the
     position ids 0..seq-1 that a prefill has (the pass dropped a mask computed from them). The
     paged form (`pages` > 0: the pools' page size) gets one sequence of all the tokens in pages
-    0, 1, .. and the logits of every token."""
+    0, 1, .. (and state slot 0) and the logits of every token."""
     names = attrs.data
     if ad.CACHE_ATTR in names:
         return torch.zeros(arg.type.get_shape(), dtype=T.torch_dtype(arg.type.element_type))
@@ -90,6 +90,8 @@ def _cache_input(arg: SSAValue, attrs: DictionaryAttr, slots: int, pages: int) -
         return torch.zeros(1 if pages else SEQ, dtype=torch.int64)
     if ad.QUERY_STARTS_ATTR in names:
         return torch.tensor([0, SEQ])
+    if ad.STATE_SLOTS_ATTR in names:
+        return torch.zeros(1, dtype=torch.int64)
     if ad.BLOCK_TABLES_ATTR in names:
         return torch.arange(-(-SEQ // pages))[None]
     if ad.LOGITS_INDICES_ATTR in names:
@@ -111,7 +113,8 @@ def example_arguments(fn: func.FuncOp, weights: Mapping[str, torch.Tensor] | Non
                  if ad.CACHE_ATTR in attrs.data), default=1)
     paged = any(ad.BLOCK_TABLES_ATTR in attrs.data for attrs in arg_attrs)
     page_size = next((a.type.get_shape()[1] for a, attrs in zip(block_args, arg_attrs, strict=True)
-                      if ad.CACHE_ATTR in attrs.data), 0) if paged else 0
+                      if ad.CACHE_ATTR in attrs.data
+                      and attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)[1] in ad.PER_TOKEN_ROLES), 0) if paged else 0
     args = []
     for arg, attrs in zip(block_args, arg_attrs, strict=True):
         weight = weight_of(attrs)

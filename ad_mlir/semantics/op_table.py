@@ -435,7 +435,7 @@ SPECS: tuple[OpSpec, ...] = (
         for cls in (
             ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
             ad.PagedAttentionOp,
-            ad.CachedCausalConv1dOp, ad.CachedShiftOp,
+            ad.CachedCausalConv1dOp, ad.CachedTokenWindowOp,
             ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
             ad.PagedMlaAttentionOp,
             ad.CachedSelectiveScanOp,

@@ -11,7 +11,8 @@ same roundings; `dialects/decompositions.py` spells the same steps as `ad` ops f
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -569,26 +570,6 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
-@_writing_op("cached_shift", mutates_args=("state",))
-def cached_shift(input: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-                 fill: float) -> torch.Tensor:
-    """`ad.cached_shift`: each new token's predecessor, the first one's the slot's state (or
-    `fill` for a new sequence); the slot then holds the row's last token. One row at a time: the
-    reference reads each row's slot and start on the host."""
-    out = torch.empty_like(input)
-    out[:, 1:] = input[:, :-1]
-    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
-        out[b, 0] = state[slot] if start > 0 else fill
-        state[slot] = input[b, -1]
-    return out
-
-
-@cached_shift.register_fake
-def _(input: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-      fill: float) -> torch.Tensor:
-    return torch.empty_like(input)
-
-
 @_writing_op("paged_attention", mutates_args=("k_pages", "v_pages"))
 def paged_attention(
     query: torch.Tensor,
@@ -808,12 +789,35 @@ def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: 
     return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
 
 
+def by_sequence(rows: Callable[..., torch.Tensor], tokens: Sequence[torch.Tensor | None], axis: int,
+                slots: torch.Tensor, starts: torch.Tensor, query_starts: torch.Tensor | None) -> torch.Tensor:
+    """`rows(*tokens, slots, starts)` (a state op's batch rows), or with `query_starts` (the paged
+    form: one row holding every sequence's tokens along `axis`) sequence by sequence, each as a
+    batch row of its own with its slot and start, the results concatenated along `axis`: the
+    same computation as the slot form's on that sequence. `tokens`: the per-token operands
+    (None where an optional one is absent)."""
+    if query_starts is None:
+        return rows(*tokens, slots, starts)
+    bounds = query_starts.tolist()
+    return torch.cat([rows(*(t.narrow(axis, first, last - first) if t is not None else None for t in tokens),
+                           slots[s:s + 1], starts[s:s + 1])
+                      for s, (first, last) in enumerate(itertools.pairwise(bounds))], dim=axis)
+
+
 @_writing_op("cached_causal_conv1d", mutates_args=("state",))
 def cached_causal_conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
-                         slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+                         slots: torch.Tensor, starts: torch.Tensor,
+                         query_starts: torch.Tensor | None = None) -> torch.Tensor:
     """`ad.cached_causal_conv1d`: each row's new inputs after its slot's state (zeros at start
     0) through HF's depthwise `conv1d`, the slot left holding the last kernel - 1 inputs. One
-    row at a time: the reference reads each row's slot and start on the host."""
+    row at a time: the reference reads each row's slot and start on the host (with
+    `query_starts`, each sequence's: `by_sequence`)."""
+    return by_sequence(lambda x, sl, st: _conv_rows(x, weight, bias, state, sl, st), [input], 2, slots, starts,
+                       query_starts)
+
+
+def _conv_rows(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
+               slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     history = weight.shape[2] - 1
     out = torch.empty_like(input)
     for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
@@ -826,8 +830,32 @@ def cached_causal_conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.
 
 @cached_causal_conv1d.register_fake
 def _(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
-      starts: torch.Tensor) -> torch.Tensor:
+      starts: torch.Tensor, query_starts: torch.Tensor | None = None) -> torch.Tensor:
     return torch.empty_like(input)
+
+
+@_writing_op("cached_token_window", mutates_args=("state",))
+def cached_token_window(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
+                        starts: torch.Tensor, dim: int) -> torch.Tensor:
+    """`ad.cached_token_window`: each row's new tokens along `dim` after the `width` rows before
+    them (its slot's state, or at start 0 `initial`'s row, zeros without it), the slot left
+    holding the last `width` rows. Gathers and writes the slots by index (no host sync: a decode
+    step stays capturable in a CUDA graph)."""
+    width = state.shape[dim]
+    before = state.index_select(0, slots)
+    fresh = initial.to(before.dtype) if initial is not None else torch.zeros_like(before)
+    started = (starts > 0).view(-1, *[1] * (before.dim() - 1))
+    window = torch.cat([torch.where(started, before, fresh), input], dim=dim)
+    state.index_copy_(0, slots, window.narrow(dim, window.shape[dim] - width, width))
+    return window
+
+
+@cached_token_window.register_fake
+def _(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
+      starts: torch.Tensor, dim: int) -> torch.Tensor:
+    shape = list(input.shape)
+    shape[dim] += state.shape[dim]
+    return input.new_empty(shape)
 
 
 def ssm_time_steps(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_min: float,
@@ -843,12 +871,22 @@ def ssm_time_steps(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: 
 @_writing_op("cached_ssm_scan", mutates_args=("state",))
 def cached_ssm_scan(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
                     d: torch.Tensor | None, dt_bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
-                    starts: torch.Tensor, dt_softplus: bool = False, dt_min: float = 0.0,
-                    dt_max: float | None = None) -> torch.Tensor:
+                    starts: torch.Tensor, query_starts: torch.Tensor | None = None, dt_softplus: bool = False,
+                    dt_min: float = 0.0, dt_max: float | None = None) -> torch.Tensor:
     """`ad.cached_ssm_scan`: Mamba2's recurrence token by token (HF's one-token
     `selective_state_update` repeated) from each row's slot state (zeros at start 0), in fp32,
     the slot left holding the state after the last token. One row at a time: the reference reads
-    each row's slot and start on the host."""
+    each row's slot and start on the host (with `query_starts`, each sequence's: `by_sequence`)."""
+    def rows(input: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, slots: torch.Tensor,
+             starts: torch.Tensor) -> torch.Tensor:
+        return _ssm_scan_rows(input, dt, a, b, c, d, dt_bias, state, slots, starts, dt_softplus, dt_min, dt_max)
+
+    return by_sequence(rows, [input, dt, b, c], 1, slots, starts, query_starts)
+
+
+def _ssm_scan_rows(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                   d: torch.Tensor | None, dt_bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
+                   starts: torch.Tensor, dt_softplus: bool, dt_min: float, dt_max: float | None) -> torch.Tensor:
     heads, groups = input.shape[2], b.shape[2]
     steps = ssm_time_steps(dt, dt_bias, dt_softplus, dt_min, dt_max)
     x = input.float()
@@ -870,7 +908,8 @@ def cached_ssm_scan(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: t
 @cached_ssm_scan.register_fake
 def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None,
       dt_bias: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-      dt_softplus: bool = False, dt_min: float = 0.0, dt_max: float | None = None) -> torch.Tensor:
+      query_starts: torch.Tensor | None = None, dt_softplus: bool = False, dt_min: float = 0.0,
+      dt_max: float | None = None) -> torch.Tensor:
     return input.new_empty(input.shape, dtype=torch.float32)
 
 
@@ -878,11 +917,23 @@ def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c
 def cached_selective_scan(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
                           d: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                           state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-                          dt_softplus: bool = False) -> torch.Tensor:
+                          query_starts: torch.Tensor | None = None, dt_softplus: bool = False) -> torch.Tensor:
     """`ad.cached_selective_scan`: Mamba1's recurrence token by token (HF's one-token
     `mamba_selective_state_update` repeated) from each row's slot state (zeros at start 0), in
     fp32, the slot left holding the state after the last token. One row at a time: the reference
-    reads each row's slot and start on the host."""
+    reads each row's slot and start on the host (with `query_starts`, each sequence's:
+    `by_sequence`)."""
+    def rows(input: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, z: torch.Tensor | None,
+             slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        return _selective_scan_rows(input, dt, a, b, c, d, z, dt_bias, state, slots, starts, dt_softplus)
+
+    return by_sequence(rows, [input, dt, b, c, z], 2, slots, starts, query_starts)
+
+
+def _selective_scan_rows(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                         d: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                         state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+                         dt_softplus: bool) -> torch.Tensor:
     steps = dt if dt_bias is None else dt + dt_bias.to(dt.dtype)[:, None]
     if dt_softplus:
         steps = torch.nn.functional.softplus(steps)
@@ -910,7 +961,8 @@ def _selective_scan_dtype(input: torch.Tensor, d: torch.Tensor | None) -> torch.
 @cached_selective_scan.register_fake
 def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
       d: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None, state: torch.Tensor,
-      slots: torch.Tensor, starts: torch.Tensor, dt_softplus: bool = False) -> torch.Tensor:
+      slots: torch.Tensor, starts: torch.Tensor, query_starts: torch.Tensor | None = None,
+      dt_softplus: bool = False) -> torch.Tensor:
     return input.new_empty(input.shape, dtype=_selective_scan_dtype(input, d))
 
 
@@ -925,10 +977,21 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 @_writing_op("cached_gated_delta_rule", mutates_args=("state",))
 def cached_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
                             beta: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-                            use_qk_l2norm: bool = False) -> torch.Tensor:
+                            query_starts: torch.Tensor | None = None, use_qk_l2norm: bool = False) -> torch.Tensor:
     """`ad.cached_gated_delta_rule`: HF's `torch_recurrent_gated_delta_rule` token by token from
     each row's slot state (zeros at start 0), in fp32, the slot left holding the state after the
-    last token. One row at a time: the reference reads each row's slot and start on the host."""
+    last token. One row at a time: the reference reads each row's slot and start on the host
+    (with `query_starts`, each sequence's: `by_sequence`)."""
+    def rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        return _gated_delta_rule_rows(query, key, value, g, beta, state, slots, starts, use_qk_l2norm)
+
+    return by_sequence(rows, [query, key, value, g, beta], 1, slots, starts, query_starts)
+
+
+def _gated_delta_rule_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                           beta: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+                           use_qk_l2norm: bool) -> torch.Tensor:
     groups = value.shape[2] // key.shape[2]
     q, k = (x.float().repeat_interleave(groups, dim=2) for x in (query, key))
     if use_qk_l2norm:
@@ -949,7 +1012,8 @@ def cached_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch
 
 @cached_gated_delta_rule.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-      state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, use_qk_l2norm: bool = False) -> torch.Tensor:
+      state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, query_starts: torch.Tensor | None = None,
+      use_qk_l2norm: bool = False) -> torch.Tensor:
     return value.new_empty(value.shape, dtype=query.dtype)
 
 
@@ -1031,7 +1095,8 @@ REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
                  "linear_fp8", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
-                 "cached_shift", "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
+                 "cached_token_window",
+                 "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
                  "paged_mla_attention",
                  "cached_selective_scan")

@@ -35,14 +35,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     serve.add_argument("--max-seq-len", type=int, default=None, help="tokens a slot holds, prompt and output "
                        "(default 512)")
     serve.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged K/V cache (a power "
-                       "of two; 0: the slot form). A model with a mixer that keeps a state per sequence (a "
-                       "convolution, a scan) gets the slot form, with a warning")
+                       "of two; 0: the slot form). States kept per sequence (convolutions, scans) sit beside the "
+                       "pages in --max-batch state slots; a model the paged form refuses (states without "
+                       "attention, DeepSeek sparse attention) gets the slot form, with a warning")
     serve.add_argument("--num-pages", type=int, default=None, help="pages in the pool (default: enough for "
                        "--max-batch sequences of --max-seq-len tokens)")
     serve.add_argument("--max-step-tokens", type=int, default=256, help="tokens one engine step feeds: the running "
                        "decodes, then chunks of waiting prompts (a longer prompt is prefilled over several steps)")
     serve.add_argument("--max-running", type=int, default=None, help="requests in the paged cache at once, at most "
-                       "(the decodes of one step; default: as many as its pages hold; the slot form: its slots)")
+                       "(the decodes of one step; default: as many as its pages hold, at most --max-batch with per-sequence "
+                       "states; the slot form: its slots)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request that gives "
                        "none (capped to what fits the slot)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer API_KEY' on the /v1 routes")

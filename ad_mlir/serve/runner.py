@@ -31,7 +31,8 @@ class Metrics:
         r = self.registry
         self.running = Gauge("ad_mlir_requests_running", "Requests holding a cache slot", registry=r)
         self.waiting = Gauge("ad_mlir_requests_waiting", "Requests waiting for a cache slot", registry=r)
-        self.slots_in_use = Gauge("ad_mlir_cache_slots_in_use", "Cache slots held by requests", registry=r)
+        self.slots_in_use = Gauge("ad_mlir_cache_slots_in_use", "Cache slots held by requests (a paged "
+                                  "cache: its per-sequence state slots)", registry=r)
         self.pages_in_use = Gauge("ad_mlir_cache_pages_in_use", "Pages of a paged cache held by requests", registry=r)
         self.pages_free = Gauge("ad_mlir_cache_pages_free", "Pages of a paged cache that can be taken "
                                 "(cached prefixes nobody holds included)", registry=r)
@@ -174,6 +175,7 @@ class EngineRunner:
         elif isinstance(engine, PagedEngine):
             m.pages_in_use.set(engine.pages_in_use)
             m.pages_free.set(engine.pages_free)
+            m.slots_in_use.set(engine.state_slots_in_use)
             for name in ("prefix_queries", "prefix_hits", "preemptions"):  # the engine counts; the metric follows
                 total = getattr(engine, name)
                 getattr(m, name).inc(total - self._counted.get(name, 0))

@@ -5,10 +5,11 @@ hidden 128, its two layers one of each kind as the sweep builds them) every toke
 the entries are cached per token (`ad.cached_attention`'s `compressed`) and attended causally in
 the same softmax; HCA's layer sees all of them, CSA's only those its lightning indexer chooses
 (`ad.cached_index_topk` over its index keys, the attention's `selected`), and each CSA entry and
-index key pools the previous token's half, kept per slot (`ad.cached_shift`). Built with a wide
+index key pools the previous token's half, kept per slot (a cached token window of one token,
+`ad.cached_token_window`, its initial row HF's fill: 0 for kv, -inf for gates). Built with a wide
 init (0.5) so that greedy tokens vary; tokens against HF `generate` (three prompts in two slots),
 per-step logits (prefill and 4 decode steps) against HF's full-prefix forward, on the reference
-(the attention with entries and the shift have no template: refused by `NoKernelForm`). Other
+(the attention with entries has no template: refused by `NoKernelForm`). Other
 compress rates are refused by name (`tests/filecheck/transforms/insert-cached-attention-compressed.mlir`;
 the export for generation fails before that at rate 2)."""
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_generate import _assert_logits_close, _assert_step_logits_match, _hf_tokens
+from xdsl.dialects.builtin import FloatAttr
 
 import ad_mlir
 from ad_mlir.bench.families import greedy_only
@@ -49,23 +51,27 @@ def test_the_compressed_entries_are_cached_per_token(hca) -> None:  # noqa: ANN0
     """Each layer caches its compressed entries [slots, max_seq, 1, head_dim] beside its K/V
     caches; the CSA layer also its indexer's keys [slots, max_seq, index_head_dim] and, per slot,
     the last token's halves that the next token's entry and index key pool (kv and gate of each:
-    four shift states); `token_bytes` counts what grows per token. The cached attention with
-    entries and the shift have no template (refused, so nothing runs one that drops them)."""
+    four one-token windows, [slots, 1, 1, width], whose initial rows are HF's fills);
+    `token_bytes` counts what grows per token. The cached attention with entries has no template
+    (refused, so nothing runs one that drops them)."""
     model, llm = hca
     caches = {name: tuple(c.shape) for name, c in llm.caches.items()}
-    assert {n: c for n, c in caches.items() if n.startswith(("c_cache", "index_key", "shift"))} == {
+    assert {n: c for n, c in caches.items() if n.startswith(("c_cache", "index_key", "token_window"))} == {
         "c_cache_0": (2, 32, 1, 32), "c_cache_1": (2, 32, 1, 32), "index_key_cache_0": (2, 32, 128),
-        "shift_state_0": (2, 1, 32), "shift_state_1": (2, 1, 32), "shift_state_2": (2, 1, 128),
-        "shift_state_3": (2, 1, 128)}
+        "token_window_0": (2, 1, 1, 32), "token_window_1": (2, 1, 1, 32), "token_window_2": (2, 1, 1, 128),
+        "token_window_3": (2, 1, 1, 128)}
     # per token and layer: its key, its value (the same K = V head, cached twice), its entry, CSA's index key
     assert llm.token_bytes == {"model.layers.0.self_attn": 3 * 32 * 4, "model.layers.1.self_attn": (3 * 32 + 128) * 4}
     ops = list(llm.program.function.body.walk())
     attentions = [op for op in ops if isinstance(op, ad.CachedAttentionOp)]
     assert [(op.compressed is not None, op.selected is not None) for op in attentions] == [(True, False), (True, True)]
     assert sum(isinstance(op, ad.CachedIndexTopkOp) for op in ops) == 1
-    shifts = [op for op in ops if isinstance(op, ad.CachedShiftOp)]
-    assert [op.fill.value.data for op in shifts] == [0.0, float("-inf")] * 2
-    for op in [*attentions, *shifts]:
+    windows = [op for op in ops if isinstance(op, ad.CachedTokenWindowOp)]
+    assert [(op.width(), op.dim.value.data) for op in windows] == [(1, 1)] * 4
+    # kv's fill, then the gate's, for the entries and for the index keys
+    fills = [(op.initial.owner.target.data, op.initial.owner.args.data[2:]) for op in windows]
+    assert fills == [("aten.new_zeros.default", ()), ("aten.new_full.default", (FloatAttr(float("-inf"), 64),))] * 2
+    for op in attentions:
         with pytest.raises(NoKernelForm, match="DeepSeek-V4"):
             kernel_region(op)
 

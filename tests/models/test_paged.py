@@ -17,7 +17,6 @@ preemption in a pool too small, a prefix hit reading shared pages, each giving H
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +27,7 @@ from test_generate import PROMPTS, _assert_logits_close, _family_model, _hf_toke
 from test_llm_runtime import decode_problems
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from transformers import AutoModelForCausalLM, Lfm2Config, LlamaConfig
-from xdsl.utils.exceptions import PassFailedException
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 import ad_mlir
 from ad_mlir.dialects import ad
@@ -82,7 +80,8 @@ def paged() -> dict[str, tuple[torch.nn.Module, ad_mlir.LLM]]:
 def _run_schedule(model: torch.nn.Module, llm: ad_mlir.LLM, atol: float,
                   kernels_as: Callable[[], contextlib.AbstractContextManager] = reference_kernels) -> list[list[int]]:
     """`SCHEDULE` through `forward_flat`, every logit asked for checked against HF (within
-    `atol` per unit of the largest logit); returns each sequence's generated tokens."""
+    `atol` per unit of the largest logit); returns each sequence's generated tokens. A model
+    with per-sequence states keeps sequence s in state slot 2 - s (not its index in a step)."""
     sequences, held = [list(p) for p in PROMPTS], [0] * len(PROMPTS)
     generated: list[list[int]] = [[] for _ in PROMPTS]
     for i, step in enumerate(SCHEDULE):
@@ -96,10 +95,11 @@ def _run_schedule(model: torch.nn.Module, llm: ad_mlir.LLM, atol: float,
             query_starts.append(len(ids))
         positions = [p for s, n in step for p in range(held[s], held[s] + n)]
         seqs = [s for s, _ in step]
+        states = {"state_slots": torch.tensor([2 - s for s in seqs])} if llm.num_state_slots else {}
         with torch.no_grad(), kernels_as():
             logits = llm.forward_flat(torch.tensor([ids]), torch.tensor([positions]), torch.tensor(query_starts),
                                       torch.tensor([held[s] for s in seqs]), BLOCK_TABLES[seqs],
-                                      torch.tensor([flat for _, _, flat in asked]))
+                                      torch.tensor([flat for _, _, flat in asked]), **states)
         assert logits.shape == (len(asked), model.config.vocab_size)
         for s, n in step:
             held[s] += n
@@ -275,34 +275,3 @@ def test_a_decode_step_padded_to_its_cuda_graph_bucket_gives_the_same_logits(pag
     for name, cache in llm.caches.items():
         scale = float(written[name].abs().max())  # the same noise per unit as the logits (measured 6.4e-5 on 24)
         torch.testing.assert_close(cache[:scratch], written[name][:scratch], rtol=0, atol=ATOL["smollm2"] * scale)
-
-
-def test_a_model_with_a_per_sequence_state_is_refused() -> None:
-    """LFM2's short convolution keeps a state per sequence: the paged form refuses it, naming it."""
-    config = Lfm2Config(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"],
-                        pad_token_id=0, max_position_embeddings=256)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(PassFailedException, match=r"model\.layers\.0\.conv: a short causal convolution keeps "
-                                                  r"a state per sequence.*compile this model in the slot form"):
-        ad_mlir.LLM(model, page_size=4, num_pages=8)
-
-
-def test_the_command_lines_give_such_a_model_the_slot_form(caplog: pytest.LogCaptureFixture) -> None:
-    """`paged_where_possible` (what `ad-mlir serve` and `python -m ad_mlir.generate` build with):
-    an attention-only model gets pages, LFM2 with its convolution the slot form and a warning why."""
-    from ad_mlir.llm.llm import paged_where_possible
-
-    config = Lfm2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"],
-                        pad_token_id=0, max_position_embeddings=256)
-    hybrid = AutoModelForCausalLM.from_config(config).eval()
-    with caplog.at_level(logging.WARNING, logger="ad_mlir.llm.llm"):
-        llm = paged_where_possible(hybrid, 4, max_batch=2, max_seq_len=32)
-    assert llm.page_size is None and "conv_state_0" in " ".join(llm.caches)
-    assert "the slot form, not the paged one: model.layers.0.conv: a short causal convolution" in caplog.text
-    llama = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                                                         num_hidden_layers=1, num_attention_heads=4,
-                                                         num_key_value_heads=2)).eval()
-    paged = paged_where_possible(llama, 4, max_batch=2, max_seq_len=32)
-    assert paged.page_size == 4 and paged.num_pages == 16 and isinstance(make_engine(paged), PagedEngine)

@@ -48,6 +48,7 @@ class PagedTokens:
                  max_seq_len: int = MAX_SEQ_LEN) -> None:
         self.model = model
         self.num_pages, self.page_size, self.max_seq_len = num_pages, page_size, max_seq_len
+        self.num_state_slots = 0
         self.eos = {model.generation_config.eos_token_id}
         self.tokenizer = None
         self.pages: list[list[tuple[int, ...] | None]] = [[None] * page_size for _ in range(num_pages)]

@@ -1,7 +1,9 @@
 """Sequence mixers other than attention, generating through their caches: LFM2's short
-convolution (`ad.cached_causal_conv1d` over a per-slot state). Random weights with a wide init, so
-that greedy tokens vary and a state that is wrong or missing shows (it did: HF's first token, then
-others, before the convolution was cached); per-step logits against HF's full-prefix forward."""
+convolution (`ad.cached_causal_conv1d` over a per-slot state), ZAYA's CCA projection (its q/k
+convolutions after a left pad and its delayed values, each through `ad.cached_token_window`).
+Random weights with a wide init, so that greedy tokens vary and a state that is wrong or missing
+shows (it did: HF's first token, then others, before the convolution was cached); per-step logits
+against HF's full-prefix forward."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from test_generate import (
 from transformers import AutoModelForCausalLM, Lfm2Config
 
 import ad_mlir
-from ad_mlir.bench.families import FamilyRow, check_generation, generation_config
+from ad_mlir.bench.families import FamilyRow, check_generation, generation_config, greedy_only
 from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
 from ad_mlir.llm.llm import cached_pipeline, export_for_cache
@@ -144,6 +146,79 @@ def test_the_sweeps_generation_column_runs_a_pure_mamba2() -> None:
     row = FamilyRow("mamba2", status="ok")
     check_generation(row)
     assert (row.generation, row.generation_reason) == ("equal", "")
+
+
+# -- ZAYA: a cached token window before its convolutions and its delayed values ---------------
+
+
+@pytest.fixture(scope="module")
+def zaya() -> tuple[torch.nn.Module, ad_mlir.LLM]:
+    """Two layers in two slots; q/k convolutions of kernels 3 and 2 (a window of 2 + 1 = 3 tokens)
+    and projection biases, so that the delayed value a sequence starts from (`v_proj_delayed` of
+    zeros) is its bias, not zero. HF initializes the keys' scale (`qk_norm.temp`) to 0, which
+    zeroes every key, so that no score depends on q or k and the q/k window would go unseen: it
+    gets random scales around 1 here."""
+    config = generation_config("zaya", settings={"attention_bias": True, "cca_time0": 3})
+    torch.manual_seed(0)
+    model = greedy_only(model_from_config(config).eval())
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.qk_norm.temp.normal_(1.0, 0.5)
+    return model, ad_mlir.LLM(model, max_batch=2, max_seq_len=48)
+
+
+def test_zaya_caches_two_token_windows_a_layer_beside_the_kv_cache(zaya) -> None:  # noqa: ANN001
+    """Per layer: the 3 q/k inputs before a step [slots, channels, 3] (q 4 x 32 + k 2 x 32 = 192
+    channels) and the one delayed value before it [slots, 1, 32]: per-slot states, which the byte
+    accounting counts apart from the per-token K/V."""
+    _, llm = zaya
+    windows = {name: tuple(c.shape) for name, c in llm.caches.items() if name.startswith("token_window")}
+    assert windows == {"token_window_0": (2, 192, 3), "token_window_1": (2, 1, 32),
+                       "token_window_2": (2, 192, 3), "token_window_3": (2, 1, 32)}
+    assert llm.slot_states == set(windows)
+    assert llm.state_bytes == 2 * 2 * (192 * 3 + 32) * 4
+    assert llm.token_bytes == {"model.layers.0.self_attn": 512, "model.layers.1.self_attn": 512}
+    ops = list(llm.program.function.body.walk())
+    assert sum(isinstance(op, ad.CachedTokenWindowOp) for op in ops) == 4
+    assert not any(isinstance(op, ad.TorchOp) and op.target.data == "aten.pad.default" for op in ops)
+
+
+def test_zaya_generates_hf_greedy_tokens(zaya) -> None:  # noqa: ANN001
+    """Three prompts in two slots: a reused slot starts its windows from the model's start rows."""
+    model, llm = zaya
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=8)
+    assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 8) for prompt in PROMPTS]
+
+
+def test_zaya_step_logits_match_hf_prefill_and_decode(zaya) -> None:  # noqa: ANN001
+    _assert_step_logits_match(*zaya)  # measured: 1.0e-5 off on logits up to 18.5 (a decode step)
+
+
+def test_a_zaya_prompt_prefilled_in_three_chunks_equals_one_prefill(zaya) -> None:  # noqa: ANN001
+    """The later chunks (start > 0) continue from the windows the earlier left; the middle one of
+    a single token, fewer than the q/k window's 3, keeps the two rows before it in the window."""
+    model, llm = zaya
+    prompt = torch.tensor([PROMPTS[2]])
+    with torch.no_grad(), reference_kernels():
+        expected = model(prompt).logits
+        for first, last in ((0, 4), (4, 5), (5, prompt.shape[1])):
+            logits = llm.step(prompt[:, first:last], torch.arange(first, last)[None], [1], [first])
+            _assert_logits_close(logits, expected[:, first:last])
+
+
+@pytest.mark.parametrize("window", ["token_window_0", "token_window_1"])
+def test_a_zaya_decode_step_without_a_window_is_wrong(zaya, window: str) -> None:  # noqa: ANN001
+    """What the tests above would catch: the same decode step with the first layer's q/k window
+    or its delayed-value window zeroed moves the logits beyond their tolerance."""
+    model, llm = zaya
+    prompt = PROMPTS[0]
+    with torch.no_grad(), reference_kernels():
+        first = int(llm.step(torch.tensor([prompt]), torch.arange(len(prompt))[None], [0], [0])[0, -1].argmax())
+        llm.caches[window][0].zero_()
+        stale = llm.step(torch.tensor([[first]]), torch.tensor([[len(prompt)]]), [0], [len(prompt)])[0, -1]
+        expected = model(torch.tensor([[*prompt, first]])).logits[0, -1]
+    assert (stale - expected).abs().max() > 1.0  # measured: 22 (q/k) and 3.1 (value), against 1e-5 with it
 
 
 # -- scans that export as opaque ops (frontends/export_patches.py; their generation through cached

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from template_modules import template_builder
 
+from ad_mlir.codegen.by_sequence import by_sequence_source
 from ad_mlir.codegen.causal_conv_kernel import emit_causal_conv_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
 from ad_mlir.semantics import torch_ops
@@ -91,6 +92,38 @@ def test_pieces_of_two_sequences_equal_the_whole_sequence_conv(build, run_kernel
             torch.testing.assert_close(state[slots[r]], last, rtol=0, atol=0)
             done[r] = e
     assert done == [seq, seq]
+
+
+@pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
+def test_flattened_sequences_equal_the_whole_sequence_conv(tmp_path: Path, run_kernel: bool) -> None:
+    """The paged form (`query_starts`): each step one batch of both sequences' tokens, of unequal
+    lengths (first chunks of 9 and 4, a decode beside a chunk of 5, then 7 and 1, then the rest),
+    the slot kernel launched once per sequence (`codegen/by_sequence.py`) or the reference;
+    every sequence's output and state against the whole sequence's conv, as above."""
+    build_flat = template_builder(tmp_path, "flat_conv", lambda spec, name, header: by_sequence_source(
+        emit_causal_conv_module(3, torch.float32, True, name, header), [0], 2))
+    module = build_flat(())
+    g = torch.Generator().manual_seed(3)
+    seq, channels = 20, 40
+    x = torch.randn(2, seq, channels, generator=g).to(DEVICE).transpose(1, 2)
+    weight, bias = torch.randn(channels, 1, 3, generator=g).to(DEVICE), torch.randn(channels, generator=g).to(DEVICE)
+    state = torch.randn(3, channels, 2, generator=g).to(DEVICE)
+    slots, expected, done = [2, 0], _whole_sequence(x, weight, bias), [0, 0]
+    for piece in [[(0, 9), (1, 4)], [(1, 5), (0, 14)], [(0, 15), (1, 12)], [(1, seq), (0, seq)]]:
+        lengths = [e - done[r] for r, e in piece]
+        flat = torch.cat([x[r:r + 1, :, done[r]:e] for r, e in piece], dim=2)
+        meta = [torch.tensor([slots[r] for r, _ in piece], device=DEVICE),
+                torch.tensor([done[r] for r, _ in piece], device=DEVICE),
+                torch.tensor([0, *lengths], device=DEVICE).cumsum(0)]
+        if run_kernel:
+            out = module.launch(getattr(module, module.kernel_name), [flat, weight, bias, state, *meta], [])[0]
+        else:
+            out = torch_ops.cached_causal_conv1d(flat, weight, bias, state, *meta)
+        for got, (r, e) in zip(out[0].split(lengths, dim=1), piece, strict=True):
+            want = expected[r, :, done[r]:e]
+            assert ((got - want).abs() <= TOLERANCE[torch.float32] * (1 + want.abs())).all(), (piece, r)
+            torch.testing.assert_close(state[slots[r]], x[r, :, e - 2:e], rtol=0, atol=0)
+            done[r] = e
 
 
 @pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])

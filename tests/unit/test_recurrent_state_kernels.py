@@ -22,6 +22,7 @@ from template_modules import template_builder
 from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_chunk_scan
 from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
 
+from ad_mlir.codegen.by_sequence import by_sequence_source
 from ad_mlir.codegen.gated_delta_rule_kernel import emit_gated_delta_rule_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
 from ad_mlir.codegen.ssm_scan_kernel import emit_ssm_scan_module
@@ -207,3 +208,43 @@ def test_gated_delta_rule_ptx_for_sm90_at_qwen3_next_sizes_has_no_spills(build_g
     assert [s.grid for s in specs] == [(1, 32, 4), (8, 32, 4)]
     for report in compile_all(specs):
         assert report.spills == 0, report
+
+
+# -- the paged form: one flattened batch of sequences of unequal lengths -------------------------
+
+FLAT_PIECES = [[(0, 9), (1, 4)], [(1, 5), (0, 14)], [(0, 15), (1, 12)], [(1, 13), (0, 16)], [(0, SEQ), (1, SEQ)]]
+"""(row, end) of each flattened step: first chunks of 9 and 4 tokens, a decode beside a chunk of
+5, a chunk of 7 after a decode, then the rest (5 and 8 tokens), every step's sequences of
+unequal lengths, in either order."""
+
+
+@pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
+def test_gated_delta_rule_over_flattened_sequences_equals_hf_whole_sequence(tmp_path: Path, run_kernel: bool) -> None:
+    """The paged form (`query_starts`): each step one batch of both sequences' tokens, the slot
+    kernel launched once per sequence (`codegen/by_sequence.py`) or the reference, against HF's
+    whole sequences as in the slot form's test (fp32, its tolerance)."""
+    q, k, v, decay, beta = _gdr_inputs(torch.float32, 2, 4, 16, 8, 7)
+    expected, final = torch_chunk_gated_delta_rule(q, k, v, decay, beta, chunk_size=8, output_final_state=True,
+                                                   use_qk_l2norm_in_kernel=True)
+    state = torch.randn(3, 4, 16, 8, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    build = template_builder(tmp_path, "flat_gdr", lambda spec, name, header: by_sequence_source(
+        emit_gated_delta_rule_module(torch.float32, 16, True, name, header), range(5), 1))
+    module = build(())
+    tol, done = TOLERANCE[torch.float32], [0, 0]
+    for piece in FLAT_PIECES:
+        rows = [r for r, _ in piece]
+        flat = [torch.cat([x[r:r + 1, done[r]:e] for r, e in piece], dim=1) for x in (q, k, v, decay, beta)]
+        lengths = [e - done[r] for r, e in piece]
+        query_starts = torch.tensor([0, *lengths], device=DEVICE).cumsum(0)
+        meta = [torch.tensor([SLOTS[r] for r in rows], device=DEVICE), torch.tensor([done[r] for r in rows],
+                                                                                   device=DEVICE)]
+        if run_kernel:
+            out = module.launch(getattr(module, module.kernel_name), [*flat, state, *meta, query_starts], [])[0]
+        else:
+            out = torch_ops.cached_gated_delta_rule(*flat, state, *meta, query_starts, use_qk_l2norm=True)
+        for got, (r, e) in zip(out[0].split(lengths), piece, strict=True):
+            want = expected[r, done[r]:e]
+            assert ((got - want).abs() <= tol * (1 + want.abs())).all(), (piece, r)
+            done[r] = e
+    for r, slot in enumerate(SLOTS):
+        assert ((state[slot] - final[r]).abs() <= tol * (1 + final[r].abs())).all(), r

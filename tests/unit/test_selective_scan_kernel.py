@@ -19,6 +19,7 @@ import torch
 from template_modules import template_builder
 from transformers.models.mamba.modeling_mamba import mamba_selective_scan
 
+from ad_mlir.codegen.by_sequence import by_sequence_source
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
 from ad_mlir.codegen.selective_scan_kernel import emit_selective_scan_module
 from ad_mlir.semantics import torch_ops
@@ -77,6 +78,45 @@ def test_selective_scan_in_pieces_equals_hf_whole_sequence(build, run_kernel: bo
         for i, (r, e) in enumerate(piece):
             want = expected[r, :, done[r]:e]
             assert ((out[i] - want).abs() <= TOLERANCE * (1 + want.abs())).all(), (piece, r)
+            done[r] = e
+    for r, slot in enumerate(SLOTS):
+        assert ((state[slot] - final[r]).abs() <= TOLERANCE * (1 + final[r].abs())).all(), r
+
+
+@pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
+def test_selective_scan_over_flattened_sequences_equals_hf_whole_sequence(tmp_path: Path, run_kernel: bool) -> None:
+    """The paged form (`query_starts`): each step one batch of both sequences' tokens, of unequal
+    lengths (first chunks of 9 and 4, a decode beside a chunk of 5, then 1 and 7, then the rest),
+    the slot kernel launched once per sequence (`codegen/by_sequence.py`, the gate z a per-token
+    input too) or the reference; against HF's whole sequences as above (Mamba's call)."""
+    channels, state_size = 32, 16
+    g = torch.Generator().manual_seed(5)
+    x, z, dt = torch.randn(2, 3 * channels, SEQ, generator=g).to(DEVICE).split(channels, dim=1)
+    b, c = torch.randn(2, SEQ, 2 * state_size, generator=g).to(DEVICE).transpose(1, 2).split(state_size, dim=1)
+    a = -torch.rand(channels, state_size, generator=g).to(DEVICE) * 2 - 0.1
+    d, dt_bias = torch.randn(channels, generator=g).to(DEVICE), torch.randn(channels, generator=g).to(DEVICE)
+    expected, final = mamba_selective_scan(x, dt, a, b, c, D=d, z=z, delta_bias=dt_bias, delta_softplus=True,
+                                           return_last_state=True)
+    state = torch.randn(3, channels, state_size, generator=g).to(DEVICE)
+    build_flat = template_builder(tmp_path, "flat_selective_scan", lambda spec, name, header: by_sequence_source(
+        emit_selective_scan_module(torch.float32, torch.float32, True, True, True, True, name, header),
+        [0, 1, 3, 4, 6], 2))
+    module = build_flat(())
+    done = [0, 0]
+    for piece in [[(0, 9), (1, 4)], [(1, 5), (0, 14)], [(0, 15), (1, 12)], [(1, SEQ), (0, SEQ)]]:
+        lengths = [e - done[r] for r, e in piece]
+        fx, fdt, fb, fc, fz = (torch.cat([v[r:r + 1, :, done[r]:e] for r, e in piece], dim=2) for v in (x, dt, b, c, z))
+        meta = [torch.tensor([SLOTS[r] for r, _ in piece], device=DEVICE),
+                torch.tensor([done[r] for r, _ in piece], device=DEVICE),
+                torch.tensor([0, *lengths], device=DEVICE).cumsum(0)]
+        if run_kernel:
+            tensors = [fx, fdt, a, fb, fc, d, fz, dt_bias, state, *meta]
+            out = module.launch(getattr(module, module.kernel_name), tensors, [])[0]
+        else:
+            out = torch_ops.cached_selective_scan(fx, fdt, a, fb, fc, d, fz, dt_bias, state, *meta, dt_softplus=True)
+        for got, (r, e) in zip(out[0].split(lengths, dim=1), piece, strict=True):
+            want = expected[r, :, done[r]:e]
+            assert ((got - want).abs() <= TOLERANCE * (1 + want.abs())).all(), (piece, r)
             done[r] = e
     for r, slot in enumerate(SLOTS):
         assert ((state[slot] - final[r]).abs() <= TOLERANCE * (1 + final[r].abs())).all(), r

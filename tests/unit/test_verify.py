@@ -119,6 +119,7 @@ def test_verify_each_checks_the_cached_pipeline(capsys: pytest.CaptureFixture) -
                     r"%\S+ = ad.cached_attention at model.layers.0.self_attn", capsys.readouterr().err)
 
 
+FILECHECK = Path(__file__).parents[1] / "filecheck"
 PAGED = "default,insert-cached-attention{max-seq-len=32 paged=true page-size=4 num-pages=8}"
 
 
@@ -134,6 +135,20 @@ def test_verify_each_checks_the_paged_pipeline(capsys: pytest.CaptureFixture) ->
                      PAGED + ",test-narrow-cached-window"])
     assert re.match(r"error: pass 'test-narrow-cached-window' changed the results: first differing op "
                     r"%\S+ = ad.paged_attention at model.layers.0.self_attn", capsys.readouterr().err)
+
+
+def test_verify_each_checks_the_paged_states(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The paged form with a convolution and a gated delta rule beside the attention (the
+    FileCheck test's function): its example inputs take the page size from the page pools (the
+    state pools come first) and state slot 0, and the paged function computes what the uncached
+    one did (HF's chunked delta rule, the whole-sequence conv)."""
+    chunks = (FILECHECK / "transforms" / "insert-cached-attention-paged.mlir").read_text().split("// -----")
+    source = tmp_path / "hybrid.mlir"
+    source.write_text(next(c for c in chunks if "func.func @hybrid" in c))
+    ad_opt.main([str(source), "--verify-each", "-p",
+                 "insert-cached-attention{max-batch=2 max-seq-len=16 paged=true page-size=4 num-pages=8}"])
+    out = capsys.readouterr().out
+    assert "ad.cached_gated_delta_rule" in out and "query_starts %query_starts" in out
 
 
 def test_compile_verify_checks_the_paged_attention_kernel() -> None:

@@ -16,7 +16,8 @@ CSA's lets it see only the entries its lightning indexer chose (-1: none):
 At compress rate 1 each CSA entry pools two tokens' halves: the previous token's (Ca, with its
 gate) and its own (Cb); the export (`export_patches`) shifts the previous halves in as
 `cat([fill, x], dim=1)[:, :-1]` (kv filled with 0, gates with -inf), for the compressor and for
-the indexer's own keys (`match_shift`). `match_compressed_keys` reads this shape from a matched
+the indexer's own keys: shifts by one token, which `insert-cached-attention` serves with cached
+token windows (`token_window.match_shift`). `match_compressed_keys` reads this shape from a matched
 attention; None when its key is no such concatenation.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import DYNAMIC_INDEX, FloatAttr, IntegerAttr
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr
 from xdsl.ir import Operation, OpResult, SSAValue
 
 from ad_mlir.dialects import ad
@@ -114,31 +115,6 @@ def match_compressed_keys(attention: Attention) -> CompressedKeys | UncachedComp
         selection, ops = chosen
         return CompressedKeys(key, compressed, mask, None, selection, [masks, cat, *ops])
     return UncachedCompression(_reads(bias, TOPK), _rate(bias))
-
-
-def match_shift(value: SSAValue) -> tuple[SSAValue, float, list[Operation]] | None:
-    """(x, fill, ops users first) when `value` is `cat([fill, x], dim=1)[:, :-1]`: x [batch, seq,
-    ...] shifted one token along its sequence axis, the fill (`new_zeros` or `new_full` of one
-    token) first."""
-    cut = producer(value, ad.SliceOp)
-    if cut is None or cut.dim.value.data != 1 or tuple(cut.static_bounds.get_values()) != (0, -1, 1):
-        return None
-    cat = producer(cut.input, ad.CatOp)
-    if cat is None or len(cat.tensors) != 2 or _dim(cat, len(cut.result.type.get_shape())) != 1 \
-            or not cut.input.has_one_use():
-        return None
-    first, x = cat.tensors
-    made = first.owner
-    if not isinstance(made, ad.TorchOp) or not first.has_one_use() or first.type.get_shape()[1] != 1 \
-            or x.type.get_shape()[1] != DYNAMIC_INDEX:  # the sequence axis: dynamic
-        return None
-    if made.target.data == NEW_ZEROS:
-        fill = 0.0
-    elif made.target.data == NEW_FULL and isinstance(value_attr := made.args.data[2], FloatAttr):
-        fill = value_attr.value.data
-    else:
-        return None
-    return x, fill, [cut, cat, made]
 
 
 def _csa_bias(bias: SSAValue) -> tuple[Selection, list[Operation]] | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import DYNAMIC_INDEX
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.semantics.op_table import attr_to_value
@@ -43,6 +43,21 @@ def match_short_conv(op: ad.TorchOp) -> ShortConv | str | None:
         return "its output is not cut back to the sequence's first tokens"
     return ShortConv(op, cut, x, weight, bias)
 
+
+
+def valid_conv(op: Operation) -> tuple[SSAValue, int] | None:
+    """The input of `op` when it is a valid `conv1d` (stride 1, no padding) of [batch, channels,
+    seq], and how many inputs before its own an output reads along the last axis, its span of
+    dilation x (kernel - 1) (output t reads inputs t .. t + span: it stands at its last input,
+    span rows in); else None."""
+    if not isinstance(op, ad.TorchOp) or op.target.data != CONV1D:
+        return None
+    x, weight, _, stride, padding, dilation, _ = _conv1d_arguments(op)
+    shape, w_shape = x.type.get_shape(), weight.type.get_shape()
+    if len(shape) != 3 or len(w_shape) != 3 or w_shape[2] == DYNAMIC_INDEX or stride != [1] or padding != [0] \
+            or len(dilation) != 1:
+        return None
+    return x, dilation[0] * (w_shape[2] - 1)
 
 def _conv1d_arguments(op: ad.TorchOp) -> list:
     """`conv1d(input, weight, bias=None, stride=[1], padding=[0], dilation=[1], groups=1)`."""

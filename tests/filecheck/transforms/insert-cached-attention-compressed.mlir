@@ -70,14 +70,17 @@ func.func @hca(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %kv: tensor<1x1x?x8xf32
 // cat([zeros, ca], 1)[:, :-1]) with its own; the indexer's top-2 of sum_h w_h relu(q_h . k) * 0.5,
 // -1 past the causal threshold, chooses the entries each query sees (scattered into the block
 // bias). The indexer becomes ad.cached_index_topk over an index-key cache, its result the cached
-// attention's `selected`; the shift ad.cached_shift over a per-slot state (fill 0); the topk,
-// the scatter and the masks are gone.
+// attention's `selected`; the shift a cached token window of one token over a per-slot state,
+// its initial row the zeros, cut to the step's rows; the topk, the scatter and the masks are gone.
 // CHECK-LABEL: func.func @csa
 // CHECK-SAME:  %c_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "c_cache_0", ad.cache = "model.layers.1.self_attn compressed"}
 // CHECK-SAME:  %index_key_cache{{.*}}: tensor<2x16x4xf32> {ad.input = "index_key_cache_0", ad.cache = "model.layers.1.self_attn index_key"}
-// CHECK-SAME:  %shift_state{{.*}}: tensor<2x1x8xf32> {ad.input = "shift_state_0", ad.cache = "model.layers.1.self_attn shift_state"}
-// CHECK:       %[[PREV:.*]] = ad.cached_shift %ca state %shift_state slots %cache_slots starts %cache_starts fill 0.000000e+00 : f64 : (tensor<1x?x1x8xf32>, tensor<2x1x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x1x8xf32>
-// CHECK-NEXT:  %{{.*}} = ad.cat %[[PREV]], %cb dim 2
+// CHECK-SAME:  %token_window{{.*}}: tensor<2x1x1x8xf32> {ad.input = "token_window_0", ad.cache = "model.layers.1.self_attn.compressor token_window"}
+// CHECK:       %first = ad.torch_op "aten.new_zeros.default"
+// CHECK-NEXT:  %window = ad.cached_token_window %ca initial %first state %token_window slots %cache_slots starts %cache_starts dim 1 : (tensor<1x?x1x8xf32>, tensor<2x1x1x8xf32>, tensor<?xi64>, tensor<?xi64>, tensor<1x1x1x8xf32>) -> tensor<1x?x1x8xf32>
+// CHECK-NEXT:  %tokens = ad.sym_size %ca dim 1
+// CHECK-NEXT:  %prev = ad.slice %window dim 1 [0, %tokens, 1]
+// CHECK-NEXT:  %{{.*}} = ad.cat %prev, %cb dim 2
 // CHECK-NOT:   aten.topk
 // CHECK:       %[[SEL:.*]] = ad.cached_index_topk %iq, %ik, %iw cache %index_key_cache slots %cache_slots starts %cache_starts scale 5.000000e-01 topk 2
 // CHECK-NOT:   aten.scatter_
@@ -90,7 +93,7 @@ func.func @hca(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %kv: tensor<1x1x?x8xf32
 func.func @csa(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %kv: tensor<1x1x?x8xf32> {ad.input = "kv"}, %ca: tensor<1x?x1x8xf32> {ad.input = "ca"}, %cb: tensor<1x?x1x8xf32> {ad.input = "cb"}, %iq: tensor<1x?x3x4xf32> {ad.input = "iq"}, %ik: tensor<1x?x4xf32> {ad.input = "ik"}, %iw: tensor<1x?x3xf32> {ad.input = "iw"}, %sinks: tensor<2xf32> {ad.param = "model.layers.1.self_attn.sinks"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
   %first = ad.torch_op "aten.new_zeros.default"(%ca) [#ad.ref<0>, [1 : i64, 1 : i64, 1 : i64, 8 : i64]] {pin_memory = false} : (tensor<1x?x1x8xf32>) -> tensor<1x1x1x8xf32>
-  %ca_after_fill = ad.cat %first, %ca dim 1 : (tensor<1x1x1x8xf32>, tensor<1x?x1x8xf32>) -> tensor<1x?x1x8xf32>
+  %ca_after_fill = ad.cat %first, %ca dim 1 : (tensor<1x1x1x8xf32>, tensor<1x?x1x8xf32>) -> tensor<1x?x1x8xf32> loc("model.layers.1.self_attn.compressor")
   %prev = ad.slice %ca_after_fill dim 1 [0, -1, 1] : tensor<1x?x1x8xf32> -> tensor<1x?x1x8xf32>
   %pair = ad.cat %prev, %cb dim 2 : (tensor<1x?x1x8xf32>, tensor<1x?x1x8xf32>) -> tensor<1x?x2x8xf32>
   %pooled = ad.sum %pair dim [2] : tensor<1x?x2x8xf32> -> tensor<1x?x8xf32>

@@ -315,6 +315,39 @@ func.func @sparse_not_mla(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1
 }
 
 // -----
+// A left pad of 3 tokens whose convolutions look back 1 + 1 = 2 only (the pad's first row would
+// reach the step's tokens) is no form a token window caches: the pad and both convolutions are
+// refused.
+// CHECK: insert-cached-attention: 3 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.qkv_proj: ad.torch_op (aten.pad.default on a tensor with a token axis); model.layers.0.qkv_proj.conv_qk_depthwise: ad.torch_op (aten.conv1d.default on a tensor with a token axis); model.layers.0.qkv_proj.conv_qk_grouped: ad.torch_op (aten.conv1d.default on a tensor with a token axis).
+func.func @pad_wider_than_the_convolutions(%x: tensor<?x8x?xf32> {ad.input = "x"}, %w1: tensor<8x1x2xf32> {ad.param = "model.layers.0.qkv_proj.conv_qk_depthwise.weight"}, %w2: tensor<8x4x2xf32> {ad.param = "model.layers.0.qkv_proj.conv_qk_grouped.weight"}) -> tensor<?x8x?xf32> {
+  %pad = ad.torch_op "aten.pad.default"(%x) [#ad.ref<0>, [3 : i64, 0 : i64]] {} : (tensor<?x8x?xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.qkv_proj")
+  %c1 = ad.torch_op "aten.conv1d.default"(%pad, %w1) [#ad.ref<0>, #ad.ref<1>, none, [1 : i64], [0 : i64], [1 : i64], 8 : i64] {} : (tensor<?x8x?xf32>, tensor<8x1x2xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.qkv_proj.conv_qk_depthwise")
+  %c2 = ad.torch_op "aten.conv1d.default"(%c1, %w2) [#ad.ref<0>, #ad.ref<1>, none, [1 : i64], [0 : i64], [1 : i64], 2 : i64] {} : (tensor<?x8x?xf32>, tensor<8x4x2xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.qkv_proj.conv_qk_grouped")
+  func.return %c2 : tensor<?x8x?xf32>
+}
+
+// -----
+// A shift whose start row is the sequence's own first token (h[:, :1]) is no shift a token
+// window caches: in a decode step the start would be the new token.
+// CHECK: insert-cached-attention: 3 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.first: ad.slice (slices token axis 1 by [0:1:1]); model.layers.0.shift: ad.cat (concatenates over token axis 1); model.layers.0.shift: ad.slice (slices token axis 1 by [0:-1:1]).
+func.func @shift_from_a_token(%h: tensor<?x?x4xf32> {ad.input = "h"}) -> tensor<?x?x4xf32> {
+  %start = ad.slice %h dim 1 [0, 1, 1] : tensor<?x?x4xf32> -> tensor<?x1x4xf32> loc("model.layers.0.first")
+  %cat = ad.cat %start, %h dim 1 : (tensor<?x1x4xf32>, tensor<?x?x4xf32>) -> tensor<?x?x4xf32> loc("model.layers.0.shift")
+  %shift = ad.slice %cat dim 1 [0, -1, 1] : tensor<?x?x4xf32> -> tensor<?x?x4xf32> loc("model.layers.0.shift")
+  func.return %shift : tensor<?x?x4xf32>
+}
+
+// -----
+// A convolution that looks back further than the rows a cached token window holds (2 back, 1
+// row) mixes positions the window does not cache.
+// CHECK: insert-cached-attention: 1 op(s) mix token positions outside the cached attention, and nothing caches their state between steps, so generation would be wrong: model.layers.0.conv: ad.torch_op (aten.conv1d.default on a tensor with a token axis).
+func.func @conv_past_its_window(%x: tensor<?x8x?xf32> {ad.input = "x"}, %w: tensor<8x1x3xf32> {ad.param = "model.layers.0.conv.weight"}, %state: tensor<2x8x1xf32> {ad.input = "token_window_0", ad.cache = "model.layers.0 token_window"}, %slots: tensor<?xi64> {ad.input = "cache_slots", ad.cache_slots = ""}, %starts: tensor<?xi64> {ad.input = "cache_starts", ad.cache_starts = ""}) -> tensor<?x8x?xf32> {
+  %window = ad.cached_token_window %x state %state slots %slots starts %starts dim 2 : (tensor<?x8x?xf32>, tensor<2x8x1xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x8x?xf32>
+  %c = ad.torch_op "aten.conv1d.default"(%window, %w) [#ad.ref<0>, #ad.ref<1>, none, [1 : i64], [0 : i64], [1 : i64], 8 : i64] {} : (tensor<?x8x?xf32>, tensor<8x1x3xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.conv")
+  func.return %c : tensor<?x8x?xf32>
+}
+
+// -----
 // CHECK: cpmant.encoder.layers.0.self_att.self_attention: its probabilities are zeroed after the softmax under a mask other than its scores' one
 func.func @zeroed_under_another_mask(%position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
   %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>

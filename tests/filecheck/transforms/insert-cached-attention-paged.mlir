@@ -70,3 +70,32 @@ func.func @positions_counted(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %wt
   %logits = ad.linear %x, %wte : (tensor<1x?x8xf32>, tensor<32x8xf32>) -> tensor<1x?x32xf32>
   func.return %logits, %o : tensor<1x?x32xf32>, tensor<1x2x?x8xf32>
 }
+
+// -----
+
+// States per sequence beside the pages: a short convolution and a gated delta rule get their
+// state pools [max-batch (8), ...] as in the slot form, and one more metadata argument,
+// state_slots (after logits_indices, before the pools); each op takes query_starts and runs
+// sequence by sequence over the flattened tokens from its state slot, starting at its cache
+// start (a zero state at 0). The attention is paged as above.
+// CHECK-LABEL: func.func @hybrid
+// CHECK-SAME:  %logits_indices: tensor<?xi64> {ad.input = "logits_indices", ad.logits_indices = ""}
+// CHECK-SAME:  %state_slots: tensor<?xi64> {ad.input = "state_slots", ad.state_slots = ""}
+// CHECK-SAME:  %conv_state{{[_0-9]*}}: tensor<8x8x2xf32> {ad.input = "conv_state_0", ad.cache = "model.layers.0.conv conv_state"}
+// CHECK-SAME:  %recurrent_state{{[_0-9]*}}: tensor<8x4x16x8xf32> {ad.input = "recurrent_state_0", ad.cache = "model.layers.1.linear_attn recurrent_state"}
+// CHECK-SAME:  %k_pages{{[_0-9]*}}: tensor<8x16x1x8xf32> {ad.input = "k_pages_0", ad.cache = "model.layers.2.self_attn key"}
+// CHECK-NOT:   aten.conv1d
+// CHECK:       ad.cached_causal_conv1d %x, %w bias %b state %conv_state{{[_0-9]*}} slots %state_slots starts %cache_starts query_starts %query_starts : tensor<?xi64> : (tensor<1x8x?xf32>, tensor<8x1x3xf32>, tensor<8x8x2xf32>, tensor<?xi64>, tensor<?xi64>, tensor<8xf32>) -> tensor<1x8x?xf32>
+// CHECK:       ad.cached_gated_delta_rule %gq, %gk, %gv, %g, %beta use_qk_l2norm state %recurrent_state{{[_0-9]*}} slots %state_slots starts %cache_starts query_starts %query_starts : tensor<?xi64> : (tensor<1x?x2x16xbf16>, tensor<1x?x2x16xbf16>, tensor<1x?x4x8xbf16>, tensor<1x?x4xf32>, tensor<1x?x4xbf16>, tensor<8x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x4x8xbf16>
+// CHECK:       ad.paged_attention %q, %k, %v pages
+func.func @hybrid(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %x: tensor<1x8x?xf32> {ad.input = "x"}, %w: tensor<8x1x3xf32> {ad.param = "model.layers.0.conv.conv.weight"}, %b: tensor<8xf32> {ad.param = "model.layers.0.conv.conv.bias"}, %gq: tensor<1x?x2x16xbf16> {ad.input = "gq"}, %gk: tensor<1x?x2x16xbf16> {ad.input = "gk"}, %gv: tensor<1x?x4x8xbf16> {ad.input = "gv"}, %g: tensor<1x?x4xf32> {ad.input = "g"}, %beta: tensor<1x?x4xbf16> {ad.input = "beta"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %lm_head: tensor<32x16xf32> {ad.param = "lm_head.weight"}) -> (tensor<1x?x32xf32>, tensor<1x8x?xf32>, tensor<1x?x4x8xbf16>) {
+  %seq = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %c = ad.torch_op "aten.conv1d.default"(%x, %w, %b) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, [1 : i64], [2 : i64], [1 : i64], 8 : i64] {} : (tensor<1x8x?xf32>, tensor<8x1x3xf32>, tensor<8xf32>) -> tensor<1x8x?xf32> loc("model.layers.0.conv")
+  %s = ad.slice %c dim 2 [0, %seq, 1] : tensor<1x8x?xf32> -> tensor<1x8x?xf32>
+  %d = ad.torch_op "ad_mlir.chunk_gated_delta_rule.default"(%gq, %gk, %gv, %g, %beta) ["transformers.models.qwen3_next.modeling_qwen3_next", #ad.ref<0>, #ad.ref<1>, #ad.ref<2>, #ad.ref<3>, #ad.ref<4>, 64 : i64, true] {} : (tensor<1x?x2x16xbf16>, tensor<1x?x2x16xbf16>, tensor<1x?x4x8xbf16>, tensor<1x?x4xf32>, tensor<1x?x4xbf16>) -> tensor<1x?x4x8xbf16> loc("model.layers.1.linear_attn")
+  %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.2.self_attn")
+  %t = ad.transpose %o 1, 2 : tensor<1x2x?x8xf32> -> tensor<1x?x2x8xf32>
+  %h = ad.reshape %t [1, -1, 16] : tensor<1x?x2x8xf32> -> tensor<1x?x16xf32>
+  %logits = ad.linear %h, %lm_head : (tensor<1x?x16xf32>, tensor<32x16xf32>) -> tensor<1x?x32xf32>
+  func.return %logits, %s, %d : tensor<1x?x32xf32>, tensor<1x8x?xf32>, tensor<1x?x4x8xbf16>
+}

@@ -635,6 +635,57 @@ func.func @positions_expanded(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %t
 
 // -----
 
+// ZAYA's CCA projection: a left pad of 2 zero tokens read by two stacked valid convolutions
+// (kernels 2 and 2: they look back 1 + 1 = 2 tokens) becomes ad.cached_token_window over a
+// state of the 2 inputs before a step, [slots, channels, 2], which the convolutions read as they
+// read the pad; its values shifted by one token (cat([start, h])[:, :-1], the start computed from
+// no token) become a window of 1 token that starts a sequence with the start row, cut to its
+// first seq rows.
+// CHECK-LABEL: func.func @token_windows
+// CHECK-SAME:  %token_window: tensor<2x8x2xf32> {ad.input = "token_window_0", ad.cache = "model.layers.0.qkv_proj token_window"}, %token_window_1: tensor<2x1x4xf32> {ad.input = "token_window_1", ad.cache = "model.layers.0.qkv_proj token_window"})
+// CHECK-NOT:   aten.pad
+// CHECK:       %window = ad.cached_token_window %x state %token_window slots %cache_slots starts %cache_starts dim 2 : (tensor<?x8x?xf32>, tensor<2x8x2xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x8x?xf32>
+// CHECK-NEXT:  %c1 = ad.torch_op "aten.conv1d.default"(%window, %w1)
+// CHECK-NEXT:  %c2 = ad.torch_op "aten.conv1d.default"(%c1, %w2)
+// CHECK:       %start = ad.linear %zeros, %wd
+// CHECK-NEXT:  %window_1 = ad.cached_token_window %h initial %start state %token_window_1 slots %cache_slots starts %cache_starts dim 1 : (tensor<?x?x4xf32>, tensor<2x1x4xf32>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x4xf32>) -> tensor<?x?x4xf32>
+// CHECK-NEXT:  %tokens = ad.sym_size %h dim 1
+// CHECK-NEXT:  %shift = ad.slice %window_1 dim 1 [0, %tokens, 1]
+// CHECK-NEXT:  func.return %c2, %shift
+func.func @token_windows(%x: tensor<?x8x?xf32> {ad.input = "x"}, %w1: tensor<8x1x2xf32> {ad.param = "model.layers.0.qkv_proj.conv_qk_depthwise.weight"}, %w2: tensor<8x4x2xf32> {ad.param = "model.layers.0.qkv_proj.conv_qk_grouped.weight"}, %h: tensor<?x?x4xf32> {ad.input = "h"}, %wd: tensor<4x4xf32> {ad.param = "model.layers.0.qkv_proj.v_proj_delayed.weight"}) -> (tensor<?x8x?xf32>, tensor<?x?x4xf32>) {
+  %pad = ad.torch_op "aten.pad.default"(%x) [#ad.ref<0>, [2 : i64, 0 : i64]] {} : (tensor<?x8x?xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.qkv_proj")
+  %c1 = ad.torch_op "aten.conv1d.default"(%pad, %w1) [#ad.ref<0>, #ad.ref<1>, none, [1 : i64], [0 : i64], [1 : i64], 8 : i64] {} : (tensor<?x8x?xf32>, tensor<8x1x2xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.qkv_proj.conv_qk_depthwise")
+  %c2 = ad.torch_op "aten.conv1d.default"(%c1, %w2) [#ad.ref<0>, #ad.ref<1>, none, [1 : i64], [0 : i64], [1 : i64], 2 : i64] {} : (tensor<?x8x?xf32>, tensor<8x4x2xf32>) -> tensor<?x8x?xf32> loc("model.layers.0.qkv_proj.conv_qk_grouped")
+  %b = ad.sym_size %h dim 0 : tensor<?x?x4xf32>
+  %zeros = ad.torch_op "aten.new_zeros.default"(%h, %b) [#ad.ref<0>, [#ad.ref<1>, 1 : i64, 4 : i64]] {pin_memory = false} : (tensor<?x?x4xf32>, index) -> tensor<?x1x4xf32>
+  %start = ad.linear %zeros, %wd : (tensor<?x1x4xf32>, tensor<4x4xf32>) -> tensor<?x1x4xf32>
+  %cat = ad.cat %start, %h dim 1 : (tensor<?x1x4xf32>, tensor<?x?x4xf32>) -> tensor<?x?x4xf32> loc("model.layers.0.qkv_proj")
+  %shift = ad.slice %cat dim 1 [0, -1, 1] : tensor<?x?x4xf32> -> tensor<?x?x4xf32> loc("model.layers.0.qkv_proj")
+  func.return %c2, %shift : tensor<?x8x?xf32>, tensor<?x?x4xf32>
+}
+
+// -----
+
+// DeepSeek-V4's CSA overlap at compress rate 1: its gates shifted by one token after a -inf row
+// (cat([new_full(-inf), g], 1)[:, :-1]), a window of 1 token whose initial row is that -inf row,
+// kept as it is (the window selects it for a new sequence, it does not mix it with the state).
+// CHECK-LABEL: func.func @gate_shift
+// CHECK-SAME:  %token_window: tensor<2x1x1x8xf32> {ad.input = "token_window_0", ad.cache = "model.layers.0.self_attn.compressor token_window"}
+// CHECK:       %fill = ad.torch_op "aten.new_full.default"(%g, %b) [#ad.ref<0>, [#ad.ref<1>, 1 : i64, 1 : i64, 8 : i64], 0xfff0000000000000 : f64]
+// CHECK-NEXT:  %window = ad.cached_token_window %g initial %fill state %token_window slots %cache_slots starts %cache_starts dim 1 : (tensor<?x?x1x8xf32>, tensor<2x1x1x8xf32>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x1x8xf32>) -> tensor<?x?x1x8xf32>
+// CHECK-NEXT:  %tokens = ad.sym_size %g dim 1
+// CHECK-NEXT:  %prev = ad.slice %window dim 1 [0, %tokens, 1]
+// CHECK-NEXT:  func.return %prev
+func.func @gate_shift(%g: tensor<?x?x1x8xf32> {ad.input = "g"}) -> tensor<?x?x1x8xf32> {
+  %b = ad.sym_size %g dim 0 : tensor<?x?x1x8xf32>
+  %fill = ad.torch_op "aten.new_full.default"(%g, %b) [#ad.ref<0>, [#ad.ref<1>, 1 : i64, 1 : i64, 8 : i64], 0xFFF0000000000000 : f64] {pin_memory = false} : (tensor<?x?x1x8xf32>, index) -> tensor<?x1x1x8xf32>
+  %cat = ad.cat %fill, %g dim 1 : (tensor<?x1x1x8xf32>, tensor<?x?x1x8xf32>) -> tensor<?x?x1x8xf32> loc("model.layers.0.self_attn.compressor")
+  %prev = ad.slice %cat dim 1 [0, -1, 1] : tensor<?x?x1x8xf32> -> tensor<?x?x1x8xf32>
+  func.return %prev : tensor<?x?x1x8xf32>
+}
+
+// -----
+
 // XLM's eager attention: its query divided by sqrt(head_dim) before the matmul, its causal mask
 // (the range repeated over the rows, <= the range as a column) inverted by `== 0`, viewed as
 // [batch, 1, seq, keys], broadcast by `expand_as` of the scores (which reads their shape alone)

@@ -539,9 +539,10 @@ func.func @cached_mla_selected_dtype(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<
 
 // -----
 
-func.func @cached_shift_state(%x: tensor<?x?x1x32xf32>, %st: tensor<8x32xf32>, %s: tensor<?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_shift' input must be [batch, seq, ...] and its state [slots, ...] of the input's trailing dims and element type
-  %0 = ad.cached_shift %x state %st slots %s starts %s fill 0.000000e+00 : f64 : (tensor<?x?x1x32xf32>, tensor<8x32xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x1x32xf32>
+// A token window's state holds the input's channels.
+func.func @cached_token_window_channels(%x: tensor<?x192x?xbf16>, %st: tensor<8x64x2xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_token_window' state must be the input's shape with static slots and width for its batch and token axes
+  %0 = ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x64x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
   func.return
 }
 
@@ -550,5 +551,23 @@ func.func @cached_shift_state(%x: tensor<?x?x1x32xf32>, %st: tensor<8x32xf32>, %
 func.func @cached_attention_selected_without_entries(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %sel: tensor<?x?x2xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' selected needs compressed entries
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 selected %sel : tensor<?x?x2xi64> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+// Its start rows are as many as the state's.
+func.func @cached_token_window_initial(%v: tensor<?x?x32xbf16>, %v0: tensor<?x2x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_token_window' initial must be [batch, 1, 32] of the input's element type
+  %0 = ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x2x32xbf16>) -> tensor<?x?x32xbf16>
+  func.return
+}
+
+// -----
+
+// With query_starts (the paged form's flattened sequences), a state op takes a batch of 1.
+func.func @conv_query_starts_batch(%x: tensor<2x8x?xf32>, %w: tensor<8x1x3xf32>, %st: tensor<4x8x2xf32>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_causal_conv1d' with query_starts (the flattened sequences of the paged form) takes a batch of 1, not 2
+  %0 = ad.cached_causal_conv1d %x, %w state %st slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<2x8x?xf32>, tensor<8x1x3xf32>, tensor<4x8x2xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<2x8x?xf32>
   func.return
 }

@@ -314,6 +314,17 @@ func.func @cached_selective_scan(%x: tensor<?x8192x?xbf16>, %a: tensor<8192x16xf
   func.return
 }
 
+// The paged form's state ops: one flattened batch of sequences (query_starts), each sequence's
+// state slot and start.
+func.func @state_ops_over_flattened_sequences(%x: tensor<1x8x?xf32>, %w: tensor<8x1x3xf32>, %cs: tensor<4x8x2xf32>, %q: tensor<1x?x2x16xf32>, %v: tensor<1x?x4x8xf32>, %g: tensor<1x?x4xf32>, %rs: tensor<4x4x16x8xf32>, %s: tensor<?xi64>) {
+  // CHECK-LABEL: func.func @state_ops_over_flattened_sequences
+  %0 = ad.cached_causal_conv1d %x, %w state %cs slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<1x8x?xf32>, tensor<8x1x3xf32>, tensor<4x8x2xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x8x?xf32>
+  // CHECK-NEXT: ad.cached_causal_conv1d %x, %w state %cs slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<1x8x?xf32>, tensor<8x1x3xf32>, tensor<4x8x2xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x8x?xf32>
+  %1 = ad.cached_gated_delta_rule %q, %q, %v, %g, %g state %rs slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<1x?x2x16xf32>, tensor<1x?x2x16xf32>, tensor<1x?x4x8xf32>, tensor<1x?x4xf32>, tensor<1x?x4xf32>, tensor<4x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x4x8xf32>
+  // CHECK-NEXT: ad.cached_gated_delta_rule %q, %q, %v, %g, %g state %rs slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<1x?x2x16xf32>, tensor<1x?x2x16xf32>, tensor<1x?x4x8xf32>, tensor<1x?x4xf32>, tensor<1x?x4xf32>, tensor<4x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x4x8xf32>
+  func.return
+}
+
 func.func @rope_attention(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %cos: tensor<1x?x64xf32>, %m: tensor<1x1x?x?xi1>, %wq: tensor<64xbf16>, %wk: tensor<64xbf16>, %wf: tensor<64xf32>, %part: tensor<1x?x32xf32>) {
   // CHECK-LABEL: func.func @rope_attention
   %0 = ad.rope_attention %q, %k, %k rope %cos, %cos mask %m scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<1x?x64xf32>, tensor<1x?x64xf32>, tensor<1x1x?x?xi1>) -> tensor<2x4x?x64xbf16>
@@ -371,10 +382,13 @@ func.func @paged_mla_attention(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x
   func.return
 }
 
-// DeepSeek-V4's CSA overlap at compress rate 1: each token's predecessor, continued from a per-slot state.
-func.func @cached_shift(%x: tensor<?x?x1x32xf32>, %st: tensor<8x1x32xf32>, %s: tensor<?xi64>) {
-  // CHECK-LABEL: func.func @cached_shift
-  %0 = ad.cached_shift %x state %st slots %s starts %s fill 0xFFF0000000000000 : f64 : (tensor<?x?x1x32xf32>, tensor<8x1x32xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x1x32xf32>
-  // CHECK-NEXT: ad.cached_shift %x state %st slots %s starts %s fill 0xfff0000000000000 : f64 : (tensor<?x?x1x32xf32>, tensor<8x1x32xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x1x32xf32>
+// A cached token window: ZAYA's 2 q/k inputs before a step ([slots, channels, 2] along the last
+// axis), and its one delayed value before a step, a sequence starting from its start row.
+func.func @cached_token_window(%x: tensor<?x192x?xbf16>, %st: tensor<8x192x2xbf16>, %v: tensor<?x?x32xbf16>, %v0: tensor<?x1x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>) {
+  // CHECK-LABEL: func.func @cached_token_window
+  %0 = ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x192x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
+  // CHECK-NEXT: ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x192x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
+  %1 = ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
+  // CHECK-NEXT: ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
   func.return
 }
