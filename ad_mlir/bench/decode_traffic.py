@@ -63,11 +63,11 @@ def _op_bytes(op: Operation, batch: int, cached: int) -> int:
     tensors = [v for v in op.operands if isinstance(v.type, TensorType)]
     written = sum(decode_bytes(r, batch) for r in op.results if isinstance(r.type, TensorType))
     if isinstance(op, ad.CachedAttentionOp):
-        caches = {op.k_cache, op.v_cache}
+        caches = {op.k_cache, op.v_cache, op.compressed_cache}
         new = [v for v in tensors if v not in caches and v not in (op.slots, op.starts)]
         row = _row_bytes(op.k_cache)
         return (sum(decode_bytes(v, batch) for v in new) + 2 * batch * cached * row + 2 * batch * row + written
-                + decode_bytes(op.slots, batch) + decode_bytes(op.starts, batch))
+                + decode_bytes(op.slots, batch) + decode_bytes(op.starts, batch) + _entries_bytes(op, batch, cached))
     if isinstance(op, ad.CachedMlaAttentionOp):
         return _mla_bytes(op, batch, cached, written)
     if isinstance(op, ad.CachedIndexTopkOp):
@@ -77,6 +77,21 @@ def _op_bytes(op: Operation, batch: int, cached: int) -> int:
     if isinstance(op, ad.EmbeddingOp):
         return decode_bytes(op.indices, batch) + 2 * written  # the rows read equal the rows written
     return sum(min(decode_bytes(v, batch), decode_bytes(_root(v), batch)) for v in tensors) + written
+
+
+def _entries_read(op: ad.CachedAttentionOp, cached: int) -> int:
+    """DeepSeek-V4's compressed entries a row's decode token reads: all of them, or the selected
+    ones (none without entries)."""
+    if op.compressed_cache is None:
+        return 0
+    return cached if op.selected is None else min(op.selected.type.get_shape()[2], cached + 1)
+
+
+def _entries_bytes(op: ad.CachedAttentionOp, batch: int, cached: int) -> int:
+    """The compressed entries a decode step reads and the one per row it writes."""
+    if op.compressed_cache is None:
+        return 0
+    return batch * (_entries_read(op, cached) + 1) * _row_bytes(op.compressed_cache)
 
 
 def _mla_bytes(op: ad.CachedMlaAttentionOp, batch: int, cached: int, written: int) -> int:
@@ -113,11 +128,14 @@ def decode_step_traffic(program: ImportedProgram, batch: int, cached: int) -> di
     caches = [op for op in fn.body.block.ops if isinstance(op, ad.CachedAttentionOp)]
     latents = [op for op in fn.body.block.ops if isinstance(op, ad.CachedMlaAttentionOp)]
     indexers = [op for op in fn.body.block.ops if isinstance(op, ad.CachedIndexTopkOp)]
+    entries = [op for op in caches if op.compressed_cache is not None]
     kv = sum(2 * batch * _row_bytes(op.k_cache) for op in caches) + sum(batch * _row_bytes(op.cache) for op in latents) \
-        + sum(batch * _row_bytes(op.cache) for op in indexers)
+        + sum(batch * _row_bytes(op.cache) for op in indexers) \
+        + sum(batch * _row_bytes(op.compressed_cache) for op in entries)
     read = sum(2 * batch * _row_bytes(op.k_cache) * cached for op in caches) \
         + sum(batch * _row_bytes(op.cache) * _latents_read(op, cached) for op in latents) \
-        + sum(batch * _row_bytes(op.cache) * cached for op in indexers)
+        + sum(batch * _row_bytes(op.cache) * cached for op in indexers) \
+        + sum(batch * _row_bytes(op.compressed_cache) * _entries_read(op, cached) for op in entries)
     ideal = {"weights": _weight_bytes(fn, program, batch), "caches_read": read, "new_kv_written": kv}
     return {"batch": batch, "cached": cached, "launches": launches, "modelled_bytes": modelled,
             "ideal_bytes": sum(ideal.values()), **{f"ideal_{k}_bytes": v for k, v in ideal.items()},

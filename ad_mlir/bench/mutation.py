@@ -68,7 +68,7 @@ def _lit(*names: str) -> tuple[str, ...]:
 
 _TRITON = "tests/filecheck/codegen/triton.mlir"
 _CACHED = ("insert-cached-attention", "insert-cached-attention-errors", "insert-cached-attention-mla",
-           "insert-cached-attention-paged", "insert-cached-attention-paged-errors")
+           "insert-cached-attention-paged", "insert-cached-attention-paged-errors", "insert-cached-attention-compressed")
 _REGIONS = ("tests/unit/test_compile_random.py", "-k", "not random_ and not norm_and_softmax and not each_case")
 _NUMERIC = ("tests/unit/test_codegen_numeric.py", "tests/unit/test_kernel_ops.py")
 
@@ -112,6 +112,9 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/patterns/conv_patterns.py": Tests(_lit(*_CACHED)),
     "ad_mlir/passes/patterns/scan_patterns.py": Tests(_lit(*_CACHED)),
     "ad_mlir/passes/patterns/mla_patterns.py": Tests(_lit("insert-cached-attention-mla")),
+    "ad_mlir/passes/patterns/compressed_attention.py": Tests(_lit("insert-cached-attention-compressed"),
+                                                             ("tests/models/test_compressed_attention.py", "-k",
+                                                              "greedy")),
     "ad_mlir/passes/patterns/sparse_attention.py": Tests(_lit("insert-cached-attention-dsa"),
                                                          ("tests/models/test_sparse_attention.py", "-k",
                                                           "greedy and deepseek_v32")),

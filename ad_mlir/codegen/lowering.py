@@ -70,7 +70,8 @@ def kernel_outputs(op: Operation) -> tuple:
 def written_inputs(op: Operation) -> frozenset[int]:
     """The kernel inputs that the kernel of `op` writes in place."""
     if isinstance(op, ad.CachedAttentionOp):
-        return frozenset(op.operands.index(cache) for cache in (op.k_cache, op.v_cache))
+        caches = (op.k_cache, op.v_cache, *((op.compressed_cache,) if op.compressed_cache is not None else ()))
+        return frozenset(op.operands.index(cache) for cache in caches)
     if isinstance(op, ad.PagedAttentionOp):
         return frozenset(op.operands.index(pages) for pages in (op.k_pages, op.v_pages))
     if isinstance(op, ad.CachedMlaAttentionOp | ad.CachedIndexTopkOp):
@@ -89,6 +90,8 @@ def kernel_region(op: Operation) -> KernelRegion:
             cached_attention_spec(op)
         except ValueError as e:  # e.g. a head_dim the template does not take
             raise NoKernelForm(str(e)) from e
+    if isinstance(op, ad.CachedAttentionOp) and op.compressed is not None:
+        raise NoKernelForm("the cached attention template has no compressed entries (DeepSeek-V4's CSA and HCA)")
     if isinstance(op, ad.CachedMlaAttentionOp) and op.sinks is not None:
         raise NoKernelForm("the MLA template has no sink logits")
     fused = _wrapped(op) if isinstance(op, KERNEL_OPS) else _detached(op)

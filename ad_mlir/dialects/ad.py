@@ -1547,7 +1547,7 @@ CACHE_ATTR = "ad.cache"
 cache, "<layer> conv_state" for a convolution's state, "<layer> token_window" for a cached token
 window's, "<layer> ssm_state" / "<layer> recurrent_state" for a Mamba2 / gated-delta-rule state,
 "<layer> latent" for MLA's latent cache, the layer being the HF module path of the op it serves."""
-PER_TOKEN_ROLES = ("key", "value", "latent", "index_key")
+PER_TOKEN_ROLES = ("key", "value", "latent", "index_key", "compressed")
 """`ad.cache` roles of the caches that hold every token of a slot (in the paged form: the page
 pools); the others are states of a fixed size per slot."""
 CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
@@ -1596,8 +1596,14 @@ class CachedAttentionOp(AdOp):
     row b, at position p = starts[b] + i, gets `distance_bias[b, h, i, p - j]` added to its score
     for the key at position j (after scale and soft cap) when 0 <= p - j < extent, nothing for
     keys further back: a bias vector per query token and head over the backward distances 0 ..
-    extent - 1 (a table of the weights, broadcast over tokens, is this too). Not pure: it writes
-    the caches."""
+    extent - 1 (a table of the weights, broadcast over tokens, is this too). With `compressed` [batch, kv_heads, seq,
+    head_dim] and `compressed_cache` [slots, max_seq, kv_heads, head_dim] (DeepSeek-V4's HCA at
+    compress rate 1: one compressed entry per token, which is its own key and value), the new
+    entries are written into `compressed_cache` as the keys are, and the queries attend, in the
+    same softmax, to the slot's entries too: causal with offset and without the window; with
+    `selected` [batch, seq, k] (int64, -1 for none: DeepSeek-V4's CSA, the choice of
+    `ad.cached_index_topk`), each query only to the entries it lists. Not pure: it writes the
+    caches."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1615,6 +1621,9 @@ class CachedAttentionOp(AdOp):
     sinks = opt_operand_def(AdTensor)
     alibi_slopes = opt_operand_def(AdTensor)
     distance_bias = opt_operand_def(AdTensor)
+    compressed = opt_operand_def(AdTensor)
+    compressed_cache = opt_operand_def(AdTensor)
+    selected = opt_operand_def(AdTensor)
     interleaved = opt_prop_def(UnitAttr)
     scale = prop_def(FloatAttr[Float64Type])
     window = opt_prop_def(IntegerAttr[I64])
@@ -1628,7 +1637,10 @@ class CachedAttentionOp(AdOp):
         "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
         "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
         "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? "
-        "(`distance_bias` $distance_bias^ `:` type($distance_bias))? attr-dict `:` `(` type($query) `,` type($key) "
+        "(`distance_bias` $distance_bias^ `:` type($distance_bias))? "
+        "(`compressed` $compressed^ `,` $compressed_cache `:` type($compressed) `,` type($compressed_cache))? "
+        "(`selected` $selected^ `:` type($selected))? "
+        "attr-dict `:` `(` type($query) `,` type($key) "
         "`,` type($value) `,` type($k_cache) "
         "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
@@ -1639,6 +1651,21 @@ class CachedAttentionOp(AdOp):
         if not len(q) == len(k) == len(v) == len(kc) == len(vc) == 4:
             raise VerifyException("ad.cached_attention query/key/value must be [batch, heads, seq, head_dim] and "
                                   "the caches [slots, max_seq, kv_heads, head_dim]")
+        if (self.compressed is None) != (self.compressed_cache is None):
+            raise VerifyException("ad.cached_attention takes compressed and compressed_cache together")
+        if self.compressed is not None and (
+                self.compressed.type != self.key.type or self.compressed_cache.type != self.k_cache.type):
+            raise VerifyException("ad.cached_attention compressed entries and their cache must have the key's and "
+                                  "the key cache's types")
+        if self.compressed is not None and (self.softcap is not None or self.alibi_slopes is not None
+                                            or self.distance_bias is not None
+                                            or (self.sinks is not None and len(_shape(self.sinks.type)) != 1)):
+            raise VerifyException("ad.cached_attention with compressed entries takes no softcap, ALiBi slopes, "
+                                  "distance bias or sinks per token")
+        if self.selected is not None:
+            if self.compressed is None:
+                raise VerifyException("ad.cached_attention selected needs compressed entries")
+            _verify_selected("ad.cached_attention", self.selected, (q[0], q[2]))
         if k[:3] != v[:3] or self.key.type.element_type != self.value.type.element_type \
                 or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
             raise VerifyException("ad.cached_attention key and value must be [batch, kv_heads, seq, head_dim] of one "

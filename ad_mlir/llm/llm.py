@@ -53,8 +53,9 @@ class CacheArgument:
     shape: tuple[int, ...]
     dtype: torch.dtype
     per_token: bool
-    """A K/V cache, MLA's latent cache or DSA's index-key cache, which grows with the tokens of a slot; else a state of
-    fixed size per slot (a convolution's, a recurrent scan's)."""
+    """A K/V cache, MLA's latent cache, DSA's index-key cache or DeepSeek-V4's compressed entries,
+    which grows with the tokens of a slot; else a state of fixed size per slot (a convolution's, a
+    recurrent scan's)."""
     layer: str
     """The HF module path of the op it serves."""
 

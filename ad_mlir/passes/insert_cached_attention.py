@@ -114,6 +114,19 @@ topk (GLM-5's "shared" layers) gets the same selection. The indexer's own mask m
 sparse attention that is not MLA is refused by name, and the paged form refuses a sparse MLA or
 one with sinks as `PerSequenceState` (`paged_where_possible` falls back to the slot form).
 
+DeepSeek-V4's attention (`compressed_attention.match_compressed_keys`) concatenates its
+compressor's entries to its one K = V head and the compressor's block bias to HF's mask: at
+compress rate 1 (one entry per token) the entries become the cached op's `compressed` over an
+argument `c_cache_<i>` [max-batch, max-seq-len, 1, head_dim] in the key's dtype, marked
+`ad.cache = "<layer> compressed"`, attended causally without the window (HCA's bias's mask is
+evaluated and must be causal). CSA's indexer (its mask evaluated, causal) becomes
+`ad.cached_index_topk` over `index_key_cache_<j>`, its result the cached op's `selected`; each
+previous-token shift of its entries' and index keys' computations (`cat([fill, x], 1)[:, :-1]`,
+kv filled with 0, gates with -inf) is a shift by one token, a cached token window (above) with
+the fill as its initial row. The concatenations and the block bias are erased. Other compress rates are
+refused naming the layer, the kind and the rate; the paged form refuses the entries as
+`PerSequenceState`.
+
 After that, any op that still mixes token positions (`position_mixing.position_mixers`: another
 convolution or scan over the sequence, an opaque state-space scan, a reduction or contraction
 over a token axis, a shift, an attention softmax not matched, positions counted inside the graph)
@@ -223,6 +236,12 @@ from ad_mlir.passes.patterns.attention_patterns import (
     match_eager_attention,
     match_key_bias,
     match_repeat_kv,
+)
+from ad_mlir.passes.patterns.compressed_attention import (
+    CompressedKeys,
+    Selection,
+    UncachedCompression,
+    match_compressed_keys,
 )
 from ad_mlir.passes.patterns.conv_patterns import ShortConv, match_short_conv
 from ad_mlir.passes.patterns.distance_bias import (
@@ -424,7 +443,7 @@ class InsertCachedAttentionPass(ModulePass):
                     from None
         return found
 
-    def _cached_indexer(self, fn: func.FuncOp, indexer: Indexer, layer: str, i: int, slots: SSAValue,
+    def _cached_indexer(self, fn: func.FuncOp, indexer: Indexer | Selection, layer: str, i: int, slots: SSAValue,
                         starts: SSAValue) -> SSAValue:
         """`ad.cached_index_topk` over a cache argument `index_key_cache_<i>` [max-batch,
         max-seq-len, index head dim] in the key's dtype, placed before the `aten.topk` it replaces.
@@ -590,6 +609,7 @@ class InsertCachedAttentionPass(ModulePass):
                 f"{POSITION_INPUT} as an input so the cache can offset them")
         if self.paged:
             _refuse_batched(attention, layer, "query")
+        compressed = self._compressed_keys(fn, attention, layer)  # first: CSA's mask holds a top-k too
         if self._sparse_mask(fn, attention, layer) is not None:
             raise PassFailedException(
                 f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
@@ -603,6 +623,13 @@ class InsertCachedAttentionPass(ModulePass):
         caches = [_append_argument(fn, self._cache_type(x), {ad.INPUT_ATTR: f"{role[0]}_{kind}_{i}",
                                                              ad.CACHE_ATTR: f"{layer} {role}"})
                   for role, x in (("key", attention.key), ("value", attention.value))]
+        entries: list[SSAValue | list] = [[], [], []]
+        if compressed is not None:
+            entries = [compressed.compressed, _append_argument(
+                fn, self._cache_type(compressed.compressed),
+                {ad.INPUT_ATTR: f"c_cache_{i}", ad.CACHE_ATTR: f"{layer} compressed"}), []]
+            if compressed.selection is not None:
+                entries[2] = self._csa_selection(fn, compressed, layer, metadata[0], metadata[1])
         properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
         if attention.interleaved:
             properties["interleaved"] = UnitAttr()
@@ -620,13 +647,22 @@ class InsertCachedAttentionPass(ModulePass):
         op_class = ad.PagedAttentionOp if self.paged else ad.CachedAttentionOp
         cached = op_class.build(
             operands=[attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, *metadata,
-                      sinks, slopes, distance_bias],
+                      sinks, slopes, distance_bias, *([] if self.paged else entries)],
             properties=properties,
             result_types=[attention.output.results[0].type],
         )
         cached.location = attention.output.location
+        # the key count of the repeated keys ++ entries (2 x seq), computed by a torch op DCE keeps
+        counts = [v.owner for op in attention.chain if isinstance(op, ad.ExpandOp) for v in op.operands
+                  if isinstance(v.type, IndexType) and isinstance(v.owner, ad.TorchOp)] if compressed else []
         Rewriter.replace_op(attention.output, cached)
         erase_dead(Rewriter.erase_op, attention.chain)
+        if compressed is not None:
+            erase_dead(Rewriter.erase_op, [*compressed.ops, *counts])
+            if compressed.selection is not None:
+                erase_computation(compressed.selection.chosen, Rewriter.erase_op)
+            else:
+                erase_computation(compressed.hidden, Rewriter.erase_op)
         computations = (attention.mask, attention.alibi, attention.zeroed, *(attention.selected or ()),
                         *(attention.multiplied or ())[:1], bias_computed)
         for computed in dict.fromkeys(computations):  # CPM-Ant's two masks may be one value
@@ -669,6 +705,44 @@ class InsertCachedAttentionPass(ModulePass):
         squeeze.location = attention.output.location
         Rewriter.insert_op(squeeze, InsertPoint.before(attention.output))
         return squeeze.result
+
+    def _compressed_keys(self, fn: func.FuncOp, attention: Attention, layer: str) -> CompressedKeys | None:
+        """DeepSeek-V4's compressed entries concatenated to `attention`'s keys
+        (`match_compressed_keys`), taken apart: the attention's key, value and mask become the
+        sliding-window ones. Only those at compress rate 1 are cached (one entry per token, seen
+        causally, CSA's as its indexer chooses), in the slot form; other forms are refused by name."""
+        found = match_compressed_keys(attention)
+        if found is None:
+            return None
+        if isinstance(found, UncachedCompression):
+            raise PassFailedException(
+                f"{layer}: its keys concatenate the compressed K/V entries of {found.describe()}, which are not "
+                "cached (only DeepSeek-V4's CSA and HCA at compress rate 1 as transformers 5.24 writes them are: one "
+                "entry per token)")
+        if self.paged:
+            raise PerSequenceState(f"{layer}: DeepSeek-V4's compressed K/V entries are cached in the slot form only "
+                                   "(paged=false)")
+        try:
+            hidden = found.hidden if found.selection is None else found.selection.future
+            if causal_window(~evaluate(fn, hidden, self._inputs())) is not None:
+                raise MaskError("it is a sliding window")
+        except MaskError as e:
+            raise PassFailedException(f"{layer}: the mask of its DeepSeek-V4 compressed entries is not causal: {e}") \
+                from None
+        attention.key = attention.value = found.key
+        attention.mask = found.mask
+        return found
+
+    def _csa_selection(self, fn: func.FuncOp, compressed: CompressedKeys, layer: str, slots: SSAValue,
+                       starts: SSAValue) -> SSAValue:
+        """CSA's indexer at compress rate 1 as `ad.cached_index_topk` over its own index-key cache
+        (its result replaces HF's chosen entries). The previous-token shifts of the entries' and
+        the index keys' computations are shifts by one token (`token_window.match_shift`), each
+        its own cached token window (`_replace_window`)."""
+        selection = compressed.selection
+        chosen = self._cached_indexer(fn, selection, layer, _roles(fn, "index_key"), slots, starts)
+        selection.chosen.replace_all_uses_with(chosen)
+        return chosen
 
     def _cache_type(self, x: SSAValue) -> TensorType:
         """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
@@ -1038,6 +1112,12 @@ def _append_argument(fn: func.FuncOp, arg_type: TensorType, attrs: dict[str, str
     fn.arg_attrs = ArrayAttr(arg_attrs)
     fn.function_type = FunctionType.from_lists([a.type for a in block.args], fn.function_type.outputs.data)
     return arg
+
+
+def _roles(fn: func.FuncOp, role: str) -> int:
+    """The cache arguments of `fn` so far whose `ad.cache` role is `role` (to number the next)."""
+    return sum(1 for attrs in (fn.arg_attrs.data if fn.arg_attrs else ())
+               if ad.CACHE_ATTR in attrs.data and attrs.data[ad.CACHE_ATTR].data.endswith(f" {role}"))
 
 
 def _bias_as_key_dim(attention: Attention) -> None:

@@ -398,7 +398,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
     return torch.empty_like(query)
 
 
-@_writing_op("cached_attention", mutates_args=("k_cache", "v_cache"))
+@_writing_op("cached_attention", mutates_args=("k_cache", "v_cache", "compressed_cache"))
 def cached_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -421,21 +421,57 @@ def cached_attention(
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
     distance_bias: torch.Tensor | None = None,
+    compressed: torch.Tensor | None = None,
+    compressed_cache: torch.Tensor | None = None,
+    selected: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), the new
     key/value written into each row's cache slot after the tokens it holds, then attention over
     the slot's first start + seq positions, causal with offset (and within `window`), the scores
     soft-capped with `softcap`, ALiBi's `slope * (key - query position)` added (`alibi_slopes`),
     each query's bias by backward distance added (`distance_bias`), each head's (or each token's)
-    sink logit in its softmax (`sinks`). One row at a time: the reference reads each row's slot and start on the host."""
+    sink logit in its softmax (`sinks`); with `compressed`, its entries (each its own key and
+    value) written into `compressed_cache` the same way and attended in the same softmax, causal
+    with offset, without the window (with `selected`, only those it lists). One row at a time: the
+    reference reads each row's slot and start on the host."""
     query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
                                 qk_norm_offset, qk_norm_weight_in_fp32)
     per_token = sinks is not None and sinks.dim() == 3  # [batch, heads, seq]: each token's own
-    rows = [_write_and_attend(query[b], key[b], value[b], k_cache[slot], v_cache[slot], start, scale, window,
-                              softcap, sinks[b] if per_token else sinks, alibi_slopes,
-                              distance_bias[b] if distance_bias is not None else None)
-            for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True))]
+    rows = []
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        if compressed is not None and compressed_cache is not None:
+            rows.append(_write_and_attend_compressed(query[b], key[b], value[b], compressed[b], k_cache[slot],
+                                                     v_cache[slot], compressed_cache[slot], start, scale, window,
+                                                     sinks, selected[b] if selected is not None else None))
+        else:
+            rows.append(_write_and_attend(query[b], key[b], value[b], k_cache[slot], v_cache[slot], start, scale,
+                                          window, softcap, sinks[b] if per_token else sinks, alibi_slopes,
+                                          distance_bias[b] if distance_bias is not None else None))
     return rows[0][None] if len(rows) == 1 else torch.stack(rows)
+
+
+def _write_and_attend_compressed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 compressed: torch.Tensor, k_slot: torch.Tensor, v_slot: torch.Tensor,
+                                 c_slot: torch.Tensor, start: int, scale: float, window: int | None,
+                                 sinks: torch.Tensor | None, selected: torch.Tensor | None) -> torch.Tensor:
+    """One row of `cached_attention` with compressed entries: the new keys, values and entries
+    [kv_heads, seq, d] written from `start`, then one softmax of its queries over the slot's keys
+    (within `window`) and its entries (causal only; with `selected` [seq, k], only those listed),
+    HF's `cat([kv, compressed_kv], dim=2)`."""
+    end = start + query.shape[1]
+    k_slot[start:end] = key.transpose(0, 1)
+    v_slot[start:end] = value.transpose(0, 1)
+    c_slot[start:end] = compressed.transpose(0, 1)
+    positions = torch.arange(start, end, device=query.device)
+    entries = _keys_seen(positions, end, None)
+    if selected is not None:  # a column of its own for -1, dropped after
+        listed = torch.zeros(selected.shape[0], end + 1, dtype=torch.bool, device=query.device)
+        entries = entries & listed.scatter(1, torch.where(selected >= 0, selected, end), True)[:, :end]
+    allowed = torch.cat([_keys_seen(positions, end, window), entries], dim=-1)
+    groups = query.shape[0] // key.shape[0]
+    keys = torch.cat([k_slot[:end], c_slot[:end]]).transpose(0, 1).repeat_interleave(groups, dim=0)
+    values = torch.cat([v_slot[:end], c_slot[:end]]).transpose(0, 1).repeat_interleave(groups, dim=0)
+    return _eager_attention(query, keys, values, allowed, scale, None, sinks)
 
 
 def _write_and_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_slot: torch.Tensor,
@@ -553,7 +589,9 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
       sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-      distance_bias: torch.Tensor | None = None) -> torch.Tensor:
+      distance_bias: torch.Tensor | None = None,
+      compressed: torch.Tensor | None = None, compressed_cache: torch.Tensor | None = None,
+      selected: torch.Tensor | None = None) -> torch.Tensor:
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 

@@ -14,7 +14,9 @@ unchanged on W + seq rows, whose leading rows drop out as they do over the whole
   first keeps every row of the pad, or of the window.
 - A shift by W tokens, `cat([start, x], dim)[:-W]` along a token axis (ZAYA's delayed values, as
   `export_patches` spells HF's `cat([start, x[:, :-1]])`), whose W start rows are computed from no
-  token (from weights and sizes: ZAYA's `v_proj_delayed(zeros)`): the window's first seq rows.
+  token (from weights and sizes: ZAYA's `v_proj_delayed(zeros)`; DeepSeek-V4's CSA overlap at
+  compress rate 1, `cat([fill, x], 1)[:, :-1]` with a `new_zeros` or a -inf `new_full` row): the
+  window's first seq rows.
 """
 
 from __future__ import annotations

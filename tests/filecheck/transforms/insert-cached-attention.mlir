@@ -760,6 +760,26 @@ func.func @log_scaled_query(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %q: 
 
 // -----
 
+// DeepSeek-V4's CSA overlap at compress rate 1: its gates shifted by one token after a -inf row
+// (cat([new_full(-inf), g], 1)[:, :-1]), a window of 1 token whose initial row is that -inf row,
+// kept as it is (the window selects it for a new sequence, it does not mix it with the state).
+// CHECK-LABEL: func.func @gate_shift
+// CHECK-SAME:  %token_window: tensor<2x1x1x8xf32> {ad.input = "token_window_0", ad.cache = "model.layers.0.self_attn.compressor token_window"}
+// CHECK:       %fill = ad.torch_op "aten.new_full.default"(%g, %b) [#ad.ref<0>, [#ad.ref<1>, 1 : i64, 1 : i64, 8 : i64], 0xfff0000000000000 : f64]
+// CHECK-NEXT:  %window = ad.cached_token_window %g initial %fill state %token_window slots %cache_slots starts %cache_starts dim 1 : (tensor<?x?x1x8xf32>, tensor<2x1x1x8xf32>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x1x8xf32>) -> tensor<?x?x1x8xf32>
+// CHECK-NEXT:  %tokens = ad.sym_size %g dim 1
+// CHECK-NEXT:  %prev = ad.slice %window dim 1 [0, %tokens, 1]
+// CHECK-NEXT:  func.return %prev
+func.func @gate_shift(%g: tensor<?x?x1x8xf32> {ad.input = "g"}) -> tensor<?x?x1x8xf32> {
+  %b = ad.sym_size %g dim 0 : tensor<?x?x1x8xf32>
+  %fill = ad.torch_op "aten.new_full.default"(%g, %b) [#ad.ref<0>, [#ad.ref<1>, 1 : i64, 1 : i64, 8 : i64], 0xFFF0000000000000 : f64] {pin_memory = false} : (tensor<?x?x1x8xf32>, index) -> tensor<?x1x1x8xf32>
+  %cat = ad.cat %fill, %g dim 1 : (tensor<?x1x1x8xf32>, tensor<?x?x1x8xf32>) -> tensor<?x?x1x8xf32> loc("model.layers.0.self_attn.compressor")
+  %prev = ad.slice %cat dim 1 [0, -1, 1] : tensor<?x?x1x8xf32> -> tensor<?x?x1x8xf32>
+  func.return %prev : tensor<?x?x1x8xf32>
+}
+
+// -----
+
 // XLM's eager attention: its query divided by sqrt(head_dim) before the matmul, its causal mask
 // (the range repeated over the rows, <= the range as a column) inverted by `== 0`, viewed as
 // [batch, 1, seq, keys], broadcast by `expand_as` of the scores (which reads their shape alone)

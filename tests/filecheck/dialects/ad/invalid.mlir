@@ -283,6 +283,14 @@ func.func @cached_attention_cache_heads(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x
 
 // -----
 
+func.func @cached_attention_compressed_cache(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %cc: tensor<8x256x2x64xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' compressed entries and their cache must have the key's and the key cache's types
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 compressed %k, %cc : tensor<?x2x?x64xbf16>, tensor<8x256x2x64xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
 func.func @cached_attention_value_cache_width(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x2x?x32xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' caches must be [slots, max_seq, 2, 64] (key) and [slots, max_seq, 2, 32] (value) of the same slots and max_seq
   %0 = ad.cached_attention %q, %k, %v cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x32xbf16>
@@ -544,6 +552,14 @@ func.func @cached_mla_selected_dtype(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<
 func.func @cached_token_window_channels(%x: tensor<?x192x?xbf16>, %st: tensor<8x64x2xbf16>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_token_window' state must be the input's shape with static slots and width for its batch and token axes
   %0 = ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x64x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
+  func.return
+}
+
+// -----
+
+func.func @cached_attention_selected_without_entries(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %sel: tensor<?x?x2xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' selected needs compressed entries
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 selected %sel : tensor<?x?x2xi64> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
