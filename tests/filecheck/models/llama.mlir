@@ -1,8 +1,9 @@
 // A one-layer tiny HF Llama, exported with a dynamic sequence length and imported: weights
 // are named arguments, every decoder op is present with the HF module path as its location,
 // and the printed IR re-parses (through ad-opt and through stock xdsl-opt via the entry point).
-// RUN: ad-opt --model llama --layers 1 --print-debuginfo | filecheck %s
-// RUN: ad-opt --model llama --layers 1 --print-debuginfo | ad-opt -p canonicalize --print-debuginfo | filecheck %s --check-prefix=CANON
+// RUN: ad-opt --model llama --layers 1 --print-debuginfo > %t.mlir
+// RUN: filecheck %s < %t.mlir
+// RUN: ad-opt %t.mlir -p canonicalize --print-debuginfo | filecheck %s --check-prefix=CANON
 // RUN: ad-opt --model llama --layers 1 | xdsl-opt | filecheck %s --check-prefix=XDSL
 // RUN: ad-opt --model llama --layers 1 --decompose | filecheck %s --check-prefix=CORE
 

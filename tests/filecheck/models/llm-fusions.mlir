@@ -5,8 +5,11 @@
 // RUN: ad-opt --model llama --layers 2 --dtype bfloat16 -p default --print-debuginfo > %t.llama
 // RUN: filecheck %s --check-prefixes=CHECK,SILU < %t.llama
 // RUN: filecheck %s --check-prefix=GONE < %t.llama
+// RUN: filecheck %s --check-prefix=CAUSAL < %t.llama
 // RUN: ad-opt --model qwen2 --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,SILU
-// RUN: ad-opt --model mistral --layers 2 --dtype bfloat16 -p default --print-debuginfo | filecheck %s --check-prefixes=CHECK,SILU
+// RUN: ad-opt --model mistral --layers 2 --dtype bfloat16 -p default --print-debuginfo > %t.mistral
+// RUN: filecheck %s --check-prefixes=CHECK,SILU < %t.mistral
+// RUN: filecheck %s --check-prefix=WINDOW < %t.mistral
 // RUN: ad-opt --model gemma --layers 2 --dtype bfloat16 -p default --print-debuginfo > %t.gemma
 // RUN: filecheck %s --check-prefixes=CHECK,GELU < %t.gemma
 // RUN: filecheck %s --check-prefix=GONE < %t.gemma
@@ -58,3 +61,24 @@
 // GEMMA2-NOT:  ad.rsqrt
 // GEMMA2:      ad.tanh
 // GEMMA2-NOT:  ad.tanh
+
+// fuse-rope-attention: the attention masks HF builds from the positions become the op's own
+// masking. Mistral's sliding window (its config's 4096) becomes `causal window 4096` and Llama's
+// causal mask `causal`; nothing of their computation (position comparisons, packed-sequence
+// checks) is left.
+// WINDOW:      func.func @forward
+// WINDOW-NOT:  aten.diff
+// WINDOW-NOT:  aten.cumsum
+// WINDOW-NOT:  aten.index
+// WINDOW-NOT:  ad.le
+// WINDOW-NOT:  ad.gt
+// WINDOW:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal window 4096 scale 0.17677669529663689 : (tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) -> tensor<1x2x?x32xbf16>
+// WINDOW:      ad.rope_attention %{{.*}} causal window 4096 scale
+// WINDOW-NOT:  ad.rope_attention
+
+// CAUSAL:      func.func @forward
+// CAUSAL-NOT:  aten.diff
+// CAUSAL-NOT:  ad.le
+// CAUSAL:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal scale 0.17677669529663689 : (tensor<1x2x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x1x?x32xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) -> tensor<1x2x?x32xbf16>
+// CAUSAL:      ad.rope_attention %{{.*}} causal scale
+// CAUSAL-NOT:  ad.rope_attention
