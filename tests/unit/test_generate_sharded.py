@@ -18,7 +18,9 @@ from ad_mlir.runtime import kernels
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 WORLD = 2
-NEW_TOKENS = 12
+NEW_TOKENS = 4
+"""Tokens per prompt: each rank's prefill and three decode steps in the interpreter (more repeat
+the same kernels: CI time)."""
 # hidden 128: 4 query heads and 2 K/V heads of 32, so 1 K/V head per rank
 CFG = TinyConfig(family="llama", layers=2, hidden_size=128)
 SHARDED = "canonicalize,shard{world-size=2},default"
