@@ -18,7 +18,7 @@ run: setup
 	$(PY) -m ad_mlir
 
 test: setup
-	$(PY) -m pytest -n 2 -q --durations=25
+	$(PY) -m pytest -n 2 --dist worksteal -q --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check ad_mlir tests

@@ -53,3 +53,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"random programs compiled and compared with eager: {programs} ({failed} tests with mismatches)"
         )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The FileCheck suite first (by far the longest test, ~3 minutes, lit running two processes):
+    `make test`'s work-stealing workers then start one on it and share out the rest, instead of
+    one worker running it alone at the end."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/test_filecheck.py::"))
