@@ -198,6 +198,7 @@ def _from_module_entry(
         except repeated_layers.NotRepeating as e:
             log.warning("program cache module entry's program does not lengthen (%s): exporting again", e)
             return None
+    log.info("program cache: module entry %s read, torch.export skipped", programs.module_path(key).name)
     return export_program(program, built, fold_weights=True, rank=rank), program
 
 

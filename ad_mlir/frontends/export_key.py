@@ -42,7 +42,6 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-import marshal
 import os
 import sys
 import types
@@ -298,10 +297,26 @@ its id is not reused)."""
 
 
 def _code(code: types.CodeType) -> str:
+    """A digest of what a code object does: its bytecode, names, constants (nested code by its
+    digest) and signature. Not `marshal.dumps`, whose bytes depend on reference counts."""
     hit = _CODE_DIGESTS.get(id(code))
     if hit is None or hit[0] is not code:
-        hit = _CODE_DIGESTS[id(code)] = (code, hashlib.sha256(marshal.dumps(code)).hexdigest()[:32])
+        text = "\x1f".join((code.co_code.hex(), repr(code.co_names), repr(code.co_varnames), repr(code.co_freevars),
+                            repr(code.co_cellvars), code.co_qualname, str(code.co_flags),
+                            str((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount)),
+                            *(_constant(c) for c in code.co_consts)))
+        hit = _CODE_DIGESTS[id(code)] = (code, hashlib.sha256(text.encode()).hexdigest()[:32])
     return hit[1]
+
+
+def _constant(value: Any) -> str:
+    if isinstance(value, types.CodeType):
+        return f"code {_code(value)}"
+    if isinstance(value, tuple):
+        return f"({', '.join(map(_constant, value))})"
+    if isinstance(value, frozenset):  # its order follows string hashing, another in each process
+        return f"frozenset({sorted(map(_constant, value))})"
+    return f"{type(value).__name__}:{value!r}"
 
 
 _FILE_DIGESTS: dict[tuple[str, int, int], str] = {}

@@ -249,7 +249,6 @@ class ProgramCache:
         except Exception:  # noqa: BLE001 (whatever is wrong with an entry means: export and compile again)
             log.warning("program cache module entry %s is corrupt or stale: exporting again", path)
             return None
-        log.info("program cache: %s read, torch.export skipped", path)
         return entry
 
     def store_module(self, key: str, entry: ModuleEntry) -> None:
