@@ -59,7 +59,9 @@ class CompileOptions:
     cache: KernelCache | None = None
     """Where generated kernels are kept (default: `KernelCache()`, on disk, see `codegen/cache.py`),
     and beside them (`programs/`) the pipeline's results (`runtime/program_cache.py`): a second
-    compile of the same program skips the passes (AD_MLIR_PROGRAM_CACHE=0 turns that off)."""
+    compile of the same program skips the passes, and of the same `nn.Module` (keyed by the
+    fingerprint of its export, `frontends/export_key.py`) torch.export too
+    (AD_MLIR_PROGRAM_CACHE=0 turns that off)."""
     world_size: int | None = None
     """Tensor-parallel world size for a pipeline with `shard` (default: the initialized process
     group's, else 1)."""
@@ -108,7 +110,8 @@ def compile(
     Each fused region becomes a Triton kernel called as `torch.ops.ad_mlir.<name>`
     (kernels are cached on disk, see `codegen/cache.py`; so is the pipeline's result, keyed by
     the imported program, the values of its buffers and constants, the pipeline and the versions,
-    see `runtime/program_cache.py`: compiling the same program again skips the passes). The result takes the graph's user
+    see `runtime/program_cache.py`: compiling the same program again skips the passes; compiling
+    the same `nn.Module` again skips torch.export too, `frontends/export_key.py`). The result takes the graph's user
     inputs in order and returns a tuple. Ops on weights alone (e.g. the weight concatenation of
     `fuse-gemms`) run once, here: the result holds their outputs in place of those weights.
     Weight arguments that are tensor-parallel shards (`ad.shard_dim`) hold `rank`'s slice.

@@ -19,6 +19,17 @@ their period: those determine the whole program, and a program read is lengthene
 What the weights are made into is not cached: the exporter computes the concatenated weights of
 `fuse-gemms`, FP8-quantized weights and shards from the weights of each compile.
 
+Module entries (`*.export` beside the programs): where ad-mlir exports an `nn.Module` itself
+(`compile(model, example_inputs)`, `LLM`), a compile found by the fingerprint of that export
+(`module_key`, `frontends/export_key.py`) before torch.export runs: the key of the program the
+compile used (with the layers and period a shortened one is lengthened to), the user inputs'
+specs and each weight's binding (the module's parameter or buffer of that name, or a lifted
+constant's value). A second compile of the same module reads the entry and the program and
+binds the module's weights: no export, no import, no passes. Written atomically, its first
+line the sha256 of the pickled entry after it (pickled as the kernels are imported: this is the
+user's own cache directory); a damaged one, or one whose program is missing or damaged, is a
+miss (exported, compiled and rewritten).
+
 What the passes warned of while compiling it (a pass skipped on error, a fusion refused) is
 stored with the entry and logged again at each read, so a reused program says what it lacks.
 
