@@ -145,9 +145,9 @@ def compile_program(
         if isinstance(gm, torch.nn.Module) and not isinstance(gm, torch.fx.GraphModule) else None)
     with heap_frozen():  # no full garbage collection over the model and the export while compiling
         kernels, rank = opts.cache or KernelCache(), _rank(opts.world_size, opts.rank)
-        key = _module_key(source, opts, rank)
-        if source is not None and key is not None and (done := _from_module_entry(source, key, kernels, rank)):
-            return done
+        key = module_entry_key(source, opts, rank)
+        if source is not None and key is not None and (done := from_module_entry(source, key, kernels, rank)):
+            return done[:2]
         with serving() as served:
             program = import_program(source or gm, example_inputs, dynamic_shapes)
             imported = dict(program.weights)
@@ -155,13 +155,13 @@ def compile_program(
                 built = _run_pipeline_or_reuse(program, opts, kernels, rank)
         compiled = export_program(program, built, fold_weights=True, rank=rank)
         if source is not None and key is not None:
-            _store_module_entry(source, key, served, program.input_specs, imported, kernels)
+            store_module_entry(source, key, served, program.input_specs, imported, kernels)
     if opts.verify:
         check_compiled(compiled, program.module, program.weights)
     return compiled, program
 
 
-def _module_key(source: ModuleExport | None, opts: CompileOptions, rank: Rank) -> str | None:
+def module_entry_key(source: ModuleExport | None, opts: CompileOptions, rank: Rank) -> str | None:
     """The key of `source`'s module entry (`runtime/program_cache.py`): a compile found by its
     export's fingerprint (`frontends/export_key.py`), which skips torch.export. None where
     there is no module to export, the program cache is off, `verify` is asked for (the passes
@@ -176,13 +176,14 @@ def _module_key(source: ModuleExport | None, opts: CompileOptions, rank: Rank) -
     return module_key(fingerprint, load_pipeline(opts.pipeline), rank, opts.layers_once)
 
 
-def _from_module_entry(
+def from_module_entry(
     source: ModuleExport, key: str, kernels: KernelCache, rank: Rank
-) -> tuple[torch.fx.GraphModule, ImportedProgram] | None:
-    """The compile a module entry stored: its program read from the program cache (its passes'
-    warnings said again), lengthened to all its layers where it is a shortened one, with the
-    weights of `source`'s module bound by the names the export gave them. None (the export and
-    compile run) where there is no entry, or it or the program it names is missing or unusable."""
+) -> tuple[torch.fx.GraphModule, ImportedProgram, dict[Operation, RegionKernel]] | None:
+    """The compile a module entry stored (and its kernels): its program read from the program
+    cache (its passes' warnings said again), lengthened to all its layers where it is a
+    shortened one, with the weights of `source`'s module bound by the names the export gave
+    them. None (the export and compile run) where there is no entry, or it or the program it
+    names is missing or unusable."""
     programs = ProgramCache.beside(kernels)
     entry = programs.load_module(key)
     stored = None if entry is None else programs.load(entry.program)
@@ -202,10 +203,10 @@ def _from_module_entry(
             log.warning("program cache module entry's program does not lengthen (%s): exporting again", e)
             return None
     log.info("program cache: module entry %s read, torch.export skipped", programs.module_path(key).name)
-    return export_program(program, built, fold_weights=True, rank=rank), program
+    return export_program(program, built, fold_weights=True, rank=rank), program, built
 
 
-def _store_module_entry(source: ModuleExport, key: str, served: Served, input_specs: dict[str, InputSpec],
+def store_module_entry(source: ModuleExport, key: str, served: Served, input_specs: dict[str, InputSpec],
                         imported: dict[str, torch.Tensor], kernels: KernelCache) -> None:
     """Point `key` at the program the program cache served this compile; not where what it
     served cannot be told (said in the log)."""

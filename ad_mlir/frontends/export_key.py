@@ -15,9 +15,9 @@ Hashed (a change in any of these is another fingerprint):
 - every class of the tree and its bases (below `nn.Module`): the source file, and the code of
   each function, property and static or class method in the class's dict (a method replaced at
   run time is other code);
-- the Python modules defining those classes, and one step further the modules that the
-  functions they hold as globals come from (`masking_utils` for a modeling file's
-  `create_causal_mask`): each one's source file, and its globals: the code of its functions,
+- the Python modules defining those classes, and one step further the modules of the same
+  package (not torch's: its version is keyed) that the functions they hold as globals come
+  from (`masking_utils` for a modeling file's `create_causal_mask`): each one's source file, and its globals: the code of its functions,
   the names of its classes and Python modules, its numbers and flags, and the functions its registries
   hold (HF's `ALL_ATTENTION_FUNCTIONS`, whatever `_attn_implementation` names);
 - HF configs (and generation configs): `to_json_string(use_diff=False)` and the private
@@ -31,7 +31,8 @@ Hashed (a change in any of these is another fingerprint):
   arguments (`generation`, what it runs within).
 
 Not seen (documented in docs/codegen.md): a function replaced at run time in a Python module
-not listed above (torch's, or a transformers helper two imports away from the modeling file),
+not listed above (torch's, another package's, or a transformers helper two imports away from
+the modeling file), a string global,
 and Python state outside the module tree that the forward reads (a global flag of another
 module). Use `AD_MLIR_PROGRAM_CACHE=0` or `verify=True` where such things change between
 compiles.
@@ -237,10 +238,12 @@ class _Fingerprint:
                 raise Unkeyable(f"Python module {name} has no source file (a class defined interactively?)")
             return
         self.add("source", name, _file_digest(path))
+        imported: dict[str, None] = {}
         for key, value in sorted(vars(module).items()):
-            if key.startswith("__"):
-                continue
-            self.add("global", key, _global(value, further))
+            if not key.startswith("__"):
+                self.add("global", key, _global(value, imported))
+        package = name.partition(".")[0]
+        further.update((m, None) for m in imported if m and m.partition(".")[0] == package != "torch")
 
 
 def _global(value: Any, further: dict[str, None]) -> str:

@@ -22,7 +22,7 @@ from transformers.models.llama import modeling_llama
 
 import ad_mlir
 from ad_mlir.codegen.cache import KernelCache
-from ad_mlir.compiler import CompileOptions, _module_key
+from ad_mlir.compiler import CompileOptions, module_entry_key
 from ad_mlir.frontends.export_key import Unkeyable, export_fingerprint
 from ad_mlir.frontends.graph_sources import module_export
 from ad_mlir.passes.pipeline import load_pipeline
@@ -206,11 +206,11 @@ def test_what_the_fingerprint_cannot_describe_is_not_cached(tmp_path: Path, monk
         with pytest.raises(Unkeyable, match=said):
             _key(model, dynamic_shapes=shapes)
     source = module_export(build_model(TinyConfig(layers=1)), {"input_ids": IDS}, None)
-    assert _module_key(source, CompileOptions(), Rank()) is not None
-    assert _module_key(source, CompileOptions(verify=True), Rank()) is None
+    assert module_entry_key(source, CompileOptions(), Rank()) is not None
+    assert module_entry_key(source, CompileOptions(verify=True), Rank()) is None
     with monkeypatch.context() as patch:
         patch.setenv(PROGRAM_CACHE_VARIABLE, "0")
-        assert _module_key(source, CompileOptions(), Rank()) is None
+        assert module_entry_key(source, CompileOptions(), Rank()) is None
     with caplog.at_level(logging.INFO, logger="ad_mlir.compiler"):
         torch.testing.assert_close(_run(_compile(hooked, tmp_path)), hooked(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)
     assert "the export is not keyed, torch.export runs" in caplog.text
