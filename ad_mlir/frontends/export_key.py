@@ -27,12 +27,13 @@ Hashed (a change in any of these is another fingerprint):
 - the example inputs: their structure, each tensor's shape, stride, dtype, device and value
   (off the meta device), each scalar's value; the dynamic_shapes spec (each `Dim`'s name and
   range);
-- grad mode, the autocast state of the CPU and CUDA, the default dtype; the export's own
-  arguments (`generation`, what it runs within).
+- grad mode, the autocast state of the CPU and CUDA, the default dtype and device; the
+  export's own arguments (`generation`, what it runs within).
+A tensor subclass (quantized, distributed) among the weights or inputs is Unkeyable.
 
 Not seen (documented in docs/codegen.md): a function replaced at run time in a Python module
 not listed above (torch's, another package's, or a transformers helper two imports away from
-the modeling file), a string global,
+the modeling file), a string global, torch's own settings (`torch._dynamo.config`, ...),
 and Python state outside the module tree that the forward reads (a global flag of another
 module). Use `AD_MLIR_PROGRAM_CACHE=0` or `verify=True` where such things change between
 compiles.
@@ -105,7 +106,8 @@ class _Fingerprint:
         self._tree(module)
         self._weights(module)
         self._inputs(source)
-        self.add("grad", torch.is_grad_enabled(), "default dtype", torch.get_default_dtype())
+        self.add("grad", torch.is_grad_enabled(), "default dtype", torch.get_default_dtype(),
+                 "default device", torch.get_default_device())
         for device in ("cpu", "cuda"):
             self.add("autocast", device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         self.add("generation", source.generation, "around", self.value(source.around, "the export's context"))
@@ -252,7 +254,7 @@ def _global(value: Any, further: dict[str, None]) -> str:
     objects by type (their state is not hashed)."""
     if isinstance(value, types.FunctionType):
         further.setdefault(value.__module__)
-        return f"function {value.__module__}.{value.__qualname__} {_code(value.__code__)}"
+        return f"function {value.__module__}.{value.__qualname__} {_function_code(value)}"
     if isinstance(value, type):
         return f"class {_qualname(value)}"
     if isinstance(value, types.ModuleType):
@@ -279,9 +281,9 @@ def _member(name: str, value: Any) -> str:
     if isinstance(value, staticmethod | classmethod):
         value = value.__func__
     if isinstance(value, property):
-        return f"{name}: property {[_code(f.__code__) for f in (value.fget, value.fset) if isinstance(f, types.FunctionType)]}"
+        return f"{name}: property {[_function_code(f) for f in (value.fget, value.fset) if isinstance(f, types.FunctionType)]}"
     if isinstance(value, types.FunctionType):
-        return f"{name}: {_code(value.__code__)}"
+        return f"{name}: {_function_code(value)}"
     if isinstance(value, _SCALARS):
         return f"{name}: {value!r}"
     return f"{name}: {type(value).__qualname__}"
@@ -297,6 +299,14 @@ def _qualname(cls: type) -> str:
 _CODE_DIGESTS: dict[int, tuple[types.CodeType, str]] = {}
 """Code objects are immutable: each one's digest is computed once (the entry holds it alive, so
 its id is not reused)."""
+
+
+def _function_code(fn: types.FunctionType, depth: int = 0) -> str:
+    """A function's code with the code of the functions its closure holds (what a decorator
+    wraps: `can_return_tuple(forward)` is the decorator's code around `forward`'s)."""
+    inner = [_function_code(c.cell_contents, depth + 1) for c in fn.__closure__ or ()
+             if depth < _MAX_DEPTH and isinstance(c.cell_contents, types.FunctionType)]
+    return f"{_code(fn.__code__)}{inner or ''}"
 
 
 def _code(code: types.CodeType) -> str:
@@ -334,7 +344,12 @@ def _file_digest(path: str) -> str:
     return _FILE_DIGESTS[key]
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer)
+
+
 def _tensor_meta(t: torch.Tensor) -> str:
+    if type(t) not in _PLAIN_TENSORS:  # a subclass (quantized, distributed) may hold what the trace reads
+        raise Unkeyable(f"a {type(t).__qualname__} tensor is not keyed")
     return f"{type(t).__name__} {t.dtype} {tuple(t.shape)} {t.stride()} {t.device}"
 
 

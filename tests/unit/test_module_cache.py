@@ -7,6 +7,7 @@ a missing program behind it, is exported and compiled again."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -151,8 +152,8 @@ def _patched_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
 
 def test_the_key_changes_with_what_decides_the_export(monkeypatch: pytest.MonkeyPatch) -> None:
     """Other parameter values keep the key; a config field, a private config attribute, a
-    weight's dtype or shape, a buffer's value, a forward set on an instance, a method or a
-    modeling file's function replaced at run time, the example input's shape, the
+    weight's dtype or shape, a buffer's value, a forward set on an instance, a method (decorated
+    or not) or a modeling file's function replaced at run time, the example input's shape, the
     dynamic_shapes, grad mode, the pipeline, the rank and `layers_once` each change it."""
     base = _key(build_model(TinyConfig(layers=1)))
     assert _key(build_model(TinyConfig(layers=1, seed=1))) == base
@@ -189,6 +190,20 @@ def test_the_key_changes_with_what_decides_the_export(monkeypatch: pytest.Monkey
         keys["modeling function"] = _key(build_model(TinyConfig(layers=1)))
     assert [name for name, key in keys.items() if key == base] == []
     assert len(set(keys.values())) == len(keys)
+    decorated = {}
+    for name, forward in (("original", modeling_llama.LlamaMLP.forward), ("patched", _patched_mlp_forward)):
+        with monkeypatch.context() as patch:
+            patch.setattr(modeling_llama.LlamaMLP, "forward", _decorated(forward))
+            decorated[name] = _key(build_model(TinyConfig(layers=1)))
+    assert decorated["original"] != decorated["patched"], "the decorator's code is the same: what it wraps differs"
+
+
+def _decorated(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def test_what_the_fingerprint_cannot_describe_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
