@@ -130,7 +130,7 @@ def compile(
 
 
 def compile_program(
-    gm: torch.nn.Module | torch.export.ExportedProgram,
+    gm: torch.nn.Module | torch.export.ExportedProgram | ModuleExport,
     example_inputs: Sequence[Any] | Mapping[str, Any] | None = None,
     *,
     dynamic_shapes: Any = None,
@@ -138,7 +138,9 @@ def compile_program(
     **overrides: Any,
 ) -> tuple[torch.fx.GraphModule, ImportedProgram]:
     """`compile`, also returning the program the pipeline made (its function's arguments say
-    what the compiled graph takes, e.g. the K/V caches `insert-cached-attention` added)."""
+    what the compiled graph takes, e.g. the K/V caches `insert-cached-attention` added). `gm`
+    may also be a `ModuleExport` (an export not run yet, as `LLM` gives it), run only where the
+    program cache holds no module entry for it."""
     opts = CompileOptions.of(options, **overrides)
     source = gm if isinstance(gm, ModuleExport) else (
         module_export(gm, example_inputs, dynamic_shapes)
