@@ -57,8 +57,9 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
     lookup missed, Triton codegen, lengthening the program to all the layers, PTX for sm_90 of
     each distinct kernel, export back to FX, the module entry's write), in order. A model whose
     layers do not repeat is compiled whole, as `compile` does (`passes/repeated_layers.py`).
-    First the module entry's key and lookup: where an earlier compile stored one (a warm
-    compile), its read (the program, codegen, lengthening, export to FX) and PTX are all."""
+    First the module entry's key and read: where an earlier compile stored one (a warm
+    compile), its read (the program, codegen, lengthening, export to FX: no export) and PTX
+    are all the stages."""
     from ad_mlir.codegen.cache import KernelCache
     from ad_mlir.codegen.ptx import ptx_reports
     from ad_mlir.compiler import CompileOptions, from_module_entry, module_entry_key, store_module_entry
@@ -91,8 +92,7 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
     cache = KernelCache()
     with heap_frozen():  # as `compile_program` compiles
         entry_key = timed("module entry key", lambda: module_entry_key(source, CompileOptions(), SINGLE_RANK))
-        read = timed("module entry read (program, codegen, lengthen, export to FX)",
-                     lambda: entry_key and from_module_entry(source, entry_key, cache, SINGLE_RANK))
+        read = timed("module entry read", lambda: entry_key and from_module_entry(source, entry_key, cache, SINGLE_RANK))
         if read:
             if ptx:
                 timed("PTX (sm_90)", lambda: ptx_reports(read[2].values()))
