@@ -13,15 +13,29 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
 from ad_mlir.codegen.cache import KernelCache
-from ad_mlir.frontends.export import heap_frozen
+from ad_mlir.frontends.export import ModuleExport, heap_frozen
+from ad_mlir.frontends.export_key import Unkeyable, export_fingerprint
 from ad_mlir.frontends.fx_import import ImportedProgram, import_program
+from ad_mlir.frontends.graph_sources import module_export
+from ad_mlir.frontends.input_checks import InputSpec
 from ad_mlir.passes import repeated_layers
 from ad_mlir.passes.patterns.attention_masks import constants_known
 from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
 from ad_mlir.passes.verify import NumericVerifier
 from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import RegionKernel, build_kernels
-from ad_mlir.runtime.program_cache import ProgramCache, pass_warnings, program_cache_enabled, program_key
+from ad_mlir.runtime.program_cache import (
+    ModuleEntry,
+    ProgramCache,
+    Served,
+    bound_weights,
+    module_bindings,
+    module_key,
+    pass_warnings,
+    program_cache_enabled,
+    program_key,
+    serving,
+)
 from ad_mlir.runtime.verify import check_compiled
 from ad_mlir.semantics.weights import Rank
 
@@ -45,7 +59,9 @@ class CompileOptions:
     cache: KernelCache | None = None
     """Where generated kernels are kept (default: `KernelCache()`, on disk, see `codegen/cache.py`),
     and beside them (`programs/`) the pipeline's results (`runtime/program_cache.py`): a second
-    compile of the same program skips the passes (AD_MLIR_PROGRAM_CACHE=0 turns that off)."""
+    compile of the same program skips the passes, and of the same `nn.Module` (keyed by the
+    fingerprint of its export, `frontends/export_key.py`) torch.export too
+    (AD_MLIR_PROGRAM_CACHE=0 turns that off)."""
     world_size: int | None = None
     """Tensor-parallel world size for a pipeline with `shard` (default: the initialized process
     group's, else 1)."""
@@ -94,7 +110,8 @@ def compile(
     Each fused region becomes a Triton kernel called as `torch.ops.ad_mlir.<name>`
     (kernels are cached on disk, see `codegen/cache.py`; so is the pipeline's result, keyed by
     the imported program, the values of its buffers and constants, the pipeline and the versions,
-    see `runtime/program_cache.py`: compiling the same program again skips the passes). The result takes the graph's user
+    see `runtime/program_cache.py`: compiling the same program again skips the passes; compiling
+    the same `nn.Module` again skips torch.export too, `frontends/export_key.py`). The result takes the graph's user
     inputs in order and returns a tuple. Ops on weights alone (e.g. the weight concatenation of
     `fuse-gemms`) run once, here: the result holds their outputs in place of those weights.
     Weight arguments that are tensor-parallel shards (`ad.shard_dim`) hold `rank`'s slice.
@@ -113,7 +130,7 @@ def compile(
 
 
 def compile_program(
-    gm: torch.nn.Module | torch.export.ExportedProgram,
+    gm: torch.nn.Module | torch.export.ExportedProgram | ModuleExport,
     example_inputs: Sequence[Any] | Mapping[str, Any] | None = None,
     *,
     dynamic_shapes: Any = None,
@@ -121,17 +138,86 @@ def compile_program(
     **overrides: Any,
 ) -> tuple[torch.fx.GraphModule, ImportedProgram]:
     """`compile`, also returning the program the pipeline made (its function's arguments say
-    what the compiled graph takes, e.g. the K/V caches `insert-cached-attention` added)."""
+    what the compiled graph takes, e.g. the K/V caches `insert-cached-attention` added). `gm`
+    may also be a `ModuleExport` (an export not run yet, as `LLM` gives it), run only where the
+    program cache holds no module entry for it."""
     opts = CompileOptions.of(options, **overrides)
+    source = gm if isinstance(gm, ModuleExport) else (
+        module_export(gm, example_inputs, dynamic_shapes)
+        if isinstance(gm, torch.nn.Module) and not isinstance(gm, torch.fx.GraphModule) else None)
     with heap_frozen():  # no full garbage collection over the model and the export while compiling
-        program = import_program(gm, example_inputs, dynamic_shapes)
         kernels, rank = opts.cache or KernelCache(), _rank(opts.world_size, opts.rank)
-        with constants_known(program.weights):  # a mask computed from a buffer (GPT-Neo's) can be evaluated
-            built = _run_pipeline_or_reuse(program, opts, kernels, rank)
+        key = module_entry_key(source, opts, rank)
+        if source is not None and key is not None and (done := from_module_entry(source, key, kernels, rank)):
+            return done[:2]
+        with serving() as served:
+            program = import_program(source or gm, example_inputs, dynamic_shapes)
+            imported = dict(program.weights)
+            with constants_known(program.weights):  # a mask computed from a buffer (GPT-Neo's) can be evaluated
+                built = _run_pipeline_or_reuse(program, opts, kernels, rank)
         compiled = export_program(program, built, fold_weights=True, rank=rank)
+        if source is not None and key is not None:
+            store_module_entry(source, key, served, program.input_specs, imported, kernels)
     if opts.verify:
         check_compiled(compiled, program.module, program.weights)
     return compiled, program
+
+
+def module_entry_key(source: ModuleExport | None, opts: CompileOptions, rank: Rank) -> str | None:
+    """The key of `source`'s module entry (`runtime/program_cache.py`): a compile found by its
+    export's fingerprint (`frontends/export_key.py`), which skips torch.export. None where
+    there is no module to export, the program cache is off, `verify` is asked for (the passes
+    always run then) or the module cannot be fingerprinted (said in the log)."""
+    if source is None or opts.verify or not program_cache_enabled():
+        return None
+    try:
+        fingerprint = export_fingerprint(source)
+    except Unkeyable as e:
+        log.info("program cache: the export is not keyed, torch.export runs: %s", e)
+        return None
+    return module_key(fingerprint, load_pipeline(opts.pipeline), rank, opts.layers_once)
+
+
+def from_module_entry(
+    source: ModuleExport, key: str, kernels: KernelCache, rank: Rank
+) -> tuple[torch.fx.GraphModule, ImportedProgram, dict[Operation, RegionKernel]] | None:
+    """The compile a module entry stored (and its kernels): its program read from the program
+    cache (its passes' warnings said again), lengthened to all its layers where it is a
+    shortened one, with the weights of `source`'s module bound by the names the export gave
+    them. None (the export and compile run) where there is no entry, or it or the program it
+    names is missing or unusable."""
+    programs = ProgramCache.beside(kernels)
+    entry = programs.load_module(key)
+    stored = None if entry is None else programs.load(entry.program)
+    if entry is None or stored is None:
+        return None
+    try:
+        weights = bound_weights(source.module, entry.weights)
+    except AttributeError as e:  # the key holds every weight's name: a stale entry
+        log.warning("program cache module entry for %s: %s: exporting again", type(source.module).__name__, e)
+        return None
+    program = ImportedProgram(stored.module, weights, entry.input_specs)
+    built = build_kernels(program.module, kernels)
+    if entry.repeated is not None:
+        try:
+            repeated_layers.lengthen(program.module, *entry.repeated, lambda old, new: _same_kernel(built, old, new))
+        except repeated_layers.NotRepeating as e:
+            log.warning("program cache module entry's program does not lengthen (%s): exporting again", e)
+            return None
+    log.info("program cache: module entry %s read, torch.export skipped", programs.module_path(key).name)
+    return export_program(program, built, fold_weights=True, rank=rank), program, built
+
+
+def store_module_entry(source: ModuleExport, key: str, served: Served, input_specs: dict[str, InputSpec],
+                        imported: dict[str, torch.Tensor], kernels: KernelCache) -> None:
+    """Point `key` at the program the program cache served this compile; not where what it
+    served cannot be told (said in the log)."""
+    repeated = served.layers()
+    if served.last is None or isinstance(repeated, str):
+        log.info("program cache: no module entry stored (the program served: %s)", repeated)
+        return
+    entry = ModuleEntry(served.last, repeated, dict(input_specs), module_bindings(source.module, imported))
+    ProgramCache.beside(kernels).store_module(key, entry)
 
 
 def _run_pipeline_or_reuse(

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ad_mlir.codegen.interpreter import default_to_interpreter
-from ad_mlir.frontends.export import export_with_ids, heap_frozen
+from ad_mlir.frontends.export import heap_frozen
 from ad_mlir.passes.pipeline import PIPELINES
 from ad_mlir.zoo.tiny import ModelShape, meta_model
 
@@ -35,6 +35,8 @@ Progress = Callable[[str], None]
 
 TOKENS = 8
 """Tokens of the example input (the sequence length is dynamic in the exported graph)."""
+MAX_SEQ = 4096
+"""The dynamic sequence length's upper bound (`export_with_ids`')."""
 INDUCTOR_MEMORY_SHARE = 0.5
 """Inductor runs the model: its weights may take at most this share of the machine's memory."""
 CACHE_VARIABLES = ("AD_MLIR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
@@ -49,20 +51,25 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
-    """Seconds per stage of `ad_mlir.compile` on `model` (export, import, finding the repeated
+    """Seconds per stage of `ad_mlir.compile(model, ...)` (export, import, finding the repeated
     decoder layers and shortening the program to a few of them, the program cache's key and
     lookup, then each pass of the default pipeline and the program cache's write where the
     lookup missed, Triton codegen, lengthening the program to all the layers, PTX for sm_90 of
-    each distinct kernel, export back to FX), in order. A model whose layers do not repeat is
-    compiled whole, as `compile` does (`passes/repeated_layers.py`)."""
+    each distinct kernel, export back to FX, the module entry's write), in order. A model whose
+    layers do not repeat is compiled whole, as `compile` does (`passes/repeated_layers.py`).
+    First the module entry's key and read: where an earlier compile stored one (a warm
+    compile), its read (the program, codegen, lengthening, export to FX: no export) and PTX
+    are all the stages."""
     from ad_mlir.codegen.cache import KernelCache
     from ad_mlir.codegen.ptx import ptx_reports
+    from ad_mlir.compiler import CompileOptions, from_module_entry, module_entry_key, store_module_entry
     from ad_mlir.frontends.fx_import import ImportedProgram, import_program
+    from ad_mlir.frontends.graph_sources import module_export
     from ad_mlir.passes import repeated_layers
     from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
     from ad_mlir.runtime.fx_export import export_program
     from ad_mlir.runtime.kernels import build_kernels
-    from ad_mlir.runtime.program_cache import ProgramCache, program_key
+    from ad_mlir.runtime.program_cache import ProgramCache, program_key, serving
     from ad_mlir.semantics.weights import SINGLE_RANK
 
     stages: dict[str, float] = {}
@@ -81,12 +88,21 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
         return ImportedProgram(repeated_layers.shorten(program.function, layout, p), program.weights), len(layout.layers), p
 
     ids = torch.zeros(1, TOKENS, dtype=torch.long, device=next(model.parameters()).device)
-    ep = timed("export", lambda: export_with_ids(model, ids))
+    source = module_export(model, {"input_ids": ids}, {"input_ids": {1: torch.export.Dim("seq", min=2, max=MAX_SEQ)}})
+    cache = KernelCache()
     with heap_frozen():  # as `compile_program` compiles
+        entry_key = timed("module entry key", lambda: module_entry_key(source, CompileOptions(), SINGLE_RANK))
+        read = timed("module entry read", lambda: entry_key and from_module_entry(source, entry_key, cache, SINGLE_RANK))
+        if read:
+            if ptx:
+                timed("PTX (sm_90)", lambda: ptx_reports(read[2].values()))
+            return stages
+    ep = timed("export", source.exported)
+    with heap_frozen(), serving() as served:
         program = timed("import", lambda: import_program(ep))
+        imported = dict(program.weights)
         short = timed("repeated layers: shorten", shortened)
         compiled, repeated = (short[0], f"{short[1]} layers of period {short[2]}") if short else (program, "")
-        cache = KernelCache()
         programs = ProgramCache.beside(cache)
         key = timed("program key", lambda: program_key(compiled, load_pipeline(PIPELINES["default"]), SINGLE_RANK,
                                                        repeated))
@@ -105,6 +121,9 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
         if ptx:
             timed("PTX (sm_90)", lambda: ptx_reports(kernels.values()))
         timed("export to FX", lambda: export_program(program, kernels, fold_weights=True))
+        if entry_key:
+            timed("module entry write", lambda: store_module_entry(source, entry_key, served, program.input_specs,
+                                                                    imported, cache))
     return stages
 
 

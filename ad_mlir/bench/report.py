@@ -21,6 +21,7 @@ def _s(seconds: float | None) -> str:
 
 
 STAGE_GROUPS = {
+    "module entry": lambda name: name.startswith("module entry "),
     "export": lambda name: name == "export",
     "import": lambda name: name == "import",
     "program cache": lambda name: name.startswith("program "),

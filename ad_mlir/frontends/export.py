@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ad_mlir.zoo.tiny import TinyConfig, example_input_ids
@@ -59,6 +61,30 @@ def export_inference(model: torch.nn.Module, kwargs: dict[str, Any], dynamic_sha
 
     with heap_frozen(), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export(generation):
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+@dataclass
+class ModuleExport:
+    """`export_inference(module, kwargs, dynamic_shapes, args, generation)`, run when asked for
+    (`exported`, once), within `around()` where given (a context manager: what else the export
+    needs set, and which error it raises for a failure). `compile_program` takes it in place of
+    the export: where the compiled-program cache holds the compile of the same export (its module
+    entries, `runtime/program_cache.py`, keyed by `frontends/export_key.py`) it never runs."""
+
+    module: torch.nn.Module
+    kwargs: dict[str, Any]
+    dynamic_shapes: Any
+    args: tuple[Any, ...] = ()
+    generation: bool = False
+    around: Callable[[], AbstractContextManager[Any]] | None = None
+    _exported: torch.export.ExportedProgram | None = field(default=None, init=False, repr=False)
+
+    def exported(self) -> torch.export.ExportedProgram:
+        if self._exported is None:
+            with self.around() if self.around is not None else contextlib.nullcontext():
+                self._exported = export_inference(self.module, self.kwargs, self.dynamic_shapes, self.args,
+                                                  self.generation)
+        return self._exported
 
 
 @contextlib.contextmanager

@@ -21,7 +21,9 @@ import torch
 from torch.export import ExportedProgram
 from torch.export._unlift import GuardsFn
 
-Source = torch.nn.Module | ExportedProgram
+from ad_mlir.frontends.export import ModuleExport
+
+Source = torch.nn.Module | ExportedProgram | ModuleExport
 ExampleInputs = Sequence[Any] | Mapping[str, Any]
 
 
@@ -35,6 +37,8 @@ def importable(
     """`source` as an ExportedProgram or an ATen-level GraphModule (see the module's doc)."""
     if isinstance(source, ExportedProgram):
         return _explicit_autocast(source)
+    if isinstance(source, ModuleExport):
+        return _explicit_autocast(source.exported())
     if isinstance(source, torch.fx.GraphModule) and not _needs_export(source):
         return source
     if isinstance(source, torch.nn.Module):
@@ -49,8 +53,13 @@ def export_module(
 ) -> ExportedProgram:
     """Export for inference: positional example inputs (a sequence) or keyword ones (a mapping);
     `dynamic_shapes` as `torch.export.export` takes it (None: every size static)."""
-    from ad_mlir.frontends.export import export_inference
+    return module_export(module, example_inputs, dynamic_shapes).exported()
 
+
+def module_export(
+    module: torch.nn.Module, example_inputs: ExampleInputs | None, dynamic_shapes: Any = None
+) -> ModuleExport:
+    """`export_module`'s export, not run yet (`ModuleExport`)."""
     what = "a torch-level GraphModule" if isinstance(module, torch.fx.GraphModule) else f"nn.Module {type(module).__name__}"
     if example_inputs is None:
         raise SourceError(
@@ -58,8 +67,8 @@ def export_module(
             "inputs or a dict of keyword inputs) and, for dynamic sizes, dynamic_shapes"
         )
     if isinstance(example_inputs, Mapping):
-        return export_inference(module, dict(example_inputs), dynamic_shapes)
-    return export_inference(module, {}, dynamic_shapes, args=tuple(example_inputs))
+        return ModuleExport(module, dict(example_inputs), dynamic_shapes)
+    return ModuleExport(module, {}, dynamic_shapes, args=tuple(example_inputs))
 
 
 def _needs_export(gm: torch.fx.GraphModule) -> bool:

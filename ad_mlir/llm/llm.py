@@ -27,6 +27,7 @@ runs as one replayed graph per batch bucket (`CudaGraphDecode`), a batch padded 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import time
@@ -40,6 +41,7 @@ from xdsl.dialects import func
 
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.dialects import ad
+from ad_mlir.frontends.export import ModuleExport
 from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
 from ad_mlir.passes.insert_cached_attention import PerSequenceState
 from ad_mlir.runtime.kernels import call_kernels_directly
@@ -124,8 +126,12 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
     its positions itself, which `insert-cached-attention` replaces by the step's real ones where
     they are a range over the step's tokens from 0 (BART's, Pegasus' positional embeddings), and
     refuses otherwise."""
-    from ad_mlir.frontends.export import export_inference
+    return cache_export(model, max_batch, max_seq_len, flat).exported()
 
+
+def cache_export(model: torch.nn.Module, max_batch: int, max_seq_len: int, flat: bool = False) -> ModuleExport:
+    """`export_for_cache`'s export, not run yet: what `LLM` compiles, so that a compile the
+    program cache holds runs no torch.export (`compile_program`)."""
     params = inspect.signature(model.forward).parameters
     name = type(model).__name__
     if "input_ids" not in params:
@@ -142,15 +148,24 @@ def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
         kwargs["position_ids"], dims["position_ids"] = torch.arange(3, device=device).expand(rows, 3), row_dims
     if "use_cache" in params:
         kwargs["use_cache"], dims["use_cache"] = False, None
+    return ModuleExport(model, kwargs, dims, generation=True,
+                        around=functools.partial(_exporting_for_generation, model, tuple(kwargs), flat))
+
+
+@contextlib.contextmanager
+def _exporting_for_generation(model: torch.nn.Module, inputs: tuple[str, ...], flat: bool) -> Iterator[None]:
+    """HF's cache off (`_hf_cache_off`); a failure to export raised as CacheExportError, saying
+    with which inputs and which guard the model's code added."""
     try:
         with _hf_cache_off(model):
-            return export_inference(model, kwargs, dims, generation=True)
+            yield
     except Exception as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [""]
         # a constraint violation's first line names only the dim; its first "- " line says which guard the code added
         guard = next((line[2:] for line in lines[1:] if line.startswith("- ")), None)
         shapes = "batch 1, tokens dynamic" if flat else "batch and sequence dynamic"
-        raise CacheExportError(f"{name} does not export for generation, called with {', '.join(kwargs)} ({shapes}): "
+        raise CacheExportError(f"{type(model).__name__} does not export for generation, called with "
+                               f"{', '.join(inputs)} ({shapes}): "
                                f"{type(e).__name__}: {lines[0]}" + (f" ({guard})" if guard else "")) from e
 
 
@@ -294,11 +309,11 @@ class LLM:
         else:
             if kv_cache_budget is None:
                 max_seq_len = max_seq_len or DEFAULT_MAX_SEQ_LEN
-                ep = export_for_cache(self.model, max_batch, max_seq_len)
+                ep = cache_export(self.model, max_batch, max_seq_len)
             else:
                 _check_budget(kv_cache_budget, self.device)
                 cap = max_seq_len or _max_positions(self.model)
-                ep = export_for_cache(self.model, max_batch, cap)
+                ep = cache_export(self.model, max_batch, cap)
                 max_seq_len = self._seq_len_for_budget(ep, max_batch, cap, kv_cache_budget)
             self._compile(ep, max_batch, max_seq_len)
         self.compile_seconds = time.perf_counter() - start
@@ -311,7 +326,7 @@ class LLM:
                  _per_layer(self.token_bytes), self.state_bytes // max_batch)
         self.decode_graphs = self._capture_decode(cuda_graphs)
 
-    def _compile(self, ep: torch.export.ExportedProgram, max_batch: int, max_seq_len: int,
+    def _compile(self, ep: ModuleExport, max_batch: int, max_seq_len: int,
                  num_pages: int | None = None) -> None:
         """Compile `ep` with caches of `max_batch` x `max_seq_len` tokens (with `num_pages`, the
         paged form's pools of `num_pages` x `page_size` tokens) and allocate them."""
@@ -355,7 +370,7 @@ class LLM:
             raise ValueError(f"page_size={page_size} must be a power of two")
         if num_pages is not None and budget is not None:
             raise ValueError("give num_pages or kv_cache_budget, not both")
-        ep = export_flat(self.model, max_batch * max_seq_len)
+        ep = cache_export(self.model, 1, max_batch * max_seq_len, flat=True)
         if num_pages is None and budget is not None:
             _check_budget(budget, self.device)
             self._compile(ep, max_batch, max_seq_len, PROBE_PAGES)
@@ -436,7 +451,7 @@ class LLM:
 
     # -- cache size from a memory budget ---------------------------------------------
 
-    def _seq_len_for_budget(self, ep: torch.export.ExportedProgram, max_batch: int, cap: int,
+    def _seq_len_for_budget(self, ep: ModuleExport, max_batch: int, cap: int,
                             budget: int | float) -> int:
         """Tokens per slot that `budget` buys for `max_batch` slots, at most `cap`: measured on a
         probe compile with `PROBE_SEQ_LEN`-token slots."""

@@ -19,6 +19,17 @@ their period: those determine the whole program, and a program read is lengthene
 What the weights are made into is not cached: the exporter computes the concatenated weights of
 `fuse-gemms`, FP8-quantized weights and shards from the weights of each compile.
 
+Module entries (`*.export` beside the programs): where ad-mlir exports an `nn.Module` itself
+(`compile(model, example_inputs)`, `LLM`), a compile found by the fingerprint of that export
+(`module_key`, `frontends/export_key.py`) before torch.export runs: the key of the program the
+compile used (with the layers and period a shortened one is lengthened to), the user inputs'
+specs and each weight's binding (the module's parameter or buffer of that name, or a lifted
+constant's value). A second compile of the same module reads the entry and the program and
+binds the module's weights: no export, no import, no passes. Written atomically, its first
+line the sha256 of the pickled entry after it (pickled as the kernels are imported: this is the
+user's own cache directory); a damaged one, or one whose program is missing or damaged, is a
+miss (exported, compiled and rewritten).
+
 What the passes warned of while compiling it (a pass skipped on error, a fusion refused) is
 stored with the entry and logged again at each read, so a reused program says what it lacks.
 
@@ -37,9 +48,12 @@ import hashlib
 import io
 import logging
 import os
+import pickle
 import platform
+import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
@@ -51,6 +65,7 @@ from xdsl.printer import Printer
 from ad_mlir.codegen.cache import KernelCache, write_atomically
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.fx_import import ImportedProgram
+from ad_mlir.frontends.input_checks import InputSpec
 from ad_mlir.passes.pipeline import PipelineConfig, make_context
 from ad_mlir.semantics.weights import Rank
 
@@ -113,7 +128,10 @@ def program_key(program: ImportedProgram, pipeline: PipelineConfig, rank: Rank, 
     kinds = _weight_kinds(program.module)
     for fqn in sorted(program.weights):
         h.update(f"{fqn}: {_weight_digest(kinds.get(fqn, ad.CONSTANT_TENSOR_ATTR), program.weights[fqn])}\n".encode())
-    return h.hexdigest()
+    key = h.hexdigest()
+    if (served := _SERVING.get()) is not None:
+        served.repeated[key] = repeated
+    return key
 
 
 def _weight_kinds(module: ModuleOp) -> dict[str, str]:
@@ -201,6 +219,7 @@ class ProgramCache:
             log.warning("program cache entry %s does not parse (%s): compiling again", path, " ".join(str(e).split()))
             return None
         self.hits += 1
+        _served(key)
         log.info("program cache: %s read, the pass pipeline skipped", path)
         for warning in warnings:
             log.warning("%s (logged when the stored program %s was compiled)", warning, path.name)
@@ -213,3 +232,143 @@ class ProgramCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path(key), body + _CHECKSUM + checksum(body) + "\n")
         self.stored += 1
+        _served(key)
+
+    # -- module entries ------------------------------------------------------------------
+
+    def module_path(self, key: str) -> Path:
+        return self.directory / f"{key[:32]}.export"
+
+    def load_module(self, key: str) -> ModuleEntry | None:
+        """The module entry stored under `key`, None when there is none or it cannot be used
+        (then logged: the caller exports, compiles and stores it again)."""
+        path = self.module_path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("program cache module entry %s cannot be read (%s): exporting again", path, e)
+            return None
+        digest, _, payload = data.partition(b"\n")
+        try:
+            if digest.decode() != hashlib.sha256(payload).hexdigest():
+                raise ValueError("checksum")
+            stored_key, entry = pickle.loads(payload)  # noqa: S301 (our own cache directory, as the kernels it imports)
+            if stored_key != key or not isinstance(entry, ModuleEntry):
+                raise ValueError("another key")
+        except Exception:  # noqa: BLE001 (whatever is wrong with an entry means: export and compile again)
+            log.warning("program cache module entry %s is corrupt or stale: exporting again", path)
+            return None
+        return entry
+
+    def store_module(self, key: str, entry: ModuleEntry) -> None:
+        payload = pickle.dumps((key, entry), protocol=pickle.HIGHEST_PROTOCOL)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.module_path(key), hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+
+
+Binding = tuple[str, str] | torch.Tensor
+"""How a module entry gets a weight: ("parameter" or "buffer", its name in the module), or the
+value of a constant the export lifted."""
+
+
+@dataclass(frozen=True)
+class ModuleEntry:
+    """A compile found by the fingerprint of its export (`module_key`): the program cache's
+    entry the pass pipeline's result is in (with the layers and period it is lengthened to
+    where it is a shortened program), and what the export gave beside the IR: the user inputs'
+    specs (the compiled graph's input checks) and each weight's binding."""
+
+    program: str
+    repeated: tuple[int, int] | None
+    input_specs: dict[str, InputSpec]
+    weights: dict[str, Binding]
+
+
+def module_key(fingerprint: str, pipeline: PipelineConfig, rank: Rank, layers_once: bool) -> str:
+    """The key of a module entry: the export's fingerprint (`frontends/export_key.py`), the
+    versions and sources that `program_key` hashes, transformers' version and every ad-mlir
+    source (the export, its patches and the import are ours), the pipeline, the rank and
+    whether repeated layers are compiled once."""
+    h = hashlib.sha256(_compiler_fingerprint().encode())
+    h.update(_export_fingerprint_sources().encode())
+    h.update(f"pipeline={pipeline.spec}\nskip_on_error={pipeline.skips_on_error()}\n".encode())
+    h.update(f"rank={rank.rank}/{rank.world_size}\nlayers_once={layers_once}\n{fingerprint}".encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def _export_fingerprint_sources() -> str:
+    h = hashlib.sha256(f"transformers={_version('transformers')}\n".encode())
+    root = Path(__file__).parents[1]  # the ad_mlir package
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except Exception:  # noqa: BLE001 (not installed: its absence is what is keyed)
+        return "none"
+
+
+def module_bindings(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, Binding]:
+    """Each weight of an import as the module's parameter or buffer it is (the tensor itself,
+    under the export's name where that names it), else by value (a lifted constant)."""
+    named: dict[int, tuple[str, str]] = {}
+    for kind, items in (("parameter", module.named_parameters(remove_duplicate=False)),
+                        ("buffer", module.named_buffers(remove_duplicate=False))):
+        for name, t in items:
+            named.setdefault(id(t), (kind, name))
+            if name in weights and weights[name] is t:
+                named[id(t)] = (kind, name)
+    return {fqn: named.get(id(t), t) for fqn, t in weights.items()}
+
+
+def bound_weights(module: torch.nn.Module, bindings: dict[str, Binding]) -> dict[str, torch.Tensor]:
+    """`module_bindings` undone on `module` (AttributeError where it lacks a name)."""
+    return {fqn: b if isinstance(b, torch.Tensor) else
+            (module.get_parameter(b[1]) if b[0] == "parameter" else module.get_buffer(b[1]))
+            for fqn, b in bindings.items()}
+
+
+@dataclass
+class Served:
+    """What the program cache served within `serving()`: the `repeated` note of each key
+    computed, and the key of the last program read or written (the one the compile used)."""
+
+    repeated: dict[str, str] = field(default_factory=dict)
+    last: str | None = None
+
+    def layers(self) -> tuple[int, int] | None | str:
+        """The layers and period the last program is lengthened to (None: a whole program);
+        a note this cannot read is returned as it is."""
+        if self.last not in self.repeated:
+            return "no program served"
+        note = self.repeated[self.last]
+        if not note:
+            return None
+        match = re.fullmatch(r"(\d+) layers of period (\d+)", note)
+        return (int(match[1]), int(match[2])) if match else note
+
+
+_SERVING: ContextVar[Served | None] = ContextVar("program_cache_serving", default=None)
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[Served]:
+    """Within: which program the program cache served (a module entry points to it)."""
+    served = Served()
+    token = _SERVING.set(served)
+    try:
+        yield served
+    finally:
+        _SERVING.reset(token)
+
+
+def _served(key: str) -> None:
+    if (served := _SERVING.get()) is not None:
+        served.last = key
