@@ -15,15 +15,25 @@ first K layers and the suffix, which reads the last layers' values where it read
 layers they stand for. The pipeline runs on that. Its layers fall into 5 groups of P (and the
 rest): group 0 differs (layer 0 has no residual add before its first norm), group 1 reads it,
 the last group is next to the suffix (whose norm fuses the last residual add); groups 2 and 3
-are in the steady state. `lengthen` checks that they are the same program up to their weights
-and layer names, instantiates group 3 for the missing layers (each copy reads the copy before it
-and its own layers' weights) and renames the last group and the suffix to the layers they stand
-for. This relies on the passes being local (what they make of a layer depends on that layer
-and its neighbours, not on how many layers follow); a pass that numbers layers or adds per-layer
-arguments makes groups 2 and 3 differ, which the check catches. Where a check fails
-(`NotRepeating`: the message says which), the caller compiles the whole program; a pass that adds an argument per layer (the K/V caches of
-`insert-cached-attention`) makes groups 2 and 3 differ, so such pipelines compile the whole
-program today.
+are in the steady state. `lengthen` checks that they are the same program up to their weights,
+layer names and layer arguments, instantiates group 3 for the missing layers (each copy reads
+the copy before it and its own layers' weights) and renames the last group and the suffix to
+the layers they stand for. This relies on the passes being local (what they make of a layer
+depends on that layer and its neighbours, not on how many layers follow); a pass that numbers
+layers makes groups 2 and 3 differ, which the check catches.
+
+A pass may add arguments of one layer (`layer_arguments`: no weight, their attributes name
+the layer: the K/V caches and states of `insert-cached-attention`, `k_cache_3` marked `ad.cache =
+"model.layers.3.self_attn key"`). The hash sees them as "this layer's argument" of a type,
+attributes relative to the layer and the stem of their name (`k_cache`); their names' counts
+number them in program order, kind by kind (the pass's attention count, not the layer). So
+lengthening checks that each stem's counts advance by the same step from each group to the next
+and that the arguments come in sections (one per kind: all K/V caches, then all convolution
+states, ...), each in layer order; each copy of group 3 gets its own arguments, placed in each
+section after the layers before it, named and marked as the pass would have named and marked
+them for those layers, and the last group's are renamed. The shared arguments (the slots,
+starts, block tables, `logits_indices`) stay one. Where a check fails (`NotRepeating`: the
+message says which), the caller compiles the whole program.
 """
 
 from __future__ import annotations
@@ -230,9 +240,9 @@ def shorten(fn: func.FuncOp, lay: Layout, p: int) -> ModuleOp:
         block.add_op(op.clone(mapper))
     last = n - (k - LAST * p)  # the first of the layers the last group stands for
     layer_of_value = {v: i for i in range(LAST * p, n) for v in _defined(lay.layers[i])}
-    for i in range(last, n):
-        for v, kept in zip(_defined(lay.layers[i]), _defined(lay.layers[i - (n - k)]), strict=True):
-            mapper[v] = mapper[kept]
+    standing = {v: mapper[kept] for i in range(last, n)  # all read before any is set: a kept layer
+                for v, kept in zip(_defined(lay.layers[i]), _defined(lay.layers[i - (n - k)]), strict=True)}
+    mapper |= standing  # may itself stand for a later one (N - K < K - LAST * P)
     for op in lay.suffix:
         for inner in op.walk():
             for v in inner.operands:
