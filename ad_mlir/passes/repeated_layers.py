@@ -345,6 +345,10 @@ class _Arguments:
     def __init__(self, fn: func.FuncOp, stack: str, p: int, copies: int) -> None:
         self.fn, self.stack, self.p, self.copies = fn, stack, p, copies
         self.of = layer_arguments(fn, stack)
+        for argument in self.of.values():  # so `count or 0` below is the count
+            if argument.count is None:
+                raise NotRepeating(f"argument {argument.stem} of layer {argument.layer} has no count in its name to "
+                                   "number its copies by")
         self.steps = self._steps()
         self.sections = self._sections()
         for arg, argument in self.of.items():
@@ -353,22 +357,19 @@ class _Arguments:
                                    "layers before it")
 
     def _name(self, arg: BlockArgument) -> str:
-        argument = self.of[arg]
-        return argument.stem if argument.count is None else f"{argument.stem}_{argument.count}"
+        return f"{self.of[arg].stem}_{self.of[arg].count}"
 
     def _steps(self) -> dict[str, int]:
         """Each stem's step: what its counts advance by from one group to the next."""
-        counts: dict[str, list[list[int | None]]] = {}
+        counts: dict[str, list[list[int]]] = {}
         for argument in self.of.values():
             group = argument.layer // self.p
             if 1 <= group <= LAST:
-                counts.setdefault(argument.stem, [[] for _ in range(LAST)])[group - 1].append(argument.count)
+                counts.setdefault(argument.stem, [[] for _ in range(LAST)])[group - 1].append(argument.count or 0)
         steps = {}
         for stem, groups in counts.items():
-            if len({len(g) for g in groups}) != 1 or any(c is None for g in groups for c in g):
-                raise NotRepeating(f"the arguments {stem}_<i> are not counted alike in every group of {self.p} layers")
-            found = {b - a for g, h in zip(groups, groups[1:], strict=False) for a, b in zip(g, h, strict=True)}  # type: ignore[operator]
-            if len(found) != 1:
+            found = {b - a for g, h in zip(groups, groups[1:], strict=False) for a, b in zip(g, h, strict=False)}
+            if len({len(g) for g in groups}) != 1 or len(found) != 1:
                 raise NotRepeating(f"the arguments {stem}_<i> are not counted alike in every group of {self.p} layers")
             steps[stem] = found.pop()
         return steps
@@ -403,7 +404,7 @@ class _Arguments:
 
     def _moved(self, argument: LayerArgument, groups: int) -> tuple[DictionaryAttr, str]:
         """The attributes and name of `argument` for the layer `groups` groups later."""
-        name = f"{argument.stem}_{argument.count + groups * self.steps[argument.stem]}"  # type: ignore[operator]
+        name = f"{argument.stem}_{(argument.count or 0) + groups * self.steps[argument.stem]}"
         attrs = {k: StringAttr(renamed(a.data, self.stack, lambda i: i + groups * self.p)) if isinstance(a, StringAttr)
                  else a for k, a in argument.attrs.items()}
         return DictionaryAttr(attrs | {ad.INPUT_ATTR: StringAttr(name)}), name
