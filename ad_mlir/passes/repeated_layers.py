@@ -15,15 +15,25 @@ first K layers and the suffix, which reads the last layers' values where it read
 layers they stand for. The pipeline runs on that. Its layers fall into 5 groups of P (and the
 rest): group 0 differs (layer 0 has no residual add before its first norm), group 1 reads it,
 the last group is next to the suffix (whose norm fuses the last residual add); groups 2 and 3
-are in the steady state. `lengthen` checks that they are the same program up to their weights
-and layer names, instantiates group 3 for the missing layers (each copy reads the copy before it
-and its own layers' weights) and renames the last group and the suffix to the layers they stand
-for. This relies on the passes being local (what they make of a layer depends on that layer
-and its neighbours, not on how many layers follow); a pass that numbers layers or adds per-layer
-arguments makes groups 2 and 3 differ, which the check catches. Where a check fails
-(`NotRepeating`: the message says which), the caller compiles the whole program; a pass that adds an argument per layer (the K/V caches of
-`insert-cached-attention`) makes groups 2 and 3 differ, so such pipelines compile the whole
-program today.
+are in the steady state. `lengthen` checks that they are the same program up to their weights,
+layer names and layer arguments, instantiates group 3 for the missing layers (each copy reads
+the copy before it and its own layers' weights) and renames the last group and the suffix to
+the layers they stand for. This relies on the passes being local (what they make of a layer
+depends on that layer and its neighbours, not on how many layers follow); a pass that numbers
+layers makes groups 2 and 3 differ, which the check catches.
+
+A pass may add arguments of one layer (`layer_arguments`: no weight, their attributes name
+the layer: the K/V caches and states of `insert-cached-attention`, `k_cache_3` marked `ad.cache =
+"model.layers.3.self_attn key"`). The hash sees them as "this layer's argument" of a type,
+attributes relative to the layer and the stem of their name (`k_cache`); their names' counts
+number them in program order, kind by kind (the pass's attention count, not the layer). So
+lengthening checks that each stem's counts advance by the same step from each group to the next
+and that the arguments come in sections (one per kind: all K/V caches, then all convolution
+states, ...), each in layer order; each copy of group 3 gets its own arguments, placed in each
+section after the layers before it, named and marked as the pass would have named and marked
+them for those layers, and the last group's are renamed. The shared arguments (the slots,
+starts, block tables, `logits_indices`) stay one. Where a check fails (`NotRepeating`: the
+message says which), the caller compiles the whole program.
 """
 
 from __future__ import annotations
@@ -33,8 +43,8 @@ import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, NameLoc, StringAttr
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FunctionType, ModuleOp, NameLoc, StringAttr
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, Region, SSAValue
 
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_of
@@ -46,6 +56,7 @@ missing layers) and the last, next to the suffix."""
 LAST = KEPT_GROUPS - 1
 """The last group: it stands for the model's last layers."""
 _NUMBERED = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+_COUNTED = re.compile(r"^(.*)_(\d+)$")
 
 
 class NotRepeating(Exception):  # noqa: N818 (a reason to compile the whole program, not an error)
@@ -120,6 +131,36 @@ def _read_only_by(v: SSAValue, ops: set[Operation]) -> bool:
     return all(use.operation in ops for use in v.uses)
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerArgument:
+    """A function argument of one layer that is no weight: a cache `insert-cached-attention`
+    added (`k_cache_3`, marked `ad.cache = "model.layers.3.self_attn key"`). Its attributes name
+    its layer; its name is a stem and a count (`k_cache`, 3), which numbers the stem's arguments
+    in program order (the pass's attention or cache count, not the layer's index)."""
+
+    layer: int
+    stem: str
+    count: int | None
+    attrs: Mapping[str, Attribute]
+
+
+def layer_arguments(fn: func.FuncOp, stack: str) -> dict[BlockArgument, LayerArgument]:
+    """The arguments of `fn` that are no weight and whose string attributes name one layer of `stack`."""
+    found = {}
+    for arg, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True):
+        if weight_of(attrs) is not None:
+            continue
+        layers = {where[1] for a in attrs.data.values()
+                  if isinstance(a, StringAttr) and (where := layer_of(a.data)) is not None and where[0] == stack}
+        if len(layers) != 1:
+            continue
+        name = attrs.data.get(ad.INPUT_ATTR)
+        counted = _COUNTED.match(name.data) if isinstance(name, StringAttr) else None
+        stem = counted.group(1) if counted else name.data if isinstance(name, StringAttr) else ""
+        found[arg] = LayerArgument(layers.pop(), stem, int(counted.group(2)) if counted else None, attrs.data)
+    return found
+
+
 class _Keys:
     """Structural keys of op lists (layers or groups of layers), relative to their first layer."""
 
@@ -127,6 +168,7 @@ class _Keys:
         self.stack = stack
         self.weights = {a: attrs for a, attrs in zip(fn.body.block.args, fn.arg_attrs or [], strict=True)
                         if weight_of(attrs) is not None}
+        self.arguments = layer_arguments(fn, stack)
 
     def relative(self, attr: Attribute, layer: int) -> Hashable:
         if isinstance(attr, StringAttr):
@@ -145,6 +187,10 @@ class _Keys:
             return ("constant", v.owner.value, v.type)
         if v in self.weights:
             return ("weight", v.type, tuple(sorted((k, self.relative(a, layer)) for k, a in self.weights[v].data.items())))
+        if v in self.arguments:  # "this layer's key cache": its name's count is checked by `_LayerArguments`
+            argument = self.arguments[v]
+            return ("argument", v.type, argument.stem,
+                    tuple(sorted((k, self.relative(a, layer)) for k, a in argument.attrs.items() if k != ad.INPUT_ATTR)))
         return ("same", id(v))
 
     def key(self, ops: Sequence[Operation], previous: Sequence[Operation], layer: int) -> tuple[Hashable, ...]:
@@ -194,9 +240,9 @@ def shorten(fn: func.FuncOp, lay: Layout, p: int) -> ModuleOp:
         block.add_op(op.clone(mapper))
     last = n - (k - LAST * p)  # the first of the layers the last group stands for
     layer_of_value = {v: i for i in range(LAST * p, n) for v in _defined(lay.layers[i])}
-    for i in range(last, n):
-        for v, kept in zip(_defined(lay.layers[i]), _defined(lay.layers[i - (n - k)]), strict=True):
-            mapper[v] = mapper[kept]
+    standing = {v: mapper[kept] for i in range(last, n)  # all read before any is set: a kept layer
+                for v, kept in zip(_defined(lay.layers[i]), _defined(lay.layers[i - (n - k)]), strict=True)}
+    mapper |= standing  # may itself stand for a later one (N - K < K - LAST * P)
     for op in lay.suffix:
         for inner in op.walk():
             for v in inner.operands:
@@ -266,6 +312,8 @@ def lengthen(module: ModuleOp, layers: int, p: int, on_copy: Callable[[Operation
     template = groups[3]
     reads = [v for op in template for inner in op.walk() for v in inner.operands]
     shift = layers - k
+    arguments = _Arguments(fn, lay.stack, p, shift // p)
+    arguments.check_reads(reads)
     weights = [_renames(reads, renamer, lambda i, s=c * p: i + s)  # NotRepeating before any change
                for c in range(1, shift // p + 1)]
     tail_shift: Callable[[int], int] = lambda i: i + shift if i >= LAST * p else i  # noqa: E731
@@ -276,14 +324,110 @@ def lengthen(module: ModuleOp, layers: int, p: int, on_copy: Callable[[Operation
     here = {op for top in [*groups[2], *template] for op in top.walk()}
     before = [v if _read_only_by(v, here) else None for v in _defined(groups[2])]
     previous = template
-    for c, renames in enumerate(weights, start=1):
+    for c, (renames, own) in enumerate(zip(weights, arguments.lengthen(), strict=True), start=1):
         mapper = {v: new for v, new in zip(before, _defined(previous), strict=True) if v is not None}
-        previous = _insert_copy(template, mapper | renames, rest[0], lambda i, s=c * p: i + s, lay.stack, on_copy)
+        previous = _insert_copy(template, mapper | renames | own, rest[0], lambda i, s=c * p: i + s, lay.stack, on_copy)
     last = dict(zip(_defined(template), _defined(previous), strict=True))
     for op in rest:
         for inner in op.walk():
             inner.operands = tuple(renamer.weight(last.get(v, v), tail_shift) for v in inner.operands)
             _shifted_location(inner, lay.stack, tail_shift)
+
+
+class _Arguments:
+    """The layer arguments (`layer_arguments`) of a compiled shortened program, checked to be
+    what lengthening can give the copies as the pipeline would have given them to those layers
+    (NotRepeating otherwise, before any change): each stem's counts advance by one step per
+    group of P layers (alike from group 1 to the last), and the arguments come in sections (the
+    pass adds them kind by kind: all attentions' K/V caches, then the convolutions' states, ...),
+    each in layer order, where a copy's go after the layers before it."""
+
+    def __init__(self, fn: func.FuncOp, stack: str, p: int, copies: int) -> None:
+        self.fn, self.stack, self.p, self.copies = fn, stack, p, copies
+        self.of = layer_arguments(fn, stack)
+        for argument in self.of.values():  # so `count or 0` below is the count
+            if argument.count is None:
+                raise NotRepeating(f"argument {argument.stem} of layer {argument.layer} has no count in its name to "
+                                   "number its copies by")
+        self.steps = self._steps()
+        self.sections = self._sections()
+        for arg, argument in self.of.items():
+            if argument.layer >= LAST * p and argument.stem not in self.steps:
+                raise NotRepeating(f"argument {self._name(arg)} of layer {argument.layer} has no counterpart in the "
+                                   "layers before it")
+
+    def _name(self, arg: BlockArgument) -> str:
+        return f"{self.of[arg].stem}_{self.of[arg].count}"
+
+    def _steps(self) -> dict[str, int]:
+        """Each stem's step: what its counts advance by from one group to the next."""
+        counts: dict[str, list[list[int]]] = {}
+        for argument in self.of.values():
+            group = argument.layer // self.p
+            if 1 <= group <= LAST:
+                counts.setdefault(argument.stem, [[] for _ in range(LAST)])[group - 1].append(argument.count or 0)
+        steps = {}
+        for stem, groups in counts.items():
+            found = {b - a for g, h in zip(groups, groups[1:], strict=False) for a, b in zip(g, h, strict=False)}
+            if len({len(g) for g in groups}) != 1 or len(found) != 1:
+                raise NotRepeating(f"the arguments {stem}_<i> are not counted alike in every group of {self.p} layers")
+            steps[stem] = found.pop()
+        return steps
+
+    def _sections(self) -> list[tuple[int, list[BlockArgument]]]:
+        """Per section: where the copies' arguments go (before those of the last group's layers)
+        and group 3's arguments, which they copy."""
+        sections: list[list[BlockArgument]] = []
+        previous: LayerArgument | None = None
+        for arg in self.fn.body.block.args:
+            argument = self.of.get(arg)
+            if argument is not None and (previous is None or previous.layer > argument.layer):
+                sections.append([])
+            if argument is not None:
+                sections[-1].append(arg)
+            previous = argument
+        placed = []
+        for section in sections:
+            layers = [self.of[arg].layer for arg in section]
+            at = next((arg.index for arg, layer in zip(section, layers, strict=True) if layer >= LAST * self.p),
+                      section[-1].index + 1)
+            placed.append((at, [arg for arg, layer in zip(section, layers, strict=True)
+                                if 3 * self.p <= layer < LAST * self.p]))
+        return placed
+
+    def check_reads(self, template: Iterable[SSAValue]) -> None:
+        """Group 3 (the template) reads no other layer's arguments (its copies could not)."""
+        for v in template:
+            if v in self.of and not 3 * self.p <= self.of[v].layer < LAST * self.p:
+                raise NotRepeating(f"layers {_span(3 * self.p, self.p)} read the argument {self._name(v)} of layer "
+                                   f"{self.of[v].layer}")
+
+    def _moved(self, argument: LayerArgument, groups: int) -> tuple[DictionaryAttr, str]:
+        """The attributes and name of `argument` for the layer `groups` groups later."""
+        name = f"{argument.stem}_{(argument.count or 0) + groups * self.steps[argument.stem]}"
+        attrs = {k: StringAttr(renamed(a.data, self.stack, lambda i: i + groups * self.p)) if isinstance(a, StringAttr)
+                 else a for k, a in argument.attrs.items()}
+        return DictionaryAttr(attrs | {ad.INPUT_ATTR: StringAttr(name)}), name
+
+    def lengthen(self) -> list[dict[SSAValue, SSAValue]]:
+        """Insert the copies' arguments and rename those of the last group's layers (by the
+        copies' layers); per copy, group 3's arguments -> the copy's."""
+        block = self.fn.body.block
+        attrs = list(self.fn.arg_attrs.data) if self.fn.arg_attrs else [DictionaryAttr({}) for _ in block.args]
+        made: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.copies)]
+        for at, template in reversed(self.sections):  # the later first: the earlier places stay
+            for j, (c, arg) in enumerate((c, arg) for c in range(1, self.copies + 1) for arg in template):
+                new_attrs, name = self._moved(self.of[arg], c)
+                new = block.insert_arg(arg.type, at + j)
+                new.name_hint = name
+                attrs.insert(at + j, new_attrs)
+                made[c - 1][arg] = new
+        for arg, argument in self.of.items():
+            if argument.layer >= LAST * self.p:
+                attrs[arg.index], arg.name_hint = self._moved(argument, self.copies)
+        self.fn.arg_attrs = ArrayAttr(attrs)
+        self.fn.function_type = FunctionType.from_lists([a.type for a in block.args], self.fn.function_type.outputs.data)
+        return made
 
 
 def _span(first: int, count: int) -> str:

@@ -3,23 +3,31 @@ gives the program the whole-program compile gives: the same `ad` ops, operands, 
 locations for every layer (the module's text, value names aside), and the same outputs. Families:
 a Llama (period 1), Gemma2's sliding/global alternation (period 2), LFM2 with convolution and
 attention layers (a hybrid, period 2) and Mixtral (MoE), each deep enough that layers are
-instantiated; a model whose layers do not repeat falls back to the whole program."""
+instantiated; a model whose layers do not repeat falls back to the whole program. Under
+`ad_mlir.LLM` (`insert-cached-attention` adds caches per layer), slot and paged, the lengthened
+program has the whole compile's cache arguments too, named, marked and ordered alike."""
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 from pathlib import Path
 
 import pytest
 import torch
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import DictionaryAttr, ModuleOp, StringAttr
 from xdsl.printer import Printer
 
+import ad_mlir
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.compiler import compile_program
+from ad_mlir.dialects import ad
 from ad_mlir.frontends.export import export_with_ids
-from ad_mlir.passes.repeated_layers import layer_of, renamed
+from ad_mlir.frontends.fx_import import import_program
+from ad_mlir.llm import llm as llm_module
+from ad_mlir.passes.pipeline import run_pipeline
+from ad_mlir.passes.repeated_layers import NotRepeating, layer_of, lengthen, period, renamed, shorten
 from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE
 from ad_mlir.zoo.small import model_from_config, small_config
 
@@ -120,3 +128,58 @@ def test_verify_compiles_the_whole_program_so_every_pass_is_checked_on_every_lay
     assert not [r for r in caplog.records if "repeated layers" in r.getMessage()]
     with torch.no_grad():  # fp32, reference path: as in `_both`
         torch.testing.assert_close(compiled(ids)[0], model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+
+
+LLM_CASES = [
+    ("llama", 7, 1, {}),
+    ("gemma2", 12, 2, {}),
+    ("lfm2", 13, 2, {"layer_types": ["conv", "full_attention"] * 6 + ["conv"]}),  # the N mod P = 1 layer kept too
+]
+
+
+@pytest.fixture
+def exported_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LLM`'s export done once per model and form (the two compiles below read one export)."""
+    monkeypatch.setattr(llm_module, "export_for_cache", functools.cache(llm_module.export_for_cache))
+
+
+@pytest.mark.usefixtures("exported_once")
+@pytest.mark.parametrize("paged", [False, True], ids=["slot", "paged"])
+@pytest.mark.parametrize(("family", "layers", "period", "overrides"), LLM_CASES, ids=[c[0] for c in LLM_CASES])
+def test_llm_compiles_once_per_layer_with_the_whole_programs_caches(
+    family: str, layers: int, period: int, overrides: dict, paged: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caches `insert-cached-attention` adds per layer (K/V, LFM2's convolution states;
+    Gemma2's sliding layers' window) come out of lengthening as the whole compile makes them:
+    the printed programs, arguments and their `ad.cache` / `ad.input` attributes included, are
+    equal (the kernels of the copies are group 3's, as `test_layers_compiled_once_give_the_whole_programs_ops`
+    checks by the outputs; a generation would only add the engine's time)."""
+    model = _model(family, layers, **overrides)
+    form = {"page_size": 16} if paged else {}
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        once = ad_mlir.LLM(model, max_batch=2, max_seq_len=32, **form)
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == LOGGER)
+    whole = ad_mlir.LLM(model, max_batch=2, max_seq_len=32, layers_once=False, **form)
+    kept = 5 * period + layers % period
+    assert f"{layers} layers of period {period}, compiled {kept} and instantiated the other {layers - kept}" in said
+    assert _text(once.program.module) == _text(whole.program.module)
+    assert f"model.layers.{layers - 1}." in " ".join(c.layer for c in llm_module.cache_arguments(once.program.function))
+
+
+def test_cache_arguments_counted_otherwise_are_not_lengthened() -> None:
+    """A shortened program whose cache arguments do not count on alike from layer to layer (one
+    renamed) is left as it is: NotRepeating, so the whole program is compiled."""
+    model = _model("llama", 7)
+    program = import_program(llm_module.export_for_cache(model, 2, 32))
+    layout, p = period(program.function)
+    module = shorten(program.function, layout, p)
+    run_pipeline(module, llm_module.cached_pipeline("default", 2, 32))
+    fn = next(iter(module.ops))
+    attrs = list(fn.arg_attrs.data)
+    at = next(i for i, a in enumerate(attrs) if a.data.get(ad.INPUT_ATTR) == StringAttr("v_cache_4"))
+    attrs[at] = DictionaryAttr(attrs[at].data | {ad.INPUT_ATTR: StringAttr("v_cache_9")})
+    fn.arg_attrs = type(fn.arg_attrs)(attrs)
+    before = _text(module)
+    with pytest.raises(NotRepeating, match=r"the arguments v_cache_<i> are not counted alike in every group of 1 layers"):
+        lengthen(module, 7, p, lambda old, new: None)
+    assert _text(module) == before
