@@ -34,8 +34,9 @@ from ad_mlir.zoo.tiny import TinyConfig, build_model
 ROOT = Path(__file__).parents[2]
 DEEP = TinyConfig(layers=6)
 """Six Llama layers: compiled as a shortened program (five layers) and lengthened."""
-LLM_CFG = TinyConfig(layers=2, hf_overrides=(("initializer_range", 0.5),))
-"""Weights large enough that greedy tokens vary."""
+LLM_CFG = TinyConfig(layers=6, hf_overrides=(("initializer_range", 0.5),))
+"""Weights large enough that greedy tokens vary; six layers, so that `LLM`'s program with its
+per-layer caches is shortened and lengthened too."""
 IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
 PROMPTS = [[5, 9, 3], [7, 1, 2, 8, 4], [11, 6]]  # more prompts than slots
 READ = "torch.export skipped"
@@ -91,23 +92,26 @@ gm = ad_mlir.compile(build_model(TinyConfig(layers=6)), {"input_ids": ids}, dyna
                      cache=KernelCache(cache))
 with torch.no_grad():
     torch.save(gm(ids)[0], cache / "warm.pt")
-llm = LLM(build_model(TinyConfig(layers=2, hf_overrides=(("initializer_range", 0.5),))), max_batch=2, max_seq_len=32,
+llm = LLM(build_model(TinyConfig(layers=6, hf_overrides=(("initializer_range", 0.5),))), max_batch=2, max_seq_len=32,
           cache=KernelCache(cache))
 tokens = [o.token_ids for o in llm.generate(json.loads(sys.argv[2]), max_new_tokens=4, ignore_eos=True)]
 print(json.dumps(tokens))
 """
 
 
-def test_a_new_process_compiles_without_exporting(tmp_path: Path) -> None:
+def test_a_new_process_compiles_without_exporting(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The second compiles run in a fresh process where torch.export and the pass pipeline
     raise: `compile(nn.Module)` of a six-layer Llama (a shortened program, lengthened) gives the
-    cold compile's logits bit for bit, and `LLM` the cold one's tokens, which are HF's."""
+    cold compile's logits bit for bit, and `LLM` of another (its caches lengthened too) the cold
+    one's tokens, which are HF's."""
     from ad_mlir.llm.llm import LLM
 
     cold = _run(_compile(build_model(DEEP), tmp_path))
     model = build_model(LLM_CFG)
-    tokens = [o.token_ids for o in LLM(model, max_batch=2, max_seq_len=32, cache=KernelCache(tmp_path)).generate(
-        PROMPTS, max_new_tokens=4, ignore_eos=True)]
+    with caplog.at_level(logging.INFO, logger="ad_mlir.compiler"):
+        llm = LLM(model, max_batch=2, max_seq_len=32, cache=KernelCache(tmp_path))
+    assert "6 layers of period 1, compiled 5 and instantiated the other 1" in caplog.text
+    tokens = [o.token_ids for o in llm.generate(PROMPTS, max_new_tokens=4, ignore_eos=True)]
     expected = [model.generate(torch.tensor([p]), max_new_tokens=4, min_new_tokens=4, do_sample=False)[0, len(p):].tolist()
                 for p in PROMPTS]
     assert len({tuple(e) for e in expected}) > 1, "HF's tokens must vary for the comparison to mean something"
