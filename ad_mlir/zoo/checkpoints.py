@@ -111,9 +111,10 @@ def converted_entry(path: Path) -> Path | None:
     safetensors, tokenizer files), is kept (`store_converted`); None when the cache is off. Why:
     transformers parses the file's metadata (the 49k-token vocabulary, field by field in Python)
     three times per load, for the config, the weights and the tokenizer, and dequantizes every
-    weight: SmolLM2 loads in ~14 s from GGUF, ~0.3 s from the directory. The entry is named by the
-    file's resolved path, size and modification time and the transformers version: a changed file
-    or converter makes a new entry."""
+    weight: SmolLM2 loads in ~14 s from GGUF, ~0.5 s from the directory. The entry is named by the
+    file's content (sha256, 0.2 s for SmolLM2's 98 MB) and the transformers version: a changed
+    file or converter makes a new entry, a copy of the file (another virtual environment's) finds
+    the same one."""
     import hashlib
 
     import transformers
@@ -121,9 +122,10 @@ def converted_entry(path: Path) -> Path | None:
     cache = converted_cache_dir()
     if cache is None:
         return None
-    stat = path.resolve().stat()
-    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    return cache / f"{path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+    with path.open("rb") as f:
+        content = hashlib.file_digest(f, "sha256")
+    content.update(f"|transformers {transformers.__version__}".encode())
+    return cache / f"{path.stem}-{content.hexdigest()[:16]}"
 
 
 def store_converted(entry: Path, model: transformers.PreTrainedModel,

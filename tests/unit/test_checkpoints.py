@@ -132,7 +132,7 @@ def test_a_changed_gguf_file_gets_a_new_entry(tmp_path: Path, monkeypatch: pytes
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF one")
     first = converted_entry(gguf)
-    gguf.write_bytes(b"GGUF two, longer")
+    gguf.write_bytes(b"GGUF two")
     assert converted_entry(gguf) != first
     monkeypatch.setenv(CONVERTED_CACHE_VARIABLE, "0")
     assert converted_entry(gguf) is None
