@@ -134,6 +134,7 @@ def store_converted(entry: Path, model: transformers.PreTrainedModel,
     it, renamed into place, so a reader never sees half an entry (two first loads racing both
     write; one rename wins). A cache that cannot be written is said in a warning, not an error:
     the model is loaded already."""
+    import copy
     import os
     import shutil
     import tempfile
@@ -144,8 +145,11 @@ def store_converted(entry: Path, model: transformers.PreTrainedModel,
     staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".converting-"))
     try:
         # save_pretrained refuses a model loaded from GGUF (transformers marks it quantized); its
-        # weights are dequantized to fp32 already, so its config and weights are written as they are
-        model.config.save_pretrained(staging)
+        # weights are dequantized to fp32 already, so they are written as they are, and the
+        # config without the GGUF quantization it no longer has
+        config = copy.deepcopy(model.config)
+        del config.quantization_config
+        config.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)
         safetensors.torch.save_model(model, str(staging / "model.safetensors"))
         tokenizer.save_pretrained(staging)

@@ -119,7 +119,8 @@ def test_a_gguf_file_converted_once_loads_as_it_did(tmp_path: Path, monkeypatch:
     assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
     assert converted.lm_head.weight is converted.model.embed_tokens.weight, "tied embeddings stay tied"
     differing = {k for k, v in from_gguf.config.to_dict().items() if converted.config.to_dict().get(k) != v}
-    assert differing == {"_name_or_path"}, differing
+    assert differing == {"_name_or_path", "quantization_config"}, differing
+    assert getattr(converted, "hf_quantizer", None) is None, "fp32 weights, no GGUF quantizer"
     assert converted.generation_config.to_dict() == from_gguf.generation_config.to_dict()
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     assert tokenizer.apply_chat_template(chat, add_generation_prompt=True) == \
