@@ -90,12 +90,6 @@ def test_family_from_config_equals_eager(family: str, compiled_graphs: list[torc
     print(f"{family}: max |error| {error:.3g}")
 
 
-SAME_LLM_OPS_XFAIL = {
-    "falcon": "AOTAutograd writes Falcon's SDPA out as matmuls around aten._safe_softmax, which the attention "
-              "matcher does not take yet",
-}
-
-
 def _llm_ops(program: ImportedProgram) -> collections.Counter[str]:
     """The LLM-level ops of a compiled program: kernel ops (norms, RoPE, attention, MoE, ...),
     linears and attentions."""
@@ -103,13 +97,12 @@ def _llm_ops(program: ImportedProgram) -> collections.Counter[str]:
                                if isinstance(op, ad.KernelOp | ad.LinearOp | ad.AttentionOp))
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.xfail(reason=SAME_LLM_OPS_XFAIL[f], strict=True))
-                                    if f in SAME_LLM_OPS_XFAIL else f for f in (*sorted(FAMILIES), *MORE_FAMILIES, *MOE_FAMILIES)])
+@pytest.mark.parametrize("family", (*sorted(FAMILIES), *MORE_FAMILIES, *MOE_FAMILIES))
 def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same model through Dynamo/AOTAutograd and through torch.export makes the same fused
-    program (AOTAutograd leaves linears as t + mm/addmm, SDPA as a backend op, an MoE block's
-    gate/up chunk as a split and its index_put_ functional; canonicalize and match-moe take
-    them), and the compiled model equals eager."""
+    program (AOTAutograd leaves linears as t + mm/addmm, SDPA as a backend op or, Falcon's,
+    written out around _safe_softmax, an MoE block's gate/up chunk as a split and its index_put_
+    functional; canonicalize and match-moe take them), and the compiled model equals eager."""
     model = build_model(TinyConfig(family=family, layers=1)) if family in FAMILIES else small_model(family, layers=1)
     ids = _ids(9, model.config.vocab_size)
     programs: list[ImportedProgram] = []
@@ -128,6 +121,35 @@ def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypat
     through_export = _llm_ops(exported)
     assert {"ad.linear"} < set(through_export), through_export  # the comparison covers fused ops
     assert _llm_ops(programs[0]) == through_export
+
+
+def test_math_backend_attention_compiles_to_an_attention_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SDPA that no fused CPU backend takes (one key/value head broadcast over four query
+    heads, Falcon's) reaches the backend written out as torch's math backend, around
+    `aten._safe_softmax`: it compiles to one ad.attention (canonicalize), and a query row whose
+    every key is masked gives 0 as eager does (`_safe_softmax`), not NaN (the attention kernels
+    store 0 there too: test_attention_kernel.py). fp32 at torch's default tolerance."""
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(shape, generator=torch.Generator().manual_seed(i))
+               for i, shape in enumerate([(1, 4, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8)]))
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
+    mask[..., 2, :] = False
+    programs: list[ImportedProgram] = []
+
+    def keep(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
+        compiled, program = compile_program(gm, *args, **kwargs)
+        programs.append(program)
+        return compiled
+
+    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", keep)
+    with torch.no_grad():
+        got = torch.compile(attend, backend="ad_mlir", options={"fallback": False})(q, k, v, mask)
+    expected = attend(q, k, v, mask)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(got[..., 2, :], torch.zeros(1, 4, 8)) and torch.equal(expected[..., 2, :], got[..., 2, :])
+    assert _llm_ops(programs[0]) == {"ad.attention": 1}, _llm_ops(programs[0])
 
 
 def test_kernels_in_the_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -274,6 +274,63 @@ func.func @sdpa_backends(%q: tensor<1x2x5x8xf32>, %k: tensor<1x2x5x8xf32>, %v: t
 
 // -----
 
+// SDPA as torch's math backend writes it out (AOTAutograd's form where no fused backend takes
+// the call: one key/value head broadcast over the query heads) is ad.attention: q and k^T each
+// scaled by sqrt(scale) (here the default 8^-0.5), the matmuls broadcasting k and v, a boolean
+// mask as where(m, 0, -inf), _safe_softmax; bf16 q, k, v computed in f32 and cast back, with
+// its scale (0.5^2). Probabilities read elsewhere, or q and k scaled by different numbers, stay.
+// CHECK-LABEL: func.func @math_sdpa
+// CHECK-NOT:     scalar_tensor
+// CHECK:         %out = ad.attention %q, %k, %v mask %m : (tensor<1x4x5x8xf32>, tensor<1x1x5x8xf32>, tensor<1x1x5x8xf32>, tensor<1x1x5x5xi1>) -> tensor<1x4x5x8xf32>
+// CHECK-NEXT:    %half_root = ad.constant
+// CHECK-NEXT:    %half = ad.attention %hq, %hk, %hk scale 2.500000e-01 : f64 : (tensor<1x4x5x8xbf16>, tensor<1x4x5x8xbf16>, tensor<1x4x5x8xbf16>) -> tensor<1x4x5x8xbf16>
+// CHECK-NEXT:    %qs2 = ad.mul %q, %root
+// CHECK-NEXT:    %s2 = ad.matmul %qs2, %kb
+// CHECK-NEXT:    %p2 = ad.torch_op "aten._safe_softmax.default"(%s2)
+// CHECK-NEXT:    %read = ad.matmul %p2, %vb
+// CHECK-NEXT:    %qs3 = ad.mul %q, %half_root
+// CHECK-NEXT:    %s3 = ad.matmul %qs3, %kb
+// CHECK-NEXT:    %p3 = ad.torch_op "aten._safe_softmax.default"(%s3)
+// CHECK-NEXT:    %other = ad.matmul %p3, %vb
+// CHECK-NEXT:    func.return %out, %half, %read, %p2, %other
+func.func @math_sdpa(%q: tensor<1x4x5x8xf32>, %k: tensor<1x1x5x8xf32>, %v: tensor<1x1x5x8xf32>, %m: tensor<1x1x5x5xi1>, %hq: tensor<1x4x5x8xbf16>, %hk: tensor<1x4x5x8xbf16>) -> (tensor<1x4x5x8xf32>, tensor<1x4x5x8xbf16>, tensor<1x4x5x8xf32>, tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) {
+  %root = ad.constant 0.5946035575013605 : f64
+  %ninf = ad.torch_op "aten.scalar_tensor.default"() [0xfff0000000000000 : f64] {dtype = f32} : () -> tensor<f32>
+  %zero = ad.torch_op "aten.scalar_tensor.default"() [0.000000e+00 : f64] {dtype = f32} : () -> tensor<f32>
+  %mask = ad.where %m, %zero, %ninf : tensor<1x1x5x5xi1>, tensor<f32>, tensor<f32> -> tensor<1x1x5x5xf32>
+  %qs = ad.mul %q, %root : tensor<1x4x5x8xf32>, f64 -> tensor<1x4x5x8xf32>
+  %kt = ad.transpose %k -2, -1 : tensor<1x1x5x8xf32> -> tensor<1x1x8x5xf32>
+  %ks = ad.mul %kt, %root : tensor<1x1x8x5xf32>, f64 -> tensor<1x1x8x5xf32>
+  %kb = ad.expand %ks [1, 4, 8, 5] : tensor<1x1x8x5xf32> -> tensor<1x4x8x5xf32>
+  %s = ad.matmul %qs, %kb : (tensor<1x4x5x8xf32>, tensor<1x4x8x5xf32>) -> tensor<1x4x5x5xf32>
+  %x = ad.add %s, %mask : tensor<1x4x5x5xf32>, tensor<1x1x5x5xf32> -> tensor<1x4x5x5xf32>
+  %p = ad.torch_op "aten._safe_softmax.default"(%x) [#ad.ref<0>, -1 : i64] {} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %vb = ad.expand %v [1, 4, 5, 8] : tensor<1x1x5x8xf32> -> tensor<1x4x5x8xf32>
+  %out = ad.matmul %p, %vb : (tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) -> tensor<1x4x5x8xf32>
+  %half_root = ad.constant 0.5 : f64
+  %fq = ad.cast %hq : tensor<1x4x5x8xbf16> -> tensor<1x4x5x8xf32>
+  %fk = ad.cast %hk : tensor<1x4x5x8xbf16> -> tensor<1x4x5x8xf32>
+  %fq2 = ad.mul %fq, %half_root : tensor<1x4x5x8xf32>, f64 -> tensor<1x4x5x8xf32>
+  %fkt = ad.transpose %fk -2, -1 : tensor<1x4x5x8xf32> -> tensor<1x4x8x5xf32>
+  %fk2 = ad.mul %fkt, %half_root : tensor<1x4x8x5xf32>, f64 -> tensor<1x4x8x5xf32>
+  %fs = ad.matmul %fq2, %fk2 : (tensor<1x4x5x8xf32>, tensor<1x4x8x5xf32>) -> tensor<1x4x5x5xf32>
+  %fp = ad.torch_op "aten._safe_softmax.default"(%fs) [#ad.ref<0>, -1 : i64] {} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %fv = ad.cast %hk : tensor<1x4x5x8xbf16> -> tensor<1x4x5x8xf32>
+  %fo = ad.matmul %fp, %fv : (tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) -> tensor<1x4x5x8xf32>
+  %half = ad.cast %fo : tensor<1x4x5x8xf32> -> tensor<1x4x5x8xbf16>
+  %qs2 = ad.mul %q, %root : tensor<1x4x5x8xf32>, f64 -> tensor<1x4x5x8xf32>
+  %s2 = ad.matmul %qs2, %kb : (tensor<1x4x5x8xf32>, tensor<1x4x8x5xf32>) -> tensor<1x4x5x5xf32>
+  %p2 = ad.torch_op "aten._safe_softmax.default"(%s2) [#ad.ref<0>, -1 : i64] {} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %read = ad.matmul %p2, %vb : (tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) -> tensor<1x4x5x8xf32>
+  %qs3 = ad.mul %q, %half_root : tensor<1x4x5x8xf32>, f64 -> tensor<1x4x5x8xf32>
+  %s3 = ad.matmul %qs3, %kb : (tensor<1x4x5x8xf32>, tensor<1x4x8x5xf32>) -> tensor<1x4x5x5xf32>
+  %p3 = ad.torch_op "aten._safe_softmax.default"(%s3) [#ad.ref<0>, -1 : i64] {} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %other = ad.matmul %p3, %vb : (tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) -> tensor<1x4x5x8xf32>
+  func.return %out, %half, %read, %p2, %other : tensor<1x4x5x8xf32>, tensor<1x4x5x8xbf16>, tensor<1x4x5x8xf32>, tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>
+}
+
+// -----
+
 // A clone is its input's value (repeat_kv's clone before the view, through torch.compile); a
 // clone the function returns stays. A cat drops operands with no extent along its dim, and
 // torch.cat's legacy empty operand (1-D, size 0: XLM's empty cache) at any rank and dim; a
