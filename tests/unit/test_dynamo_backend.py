@@ -210,15 +210,16 @@ def test_dynamic_sequence_length_compiles_once(compiled_graphs: list[torch.fx.Gr
 @pytest.mark.parametrize("freeze", [True, False])
 def test_weights_frozen_or_graph_inputs(freeze: bool, compiled_graphs: list[torch.fx.GraphModule]) -> None:
     """Frozen (the default), the parameters and buffers Dynamo lifts are weights of the graph
-    (named by module path), and only input_ids is an input; else every one is an input."""
+    (named by module path, as torch.export names them), and only input_ids is an input; else
+    every one is an input."""
     model = build_model(TinyConfig(family="llama", layers=1))
     with reference_kernels():
         _logits_error(model, _ids(6), {"freeze_weights": freeze})
     nodes = compiled_graphs[0].graph.nodes
     weights = {n.target for n in nodes if n.op == "get_attr"}
     inputs = [n for n in nodes if n.op == "placeholder"]
-    parameters = {name.replace(".", "_") for name, _ in model.named_parameters()}
-    buffers = {name.replace(".", "_") for name, _ in model.named_buffers()}  # Dynamo lifts those used
+    parameters = {name for name, _ in model.named_parameters()}
+    buffers = {name for name, _ in model.named_buffers()}  # Dynamo lifts those used
     if freeze:
         assert len(inputs) == 1 and parameters <= weights <= parameters | buffers, weights
     else:
