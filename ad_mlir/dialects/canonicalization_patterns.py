@@ -377,7 +377,10 @@ class SdpaBackendToAttention(RewritePattern):
     cuDNN, math), whose extra results (log-sum-exp, debug masks, probabilities) nothing reads, is
     `ad.attention` with its mask, causal flag and scale: so the torch.compile path's graphs meet
     the attention fusions and the cache as the torch.export path's do. The value is the same
-    attention, though torch may compute it through another backend."""
+    attention, though torch may compute it through another backend. A boolean mask, which
+    torch turns into `where(mask, 0, -inf)` for the backend op, is given as the boolean mask
+    again (SDPA turns it into the same), as in a torch.export graph (where the fusions read
+    causal and sliding-window masks)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
@@ -399,13 +402,18 @@ class SdpaBackendToAttention(RewritePattern):
             properties["scale"] = FloatAttr(scale, Float64Type())
         if _number(args.get("enable_gqa")):
             properties["enable_gqa"] = UnitAttr()
+        mask, fills = operand.get("attn_mask"), []
+        if mask is not None and (boolean := _boolean_mask(mask)) is not None:
+            mask, fills = boolean
         attention = ad.AttentionOp.build(
-            operands=[operand["query"], operand["key"], operand["value"],
-                      [operand["attn_mask"]] if "attn_mask" in operand else []],
+            operands=[operand["query"], operand["key"], operand["value"], [mask] if mask is not None else []],
             properties=properties, result_types=[op.results[0].type])
         rewriter.insert(_located_like(op, attention), InsertPoint.before(op))
         rewriter.replace_all_uses_with(op.results[0], attention.result)
         rewriter.erase(op)
+        for dead in fills:  # the opaque fills DCE would keep
+            if not any(r.uses for r in dead.results):
+                rewriter.erase(dead)
 
 
 def _number(attr: Attribute | None) -> float | None:
