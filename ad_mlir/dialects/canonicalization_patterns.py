@@ -261,6 +261,37 @@ class RemoveEvalDropout(RewritePattern):
             _replace_by(rewriter, op, op.operands[0])
 
 
+IN_PLACE_BINARY: dict[str, type[ad.BinaryOp]] = {
+    "aten.add_.Tensor": ad.AddOp, "aten.sub_.Tensor": ad.SubOp, "aten.mul_.Tensor": ad.MulOp, "aten.div_.Tensor": ad.DivOp,
+}
+"""In-place binary ops torch.export keeps (`x += y` on an intermediate: BigBird's and GIT's
+embeddings, Gemma 3n's AltUp) and their functional ops."""
+
+FRESH_TENSOR_OPS = (ad.ElementwiseOp, ad.LinearOp, ad.MatmulOp, ad.EmbeddingOp)
+"""Ops whose result is a tensor of its own (no view of an operand): writing into it in place
+changes no other value."""
+
+
+class InPlaceBinaryOnFreshValue(RewritePattern):
+    """`x.add_(y)` (sub_, mul_, div_) where nothing else reads x, which an op computed as a tensor
+    of its own (`FRESH_TENSOR_OPS`: no view of a weight or an input, which the write would
+    change), and y has x's element type (the result keeps x's type, as the functional op's
+    does then), is `add(x, y)`: the value the write leaves in x, read by the op's users only. So
+    the fusions see it as through torch.compile, whose functionalization makes it so."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        functional = IN_PLACE_BINARY.get(op.target.data)
+        if functional is None or op.kwargs.data or len(op.operands) != 2 or len(op.results) != 1:
+            return
+        x, y = op.operands
+        refs = [a.index.data if isinstance(a, ad.OperandRefAttr) else None for a in op.args.data]
+        if refs != [0, 1] or not isinstance(x.owner, FRESH_TENSOR_OPS) or not x.has_one_use() \
+                or not isinstance(y.type, TensorType) or _element(y) != _element(x) or op.results[0].type != x.type:
+            return
+        rewriter.replace(op, _located_like(op, functional(x, y, x.type)))
+
+
 # ----------------------------------------------------------------------- matmuls
 
 TRANSPOSE_TARGETS = frozenset({"aten.numpy_T.default", "aten.t.default"})

@@ -337,6 +337,36 @@ func.func @math_sdpa(%q: tensor<1x4x5x8xf32>, %k: tensor<1x1x5x8xf32>, %v: tenso
 
 // -----
 
+// An in-place binary op on a value an op computed as a tensor of its own, read nowhere else,
+// is the functional op (torch.export keeps `x += y` on an intermediate). In place on an
+// argument (the caller's tensor), on a value read again, on a view, or with another element
+// type, it stays.
+// CHECK-LABEL: func.func @in_place_binary
+// CHECK-NEXT:    %x = ad.mul %a, %b
+// CHECK-NEXT:    %added = ad.add %x, %b : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+// CHECK-NEXT:    %arg = ad.torch_op "aten.add_.Tensor"(%a, %b)
+// CHECK-NEXT:    %y = ad.sub %a, %b
+// CHECK-NEXT:    %read = ad.torch_op "aten.mul_.Tensor"(%y, %b)
+// CHECK-NEXT:    %v = ad.transpose %a 0, 1
+// CHECK-NEXT:    %view = ad.torch_op "aten.sub_.Tensor"(%v, %c)
+// CHECK-NEXT:    %z = ad.add %a, %b
+// CHECK-NEXT:    %mixed = ad.torch_op "aten.div_.Tensor"(%z, %h)
+// CHECK-NEXT:    func.return %added, %arg, %read, %y, %view, %mixed
+func.func @in_place_binary(%a: tensor<2x4xf32>, %b: tensor<2x4xf32>, %c: tensor<4x2xf32>, %h: tensor<2x4xbf16>) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<4x2xf32>, tensor<2x4xf32>) {
+  %x = ad.mul %a, %b : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %added = ad.torch_op "aten.add_.Tensor"(%x, %b) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  %arg = ad.torch_op "aten.add_.Tensor"(%a, %b) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  %y = ad.sub %a, %b : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %read = ad.torch_op "aten.mul_.Tensor"(%y, %b) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  %v = ad.transpose %a 0, 1 : tensor<2x4xf32> -> tensor<4x2xf32>
+  %view = ad.torch_op "aten.sub_.Tensor"(%v, %c) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<4x2xf32>, tensor<4x2xf32>) -> tensor<4x2xf32>
+  %z = ad.add %a, %b : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %mixed = ad.torch_op "aten.div_.Tensor"(%z, %h) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<2x4xf32>, tensor<2x4xbf16>) -> tensor<2x4xf32>
+  func.return %added, %arg, %read, %y, %view, %mixed : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<4x2xf32>, tensor<2x4xf32>
+}
+
+// -----
+
 // A clone is its input's value (repeat_kv's clone before the view, through torch.compile); a
 // clone the function returns stays. A cat drops operands with no extent along its dim, and
 // torch.cat's legacy empty operand (1-D, size 0: XLM's empty cache) at any rank and dim; a
