@@ -408,7 +408,9 @@ class SdpaBackendToAttention(RewritePattern):
     cuDNN, math), whose extra results (log-sum-exp, debug masks, probabilities) nothing reads, is
     `ad.attention` with its mask, causal flag and scale: so the torch.compile path's graphs meet
     the attention fusions and the cache as the torch.export path's do. The value is the same
-    attention, though torch may compute it through another backend. A boolean mask, which
+    attention, though torch may compute it through another backend. A fused backend's op takes
+    key/value heads fewer than the query's as grouped-query attention (SDPA's `enable_gqa`,
+    which it then is). A boolean mask, which
     torch turns into `where(mask, 0, -inf)` for the backend op, is given as the boolean mask
     again (SDPA turns it into the same), as in a torch.export graph (where the fusions read
     causal and sliding-window masks)."""
@@ -431,8 +433,8 @@ class SdpaBackendToAttention(RewritePattern):
             properties["is_causal"] = UnitAttr()
         if scale is not None:
             properties["scale"] = FloatAttr(scale, Float64Type())
-        if _number(args.get("enable_gqa")):
-            properties["enable_gqa"] = UnitAttr()
+        if _number(args.get("enable_gqa")) or _fewer_key_heads(operand["query"], operand["key"]):
+            properties["enable_gqa"] = UnitAttr()  # the fused backends take grouped K/V heads as they are
         mask, fills = operand.get("attn_mask"), []
         if mask is not None and (boolean := _boolean_mask(mask)) is not None:
             mask, fills = boolean
@@ -445,6 +447,12 @@ class SdpaBackendToAttention(RewritePattern):
         for dead in fills:  # the opaque fills DCE would keep
             if not any(r.uses for r in dead.results):
                 rewriter.erase(dead)
+
+
+def _fewer_key_heads(query: SSAValue, key: SSAValue) -> bool:
+    """The key has fewer heads than the query (grouped-query attention, [..., heads, seq, head_dim])."""
+    q, k = query.type.get_shape(), key.type.get_shape()
+    return len(q) >= 3 and len(k) == len(q) and DYNAMIC_INDEX not in (q[-3], k[-3]) and k[-3] < q[-3]
 
 
 def _number(attr: Attribute | None) -> float | None:

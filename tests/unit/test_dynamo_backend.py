@@ -123,17 +123,19 @@ def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypat
     assert _llm_ops(programs[0]) == through_export
 
 
-def test_math_backend_attention_compiles_to_an_attention_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An SDPA that no fused CPU backend takes (one key/value head broadcast over four query
-    heads, Falcon's) reaches the backend written out as torch's math backend, around
-    `aten._safe_softmax`: it compiles to one ad.attention (canonicalize), and a query row whose
-    every key is masked gives 0 as eager does (`_safe_softmax`), not NaN (the attention kernels
-    store 0 there too: test_attention_kernel.py). fp32 at torch's default tolerance."""
+@pytest.mark.parametrize("kv_heads, gqa", [(1, False), (2, True)])
+def test_sdpa_backends_compile_to_an_attention_op(kv_heads: int, gqa: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SDPA as AOTAutograd hands it over compiles to one ad.attention (canonicalize): one
+    key/value head broadcast over four query heads (Falcon's), which no fused CPU backend takes,
+    written out as torch's math backend around `aten._safe_softmax`; two heads with
+    `enable_gqa`, the CPU flash op taking the grouped heads as they are. A query row whose every
+    key is masked gives 0 as eager does, not NaN (the attention kernels store 0 there too:
+    test_attention_kernel.py). fp32 at torch's default tolerance."""
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
     q, k, v = (torch.randn(shape, generator=torch.Generator().manual_seed(i))
-               for i, shape in enumerate([(1, 4, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8)]))
+               for i, shape in enumerate([(1, 4, 5, 8), (1, kv_heads, 5, 8), (1, kv_heads, 5, 8)]))
     mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
     mask[..., 2, :] = False
     programs: list[ImportedProgram] = []

@@ -260,14 +260,16 @@ func.func @aot_linears(%x: tensor<2x5x64xf32>, %w: tensor<32x64xf32>, %b: tensor
 // The SDPA backend ops AOTAutograd leaves (the CPU flash op with its mask and scale, the
 // efficient op with is_causal) are ad.attention when their extra results are unused; the math
 // op whose probabilities are read stays. A boolean mask that torch made where(m, 0, -inf) for
-// the backend op is the boolean mask again (its fills go).
+// the backend op is the boolean mask again (its fills go). Fewer key/value heads than query
+// heads, which the fused backends take as they are, are grouped-query attention.
 // CHECK-LABEL: func.func @sdpa_backends
 // CHECK-NEXT:    %flash = ad.attention %q, %k, %v mask %mask scale 2.500000e-01 : f64 :
 // CHECK-NEXT:    %efficient = ad.attention %q, %k, %v causal :
 // CHECK-NEXT:    %math, %probs = ad.torch_op "aten._scaled_dot_product_attention_math.default"
 // CHECK-NEXT:    %boolean = ad.attention %q, %k, %v mask %m : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x1x5x5xi1>)
-// CHECK-NEXT:    func.return %flash, %efficient, %math, %probs, %boolean
-func.func @sdpa_backends(%q: tensor<1x2x5x8xf32>, %k: tensor<1x2x5x8xf32>, %v: tensor<1x2x5x8xf32>, %mask: tensor<1x1x5x5xf32>, %m: tensor<1x1x5x5xi1>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>, tensor<1x2x5x8xf32>) {
+// CHECK-NEXT:    %grouped = ad.attention %q, %k1, %k1 causal gqa : (tensor<1x2x5x8xf32>, tensor<1x1x5x8xf32>, tensor<1x1x5x8xf32>)
+// CHECK-NEXT:    func.return %flash, %efficient, %math, %probs, %boolean, %grouped
+func.func @sdpa_backends(%q: tensor<1x2x5x8xf32>, %k: tensor<1x2x5x8xf32>, %v: tensor<1x2x5x8xf32>, %mask: tensor<1x1x5x5xf32>, %m: tensor<1x1x5x5xi1>, %k1: tensor<1x1x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) {
   %flash, %lse = ad.torch_op "aten._scaled_dot_product_flash_attention_for_cpu.default"(%q, %k, %v, %mask) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {attn_mask = #ad.ref<3>, scale = 2.500000e-01 : f64} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x1x5x5xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>)
   %efficient, %lse2, %seed, %offset = ad.torch_op "aten._scaled_dot_product_efficient_attention.default"(%q, %k, %v) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, none, false, 0.000000e+00 : f64, true] {} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>, tensor<i64>, tensor<i64>)
   %math, %probs = ad.torch_op "aten._scaled_dot_product_attention_math.default"(%q, %k, %v) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>)
@@ -275,7 +277,8 @@ func.func @sdpa_backends(%q: tensor<1x2x5x8xf32>, %k: tensor<1x2x5x8xf32>, %v: t
   %zero = ad.torch_op "aten.scalar_tensor.default"() [0.000000e+00 : f64] {dtype = f32} : () -> tensor<f32>
   %additive = ad.where %m, %zero, %ninf : tensor<1x1x5x5xi1>, tensor<f32>, tensor<f32> -> tensor<1x1x5x5xf32>
   %boolean, %lse3 = ad.torch_op "aten._scaled_dot_product_flash_attention_for_cpu.default"(%q, %k, %v, %additive) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {attn_mask = #ad.ref<3>} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x1x5x5xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>)
-  func.return %flash, %efficient, %math, %probs, %boolean : tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>, tensor<1x2x5x8xf32>
+  %grouped, %lse4 = ad.torch_op "aten._scaled_dot_product_flash_attention_for_cpu.default"(%q, %k1, %k1) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, 0.000000e+00 : f64, true] {} unpack : (tensor<1x2x5x8xf32>, tensor<1x1x5x8xf32>, tensor<1x1x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>)
+  func.return %flash, %efficient, %math, %probs, %boolean, %grouped : tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>
 }
 
 // -----
