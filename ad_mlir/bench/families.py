@@ -553,13 +553,15 @@ def markdown(rows: Sequence[FamilyRow], title: str = "Family sweep") -> str:
 
 def merge_torch_compile_column(rows: Sequence[FamilyRow], results: Path) -> None:
     """Write `rows`' torch.compile column into the family rows of `results` (an ad-bench
-    results.json) and rewrite its results.md; the other columns stay as they were."""
+    results.json: its family sweep's and family matrix's) and rewrite its results.md; the other
+    columns stay as they were."""
     from ad_mlir.bench.report import markdown as results_markdown
 
     data = json.loads(results.read_text())
     column = {r.family: r.torch_compile for r in rows}
-    for row in data["parts"]["families"]:
-        row["torch_compile"] = column.get(row["family"], row.get("torch_compile", "-"))
+    for part in ("families", "matrix"):
+        for row in data["parts"].get(part, []):
+            row["torch_compile"] = column.get(row["family"], row.get("torch_compile", "-"))
     results.write_text(json.dumps(data, indent=1) + "\n")
     results.with_name("results.md").write_text(results_markdown(data))
 

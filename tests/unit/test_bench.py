@@ -182,11 +182,13 @@ def test_the_torch_compile_column_merges_into_the_results_file(tmp_path: Path) -
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"machine": {"machine": "cpu", "gpu": "", "cpu": "x", "cpu_count": 2, "torch": "t",
                                                "triton": "t", "xdsl": "x", "date": "d"},
-                                   "quick": False, "parts": {"families": earlier}, "skipped": {}}))
+                                   "quick": False, "parts": {"families": earlier, "matrix": [{"family": "mpt", "status": "ok"}]},
+                                   "skipped": {}}))
     merge_torch_compile_column([FamilyRow("mpt", status="skipped", torch_compile="export / torch.compile: moe 2/0")],
                                results)
-    rows = json.loads(results.read_text())["parts"]["families"]
-    assert rows == [earlier[0], {**earlier[1], "torch_compile": "export / torch.compile: moe 2/0"}]
+    parts = json.loads(results.read_text())["parts"]
+    assert parts["families"] == [earlier[0], {**earlier[1], "torch_compile": "export / torch.compile: moe 2/0"}]
+    assert parts["matrix"] == [{"family": "mpt", "status": "ok", "torch_compile": "export / torch.compile: moe 2/0"}]
     assert "| mpt | wrong |" in (tmp_path / "results.md").read_text()
 
 
