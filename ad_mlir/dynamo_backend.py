@@ -163,9 +163,9 @@ def _set_weight(root: torch.nn.Module, path: str, tensor: torch.Tensor) -> None:
     *modules, leaf = path.split(".")
     owner = root
     for name in modules:
-        if not hasattr(owner, name):
+        if name not in owner._modules:  # a name a submodule had in the model is a valid one here
             owner.add_module(name, torch.nn.Module())
-        owner = getattr(owner, name)
+        owner = owner._modules[name]
     if isinstance(tensor, torch.nn.Parameter):
         owner.register_parameter(leaf, tensor)
     else:
