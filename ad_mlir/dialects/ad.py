@@ -2637,7 +2637,8 @@ class TorchOp(IRDLOperation):
 
     name = "ad.torch_op"
     traits = traits_def(CanonicalizedBy(("RemoveNoValueTorchOp", "RemoveEvalDropout", "SdpaBackendToAttention",
-                                          "MathSdpaToAttention", "InPlaceBinaryOnFreshValue")))
+                                          "MathSdpaToAttention", "InPlaceBinaryOnFreshValue",
+                                          "ReshapeAsToReshape")))
     target = prop_def(StringAttr)
     args = prop_def(ArrayAttr)
     kwargs = prop_def(DictionaryAttr)

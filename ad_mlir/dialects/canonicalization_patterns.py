@@ -261,6 +261,24 @@ class RemoveEvalDropout(RewritePattern):
             _replace_by(rewriter, op, op.operands[0])
 
 
+class ReshapeAsToReshape(RewritePattern):
+    """`x.reshape_as(y)` / `x.view_as(y)` (torch.export keeps them; AOTAutograd writes a view) is
+    `reshape(x, y's shape)`: y's sizes, at most one of them unknown here (-1, which the element
+    count determines)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        if op.target.data not in ("aten.reshape_as.default", "aten.view_as.default") or op.kwargs.data \
+                or len(op.operands) != 2 or len(op.results) != 1:
+            return
+        refs = [a.index.data if isinstance(a, ad.OperandRefAttr) else None for a in op.args.data]
+        shape = op.results[0].type.get_shape()
+        if refs != [0, 1] or sum(d == DYNAMIC_INDEX for d in shape) > 1:
+            return
+        view = _view(op.operands[0], [-1 if d == DYNAMIC_INDEX else d for d in shape], [None] * len(shape), shape)
+        rewriter.replace(op, _located_like(op, view))
+
+
 IN_PLACE_BINARY: dict[str, type[ad.BinaryOp]] = {
     "aten.add_.Tensor": ad.AddOp, "aten.sub_.Tensor": ad.SubOp, "aten.mul_.Tensor": ad.MulOp, "aten.div_.Tensor": ad.DivOp,
 }

@@ -370,6 +370,20 @@ func.func @in_place_binary(%a: tensor<2x4xf32>, %b: tensor<2x4xf32>, %c: tensor<
 
 // -----
 
+// reshape_as / view_as is a reshape to the other tensor's shape, one unknown size as -1; with
+// two unknown sizes it stays.
+// CHECK-LABEL: func.func @reshape_as
+// CHECK-NEXT:    %r = ad.reshape %x [1, -1, 32] : tensor<1x?x16x2xf32> -> tensor<1x?x32xf32>
+// CHECK-NEXT:    %two = ad.torch_op "aten.view_as.default"(%z, %w)
+// CHECK-NEXT:    func.return %r, %two
+func.func @reshape_as(%x: tensor<1x?x16x2xf32>, %y: tensor<1x?x32xf32>, %z: tensor<?x?x2xf32>, %w: tensor<?x?xf32>) -> (tensor<1x?x32xf32>, tensor<?x?xf32>) {
+  %r = ad.torch_op "aten.reshape_as.default"(%x, %y) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<1x?x16x2xf32>, tensor<1x?x32xf32>) -> tensor<1x?x32xf32>
+  %two = ad.torch_op "aten.view_as.default"(%z, %w) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<?x?x2xf32>, tensor<?x?xf32>) -> tensor<?x?xf32>
+  func.return %r, %two : tensor<1x?x32xf32>, tensor<?x?xf32>
+}
+
+// -----
+
 // A clone is its input's value (repeat_kv's clone before the view, through torch.compile); a
 // clone the function returns stays. A cat drops operands with no extent along its dim, and
 // torch.cat's legacy empty operand (1-D, size 0: XLM's empty cache) at any rank and dim; a
