@@ -74,6 +74,7 @@ def _compile_inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
                        weights: _LiftedWeights | None) -> Any:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    _module_paths_from_the_model(gm)
     frozen, kept = weights.freeze(gm, example_inputs) if weights else (gm, list(range(len(example_inputs))))
     try:
         # AOTAutograd calls us under its fake mode; compiling folds weights and `verify` runs
@@ -93,14 +94,32 @@ def _compile_inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     return run
 
 
+_DYNAMO_ROOT = re.compile(r"^[LG]\[[^\]]+\](?:\[\d+\])?\.?")
+"""The root of Dynamo's module paths: the compiled module (`L['self']`, or `L['args'][0]` for
+its own forward compiled) or a global (`G['model']`)."""
+
+
+def _module_paths_from_the_model(gm: torch.fx.GraphModule) -> None:
+    """The module paths of `gm`'s ops (`nn_module_stack`, which AOTAutograd keeps from Dynamo's
+    graph) made relative to the compiled model, `L['self'].model.layers.0.mlp` ->
+    `model.layers.0.mlp`, as torch.export names them: the ops' locations, by which
+    compiling once per distinct layer (`passes/repeated_layers.py`) finds the layers and
+    relates them to the weights (named alike by `_LiftedWeights`)."""
+    for node in gm.graph.nodes:
+        if stack := node.meta.get("nn_module_stack"):
+            node.meta["nn_module_stack"] = {key: (_DYNAMO_ROOT.sub("", path), cls) for key, (path, cls) in stack.items()}
+
+
 class _LiftedWeights:
     """The parameters and buffers Dynamo passes to its graph as inputs (real tensors, named by
-    Dynamo's placeholders), to make them weights of AOTAutograd's graph."""
+    their module path, as torch.export names them, where Dynamo's source says it), to make them
+    weights of AOTAutograd's graph."""
 
     def __init__(self, dynamo_gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
-        placeholders = [n.name for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
-        short = [_weight_name(name) for name in placeholders]
-        self.names = short if len(set(short)) == len(short) else placeholders
+        nodes = [n for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
+        placeholders = [n.name for n in nodes]
+        paths = [_module_path(n) or _weight_name(n.name) for n in nodes]
+        self.names = paths if len(set(paths)) == len(paths) else placeholders
         self.tensors = list(example_inputs)
         self.module_state = {i for i, name in enumerate(placeholders) if re.search(r"_(parameters|buffers)_", name)}
         """Inputs that are a module's parameters or buffers; other static inputs (a user's
@@ -124,7 +143,7 @@ class _LiftedWeights:
         for node in gm.graph.nodes:
             index = next(placeholders) if node.op == "placeholder" else None
             if index in static:
-                setattr(root, self.names[index], self.tensors[index])
+                _set_weight(root, self.names[index], self.tensors[index])
                 env[node] = graph.get_attr(self.names[index])
                 env[node].meta = dict(node.meta)
             else:
@@ -139,10 +158,37 @@ def _same_tensor_type(fake: Any, real: Any) -> bool:
             and tuple(fake.shape) == tuple(real.shape))
 
 
+def _set_weight(root: torch.nn.Module, path: str, tensor: torch.Tensor) -> None:
+    """`tensor` at the dotted `path` of `root` (submodules made as needed), a parameter or a buffer."""
+    *modules, leaf = path.split(".")
+    owner = root
+    for name in modules:
+        if name not in owner._modules:  # a name a submodule had in the model is a valid one here
+            owner.add_module(name, torch.nn.Module())
+        owner = owner._modules[name]
+    if isinstance(tensor, torch.nn.Parameter):
+        owner.register_parameter(leaf, tensor)
+    else:
+        owner.register_buffer(leaf, tensor)
+
+
+_SOURCE_PATH = re.compile(r"L\[[^\]]+\](?:\[\d+\])?((?:\._(?:modules|parameters|buffers)\['[^']+'\])+)")
+"""Dynamo's source of a lifted weight, `L['self']._modules['model']._parameters['weight']`
+(`L['args'][0]...` for a compiled module's own forward)."""
+
+
+def _module_path(placeholder: torch.fx.Node) -> str | None:
+    """The module path of the weight a Dynamo placeholder lifts (`model.layers.0.mlp.up_proj.weight`,
+    as torch.export names it), from its source; None for another input."""
+    source = getattr(placeholder.meta.get("grapharg"), "source", None)
+    match = _SOURCE_PATH.fullmatch(str(getattr(source, "name", "")))
+    return ".".join(re.findall(r"\['([^']+)'\]", match.group(1))) if match else None
+
+
 def _weight_name(placeholder: str) -> str:
     """Dynamo's placeholder name of a lifted weight, shortened to its module path:
     `l_self_modules_model_modules_norm_parameters_weight_` (or `l_args_0_modules_...` for a
-    compiled module's own forward) -> `model_norm_weight`."""
+    compiled module's own forward) -> `model_norm_weight`; where its source names no module path."""
     name = re.sub(r"^l_(self_|args_\d+_)?", "", placeholder)
     name = re.sub(r"(^|_)(modules|parameters|buffers)_", r"\1", name).rstrip("_")
     return name if name.isidentifier() else placeholder

@@ -15,6 +15,14 @@ after the pipeline, and the fused ops of a layer. The generation column (`--no-g
 it) builds the family again with a wide init (varied greedy tokens) and a hybrid's layer kinds in
 turn, and compares `ad_mlir.LLM`'s greedy tokens with HF `generate`'s: a family that equals eager
 but generates other tokens is a defect ("different"), one that `LLM` refuses says why.
+
+The torch.compile column (`--torch-compile also`, or `only`: that column alone, the others
+left as they were) compiles the same small model through `torch.compile(backend="ad_mlir")`
+and through the project's torch.export (static shapes, as Dynamo's first compile) +
+`ad_mlir.compile`, and compares the LLM ops of the two programs (`LLM_OP_TYPES`; over every
+graph when Dynamo breaks the model into several, which the column says): "same", or each
+op's count through export / through torch.compile where they differ. `--merge-into
+results.json` writes that column into a results file's family rows (and its results.md).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ad_mlir.zoo.small import (
@@ -86,6 +95,9 @@ LLM_OPS = (
     "ad.silu_and_mul", "ad.gelu_and_mul", "ad.activation", "ad.moe", "ad.quantize_fp8", "ad.attention", "ad.fused",
 )
 
+TORCH_COMPILE_MODES = ("no", "also", "only")
+"""The torch.compile column: not run, run besides the other columns, or run alone."""
+
 STATUSES = ("ok", "wrong", "call error", "compile error", "not exported", "not built", "skipped", "timeout",
             "killed")
 OURS = ("wrong", "call error", "compile error", "timeout", "killed")
@@ -119,6 +131,9 @@ class FamilyRow:
     ours), "refused" (our error, in `generation_reason`), "HF repeats" (HF's tokens do not vary,
     so equal tokens would prove nothing), or "-" (not run)."""
     generation_reason: str = ""
+    torch_compile: str = "-"
+    """The LLM ops through `torch.compile(backend="ad_mlir")` against those through torch.export
+    (`compare_front_doors`): "same", the differing counts, our error, or "-" (not run)."""
 
 
 def _error_line(e: BaseException) -> str:
@@ -149,10 +164,11 @@ def _layer0_ops(module: Any) -> dict[str, int]:
 
 
 def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int] = SEQ_LENS,
-                 bf16: bool = True, generation: bool = False) -> FamilyRow:
+                 bf16: bool = True, generation: bool = False, torch_compile: str = "no") -> FamilyRow:
     """One family, in this process (the sweep runs it in a child; see `run_sweep`): fp32 at
     each of `seq_lens`, then (`bf16`) the same weights in bf16 at the longest, then (`generation`)
-    `LLM`'s greedy tokens against HF's."""
+    `LLM`'s greedy tokens against HF's; the torch.compile column (`torch_compile` "also", or
+    "only": that column alone) at the shortest length."""
     import torch
 
     from ad_mlir.runtime.kernels import registered_kernel
@@ -170,6 +186,11 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
         row.reason = _error_line(e)
         return row
     ids = torch.randint(1, 1000, (1, max(seq_lens)), generator=torch.Generator().manual_seed(0))
+    if torch_compile != "no":
+        row.torch_compile = _stage(row, "torch.compile column", lambda: compare_front_doors(model, ids[:, : seq_lens[0]]))
+        if torch_compile == "only":
+            row.status, row.reason = "skipped", "only the torch.compile column was run"
+            return row
     try:
         ep = _stage(row, "export", lambda: _export(model, ids[:, : seq_lens[0]]))
     except Exception as e:  # noqa: BLE001
@@ -205,6 +226,58 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
     if generation and row.status == "ok":
         _stage(row, "generation", lambda: check_generation(row))
     return row
+
+
+def compare_front_doors(model: Any, ids: Any) -> str:
+    """The torch.compile column for `model` on `ids`: "same" when the LLM ops (`llm_ops`) of
+    the programs made through `torch.compile(model, backend="ad_mlir")` (summed over its graphs)
+    and through the project's torch.export + `ad_mlir.compile` are equal, else
+    "export / torch.compile: op n/m, ..." over the ops whose counts differ; "(Dynamo: N graphs)"
+    when Dynamo broke the model into several. An error of either path is the column's value."""
+    from unittest import mock
+
+    import torch
+    import torch._dynamo
+
+    import ad_mlir.dynamo_backend
+    from ad_mlir.compiler import compile_program
+    from ad_mlir.frontends.export import export_inference
+    from ad_mlir.runtime.kernels import reference_kernels
+
+    programs: list[Any] = []
+
+    def recording(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled, program = compile_program(gm, *args, **kwargs)
+        programs.append(program)
+        return compiled
+
+    torch._dynamo.reset()
+    try:
+        with mock.patch.object(ad_mlir.dynamo_backend, "compile", recording), torch.no_grad(), reference_kernels():
+            torch.compile(model, backend="ad_mlir", options={"fallback": False})(input_ids=ids)
+    except Exception as e:  # noqa: BLE001 (the column says what failed)
+        return "torch.compile: " + _error_line(e)
+    finally:
+        torch._dynamo.reset()
+    try:
+        exported = llm_ops(compile_program(export_inference(model, {"input_ids": ids}, None))[1].module)
+    except Exception as e:  # noqa: BLE001
+        return "export path: " + _error_line(e)
+    compiled = sum((llm_ops(p.module) for p in programs), Counter())
+    graphs = f" (Dynamo: {len(programs)} graphs)" if len(programs) != 1 else ""
+    if compiled == exported:
+        return "same" + graphs
+    differ = sorted(n for n in exported.keys() | compiled.keys() if exported[n] != compiled[n])
+    return "export / torch.compile: " + ", ".join(
+        f"{n.removeprefix('ad.')} {exported[n]}/{compiled[n]}" for n in differ) + graphs
+
+
+def llm_ops(module: Any) -> Counter[str]:
+    """The LLM-level ops of a compiled module by name: kernel ops (norms, RoPE, attention, MoE,
+    ...), linears and attentions."""
+    from ad_mlir.dialects import ad
+
+    return Counter(op.name for op in module.walk() if isinstance(op, ad.KernelOp | ad.LinearOp | ad.AttentionOp))
 
 
 def _run_compiled(row: FamilyRow, gm: Any, ids: Any, path: str, stage: str) -> Any:
@@ -390,9 +463,10 @@ def check_generation(row: FamilyRow) -> None:
         row.generation = "equal" if got == expected else "different"
 
 
-def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str], generation: bool) -> FamilyRow:
+def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str], generation: bool,
+               torch_compile: str = "no") -> FamilyRow:
     cmd = [sys.executable, "-m", "ad_mlir.bench.families", "--child", "--pipeline", pipeline, family,
-           *([] if generation else ["--no-generation"])]
+           "--torch-compile", torch_compile, *([] if generation else ["--no-generation"])]
     start = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -415,7 +489,7 @@ def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str], 
 
 def run_sweep(
     families: Sequence[str], pipeline: str = "default", timeout: float = 600, jobs: int = 2,
-    progress: Callable[[FamilyRow], None] | None = None, generation: bool = True,
+    progress: Callable[[FamilyRow], None] | None = None, generation: bool = True, torch_compile: str = "no",
 ) -> list[FamilyRow]:
     """Each family in a child process (kernels in the interpreter where CUDA is absent, a
     fresh kernel cache for the sweep, passes strict so a failing pass is a compile error, one
@@ -424,7 +498,7 @@ def run_sweep(
     env.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_sweep_"))
     rows: dict[str, FamilyRow] = {}
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = {pool.submit(_run_child, f, pipeline, timeout, env, generation): f for f in families}
+        futures = {pool.submit(_run_child, f, pipeline, timeout, env, generation, torch_compile): f for f in families}
         for future in concurrent.futures.as_completed(futures):
             row = future.result()
             rows[row.family] = row
@@ -449,7 +523,7 @@ def _bf16_errors(errors: dict[str, float]) -> str:
 
 def table(rows: Sequence[FamilyRow]) -> str:
     header = ["family", "status", "max err ref", "max err interp", "bf16 err eager / ref / interp",
-              "kernels/layer", "kernel calls", "fused ops (layer 0)", "generation", "s", "reason"]
+              "kernels/layer", "kernel calls", "fused ops (layer 0)", "generation", "torch.compile", "s", "reason"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         kernels = "-" if r.kernels_after is None else f"{r.kernels_before} -> {r.kernels_after}"
@@ -457,7 +531,7 @@ def table(rows: Sequence[FamilyRow]) -> str:
         reason = "; ".join(x for x in (r.reason, r.generation_reason) if x).replace("|", "\\|")
         lines.append(f"| {r.family} | {r.status} | {_errors(r.reference_error)} | {_errors(r.interpreter_error)} "
                      f"| {_bf16_errors(r.bf16_error)} | {kernels} | {r.kernel_calls} | {fused} | {r.generation} "
-                     f"| {r.seconds.get('total', '-')} | {reason} |")
+                     f"| {r.torch_compile} | {r.seconds.get('total', '-')} | {reason} |")
     return "\n".join(lines)
 
 
@@ -471,8 +545,25 @@ def markdown(rows: Sequence[FamilyRow], title: str = "Family sweep") -> str:
             "twice eager's plus one bf16 ulp of the largest logit); 'kernels/layer' is "
             "the most kernels of a decoder layer outside GEMMs and attention, imported -> compiled; 'generation' "
             f"is `ad_mlir.LLM`'s greedy tokens (2 slots, {len(GENERATION_PROMPTS)} prompts, {GENERATION_TOKENS} new "
-            f"tokens) against HF generate's, with the first of initializer_range 0.5, 0.05, 0.5 untied under which HF's tokens vary, and a hybrid's layer kinds in turn.\n\n"
+            f"tokens) against HF generate's, with the first of initializer_range 0.5, 0.05, 0.5 untied under which HF's tokens vary, and a hybrid's layer kinds in turn; "
+            f"'torch.compile' compares the LLM ops through `torch.compile(backend=\"ad_mlir\")` with those through torch.export at seq {SEQ_LENS[0]} "
+            "(\"same\", or the differing counts as export/torch.compile).\n\n"
             + table(rows))
+
+
+def merge_torch_compile_column(rows: Sequence[FamilyRow], results: Path) -> None:
+    """Write `rows`' torch.compile column into the family rows of `results` (an ad-bench
+    results.json: its family sweep's and family matrix's) and rewrite its results.md; the other
+    columns stay as they were."""
+    from ad_mlir.bench.report import markdown as results_markdown
+
+    data = json.loads(results.read_text())
+    column = {r.family: r.torch_compile for r in rows}
+    for part in ("families", "matrix"):
+        for row in data["parts"].get(part, []):
+            row["torch_compile"] = column.get(row["family"], row.get("torch_compile", "-"))
+    results.write_text(json.dumps(data, indent=1) + "\n")
+    results.with_name("results.md").write_text(results_markdown(data))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -486,12 +577,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
     p.add_argument("--no-generation", dest="generation", action="store_false",
                    help="skip the generation column (LLM's greedy tokens against HF generate's)")
+    p.add_argument("--torch-compile", choices=TORCH_COMPILE_MODES, default="no",
+                   help="the torch.compile column (LLM ops through torch.compile against torch.export): "
+                        "not run, run besides the others, or run alone")
+    p.add_argument("--merge-into", type=str, default=None,
+                   help="write the torch.compile column of these rows into this results.json's family rows "
+                        "(and its results.md)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true", help="a line per family as it finishes")
     args = p.parse_args(argv)
     if args.child:
         logging.basicConfig(level=logging.WARNING)
-        print(json.dumps(asdict(sweep_family(args.families[0], args.pipeline, generation=args.generation))))
+        row = sweep_family(args.families[0], args.pipeline, generation=args.generation, torch_compile=args.torch_compile)
+        print(json.dumps(asdict(row)))
         return
     families = args.families or causal_lm_families()
     unknown = set(families) - set(causal_lm_families())
@@ -500,12 +598,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def progress(row: FamilyRow) -> None:
         if args.verbose:
-            print(f"{row.family}: {row.status} {row.reason}", file=sys.stderr, flush=True)
+            column = f" [torch.compile: {row.torch_compile}]" if args.torch_compile != "no" else ""
+            print(f"{row.family}: {row.status} {row.reason}{column}", file=sys.stderr, flush=True)
 
-    rows = run_sweep(families, args.pipeline, args.timeout, args.jobs, progress, args.generation)
+    rows = run_sweep(families, args.pipeline, args.timeout, args.jobs, progress, args.generation, args.torch_compile)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=1)
+    if args.merge_into:
+        merge_torch_compile_column(rows, Path(args.merge_into))
     print(markdown(rows))
     sys.exit(1 if any(r.status in OURS or r.generation == "different" for r in rows) else 0)
 

@@ -2636,7 +2636,9 @@ class TorchOp(IRDLOperation):
     operand. `unpack` marks a target that returns a sequence (results are its items)."""
 
     name = "ad.torch_op"
-    traits = traits_def(CanonicalizedBy(("RemoveNoValueTorchOp", "RemoveEvalDropout", "SdpaBackendToAttention")))
+    traits = traits_def(CanonicalizedBy(("RemoveNoValueTorchOp", "RemoveEvalDropout", "SdpaBackendToAttention",
+                                          "MathSdpaToAttention", "InPlaceBinaryOnFreshValue",
+                                          "ReshapeAsToReshape")))
     target = prop_def(StringAttr)
     args = prop_def(ArrayAttr)
     kwargs = prop_def(DictionaryAttr)

@@ -261,6 +261,55 @@ class RemoveEvalDropout(RewritePattern):
             _replace_by(rewriter, op, op.operands[0])
 
 
+class ReshapeAsToReshape(RewritePattern):
+    """`x.reshape_as(y)` / `x.view_as(y)` (torch.export keeps them; AOTAutograd writes a view) is
+    `reshape(x, y's shape)`: y's sizes, at most one of them unknown here (-1, which the element
+    count determines)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        if op.target.data not in ("aten.reshape_as.default", "aten.view_as.default") or op.kwargs.data \
+                or len(op.operands) != 2 or len(op.results) != 1:
+            return
+        refs = [a.index.data if isinstance(a, ad.OperandRefAttr) else None for a in op.args.data]
+        shape = op.results[0].type.get_shape()
+        if refs != [0, 1] or sum(d == DYNAMIC_INDEX for d in shape) > 1:
+            return
+        view = _view(op.operands[0], [-1 if d == DYNAMIC_INDEX else d for d in shape], [None] * len(shape), shape)
+        rewriter.replace(op, _located_like(op, view))
+
+
+IN_PLACE_BINARY: dict[str, type[ad.BinaryOp]] = {
+    "aten.add_.Tensor": ad.AddOp, "aten.sub_.Tensor": ad.SubOp, "aten.mul_.Tensor": ad.MulOp, "aten.div_.Tensor": ad.DivOp,
+}
+"""In-place binary ops torch.export keeps (`x += y` on an intermediate: BigBird's and GIT's
+embeddings, Gemma 3n's AltUp) and their functional ops."""
+
+FRESH_TENSOR_OPS = (ad.ElementwiseOp, ad.LinearOp, ad.MatmulOp, ad.EmbeddingOp)
+"""Ops whose result is a tensor of its own (no view of an operand): writing into it in place
+changes no other value."""
+
+
+class InPlaceBinaryOnFreshValue(RewritePattern):
+    """`x.add_(y)` (sub_, mul_, div_) where nothing else reads x, which an op computed as a tensor
+    of its own (`FRESH_TENSOR_OPS`: no view of a weight or an input, which the write would
+    change), and y has x's element type (the result keeps x's type, as the functional op's
+    does then), is `add(x, y)`: the value the write leaves in x, read by the op's users only. So
+    the fusions see it as through torch.compile, whose functionalization makes it so."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        functional = IN_PLACE_BINARY.get(op.target.data)
+        if functional is None or op.kwargs.data or len(op.operands) != 2 or len(op.results) != 1:
+            return
+        x, y = op.operands
+        refs = [a.index.data if isinstance(a, ad.OperandRefAttr) else None for a in op.args.data]
+        if refs != [0, 1] or not isinstance(x.owner, FRESH_TENSOR_OPS) or not x.has_one_use() \
+                or not isinstance(y.type, TensorType) or _element(y) != _element(x) or op.results[0].type != x.type:
+            return
+        rewriter.replace(op, _located_like(op, functional(x, y, x.type)))
+
+
 # ----------------------------------------------------------------------- matmuls
 
 TRANSPOSE_TARGETS = frozenset({"aten.numpy_T.default", "aten.t.default"})
@@ -377,7 +426,12 @@ class SdpaBackendToAttention(RewritePattern):
     cuDNN, math), whose extra results (log-sum-exp, debug masks, probabilities) nothing reads, is
     `ad.attention` with its mask, causal flag and scale: so the torch.compile path's graphs meet
     the attention fusions and the cache as the torch.export path's do. The value is the same
-    attention, though torch may compute it through another backend."""
+    attention, though torch may compute it through another backend. A fused backend's op takes
+    key/value heads fewer than the query's as grouped-query attention (SDPA's `enable_gqa`,
+    which it then is). A boolean mask, which
+    torch turns into `where(mask, 0, -inf)` for the backend op, is given as the boolean mask
+    again (SDPA turns it into the same), as in a torch.export graph (where the fusions read
+    causal and sliding-window masks)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
@@ -397,20 +451,163 @@ class SdpaBackendToAttention(RewritePattern):
             properties["is_causal"] = UnitAttr()
         if scale is not None:
             properties["scale"] = FloatAttr(scale, Float64Type())
-        if _number(args.get("enable_gqa")):
-            properties["enable_gqa"] = UnitAttr()
+        if _number(args.get("enable_gqa")) or _fewer_key_heads(operand["query"], operand["key"]):
+            properties["enable_gqa"] = UnitAttr()  # the fused backends take grouped K/V heads as they are
+        mask, fills = operand.get("attn_mask"), []
+        if mask is not None and (boolean := _boolean_mask(mask)) is not None:
+            mask, fills = boolean
         attention = ad.AttentionOp.build(
-            operands=[operand["query"], operand["key"], operand["value"],
-                      [operand["attn_mask"]] if "attn_mask" in operand else []],
+            operands=[operand["query"], operand["key"], operand["value"], [mask] if mask is not None else []],
             properties=properties, result_types=[op.results[0].type])
         rewriter.insert(_located_like(op, attention), InsertPoint.before(op))
         rewriter.replace_all_uses_with(op.results[0], attention.result)
         rewriter.erase(op)
+        for dead in fills:  # the opaque fills DCE would keep
+            if not any(r.uses for r in dead.results):
+                rewriter.erase(dead)
+
+
+def _fewer_key_heads(query: SSAValue, key: SSAValue) -> bool:
+    """The key has fewer heads than the query (grouped-query attention, [..., heads, seq, head_dim])."""
+    q, k = query.type.get_shape(), key.type.get_shape()
+    return len(q) >= 3 and len(k) == len(q) and DYNAMIC_INDEX not in (q[-3], k[-3]) and k[-3] < q[-3]
 
 
 def _number(attr: Attribute | None) -> float | None:
     """An IntegerAttr / FloatAttr argument's value; None for none or a missing argument."""
     return attr.value.data if isinstance(attr, IntegerAttr | FloatAttr) else None
+
+
+SAFE_SOFTMAX = "aten._safe_softmax.default"
+"""The softmax of SDPA's math backend: 0 (not NaN) in a row whose every input is -inf."""
+
+
+class MathSdpaToAttention(RewritePattern):
+    """`scaled_dot_product_attention` written out as torch's math backend computes it
+    (`_scaled_dot_product_attention_math`, which AOTAutograd decomposes where no fused backend
+    takes the call: Falcon's one key/value head broadcast over the query heads) is
+    `ad.attention(q, k, v, mask, scale)`:
+        s   = sqrt(scale)
+        out = matmul(_safe_softmax(matmul(q * s, transpose(k, -2, -1) * s) + mask, -1), v)
+    the mask added or absent, a boolean mask as `where(mask, 0, -inf)`; the matmuls broadcast k
+    and v over the batch and heads (an expand of size-1 dims); f16/bf16 q, k, v cast to f32 and
+    the output cast back. That is torch's own definition of the attention (its value through
+    any backend, as for `SdpaBackendToAttention`); in a row whose every key is masked
+    `_safe_softmax` gives 0 and so the output 0, as `ad.attention` (torch's SDPA and our kernels)
+    gives."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        if (found := _math_sdpa(op)) is None:
+            return
+        output, (query, key, value), mask, scale, chain = found
+        properties: dict[str, Attribute] = {}
+        default = query.type.get_shape()[-1] ** -0.5
+        if abs(scale - default) > 1e-12 * default:  # s * s is the scale torch took the root of, to an ulp
+            properties["scale"] = FloatAttr(scale, Float64Type())
+        attention = ad.AttentionOp.build(operands=[query, key, value, [mask] if mask is not None else []],
+                                         properties=properties, result_types=[output.results[0].type])
+        rewriter.replace(output, _located_like(output, attention))
+        for dead in chain:  # users first; the opaque ones (the softmax, the fills) DCE would keep
+            if not any(r.uses for r in dead.results):
+                rewriter.erase(dead)
+
+
+MathSdpa = tuple[Operation, tuple[SSAValue, SSAValue, SSAValue], SSAValue | None, float, list[Operation]]
+"""(the op whose result is the attention's, (q, k, v), the mask, the scale, the ops from the
+weighting matmul to the mask's fills, users first)."""
+
+
+def _math_sdpa(softmax: ad.TorchOp) -> MathSdpa | None:
+    """The math backend's attention around `softmax` (`MathSdpaToAttention`), or None."""
+    args = softmax.args.data
+    if softmax.target.data != SAFE_SOFTMAX or len(softmax.operands) != 1 or softmax.kwargs.data \
+            or len(args) != 2 or not softmax.results[0].has_one_use():
+        return None
+    probs, logits = softmax.results[0], softmax.operands[0]
+    rank = len(logits.type.get_shape())
+    weighted = probs.get_user_of_unique_use()
+    if rank != 4 or _number(args[1]) not in (-1, rank - 1) or not isinstance(weighted, ad.MatmulOp) \
+            or weighted.input != probs or not logits.has_one_use():
+        return None
+    scores, mask, chain = logits, None, [weighted, softmax]
+    if isinstance(add := logits.owner, ad.AddOp) and _has_unit_alpha(add):
+        scores, mask = add.input, add.other  # torch adds the mask to the scores
+        chain.append(add)
+    qk = scores.owner
+    if not isinstance(qk, ad.MatmulOp) or not scores.has_one_use():
+        return None
+    query, root = _times_constant(_broadcast_source(qk.input))
+    key_t, key_root = _times_constant(_broadcast_source(qk.other))
+    transpose = key_t.owner
+    if root is None or root != key_root or root <= 0 or not isinstance(transpose, ad.TransposeOp) \
+            or {ad.normalize_dim(d.value.data, rank) for d in (transpose.dim0, transpose.dim1)} != {rank - 2, rank - 1}:
+        return None
+    found = _uncast((query, transpose.input, _broadcast_source(weighted.other)), weighted)
+    if found is None:
+        return None
+    output, qkv = found
+    if mask is not None and (boolean := _boolean_mask(mask)) is not None:
+        mask, fills = boolean
+        chain += fills
+    return output, qkv, mask, root * root, chain
+
+
+def _broadcast_source(value: SSAValue) -> SSAValue:
+    """`x` when `value` is `expand(x)` over size-1 leading dims of x (a matmul's broadcast of its batch dims)."""
+    expand = value.owner
+    if not isinstance(expand, ad.ExpandOp):
+        return value
+    source, shape = expand.input.type.get_shape(), value.type.get_shape()
+    if len(source) != len(shape) or source[-2:] != shape[-2:] \
+            or any(a not in (b, 1) or a == DYNAMIC_INDEX for a, b in zip(source[:-2], shape[:-2], strict=True)):
+        return value
+    return expand.input
+
+
+def _times_constant(value: SSAValue) -> tuple[SSAValue, float | None]:
+    """(x, c) when `value` is `x * c` for a number c; (value, None) otherwise."""
+    mul = value.owner
+    if isinstance(mul, ad.MulOp) and (c := _scalar_constant(mul.other)) is not None:
+        return mul.input, float(c)
+    return value, None
+
+
+def _uncast(qkv: tuple[SSAValue, SSAValue, SSAValue],
+            weighted: ad.MatmulOp) -> tuple[Operation, tuple[SSAValue, SSAValue, SSAValue]] | None:
+    """(the op computing the attention's output, q, k, v): `weighted` and `qkv` themselves, or,
+    where q, k and v are all cast from one 16-bit float type to f32 and the output cast back to
+    it (the math backend's f32 accumulation), the cast of the output and their uncast values."""
+    casts = [x.owner for x in qkv]
+    if not all(isinstance(c, ad.CastOp) for c in casts):
+        return weighted, qkv
+    sources = {_element(c.input) for c in casts}
+    back = weighted.result.get_user_of_unique_use() if weighted.result.has_one_use() else None
+    if len(sources) != 1 or not isinstance(back, ad.CastOp) or _element(back.result) not in sources \
+            or not all(_element(c.result) == Float32Type() for c in casts):
+        return None
+    return back, tuple(c.input for c in casts)
+
+
+def _boolean_mask(mask: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
+    """(m, the where and its fills) when `mask` is `where(m, 0, -inf)` of a boolean m (how torch
+    turns a boolean attention mask into an additive one)."""
+    where = mask.owner
+    if isinstance(where, ad.WhereOp) and _element(where.condition) == IntegerType(1) \
+            and where.condition.type.get_shape() == mask.type.get_shape() \
+            and _filled_with(where.input) == 0.0 and _filled_with(where.other) == float("-inf"):
+        return where.condition, [where, where.input.owner, where.other.owner]
+    return None
+
+
+def _filled_with(value: SSAValue) -> float | None:
+    """The number a scalar constant or a `torch.scalar_tensor` holds."""
+    op = value.owner
+    if isinstance(op, ad.TorchOp) and op.target.data == "aten.scalar_tensor.default" and len(op.args.data) == 1:
+        number = _number(op.args.data[0])
+        return None if number is None else float(number)
+    number = _scalar_constant(value)
+    return None if number is None else float(number)
 
 
 class RemoveClone(RewritePattern):

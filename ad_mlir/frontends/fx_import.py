@@ -304,6 +304,7 @@ class _Importer:
             self._inline_higher_order(node, name, owner)
             return
         op: Operation | None = None
+        before = self.block.last_op
         if name in T.OVERLOAD_BY_TARGET:
             try:
                 op = self._typed_op(node, *T.OVERLOAD_BY_TARGET[name])
@@ -313,11 +314,23 @@ class _Importer:
             op = self._torch_op(node, name)
         if (loc := location_of(node)) is not None:
             op.location = loc
+            self._locate_constants_after(before, loc)
         self.block.add_op(op)
         _, unpack = result_types(node)
         self.values[node] = list(op.results) if unpack else (op.results[0] if op.results else None)
         for r in op.results:
             r.name_hint = _name_hint(node.name)
+
+    def _locate_constants_after(self, before: Operation | None, loc: Attribute) -> None:
+        """The constants made for a node's scalar operands (after `before`) take the node's
+        location: they belong to its layer, also where they come first in it (a layer whose
+        first op is `pow(x, 2)`, as AOTAutograd leaves an RMSNorm) and would otherwise count
+        as the previous layer's (`passes/repeated_layers.py`)."""
+        op = before.next_op if before is not None else self.block.first_op
+        while op is not None:
+            if isinstance(op, ad.ConstantOp):
+                op.location = loc
+            op = op.next_op
 
     def _import_call_module(self, node: torch.fx.Node, owner: torch.nn.Module | None) -> None:
         """`ep.module()`'s `_guards_fn` checks the inputs: the compiled graph's input checks do

@@ -9,14 +9,17 @@ chain both ways:
   `cast(n * (float(weight) + offset) -> src dtype)` (`weight_in_fp32`).
 Every value between `x` and the result must have no other user (then the chain is replaced
 by one op; otherwise the spelling stays as it is). The same spellings arrive from torch's own
-`F.rms_norm` decomposition and from `decompose`d graphs, as they are the same ops.
+`F.rms_norm` decomposition and from `decompose`d graphs, as they are the same ops; torch's
+`aten.rms_norm` itself, which torch.export keeps (`nn.RMSNorm`: DiffLlama's head norm), is matched
+as the op it is (`MatchTorchRmsNorm`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import Float32Type, Float64Type, FloatAttr, UnitAttr
+import torch
+from xdsl.dialects.builtin import DYNAMIC_INDEX, Float32Type, Float64Type, FloatAttr, UnitAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import (
     PatternRewriter,
@@ -35,6 +38,7 @@ from ad_mlir.passes.patterns.matching import (
     sole_user,
 )
 from ad_mlir.passes.patterns.pattern_pass import PatternPass
+from ad_mlir.semantics.op_table import UnsupportedError, attr_to_value, bound_arguments, torch_dtype
 
 
 @dataclass
@@ -183,12 +187,47 @@ class MatchRmsNorm(RewritePattern):
         self.matches += 1
 
 
+class MatchTorchRmsNorm(RewritePattern):
+    """`aten.rms_norm(x, [x.shape[-1]], weight, eps)` carried as a torch op: torch computes it
+    in fp32 (x upcast, `x * rsqrt(mean(x^2) + eps)`, times the weight there) and casts the
+    result to x's dtype once, which is `ad.rms_norm` with `weight_in_fp32`; eps unset is the
+    fp32 epsilon (torch's for an fp32, bf16 or f16 input)."""
+
+    def __init__(self) -> None:
+        self.matches = 0
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ad.TorchOp, rewriter: PatternRewriter) -> None:
+        if op.target.data != "aten.rms_norm.default" or len(op.results) != 1:
+            return
+        try:
+            operands = list(op.operands)
+            call = bound_arguments(op.target.data, attr_to_value(op.args, operands), attr_to_value(op.kwargs, operands))
+        except UnsupportedError:  # an argument with no Python value: not a call we can read
+            return
+        x, weight = call["input"], call["weight"]
+        shape = x.type.get_shape()
+        if not shape or list(call["normalized_shape"]) != [shape[-1]] or shape[-1] == DYNAMIC_INDEX \
+                or torch_dtype(x.type.element_type) == torch.float64 or op.results[0].type != x.type:
+            return
+        eps = call["eps"] if call["eps"] is not None else torch.finfo(torch.float32).eps
+        m = RmsNormMatch(x, eps, op.results[0], op.results[0], weight, weight_in_fp32=weight is not None)
+        norm = build_rms_norm(m, op.location)
+        try:
+            norm.verify()
+        except Exception:  # noqa: BLE001 (types the op cannot hold, e.g. an f64 weight: left to torch)
+            norm.erase()
+            return
+        rewriter.replace(op, norm, [norm.result])
+        self.matches += 1
+
+
 @dataclass(frozen=True)
 class MatchRmsNormPass(PatternPass):
     """RMSNorm spellings -> `ad.rms_norm` (see the module docstring)."""
 
     name = "match-rmsnorm"
-    summary = "%d RMSNorms matched"
+    summary = "%d RMSNorms matched, %d torch RMSNorms"
 
     def patterns(self) -> list[RewritePattern]:
-        return [MatchRmsNorm()]
+        return [MatchRmsNorm(), MatchTorchRmsNorm()]

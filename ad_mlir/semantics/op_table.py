@@ -314,10 +314,16 @@ _SPELLINGS: dict[type[Operation], tuple[Overload, ...]] = {
     ad.SubOp: (
         Overload("aten.rsub.Scalar", _REVERSED),
         Overload("aten.rsub.Tensor", _REVERSED, exportable=False),
+        *(Overload(f"aten.subtract.{o}", exportable=False) for o in ("Tensor", "Scalar")),
     ),
-    ad.MulOp: (Overload("aten.square.default", to_fields=_square_in, exportable=False),),
+    ad.MulOp: (
+        Overload("aten.square.default", to_fields=_square_in, exportable=False),
+        *(Overload(f"aten.multiply.{o}", exportable=False) for o in ("Tensor", "Scalar")),
+    ),
+    ad.DivOp: tuple(Overload(f"aten.divide.{o}", exportable=False) for o in ("Tensor", "Scalar")),
 }
-"""Other ATen spellings of the generic binary ops (a scalar-first `sub` exports as `rsub`)."""
+"""Other ATen spellings of the generic binary ops (a scalar-first `sub` exports as `rsub`;
+`torch.multiply`, `subtract` and `divide` export as themselves, Gemma 3n's `torch.multiply`)."""
 
 
 def _to_same_device_in(f: dict[str, Any], node: Any) -> dict[str, Any]:

@@ -82,6 +82,44 @@ def test_layers_compiled_once_give_the_whole_programs_ops(
     assert f'loc("model.layers.{layers - 1}.' in once
 
 
+def test_layers_compiled_once_through_torch_compile(monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Through `torch.compile(backend="ad_mlir")` the layers are found as through torch.export:
+    the ops' module paths (Dynamo's, made relative to the model) and the weights' names (their
+    module paths, from Dynamo's sources) name the layers. The graph the backend compiles gives
+    the whole compile's program (`layers_once=False`, the same graph) and outputs."""
+    import dataclasses
+
+    import torch._dynamo
+
+    import ad_mlir.dynamo_backend
+
+    model, ids = _model("llama", 6), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    whole: list[tuple[torch.fx.GraphModule, object]] = []
+    once: list[object] = []
+
+    def both(gm: torch.fx.GraphModule, example_inputs: list, options: object) -> torch.fx.GraphModule:
+        with caplog.at_level(logging.INFO, logger=LOGGER):
+            compiled, program = compile_program(gm, example_inputs, options=options)
+        once.append(program)
+        whole.append(compile_program(gm, example_inputs, options=dataclasses.replace(options, layers_once=False)))
+        return compiled
+
+    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", both)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="ad_mlir", options={"fallback": False})(input_ids=ids).logits
+        expected = whole[0][0](ids)[0]
+        eager = model(input_ids=ids).logits
+    torch._dynamo.reset()
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == LOGGER)
+    assert "6 layers of period 1, compiled 5 and instantiated the other 1" in said, said
+    assert len(once) == 1 and _text(once[0].module) == _text(whole[0][1].module)
+    assert 'loc("model.layers.5.' in _text(once[0].module)
+    assert torch.equal(got, expected)
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)  # fp32, reference path: as in `_both`
+
+
 def test_the_program_cache_keeps_the_shortened_program_and_lengthens_what_it_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

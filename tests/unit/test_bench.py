@@ -160,6 +160,39 @@ def test_a_run_of_some_families_replaces_only_their_rows(tmp_path: Path, monkeyp
     assert [(r["family"], r["status"]) for r in rows] == [("llama", "ok"), ("mpt", "ok"), ("glm", "ok")]
 
 
+def test_the_torch_compile_column_compares_the_llm_ops_of_the_two_front_doors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the backend's SDPA op left opaque (canonicalize not turning it into ad.attention), a
+    tiny Llama's column names what differs, as counts through export / through torch.compile:
+    RoPE fused into the attention there, left on its own here (the equal case is
+    test_dynamo_backend.py's, per family)."""
+    import torch
+
+    from ad_mlir.bench.families import compare_front_doors
+    from ad_mlir.dialects import canonicalization_patterns
+    from ad_mlir.zoo.tiny import TinyConfig, build_model
+
+    model, ids = build_model(TinyConfig(family="llama", layers=1)), torch.tensor([[3, 1, 4, 1, 5]])
+    monkeypatch.setattr(canonicalization_patterns.SdpaBackendToAttention, "match_and_rewrite", lambda *a: None)
+    assert compare_front_doors(model, ids) == "export / torch.compile: rope 0/1, rope_attention 1/0"
+
+
+def test_the_torch_compile_column_merges_into_the_results_file(tmp_path: Path) -> None:
+    from ad_mlir.bench.families import merge_torch_compile_column
+
+    earlier = [{"family": "llama", "status": "ok", "torch_compile": "same"}, {"family": "mpt", "status": "wrong"}]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"machine": {"machine": "cpu", "gpu": "", "cpu": "x", "cpu_count": 2, "torch": "t",
+                                               "triton": "t", "xdsl": "x", "date": "d"},
+                                   "quick": False, "parts": {"families": earlier, "matrix": [{"family": "mpt", "status": "ok"}]},
+                                   "skipped": {}}))
+    merge_torch_compile_column([FamilyRow("mpt", status="skipped", torch_compile="export / torch.compile: moe 2/0")],
+                               results)
+    parts = json.loads(results.read_text())["parts"]
+    assert parts["families"] == [earlier[0], {**earlier[1], "torch_compile": "export / torch.compile: moe 2/0"}]
+    assert parts["matrix"] == [{"family": "mpt", "status": "ok", "torch_compile": "export / torch.compile: moe 2/0"}]
+    assert "| mpt | wrong |" in (tmp_path / "results.md").read_text()
+
+
 def test_decode_traffic_counts_weights_caches_and_new_kv() -> None:
     """One decode step of a one-layer tiny Llama (untied embeddings: the table is read for the
     batch's rows only) against the ideal worked out from its sizes."""

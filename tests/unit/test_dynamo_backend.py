@@ -90,12 +90,6 @@ def test_family_from_config_equals_eager(family: str, compiled_graphs: list[torc
     print(f"{family}: max |error| {error:.3g}")
 
 
-SAME_LLM_OPS_XFAIL = {
-    "falcon": "AOTAutograd writes Falcon's SDPA out as matmuls around aten._safe_softmax, which the attention "
-              "matcher does not take yet",
-}
-
-
 def _llm_ops(program: ImportedProgram) -> collections.Counter[str]:
     """The LLM-level ops of a compiled program: kernel ops (norms, RoPE, attention, MoE, ...),
     linears and attentions."""
@@ -103,13 +97,12 @@ def _llm_ops(program: ImportedProgram) -> collections.Counter[str]:
                                if isinstance(op, ad.KernelOp | ad.LinearOp | ad.AttentionOp))
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.xfail(reason=SAME_LLM_OPS_XFAIL[f], strict=True))
-                                    if f in SAME_LLM_OPS_XFAIL else f for f in (*sorted(FAMILIES), *MORE_FAMILIES, *MOE_FAMILIES)])
+@pytest.mark.parametrize("family", (*sorted(FAMILIES), *MORE_FAMILIES, *MOE_FAMILIES))
 def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same model through Dynamo/AOTAutograd and through torch.export makes the same fused
-    program (AOTAutograd leaves linears as t + mm/addmm, SDPA as a backend op, an MoE block's
-    gate/up chunk as a split and its index_put_ functional; canonicalize and match-moe take
-    them), and the compiled model equals eager."""
+    program (AOTAutograd leaves linears as t + mm/addmm, SDPA as a backend op or, Falcon's,
+    written out around _safe_softmax, an MoE block's gate/up chunk as a split and its index_put_
+    functional; canonicalize and match-moe take them), and the compiled model equals eager."""
     model = build_model(TinyConfig(family=family, layers=1)) if family in FAMILIES else small_model(family, layers=1)
     ids = _ids(9, model.config.vocab_size)
     programs: list[ImportedProgram] = []
@@ -128,6 +121,37 @@ def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypat
     through_export = _llm_ops(exported)
     assert {"ad.linear"} < set(through_export), through_export  # the comparison covers fused ops
     assert _llm_ops(programs[0]) == through_export
+
+
+@pytest.mark.parametrize("kv_heads, gqa", [(1, False), (2, True)])
+def test_sdpa_backends_compile_to_an_attention_op(kv_heads: int, gqa: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SDPA as AOTAutograd hands it over compiles to one ad.attention (canonicalize): one
+    key/value head broadcast over four query heads (Falcon's), which no fused CPU backend takes,
+    written out as torch's math backend around `aten._safe_softmax`; two heads with
+    `enable_gqa`, the CPU flash op taking the grouped heads as they are. A query row whose every
+    key is masked gives 0 as eager does, not NaN (the attention kernels store 0 there too:
+    test_attention_kernel.py). fp32 at torch's default tolerance."""
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+    q, k, v = (torch.randn(shape, generator=torch.Generator().manual_seed(i))
+               for i, shape in enumerate([(1, 4, 5, 8), (1, kv_heads, 5, 8), (1, kv_heads, 5, 8)]))
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
+    mask[..., 2, :] = False
+    programs: list[ImportedProgram] = []
+
+    def keep(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
+        compiled, program = compile_program(gm, *args, **kwargs)
+        programs.append(program)
+        return compiled
+
+    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", keep)
+    with torch.no_grad():
+        got = torch.compile(attend, backend="ad_mlir", options={"fallback": False})(q, k, v, mask)
+    expected = attend(q, k, v, mask)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(got[..., 2, :], torch.zeros(1, 4, 8)) and torch.equal(expected[..., 2, :], got[..., 2, :])
+    assert _llm_ops(programs[0]) == {"ad.attention": 1}, _llm_ops(programs[0])
 
 
 def test_kernels_in_the_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,15 +212,16 @@ def test_dynamic_sequence_length_compiles_once(compiled_graphs: list[torch.fx.Gr
 @pytest.mark.parametrize("freeze", [True, False])
 def test_weights_frozen_or_graph_inputs(freeze: bool, compiled_graphs: list[torch.fx.GraphModule]) -> None:
     """Frozen (the default), the parameters and buffers Dynamo lifts are weights of the graph
-    (named by module path), and only input_ids is an input; else every one is an input."""
+    (named by module path, as torch.export names them), and only input_ids is an input; else
+    every one is an input."""
     model = build_model(TinyConfig(family="llama", layers=1))
     with reference_kernels():
         _logits_error(model, _ids(6), {"freeze_weights": freeze})
     nodes = compiled_graphs[0].graph.nodes
     weights = {n.target for n in nodes if n.op == "get_attr"}
     inputs = [n for n in nodes if n.op == "placeholder"]
-    parameters = {name.replace(".", "_") for name, _ in model.named_parameters()}
-    buffers = {name.replace(".", "_") for name, _ in model.named_buffers()}  # Dynamo lifts those used
+    parameters = {name for name, _ in model.named_parameters()}
+    buffers = {name for name, _ in model.named_buffers()}  # Dynamo lifts those used
     if freeze:
         assert len(inputs) == 1 and parameters <= weights <= parameters | buffers, weights
     else:

@@ -51,6 +51,9 @@ SEMANTICS = {
     "sub_alpha": (lambda x: torch.sub(x, 3, alpha=-2), "ad.sub"),
     "div_floor": (lambda x: torch.div(x, Y, rounding_mode="floor"), "ad.div"),
     "div_trunc": (lambda x: torch.div(x * 7, 2, rounding_mode="trunc"), "ad.div"),
+    "multiply": (lambda x: torch.multiply(x, Y), "ad.mul"),  # the aliases export as themselves
+    "subtract": (lambda x: torch.subtract(x, Y, alpha=2), "ad.sub"),
+    "divide": (lambda x: torch.divide(x, 3.0), "ad.div"),
     "sum_dtype": (lambda x: torch.sum(x.to(torch.bfloat16), dim=-1, keepdim=True, dtype=torch.float32), "ad.sum"),
     "mean_dims": (lambda x: x.mean(dim=(0, 1)), "ad.mean"),
     "amax": (lambda x: x.amax(dim=-1), "ad.amax"),

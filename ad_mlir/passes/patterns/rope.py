@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
     ArrayAttr,
     DenseArrayBase,
     IntegerAttr,
@@ -97,14 +98,16 @@ def _int_arg(op: ad.TorchOp, i: int, default: int) -> int | None:
 
 def rotate_every_two_of(value: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
     """`x` when `value` is `flatten(stack(-x[..., 1::2], x[..., ::2], -1), -2)` (GPT-J's
-    rotate_every_two; Ernie 4.5's and GLM's rotate_half)."""
-    flatten = _torch_op(value, "aten.flatten.using_ints")
-    stacked = flatten.inputs[0] if flatten is not None else None
+    rotate_every_two; Ernie 4.5's and GLM's rotate_half), the flatten possibly a view merging
+    the last two dims (as AOTAutograd, through torch.compile, writes it)."""
+    flatten = _torch_op(value, "aten.flatten.using_ints") or _last_two_merged(value)
+    stacked = flatten.operands[0] if flatten is not None else None
     stack = _torch_op(stacked, "aten.stack.default") if stacked is not None else None
     if stack is None or len(stack.args.data) < 1 or not isinstance(stack.args.data[0], ArrayAttr):
         return None
     rank = len(stacked.type.get_shape())
-    dims = (_int_arg(stack, 1, 0), _int_arg(flatten, 1, 0), _int_arg(flatten, 2, -1))
+    flattened = (_int_arg(flatten, 1, 0), _int_arg(flatten, 2, -1)) if isinstance(flatten, ad.TorchOp) else (-2, -1)
+    dims = (_int_arg(stack, 1, 0), *flattened)
     if None in dims or tuple(ad.normalize_dim(d, rank) for d in dims) != (rank - 1, rank - 2, rank - 1):
         return None
     refs = stack.args.data[0].data
@@ -120,6 +123,19 @@ def rotate_every_two_of(value: SSAValue) -> tuple[SSAValue, list[Operation]] | N
     if d % 2 or _static_slice(even, x) != (0, d, 2) or _static_slice(odd, x) != (1, d, 2):
         return None
     return x, [flatten, stack, neg, odd, even]
+
+
+def _last_two_merged(value: SSAValue) -> ad.ReshapeOp | None:
+    """The view computing `value` when it merges its input's last two dims (static) and keeps
+    the others, at most one of them dynamic (then equal by the element count): `flatten(x, -2)`."""
+    view = producer(value, ad.ReshapeOp)
+    if view is None:
+        return None
+    shape, merged = view.input.type.get_shape(), value.type.get_shape()
+    if len(shape) != len(merged) + 1 or shape[:-2] != merged[:-1] or sum(d == DYNAMIC_INDEX for d in merged[:-1]) > 1 \
+            or DYNAMIC_INDEX in shape[-2:] or merged[-1] != shape[-2] * shape[-1]:
+        return None
+    return view
 
 
 def _is_table(table: SSAValue, x: SSAValue, heads_dim: int) -> bool:

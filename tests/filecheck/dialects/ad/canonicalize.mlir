@@ -259,17 +259,127 @@ func.func @aot_linears(%x: tensor<2x5x64xf32>, %w: tensor<32x64xf32>, %b: tensor
 
 // The SDPA backend ops AOTAutograd leaves (the CPU flash op with its mask and scale, the
 // efficient op with is_causal) are ad.attention when their extra results are unused; the math
-// op whose probabilities are read stays.
+// op whose probabilities are read stays. A boolean mask that torch made where(m, 0, -inf) for
+// the backend op is the boolean mask again (its fills go). Fewer key/value heads than query
+// heads, which the fused backends take as they are, are grouped-query attention.
 // CHECK-LABEL: func.func @sdpa_backends
 // CHECK-NEXT:    %flash = ad.attention %q, %k, %v mask %mask scale 2.500000e-01 : f64 :
 // CHECK-NEXT:    %efficient = ad.attention %q, %k, %v causal :
 // CHECK-NEXT:    %math, %probs = ad.torch_op "aten._scaled_dot_product_attention_math.default"
-// CHECK-NEXT:    func.return %flash, %efficient, %math, %probs
-func.func @sdpa_backends(%q: tensor<1x2x5x8xf32>, %k: tensor<1x2x5x8xf32>, %v: tensor<1x2x5x8xf32>, %mask: tensor<1x1x5x5xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>) {
+// CHECK-NEXT:    %boolean = ad.attention %q, %k, %v mask %m : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x1x5x5xi1>)
+// CHECK-NEXT:    %grouped = ad.attention %q, %k1, %k1 causal gqa : (tensor<1x2x5x8xf32>, tensor<1x1x5x8xf32>, tensor<1x1x5x8xf32>)
+// CHECK-NEXT:    func.return %flash, %efficient, %math, %probs, %boolean, %grouped
+func.func @sdpa_backends(%q: tensor<1x2x5x8xf32>, %k: tensor<1x2x5x8xf32>, %v: tensor<1x2x5x8xf32>, %mask: tensor<1x1x5x5xf32>, %m: tensor<1x1x5x5xi1>, %k1: tensor<1x1x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) {
   %flash, %lse = ad.torch_op "aten._scaled_dot_product_flash_attention_for_cpu.default"(%q, %k, %v, %mask) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {attn_mask = #ad.ref<3>, scale = 2.500000e-01 : f64} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x1x5x5xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>)
   %efficient, %lse2, %seed, %offset = ad.torch_op "aten._scaled_dot_product_efficient_attention.default"(%q, %k, %v) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, none, false, 0.000000e+00 : f64, true] {} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>, tensor<i64>, tensor<i64>)
   %math, %probs = ad.torch_op "aten._scaled_dot_product_attention_math.default"(%q, %k, %v) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>)
-  func.return %flash, %efficient, %math, %probs : tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>
+  %ninf = ad.torch_op "aten.scalar_tensor.default"() [0xfff0000000000000 : f64] {dtype = f32} : () -> tensor<f32>
+  %zero = ad.torch_op "aten.scalar_tensor.default"() [0.000000e+00 : f64] {dtype = f32} : () -> tensor<f32>
+  %additive = ad.where %m, %zero, %ninf : tensor<1x1x5x5xi1>, tensor<f32>, tensor<f32> -> tensor<1x1x5x5xf32>
+  %boolean, %lse3 = ad.torch_op "aten._scaled_dot_product_flash_attention_for_cpu.default"(%q, %k, %v, %additive) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {attn_mask = #ad.ref<3>} unpack : (tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x1x5x5xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>)
+  %grouped, %lse4 = ad.torch_op "aten._scaled_dot_product_flash_attention_for_cpu.default"(%q, %k1, %k1) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, 0.000000e+00 : f64, true] {} unpack : (tensor<1x2x5x8xf32>, tensor<1x1x5x8xf32>, tensor<1x1x5x8xf32>) -> (tensor<1x2x5x8xf32>, tensor<1x2x5xf32>)
+  func.return %flash, %efficient, %math, %probs, %boolean, %grouped : tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x5xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>
+}
+
+// -----
+
+// SDPA as torch's math backend writes it out (AOTAutograd's form where no fused backend takes
+// the call: one key/value head broadcast over the query heads) is ad.attention: q and k^T each
+// scaled by sqrt(scale) (here the default 8^-0.5), the matmuls broadcasting k and v, a boolean
+// mask as where(m, 0, -inf), _safe_softmax; bf16 q, k, v computed in f32 and cast back, with
+// its scale (0.5^2). Probabilities read elsewhere, or q and k scaled by different numbers, stay.
+// CHECK-LABEL: func.func @math_sdpa
+// CHECK-NOT:     scalar_tensor
+// CHECK:         %out = ad.attention %q, %k, %v mask %m : (tensor<1x4x5x8xf32>, tensor<1x1x5x8xf32>, tensor<1x1x5x8xf32>, tensor<1x1x5x5xi1>) -> tensor<1x4x5x8xf32>
+// CHECK-NEXT:    %half_root = ad.constant
+// CHECK-NEXT:    %half = ad.attention %hq, %hk, %hk scale 2.500000e-01 : f64 : (tensor<1x4x5x8xbf16>, tensor<1x4x5x8xbf16>, tensor<1x4x5x8xbf16>) -> tensor<1x4x5x8xbf16>
+// CHECK-NEXT:    %qs2 = ad.mul %q, %root
+// CHECK-NEXT:    %s2 = ad.matmul %qs2, %kb
+// CHECK-NEXT:    %p2 = ad.torch_op "aten._safe_softmax.default"(%s2)
+// CHECK-NEXT:    %read = ad.matmul %p2, %vb
+// CHECK-NEXT:    %qs3 = ad.mul %q, %half_root
+// CHECK-NEXT:    %s3 = ad.matmul %qs3, %kb
+// CHECK-NEXT:    %p3 = ad.torch_op "aten._safe_softmax.default"(%s3)
+// CHECK-NEXT:    %other = ad.matmul %p3, %vb
+// CHECK-NEXT:    func.return %out, %half, %read, %p2, %other
+func.func @math_sdpa(%q: tensor<1x4x5x8xf32>, %k: tensor<1x1x5x8xf32>, %v: tensor<1x1x5x8xf32>, %m: tensor<1x1x5x5xi1>, %hq: tensor<1x4x5x8xbf16>, %hk: tensor<1x4x5x8xbf16>) -> (tensor<1x4x5x8xf32>, tensor<1x4x5x8xbf16>, tensor<1x4x5x8xf32>, tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) {
+  %root = ad.constant 0.5946035575013605 : f64
+  %ninf = ad.torch_op "aten.scalar_tensor.default"() [0xfff0000000000000 : f64] {dtype = f32} : () -> tensor<f32>
+  %zero = ad.torch_op "aten.scalar_tensor.default"() [0.000000e+00 : f64] {dtype = f32} : () -> tensor<f32>
+  %mask = ad.where %m, %zero, %ninf : tensor<1x1x5x5xi1>, tensor<f32>, tensor<f32> -> tensor<1x1x5x5xf32>
+  %qs = ad.mul %q, %root : tensor<1x4x5x8xf32>, f64 -> tensor<1x4x5x8xf32>
+  %kt = ad.transpose %k -2, -1 : tensor<1x1x5x8xf32> -> tensor<1x1x8x5xf32>
+  %ks = ad.mul %kt, %root : tensor<1x1x8x5xf32>, f64 -> tensor<1x1x8x5xf32>
+  %kb = ad.expand %ks [1, 4, 8, 5] : tensor<1x1x8x5xf32> -> tensor<1x4x8x5xf32>
+  %s = ad.matmul %qs, %kb : (tensor<1x4x5x8xf32>, tensor<1x4x8x5xf32>) -> tensor<1x4x5x5xf32>
+  %x = ad.add %s, %mask : tensor<1x4x5x5xf32>, tensor<1x1x5x5xf32> -> tensor<1x4x5x5xf32>
+  %p = ad.torch_op "aten._safe_softmax.default"(%x) [#ad.ref<0>, -1 : i64] {} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %vb = ad.expand %v [1, 4, 5, 8] : tensor<1x1x5x8xf32> -> tensor<1x4x5x8xf32>
+  %out = ad.matmul %p, %vb : (tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) -> tensor<1x4x5x8xf32>
+  %half_root = ad.constant 0.5 : f64
+  %fq = ad.cast %hq : tensor<1x4x5x8xbf16> -> tensor<1x4x5x8xf32>
+  %fk = ad.cast %hk : tensor<1x4x5x8xbf16> -> tensor<1x4x5x8xf32>
+  %fq2 = ad.mul %fq, %half_root : tensor<1x4x5x8xf32>, f64 -> tensor<1x4x5x8xf32>
+  %fkt = ad.transpose %fk -2, -1 : tensor<1x4x5x8xf32> -> tensor<1x4x8x5xf32>
+  %fk2 = ad.mul %fkt, %half_root : tensor<1x4x8x5xf32>, f64 -> tensor<1x4x8x5xf32>
+  %fs = ad.matmul %fq2, %fk2 : (tensor<1x4x5x8xf32>, tensor<1x4x8x5xf32>) -> tensor<1x4x5x5xf32>
+  %fp = ad.torch_op "aten._safe_softmax.default"(%fs) [#ad.ref<0>, -1 : i64] {} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %fv = ad.cast %hk : tensor<1x4x5x8xbf16> -> tensor<1x4x5x8xf32>
+  %fo = ad.matmul %fp, %fv : (tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) -> tensor<1x4x5x8xf32>
+  %half = ad.cast %fo : tensor<1x4x5x8xf32> -> tensor<1x4x5x8xbf16>
+  %qs2 = ad.mul %q, %root : tensor<1x4x5x8xf32>, f64 -> tensor<1x4x5x8xf32>
+  %s2 = ad.matmul %qs2, %kb : (tensor<1x4x5x8xf32>, tensor<1x4x8x5xf32>) -> tensor<1x4x5x5xf32>
+  %p2 = ad.torch_op "aten._safe_softmax.default"(%s2) [#ad.ref<0>, -1 : i64] {} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %read = ad.matmul %p2, %vb : (tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) -> tensor<1x4x5x8xf32>
+  %qs3 = ad.mul %q, %half_root : tensor<1x4x5x8xf32>, f64 -> tensor<1x4x5x8xf32>
+  %s3 = ad.matmul %qs3, %kb : (tensor<1x4x5x8xf32>, tensor<1x4x8x5xf32>) -> tensor<1x4x5x5xf32>
+  %p3 = ad.torch_op "aten._safe_softmax.default"(%s3) [#ad.ref<0>, -1 : i64] {} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %other = ad.matmul %p3, %vb : (tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>) -> tensor<1x4x5x8xf32>
+  func.return %out, %half, %read, %p2, %other : tensor<1x4x5x8xf32>, tensor<1x4x5x8xbf16>, tensor<1x4x5x8xf32>, tensor<1x4x5x5xf32>, tensor<1x4x5x8xf32>
+}
+
+// -----
+
+// An in-place binary op on a value an op computed as a tensor of its own, read nowhere else,
+// is the functional op (torch.export keeps `x += y` on an intermediate). In place on an
+// argument (the caller's tensor), on a value read again, on a view, or with another element
+// type, it stays.
+// CHECK-LABEL: func.func @in_place_binary
+// CHECK-NEXT:    %x = ad.mul %a, %b
+// CHECK-NEXT:    %added = ad.add %x, %b : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+// CHECK-NEXT:    %arg = ad.torch_op "aten.add_.Tensor"(%a, %b)
+// CHECK-NEXT:    %y = ad.sub %a, %b
+// CHECK-NEXT:    %read = ad.torch_op "aten.mul_.Tensor"(%y, %b)
+// CHECK-NEXT:    %v = ad.transpose %a 0, 1
+// CHECK-NEXT:    %view = ad.torch_op "aten.sub_.Tensor"(%v, %c)
+// CHECK-NEXT:    %z = ad.add %a, %b
+// CHECK-NEXT:    %mixed = ad.torch_op "aten.div_.Tensor"(%z, %h)
+// CHECK-NEXT:    func.return %added, %arg, %read, %y, %view, %mixed
+func.func @in_place_binary(%a: tensor<2x4xf32>, %b: tensor<2x4xf32>, %c: tensor<4x2xf32>, %h: tensor<2x4xbf16>) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<4x2xf32>, tensor<2x4xf32>) {
+  %x = ad.mul %a, %b : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %added = ad.torch_op "aten.add_.Tensor"(%x, %b) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  %arg = ad.torch_op "aten.add_.Tensor"(%a, %b) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  %y = ad.sub %a, %b : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %read = ad.torch_op "aten.mul_.Tensor"(%y, %b) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  %v = ad.transpose %a 0, 1 : tensor<2x4xf32> -> tensor<4x2xf32>
+  %view = ad.torch_op "aten.sub_.Tensor"(%v, %c) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<4x2xf32>, tensor<4x2xf32>) -> tensor<4x2xf32>
+  %z = ad.add %a, %b : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %mixed = ad.torch_op "aten.div_.Tensor"(%z, %h) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<2x4xf32>, tensor<2x4xbf16>) -> tensor<2x4xf32>
+  func.return %added, %arg, %read, %y, %view, %mixed : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<4x2xf32>, tensor<2x4xf32>
+}
+
+// -----
+
+// reshape_as / view_as is a reshape to the other tensor's shape, one unknown size as -1; with
+// two unknown sizes it stays.
+// CHECK-LABEL: func.func @reshape_as
+// CHECK-NEXT:    %r = ad.reshape %x [1, -1, 32] : tensor<1x?x16x2xf32> -> tensor<1x?x32xf32>
+// CHECK-NEXT:    %two = ad.torch_op "aten.view_as.default"(%z, %w)
+// CHECK-NEXT:    func.return %r, %two
+func.func @reshape_as(%x: tensor<1x?x16x2xf32>, %y: tensor<1x?x32xf32>, %z: tensor<?x?x2xf32>, %w: tensor<?x?xf32>) -> (tensor<1x?x32xf32>, tensor<?x?xf32>) {
+  %r = ad.torch_op "aten.reshape_as.default"(%x, %y) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<1x?x16x2xf32>, tensor<1x?x32xf32>) -> tensor<1x?x32xf32>
+  %two = ad.torch_op "aten.view_as.default"(%z, %w) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<?x?x2xf32>, tensor<?x?xf32>) -> tensor<?x?xf32>
+  func.return %r, %two : tensor<1x?x32xf32>, tensor<?x?xf32>
 }
 
 // -----
