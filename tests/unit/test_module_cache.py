@@ -32,8 +32,6 @@ from ad_mlir.semantics.weights import Rank
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 ROOT = Path(__file__).parents[2]
-DEEP = TinyConfig(layers=6)
-"""Six Llama layers: compiled as a shortened program (five layers) and lengthened."""
 LLM_CFG = TinyConfig(layers=6, hf_overrides=(("initializer_range", 0.5),))
 """Weights large enough that greedy tokens vary; six layers, so that `LLM`'s program with its
 per-layer caches is shortened and lengthened too."""
@@ -71,7 +69,7 @@ def _run(gm: torch.fx.GraphModule) -> torch.Tensor:
 
 
 NEW_PROCESS = """
-import json, sys
+import json, logging, sys
 from pathlib import Path
 import torch
 import ad_mlir
@@ -83,46 +81,50 @@ from ad_mlir.zoo.tiny import TinyConfig, build_model
 def refused(*args, **kwargs):
     raise AssertionError("torch.export or the passes ran: the compile was not read from the cache")
 
-torch.export.export = refused
-compiler.run_pipeline = refused
-cache = Path(sys.argv[1])
+cache, prompts, mode = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+if mode == "warm":
+    torch.export.export = refused
+    compiler.run_pipeline = refused
+logging.basicConfig(level=logging.INFO)
 ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
 seq = torch.export.Dim("seq", min=2, max=64)
 gm = ad_mlir.compile(build_model(TinyConfig(layers=6)), {"input_ids": ids}, dynamic_shapes={"input_ids": {1: seq}},
                      cache=KernelCache(cache))
 with torch.no_grad():
-    torch.save(gm(ids)[0], cache / "warm.pt")
+    torch.save(gm(ids)[0], cache / f"{mode}.pt")
 llm = LLM(build_model(TinyConfig(layers=6, hf_overrides=(("initializer_range", 0.5),))), max_batch=2, max_seq_len=32,
           cache=KernelCache(cache))
-tokens = [o.token_ids for o in llm.generate(json.loads(sys.argv[2]), max_new_tokens=4, ignore_eos=True)]
+tokens = [o.token_ids for o in llm.generate(prompts, max_new_tokens=4, ignore_eos=True)]
 print(json.dumps(tokens))
 """
 
 
-def test_a_new_process_compiles_without_exporting(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The second compiles run in a fresh process where torch.export and the pass pipeline
-    raise: `compile(nn.Module)` of a six-layer Llama (a shortened program, lengthened) gives the
-    cold compile's logits bit for bit, and `LLM` of another (its caches lengthened too) the cold
-    one's tokens, which are HF's."""
-    from ad_mlir.llm.llm import LLM
+def _in_a_new_process(cache: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", NEW_PROCESS, str(cache), json.dumps(PROMPTS), mode],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
 
-    cold = _run(_compile(build_model(DEEP), tmp_path))
+
+def test_a_new_process_compiles_without_exporting(tmp_path: Path) -> None:
+    """Both compiles run in fresh processes (the key covers the state of the Python modules the
+    model's code comes from, which tests run before in this one may have changed), the second
+    with torch.export and the pass pipeline raising: `compile(nn.Module)` of a six-layer Llama
+    (a shortened program, lengthened) gives the cold compile's logits bit for bit, and `LLM` of
+    another (its caches lengthened too) the cold one's tokens, which are HF's."""
+    cold = _in_a_new_process(tmp_path, "cold")
+    assert cold.stderr.count("6 layers of period 1, compiled 5 and instantiated the other 1") == 2, cold.stderr[-3000:]
+    assert len(list((tmp_path / "programs").glob("*.export"))) == 2
+    warm = _in_a_new_process(tmp_path, "warm")
+    assert torch.equal(torch.load(tmp_path / "warm.pt"), torch.load(tmp_path / "cold.pt"))
+    tokens = json.loads(cold.stdout.splitlines()[-1])
+    assert json.loads(warm.stdout.splitlines()[-1]) == tokens
     model = build_model(LLM_CFG)
-    with caplog.at_level(logging.INFO, logger="ad_mlir.compiler"):
-        llm = LLM(model, max_batch=2, max_seq_len=32, cache=KernelCache(tmp_path))
-    assert "6 layers of period 1, compiled 5 and instantiated the other 1" in caplog.text
-    tokens = [o.token_ids for o in llm.generate(PROMPTS, max_new_tokens=4, ignore_eos=True)]
     expected = [model.generate(torch.tensor([p]), max_new_tokens=4, min_new_tokens=4, do_sample=False)[0, len(p):].tolist()
                 for p in PROMPTS]
     assert len({tuple(e) for e in expected}) > 1, "HF's tokens must vary for the comparison to mean something"
     assert tokens == expected
-    assert len(list((tmp_path / "programs").glob("*.export"))) == 2
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-c", NEW_PROCESS, str(tmp_path), json.dumps(PROMPTS)], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert torch.equal(torch.load(tmp_path / "warm.pt"), cold)
-    assert json.loads(run.stdout.splitlines()[-1]) == tokens
 
 
 def test_another_models_weights_are_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
