@@ -36,10 +36,6 @@ SHORTER: dict[str, tuple[str, str]] = {
         "family sweep, PTX); one part runs the command's whole path (results.json, results.md, plots), written to "
         "a temporary directory",
     ),
-    "python -m ad_mlir.bench.families llama gpt2": (
-        "python -m ad_mlir.bench.families llama",
-        "one family shows the sweep's path (a child process per family, both kernel paths); each more adds ~30 s",
-    ),
     "torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate": (
         "torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate --max-new-tokens 4",
         "four tokens per prompt still compare every rank's tokens with one unsharded process; 12 take longer",
@@ -53,6 +49,9 @@ NOT_RUN: dict[str, str] = {
     "make run": "tests/test_report.py::test_main_job_answers_with_smollm2 runs it as written, without "
                 "TRITON_INTERPRET, and checks its answer",
     "make test": "the whole suite, of which this test is a part (CI runs it: .ci/run)",
+    "python -m ad_mlir.bench.families llama gpt2": "tests/test_clis.py::test_family_sweep_prints_a_row_per_family_and_"
+                                                   "writes_json runs it for one family (each more adds ~30 s) and "
+                                                   "checks its row and JSON",
     "make docs": ".ci/run builds the docs right after the suite; building them here too would double its 20-80 s",
     "make mutation": "a benchmark of about an hour (150 mutants, each against its file's tests) that installs the "
                      "mutation extra; tests/unit/test_mutation.py checks its command",

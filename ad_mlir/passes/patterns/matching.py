@@ -18,7 +18,6 @@ from xdsl.ir import Attribute, Block, Operation, OpResult, SSAValue
 from xdsl.traits import Pure
 
 from ad_mlir.dialects import ad
-from ad_mlir.semantics.op_table import torch_dtype
 
 OpT = TypeVar("OpT", bound=Operation)
 
@@ -173,5 +172,8 @@ def describe_op(op: Operation) -> str:
 
 def is_float_cast(op: Operation) -> bool:
     """`op` casts to a float type: integers (positions) become numbers that scale values."""
+    # imported here: `ad-opt` on IR whose passes need no torch then loads none (~1 s a run)
+    from ad_mlir.semantics.op_table import torch_dtype
+
     return isinstance(op, ad.CastOp) and isinstance(op.result.type, TensorType) \
         and torch_dtype(op.result.type.element_type).is_floating_point
