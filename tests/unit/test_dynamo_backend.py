@@ -97,22 +97,28 @@ def _llm_ops(program: ImportedProgram) -> collections.Counter[str]:
                                if isinstance(op, ad.KernelOp | ad.LinearOp | ad.AttentionOp))
 
 
+@pytest.fixture
+def programs(monkeypatch: pytest.MonkeyPatch) -> list[ImportedProgram]:
+    """The programs the backend's compiles made (the pipeline's result: its ops), in order."""
+    made: list[ImportedProgram] = []
+
+    def keep(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
+        compiled, program = compile_program(gm, *args, **kwargs)
+        made.append(program)
+        return compiled
+
+    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", keep)
+    return made
+
+
 @pytest.mark.parametrize("family", (*sorted(FAMILIES), *MORE_FAMILIES, *MOE_FAMILIES))
-def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, programs: list[ImportedProgram]) -> None:
     """The same model through Dynamo/AOTAutograd and through torch.export makes the same fused
     program (AOTAutograd leaves linears as t + mm/addmm, SDPA as a backend op or, Falcon's,
     written out around _safe_softmax, an MoE block's gate/up chunk as a split and its index_put_
     functional; canonicalize and match-moe take them), and the compiled model equals eager."""
     model = build_model(TinyConfig(family=family, layers=1)) if family in FAMILIES else small_model(family, layers=1)
     ids = _ids(9, model.config.vocab_size)
-    programs: list[ImportedProgram] = []
-
-    def keep(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
-        compiled, program = compile_program(gm, *args, **kwargs)
-        programs.append(program)
-        return compiled
-
-    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", keep)
     with torch.no_grad(), reference_kernels():
         got = torch.compile(model, backend="ad_mlir", options={"fallback": False})(input_ids=ids).logits
         torch.testing.assert_close(got, model(input_ids=ids).logits)  # fp32: torch's default tolerance
@@ -124,7 +130,7 @@ def test_torch_compile_gets_the_llm_ops_torch_export_gets(family: str, monkeypat
 
 
 @pytest.mark.parametrize("kv_heads, gqa", [(1, False), (2, True)])
-def test_sdpa_backends_compile_to_an_attention_op(kv_heads: int, gqa: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sdpa_backends_compile_to_an_attention_op(kv_heads: int, gqa: bool, programs: list[ImportedProgram]) -> None:
     """SDPA as AOTAutograd hands it over compiles to one ad.attention (canonicalize): one
     key/value head broadcast over four query heads (Falcon's), which no fused CPU backend takes,
     written out as torch's math backend around `aten._safe_softmax`; two heads with
@@ -138,14 +144,6 @@ def test_sdpa_backends_compile_to_an_attention_op(kv_heads: int, gqa: bool, monk
                for i, shape in enumerate([(1, 4, 5, 8), (1, kv_heads, 5, 8), (1, kv_heads, 5, 8)]))
     mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
     mask[..., 2, :] = False
-    programs: list[ImportedProgram] = []
-
-    def keep(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
-        compiled, program = compile_program(gm, *args, **kwargs)
-        programs.append(program)
-        return compiled
-
-    monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", keep)
     with torch.no_grad():
         got = torch.compile(attend, backend="ad_mlir", options={"fallback": False})(q, k, v, mask)
     expected = attend(q, k, v, mask)
