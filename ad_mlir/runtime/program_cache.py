@@ -101,11 +101,15 @@ def _compiler_fingerprint() -> str:
         h.update(f"{package}={version(package)}\n".encode())
     h.update(platform.python_version().encode())
     for package in (passes, dialects, semantics):
-        root = Path(package.__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
+        _hash_sources(h, Path(package.__file__).parent)
     return h.hexdigest()
+
+
+def _hash_sources(h: hashlib._Hash, root: Path) -> None:
+    """Every Python file below `root`, by its path relative to `root` and its bytes, into `h`."""
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
 
 
 def _weight_digest(kind: str, tensor: torch.Tensor) -> str:
@@ -301,10 +305,7 @@ def module_key(fingerprint: str, pipeline: PipelineConfig, rank: Rank, layers_on
 @functools.cache
 def _export_fingerprint_sources() -> str:
     h = hashlib.sha256(f"transformers={_version('transformers')}\n".encode())
-    root = Path(__file__).parents[1]  # the ad_mlir package
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
+    _hash_sources(h, Path(__file__).parents[1])  # the ad_mlir package
     return h.hexdigest()
 
 
