@@ -72,7 +72,7 @@ def test_generation_on_cuda_matches_hf(family: str) -> None:
     window = (("sliding_window", 6),) if family == "mistral" else ()
     model = _cuda_model(family, "float32", layers=2, overrides=WIDE + window)
     llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=64)
-    assert all(c.is_cuda for c in llm.caches.values())
+    assert all(c.is_cuda for c in llm.caches.values()) and llm.decode_graphs is not None
     graph_kernels(llm.graph)
     outputs = llm.generate(PROMPTS, max_new_tokens=16)
     for slot, (prompt, out) in enumerate(zip(PROMPTS, outputs, strict=True)):

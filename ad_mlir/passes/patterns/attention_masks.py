@@ -138,7 +138,7 @@ def evaluate_slice(fn: func.FuncOp, mask: SSAValue, inputs: Mapping[str, torch.T
         for op in ops:
             operands = [_shaped_like(fn, v, inputs) for v in op.operands] if shape_only(op) else \
                 [env[v] for v in op.operands]
-            env.update(zip(op.results, run_op(op, operands), strict=True))
+            env.update(zip(op.results, _off_accelerator(run_op(op, operands), "cpu"), strict=True))
     if env[mask].device.type == "meta":  # the ops were recorded on the meta device: no values to read
         raise MaskError("its attention mask is computed on the meta device (no values to read)")
     return env
@@ -173,6 +173,14 @@ def _unknown_read(fn: func.FuncOp, unknown: list[BlockArgument], ops: list[Opera
             "cached attention does not take")
 
 
+def _off_accelerator(values: tuple[object, ...], device: str) -> tuple[object, ...]:
+    """`values` with each tensor on an accelerator moved to `device`. A program exported on a GPU
+    names it (`ad.arange` on cuda:0, `aten.to` cuda:0) while the inputs a mask is evaluated at
+    are on the CPU; the mask's values do not depend on the device, so they are read there."""
+    return tuple(v.to(device) if isinstance(v, torch.Tensor) and v.device.type not in ("cpu", "meta") else v
+                 for v in values)
+
+
 def _shaped_like(fn: func.FuncOp, value: SSAValue, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Zeros of `value`'s shape and dtype at `inputs`: its computation run on the meta device
     from the inputs' shapes and the weights' types (no weight is read)."""
@@ -192,7 +200,8 @@ def _shaped_like(fn: func.FuncOp, value: SSAValue, inputs: Mapping[str, torch.Te
     with torch.no_grad():
         for op in ops:
             try:
-                env.update(zip(op.results, run_op(op, [env[v] for v in op.operands]), strict=True))
+                env.update(zip(op.results, _off_accelerator(run_op(op, [env[v] for v in op.operands]), "meta"),
+                               strict=True))
             except (RuntimeError, NotImplementedError) as e:
                 raise MaskError(f"its attention mask reads the shape of %{value.name_hint}, which {op.name} does not "
                                 f"compute on the meta device: {e}") from None
@@ -220,7 +229,7 @@ def causal_window(mask: torch.Tensor) -> int | None:
     i when i - W < j <= i); a MaskError otherwise."""
     mask = attended(mask)
     n = mask.shape[-1]
-    rows, cols = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    rows, cols = torch.arange(n, device=mask.device)[:, None], torch.arange(n, device=mask.device)[None, :]
     mask = mask.broadcast_to((*mask.shape[:-2], n, n)).reshape(-1, n, n)
     if not all(torch.equal(m, mask[0]) for m in mask):
         raise MaskError("its attention mask is not one mask for every row and head")
