@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ad_mlir.codegen.interpreter import default_to_interpreter
+from ad_mlir.codegen.interpreter import use_interpreter
 from ad_mlir.frontends.export import heap_frozen
 from ad_mlir.passes.pipeline import PIPELINES
 from ad_mlir.zoo.tiny import ModelShape, meta_model
@@ -190,12 +190,13 @@ def _measure(which: str, layers: int, shape: ModelShape, dtype: str, ptx: bool, 
     with "-one-layer" (`one_layer_repeated`)."""
     for variable in CACHE_VARIABLES:
         os.environ[variable] = str(Path(caches) / variable.lower())
-    if not torch.cuda.is_available() and which != "ad-mlir":
+    if not torch.cuda.is_available():
         # kernels load as on a CPU machine. ad-mlir's own measurement runs no kernel: there they
         # load compiled, as on a GPU machine, and PTX is built in this process through Triton's
         # cache (a warm compile finds its kernels there); the interpreter would build it in a
-        # child process, whose start (~1-2 s of imports) no GPU compile pays
-        default_to_interpreter()
+        # child process, whose start (~1-2 s of imports) no GPU compile pays. This process
+        # inherited ad-bench's TRITON_INTERPRET=1, so the choice is made here either way.
+        use_interpreter(which != "ad-mlir")
     from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE
 
     os.environ[PROGRAM_CACHE_VARIABLE] = "1"  # the backend's compile uses it (`time_ad_mlir` does in any case)

@@ -4,8 +4,10 @@
 // [slots, max_seq, kv_heads, head_dim]; the slots/starts metadata arguments are shared; HF's
 // mask construction (position-id diff, cumsum, index, compares) is gone, RoPE still reads the
 // position_ids input.
-// RUN: ad-opt --model llama --layers 2 --for-generation -p 'canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-rope-attention,insert-cached-attention{max-batch=4 max-seq-len=128}' | filecheck %s
-// RUN: ad-opt --model llama --layers 2 --for-generation -p 'canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-rope-attention' | filecheck %s --check-prefix=BEFORE
+// The fusions' IR is written once, its locations kept (the caches are named after them).
+// RUN: ad-opt --model llama --layers 2 --for-generation -p 'canonicalize,match-rmsnorm,fuse-add-rmsnorm,fuse-rope-attention' --print-debuginfo > %t.mlir
+// RUN: ad-opt %t.mlir -p 'insert-cached-attention{max-batch=4 max-seq-len=128}' | filecheck %s
+// RUN: ad-opt %t.mlir | filecheck %s --check-prefix=BEFORE
 
 // CHECK:      %input_ids: tensor<?x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<?x?xi64> {ad.input = "position_ids"}
 // CHECK-SAME: %cache_slots: tensor<?xi64> {ad.input = "cache_slots", ad.cache_slots = ""}

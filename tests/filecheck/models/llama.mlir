@@ -4,7 +4,7 @@
 // RUN: ad-opt --model llama --layers 1 --print-debuginfo > %t.mlir
 // RUN: filecheck %s < %t.mlir
 // RUN: ad-opt %t.mlir -p canonicalize --print-debuginfo | filecheck %s --check-prefix=CANON
-// RUN: ad-opt --model llama --layers 1 | xdsl-opt | filecheck %s --check-prefix=XDSL
+// RUN: ad-opt %t.mlir | xdsl-opt | filecheck %s --check-prefix=XDSL
 // RUN: ad-opt --model llama --layers 1 --decompose | filecheck %s --check-prefix=CORE
 
 // CHECK: func.func @forward(

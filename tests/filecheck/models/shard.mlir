@@ -3,10 +3,12 @@
 // o_proj and down_proj row-wise ([out, in/2], ad.shard_dim = 1), local head counts in the head
 // views and repeat_kv, exactly one all_reduce after o_proj and one after down_proj; embedding,
 // norms and lm_head replicated.
-// RUN: ad-opt --model llama --layers 2 --hidden-size 128 -p 'canonicalize,shard{world-size=2}' | filecheck %s
-// RUN: ad-opt --model llama --layers 2 --hidden-size 128 -p 'canonicalize,shard{world-size=2},default' | filecheck %s --check-prefix=FUSED
-// RUN: ad-opt --model llama --layers 2 --hidden-size 128 -p 'canonicalize,shard{world-size=2 shard-layers=mlp}' | filecheck %s --check-prefix=MLP
-// RUN: not ad-opt --model llama --layers 1 --hidden-size 128 -p 'canonicalize,shard{world-size=4}' 2>&1 | filecheck %s --check-prefix=KV
+// The model is exported once (its locations kept) and each pipeline runs on that IR.
+// RUN: ad-opt --model llama --layers 2 --hidden-size 128 -p canonicalize --print-debuginfo > %t.mlir
+// RUN: ad-opt %t.mlir -p 'shard{world-size=2}' | filecheck %s
+// RUN: ad-opt %t.mlir -p 'shard{world-size=2},default' | filecheck %s --check-prefix=FUSED
+// RUN: ad-opt %t.mlir -p 'shard{world-size=2 shard-layers=mlp}' | filecheck %s --check-prefix=MLP
+// RUN: not ad-opt %t.mlir -p 'shard{world-size=4}' 2>&1 | filecheck %s --check-prefix=KV
 
 // CHECK:      %p_model_embed_tokens_weight: tensor<128x128xf32> {ad.param = "model.embed_tokens.weight"}
 // CHECK-SAME: %p_model_layers_0_self_attn_q_proj_weight: tensor<64x128xf32> {ad.param = "model.layers.0.self_attn.q_proj.weight", ad.shard_dim = 0 : i64}
