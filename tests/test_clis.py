@@ -118,9 +118,11 @@ def test_generate_cli_interpret_runs_the_kernels_and_gives_hf_tokens() -> None:
 
 
 def test_generate_cli_sampling_is_seeded() -> None:
-    def sampled(seed: str, temperature: str = "1.5") -> list[list[int]]:
+    """The same seed samples the same tokens in two processes, and they are not the greedy ones
+    (HF's, which temperature 0 gives: the test above)."""
+    def sampled(seed: str) -> list[list[int]]:
         proc = _python("ad_mlir.generate", "--model", "qwen2", *_prompt_args(PROMPTS), "--max-batch", "2",
-                       "--max-seq-len", "32", "--max-new-tokens", "8", "--temperature", temperature, "--seed", seed,
+                       "--max-seq-len", "32", "--max-new-tokens", "8", "--temperature", "1.5", "--seed", seed,
                        "--page-size", "0")
         assert proc.returncode == 0, proc.stderr
         assert "(2 slots x 32" in proc.stderr, proc.stderr  # --page-size 0: the slot form
@@ -128,7 +130,7 @@ def test_generate_cli_sampling_is_seeded() -> None:
 
     first = sampled("7")
     assert sampled("7") == first
-    assert sampled("7", temperature="0") != first
+    assert first != [_hf_tokens("qwen2", p, 8) for p in PROMPTS]
 
 
 # -- the TP example --------------------------------------------------------------------------
@@ -140,12 +142,14 @@ def _torchrun(*args: str, interpret: bool) -> subprocess.CompletedProcess[str]:
 
 
 def test_tp_example_ranks_match_the_unsharded_model() -> None:
-    """Both ranks, the fused regions as Triton kernels in the interpreter."""
-    proc = _torchrun("--model", "llama", "--seq-lens", "7", interpret=True)
+    """The README's command as written (the example turns the Triton interpreter on itself):
+    both ranks, their fused regions as kernels, within tolerance of the unsharded model at both
+    default sequence lengths."""
+    proc = _torchrun("--model", "llama", interpret=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
-        assert re.search(rf"^rank {rank}/2: llama float32, 2 layers, 4 all_reduce, \d+ kernel calls; max \|error\| "
-                         r"vs unsharded seq 7: \S+ \(within tolerance\)$", proc.stdout, re.M), proc.stdout
+        assert re.search(rf"^rank {rank}/2: llama float32, 2 layers, 4 all_reduce, [1-9]\d* kernel calls; max \|error\| "
+                         r"vs unsharded seq 7: \S+, seq 19: \S+ \(within tolerance\)$", proc.stdout, re.M), proc.stdout
 
 
 def test_tp_example_outside_torchrun_says_how_to_run_it() -> None:

@@ -36,8 +36,8 @@ SHORTER: dict[str, tuple[str, str]] = {
         "family sweep, PTX); one part runs the command's whole path (results.json, results.md, plots), written to "
         "a temporary directory",
     ),
-    "torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate": (
-        "torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate --max-new-tokens 4",
+    "torchrun --standalone --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate": (
+        "torchrun --standalone --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate --max-new-tokens 4",
         "four tokens per prompt still compare every rank's tokens with one unsharded process; 12 take longer",
     ),
 }
@@ -46,6 +46,13 @@ SHORTER: dict[str, tuple[str, str]] = {
 NOT_RUN: dict[str, str] = {
     "ad-mlir serve --model smollm2": "a server runs until stopped: tests/models/test_serve.py runs this command "
                                      "itself and asks it a chat with the openai client",
+    "torchrun --standalone --nproc-per-node 2 -m ad_mlir.examples.tp --model llama":
+        "tests/test_clis.py::test_tp_example_ranks_match_the_unsharded_model runs it as written and checks both "
+        "ranks' errors",
+    "python -m ad_mlir --report": "tests/test_report.py::test_main_job_compiles_and_runs_kernels runs it as written "
+                                  "and checks its report",
+    "ad-opt --model llama --layers 1 --print-debuginfo": "tests/filecheck/models/llama.mlir runs it as written and "
+                                                         "checks its IR",
     "make run": "tests/test_report.py::test_main_job_answers_with_smollm2 runs it as written, without "
                 "TRITON_INTERPRET, and checks its answer",
     "make test": "the whole suite, of which this test is a part (CI runs it: .ci/run)",

@@ -2,13 +2,13 @@
 `canonicalize,match-moe,shard{world-size=W}` + a pipeline, runs its shard of the weights on the same tokens, and
 prints its max |error| against the unsharded eager model.
 
-    torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama
+    torchrun --standalone --nproc-per-node 2 -m ad_mlir.examples.tp --model llama
 
 With --generate each rank builds an `ad_mlir.LLM` from that pipeline (K/V caches of its local
 heads), generates greedily from fixed prompts and prints its tokens and whether they equal those
 of one unsharded `LLM` (run on rank 0, sent to every rank); the exit status says so too.
 
-    torchrun --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate
+    torchrun --standalone --nproc-per-node 2 -m ad_mlir.examples.tp --model llama --generate
 
 The process group comes from torchrun's environment: NCCL when every rank has a GPU, gloo
 otherwise (then fused regions run as Triton kernels in the interpreter unless --no-interpret).
@@ -153,7 +153,7 @@ def _print_line(text: str) -> None:
     sys.stdout.flush()
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node W -m ad_mlir.examples.tp",
+    p = argparse.ArgumentParser(prog="torchrun --standalone --nproc-per-node W -m ad_mlir.examples.tp",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(FAMILIES), default="llama")
     p.add_argument("--layers", type=int, default=2)
@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="without CUDA, run fused regions as their torch reference, not in the Triton interpreter")
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
-        p.error("run under torchrun, e.g. torchrun --nproc-per-node 2 -m ad_mlir.examples.tp")
+        p.error("run under torchrun, e.g. torchrun --standalone --nproc-per-node 2 -m ad_mlir.examples.tp")
     gpus = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
     if gpus:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -31,7 +31,7 @@ from ad_mlir.codegen.cached_attention_kernel import (
     decode_splits,
     emit_cached_attention_module,
 )
-from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
+from ad_mlir.codegen.ptx import Specialization, compile_all, record_launches, specialize_launch
 from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.semantics import torch_ops
 
@@ -388,12 +388,13 @@ def test_qk_norm_with_partial_rotary_pairs(build) -> None:  # noqa: ANN001
 # ------------------------------------------------------------------------- decode
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (6, 2), (8, 2)])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(2, 2, 64), (6, 2, 128), (8, 2, 64)])
 def test_decode_across_split_boundaries(build, head_dim: int, heads: int, kv_heads: int) -> None:  # noqa: ANN001
     """One new token per row at cached lengths 1, 63, 64, 65 and 1000: splits of 64 positions
     (a cache of 1024), so the new token falls at the end of a split, at the start of the next
-    one, and deep in the 16th; every GQA group in one tile."""
+    one, and deep in the 16th; every GQA group in one tile. Each head count and head dim once
+    (the split arithmetic does not depend on them; the tile shapes do, and
+    test_prefill_and_chunked_prefill crosses them all)."""
     assert decode_splits(1024) == (16, 64)
     spec = _spec(head_dim)
     _check(build(spec), Case([1, 63, 64, 65, 1000], 1, heads, kv_heads, head_dim, spec.dtype, max_seq=1024), spec)
@@ -496,62 +497,72 @@ PTX_FORMS = [
 ]
 
 
-@pytest.mark.parametrize(("dtype", "head_dim", "rotary_dim", "interleaved", "qk_norm"), PTX_FORMS,
-                         ids=[f"{str(t)[6:]}-d{d}-r{r or d}" + ("-pairs" if i else "") + ("-qk_norm" if n else "")
-                              for t, d, r, i, n in PTX_FORMS])
-def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build, dtype: torch.dtype, head_dim: int,  # noqa: ANN001
-                                                       rotary_dim: int | None, interleaved: bool,
-                                                       qk_norm: QkNorm | None) -> None:
+DTYPES = (torch.bfloat16, torch.float32)
+"""Each model's kernels are compiled in both dtypes, in one compiler process per test."""
+
+
+def test_ptx_for_sm90_at_llama3_8b_sizes_has_no_spills(build) -> None:  # noqa: ANN001
     """32 query / 8 K/V heads, a cache of 16 slots x 8192 positions: a 1024-token prefill (one
     launch) and a decode step of 8 sequences (split kernel + reduce), compiled for sm_90 as the
-    runtime specializes them."""
-    module = build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, qk_norm=qk_norm))
-    weights = [_meta(head_dim, dtype=dtype)] * 2 if qk_norm else []
-    _assert_compiles_without_spills(module, dtype, 32, 8, head_dim, rotary_dim or head_dim, weights, [])
+    runtime specializes them, for each of PTX_FORMS."""
+    cases = {}
+    for dtype, head_dim, rotary_dim, interleaved, qk_norm in PTX_FORMS:
+        module = build(_spec(head_dim, dtype, rotary_dim=rotary_dim, interleaved=interleaved, qk_norm=qk_norm))
+        weights = [_meta(head_dim, dtype=dtype)] * 2 if qk_norm else []
+        name = f"{str(dtype)[6:]}-d{head_dim}-r{rotary_dim or head_dim}" + ("-pairs" if interleaved else "") + \
+            ("-qk_norm" if qk_norm else "")
+        cases[name] = _launch_specs(module, dtype, 32, 8, head_dim, rotary_dim or head_dim, weights, [])
+    _assert_compile_without_spills(cases)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_ptx_for_sm90_at_gpt_oss_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+def test_ptx_for_sm90_at_gpt_oss_sizes_has_no_spills(build) -> None:  # noqa: ANN001
     """gpt-oss-120b's attention: 64 query / 8 K/V heads of 64, sink logits, a sliding window of
     128 (its sliding layers; the full ones are the same kernel without it), RoPE applied before
     (its half-table RoPE is not matched: the cache pass caches q and k as they come)."""
-    module = build(_spec(64, dtype, rope=False, window=128, sinks=True))
-    _assert_compiles_without_spills(module, dtype, 64, 8, 64, None, [], [_meta(64, dtype=dtype)])
+    _assert_compile_without_spills({str(dtype): _launch_specs(
+        build(_spec(64, dtype, rope=False, window=128, sinks=True)), dtype, 64, 8, 64, None, [],
+        [_meta(64, dtype=dtype)]) for dtype in DTYPES})
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_ptx_for_sm90_at_bloom_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+def test_ptx_for_sm90_at_bloom_sizes_has_no_spills(build) -> None:  # noqa: ANN001
     """BLOOM-7B1's attention: 32 heads of 128 (no GQA), ALiBi slopes, no RoPE."""
-    module = build(_spec(128, dtype, rope=False, alibi=True))
-    _assert_compiles_without_spills(module, dtype, 32, 32, 128, None, [], [_meta(32, dtype=torch.float32)])
+    _assert_compile_without_spills({str(dtype): _launch_specs(
+        build(_spec(128, dtype, rope=False, alibi=True)), dtype, 32, 32, 128, None, [],
+        [_meta(32, dtype=torch.float32)]) for dtype in DTYPES})
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+def test_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build) -> None:  # noqa: ANN001
     """DeepSeek-V3's heads cached in full (not the latent): 128 heads, query/key 192 (128 nope +
     64 rope, rotated before), value 128."""
-    module = build(_spec(192, dtype, rope=False, v_head_dim=128))
-    _assert_compiles_without_spills(module, dtype, 128, 128, 192, None, [], [], v_head_dim=128)
+    _assert_compile_without_spills({str(dtype): _launch_specs(
+        build(_spec(192, dtype, rope=False, v_head_dim=128)), dtype, 128, 128, 192, None, [], [], v_head_dim=128)
+        for dtype in DTYPES})
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_ptx_for_sm90_at_inkling_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
+def test_ptx_for_sm90_at_inkling_sizes_has_no_spills(build) -> None:  # noqa: ANN001
     """Inkling's sliding layers: 64 query / 16 K/V heads of 128, window 512, the relative bias
     over 512 distances per token and head (`distance_bias`), no RoPE."""
-    module = build(_spec(128, dtype, rope=False, window=512, distance_extent=512))
-    biases = {(b, s): [_meta(b, 64, s, 512, dtype=dtype)] for b, s in ((1, 1024), (8, 1))}
-    _assert_compiles_without_spills(module, dtype, 64, 16, 128, None, [], biases)
+    _assert_compile_without_spills({str(dtype): _launch_specs(
+        build(_spec(128, dtype, rope=False, window=512, distance_extent=512)), dtype, 64, 16, 128, None, [],
+        {(b, s): [_meta(b, 64, s, 512, dtype=dtype)] for b, s in ((1, 1024), (8, 1))}) for dtype in DTYPES})
 
 
-def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: int,
-                                    head_dim: int, rotary_dim: int | None, weights: list[torch.Tensor],
-                                    trailing: list[torch.Tensor] | dict[tuple[int, int], list[torch.Tensor]],
-                                    v_head_dim: int | None = None) -> None:
-    """A 1024-token prefill (one launch) and a decode step of 8 sequences (split kernel +
-    reduce) over a cache of 16 slots x 8192 positions (RoPE tables of `rotary_dim` when set),
-    specialized as the runtime launches them
-    and compiled for sm_90: no spills, shared memory within an H100's. `trailing`: the tensors
-    after `starts`, or those of each (batch, seq) launch."""
+def test_ptx_for_sm90_at_doge_sizes_has_no_spills(build) -> None:  # noqa: ANN001
+    """Doge-320M's attention: 8 query / 4 K/V heads of 128, its dynamic mask (a bias per key)
+    cached as one more query/key head dim (129; the value's stays 128), RoPE applied before."""
+    _assert_compile_without_spills({str(dtype): _launch_specs(
+        build(_spec(129, dtype, rope=False, v_head_dim=128)), dtype, 8, 4, 129, None, [], [], v_head_dim=128)
+        for dtype in DTYPES})
+
+
+def _launch_specs(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
+                  rotary_dim: int | None, weights: list[torch.Tensor],
+                  trailing: list[torch.Tensor] | dict[tuple[int, int], list[torch.Tensor]],
+                  v_head_dim: int | None = None) -> list[Specialization]:
+    """The launches of a 1024-token prefill (one launch) and a decode step of 8 sequences (split
+    kernel + reduce) over a cache of 16 slots x 8192 positions (RoPE tables of `rotary_dim` when
+    set), specialized as the runtime launches them. `trailing`: the tensors after `starts`, or
+    those of each (batch, seq) launch."""
     launches = []
     for batch, seq in ((1, 1024), (8, 1)):
         v_dim = v_head_dim or head_dim
@@ -567,17 +578,16 @@ def _assert_compiles_without_spills(module: ModuleType, dtype: torch.dtype, head
     assert [s.constexprs["PHASE"] for s in specs] == [PREFILL, DECODE, REDUCE]
     assert [s.grid for s in specs] == [(heads, 1024 // specs[0].constexprs["BLOCK_M"]), (8 * kv_heads, 32),
                                        (8 * heads,)]
-    for spec, report in zip(specs, compile_all(specs), strict=True):
-        assert report.spills == 0, (spec.constexprs["PHASE"], report)
-        assert report.shared_memory <= H100_SHARED_MEMORY, (spec.constexprs["PHASE"], report)
+    return specs
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_ptx_for_sm90_at_doge_sizes_has_no_spills(build, dtype: torch.dtype) -> None:  # noqa: ANN001
-    """Doge-320M's attention: 8 query / 4 K/V heads of 128, its dynamic mask (a bias per key)
-    cached as one more query/key head dim (129; the value's stays 128), RoPE applied before."""
-    module = build(_spec(129, dtype, rope=False, v_head_dim=128))
-    _assert_compiles_without_spills(module, dtype, 8, 4, 129, None, [], [], v_head_dim=128)
+def _assert_compile_without_spills(cases: dict[str, list[Specialization]]) -> None:
+    """Every case's launches, compiled for sm_90 in one compiler process: no spills, shared
+    memory within an H100's."""
+    specs = [(name, spec) for name, case in cases.items() for spec in case]
+    for (name, spec), report in zip(specs, compile_all([spec for _, spec in specs]), strict=True):
+        assert report.spills == 0, (name, spec.constexprs["PHASE"], report)
+        assert report.shared_memory <= H100_SHARED_MEMORY, (name, spec.constexprs["PHASE"], report)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
