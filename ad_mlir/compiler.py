@@ -212,11 +212,11 @@ def store_module_entry(source: ModuleExport, key: str, served: Served, input_spe
                         imported: dict[str, torch.Tensor], kernels: KernelCache) -> None:
     """Point `key` at the program the program cache served this compile; not where what it
     served cannot be told (said in the log)."""
-    repeated = served.layers()
-    if served.last is None or isinstance(repeated, str):
-        log.info("program cache: no module entry stored (the program served: %s)", repeated)
+    if served.last not in served.repeated:
+        log.info("program cache: no module entry stored (no program served whose key this compile computed)")
         return
-    entry = ModuleEntry(served.last, repeated, dict(input_specs), module_bindings(source.module, imported))
+    entry = ModuleEntry(served.last, served.repeated[served.last], dict(input_specs),
+                        module_bindings(source.module, imported))
     ProgramCache.beside(kernels).store_module(key, entry)
 
 
@@ -280,7 +280,7 @@ def _compile_shortened(
     programs = ProgramCache.beside(kernels) if program_cache_enabled() else None
     key = None if programs is None else program_key(
         ImportedProgram(short.module, program.weights), load_pipeline(opts.pipeline), rank,
-        repeated=f"{short.layers} layers of period {short.period}")
+        repeated=(short.layers, short.period))
     stored = None if programs is None else programs.load(key)
     module, warnings = (stored.module if stored else short.module), []
     if stored is None:

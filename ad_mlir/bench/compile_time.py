@@ -102,7 +102,7 @@ def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
         program = timed("import", lambda: import_program(ep))
         imported = dict(program.weights)
         short = timed("repeated layers: shorten", shortened)
-        compiled, repeated = (short[0], f"{short[1]} layers of period {short[2]}") if short else (program, "")
+        compiled, repeated = (short[0], short[1:]) if short else (program, None)
         programs = ProgramCache.beside(cache)
         key = timed("program key", lambda: program_key(compiled, load_pipeline(PIPELINES["default"]), SINGLE_RANK,
                                                        repeated))

@@ -50,7 +50,6 @@ import logging
 import os
 import pickle
 import platform
-import re
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -122,9 +121,10 @@ def _weight_digest(kind: str, tensor: torch.Tensor) -> str:
     return f"{described} {hashlib.sha256(data).hexdigest()}"
 
 
-def program_key(program: ImportedProgram, pipeline: PipelineConfig, rank: Rank, repeated: str = "") -> str:
-    """The key of the pipeline's result on `program` (see the module's docstring); `repeated`
-    says how many layers a shortened program stands for (`passes/repeated_layers.py`)."""
+def program_key(program: ImportedProgram, pipeline: PipelineConfig, rank: Rank,
+                repeated: tuple[int, int] | None = None) -> str:
+    """The key of the pipeline's result on `program` (see the module's docstring); `repeated`:
+    the layers and period a shortened program stands for (`passes/repeated_layers.py`)."""
     h = hashlib.sha256(_compiler_fingerprint().encode())
     h.update(f"pipeline={pipeline.spec}\nskip_on_error={pipeline.skips_on_error()}\n".encode())
     h.update(f"rank={rank.rank}/{rank.world_size}\nrepeated={repeated}\n".encode())
@@ -338,22 +338,11 @@ def bound_weights(module: torch.nn.Module, bindings: dict[str, Binding]) -> dict
 
 @dataclass
 class Served:
-    """What the program cache served within `serving()`: the `repeated` note of each key
-    computed, and the key of the last program read or written (the one the compile used)."""
+    """What the program cache served within `serving()`: the `repeated` of each key computed
+    (`program_key`), and the key of the last program read or written (the one the compile used)."""
 
-    repeated: dict[str, str] = field(default_factory=dict)
+    repeated: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     last: str | None = None
-
-    def layers(self) -> tuple[int, int] | None | str:
-        """The layers and period the last program is lengthened to (None: a whole program);
-        a note this cannot read is returned as it is."""
-        if self.last not in self.repeated:
-            return "no program served"
-        note = self.repeated[self.last]
-        if not note:
-            return None
-        match = re.fullmatch(r"(\d+) layers of period (\d+)", note)
-        return (int(match[1]), int(match[2])) if match else note
 
 
 _SERVING: ContextVar[Served | None] = ContextVar("program_cache_serving", default=None)
