@@ -110,12 +110,6 @@ class CacheExportError(ValueError):
     """The model does not export in the form generation compiles (`export_for_cache`)."""
 
 
-def export_flat(model: torch.nn.Module, max_tokens: int) -> torch.export.ExportedProgram:
-    """`export_for_cache` for the paged form: `input_ids` and `position_ids` [1, tokens], the
-    tokens (every sequence's of a step, flattened) dynamic up to `max_tokens`."""
-    return export_for_cache(model, 1, max_tokens, flat=True)
-
-
 def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
                      flat: bool = False) -> torch.export.ExportedProgram:
     """`model(input_ids=, position_ids=)` with batch and sequence dynamic (with `flat`, batch 1
@@ -256,7 +250,7 @@ class LLM:
     CUDA graph, one per batch bucket (`CudaGraphDecode`).
 
     The paged form (`page_size` given, a power of two): the model is exported flattened
-    (`export_flat`: `input_ids`, `position_ids` [1, tokens]) and compiled with
+    (`cache_export(..., flat=True)`: `input_ids`, `position_ids` [1, tokens]) and compiled with
     `insert-cached-attention{paged=true}` (`paged_pipeline`): per layer and role a pool
     [`num_pages`, `page_size`, kv_heads, head_dim] (`num_pages` given, else bought by
     `kv_cache_budget`, else `max_batch` sequences of `max_seq_len` tokens), and `forward_flat`

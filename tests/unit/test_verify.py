@@ -153,9 +153,9 @@ def test_verify_each_checks_the_paged_states(tmp_path: Path, capsys: pytest.Capt
 
 def test_compile_verify_checks_the_paged_attention_kernel() -> None:
     """The compiled paged graph (the paged-attention kernel in the interpreter) against its IR."""
-    from ad_mlir.llm.llm import export_flat, paged_pipeline
+    from ad_mlir.llm.llm import export_for_cache, paged_pipeline
 
-    ep = export_flat(build_model(TinyConfig(layers=1)), max_tokens=32)
+    ep = export_for_cache(build_model(TinyConfig(layers=1)), 1, 32, flat=True)
     with no_dropped_ops():
         gm = ad_mlir.compile(ep, pipeline=paged_pipeline("default", 4, 8, 32), verify=True)
     assert any(k.startswith("paged_attention_") for k in graph_kernels(gm))
