@@ -261,6 +261,10 @@ class RemoveEvalDropout(RewritePattern):
             _replace_by(rewriter, op, op.operands[0])
 
 
+OPERANDS_0_1 = (ad.OperandRefAttr(0), ad.OperandRefAttr(1))
+"""A torch op's args when they are its two operands, in order."""
+
+
 class ReshapeAsToReshape(RewritePattern):
     """`x.reshape_as(y)` / `x.view_as(y)` (torch.export keeps them; AOTAutograd writes a view) is
     `reshape(x, y's shape)`: y's sizes, at most one of them unknown here (-1, which the element
@@ -271,9 +275,8 @@ class ReshapeAsToReshape(RewritePattern):
         if op.target.data not in ("aten.reshape_as.default", "aten.view_as.default") or op.kwargs.data \
                 or len(op.operands) != 2 or len(op.results) != 1:
             return
-        refs = [a.index.data if isinstance(a, ad.OperandRefAttr) else None for a in op.args.data]
         shape = op.results[0].type.get_shape()
-        if refs != [0, 1] or sum(d == DYNAMIC_INDEX for d in shape) > 1:
+        if op.args.data != OPERANDS_0_1 or sum(d == DYNAMIC_INDEX for d in shape) > 1:
             return
         view = _view(op.operands[0], [-1 if d == DYNAMIC_INDEX else d for d in shape], [None] * len(shape), shape)
         rewriter.replace(op, _located_like(op, view))
@@ -303,8 +306,7 @@ class InPlaceBinaryOnFreshValue(RewritePattern):
         if functional is None or op.kwargs.data or len(op.operands) != 2 or len(op.results) != 1:
             return
         x, y = op.operands
-        refs = [a.index.data if isinstance(a, ad.OperandRefAttr) else None for a in op.args.data]
-        if refs != [0, 1] or not isinstance(x.owner, FRESH_TENSOR_OPS) or not x.has_one_use() \
+        if op.args.data != OPERANDS_0_1 or not isinstance(x.owner, FRESH_TENSOR_OPS) or not x.has_one_use() \
                 or not isinstance(y.type, TensorType) or _element(y) != _element(x) or op.results[0].type != x.type:
             return
         rewriter.replace(op, _located_like(op, functional(x, y, x.type)))
