@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,7 +23,7 @@ from ad_mlir.frontends.graph_sources import module_export
 from ad_mlir.frontends.input_checks import InputSpec
 from ad_mlir.passes import repeated_layers
 from ad_mlir.passes.patterns.attention_masks import constants_known
-from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
+from ad_mlir.passes.pipeline import PassRecord, load_pipeline, run_pipeline
 from ad_mlir.passes.verify import NumericVerifier
 from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import RegionKernel, build_kernels
@@ -147,17 +150,29 @@ def compile_program(
         if isinstance(gm, torch.nn.Module) and not isinstance(gm, torch.fx.GraphModule) else None)
     with heap_frozen():  # no full garbage collection over the model and the export while compiling
         kernels, rank = opts.cache or KernelCache(), _rank(opts.world_size, opts.rank)
-        key = module_entry_key(source, opts, rank)
-        if source is not None and key is not None and (done := from_module_entry(source, key, kernels, rank)):
-            return done[:2]
+        with _stage("module entry key"):
+            key = module_entry_key(source, opts, rank)
+        if source is not None and key is not None:
+            with _stage("module entry read"):
+                done = from_module_entry(source, key, kernels, rank)
+            if done:
+                _record_kernels(done[2])
+                return done[:2]
         with serving() as served:
-            program = import_program(source or gm, example_inputs, dynamic_shapes)
+            if source is not None:
+                with _stage("export"):
+                    source.exported()
+            with _stage("import"):
+                program = import_program(source or gm, example_inputs, dynamic_shapes)
             imported = dict(program.weights)
             with constants_known(program.weights):  # a mask computed from a buffer (GPT-Neo's) can be evaluated
                 built = _run_pipeline_or_reuse(program, opts, kernels, rank)
-        compiled = export_program(program, built, fold_weights=True, rank=rank)
+        with _stage("export to FX"):
+            compiled = export_program(program, built, fold_weights=True, rank=rank)
         if source is not None and key is not None:
-            store_module_entry(source, key, served, program.input_specs, imported, kernels)
+            with _stage("module entry write"):
+                store_module_entry(source, key, served, program.input_specs, imported, kernels)
+        _record_kernels(built)
     if opts.verify:
         check_compiled(compiled, program.module, program.weights)
     return compiled, program
@@ -229,21 +244,27 @@ def _run_pipeline_or_reuse(
     (`opts.layers_once`), on a shortened program lengthened afterwards (`_compile_shortened`).
     With `verify` the passes always run, on the whole program (each is checked on every layer);
     their result is stored either way."""
-    short = _shortened(program, opts)
+    with _stage("repeated layers: shorten"):
+        short = _shortened(program, opts)
     if short is not None and (built := _compile_shortened(program, short, opts, kernels, rank)) is not None:
         return built
     numeric = NumericVerifier(program.weights) if opts.verify else None
     if not program_cache_enabled():
-        run_pipeline(program.module, opts.pipeline, numeric=numeric)
-        return build_kernels(program.module, kernels)
-    programs, key = ProgramCache.beside(kernels), program_key(program, load_pipeline(opts.pipeline), rank)
-    if not opts.verify and (stored := programs.load(key)) is not None:
+        _timed_pipeline(program.module, opts.pipeline, numeric)
+        return _codegen(program.module, kernels)
+    programs = ProgramCache.beside(kernels)
+    with _stage("program key"):
+        key = program_key(program, load_pipeline(opts.pipeline), rank)
+    with _stage("program cache read"):
+        stored = None if opts.verify else programs.load(key)
+    if stored is not None:
         program.module = stored.module
-        return build_kernels(program.module, kernels)
+        return _codegen(program.module, kernels)
     with pass_warnings() as warnings:
-        run_pipeline(program.module, opts.pipeline, numeric=numeric)
-    programs.store(key, program.module, warnings)
-    return build_kernels(program.module, kernels)
+        _timed_pipeline(program.module, opts.pipeline, numeric)
+    with _stage("program cache write"):
+        programs.store(key, program.module, warnings)
+    return _codegen(program.module, kernels)
 
 
 @dataclass(frozen=True)
@@ -278,31 +299,101 @@ def _compile_shortened(
     program, then `repeated_layers.lengthen` to all the layers: `program`'s module becomes that.
     None (`program` unchanged, the reason logged) where the compiled layers do not repeat."""
     programs = ProgramCache.beside(kernels) if program_cache_enabled() else None
-    key = None if programs is None else program_key(
-        ImportedProgram(short.module, program.weights), load_pipeline(opts.pipeline), rank,
-        repeated=(short.layers, short.period))
-    stored = None if programs is None else programs.load(key)
+    key, stored = None, None
+    if programs is not None:
+        with _stage("program key"):
+            key = program_key(ImportedProgram(short.module, program.weights), load_pipeline(opts.pipeline), rank,
+                              repeated=(short.layers, short.period))
+        with _stage("program cache read"):
+            stored = programs.load(key)
     module, warnings = (stored.module if stored else short.module), []
     if stored is None:
         with pass_warnings() as warnings:
-            run_pipeline(module, opts.pipeline)
-    to_store = module.clone() if programs is not None and stored is None else None  # lengthen changes the module
-    built = build_kernels(module, kernels)
+            _timed_pipeline(module, opts.pipeline)
+    to_store = None
+    if programs is not None and stored is None:
+        with _stage("program cache write"):
+            to_store = module.clone()  # lengthen changes the module
+    built = _codegen(module, kernels)
     try:
-        repeated_layers.lengthen(module, short.layers, short.period, lambda old, new: _same_kernel(built, old, new))
+        with _stage("repeated layers: lengthen"):
+            repeated_layers.lengthen(module, short.layers, short.period,
+                                     lambda old, new: _same_kernel(built, old, new))
     except repeated_layers.NotRepeating as e:
         log.info("repeated layers: compiling the whole program (%s)", e)
         return None
     if programs is not None and to_store is not None:
-        programs.store(key, to_store, warnings)
+        with _stage("program cache write"):
+            programs.store(key, to_store, warnings)
     log.info("repeated layers: %s", short)
     program.module = module
     return built
 
 
+def _timed_pipeline(module: ModuleOp, pipeline: str | Path, numeric: NumericVerifier | None = None) -> None:
+    """`run_pipeline`, each pass's seconds recorded as a stage ("pass <name>"), and the rest of
+    its time (copying the module, verifying it) as "pipeline checks"."""
+    start = time.perf_counter()
+    records: list[PassRecord] = run_pipeline(module, pipeline, numeric=numeric)
+    if (record := _RECORDING.get()) is not None:
+        for r in records:
+            record.add(f"pass {r.name}", r.seconds)
+        record.add("pipeline checks", time.perf_counter() - start - sum(r.seconds for r in records))
+
+
+def _codegen(module: ModuleOp, kernels: KernelCache) -> dict[Operation, RegionKernel]:
+    with _stage("Triton codegen"):
+        return build_kernels(module, kernels)
+
+
 def _same_kernel(built: dict[Operation, RegionKernel], original: Operation, copy: Operation) -> None:
     if original in built:
         built[copy] = built[original]
+
+
+@dataclass
+class StageTimes:
+    """What the compiles within `recording_stages()` did: the seconds of each stage by name, in
+    the order each first ran (a stage that runs again adds to its time), and the kernels of the
+    last compile (for a benchmark to build them for a GPU)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    kernels: dict[Operation, RegionKernel] = field(default_factory=dict)
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+
+_RECORDING: ContextVar[StageTimes | None] = ContextVar("ad_mlir_stage_times", default=None)
+
+
+@contextlib.contextmanager
+def recording_stages() -> Iterator[StageTimes]:
+    """Within it, `compile_program` (and so `compile`, `LLM`) records the time of each of its
+    stages: the module entry's key and read; where that misses, torch.export, the import,
+    shortening repeated layers, the program cache's key, read and write, each pass, the
+    pipeline's checks, Triton codegen, lengthening, export to FX and the module entry's write."""
+    record = StageTimes()
+    token = _RECORDING.set(record)
+    try:
+        yield record
+    finally:
+        _RECORDING.reset(token)
+
+
+@contextlib.contextmanager
+def _stage(name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if (record := _RECORDING.get()) is not None:
+            record.add(name, time.perf_counter() - start)
+
+
+def _record_kernels(built: dict[Operation, RegionKernel]) -> None:
+    if (record := _RECORDING.get()) is not None:
+        record.kernels = built
 
 
 def _rank(world_size: int | None, rank: int | None) -> Rank:

@@ -27,8 +27,6 @@ from typing import Any
 import torch
 
 from ad_mlir.codegen.interpreter import use_interpreter
-from ad_mlir.frontends.export import heap_frozen
-from ad_mlir.passes.pipeline import PIPELINES
 from ad_mlir.zoo.tiny import ModelShape, meta_model
 
 Progress = Callable[[str], None]
@@ -51,79 +49,24 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def time_ad_mlir(model: torch.nn.Module, ptx: bool = True) -> dict[str, float]:
-    """Seconds per stage of `ad_mlir.compile(model, ...)` (export, import, finding the repeated
-    decoder layers and shortening the program to a few of them, the program cache's key and
-    lookup, then each pass of the default pipeline and the program cache's write where the
-    lookup missed, Triton codegen, lengthening the program to all the layers, PTX for sm_90 of
-    each distinct kernel, export back to FX, the module entry's write), in order. A model whose
-    layers do not repeat is compiled whole, as `compile` does (`passes/repeated_layers.py`).
-    First the module entry's key and read: where an earlier compile stored one (a warm
-    compile), its read (the program, codegen, lengthening, export to FX: no export) and PTX
-    are all the stages."""
-    from ad_mlir.codegen.cache import KernelCache
+    """Seconds per stage of `compile_program(model, ...)`, as the compiler records them
+    (`compiler.recording_stages`: the module entry's key and read; where it misses, export,
+    import, shortening the repeated decoder layers, the program cache's key, read and write, each
+    pass of the default pipeline, Triton codegen, lengthening, export to FX, the module entry's
+    write), then, with `ptx`, PTX for sm_90 of each distinct kernel of the compile (what a GPU
+    machine's first launches compile; a warm compile finds them in Triton's cache)."""
     from ad_mlir.codegen.ptx import ptx_reports
-    from ad_mlir.compiler import CompileOptions, from_module_entry, module_entry_key, store_module_entry
-    from ad_mlir.frontends.fx_import import ImportedProgram, import_program
-    from ad_mlir.frontends.graph_sources import module_export
-    from ad_mlir.passes import repeated_layers
-    from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
-    from ad_mlir.runtime.fx_export import export_program
-    from ad_mlir.runtime.kernels import build_kernels
-    from ad_mlir.runtime.program_cache import ProgramCache, program_key, serving
-    from ad_mlir.semantics.weights import SINGLE_RANK
-
-    stages: dict[str, float] = {}
-
-    def timed(stage: str, fn: Callable[[], Any]) -> Any:
-        start = time.perf_counter()
-        result = fn()
-        stages[stage] = time.perf_counter() - start
-        return result
-
-    def shortened() -> tuple[ImportedProgram, int, int] | None:
-        try:
-            layout, p = repeated_layers.period(program.function)
-        except repeated_layers.NotRepeating:
-            return None
-        return ImportedProgram(repeated_layers.shorten(program.function, layout, p), program.weights), len(layout.layers), p
+    from ad_mlir.compiler import compile_program, recording_stages
 
     ids = torch.zeros(1, TOKENS, dtype=torch.long, device=next(model.parameters()).device)
-    source = module_export(model, {"input_ids": ids}, {"input_ids": {1: torch.export.Dim("seq", min=2, max=MAX_SEQ)}})
-    cache = KernelCache()
-    with heap_frozen():  # as `compile_program` compiles
-        entry_key = timed("module entry key", lambda: module_entry_key(source, CompileOptions(), SINGLE_RANK))
-        read = timed("module entry read", lambda: entry_key and from_module_entry(source, entry_key, cache, SINGLE_RANK))
-        if read:
-            if ptx:
-                timed("PTX (sm_90)", lambda: ptx_reports(read[2].values()))
-            return stages
-    ep = timed("export", source.exported)
-    with heap_frozen(), serving() as served:
-        program = timed("import", lambda: import_program(ep))
-        imported = dict(program.weights)
-        short = timed("repeated layers: shorten", shortened)
-        compiled, repeated = (short[0], short[1:]) if short else (program, None)
-        programs = ProgramCache.beside(cache)
-        key = timed("program key", lambda: program_key(compiled, load_pipeline(PIPELINES["default"]), SINGLE_RANK,
-                                                       repeated))
-        stored = timed("program cache read", lambda: programs.load(key))
-        if stored is None:
-            for record in run_pipeline(compiled.module, PIPELINES["default"]):
-                stages[f"pass {record.name}"] = record.seconds
-            timed("program cache write", lambda: programs.store(key, compiled.module))
-        else:
-            compiled.module = stored.module
-        kernels = timed("Triton codegen", lambda: build_kernels(compiled.module, cache))
-        if short:
-            timed("repeated layers: lengthen", lambda: repeated_layers.lengthen(
-                compiled.module, short[1], short[2], lambda old, new: kernels.update({new: kernels[old]} if old in kernels else {})))
-            program.module = compiled.module
-        if ptx:
-            timed("PTX (sm_90)", lambda: ptx_reports(kernels.values()))
-        timed("export to FX", lambda: export_program(program, kernels, fold_weights=True))
-        if entry_key:
-            timed("module entry write", lambda: store_module_entry(source, entry_key, served, program.input_specs,
-                                                                    imported, cache))
+    with recording_stages() as record:
+        compile_program(model, {"input_ids": ids},
+                        dynamic_shapes={"input_ids": {1: torch.export.Dim("seq", min=2, max=MAX_SEQ)}})
+    stages = dict(record.seconds)
+    if ptx:
+        start = time.perf_counter()
+        ptx_reports(record.kernels.values())
+        stages["PTX (sm_90)"] = time.perf_counter() - start
     return stages
 
 

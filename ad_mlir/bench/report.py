@@ -25,7 +25,7 @@ STAGE_GROUPS = {
     "export": lambda name: name == "export",
     "import": lambda name: name == "import",
     "program cache": lambda name: name.startswith("program "),
-    "passes": lambda name: name.startswith("pass "),
+    "passes": lambda name: name.startswith("pass ") or name == "pipeline checks",
     "codegen": lambda name: name == "Triton codegen",
     "PTX": lambda name: name == "PTX (sm_90)",
     "export back": lambda name: name == "export to FX",
