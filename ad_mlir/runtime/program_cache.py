@@ -90,15 +90,17 @@ def module_text(module: ModuleOp) -> str:
     return out.getvalue() + "\n"
 
 
+def _versions() -> str:
+    return "".join(f"{package}={version(package)}\n" for package in ("ad-mlir", "torch", "triton", "xdsl")) + \
+        platform.python_version()
+
+
 @functools.cache
 def _compiler_fingerprint() -> str:
     """The versions and the source of the code that makes the pipeline's result."""
     from ad_mlir import dialects, passes, semantics
 
-    h = hashlib.sha256()
-    for package in ("ad-mlir", "torch", "triton", "xdsl"):
-        h.update(f"{package}={version(package)}\n".encode())
-    h.update(platform.python_version().encode())
+    h = hashlib.sha256(_versions().encode())
     for package in (passes, dialects, semantics):
         _hash_sources(h, Path(package.__file__).parent)
     return h.hexdigest()
@@ -292,11 +294,11 @@ class ModuleEntry:
 
 def module_key(fingerprint: str, pipeline: PipelineConfig, rank: Rank, layers_once: bool) -> str:
     """The key of a module entry: the export's fingerprint (`frontends/export_key.py`), the
-    versions and sources that `program_key` hashes, transformers' version and every ad-mlir
-    source (the export, its patches and the import are ours), the pipeline, the rank and
-    whether repeated layers are compiled once."""
-    h = hashlib.sha256(_compiler_fingerprint().encode())
-    h.update(_export_fingerprint_sources().encode())
+    versions `program_key` hashes, transformers' version and every ad-mlir source (those of
+    the passes, dialects and semantics that `program_key` hashes among them: the export, its
+    patches and the import are ours too), the pipeline, the rank and whether repeated layers
+    are compiled once."""
+    h = hashlib.sha256(_export_fingerprint_sources().encode())
     h.update(f"pipeline={pipeline.spec}\nskip_on_error={pipeline.skips_on_error()}\n".encode())
     h.update(f"rank={rank.rank}/{rank.world_size}\nlayers_once={layers_once}\n{fingerprint}".encode())
     return h.hexdigest()
@@ -304,7 +306,7 @@ def module_key(fingerprint: str, pipeline: PipelineConfig, rank: Rank, layers_on
 
 @functools.cache
 def _export_fingerprint_sources() -> str:
-    h = hashlib.sha256(f"transformers={_version('transformers')}\n".encode())
+    h = hashlib.sha256(f"{_versions()}\ntransformers={_version('transformers')}\n".encode())
     _hash_sources(h, Path(__file__).parents[1])  # the ad_mlir package
     return h.hexdigest()
 
