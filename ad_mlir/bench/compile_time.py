@@ -9,7 +9,7 @@ measurement compiled makes another cheaper. Warm: a second fresh process with th
 cold one left, as a restarted server would (ad-mlir reads the pipeline's result and the kernels,
 Inductor its FX graph and kernel caches). Shapes drive compile time, not values: ad-mlir
 compiles the meta-device model as it is. Inductor and the ad-mlir backend must run the model, so
-they get uninitialized CPU weights (`to_empty`), and are left out (with the reason) when those
+they get uninitialized CPU weights (`to_empty`) and zeroed buffers, and are left out (with the reason) when those
 would not fit in memory.
 """
 
@@ -78,10 +78,21 @@ def one_layer_repeated(model: torch.nn.Module, layers: int) -> torch.nn.Module:
     return model
 
 
+def _runnable(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` on the CPU with uninitialized weights and zeroed buffers. Compile caches key a
+    buffer by its value (ad-mlir's program cache: RoPE's frequencies, masks), and uninitialized
+    memory differs in every process: it would make every warm compile a cold one."""
+    runnable = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for buffer in runnable.buffers():
+            buffer.zero_()
+    return runnable
+
+
 def time_inductor(model: torch.nn.Module) -> float:
     """Seconds Inductor takes to compile `model` (CPU): the first call of `torch.compile(model)`
     less a second, compiled one."""
-    runnable = model.to_empty(device="cpu")
+    runnable = _runnable(model)
     ids = torch.zeros(1, TOKENS, dtype=torch.long)
     compiled = torch.compile(runnable)
     with torch.no_grad():
@@ -105,7 +116,7 @@ def time_backend(model: torch.nn.Module) -> float:
     at these sizes takes far longer than compiling (one graph, as `fullgraph` makes sure)."""
     from ad_mlir.dynamo_backend import ad_mlir_backend
 
-    runnable = model.to_empty(device="cpu")
+    runnable = _runnable(model)
     ids = torch.zeros(1, TOKENS, dtype=torch.long)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
