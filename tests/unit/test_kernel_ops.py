@@ -109,3 +109,32 @@ def test_unaliased_copies_only_what_aliases() -> None:
     assert out[0].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     assert out[2].untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
     assert all(torch.equal(a, b) for a, b in zip(out, [x[:2], y, y], strict=True))
+
+
+CACHED = """
+func.func @f(%q: tensor<?x4x?x16xf32>, %k: tensor<?x2x?x16xf32>, %v: tensor<?x2x?x16xf32>, %kc: tensor<2x8x2x16xf32>, %vc: tensor<2x8x2x16xf32>, %s: tensor<?xi64>, %st: tensor<?xi64>) -> tensor<?x4x?x16xf32> {
+  %0 = ad.cached_attention %q, %k, %v cache %kc, %vc slots %s starts %st scale 2.500000e-01 : (tensor<?x4x?x16xf32>, tensor<?x2x?x16xf32>, tensor<?x2x?x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x16xf32>
+  func.return %0 : tensor<?x4x?x16xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("path", ["reference", "interpreter"])
+def test_a_kernel_writing_its_caches_bumps_their_versions(path: str, tmp_path: Path) -> None:
+    """Through its torch op, a cache-writing kernel writes the caches in place and bumps their
+    version counters as an in-place torch op does (autograd checks saved tensors by them); the
+    other inputs keep theirs."""
+    kernel = _kernel(CACHED, tmp_path)
+    assert kernel.written, "the caches are the op's written inputs"
+    q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)
+    k_cache, v_cache = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16)
+    slots, starts = torch.tensor([1]), torch.tensor([0])
+    before = [t._version for t in (q, k, v, k_cache, v_cache)]
+    with reference_kernels() if path == "reference" else torch.no_grad():
+        (out,) = kernel.op(*kernel.split_inputs([q, k, v, k_cache, v_cache, slots, starts]))
+    assert out.shape == q.shape
+    torch.testing.assert_close(k_cache[1, :3], k[0].transpose(0, 1))  # slot 1's first 3 positions
+    torch.testing.assert_close(v_cache[1, :3], v[0].transpose(0, 1))
+    assert not k_cache[0].any() and not k_cache[1, 3:].any(), "written where the slot and start say only"
+    after = [t._version for t in (q, k, v, k_cache, v_cache)]
+    assert after[:3] == before[:3] and all(a > b for a, b in zip(after[3:], before[3:], strict=True))
