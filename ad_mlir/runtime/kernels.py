@@ -9,8 +9,9 @@ place (`ad.cached_attention`'s K/V caches) takes those apart, as `Tensor(a!)[] w
 the kernel); without CUDA it is an opaque op defined in a `torch.library.Library` with its
 schema and a fake, because Inductor cannot trace a Triton kernel on a machine without a GPU
 driver (not a `torch.library.custom_op`: that puts a Python autograd kernel in front of every
-call, ~6.5 µs of the ~11 µs a call cost through it on a 2-core CPU, more than a decode-sized
-kernel's own work there; kernels have no autograd formula). On CUDA tensors the Triton kernel
+call, ~6 µs of the 12.7 µs a SiLU-mul call cost through it on a 2-core CPU, more than that
+kernel's own work at decode sizes; kernels have no autograd formula. `LLM` on the CPU calls the
+kernels without the op, `call_kernels_directly`). On CUDA tensors the Triton kernel
 runs; on CPU tensors the kernel runs in the Triton interpreter when it was loaded with
 `TRITON_INTERPRET=1`, else the region's reference semantics run (its ops' torch calls).
 """
