@@ -23,7 +23,7 @@ from ad_mlir.frontends.graph_sources import module_export
 from ad_mlir.frontends.input_checks import InputSpec
 from ad_mlir.passes import repeated_layers
 from ad_mlir.passes.patterns.attention_masks import constants_known
-from ad_mlir.passes.pipeline import PassRecord, load_pipeline, run_pipeline
+from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
 from ad_mlir.passes.verify import NumericVerifier
 from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import RegionKernel, build_kernels
@@ -334,7 +334,7 @@ def _timed_pipeline(module: ModuleOp, pipeline: str | Path, numeric: NumericVeri
     """`run_pipeline`, each pass's seconds recorded as a stage ("pass <name>"), and the rest of
     its time (copying the module, verifying it) as "pipeline checks"."""
     start = time.perf_counter()
-    records: list[PassRecord] = run_pipeline(module, pipeline, numeric=numeric)
+    records = run_pipeline(module, pipeline, numeric=numeric)
     if (record := _RECORDING.get()) is not None:
         for r in records:
             record.add(f"pass {r.name}", r.seconds)

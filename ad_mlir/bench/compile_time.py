@@ -9,8 +9,8 @@ measurement compiled makes another cheaper. Warm: a second fresh process with th
 cold one left, as a restarted server would (ad-mlir reads the pipeline's result and the kernels,
 Inductor its FX graph and kernel caches). Shapes drive compile time, not values: ad-mlir
 compiles the meta-device model as it is. Inductor and the ad-mlir backend must run the model, so
-they get uninitialized CPU weights (`to_empty`) and zeroed buffers, and are left out (with the reason) when those
-would not fit in memory.
+they get uninitialized CPU weights (`to_empty`) and zeroed buffers, and are left out (with the
+reason) when those would not fit in memory.
 """
 
 from __future__ import annotations
