@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,10 +164,42 @@ def result_types(node: torch.fx.Node) -> tuple[list[Attribute], bool]:
     return [type_of(val)], False
 
 
-def location_of(node: torch.fx.Node) -> Attribute | None:
+Relocation = Callable[[list[tuple[str, type]]], str]
+"""The module path an inlined subgraph's op takes, from its module stack."""
+
+
+def location_of(node: torch.fx.Node, relocate: Relocation | None = None) -> Attribute | None:
+    """The op's module path (the innermost of `nn_module_stack`), as `relocate` renames it."""
+    modules = _module_stack(node)
+    path = relocate(modules) if relocate is not None and modules else (modules[-1][0] if modules else "")
+    return NameLoc(StringAttr(path), NoneAttr()) if path else None
+
+
+def _module_stack(node: torch.fx.Node) -> list[tuple[str, type]]:
+    """(path, class) of each module the op is in, outermost first."""
     stack = node.meta.get("nn_module_stack") or {}
-    paths = [path for key, (path, _) in stack.items() if not key.startswith("_empty")]
-    return NameLoc(StringAttr(paths[-1]), NoneAttr()) if paths and paths[-1] else None
+    return [(path, cls) for key, (path, cls) in stack.items() if not key.startswith("_empty")]
+
+
+def _called_from(call: torch.fx.Node) -> Relocation | None:
+    """For a subgraph `call` invokes (`invoke_subgraph`: Dynamo traces a `nested_compile_region`
+    once, at its first call, and every call site calls that trace): its ops' module paths name
+    the module of the first call (`model.layers.0.mlp`, under Dynamo's root for the region's
+    arguments); inlined here, they are renamed into the module the call site is in
+    (`model.layers.3.mlp`), which the op's stack holds as the same class. Else (a region that
+    is not a module's method) they are left as they are."""
+    site = _module_stack(call)
+    if not site:
+        return None
+    call_path, call_class = site[-1]
+
+    def relocate(modules: list[tuple[str, type]]) -> str:
+        for traced_path, cls in modules:
+            if cls is call_class:
+                return call_path + modules[-1][0][len(traced_path):]
+        return modules[-1][0]
+
+    return relocate
 
 
 # --------------------------------------------------------------------- importer
@@ -182,6 +214,8 @@ class _Importer:
         self.input_specs: dict[str, InputSpec] = {}
         self.verified: set[Operation] = set()
         """Ops verified when they were built."""
+        self.relocate: Relocation | None = None
+        """How the ops of the subgraph being inlined take their module paths (`_called_from`)."""
 
     # entry points ---------------------------------------------------------------
 
@@ -312,7 +346,7 @@ class _Importer:
                 log.debug("node %s (%s) kept as ad.torch_op: %s", node.name, name, e)
         if op is None:
             op = self._torch_op(node, name)
-        if (loc := location_of(node)) is not None:
+        if (loc := location_of(node, self.relocate)) is not None:
             op.location = loc
             self._locate_constants_after(before, loc)
         self.block.add_op(op)
@@ -356,7 +390,13 @@ class _Importer:
         how = INLINED_HIGHER_ORDER_OPS[name]
         sub_node = node.args[how.subgraph]
         sub = operator.attrgetter(sub_node.target)(owner)
-        self._inline_graph(node, sub, node.args[how.operands:], prefix=f"{sub_node.target}.")
+        outer = self.relocate
+        if name == "torch.ops.higher_order.invoke_subgraph":
+            self.relocate = _called_from(node) or outer
+        try:
+            self._inline_graph(node, sub, node.args[how.operands:], prefix=f"{sub_node.target}.")
+        finally:
+            self.relocate = outer
 
     def _inline_graph(
         self, node: torch.fx.Node, sub: torch.fx.GraphModule, operands: Sequence[Any], prefix: str = ""

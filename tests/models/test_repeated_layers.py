@@ -82,23 +82,24 @@ def test_layers_compiled_once_give_the_whole_programs_ops(
     assert f'loc("model.layers.{layers - 1}.' in once
 
 
-def test_layers_compiled_once_through_torch_compile(monkeypatch: pytest.MonkeyPatch,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
-    """Through `torch.compile(backend="ad_mlir")` the layers are found as through torch.export:
-    the ops' module paths (Dynamo's, made relative to the model) and the weights' names (their
-    module paths, from Dynamo's sources) name the layers. The graph the backend compiles gives
-    the whole compile's program (`layers_once=False`, the same graph) and outputs."""
+def _through_torch_compile(model: torch.nn.Module, ids: torch.Tensor, monkeypatch: pytest.MonkeyPatch,
+                           caplog: pytest.LogCaptureFixture) -> tuple[str, str, bool]:
+    """`model` through `torch.compile(backend="ad_mlir")`, its one graph compiled once per layer
+    and whole (`layers_once=False`): what the compile logged, the program's text (the same both
+    ways), and whether the graph called a subgraph (`invoke_subgraph`); the outputs must equal
+    the whole compile's and eager's."""
     import dataclasses
 
     import torch._dynamo
 
     import ad_mlir.dynamo_backend
 
-    model, ids = _model("llama", 6), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     whole: list[tuple[torch.fx.GraphModule, object]] = []
     once: list[object] = []
+    invoked: list[bool] = []
 
     def both(gm: torch.fx.GraphModule, example_inputs: list, options: object) -> torch.fx.GraphModule:
+        invoked.append(any(n.target is torch.ops.higher_order.invoke_subgraph for n in gm.graph.nodes))
         with caplog.at_level(logging.INFO, logger=LOGGER):
             compiled, program = compile_program(gm, example_inputs, options=options)
         once.append(program)
@@ -107,17 +108,37 @@ def test_layers_compiled_once_through_torch_compile(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(ad_mlir.dynamo_backend, "compile", both)
     torch._dynamo.reset()
+    caplog.clear()
     with torch.no_grad():
         got = torch.compile(model, backend="ad_mlir", options={"fallback": False})(input_ids=ids).logits
         expected = whole[0][0](ids)[0]
         eager = model(input_ids=ids).logits
     torch._dynamo.reset()
-    said = " ".join(r.getMessage() for r in caplog.records if r.name == LOGGER)
-    assert "6 layers of period 1, compiled 5 and instantiated the other 1" in said, said
     assert len(once) == 1 and _text(once[0].module) == _text(whole[0][1].module)
-    assert 'loc("model.layers.5.' in _text(once[0].module)
     assert torch.equal(got, expected)
     torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)  # fp32, reference path: as in `_both`
+    return " ".join(r.getMessage() for r in caplog.records if r.name == LOGGER), _text(once[0].module), invoked[0]
+
+
+def test_layers_compiled_once_through_torch_compile(monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Through `torch.compile(backend="ad_mlir")` the layers are found as through torch.export:
+    the ops' module paths (Dynamo's, made relative to the model) and the weights' names (their
+    module paths, from Dynamo's sources) name the layers. The graph the backend compiles gives
+    the whole compile's program (`layers_once=False`, the same graph) and outputs. With the
+    decoder layer marked `torch.compiler.nested_compile_region` Dynamo traces one layer and
+    every layer calls that trace (`invoke_subgraph`): inlined, each call's ops are renamed into
+    its layer, and the program is the unmarked model's, location for location."""
+    model, ids = _model("llama", 6), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    said, plain, invoked = _through_torch_compile(model, ids, monkeypatch, caplog)
+    assert "6 layers of period 1, compiled 5 and instantiated the other 1" in said, said
+    assert 'loc("model.layers.5.' in plain and not invoked
+    layer = type(model.model.layers[0])
+    monkeypatch.setattr(layer, "forward", torch.compiler.nested_compile_region(layer.forward))
+    said, marked, invoked = _through_torch_compile(model, ids, monkeypatch, caplog)
+    assert invoked, "Dynamo called the marked layers through invoke_subgraph"
+    assert "6 layers of period 1, compiled 5 and instantiated the other 1" in said, said
+    assert marked == plain
 
 
 def test_the_program_cache_keeps_the_shortened_program_and_lengthens_what_it_reads(
