@@ -123,7 +123,10 @@ class RegionKernel:
         interpreted = type(fn).__name__ == "InterpretedFunction" and not _FORCE_REFERENCE
         if not (values[self.first_tensor].is_cuda or interpreted):
             outputs = run_reference(self.reference, values)
-            return list(outputs) if self.fresh_outputs else unaliased(outputs, self._launch_inputs(values)[0])
+            outputs = list(outputs) if self.fresh_outputs else unaliased(outputs, self._launch_inputs(values)[0])
+            # contiguous, as the kernel's and the fake's outputs are: Inductor checks an op's
+            # output strides against its fake (a reference attention returns transposed rows)
+            return [t if t.is_contiguous() else t.contiguous() for t in outputs]
         tensors, scalars = self._launch_inputs(values)
         if not interpreted and _USE_TRITON_OP:
             fn = torch.library.wrap_triton(fn)
