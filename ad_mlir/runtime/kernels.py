@@ -6,12 +6,8 @@ order), so a region of any size fits one schema. A kernel that writes some of it
 place (`ad.cached_attention`'s K/V caches) takes those apart, as `Tensor(a!)[] written` after
 `tensors`, so torch knows what it mutates. With CUDA the op is a
 `torch.library.triton_op` (graphs stay `torch.export`-able and `torch.compile` traces into
-the kernel); without CUDA it is an opaque op defined in a `torch.library.Library` with its
-schema and a fake, because Inductor cannot trace a Triton kernel on a machine without a GPU
-driver (not a `torch.library.custom_op`: that puts a Python autograd kernel in front of every
-call, ~6 µs of the 12.7 µs a SiLU-mul call cost through it on a 2-core CPU, more than that
-kernel's own work at decode sizes; kernels have no autograd formula. `LLM` on the CPU calls the
-kernels without the op, `call_kernels_directly`). On CUDA tensors the Triton kernel
+the kernel); without CUDA it is an opaque `torch.library.custom_op`, because Inductor cannot
+trace a Triton kernel on a machine without a GPU driver. On CUDA tensors the Triton kernel
 runs; on CPU tensors the kernel runs in the Triton interpreter when it was loaded with
 `TRITON_INTERPRET=1`, else the region's reference semantics run (its ops' torch calls).
 """
@@ -248,33 +244,9 @@ def _define_op(kernel: RegionKernel) -> None:
             return kernel.run(tensors, ints, floats)
 
     qualname = f"{NAMESPACE}::{kernel.name}"
-    if _USE_TRITON_OP:
-        library_op = torch.library.triton_op(qualname, op, mutates_args=("written",) if kernel.written else ())
-        library_op.register_fake(kernel.fake)
-        return
-    _LIBRARY.define(kernel.name + (_WRITING_SCHEMA if kernel.written else _SCHEMA))
-    _LIBRARY.impl(kernel.name, _bumping_versions(op) if kernel.written else op, "CompositeExplicitAutograd")
-    torch.library.register_fake(qualname, kernel.fake, lib=_LIBRARY)
-
-
-_SCHEMA = "(Tensor[] tensors, SymInt[] ints, float[] floats) -> Tensor[]"
-_WRITING_SCHEMA = "(Tensor[] tensors, Tensor(a!)[] written, SymInt[] ints, float[] floats) -> Tensor[]"
-_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
-"""Where the kernels' ops are defined without CUDA (kept for the process: a dropped Library
-takes its ops with it)."""
-
-
-def _bumping_versions(op: Any) -> Any:
-    """`op`, then the version counters of the tensors it wrote bumped, as an in-place torch op
-    does (autograd checks saved tensors by them; a `custom_op` bumps them too). The Triton
-    interpreter writes through raw pointers, which torch does not see."""
-    def writing(tensors: list[torch.Tensor], written: list[torch.Tensor], ints: list[int],
-                floats: list[float]) -> list[torch.Tensor]:
-        outputs = op(tensors, written, ints, floats)
-        torch.autograd.graph.increment_version(written)
-        return outputs
-
-    return writing
+    define = torch.library.triton_op if _USE_TRITON_OP else torch.library.custom_op
+    library_op = define(qualname, op, mutates_args=("written",) if kernel.written else ())
+    library_op.register_fake(kernel.fake)
 
 
 def region_kernel(op: Operation, cache: KernelCache) -> RegionKernel:
