@@ -138,3 +138,16 @@ def test_a_kernel_writing_its_caches_bumps_their_versions(path: str, tmp_path: P
     assert not k_cache[0].any() and not k_cache[1, 3:].any(), "written where the slot and start say only"
     after = [t._version for t in (q, k, v, k_cache, v_cache)]
     assert after[:3] == before[:3] and all(a > b for a, b in zip(after[3:], before[3:], strict=True))
+
+
+@pytest.mark.parametrize("path", ["reference", "interpreter"])
+def test_backward_through_a_kernel_raises(path: str, tmp_path: Path) -> None:
+    """Kernels have no autograd formula: a backward through one raises naming the op, on the
+    reference path too (whose torch calls could differentiate), never gives no or partial
+    gradients quietly."""
+    kernel = _kernel(ALIBI, tmp_path)
+    scores, bias = torch.randn(1, 4, 3, 3, requires_grad=True), torch.randn(4, 3, 3)
+    with reference_kernels() if path == "reference" else torch.enable_grad():
+        got = kernel.op([scores, bias], [], [])
+    with pytest.raises(RuntimeError, match=rf"backward through ad_mlir.{kernel.name}.default but no autograd formula"):
+        got[0].sum().backward()
