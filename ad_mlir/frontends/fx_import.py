@@ -171,7 +171,9 @@ Relocation = Callable[[list[tuple[str, type]]], str]
 def location_of(node: torch.fx.Node, relocate: Relocation | None = None) -> Attribute | None:
     """The op's module path (the innermost of `nn_module_stack`), as `relocate` renames it."""
     modules = _module_stack(node)
-    path = relocate(modules) if relocate is not None and modules else (modules[-1][0] if modules else "")
+    if not modules:
+        return None
+    path = relocate(modules) if relocate is not None else modules[-1][0]
     return NameLoc(StringAttr(path), NoneAttr()) if path else None
 
 
