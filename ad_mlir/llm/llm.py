@@ -283,6 +283,8 @@ class LLM:
         self.tokenizer = tokenizer
         self.device = model_device(self.model)
         self.eos = _eos_ids(self.model, tokenizer)
+        self.vocab_size = _vocab_size(self.model)
+        """Token ids the model takes are in [0, vocab_size) (None: unknown, not checked)."""
         _check_sizes(max_batch, max_seq_len)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device (it is on {self.device})")
@@ -752,6 +754,16 @@ class CudaGraphFlatDecode:
             buffer.copy_(values, non_blocking=True)
         graph.replay()
         return out[:seqs]
+
+
+def _vocab_size(model: torch.nn.Module) -> int | None:
+    """The rows of the model's input embedding (HF's `get_input_embeddings`), else its config's
+    `vocab_size`; None where neither is there (a plain module)."""
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
+    if isinstance(embeddings, torch.nn.Embedding):
+        return embeddings.num_embeddings
+    return getattr(getattr(model, "config", None), "vocab_size", None)
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
