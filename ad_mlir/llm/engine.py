@@ -22,12 +22,19 @@ the running decodes). Two schedulers share the requests, sampling and stop handl
 step (`RequestUpdate`): new tokens, the new text (with a tokenizer; text that could begin a stop
 string is held back until it cannot), and why it finished. `LLM.generate` and the server
 (`ad_mlir/serve/`) both drive this loop.
+
+One request never fails another: a request is checked when it is added (`check_request`: token
+ids in the vocabulary, room in the cache), a failure in one request's own work (sampling, its
+text) ends that request alone, and a failed forward call ends only the requests it fed; each
+ends with finish reason "error" and the exception (`RequestUpdate.error`), its cache freed, and
+the engine goes on with the others.
 """
 
 from __future__ import annotations
 
 import abc
 import itertools
+import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +43,8 @@ from typing import Any, Protocol
 import torch
 
 from ad_mlir.llm.pages import BlockManager, pages_for
+
+log = logging.getLogger(__name__)
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
@@ -65,7 +74,7 @@ class GenerationOutput:
     text: str | None = None
     """The new tokens decoded (None without a tokenizer)."""
     finish_reason: str = ""
-    """"stop" (EOS or a stop string), "length" (max tokens) or "abort"."""
+    """"stop" (EOS or a stop string), "length" (max tokens), "abort" or "error"."""
 
 
 class CachedModel(Protocol):
@@ -73,6 +82,8 @@ class CachedModel(Protocol):
 
     max_batch: int
     max_seq_len: int
+    vocab_size: int | None
+    """Token ids are in [0, vocab_size) (None: not checked)."""
     eos: set[int]
     tokenizer: Any
 
@@ -90,6 +101,7 @@ class PagedModel(Protocol):
     page_size: int
     num_pages: int
     max_seq_len: int
+    vocab_size: int | None
     num_state_slots: int
     """Slots of its per-sequence states (0: it has none, and `forward_flat` takes no `state_slots`)."""
     eos: set[int]
@@ -130,14 +142,14 @@ class SamplingParams:
     """Run to max_tokens through EOS tokens (benchmarks)."""
 
     def __post_init__(self) -> None:
-        checks = [(self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
-                  (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-                  (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-                  (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
-                  (all(self.stop), "a stop string may not be empty")]
-        for ok, message in checks:
+        checks = [(self.max_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"),
+                  (self.temperature >= 0, "temperature", f"temperature must be >= 0, got {self.temperature}"),
+                  (0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
+                  (self.top_k >= 0, "top_k", f"top_k must be >= 0, got {self.top_k}"),
+                  (all(self.stop), "stop", "a stop string may not be empty")]
+        for ok, param, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise RequestError(message, param)
 
 
 @dataclass
@@ -164,8 +176,19 @@ class Request:
         return self.output.prompt_token_ids + self.output.token_ids
 
 
-class ContextTooLong(ValueError):
-    """A request whose prompt and max_tokens can never fit the cache (refused before it queues)."""
+class RequestError(ValueError):
+    """A request the engine refuses before it queues; `param` names the field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextTooLong(RequestError):
+    """A request whose prompt and max_tokens can never fit the cache."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "prompt")
 
 
 @dataclass
@@ -176,7 +199,9 @@ class RequestUpdate:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
-    """"stop" (EOS or a stop string), "length" (max_tokens) or "abort"; None while it runs."""
+    """"stop" (EOS or a stop string), "length" (max_tokens), "abort" or "error"; None while it runs."""
+    error: Exception | None = None
+    """What ended the request, with finish reason "error"."""
 
 
 class BaseEngine(abc.ABC):
@@ -199,9 +224,9 @@ class BaseEngine(abc.ABC):
     # -- requests ----------------------------------------------------------------------
 
     def add(self, prompt: Sequence[int], params: SamplingParams, request_id: str | None = None) -> Request:
-        """Queue a request; one that can never fit the cache is refused here, before it queues."""
+        """Queue a request; one `check_request` refuses raises here, before it queues."""
         prompt = [int(t) for t in prompt]
-        self.check_fits(prompt, params)
+        self.check_request(prompt, params)
         request_id = request_id or f"req-{next(self._ids)}"
         if any(r.id == request_id for r in [*self.waiting, *self.running]):
             raise ValueError(f"a request with id {request_id!r} is already queued")
@@ -210,15 +235,32 @@ class BaseEngine(abc.ABC):
         self.waiting.append(request)
         return request
 
-    def check_fits(self, prompt: Sequence[int], params: SamplingParams) -> None:
-        """Raises ValueError, saying why, for an empty prompt and (`ContextTooLong`) a request that
-        can never fit the cache."""
+    def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """Raises `RequestError`, saying why, for an empty prompt, a token id outside the model's
+        vocabulary and (`ContextTooLong`) a request that can never fit the cache."""
         if not prompt:
-            raise ValueError("the prompt is empty")
-        need = len(prompt) + params.max_tokens
-        if need > self.llm.max_seq_len:
-            raise ContextTooLong(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it needs "
-                                 f"{need} > max_seq_len={self.llm.max_seq_len} cache positions")
+            raise RequestError("the prompt is empty", "prompt")
+        vocab = self.llm.vocab_size
+        bad = next((i for i, t in enumerate(prompt) if t < 0 or (vocab is not None and t >= vocab)), None)
+        if bad is not None:
+            raise RequestError(f"prompt token {bad} is {prompt[bad]}: token ids must be in [0, {vocab}), the "
+                               "model's vocabulary", "prompt")
+        if params.max_tokens > self.max_new_tokens(len(prompt)):
+            raise ContextTooLong(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it "
+                                 f"needs {self._need(len(prompt), params.max_tokens)}{self._room(len(prompt))}")
+
+    def max_new_tokens(self, prompt_tokens: int) -> int:
+        """The most tokens a request with a prompt of `prompt_tokens` tokens can generate (0 or
+        less: none), the default max_tokens' cap."""
+        return self.llm.max_seq_len - prompt_tokens
+
+    def _need(self, prompt_tokens: int, max_tokens: int) -> str:
+        """What a request needs against what the cache holds, for `check_request`'s refusal."""
+        return f"{prompt_tokens + max_tokens} > max_seq_len={self.llm.max_seq_len} cache positions"
+
+    def _room(self, prompt_tokens: int) -> str:
+        room = self.max_new_tokens(prompt_tokens)
+        return f" (max_tokens={room} at most)" if room > 0 else " (no room for a new token)"
 
     def abort(self, request_id: str) -> bool:
         """Drop a request (waiting or running) and free its cache; False if it is not here."""
@@ -256,6 +298,29 @@ class BaseEngine(abc.ABC):
     def _release_finished(self) -> None:
         for request in [r for r in self.running if r.output.finish_reason]:
             self._release(request)
+
+    def fail(self, requests: Sequence[Request], error: Exception) -> list[RequestUpdate]:
+        """End `requests` with `error` (finish reason "error") and free what they hold; the
+        engine goes on with the others."""
+        log.error("ending %d request(s) with an error: %s: %s", len(requests), type(error).__name__, error,
+                  exc_info=error)
+        for request in requests:
+            request.output.finish_reason = "error"
+            self._release(request)
+        return [RequestUpdate(r.id, finish_reason="error", error=error) for r in requests]
+
+    def fail_all(self, error: Exception) -> list[RequestUpdate]:
+        """End every request, waiting or running, with `error` (a step that failed outside any
+        model call: what the scheduler holds is no longer known to be sound), leaving the engine
+        empty, every page and slot free."""
+        return self.fail([*self.running, *self.waiting], error)
+
+    def _append_token(self, request: Request, logits: torch.Tensor) -> RequestUpdate:
+        """`_append`, or, where it fails (sampling, the tokenizer), the request ended alone."""
+        try:
+            return self._append(request, logits)
+        except Exception as e:  # noqa: BLE001 (this request's failure ends this request)
+            return self.fail([request], e)[0]
 
     def _append(self, request: Request, logits: torch.Tensor) -> RequestUpdate:
         params = request.params
@@ -305,22 +370,31 @@ class Engine(BaseEngine):
         decoding = [r for r in self.running if r.prefilled]
         if decoding:
             # a prefilled request has sampled a token already (its last prefill chunk did)
-            logits = self.llm.decode([r.output.token_ids[-1] for r in decoding], [r.slot for r in decoding],
-                                     [r.cached for r in decoding], self.free_slots)
-            for i, request in enumerate(decoding):
-                request.cached += 1
-                updates[request.id] = self._append(request, logits[i])
+            try:
+                logits = self.llm.decode([r.output.token_ids[-1] for r in decoding], [r.slot for r in decoding],
+                                         [r.cached for r in decoding], self.free_slots)
+            except Exception as e:  # noqa: BLE001 (a failed call ends the requests it fed)
+                updates.update((u.request_id, u) for u in self.fail(decoding, e))
+            else:
+                for i, request in enumerate(decoding):
+                    request.cached += 1
+                    updates[request.id] = self._append_token(request, logits[i])
         budget = self._prefill_budget(len(decoding))
         for request in [r for r in self.running if not r.prefilled]:
             if budget <= 0:
                 break
             chunk = request.output.prompt_token_ids[request.cached: request.cached + budget]
-            logits = self.llm.step(torch.tensor([chunk]), torch.arange(request.cached, request.cached + len(chunk))[None],
-                                   [request.slot], [request.cached], last_only=True)
-            request.cached += len(chunk)
             budget -= len(chunk)
+            try:
+                logits = self.llm.step(torch.tensor([chunk]),
+                                       torch.arange(request.cached, request.cached + len(chunk))[None],
+                                       [request.slot], [request.cached], last_only=True)
+            except Exception as e:  # noqa: BLE001 (a failed call ends the request it fed)
+                updates[request.id] = self.fail([request], e)[0]
+                continue
+            request.cached += len(chunk)
             if request.prefilled:
-                updates[request.id] = self._append(request, logits[0, -1])
+                updates[request.id] = self._append_token(request, logits[0, -1])
         self._release_finished()
         return list(updates.values())
 
@@ -420,15 +494,17 @@ class PagedEngine(BaseEngine):
 
     # -- requests ------------------------------------------------------------------------
 
-    def check_fits(self, prompt: Sequence[int], params: SamplingParams) -> None:
-        """Also refused: a request whose tokens need more pages than the pool has (the last
-        generated token is never fed, so it takes no place)."""
-        super().check_fits(prompt, params)
-        pages = pages_for(len(prompt) + params.max_tokens - 1, self.llm.page_size)
-        if pages > self.llm.num_pages:
-            raise ContextTooLong(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it "
-                                 f"needs {pages} pages of {self.llm.page_size} tokens > the {self.llm.num_pages} "
-                                 "pages of the cache")
+    def max_new_tokens(self, prompt_tokens: int) -> int:
+        """Also bounded by the pool: a request's tokens may fill every page (the last generated
+        token is never fed, so it takes no place)."""
+        pool = self.llm.num_pages * self.llm.page_size
+        return min(super().max_new_tokens(prompt_tokens), pool - prompt_tokens + 1)
+
+    def _need(self, prompt_tokens: int, max_tokens: int) -> str:
+        if prompt_tokens + max_tokens > self.llm.max_seq_len:
+            return super()._need(prompt_tokens, max_tokens)
+        pages = pages_for(prompt_tokens + max_tokens - 1, self.llm.page_size)
+        return f"{pages} pages of {self.llm.page_size} tokens > the {self.llm.num_pages} pages of the cache"
 
     # -- one step ----------------------------------------------------------------------
 
@@ -438,14 +514,17 @@ class PagedEngine(BaseEngine):
         chunks = self._schedule()
         if not chunks:
             return []
-        logits = self.llm.forward_flat(*self._flat_inputs(chunks), **self._state_slots(chunks))
+        try:
+            logits = self.llm.forward_flat(*self._flat_inputs(chunks), **self._state_slots(chunks))
+        except Exception as e:  # noqa: BLE001 (a failed call ends the requests it fed, and no other)
+            return self.fail([c.request for c in chunks], e)
         updates: dict[str, RequestUpdate] = {}
         for chunk in chunks:
             request = chunk.request
             request.cached += chunk.length
             self.blocks.written(request.id, chunk.tokens, request.cached)
         for chunk, row in zip([c for c in chunks if c.ends], logits, strict=True):
-            updates[chunk.request.id] = self._append(chunk.request, row)
+            updates[chunk.request.id] = self._append_token(chunk.request, row)
         self._release_finished()
         return list(updates.values())
 

@@ -559,7 +559,8 @@ class LLM:
         template with `chat`; or token ids), through the continuous-batching engine (`make_engine`:
         prompts beyond what the cache holds wait). Greedy when `temperature` is 0, else sampled with `top_k`
         and `top_p` filtering, each prompt from its own generator seeded with `seed`. A sequence
-        stops at EOS (unless `ignore_eos`, for benchmarks), a `stop` string or `max_new_tokens`."""
+        stops at EOS (unless `ignore_eos`, for benchmarks), a `stop` string or `max_new_tokens`. A
+        failure in the model's forward or in sampling is raised."""
         params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
         token_lists = [self._tokenize(p, chat) for p in prompts]
         for i, ids in enumerate(token_lists):
@@ -571,7 +572,9 @@ class LLM:
         engine = make_engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
         requests = [engine.add(ids, params) for ids in token_lists]
         while engine.has_work:
-            engine.step()
+            for update in engine.step():
+                if update.error is not None:  # the engine ends a failed request alone; here it is the caller's error
+                    raise update.error
         for request in requests:
             request.output.text = request.text if self.tokenizer is not None else None
         return [request.output for request in requests]

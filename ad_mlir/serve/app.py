@@ -6,8 +6,11 @@ The server serves only the model it was started with and binds 127.0.0.1 unless 
 (`ad-mlir serve --host`); `--api-key` makes the `/v1` routes need it. A request body that does
 not validate gets a 400 with an OpenAI-style error
 (`{"error": {"message", "type": "invalid_request_error", "param", "code"}}`), an unknown model a
-404 (`model_not_found`), a request that can never fit a cache slot a 400 before it queues. A
-client that disconnects cancels its request: the engine frees its slot.
+404 (`model_not_found`); what the engine refuses (a token id outside the vocabulary, a request
+that can never fit the cache) a 400 naming the field, before it queues. Without `max_tokens` a
+request generates up to the server's default, capped by what fits the cache after its prompt. A
+request the engine ends with an error gets a 500 (streamed: an error event), and only that
+request. A client that disconnects cancels its request: the engine frees its slot.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ad_mlir.llm.engine import ContextTooLong, RequestUpdate, SamplingParams
+from ad_mlir.llm.engine import ContextTooLong, RequestError, RequestUpdate, SamplingParams
 from ad_mlir.serve.runner import EngineRunner
 
 DISCONNECT_POLL_S = 0.5
@@ -48,9 +51,10 @@ class _Sampling(BaseModel):
     stream: bool = False
     n: Literal[1] = 1
 
-    def params(self, default_max_tokens: int) -> SamplingParams:
+    def params(self, max_tokens: int) -> SamplingParams:
+        """The sampling parameters, with `max_tokens` where the request gives none."""
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        return SamplingParams(max_tokens=self.max_tokens or default_max_tokens, temperature=self.temperature,
+        return SamplingParams(max_tokens=self.max_tokens or max_tokens, temperature=self.temperature,
                               top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=tuple(stop))
 
 
@@ -146,15 +150,14 @@ def build_app(runner: EngineRunner, model_name: str, tokenizer: Any = None, defa
                            "model", "model_not_found")
 
     def submit(prompt: list[int], body: _Sampling) -> tuple[str, asyncio.Queue[RequestUpdate]]:
+        # no max_tokens: the default, capped by the room after the prompt (at least 1, so that a
+        # prompt leaving none is refused by the engine, saying so)
+        max_tokens = max(min(default_max_tokens, runner.engine.max_new_tokens(len(prompt))), 1)
         try:
-            params = body.params(default_max_tokens)
-        except ValueError as e:  # a value pydantic's bounds let through (an empty stop string)
-            raise ApiError(400, str(e), None, "invalid_request") from None
-        try:
-            return runner.submit(prompt, params)
-        except ValueError as e:
-            too_long = isinstance(e, ContextTooLong)
-            raise ApiError(400, str(e), "prompt", "context_length_exceeded" if too_long else "invalid_request") from None
+            return runner.submit(prompt, body.params(max_tokens))
+        except RequestError as e:  # the engine's checks, and values pydantic's bounds let through (an empty stop)
+            code = "context_length_exceeded" if isinstance(e, ContextTooLong) else "invalid_request"
+            raise ApiError(400, str(e), e.param, code) from None
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request) -> Any:
@@ -215,8 +218,10 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def _finish(update: RequestUpdate) -> str | None:
     """The update's finish reason in OpenAI's words; an engine failure is raised."""
-    if update.finish_reason and update.finish_reason.startswith("error"):
-        raise ApiError(500, f"the engine failed on this request: {update.finish_reason}")
+    if update.finish_reason == "error":
+        error = update.error
+        raise ApiError(500, f"the engine failed on this request: {type(error).__name__}: {error}", None,
+                       "engine_error")
     return update.finish_reason
 
 
@@ -251,7 +256,13 @@ def _sse(request_id: str, updates: asyncio.Queue[RequestUpdate], runner: EngineR
                 yield _event(chunk(kind, {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
             while not finished:
                 update = await updates.get()
-                reason = _finish(update)
+                try:
+                    reason = _finish(update)
+                except ApiError as e:  # the headers are sent: the error goes as an event (OpenAI's clients raise it)
+                    finished = True
+                    yield _event({"error": {"message": e.message, "type": "server_error", "param": None,
+                                            "code": e.code}})
+                    return
                 finished = reason is not None
                 body = {"delta": {"content": update.text}} if chat else {"text": update.text, "logprobs": None}
                 yield _event(chunk(kind, {**body, "finish_reason": reason}))

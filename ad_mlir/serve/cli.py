@@ -46,7 +46,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                        "(the decodes of one step; default: as many as its pages hold, at most --max-batch with per-sequence "
                        "states; the slot form: its slots)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request that gives "
-                       "none (capped to what fits the slot)")
+                       "none (capped by what fits the cache after its prompt)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer API_KEY' on the /v1 routes")
     serve.add_argument("--pipeline", default="default", help="the compile pipeline (ad_mlir.compile's)")
     serve.add_argument("-v", "--verbose", action="store_true", help="log the compilation and each request")
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = args.served_model_name or args.model
     print(f"{name}: loaded and compiled in {time.perf_counter() - start:.1f} s; {cache_layout(llm)}; serving on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     runner = EngineRunner(engine).start()
-    app = build_app(runner, name, llm.tokenizer, default_max_tokens=min(args.default_max_tokens, llm.max_seq_len - 1),
+    app = build_app(runner, name, llm.tokenizer, default_max_tokens=args.default_max_tokens,
                     api_key=args.api_key)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")

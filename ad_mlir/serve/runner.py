@@ -1,7 +1,11 @@
 """The engine in its own thread: HTTP handlers (asyncio) submit requests and read each one's
 updates from an asyncio queue; the thread steps the engine while it has work and sleeps
 otherwise. Requests and aborts reach the engine through a command queue, so only the engine's
-thread touches it. The Prometheus metrics are kept here, where the times are known."""
+thread touches it. The Prometheus metrics are kept here, where the times are known.
+
+Every accepted request ends with an update that has a finish reason: the engine ends a request
+whose own work or forward call failed ("error", the others go on); a failure anywhere else in a
+step ends every request the engine holds, and the engine, emptied, keeps serving."""
 
 from __future__ import annotations
 
@@ -87,10 +91,11 @@ class EngineRunner:
             self._thread.join(timeout=30)
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> tuple[str, asyncio.Queue[RequestUpdate]]:
-        """Queue a request (a ValueError, before it queues, if it can never fit); its updates
-        arrive on the returned queue, the last one with a finish_reason. Call from the event loop."""
+        """Queue a request (a `RequestError`, before it queues, where the engine refuses it); its
+        updates arrive on the returned queue, the last one with a finish_reason. Call from the
+        event loop."""
         prompt = [int(t) for t in prompt]
-        self.engine.check_fits(prompt, params)
+        self.engine.check_request(prompt, params)
         request_id = f"cmpl-{next(self._ids)}"
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter(), prompt_tokens=len(prompt))
         self._streams[request_id] = stream
@@ -118,10 +123,9 @@ class EngineRunner:
                 continue
             try:
                 updates = self.engine.step()
-            except Exception as e:  # noqa: BLE001 (a failed step ends its requests with an error, not the server)
-                log.exception("engine step failed")
-                self._fail_all(e)
-                continue
+            except Exception as e:  # noqa: BLE001 (the scheduler failed: its requests end, the server goes on)
+                log.exception("engine step failed outside a model call: ending every request it holds")
+                updates = self.engine.fail_all(e)
             now = time.perf_counter()
             for update in updates:
                 self._deliver(update, now)
@@ -136,13 +140,19 @@ class EngineRunner:
                 break
             ran = True
             if command[0] == "add":
-                _, request_id, prompt, params = command
-                self.engine.add(prompt, params, request_id=request_id)
-                self.metrics.prompt_tokens.inc(len(prompt))
+                self._add(*command[1:])
             elif self.engine.abort(command[1]):
                 self._deliver(RequestUpdate(command[1], finish_reason="abort"), time.perf_counter())
         if ran:  # the idle loop wakes every idle_wait_s: the gauges change only with a command or a step
             self._gauge()
+
+    def _add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        try:
+            self.engine.add(prompt, params, request_id=request_id)
+        except Exception as e:  # noqa: BLE001 (checked at the door; whatever still fails ends this request)
+            self._deliver(RequestUpdate(request_id, finish_reason="error", error=e), time.perf_counter())
+            return
+        self.metrics.prompt_tokens.inc(len(prompt))
 
     def _deliver(self, update: RequestUpdate, now: float) -> None:
         stream = self._streams.get(update.request_id)
@@ -159,12 +169,6 @@ class EngineRunner:
             self.metrics.finished.labels(update.finish_reason).inc()
             del self._streams[update.request_id]
         stream.loop.call_soon_threadsafe(stream.updates.put_nowait, update)
-
-    def _fail_all(self, error: Exception) -> None:
-        for request in [*self.engine.running, *self.engine.waiting]:
-            self.engine.abort(request.id)
-            self._deliver(RequestUpdate(request.id, finish_reason=f"error: {type(error).__name__}: {error}"),
-                          time.perf_counter())
 
     def _gauge(self) -> None:
         m, engine = self.metrics, self.engine

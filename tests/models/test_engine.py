@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from engine_steps import checked_step
 from test_generate import PROMPTS, _family_model, _hf_tokens
 
 import ad_mlir
@@ -45,15 +46,16 @@ class FedTokens:
 
 
 def _run(engine: Engine, arrivals: dict[int, list[tuple[list[int], SamplingParams]]] | None = None,
-         on_step=None) -> dict[str, list[RequestUpdate]]:  # noqa: ANN001
-    """Step until idle, adding `arrivals[i]` before step i; the updates per request."""
+         on_step=None, failures_end_requests: bool = False) -> dict[str, list[RequestUpdate]]:  # noqa: ANN001
+    """Step until idle, adding `arrivals[i]` before step i; the updates per request. A request
+    the engine ends with an error raises it, unless `failures_end_requests`."""
     updates: dict[str, list[RequestUpdate]] = {}
     i = 0
     while engine.has_work or (arrivals and any(k >= i for k in arrivals)):
         for prompt, params in (arrivals or {}).get(i, []):
             engine.add(prompt, params, request_id=f"r{prompt[0]}")
         with reference_kernels():
-            for update in engine.step():
+            for update in engine.step() if failures_end_requests else checked_step(engine):
                 updates.setdefault(update.request_id, []).append(update)
         if on_step:
             on_step(engine)
@@ -107,16 +109,16 @@ def test_an_aborted_request_frees_its_slot_for_the_next(llama) -> None:
     b = engine.add(PROMPTS[1], greedy)
     c = engine.add(PROMPTS[2], greedy)
     with reference_kernels():
-        engine.step()
-        engine.step()
+        checked_step(engine)
+        checked_step(engine)
     assert c in engine.waiting
     assert engine.abort(a.id) and a.output.finish_reason == "abort" and a not in engine.running
     assert not engine.abort("no-such-request")
     with reference_kernels():
-        engine.step()
+        checked_step(engine)
         assert c in engine.running, "the freed slot went to the waiting request"
         while engine.has_work:
-            engine.step()
+            checked_step(engine)
     assert b.output.token_ids == hf[1] and c.output.token_ids == hf[2]
     assert sorted(engine.free_slots) == [0, 1]
 
@@ -154,3 +156,50 @@ def test_sampling_is_per_request_seeded_and_top_k_1_is_greedy(llama) -> None:
     assert [o.token_ids for o in a] == [o.token_ids for o in b][::-1], "a request's samples depend on others"
     assert [o.token_ids for o in a] != hf
     assert [o.token_ids for o in top1] == hf
+
+
+def test_a_failed_prefill_call_ends_that_request_alone(llama, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefill call of the second prompt raises: that request ends with the error and no
+    token, its slot goes to the third, and the other two get HF's tokens."""
+    _, llm, hf = llama
+    real_step = llm.step
+
+    def step(tokens: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # noqa: ANN002, ANN003
+        if tokens[0, 0] == PROMPTS[1][0]:
+            raise RuntimeError("an injected fault")
+        return real_step(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(llm, "step", step)
+    greedy = SamplingParams(max_tokens=NEW, ignore_eos=True)
+    engine = Engine(llm)
+    updates = _run(engine, {0: [(p, greedy) for p in PROMPTS]}, failures_end_requests=True)
+    failed = updates[f"r{PROMPTS[1][0]}"]
+    assert [(u.token_ids, u.finish_reason, str(u.error)) for u in failed] == [([], "error", "an injected fault")]
+    for n in (0, 2):
+        assert [t for u in updates[f"r{PROMPTS[n][0]}"] for t in u.token_ids] == hf[n]
+    assert sorted(engine.free_slots) == [0, 1] and not engine.has_work
+
+
+def test_a_failed_decode_call_ends_the_requests_it_fed_and_no_other(llama, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two slots: the third decode call (both first prompts in it) raises; both end with the
+    error after three tokens, and the waiting third prompt then runs to HF's tokens."""
+    _, llm, hf = llama
+    real_decode, calls = llm.decode, []
+
+    def decode(*args, **kwargs) -> torch.Tensor:  # noqa: ANN002, ANN003
+        calls.append(len(args[0]))
+        if len(calls) == 3:
+            raise RuntimeError("an injected fault")
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(llm, "decode", decode)
+    greedy = SamplingParams(max_tokens=NEW, ignore_eos=True)
+    engine = Engine(llm)
+    updates = _run(engine, {0: [(p, greedy) for p in PROMPTS]}, failures_end_requests=True)
+    assert calls[2] == 2, "the failed call fed both running requests"
+    for n in (0, 1):
+        got = updates[f"r{PROMPTS[n][0]}"]
+        assert got[-1].finish_reason == "error" and str(got[-1].error) == "an injected fault"
+        assert [t for u in got for t in u.token_ids] == hf[n][:3]
+    assert [t for u in updates[f"r{PROMPTS[2][0]}"] for t in u.token_ids] == hf[2]
+    assert sorted(engine.free_slots) == [0, 1] and not engine.has_work

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_steps import checked_step
 from kernel_guard import graph_kernels, kernels_ran
 from test_generate import PROMPTS, _assert_logits_close, _family_model, _hf_tokens
 from test_llm_runtime import decode_problems
@@ -199,7 +200,7 @@ def test_a_pool_too_small_for_all_preempts_and_still_gives_hf_tokens(paged) -> N
     requests = [engine.add(prompt, SamplingParams(max_tokens=10)) for prompt in PROMPTS]
     with reference_kernels():
         while engine.has_work:
-            engine.step()
+            checked_step(engine)
     assert engine.preemptions > 0
     assert engine.pages_in_use == 0
     for prompt, request in zip(PROMPTS, requests, strict=True):
@@ -216,10 +217,10 @@ def test_a_prefix_hit_reads_the_shared_pages_of_the_compiled_model(paged) -> Non
     with reference_kernels():
         done = engine.add(first, SamplingParams(max_tokens=6))
         while engine.has_work:
-            engine.step()
+            checked_step(engine)
         hit = engine.add(second, SamplingParams(max_tokens=6))
         while engine.has_work:
-            engine.step()
+            checked_step(engine)
     assert engine.prefix_hits >= 2 * PAGE_SIZE
     assert done.output.token_ids == _hf_tokens(model, first, 6)
     assert hit.output.token_ids == _hf_tokens(model, second, 6)

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
 import torch
+from engine_steps import checked_step
 from test_generate import _family_model, _hf_tokens
 
+from ad_mlir.llm import engine as engine_module
 from ad_mlir.llm import pages
 from ad_mlir.llm.engine import (
     ContextTooLong,
     Engine,
     PagedEngine,
     Request,
+    RequestError,
     RequestUpdate,
     SamplingParams,
     make_engine,
@@ -49,6 +53,7 @@ class PagedTokens:
         self.model = model
         self.num_pages, self.page_size, self.max_seq_len = num_pages, page_size, max_seq_len
         self.num_state_slots = 0
+        self.vocab_size = model.config.vocab_size
         self.eos = {model.generation_config.eos_token_id}
         self.tokenizer = None
         self.pages: list[list[tuple[int, ...] | None]] = [[None] * page_size for _ in range(num_pages)]
@@ -134,7 +139,7 @@ def _run(engine: PagedEngine, arrivals: dict[int, list[list[int]]],
         for prompt in arrivals.get(i, []):
             engine.add(prompt, GREEDY, request_id=f"p{n}")
             n += 1
-        for update in engine.step():
+        for update in checked_step(engine):
             got.setdefault(update.request_id, []).extend(update.token_ids)
         _check_pages(engine)
         if on_step:
@@ -246,7 +251,7 @@ def test_sampled_tokens_do_not_change_with_preemption(setup: Setup) -> None:
         engine = PagedEngine(PagedTokens(setup.model, num_pages=num_pages), max_step_tokens=64)
         requests = [engine.add(p, sampled) for p in prompts]
         while engine.has_work:
-            engine.step()
+            checked_step(engine)
         outputs.append(([r.output.token_ids for r in requests], engine.preemptions))
     (roomy, none), (tight, preempted) = outputs
     assert none == 0 and preempted > 0
@@ -316,14 +321,14 @@ def test_an_abort_frees_the_pages(setup: Setup) -> None:
     engine = PagedEngine(PagedTokens(setup.model, num_pages=16), prefix_caching=False)
     for n, prompt in enumerate(prompts):
         engine.add(prompt, GREEDY, request_id=f"p{n}")
-    engine.step()
-    engine.step()
+    checked_step(engine)
+    checked_step(engine)
     before = engine.pages_in_use
     held = len(engine.blocks.block_table("p0"))
     assert engine.abort("p0") and engine.pages_in_use == before - held
     assert engine.abort("p2") and not engine.abort("p0") and not engine.abort("nope")
     while engine.has_work:
-        engine.step()
+        checked_step(engine)
     _assert_idle(engine)
 
 
@@ -338,6 +343,87 @@ def test_a_request_that_can_never_fit_the_pool_is_refused_at_add(setup: Setup) -
     with pytest.raises(ValueError, match="already queued"):
         engine.add([1], SamplingParams(max_tokens=1), request_id=engine.waiting[0].id)
     assert len(engine.waiting) == 1
+    assert engine.max_new_tokens(12) == 5 and engine.max_new_tokens(10) == 7, "16 tokens fed fill the 4 pages"
+
+
+@pytest.mark.parametrize("prompt, words", [
+    ([5, 1000000], "prompt token 1 is 1000000: token ids must be in [0, 128)"),
+    ([5, 9, 128], "prompt token 2 is 128"),
+    ([-1, 5], "prompt token 0 is -1"),
+])
+def test_a_token_id_outside_the_vocabulary_is_refused_at_add(setup: Setup, prompt: list[int], words: str) -> None:
+    engine = PagedEngine(PagedTokens(setup.model, num_pages=8))
+    assert engine.llm.vocab_size == 128
+    with pytest.raises(RequestError, match=re.escape(words)) as refused:
+        engine.add(prompt, GREEDY)
+    assert refused.value.param == "prompt" and not engine.has_work
+
+
+# -- one request never fails another -----------------------------------------------------------
+
+
+class FailingCall(PagedTokens):
+    """A paged model whose forward call number `fail_at` (from 0) raises, as a kernel fault would."""
+
+    def __init__(self, model: torch.nn.Module, num_pages: int, fail_at: int) -> None:
+        super().__init__(model, num_pages)
+        self.fail_at = fail_at
+
+    def forward_flat(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if len(self.calls) == self.fail_at:
+            self.calls.append(-1)
+            raise RuntimeError("an injected fault")
+        return super().forward_flat(*inputs)
+
+
+def test_a_failed_forward_ends_only_the_requests_it_fed(setup: Setup) -> None:
+    """Two requests in the cache (max_running=2), two waiting; the third call fails: the two it
+    fed end with the error and their pages free, the waiting ones then run and get HF's tokens,
+    and the engine ends idle with every page free."""
+    prompts = _prompts(4, [7, 3, 5, 9], seed=12)
+    engine = PagedEngine(FailingCall(setup.model, num_pages=16, fail_at=2), max_running=2)
+    for n, prompt in enumerate(prompts):
+        engine.add(prompt, GREEDY, request_id=f"p{n}")
+    got: dict[str, list[RequestUpdate]] = {}
+    while engine.has_work:
+        for update in engine.step():
+            got.setdefault(update.request_id, []).append(update)
+        _check_pages(engine)
+    for n in (0, 1):
+        last = got[f"p{n}"][-1]
+        assert last.finish_reason == "error" and str(last.error) == "an injected fault"
+        assert len([t for u in got[f"p{n}"] for t in u.token_ids]) == 2, "two steps ran before the fault"
+    for n in (2, 3):
+        assert [t for u in got[f"p{n}"] for t in u.token_ids] == setup.hf(prompts[n]), f"p{n}"
+    _assert_idle(engine)
+
+
+def test_a_failure_in_one_requests_sampling_ends_it_alone(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampling raises for the one request with a generator (seeded, greedy): it ends with the
+    error after its first step; the two fed beside it in every step get HF's tokens."""
+    prompts = _prompts(3, [6, 4, 8], seed=13)
+
+    def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
+               top_k: int = 0) -> int:
+        if generator is not None:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return real_sample(logits, temperature, top_p, generator, top_k)
+
+    real_sample = engine_module.sample
+    monkeypatch.setattr(engine_module, "sample", sample)
+    engine = PagedEngine(PagedTokens(setup.model, num_pages=16))
+    params = [GREEDY, SamplingParams(max_tokens=NEW, seed=1), GREEDY]
+    for n, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add(prompt, p, request_id=f"p{n}")
+    got: dict[str, list[RequestUpdate]] = {}
+    while engine.has_work:
+        for update in engine.step():
+            got.setdefault(update.request_id, []).append(update)
+    assert [(u.token_ids, u.finish_reason) for u in got["p1"]] == [([], "error")]
+    assert "probability tensor" in str(got["p1"][0].error)
+    for n in (0, 2):
+        assert [t for u in got[f"p{n}"] for t in u.token_ids] == setup.hf(prompts[n]), f"p{n}"
+    _assert_idle(engine)
 
 
 def test_random_arrivals_and_aborts_keep_the_pages_consistent(setup: Setup) -> None:

@@ -22,6 +22,7 @@ import logging
 
 import pytest
 import torch
+from engine_steps import checked_step
 from kernel_guard import graph_kernels, kernels_ran
 from test_generate import PROMPTS, _hf_tokens
 from test_paged import BLOCK_TABLES, NUM_PAGES, PAGE_SIZE, _assert_tokens_are_hf, _run_schedule
@@ -133,7 +134,7 @@ def test_the_paged_engine_gives_hf_tokens(hybrids, family: str, monkeypatch: pyt
         while engine.has_work or step <= max(arrivals):
             for i in arrivals.get(step, []):
                 requests[i] = engine.add(PROMPTS[i], SamplingParams(max_tokens=8))
-            engine.step()
+            checked_step(engine)
             slots = [r.slot for r in engine.running]
             assert None not in slots and len(set(slots)) == len(slots), "each running request its own state slot"
             assert engine.state_slots_in_use == len(slots)

@@ -169,7 +169,10 @@ def _post(url: str, body: object) -> tuple[int, dict]:
     ({"model": "llama", "prompt": [], "max_tokens": 2}, 400, "prompt", "at least 1 item"),
     ({"model": "llama", "prompt": [1] * 40, "max_tokens": 9}, 400, "prompt", "needs 49 > max_seq_len=48"),
     ({"model": "gpt-4", "prompt": [5, 9]}, 404, "model", "does not exist"),
-    ({"model": "llama", "prompt": [5, 9], "stop": [""]}, 400, None, "a stop string may not be empty"),
+    ({"model": "llama", "prompt": [5, 9], "stop": [""]}, 400, "stop", "a stop string may not be empty"),
+    ({"model": "llama", "prompt": [5, 1000000]}, 400, "prompt", "prompt token 1 is 1000000: token ids must be in "
+                                                                "[0, 128)"),
+    ({"model": "llama", "prompt": [-3, 5]}, 400, "prompt", "prompt token 0 is -3"),
 ])
 def test_bad_completion_requests_get_openai_errors(served: Served, body: dict, status: int, param: str | None,
                                                    words: str) -> None:
