@@ -58,3 +58,25 @@ func.func @odd_intermediate(%p_gate_weight: tensor<4x16xf32> {ad.param = "gate.w
   %reshape = ad.reshape %sum [1, %sym_size_int, 16] : tensor<?x16xf32> -> tensor<1x?x16xf32>
   func.return %reshape : tensor<1x?x16xf32>
 }
+
+// -----
+
+// gate_up [4, 64, 16] read from a weight [8, 32, 16]: expert e's gate rows are input row 2e and
+// its up rows input row 2e + 1, so the gate/up chunks interleave along the input's dim 0 and no
+// input dim holds them as chunks: refused, the experts replicated (no shard marks, no
+// all_reduce; the log says why).
+// CHECK-LABEL: func.func @interleaved_gate_up
+// CHECK-SAME:    %p_experts_gate_up_proj: tensor<8x32x16xf32> {ad.param = "experts.gate_up_proj"}
+// CHECK-SAME:    %p_experts_down_proj: tensor<4x16x32xf32> {ad.param = "experts.down_proj"}
+// CHECK:         ad.reshape %p_experts_gate_up_proj [4, 64, 16] : tensor<8x32x16xf32> -> tensor<4x64x16xf32>
+// CHECK:         ad.moe {{.*}} -> tensor<?x16xf32>
+// CHECK-NOT:     ad.all_reduce
+func.func @interleaved_gate_up(%p_gate_weight: tensor<4x16xf32> {ad.param = "gate.weight"}, %p_experts_gate_up_proj: tensor<8x32x16xf32> {ad.param = "experts.gate_up_proj"}, %p_experts_down_proj: tensor<4x16x32xf32> {ad.param = "experts.down_proj"}, %hidden_states: tensor<1x?x16xf32> {ad.input = "hidden_states"}) -> tensor<1x?x16xf32> {
+  %sym_size_int = ad.sym_size %hidden_states dim 1 : tensor<1x?x16xf32>
+  %view = ad.reshape %hidden_states [-1, 16] : tensor<1x?x16xf32> -> tensor<?x16xf32>
+  %linear = ad.linear %view, %p_gate_weight : (tensor<?x16xf32>, tensor<4x16xf32>) -> tensor<?x4xf32>
+  %gate_up = ad.reshape %p_experts_gate_up_proj [4, 64, 16] : tensor<8x32x16xf32> -> tensor<4x64x16xf32>
+  %sum = ad.moe %view, %linear experts %gate_up, %p_experts_down_proj top_k 2 normalize : (tensor<?x16xf32>, tensor<?x4xf32>, tensor<4x64x16xf32>, tensor<4x16x32xf32>) -> tensor<?x16xf32>
+  %reshape = ad.reshape %sum [1, %sym_size_int, 16] : tensor<?x16xf32> -> tensor<1x?x16xf32>
+  func.return %reshape : tensor<1x?x16xf32>
+}
