@@ -69,6 +69,16 @@ def _wait_healthy(url: str, seconds: float, process: subprocess.Popen | None = N
     raise AssertionError(f"{url} not healthy after {seconds} s")
 
 
+def _wait_for_metric(url: str, line: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            if line in r.read().decode().splitlines():
+                return
+        assert time.monotonic() < deadline, f"no '{line}' in /metrics after {seconds} s"
+        time.sleep(0.1)
+
+
 class Served:
     def __init__(self, model: torch.nn.Module, runner: EngineRunner, url: str) -> None:
         self.model, self.runner, self.url = model, runner, url
@@ -246,8 +256,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ad_mlir_serve_smollm2_answers_the_openai_client(tmp_path: Path) -> None:
-    """As a user runs it: `ad-mlir serve --model smollm2`, then a chat, non-streamed and streamed,
-    greedy: the answer is HF generate's on the chat template's tokens."""
+    """As a user runs it: `ad-mlir serve --model smollm2` (the paged engine, its default), then a
+    chat, non-streamed and streamed, greedy, with bad requests sent beside it: the answer is HF
+    generate's on the chat template's tokens, each bad request a 400 naming its field, and at the
+    end no page is held."""
     from ad_mlir.zoo.checkpoints import load_causal_lm
 
     port = _free_port()
@@ -264,10 +276,20 @@ def test_ad_mlir_serve_smollm2_answers_the_openai_client(tmp_path: Path) -> None
         _wait_healthy(url, 300, process, tmp_path / "server.log")
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        answer = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0)
-        streamed = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0,
-                                                  stream=True)
-        streamed_text = "".join(c.choices[0].delta.content or "" for c in streamed)
+        bad = [{"model": "smollm2", "prompt": [1, 2, 49152], "max_tokens": 4},  # SmolLM2's vocabulary: 49152
+               {"model": "smollm2", "prompt": "hi", "max_tokens": 300},
+               {"model": "smollm2", "prompt": "hi", "temperature": -1}]
+        with ThreadPoolExecutor(4) as pool:
+            refused = pool.map(lambda body: _post(f"{url}/v1/completions", body), bad)
+            answer = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0)
+            streamed = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12,
+                                                      temperature=0, stream=True)
+            streamed_text = "".join(c.choices[0].delta.content or "" for c in streamed)
+            refused = list(refused)
+        assert [(status, e["error"]["param"]) for status, e in refused] == [(400, "prompt"), (400, "prompt"),
+                                                                             (400, "temperature")], refused
+        assert "prompt token 2 is 49152" in refused[0][1]["error"]["message"]
+        _wait_for_metric(url, "ad_mlir_cache_pages_in_use 0.0")  # the gauges follow a step's last update
     finally:
         process.terminate()
         process.wait(timeout=30)
