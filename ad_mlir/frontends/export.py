@@ -53,13 +53,17 @@ def export_inference(model: torch.nn.Module, kwargs: dict[str, Any], dynamic_sha
     keeps the SDPA op either way; its backend is chosen again when it runs. HF's chunked scans
     (Mamba2, the gated delta rule) are exported as opaque ops (`frontends/export_patches.py`);
     `generation`: the export for generation, whose steps hold only real tokens (with the patches
-    `export_patches.GENERATION_METHODS` adds)."""
+    `export_patches.GENERATION_METHODS` adds). Under a torch before 2.13 its symbolic Min and Max
+    simplify as 2.13's do (`frontends/torch_patches.py`; without, no grouped-query model exports
+    with a dynamic length there), so that each torch traces the same graph."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ad_mlir.frontends.export_patches import routed_for_export
+    from ad_mlir.frontends.torch_patches import multiples_collapsed
 
-    with heap_frozen(), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export(generation):
+    with heap_frozen(), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), routed_for_export(generation), \
+            multiples_collapsed():
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 

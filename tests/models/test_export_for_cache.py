@@ -8,10 +8,13 @@ import inspect
 
 import pytest
 import torch
+import transformers
 from test_generate import _assert_step_logits_match, _hf_tokens
+from torch.utils._sympy.functions import MinMaxBase
 
 import ad_mlir
-from ad_mlir.llm.llm import CacheExportError
+from ad_mlir.frontends.torch_patches import forget_min_max_results
+from ad_mlir.llm.llm import CacheExportError, export_for_cache
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import model_from_config, small_config
 
@@ -83,3 +86,51 @@ def test_a_guarded_sequence_length_is_named() -> None:
     with pytest.raises(CacheExportError, match=r"_ShortOnly does not export for generation.*Constraints violated "
                                                r"\(seq\)!.* \(Not all values of seq .* satisfy the generated guard"):
         ad_mlir.LLM(_ShortOnly(), max_batch=1, max_seq_len=16)
+
+
+
+def _smollm2_shaped(dtype: torch.dtype) -> torch.nn.Module:
+    """SmolLM2-135M's attention (9 query heads, 3 key/value heads of 64, RoPE theta 1e5) in one
+    layer of a small model, with wide weights (greedy tokens vary)."""
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=9, num_key_value_heads=3, rope_theta=1e5,
+                                      tie_word_embeddings=True, initializer_range=0.5)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval().to(dtype)
+
+
+def _ops(ep: torch.export.ExportedProgram) -> list[str]:
+    return [f"{node.op} {node.target}" for node in ep.graph.nodes]
+
+
+def _min_as_in_torch_2_11(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's symbolic Min as before 2.13 (the GPU machines' 2.11): `Min(64*s, 192*s)` left as it
+    is, where 2.13 collapses two multiples of one size. With it HF's `repeat_kv` of a grouped-query
+    model added the guard `Eq(Min(64*seq, 192*seq), 64*seq)` and the export refused the dynamic
+    sequence, on the CPU as on CUDA (measured under torch 2.11 itself, also with fake CUDA tensors)."""
+    monkeypatch.setattr(MinMaxBase, "_collapse_known_multiplicative_terms", classmethod(lambda cls, values: None),
+                        raising=False)
+    forget_min_max_results()  # else Min(64*s, 192*s) comes back from torch's cache, collapsed
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["slots", "flat"])
+def test_grouped_query_bf16_exports_for_generation_with_torch_2_11s_min(monkeypatch: pytest.MonkeyPatch,
+                                                                        flat: bool) -> None:
+    """SmolLM2's heads in bf16 (what failed on the H100 under torch 2.11) export for generation
+    with torch 2.11's symbolic Min, to the graph this torch exports."""
+    model = _smollm2_shaped(torch.bfloat16)
+    expected = _ops(export_for_cache(model, 4, 64, flat=flat))
+    _min_as_in_torch_2_11(monkeypatch)
+    assert _ops(export_for_cache(model, 4, 64, flat=flat)) == expected
+
+
+def test_grouped_query_model_generates_hf_tokens_with_torch_2_11s_min(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled result of that export is right: HF's greedy tokens and per-step logits (fp32,
+    where they must agree exactly in tokens)."""
+    _min_as_in_torch_2_11(monkeypatch)
+    model = _smollm2_shaped(torch.float32)
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=40)
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS, max_new_tokens=8, ignore_eos=True)
+    assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 8) for prompt in PROMPTS]
+    _assert_step_logits_match(model, llm)
