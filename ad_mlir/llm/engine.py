@@ -43,8 +43,12 @@ from typing import Any, Protocol
 import torch
 
 from ad_mlir.llm.pages import BlockManager, pages_for
+from ad_mlir.llm.structured import GrammarError, GrammarMatcher, Grammars
 
 log = logging.getLogger(__name__)
+
+MAX_LOGPROBS = 20
+"""The most alternatives a request may ask log-probabilities of per token (vLLM's default)."""
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
@@ -64,6 +68,39 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: to
         keep = sorted_probs.cumsum(0) - sorted_probs < top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def adjust_logits(logits: torch.Tensor, params: SamplingParams, generated: Sequence[int]) -> torch.Tensor:
+    """`logits` with the request's `logit_bias` added, then its frequency and presence penalties
+    taken off each token by how often it was generated so far (OpenAI's and vLLM's rule: the
+    new tokens only, not the prompt), in fp32 on the CPU where `sample` runs."""
+    logits = logits.float().cpu().clone()
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias, strict=True)
+        logits[list(ids)] += torch.tensor(biases)
+    if generated and (params.frequency_penalty or params.presence_penalty):
+        counts = torch.bincount(torch.tensor(generated), minlength=logits.numel())[:logits.numel()]
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return logits
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the most likely tokens' at its step."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    """(token, logprob) of the most likely tokens, most likely first."""
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """`token`'s log-probability under log_softmax(`logits`) in fp32, and the `top` most likely
+    tokens'. Of the model's logits as they are: before the request's penalties, temperature,
+    top-k/top-p and grammar mask (vLLM's default, `raw_logprobs`)."""
+    logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)
+    values, ids = logprobs.topk(top)
+    return TokenLogprob(token, float(logprobs[token]), tuple(zip(ids.tolist(), values.tolist(), strict=True)))
 
 
 @dataclass
@@ -140,13 +177,32 @@ class SamplingParams:
     """Strings that end the output ("stop"); the text ends before the first one."""
     ignore_eos: bool = False
     """Run to max_tokens through EOS tokens (benchmarks)."""
+    logprobs: int | None = None
+    """Return each new token's log-probability and the `logprobs` most likely tokens' (None: none)."""
+    presence_penalty: float = 0.0
+    """Taken off the logit of every token generated so far (OpenAI's range: [-2, 2])."""
+    frequency_penalty: float = 0.0
+    """Taken off a token's logit once per time it was generated so far ([-2, 2])."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before sampling ([-100, 100])."""
+    json_schema: str | None = None
+    """The JSON schema (canonical JSON text) the output must match, token by token
+    (`ad_mlir.llm.structured`); the request stops when it is complete."""
 
     def __post_init__(self) -> None:
         checks = [(self.max_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"),
                   (self.temperature >= 0, "temperature", f"temperature must be >= 0, got {self.temperature}"),
                   (0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
                   (self.top_k >= 0, "top_k", f"top_k must be >= 0, got {self.top_k}"),
-                  (all(self.stop), "stop", "a stop string may not be empty")]
+                  (all(self.stop), "stop", "a stop string may not be empty"),
+                  (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+                   f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"),
+                  (-2 <= self.presence_penalty <= 2, "presence_penalty",
+                   f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+                  (-2 <= self.frequency_penalty <= 2, "frequency_penalty",
+                   f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+                  (all(-100 <= b <= 100 for _, b in self.logit_bias), "logit_bias",
+                   "logit_bias values must be in [-100, 100]")]
         for ok, param, message in checks:
             if not ok:
                 raise RequestError(message, param)
@@ -165,6 +221,8 @@ class Request:
     """All of the new tokens' text (a tokenizer's decode), stop string cut off when found."""
     sent_text: int = 0
     """Characters of `text` already returned in updates."""
+    grammar: GrammarMatcher | None = None
+    """Where the request is in its JSON schema's grammar (`params.json_schema`)."""
 
     @property
     def prefilled(self) -> bool:
@@ -202,6 +260,8 @@ class RequestUpdate:
     """"stop" (EOS or a stop string), "length" (max_tokens), "abort" or "error"; None while it runs."""
     error: Exception | None = None
     """What ended the request, with finish reason "error"."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per token of `token_ids`, where the request asked for them (`SamplingParams.logprobs`)."""
 
 
 class BaseEngine(abc.ABC):
@@ -219,6 +279,8 @@ class BaseEngine(abc.ABC):
         """Requests not in the cache, oldest first (a preempted one goes back to the front)."""
         self.running: list[Request] = []
         """Requests in the cache (prefilling or decoding), in the order they entered it."""
+        self.grammars = Grammars(llm)
+        """The compiled JSON-schema grammars of structured requests (nothing is built until one comes)."""
         self._ids = itertools.count()
 
     # -- requests ----------------------------------------------------------------------
@@ -231,23 +293,38 @@ class BaseEngine(abc.ABC):
         if any(r.id == request_id for r in [*self.waiting, *self.running]):
             raise ValueError(f"a request with id {request_id!r} is already queued")
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        request = Request(request_id, params, GenerationOutput(prompt), generator)
+        request = Request(request_id, params, GenerationOutput(prompt), generator, grammar=self._grammar(params))
         self.waiting.append(request)
         return request
 
     def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """Raises `RequestError`, saying why, for an empty prompt, a token id outside the model's
-        vocabulary and (`ContextTooLong`) a request that can never fit the cache."""
+        vocabulary (in the prompt or `logit_bias`), a JSON schema that does not compile and
+        (`ContextTooLong`) a request that can never fit the cache."""
         if not prompt:
             raise RequestError("the prompt is empty", "prompt")
-        vocab = self.llm.vocab_size
-        bad = next((i for i, t in enumerate(prompt) if t < 0 or (vocab is not None and t >= vocab)), None)
-        if bad is not None:
-            raise RequestError(f"prompt token {bad} is {prompt[bad]}: token ids must be in [0, {vocab}), the "
-                               "model's vocabulary", "prompt")
+        self._check_tokens(prompt, "prompt token", "prompt")
+        self._check_tokens([t for t, _ in params.logit_bias], "logit_bias token", "logit_bias")
+        self._grammar(params)
         if params.max_tokens > self.max_new_tokens(len(prompt)):
             raise ContextTooLong(f"the prompt has {len(prompt)} tokens: with max_tokens={params.max_tokens} it "
                                  f"needs {self._need(len(prompt), params.max_tokens)}{self._room(len(prompt))}")
+
+    def _check_tokens(self, tokens: Sequence[int], what: str, param: str) -> None:
+        vocab = self.llm.vocab_size
+        bad = next((i for i, t in enumerate(tokens) if t < 0 or (vocab is not None and t >= vocab)), None)
+        if bad is not None:
+            raise RequestError(f"{what} {bad} is {tokens[bad]}: token ids must be in [0, {vocab}), the model's "
+                               "vocabulary", param)
+
+    def _grammar(self, params: SamplingParams) -> GrammarMatcher | None:
+        """A fresh matcher of the request's JSON schema (compiled once per schema), or None."""
+        if params.json_schema is None:
+            return None
+        try:
+            return self.grammars.matcher(params.json_schema)
+        except GrammarError as e:
+            raise RequestError(str(e), "response_format") from None
 
     def max_new_tokens(self, prompt_tokens: int) -> int:
         """The most tokens a request with a prompt of `prompt_tokens` tokens can generate (0 or
@@ -324,10 +401,14 @@ class BaseEngine(abc.ABC):
 
     def _append(self, request: Request, logits: torch.Tensor) -> RequestUpdate:
         params = request.params
-        token = sample(logits, params.temperature, params.top_p, request.generator, params.top_k)
+        token = sample(self._scores(request, logits), params.temperature, params.top_p, request.generator,
+                       params.top_k)
         request.output.token_ids.append(token)
         update = RequestUpdate(request.id, [token])
-        if token in self.llm.eos and not params.ignore_eos:
+        if params.logprobs is not None:
+            update.logprobs.append(token_logprobs(logits, token, params.logprobs))
+        grammar_done = request.grammar is not None and request.grammar.advance(token)
+        if (token in self.llm.eos and not params.ignore_eos) or grammar_done:
             request.output.finish_reason = "stop"
         elif len(request.output.token_ids) >= params.max_tokens:
             request.output.finish_reason = "length"
@@ -335,6 +416,17 @@ class BaseEngine(abc.ABC):
             update.text = self._new_text(request)
         update.finish_reason = request.output.finish_reason or None
         return update
+
+    @staticmethod
+    def _scores(request: Request, logits: torch.Tensor) -> torch.Tensor:
+        """The logits `sample` chooses from: the model's, with the request's logit bias and
+        penalties, then its grammar's mask (each only where asked for: they cost a copy)."""
+        params = request.params
+        if params.logit_bias or params.presence_penalty or params.frequency_penalty:
+            logits = adjust_logits(logits, params, request.output.token_ids)
+        if request.grammar is not None:
+            logits = request.grammar.mask(logits)
+        return logits
 
     def _new_text(self, request: Request) -> str:
         """The text this token adds, cut at a stop string (which finishes the request); held

@@ -78,6 +78,8 @@ class EngineRunner:
     _thread: threading.Thread | None = None
     _counted: dict[str, int] = field(default_factory=dict)
     """The engine's counts already added to the metrics."""
+    _after_first: dict[str, list[tuple[str, list[int], SamplingParams]]] = field(default_factory=dict)
+    """Choices held back until their first choice has a token (`submit_choices`), by its id."""
 
     def start(self) -> EngineRunner:
         self._thread = threading.Thread(target=self._loop, name="ad-mlir-engine", daemon=True)
@@ -94,14 +96,28 @@ class EngineRunner:
         """Queue a request (a `RequestError`, before it queues, where the engine refuses it); its
         updates arrive on the returned queue, the last one with a finish_reason. Call from the
         event loop."""
+        ids, updates = self.submit_choices(prompt, [params])
+        return ids[0], updates
+
+    def submit_choices(self, prompt: Sequence[int], choices: Sequence[SamplingParams]
+                       ) -> tuple[list[str], asyncio.Queue[RequestUpdate]]:
+        """Queue one request per choice on the same prompt (OpenAI's `n`; ids `cmpl-<k>-<i>`, or
+        `cmpl-<k>` for one); the updates of all of them arrive on the one returned queue, each
+        request's last with a finish_reason. Where the prompt fills a page of a prefix-caching
+        paged engine, the choices after the first enter once the first has a token: its prompt's
+        full pages are cached by then and they share them, prefilling only the rest (requests that
+        enter the cache in the same step share nothing)."""
         prompt = [int(t) for t in prompt]
-        self.engine.check_request(prompt, params)
-        request_id = f"cmpl-{next(self._ids)}"
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter(), prompt_tokens=len(prompt))
-        self._streams[request_id] = stream
-        self._commands.put(("add", request_id, prompt, params))
+        for params in choices:
+            self.engine.check_request(prompt, params)
+        base = f"cmpl-{next(self._ids)}"
+        ids = [base] if len(choices) == 1 else [f"{base}-{i}" for i in range(len(choices))]
+        loop, updates, now = asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter()
+        for request_id in ids:
+            self._streams[request_id] = _Stream(loop, updates, now, prompt_tokens=len(prompt))
+        self._commands.put(("add", list(zip(ids, choices, strict=True)), prompt))
         self._wake.set()
-        return request_id, stream.updates
+        return ids, updates
 
     def abort(self, request_id: str) -> None:
         """Drop a request that is not finished (a client that went away); its slot is freed."""
@@ -140,11 +156,35 @@ class EngineRunner:
                 break
             ran = True
             if command[0] == "add":
-                self._add(*command[1:])
-            elif self.engine.abort(command[1]):
+                self._add_choices(command[1], command[2])
+            elif self.engine.abort(command[1]) or self._drop_held(command[1]):
                 self._deliver(RequestUpdate(command[1], finish_reason="abort"), time.perf_counter())
         if ran:  # the idle loop wakes every idle_wait_s: the gauges change only with a command or a step
             self._gauge()
+
+    def _add_choices(self, choices: list[tuple[str, SamplingParams]], prompt: list[int]) -> None:
+        (first, params), rest = choices[0], choices[1:]
+        self._add(first, prompt, params)
+        if rest and self._prompt_pages_shared(prompt):
+            self._after_first[first] = [(request_id, prompt, p) for request_id, p in rest]
+            return
+        for request_id, p in rest:
+            self._add(request_id, prompt, p)
+
+    def _prompt_pages_shared(self, prompt: list[int]) -> bool:
+        """Later requests with this prompt would share a full page of it in the engine's cache."""
+        engine = self.engine
+        return isinstance(engine, PagedEngine) and engine.blocks.prefix_caching and \
+            len(prompt) > engine.llm.page_size
+
+    def _drop_held(self, request_id: str) -> bool:
+        """Drop a choice still held back for its first one; False if it is not held."""
+        for held in self._after_first.values():
+            for i, (held_id, _, _) in enumerate(held):
+                if held_id == request_id:
+                    del held[i]
+                    return True
+        return False
 
     def _add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         try:
@@ -169,6 +209,8 @@ class EngineRunner:
             self.metrics.finished.labels(update.finish_reason).inc()
             del self._streams[update.request_id]
         stream.loop.call_soon_threadsafe(stream.updates.put_nowait, update)
+        for request_id, prompt, params in self._after_first.pop(update.request_id, []):
+            self._add(request_id, prompt, params)  # the first choice's prompt is in the cache (or it ended)
 
     def _gauge(self) -> None:
         m, engine = self.metrics, self.engine
