@@ -121,7 +121,7 @@ class _Sampling(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int | None = Field(default=None, ge=0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool | None = False
@@ -159,7 +159,7 @@ class _Sampling(BaseModel):
         return SamplingParams(
             max_tokens=self.requested_max_tokens() or max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
             seed=None if self.seed is None else self.seed + choice, stop=tuple(stop),
             logprobs=self.requested_logprobs(), presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0, logit_bias=tuple(sorted((self.logit_bias or {}).items())),

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,7 +33,7 @@ import ad_mlir
 from ad_mlir.llm.engine import Engine, PagedEngine, SamplingParams
 from ad_mlir.llm.structured import GrammarMatcher, Grammars, canonical_schema
 from ad_mlir.runtime.kernels import reference_kernels
-from ad_mlir.serve.app import build_app
+from ad_mlir.serve.app import ChatRequest, CompletionRequest, build_app
 from ad_mlir.serve.runner import EngineRunner
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
@@ -439,6 +441,25 @@ def test_fields_that_change_nothing_are_taken_and_ignored(ids: Served, smol: Ser
     assert smol.client.chat.completions.create(**body, **ignored).choices[0].message.content == plain
     ids.wait_idle()
     smol.wait_idle()
+
+
+def test_null_means_the_default(ids: Served) -> None:
+    nulls = dict.fromkeys(("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+                           "n", "presence_penalty", "frequency_penalty", "logit_bias", "response_format", "user",
+                           "logprobs", "best_of", "echo", "suffix"))
+    status, body = _post(f"{ids.url}/v1/completions", {"model": "llama", "prompt": PROMPTS[1], **nulls})
+    assert status == 200 and len(body["choices"]) == 1 and len(body["choices"][0]["token_ids"]) == NEW, body
+    ids.wait_idle()
+
+
+def test_the_docs_table_lists_every_field_the_server_takes() -> None:
+    """docs/serving.md's table names each field of both request models (none undocumented)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    table = page.split("## OpenAI fields", 1)[1].split("\n\n**", 1)[0]
+    documented = {name for row in table.splitlines() if row.startswith("| `")
+                  for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    fields = {f.alias or name for model in (CompletionRequest, ChatRequest) for name, f in model.model_fields.items()}
+    assert fields == documented
 
 
 # -- the engine's side of structured output --------------------------------------------------------
