@@ -18,6 +18,12 @@ the running decodes). Two schedulers share the requests, sampling and stop handl
   from zeros again); prefix caching is off for such a model, as a prefix's pages do not hold the
   state after it.
 
+`sample` chooses every token. Before it, a request's `logit_bias` and penalties adjust the
+model's logits (`adjust_logits`) and its JSON schema's grammar masks the tokens it does not
+allow (`ad_mlir.llm.structured`); the grammar takes the token chosen and, when complete, ends
+the request. Log-probabilities, for a request that asks, are of the model's logits as they are
+(`token_logprobs`).
+
 `make_engine` picks the one that fits the model. `step` returns what each request got in that
 step (`RequestUpdate`): new tokens, the new text (with a tokenizer; text that could begin a stop
 string is held back until it cannot), and why it finished. `LLM.generate` and the server

@@ -120,6 +120,6 @@ class Grammars:
                 raise GrammarError("structured output needs the model's tokenizer, and this model has none")
             try:
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.model.vocab_size)
-            except ValueError as e:  # not a fast (Rust) tokenizer
-                raise GrammarError(f"structured output needs a Hugging Face fast tokenizer: {e}") from None
+            except ValueError as e:  # not a fast (Rust) tokenizer, or more tokens than the model's vocabulary
+                raise GrammarError(f"llguidance cannot take this model's tokenizer: {e}") from None
         return self._ll_tokenizer
