@@ -662,8 +662,10 @@ def _paged_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     at each one's position, then attention over every sequence's positions gathered to the
     longest, masked by each one's length (and window), rather than a call per sequence. The
     query heads are grouped by the K/V head they read ([seqs, kv_heads, group, d]), so neither
-    K nor V is repeated per query head, and the gathered K/V are made contiguous: CPU batched
-    matmuls over strided operands run several times slower."""
+    K nor V is repeated per query head. One SDPA call, masked where a mask is needed: its CPU
+    kernel reads the gathered K/V strided, where separate matmuls and a softmax needed them
+    copied contiguous (measured on 2 CPU cores, SmolLM2's heads, 4 sequences of 80 tokens:
+    240 -> 140 us a layer)."""
     page_size, kv_heads, dk, dv = k_pages.shape[1], k_pages.shape[2], k_pages.shape[3], v_pages.shape[3]
     k_rows, v_rows = k_pages.view(-1, kv_heads, dk), v_pages.view(-1, kv_heads, dv)
     written = block_tables.gather(1, (cache_starts // page_size)[:, None])[:, 0] * page_size + cache_starts % page_size
@@ -673,15 +675,12 @@ def _paged_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     positions = torch.arange(longest, device=query.device)
     pages = block_tables[:, positions // page_size].clamp(0, k_pages.shape[0] - 1)  # past a sequence: masked
     read = (pages * page_size + positions % page_size).flatten()
-    k = k_rows.index_select(0, read).view(seqs, longest, kv_heads, dk).transpose(1, 2).contiguous()
-    v = v_rows.index_select(0, read).view(seqs, longest, kv_heads, dv).transpose(1, 2).contiguous()
+    k = k_rows.index_select(0, read).view(seqs, longest, kv_heads, dk).transpose(1, 2)
+    v = v_rows.index_select(0, read).view(seqs, longest, kv_heads, dv).transpose(1, 2)
     q = query[0].transpose(0, 1).reshape(seqs, kv_heads, -1, dk)
-    if seqs == 1 and window is None:  # every position is seen: SDPA's unmasked CPU kernel
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
-    else:
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-        scores = scores.masked_fill(~_keys_seen(cache_starts, longest, window)[:, None, None], float("-inf"))
-        out = torch.matmul(scores.softmax(-1).to(v.dtype), v)
+    # one sequence without a window sees every position gathered: no mask
+    seen = None if seqs == 1 and window is None else _keys_seen(cache_starts, longest, window)[:, None, None]
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale)
     return out.reshape(seqs, -1, dv).transpose(0, 1)[None]
 
 
