@@ -4,6 +4,9 @@
 
 - kernels (CUDA only): each fusion's kernel against eager and torch.compile, GB/s and % of the
   measured copy bandwidth (`bench/kernels.py`);
+- launch: what a kernel call costs the host, the kernel itself stubbed (so measured on the CPU
+  too): per kernel of a SmolLM2-shaped decode step, through its torch op, its direct Python
+  entry (what `LLM` calls) and the generated launcher alone, and per whole step (`bench/launch.py`);
 - generate: tokens per second of `ad_mlir.LLM` against HF eager `generate` on SmolLM2-135M
   (the packaged checkpoint, else its shape with random weights), prefill and decode apart
   (`bench/generate.py`);
@@ -44,8 +47,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix", "serve", "families")
-DEFAULT_PARTS = ("kernels", "generate", "compile", "traffic", "ptx", "matrix")
+PARTS = ("kernels", "launch", "generate", "compile", "traffic", "ptx", "matrix", "serve", "families")
+DEFAULT_PARTS = ("kernels", "launch", "generate", "compile", "traffic", "ptx", "matrix")
 
 
 def machine_name() -> str:
@@ -149,6 +152,10 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         tokens = (1, 16, 128) if args.quick else (1, 16, 128, 1024, 4096, 16384)
         shapes = [(t, h) for h in (4096, 8192) for t in tokens]
         return run_kernel_benchmarks(torch.device("cuda"), shapes, torch.bfloat16, progress=progress)
+    if part == "launch":
+        from ad_mlir.bench.launch import run_launch
+
+        return run_launch(progress)
     if part == "generate":
         from ad_mlir.bench.generate import run_generate
 

@@ -93,6 +93,20 @@ def kernel_table(rows: Sequence[dict[str, Any]]) -> str:
     return "### Kernels\n\n" + _table(header, body)
 
 
+def launch_table(rows: Sequence[dict[str, Any]]) -> str:
+    kernels = [r for r in rows if r["kind"] == "kernel"]
+    steps = [r for r in rows if r["kind"] == "step"]
+    body = [[r["kernel"], f"{r['op_us']:.1f}", f"{r['direct_us']:.1f}", f"{r['launcher_us']:.1f}"] for r in kernels]
+    step_body = [[r["sequences"], r["cached"], r["kernels"], f"{r['op_us']:.0f}", f"{r['direct_us']:.0f}"]
+                 for r in steps]
+    return ("### Launch cost on the host (kernels stubbed)\n\n(per call of each kernel of a one-layer SmolLM2-shaped "
+            "decode step: through its torch op, its direct entry as `LLM` calls it, and the generated launcher "
+            "alone; see `ad_mlir/bench/launch.py`)\n\n"
+            + _table(["kernel", "op us", "direct us", "launcher us"], body) + "\n\n"
+            + _table(["sequences", "cached tokens", "kernel calls", "step through the ops us", "step direct us"],
+                     step_body))
+
+
 def generate_table(rows: Sequence[dict[str, Any]]) -> str:
     speed = [r for r in rows if r["kind"] == "speed"]
     header = ["impl", "batch", "prompt", "new", "seconds", "tok/s", "prefill s", "ms per decode step", "decode tok/s",
@@ -146,7 +160,7 @@ def matrix_table(rows: Sequence[dict[str, Any]]) -> str:
     return families_table(rows, "Family matrix")
 
 
-TABLES = {"kernels": kernel_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
+TABLES = {"kernels": kernel_table, "launch": launch_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
           "ptx": ptx_table, "matrix": matrix_table, "serve": serve_table, "families": families_table}
 
 

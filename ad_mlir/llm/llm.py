@@ -332,8 +332,9 @@ class LLM:
         else:
             pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
-        self.runner = call_kernels_directly(self.graph) if self.device.type == "cpu" else self.graph
-        """What runs a step: the graph, on the CPU with its kernels called without torch's dispatch."""
+        self.runner = call_kernels_directly(self.graph)
+        """What runs a step: the graph with its kernels called without torch's dispatch of their
+        ops (a step is never traced; `ad-bench --parts launch` measures what that saves)."""
         self.program = program
         """The compiled `ad` module (what the graph runs) and its weights."""
         fn = program.function

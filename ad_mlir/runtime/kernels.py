@@ -115,6 +115,8 @@ class RegionKernel:
 
     def run(self, *groups: list[Any]) -> list[torch.Tensor]:
         values = self.join_inputs(*groups)
+        if _STUBBED:
+            return self.cached.module.launch(_NO_KERNEL, *self._launch_inputs(values))
         fn = self.cached.jit_function
         interpreted = type(fn).__name__ == "InterpretedFunction" and not _FORCE_REFERENCE
         if not (values[self.first_tensor].is_cuda or interpreted):
@@ -156,6 +158,35 @@ def unaliased(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -
 _USE_TRITON_OP = torch.cuda.is_available()
 _REGISTERED: dict[str, RegionKernel] = {}
 _FORCE_REFERENCE = False
+_STUBBED = False
+
+
+class _NoKernel:
+    """Stands for a Triton kernel in a launcher: `kernel[grid](*args, **kwargs)` runs nothing."""
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        return _launch_nothing
+
+
+def _launch_nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+_NO_KERNEL = _NoKernel()
+
+
+@contextlib.contextmanager
+def stubbed_launches() -> Iterator[None]:
+    """Within it, every kernel call takes the path of a launch on CUDA (its inputs bound to the
+    generated launcher, its outputs allocated, the grid computed) on any device, with the
+    Triton kernel replaced by one that runs nothing: what a call costs the host
+    (`ad-bench --parts launch`). Outputs hold whatever memory they were given."""
+    global _STUBBED
+    outer, _STUBBED = _STUBBED, True
+    try:
+        yield
+    finally:
+        _STUBBED = outer
 
 
 @contextlib.contextmanager
@@ -189,9 +220,9 @@ def registered_kernel(target: Any) -> RegionKernel | None:
 
 def call_kernels_directly(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of `graph` (sharing its weights) whose calls of kernel ops call the kernels' Python
-    entry (what the op runs), for running eagerly on the CPU, never traced: torch's dispatch of a
-    custom op costs tens of microseconds a call in Python, which on a CPU decode step (a hundred
-    kernel calls around small GEMMs) is more than the fused ops save."""
+    entry (what the op runs), for running eagerly (and capturing into CUDA graphs), never traced:
+    torch's dispatch of a custom op costs tens of microseconds a call in Python, which on a
+    decode step (a hundred kernel calls around small GEMMs) is more than the fused ops save."""
     copy = torch.fx.GraphModule(graph, _copy_graph(graph.graph))
     for node in copy.graph.nodes:
         kernel = registered_kernel(node.target) if node.op == "call_function" else None

@@ -270,3 +270,60 @@ def test_the_serve_rows_count_tokens_and_latencies_from_the_chunks() -> None:
                                 "seconds": 2.0, "output_tok_per_s": 32.0, "model": "tiny", "max_tokens": 8}])
     assert "| ad-mlir serve | 2 | 2 | 5 | 2.0 | 2.5 | 300 | 496 | 200 | 298 | 1/2 |" in text
     assert "| ad-mlir LLM.generate | 8 | 64 | 2.0 | 32.0 |" in text
+
+
+def test_the_launch_part_times_every_kernel_of_a_step_through_the_launcher_not_the_reference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `stubbed_launches` a kernel call binds its inputs to the generated launcher and
+    runs no reference (it would raise here) and no kernel; the part has a row per kernel the
+    decode step calls, each path timed, then the step's, and its table shows them."""
+    from ad_mlir.bench.launch import run_launch
+    from ad_mlir.bench.report import launch_table
+    from ad_mlir.runtime import kernels
+
+    def no_reference(graph: object, values: object) -> None:
+        raise AssertionError("a stubbed launch ran the reference")
+
+    monkeypatch.setattr(kernels, "run_reference", no_reference)
+    rows = run_launch(calls=2, repeats=1)
+    kernel_rows, (step,) = rows[:-1], rows[-1:]
+    assert {r["kernel"].rsplit("_", 1)[0] for r in kernel_rows} >= {"rms_norm", "add_rms_norm", "paged_attention",
+                                                                     "silu_and_mul"}
+    assert all(r[f"{path}_us"] > 0 for r in kernel_rows for path in ("op", "direct", "launcher"))
+    assert step["kind"] == "step" and step["kernels"] >= len(kernel_rows) and step["op_us"] > 0
+    table = launch_table(rows)
+    assert all(f"| {r['kernel']} |" in table for r in kernel_rows) and "| 4 | 64 |" in table
+
+
+def test_stubbed_launches_run_the_generated_launcher_with_a_kernel_that_runs_nothing() -> None:
+    import torch
+
+    import ad_mlir
+    from ad_mlir.runtime.kernels import registered_kernel, stubbed_launches
+
+    class SiluMul(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.silu(x) * y
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    gm = ad_mlir.compile(torch.export.export(SiluMul(), (x, y)), pipeline="default")
+    kernel = next(registered_kernel(n.target) for n in gm.graph.nodes if registered_kernel(n.target) is not None)
+    launched: list[tuple] = []
+    module = kernel.cached.module
+    launch = module.launch
+
+    def recording(fn: object, tensors: list, scalars: list) -> list[torch.Tensor]:
+        launched.append((type(fn).__name__, [t.shape for t in tensors]))
+        return launch(fn, tensors, scalars)
+
+    module.launch = recording
+    try:
+        with stubbed_launches():
+            out, = gm(x, y)
+        expected = torch.nn.functional.silu(x) * y
+        assert launched == [("_NoKernel", [x.shape, y.shape])] and out.shape == expected.shape
+        launched.clear()
+        torch.testing.assert_close(gm(x, y)[0], expected)  # fp32: torch's default tolerances for it
+        assert all(name != "_NoKernel" for name, _ in launched), "outside it, the kernel (or reference) runs"
+    finally:
+        module.launch = launch
