@@ -22,7 +22,7 @@
   Llama-3-8B's sizes, the others at their config class's default sizes (a released model's);
 - matrix: the family sweep (below) over the family matrix only (`families.MATRIX`, ~5 minutes);
 - serve (not run unless named: about 15 minutes on 2 CPU cores): `ad-mlir serve` against
-  `transformers serve --continuous-batching` on SmolLM2, 1, 4 and 16 concurrent streaming
+  `transformers serve --continuous-batching` on SmolLM2, 1, 4, 16 and 64 concurrent streaming
   clients (output tokens/s, time to first token, inter-token latency), and `LLM.generate`
   against transformers' `generate_batch` offline (`bench/serve.py`);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of

@@ -224,7 +224,7 @@ def run_offline(directory: Path, batches: Sequence[int], max_tokens: int, progre
 
 
 def run_serve(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
-    clients, batches, max_tokens = ((1, 4), (1, 8), 16) if quick else ((1, 4, 16), (1, 8, 32), 64)
+    clients, batches, max_tokens = ((1, 4), (1, 8), 16) if quick else ((1, 4, 16, 64), (1, 8, 32), 64)
     with tempfile.TemporaryDirectory(prefix="ad_mlir_serve_bench_") as tmp:
         directory, name = checkpoint_dir(Path(tmp) / "model", quick)
         logs = Path(tmp)
