@@ -1,9 +1,9 @@
-# The two commands of the README (run, test), and lint, docs, gpu and mutation. Each sets up .venv first (idempotent).
+# The two commands of the README (run, test), and lint, docs, gpu, gpu-wheels and mutation. Each sets up .venv first (idempotent).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint docs gpu mutation
+.PHONY: setup run test lint docs gpu gpu-wheels mutation
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +27,24 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-# On a CUDA machine: the GPU tests, then the kernel and generation benchmarks, written to
-# benchmarks/results/<gpu name>/. Without CUDA it stops with one line and exit status 1.
+# On a CUDA machine: the GPU tests, the kernel sweep, the generation and serve benchmarks, each
+# under a time budget (under 8 minutes in all), written to benchmarks/results/<gpu name>/ with a
+# tests.md (ad_mlir/bench/gpu_run.py). Without CUDA it stops with one line and exit status 1.
+# Where there is no venv but .whl/ holds wheels (`make gpu-wheels`, carried to a GPU machine that
+# reaches no package registry) it runs with that machine's python3 and those wheels instead.
+OFFLINE_WHEELS := $(and $(wildcard .whl/*.whl),$(if $(wildcard $(PY)),,yes))
+ifeq ($(OFFLINE_WHEELS),)
 gpu: setup
-	@$(PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu: no CUDA GPU on this machine (torch.cuda.is_available() is False); run it where one is')"
-	$(PY) -m pytest tests/gpu -q
-	$(VENV)/bin/ad-bench --parts kernels,generate
+	@$(PY) -m ad_mlir.bench.gpu_run
+else
+gpu:
+	@$(PYTHON) -m ad_mlir.bench.gpu_run --wheels .whl
+endif
+
+# Here, where PyPI is reachable: the wheels `make gpu` needs on a GPU machine that reaches none,
+# into .whl/ (benchmarks/gpu/wheels.txt, ad_mlir/bench/gpu_wheels.py).
+gpu-wheels: setup
+	$(PY) -m ad_mlir.bench.gpu_wheels
 
 # The mutation run (a benchmark, about an hour on 2 cores): results in benchmarks/results/mutation/.
 mutation: setup
