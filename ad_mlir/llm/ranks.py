@@ -121,19 +121,23 @@ class RankLeader:
         """`LLM.decode`, on every rank."""
         return self._run(Call("decode", args, kwargs))
 
-    def stop(self, wait_s: float = 30) -> None:
-        """Tell the other ranks to leave `follow`. A call still running after `wait_s` (hung in a
-        collective) keeps the lock: then nothing is sent, and the ranks are left to their timeout."""
+    def stop(self, wait_s: float = 30) -> bool:
+        """Tell the other ranks to leave `follow`; whether they were told. Not when the ranks are
+        out of step, nor when a call still runs after `wait_s` (hung in a collective: it keeps the
+        lock); then the ranks are left to their timeout."""
         self._stopping.set()  # the keep-alive sends nothing more (it may be waiting for the lock)
         if not self._lock.acquire(timeout=wait_s):
             log.warning("ranks: a call is still running after %.0f s; the other ranks are not told to stop", wait_s)
-            return
+            return False
         try:
-            if self.lost is None:
-                _send(Call(STOP), self.group)
-                dist.barrier(self.group)  # every rank has stopped before any leaves the group (see `follow`)
+            if self.lost is not None:
+                return False
+            _send(Call(STOP), self.group)
+            dist.barrier(self.group)  # every rank has stopped before any leaves the group (see `follow`)
+            return True
         except Exception as e:  # noqa: BLE001 (a rank gone already: nothing left to stop)
             log.warning("ranks: could not tell the other ranks to stop: %s", e)
+            return False
         finally:
             self._lock.release()
 

@@ -79,9 +79,8 @@ def _calls_on_rank(rank: int, keepalive_s: float) -> dict[str, Any]:
         leader.forward(torch.tensor([1]))
     except AttributeError as e:
         refused = str(e)
-    leader.stop()
     return {"calls": model.calls, "results": [float(r) for r in results], "page_size": leader.page_size,
-            "refused": refused}
+            "refused": refused, "told": leader.stop()}
 
 
 def test_every_rank_runs_rank_0s_calls_in_order_after_idling_past_the_group_timeout() -> None:
@@ -92,6 +91,7 @@ def test_every_rank_runs_rank_0s_calls_in_order_after_idling_past_the_group_time
     assert ranks[0]["results"] == [12.0, 18.0, 30.0]  # each sum all-reduced over the two ranks: the calls paired up
     assert ranks[0]["page_size"] == 16
     assert "forward would run on rank 0 alone" in ranks[0]["refused"]
+    assert ranks[0]["told"]
 
 
 def test_without_keepalives_an_idle_rank_times_out() -> None:
@@ -119,8 +119,7 @@ def _fail_on_rank_1(rank: int) -> dict[str, Any]:
             leader.decode([1], [0], [0], [])
         except Exception as e:  # noqa: BLE001 (the test reports each failure)
             errors.append(type(e).__name__)
-    leader.stop()
-    return {"errors": errors, "seconds": time.monotonic() - start, "lost": len(lost)}
+    return {"errors": errors, "seconds": time.monotonic() - start, "lost": len(lost), "told": leader.stop()}
 
 
 def test_a_call_failing_on_one_rank_ends_both_without_waiting_for_the_timeout() -> None:
@@ -128,6 +127,7 @@ def test_a_call_failing_on_one_rank_ends_both_without_waiting_for_the_timeout() 
     assert ranks[1]["error"] == "this rank's call failed before its collective"
     assert ranks[0]["errors"][1] == "RanksOutOfStep", ranks[0]  # the first: gloo's lost connection
     assert ranks[0]["lost"] == 1
+    assert not ranks[0]["told"]  # nothing is sent to ranks out of step
     assert ranks[0]["seconds"] < 20, ranks[0]
 
 
