@@ -62,6 +62,9 @@ NOT_RUN: dict[str, str] = {
     "make docs": ".ci/run builds the docs right after the suite; building them here too would double its 20-80 s",
     "make mutation": "a benchmark of about an hour (150 mutants, each against its file's tests) that installs the "
                      "mutation extra; tests/unit/test_mutation.py checks its command",
+    "make gpu-wheels": "downloads about 18 MiB of wheels from PyPI into .whl/ (run by hand: 17.8 MiB in 5 wheels); "
+                       "tests/unit/test_gpu_run.py checks its list without the network (pins, requirements, every "
+                       "import of make gpu covered)",
 }
 """Documented command -> why it does not run here."""
 
@@ -72,6 +75,7 @@ EXPECTED_FAILURES: dict[str, str] = {
 """Documented command -> the message it must fail with (documented as an error example)."""
 if not torch.cuda.is_available():
     EXPECTED_FAILURES["make gpu"] = "make gpu: no CUDA GPU on this machine"
+    EXPECTED_FAILURES["python3 -m ad_mlir.bench.gpu_run --wheels .whl"] = "make gpu: no CUDA GPU on this machine"
 
 @dataclass(frozen=True)
 class DocCommand:
