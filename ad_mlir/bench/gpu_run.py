@@ -360,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or ROOT / "benchmarks" / "results" / machine_name()
     logs = out.parent / f"{out.name}-logs"
     out.mkdir(parents=True, exist_ok=True)
-    logs.mkdir(exist_ok=True)
+    shutil.rmtree(logs, ignore_errors=True)  # an earlier run's logs and tests.xml would be read as this one's
+    logs.mkdir()
     parts = gpu_parts(out, logs, serve_lacks([site] if site else []))
     machine = describe_machine(env, wheels)
     log_of = {p.name: logs / f"{p.name.replace('/', '-').replace(' ', '-')}.log" for p in parts}

@@ -257,6 +257,8 @@ def test_with_wheels_it_installs_them_runs_each_part_with_them_and_reports(tmp_p
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
     monkeypatch.setattr(gpu_run, "gpu_parts", lambda *_: parts)
     monkeypatch.setenv("OUT", str(device_out))
+    (out.parent / "nvidia-h200-logs").mkdir(parents=True)
+    (out.parent / "nvidia-h200-logs" / "tests.xml").write_text(JUNIT)  # an earlier run's: not this one's
     code = gpu_run.main(["--wheels", str(tmp_path / "wheels"), "--site", str(site), "--out", str(out)])
     assert code == 1  # a part failed
     assert (site / "carried_demo.py").exists()
@@ -265,7 +267,7 @@ def test_with_wheels_it_installs_them_runs_each_part_with_them_and_reports(tmp_p
     text = (out / "tests.md").read_text()
     assert "| packages | this interpreter's own, and from the wheels carried_demo-1.0-py3-none-any.whl |" in text
     assert "| fails | failed |" in text and "| too long | skipped | 0 | 10000 | needs its 10000 s," in text
-    assert "## fails: the end of its log" in text and "wrong tokens" in text
+    assert "## fails: the end of its log" in text and "wrong tokens" in text and "## tests/gpu" not in text
     assert (device_out / "nvidia-h200" / "tests.md").read_text() == text
     assert "==== imports ====" in (device_out / "gpu-run.log").read_text()
 
