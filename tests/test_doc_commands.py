@@ -65,6 +65,14 @@ NOT_RUN: dict[str, str] = {
     "make gpu-wheels": "downloads about 18 MiB of wheels from PyPI into .whl/ (run by hand: 17.8 MiB in 5 wheels); "
                        "tests/unit/test_gpu_run.py checks its list without the network (pins, requirements, every "
                        "import of make gpu covered)",
+    "ad-mlir serve --model qwen3 --tensor-parallel-size 2":
+        "a server runs until stopped: tests/models/test_serve_tp.py runs this command (a free port, --max-seq-len 64 "
+        "added), asks it with the openai client and stops it",
+    "torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id serve -m "
+    "ad_mlir.serve.cli serve --model qwen3 --tensor-parallel-size 2 --host 0.0.0.0":
+        "two machines, each running a server until stopped: tests/models/test_serve_tp.py runs it twice on this "
+        "machine with HOST 127.0.0.1 (a free port for the rendezvous, a free port and --max-seq-len 64 added), asks it "
+        "with the openai client and stops it",
 }
 """Documented command -> why it does not run here."""
 

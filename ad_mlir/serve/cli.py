@@ -3,19 +3,38 @@
     ad-mlir serve                                  # SmolLM2-135M-Instruct on http://127.0.0.1:8000
     ad-mlir serve --model llama --port 8001        # a tiny built-in family (random weights, token-id prompts)
     ad-mlir serve --model path/to/model.gguf --max-batch 8 --max-seq-len 1024
+    ad-mlir serve --model qwen3 --tensor-parallel-size 2   # the model sharded over 2 ranks of this machine
 
 The server speaks OpenAI's API (`/v1/completions`, `/v1/chat/completions`, streaming or not,
 `/v1/models`), with `/health` and Prometheus `/metrics`; any OpenAI client works against
 `http://HOST:PORT/v1`. Without CUDA the kernels run as their torch reference.
+
+With --tensor-parallel-size N the model is sharded over N ranks (`shard` in the pipeline): rank 0
+serves HTTP and schedules, every rank runs each step on its slice of the weights. Without torchrun
+the command starts ranks 1 .. N-1 itself on this machine; under torchrun each process is one rank
+(several machines through its rendezvous), e.g.
+`torchrun --standalone --nproc-per-node 2 -m ad_mlir.serve.cli serve --tensor-parallel-size 2`.
+NCCL where every local rank has a GPU (the model on it), else gloo on the CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    import uvicorn
+
+    from ad_mlir.llm.engine import CachedModel, PagedModel
+    from ad_mlir.llm.llm import LLM
+    from ad_mlir.serve.runner import EngineRunner
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -49,6 +68,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                        "none (capped by what fits the cache after its prompt)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer API_KEY' on the /v1 routes")
     serve.add_argument("--pipeline", default="default", help="the compile pipeline (ad_mlir.compile's)")
+    serve.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks the model is sharded over "
+                       "(canonicalize,match-moe,shard{world-size=N} goes before a pipeline without shard); without "
+                       "torchrun this command starts the other ranks on this machine")
+    serve.add_argument("--rank-timeout", type=float, default=600, help="seconds a rank waits for the others in a "
+                       "collective (at start, for the slowest rank's compile; then for a rank that hangs)")
     serve.add_argument("-v", "--verbose", action="store_true", help="log the compilation and each request")
     return p.parse_args(argv)
 
@@ -56,27 +80,109 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    import uvicorn
+    if args.tensor_parallel_size < 1:
+        sys.exit(f"error: --tensor-parallel-size {args.tensor_parallel_size} must be at least 1")
+    if args.tensor_parallel_size > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _serve_on_ranks(args, sys.argv[1:] if argv is None else list(argv))
+        return
+    start = time.perf_counter()
+    llm = _compile(args, args.pipeline)
+    _run(*_server(args, llm, llm, start))
 
-    from ad_mlir.llm.engine import make_engine
-    from ad_mlir.llm.llm import cache_layout, paged_where_possible
-    from ad_mlir.serve.app import build_app
-    from ad_mlir.serve.runner import EngineRunner
+
+def _serve_on_ranks(args: argparse.Namespace, argv: list[str]) -> None:
+    """Rank 0 serves and drives the others (`RankLeader`); the others follow it until it stops."""
+    import torch.distributed as dist
+
+    from ad_mlir.llm.ranks import RankLeader, check_sharded, follow, sharded_pipeline
+    from ad_mlir.serve.ranks import join
 
     start = time.perf_counter()
     try:
-        pages = {"num_pages": args.num_pages} if args.page_size and args.num_pages else {}
-        llm = paged_where_possible(args.model, args.page_size or None, max_batch=args.max_batch,
-                                   max_seq_len=args.max_seq_len, pipeline=args.pipeline, **pages)
-        engine = make_engine(llm, max_step_tokens=args.max_step_tokens, max_running=args.max_running)
+        ranks = join(args.tensor_parallel_size, args.rank_timeout, argv)
+    except (ValueError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
+    told = False  # the ranks this process started were told to stop: wait for them to leave (else: end them)
+    try:
+        llm = _compile(args, sharded_pipeline(args.pipeline, ranks.world_size), ranks.device)
+        check_sharded(llm, ranks.world_size)
+        dist.barrier()  # every rank has compiled (one that failed to has closed its connections: this raises)
+        if ranks.rank > 0:
+            follow(llm)
+            return
+        # uvicorn re-raises the SIGTERM it stopped on once it has shut down: exit through the `finally`s
+        # that stop the other ranks. Not before: a Python handler waits while a collective blocks.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        leader = RankLeader(llm, keepalive_s=args.rank_timeout / 4)
+        server, runner = _server(args, leader, llm, start, f"; {ranks.world_size} ranks ({ranks.backend})")
+        leader.on_lost = lambda _: setattr(server, "should_exit", True)
+        try:
+            _run(server, runner)
+        finally:
+            told = leader.stop()
+        if leader.lost is not None:
+            sys.exit(f"error: stopped: a call failed, the ranks are out of step ({leader.lost})")
+    except (ValueError, RuntimeError) as e:
+        sys.exit(f"error: rank {ranks.rank}/{ranks.world_size}: {e}")
+    finally:
+        ranks.leave(wait_s=30 if told else 0)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _compile(args: argparse.Namespace, pipeline: str, device: torch.device | None = None) -> LLM:
+    """The model with its caches, compiled with `pipeline`; with `device`, its weights moved there first."""
+    from ad_mlir.llm.llm import paged_where_possible
+
+    model, tokenizer = args.model, {}
+    if device is not None:
+        from ad_mlir.zoo.checkpoints import load_causal_lm
+
+        loaded, loaded_tokenizer = load_causal_lm(args.model)
+        model, tokenizer = loaded.to(device), {"tokenizer": loaded_tokenizer}
+    pages = {"num_pages": args.num_pages} if args.page_size and args.num_pages else {}
+    try:
+        return paged_where_possible(model, args.page_size or None, max_batch=args.max_batch,
+                                    max_seq_len=args.max_seq_len, pipeline=pipeline, **pages, **tokenizer)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+
+
+def _server(args: argparse.Namespace, model: CachedModel | PagedModel, llm: LLM, start: float,
+            note: str = "") -> tuple[uvicorn.Server, EngineRunner]:
+    """The HTTP server of an engine over `model` (`llm`, or rank 0's `RankLeader` of it), the engine's
+    thread started."""
+    import uvicorn
+
+    from ad_mlir.llm.engine import make_engine
+    from ad_mlir.llm.llm import cache_layout
+    from ad_mlir.serve.app import build_app
+    from ad_mlir.serve.runner import EngineRunner
+
+    try:
+        engine = make_engine(model, max_step_tokens=args.max_step_tokens, max_running=args.max_running)
     except ValueError as e:
         sys.exit(f"error: {e}")
     name = args.served_model_name or args.model
-    print(f"{name}: loaded and compiled in {time.perf_counter() - start:.1f} s; {cache_layout(llm)}; serving on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    print(f"{name}: loaded and compiled in {time.perf_counter() - start:.1f} s; {cache_layout(llm)}{note}; serving on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     runner = EngineRunner(engine).start()
-    app = build_app(runner, name, llm.tokenizer, default_max_tokens=args.default_max_tokens,
-                    api_key=args.api_key)
+    app = build_app(runner, name, llm.tokenizer, default_max_tokens=args.default_max_tokens, api_key=args.api_key)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+    return uvicorn.Server(config), runner
+
+
+def _run(server: uvicorn.Server, runner: EngineRunner) -> None:
+    """Serve until stopped, then stop the engine's thread."""
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+        server.run()
     finally:
         runner.stop()
+    if not server.started:  # uvicorn logged why (e.g. the port is taken); uvicorn.run exits 3 then
+        sys.exit(f"error: the server did not start on {server.config.host}:{server.config.port}")
+
+
+if __name__ == "__main__":
+    main()
