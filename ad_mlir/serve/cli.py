@@ -13,7 +13,7 @@ With --tensor-parallel-size N the model is sharded over N ranks (`shard` in the 
 serves HTTP and schedules, every rank runs each step on its slice of the weights. Without torchrun
 the command starts ranks 1 .. N-1 itself on this machine; under torchrun each process is one rank
 (several machines through its rendezvous), e.g.
-`torchrun --standalone --nproc-per-node 2 -m ad_mlir.serve.cli serve --tensor-parallel-size 2`.
+`torchrun --standalone --nproc-per-node 2 -m ad_mlir.serve.cli serve --model qwen3 --tensor-parallel-size 2`.
 NCCL where every local rank has a GPU (the model on it), else gloo on the CPU.
 """
 

@@ -114,11 +114,12 @@ def _exit_without(parent: int) -> None:
 
 
 def _end(worker: subprocess.Popen, wait_s: float) -> None:
-    try:
-        worker.wait(timeout=wait_s)
-        return
-    except subprocess.TimeoutExpired:
-        log.warning("ranks: rank process %d still runs after %.0f s: terminating it", worker.pid, wait_s)
+    if wait_s:
+        try:
+            worker.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            log.warning("ranks: rank process %d still runs after %.0f s: terminating it", worker.pid, wait_s)
     worker.terminate()
     try:
         worker.wait(timeout=10)
