@@ -1,6 +1,8 @@
 """Generation's export follows the forward's real signature (`use_cache` named or taken in
 `**kwargs`, `position_ids` present or not), and a model that does not export is our error,
-naming the model class and what it was called with, not torch's."""
+naming the model class and what it was called with, not torch's. A grouped-query model with
+several key/value heads exports and generates under the symbolic shapes of torch 2.11, the GPU
+machines' (emulated on this torch), as under this torch."""
 
 from __future__ import annotations
 
@@ -86,7 +88,6 @@ def test_a_guarded_sequence_length_is_named() -> None:
     with pytest.raises(CacheExportError, match=r"_ShortOnly does not export for generation.*Constraints violated "
                                                r"\(seq\)!.* \(Not all values of seq .* satisfy the generated guard"):
         ad_mlir.LLM(_ShortOnly(), max_batch=1, max_seq_len=16)
-
 
 
 def _smollm2_shaped(dtype: torch.dtype) -> torch.nn.Module:
