@@ -46,7 +46,8 @@ endif
 gpu-wheels: setup
 	$(PY) -m ad_mlir.bench.gpu_wheels
 
-# The mutation run (a benchmark, about an hour on 2 cores): results in benchmarks/results/mutation/.
+# The mutation run (a benchmark, about an hour on 2 cores): passes/, codegen/, runtime/, frontends/, llm/
+# and serve/ as committed at HEAD; results in benchmarks/results/mutation/.
 mutation: setup
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[mutation]'
-	$(PY) -m ad_mlir.bench.mutation --sample 150 --seed 27
+	$(PY) -m ad_mlir.bench.mutation --sample 120 --seed 39

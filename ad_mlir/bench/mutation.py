@@ -1,7 +1,8 @@
-"""Mutation testing of the compiler's core, as a benchmark (not a CI step): how many small
-breaks of `passes/`, `codegen/`, `runtime/` and the cache parts of `llm/llm.py` the tests catch.
+"""Mutation testing, as a benchmark (not a CI step): how many small breaks of the compiler
+(`passes/`, `codegen/`, `runtime/`), its front door (`frontends/`), the generation runtime and
+engine (`llm/`) and the server (`serve/`) the tests catch.
 
-    python -m ad_mlir.bench.mutation --sample 150 --seed 27      # about an hour on 2 CPU cores
+    python -m ad_mlir.bench.mutation --sample 120 --seed 39      # about an hour on 2 CPU cores
     python -m ad_mlir.bench.mutation --list --sample 10          # the sample only, nothing run
     python -m ad_mlir.bench.mutation --rerun                     # the survivors again, after new tests
     python -m ad_mlir.bench.mutation --report                    # results.md again from the JSON
@@ -12,19 +13,24 @@ no longer catch, ...). Every place in the mutated files where an operator applie
 the sample is a seeded random draw of sites, one mutation per site, drawn at random among those
 that apply there (a sample of mutations would be mostly `a + b` replaced by each of a dozen other
 operators). Sites inside type annotations are left out: with `from __future__ import annotations`
-they are strings that nothing evaluates.
+they are strings that nothing evaluates. The draw is proportional to sites per folder (largest
+remainders), so each folder's share of the sample is its share of the sites, not the luck of the
+seed.
 
-Each mutant runs in a scratch copy of the repository's files (the working tree is never
-changed; PYTHONPATH points the tests there) against only the tests mapped to its file in
-`TESTS` (FileCheck files through lit, then pytest with `-x`), so one mutant takes seconds. A
-mutant is killed when those tests fail or run past `--timeout-factor` times the file's
+The mutated files and their tests are the repository as committed (`--commit`, default HEAD),
+exported into a scratch directory once per run (`git archive`): the working tree is never changed
+and others' uncommitted edits are not part of the run. PYTHONPATH points the tests there. Each
+mutant runs against only the tests mapped to its file in `TESTS` (FileCheck files through lit,
+then pytest with `-x`), so one mutant takes seconds (a pass's FileCheck files) to a minute (a
+server's tests), not the whole suite. A mutant is killed when those tests fail or run past `--timeout-factor` times the file's
 unmutated run, which must pass first; it survives when they pass. The score is killed / run.
 
 Results go to `--out` (benchmarks/results/mutation/): results.json (machine, tool and version,
 seed, every mutant with its diff, outcome and time) and results.md (score and a table of every
 survivor). Survivors are explained in notes.json beside them (mutant id -> the test that now
 kills it, or why the mutant is equivalent); `--rerun` runs the survivors again and records the
-outcome beside the first one.
+outcome beside the first one, against the tests of `--commit` but each survivor's file as it was
+in the first run's commit (a mutation is an occurrence of an operator in that text).
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ _CACHED = ("insert-cached-attention", "insert-cached-attention-errors", "insert-
            "insert-cached-attention-paged", "insert-cached-attention-paged-errors", "insert-cached-attention-compressed")
 _REGIONS = ("tests/unit/test_compile_random.py", "-k", "not random_ and not norm_and_softmax and not each_case")
 _NUMERIC = ("tests/unit/test_codegen_numeric.py", "tests/unit/test_kernel_ops.py")
+_FRONT_DOOR = ("tests/unit/test_front_door.py", "tests/unit/test_bad_input.py", "-k",
+               "not inductor and not two_processes")  # both compile a graph twice: a minute each
+_PAGED_ENGINE = "tests/models/test_paged_engine.py::test_"
+_SERVE_TP = "tests/models/test_serve_tp.py::"
 
 TESTS: dict[str, Tests] = {
     # passes: their FileCheck files first (a second each), then the pytest files that run them
@@ -176,29 +186,73 @@ TESTS: dict[str, Tests] = {
                                              "-k", "kernel or second_compile")),
     "ad_mlir/runtime/program_cache.py": Tests((), ("tests/unit/test_program_cache.py",)),
     "ad_mlir/runtime/verify.py": Tests((), ("tests/unit/test_verify.py", "-k", "compile_verify")),
-    # the cache parts of llm.py
+    # frontends: the graphs a user holds, imported; HF's methods patched for the export
+    "ad_mlir/frontends/__init__.py": Tests((), ("tests/unit/test_import_export.py",)),
+    "ad_mlir/frontends/export.py": Tests((), _FRONT_DOOR),
+    "ad_mlir/frontends/export_key.py": Tests((), ("tests/unit/test_module_cache.py", "-k", "not new_process")),
+    "ad_mlir/frontends/export_patches.py": Tests((), ("tests/models/test_export_patches.py", "-k",
+                                                      "not inkling2_text and not aria")),
+    "ad_mlir/frontends/fx_import.py": Tests((), ("tests/unit/test_import_export.py", *_FRONT_DOOR)),
+    "ad_mlir/frontends/graph_sources.py": Tests((), _FRONT_DOOR),
+    "ad_mlir/frontends/input_checks.py": Tests((), ("tests/unit/test_front_door.py", "-k", "not inductor")),
+    "ad_mlir/frontends/torch_patches.py": Tests((), ("tests/unit/test_torch_patches.py",
+                                                     "tests/models/test_export_for_cache.py", "-k",
+                                                     "torch_2_11 or multiples or collapse")),
+    # llm: the runtime (llm.py whole: caches, steps, generate), the pages, the engines, the CLI
+    "ad_mlir/llm/__init__.py": Tests((), ("tests/unit/test_pages.py",)),
+    "ad_mlir/llm/engine.py": Tests((), ("tests/models/test_paged_engine.py", "tests/models/test_engine.py")),
+    "ad_mlir/llm/generate.py": Tests((), ("tests/models/test_llm_runtime.py::test_the_command_line_takes_a_budget",
+                                          "tests/test_clis.py::test_generate_cli_batch_in_fewer_slots_gives_hf_tokens_"
+                                          "and_benchmarks")),
     "ad_mlir/llm/llm.py": Tests(_lit(*_CACHED), (
         "tests/models/test_llm_runtime.py", "-k", "not command_line",
         "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",
-        "tests/models/test_sequence_mixers.py::test_a_byte_budget_leaves_a_model_of_states_alone_at_its_longest")),
+        "tests/models/test_sequence_mixers.py::test_a_byte_budget_leaves_a_model_of_states_alone_at_its_longest",
+        "tests/models/test_paged.py::test_a_byte_budget_buys_whole_pages",
+        "tests/models/test_paged.py::test_steps_that_forget_the_pages_are_seen",
+        "tests/models/test_paged.py::test_generate_runs_the_paged_scheduler_on_the_compiled_model")),
+    "ad_mlir/llm/pages.py": Tests((), ("tests/unit/test_pages.py", *(_PAGED_ENGINE + t for t in (
+        "a_pool_too_small_for_all_preempts_the_youngest_and_loses_nothing",
+        "preemption_with_prefix_caching_resumes_on_its_own_cached_pages", "a_common_system_prompt_is_prefilled_once_and_shared",
+        "a_prompt_of_whole_pages_recomputes_its_last_page", "an_abort_frees_the_pages",
+        "a_request_that_can_never_fit_the_pool_is_refused_at_add", "unchained_page_keys_would_share_wrong_pages")))),
+    "ad_mlir/llm/ranks.py": Tests((), ("tests/unit/test_ranks.py",)),
+    "ad_mlir/llm/structured.py": Tests((), ("tests/models/test_serve_fields.py", "-k",
+                                            "json or schema or grammar or structured")),
+    # serve: the HTTP layer, the engine's thread, the command line
+    "ad_mlir/serve/__init__.py": Tests((), ("tests/models/test_serve.py", "-k", "health")),
+    # not the CLI's test (serve/cli.py's) nor those of the server with SmolLM2's tokenizer (structured.py's)
+    "ad_mlir/serve/app.py": Tests((), ("tests/models/test_serve.py", "tests/models/test_serve_fields.py", "-k",
+                                       "not smollm2 and not json and not schema and not grammar and not structured "
+                                       "and not chat and not stop_list")),
+    "ad_mlir/serve/cli.py": Tests((), ("tests/models/test_serve.py::test_ad_mlir_serve_smollm2_answers_the_openai_client",
+                                       f"{_SERVE_TP}test_serve_on_two_ranks_answers_as_one_rank_and_stops_the_rank_it_"
+                                       "started")),
+    "ad_mlir/serve/ranks.py": Tests((), (f"{_SERVE_TP}test_serve_on_two_ranks_answers_as_one_rank_and_stops_the_rank_"
+                                         "it_started", f"{_SERVE_TP}test_a_rank_that_dies_stops_the_server_within_the_"
+                                         "keepalive")),
+    "ad_mlir/serve/runner.py": Tests((), ("tests/models/test_serve.py", "tests/models/test_serve_paged.py", "-k",
+                                          "not smollm2 and (not test_serve_paged or cancel or goes_away or failed "
+                                          "or soak)")),
 }
 """Source file (relative to the repository) -> the tests its mutants run against. Every file
 that `mutated_files` returns has an entry (tests/unit/test_mutation.py checks it)."""
 
-LLM_CACHE_PARTS = (
-    "cached_pipeline", "split_spec", "export_for_cache", "_hf_cache_off", "cache_arguments",
-    "LLM.cache_bytes", "LLM.state_bytes", "LLM.cache_tokens", "LLM._seq_len_for_budget", "LLM.step",
-    "LLM.forward", "LLM.decode", "_check_budget", "pad_to_bucket",
-)
-"""The functions of llm/llm.py that insert, size and feed the cache (the constructor and the
-sampling loop are not the cache insertion)."""
+FOLDERS = ("passes", "codegen", "runtime", "frontends", "llm", "serve")
+"""The folders of `ad_mlir/` whose modules are mutated."""
 
 
-def mutated_files(root: Path = ROOT) -> list[str]:
-    """The files mutated: every module of passes/, codegen/ and runtime/, and llm/llm.py."""
-    package = root / "ad_mlir"
-    found = [p for d in ("passes", "codegen", "runtime") for p in sorted((package / d).rglob("*.py"))]
-    return [str(p.relative_to(root)) for p in found] + ["ad_mlir/llm/llm.py"]
+def mutated_files(commit: str = "HEAD", root: Path = ROOT) -> list[str]:
+    """The files mutated: every module of `FOLDERS` committed at `commit`."""
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit, "--", *(f"ad_mlir/{d}" for d in FOLDERS)],
+                            cwd=root, check=True, capture_output=True, text=True).stdout.split()
+    return sorted(f for f in listed if f.endswith(".py"))
+
+
+def folder(file: str) -> str:
+    """The folder of `ad_mlir/` that `file` is in (`passes` for passes/patterns/ too)."""
+    parts = file.split("/")
+    return parts[1] if len(parts) > 2 else ""
 
 
 @dataclass(frozen=True)
@@ -237,28 +291,14 @@ def _inside(position: tuple[int, int], spans: Sequence[Span]) -> bool:
     return any(start <= position < end for start, end in spans)
 
 
-def _definition_ranges(tree: ast.Module, names: Sequence[str]) -> list[tuple[int, int]]:
-    """The line ranges of the functions (`name` or `Class.name`) given."""
-    ranges = []
-    for node in tree.body:
-        members = node.body if isinstance(node, ast.ClassDef) else [node]
-        prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
-        for member in members:
-            if isinstance(member, ast.FunctionDef) and prefix + member.name in names:
-                ranges.append((member.lineno, member.end_lineno or member.lineno))
-    return ranges
-
-
 def enumerate_mutants(root: Path, file: str) -> list[Mutant]:
-    """Every mutant cosmic-ray's operators make of `file` (sites in annotations left out; for
-    llm/llm.py only those in `LLM_CACHE_PARTS`)."""
+    """Every mutant cosmic-ray's operators make of `file` (sites in annotations left out)."""
     import cosmic_ray.plugins
     from cosmic_ray.ast import ast_nodes, get_ast_from_path
 
     source = (root / file).read_text()
     tree = ast.parse(source)
     annotations = annotation_spans(tree)
-    ranges = _definition_ranges(tree, LLM_CACHE_PARTS) if file.endswith("llm/llm.py") else None
     module = get_ast_from_path(root / file)
     mutants = []
     for name in cosmic_ray.plugins.operator_names():
@@ -270,19 +310,34 @@ def enumerate_mutants(root: Path, file: str) -> list[Mutant]:
         for occurrence, ((line, column), end) in enumerate(positions):
             if _inside((line, column), annotations):
                 continue
-            if ranges is not None and not any(a <= line <= b for a, b in ranges):
-                continue
             mutants.append(Mutant(file, name, occurrence, line, column, tuple(end)))
     return mutants
 
 
+def shares(sizes: dict[str, int], sample: int) -> dict[str, int]:
+    """`sample` split over the groups in proportion to `sizes`: the whole parts first, then one
+    more to each of the largest remainders (ties by name)."""
+    total = sum(sizes.values())
+    sample = min(sample, total)
+    exact = {k: sample * n / max(total, 1) for k, n in sizes.items()}
+    counts = {k: int(x) for k, x in exact.items()}
+    for k in sorted(sizes, key=lambda k: (counts[k] - exact[k], k))[:sample - sum(counts.values())]:
+        counts[k] += 1
+    return counts
+
+
 def draw(mutants: Sequence[Mutant], sample: int, seed: int) -> list[Mutant]:
-    """`sample` sites drawn at random (seeded), one mutant each, drawn among the site's."""
+    """`sample` sites drawn at random (seeded), each folder's share in proportion to its sites,
+    one mutant each, drawn among the site's."""
     by_site: dict[tuple[str, int, int], list[Mutant]] = {}
     for m in mutants:
         by_site.setdefault(m.site, []).append(m)
+    by_folder: dict[str, list[tuple[str, int, int]]] = {}
+    for site in sorted(by_site):
+        by_folder.setdefault(folder(site[0]), []).append(site)
     rng = random.Random(seed)
-    sites = rng.sample(sorted(by_site), min(sample, len(by_site)))
+    counts = shares({k: len(v) for k, v in by_folder.items()}, sample)
+    sites = [s for k in sorted(by_folder) for s in rng.sample(by_folder[k], counts[k])]
     return sorted((rng.choice(by_site[s]) for s in sites), key=lambda m: (m.file, m.line, m.column, m.operator))
 
 
@@ -302,16 +357,30 @@ def describe(root: Path, mutant: Mutant) -> Mutant:
     return dataclasses.replace(mutant, mutation=f"{old} -> {new or '(removed)'}")
 
 
-def scratch_copy(root: Path, into: Path) -> Path:
-    """The repository's tracked and unignored files, copied to `into`/repo."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, check=True,
-                           capture_output=True, text=True).stdout.split("\0")
+def full_commit(commit: str, root: Path = ROOT) -> str:
+    return subprocess.run(["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def scratch_copy(root: Path, into: Path, commit: str) -> Path:
+    """The repository's files as committed at `commit`, exported to `into`/repo."""
     copy = into / "repo"
-    for f in filter(None, files):
-        if (root / f).is_file():
-            (copy / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / f, copy / f)
+    copy.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=root, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(copy)], input=archive.stdout, check=True)
     return copy
+
+
+def restore(root: Path, copy: Path, commit: str, files: Sequence[str]) -> list[str]:
+    """`files` in `copy` put back as they were at `commit` (the first run's text, which the
+    mutants' occurrences count in); returns those that had changed since."""
+    changed = []
+    for file in sorted(set(files)):
+        old = subprocess.run(["git", "show", f"{commit}:{file}"], cwd=root, check=True, capture_output=True).stdout
+        if (copy / file).read_bytes() != old:
+            (copy / file).write_bytes(old)
+            changed.append(file)
+    return changed
 
 
 def test_command(copy: Path, tests: Tests) -> str:
@@ -353,8 +422,8 @@ class Scratch:
     tmp: Path
 
     @classmethod
-    def make(cls, root: Path, into: Path) -> Scratch:
-        scratch = cls(scratch_copy(root, into), into / "tmp")
+    def make(cls, root: Path, into: Path, commit: str) -> Scratch:
+        scratch = cls(scratch_copy(root, into, commit), into / "tmp")
         scratch.tmp.mkdir()
         # The tests import the copy, not the working tree the editable install points at.
         os.environ["PYTHONPATH"] = str(scratch.repo)
@@ -432,9 +501,18 @@ def score(mutants: Sequence[dict[str, Any]], after_rerun: bool = False) -> dict[
             "not_run": len(mutants) - len(ran), "percent": round(100 * killed / max(len(ran), 1), 1)}
 
 
+def _by_folder(mutants: Sequence[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for m in mutants:
+        counts[folder(m["file"])] = counts.get(folder(m["file"]), 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def write(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results["score"] = score(results["mutants"])
+    results["score_by_folder"] = {k: score([m for m in results["mutants"] if folder(m["file"]) == k])
+                                  for k in _by_folder(results["mutants"])}
     if any("rerun" in m for m in results["mutants"]):
         results["score_after_new_tests"] = score(results["mutants"], after_rerun=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -458,12 +536,16 @@ def report(results: dict[str, Any], notes: dict[str, str]) -> str:
         f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, Python {m['python']}, "
         f"torch {m['torch']}; load average at start {', '.join(f'{x:.1f}' for x in m['load_average_at_start'])}"
         f"{'; ' + results['machine_note'] if results.get('machine_note') else ''}",
-        f"- mutated: {len(results['files'])} files of passes/, codegen/, runtime/ and llm/llm.py's cache parts; "
-        f"{results['sites']} sites, {results['mutants_total']} mutants in all",
-        f"- sample: {results['sample']} sites (seed {results['seed']}), one mutant each",
-        *([f"- sources: {results['sources']}"] if results.get("sources") else []),
-        *([f"- survivors run again: `{results['rerun']['command']}`, {results['rerun']['started']} to "
-           f"{results['rerun']['finished']}"] if isinstance(results.get("rerun"), dict) else []),
+        f"- mutated: the modules of {', '.join(f'{k}/' for k in results['sites_by_folder'])} as committed at "
+        f"{results['commit'][:10]}; {results['sites']} sites "
+        f"({', '.join(f'{k} {n}' for k, n in results['sites_by_folder'].items())}), "
+        f"{results['mutants_total']} mutants in all",
+        f"- sample: {results['sample']} sites (seed {results['seed']}), one mutant each, in proportion to each folder's "
+        f"sites: {', '.join(f'{k} {n}' for k, n in _by_folder(results['mutants']).items())}; "
+        f"{len(results['files'])} files drawn",
+        *([f"- survivors run again: `{results['rerun']['command']}` (tests as committed at "
+           f"{results['rerun']['commit'][:10]}), {results['rerun']['started']} to "
+           f"{results['rerun'].get('finished', '(unfinished)')}"] if "rerun" in results else []),
         f"- **score: {s['killed']} killed / {s['ran']} run = {s['percent']}%** ({s['survived']} survived, "
         f"{s['not_run']} not run)",
     ]
@@ -490,6 +572,10 @@ def report(results: dict[str, Any], notes: dict[str, str]) -> str:
         change = mut["mutation"].replace("|", "\\|")
         lines.append(f"| `{mut['operator'].split('/')[-1]}` #{mut['occurrence']} | {mut['file']}:{mut['line']} | "
                      f"`{change}` | {again} | {note} |")
+    lines += ["", "## Per folder", "", "| folder | sites | mutants | killed | survived | score |", "|---|---|---|---|---|---|"]
+    for k, f in results["score_by_folder"].items():
+        lines.append(f"| {k}/ | {results['sites_by_folder'].get(k, '')} | {f['ran'] + f['not_run']} | {f['killed']} | "
+                     f"{f['survived']} | {f['percent']}% |")
     lines += ["", "## Per file", "", "| file | mutants | killed | baseline s | tests |", "|---|---|---|---|---|"]
     for file, info in sorted(results["files"].items()):
         mine = [x for x in results["mutants"] if x["file"] == file]
@@ -506,10 +592,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ad_mlir.bench.mutation", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    p.add_argument("--sample", type=int, default=150, help="mutation sites drawn (default 150)")
-    p.add_argument("--seed", type=int, default=27, help="the draw's seed (default 27)")
+    p.add_argument("--sample", type=int, default=120, help="mutation sites drawn (default 120)")
+    p.add_argument("--seed", type=int, default=39, help="the draw's seed (default 39)")
     p.add_argument("--files", nargs="*", default=None,
                    help="mutate only these files (paths as in TESTS); default: every mapped file")
+    p.add_argument("--commit", default="HEAD", help="the commit whose files are mutated and tested (default HEAD; "
+                   "--rerun: the tests' commit, each survivor's file as in the first run)")
     p.add_argument("--out", type=Path, default=OUT, help="results directory (default benchmarks/results/mutation)")
     p.add_argument("--timeout-factor", type=float, default=3.0,
                    help="a mutant's tests time out at this many times the unmutated run (default 3)")
@@ -530,55 +618,68 @@ def _need_cosmic_ray() -> str:
         sys.exit("the mutation run needs cosmic-ray: pip install -e '.[mutation]'")
 
 
-def new_run(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
-    """The sample and the run's description, before anything runs."""
+def new_run(args: argparse.Namespace, argv: Sequence[str] | None, repo: Path, commit: str) -> dict[str, Any]:
+    """The sample of `repo` (the files as committed at `commit`) and the run's description,
+    before anything runs."""
     import cosmic_ray.plugins
 
-    files = args.files or mutated_files()
+    files = args.files or mutated_files(commit)
     unknown = [f for f in files if f not in TESTS]
     if unknown:
         sys.exit(f"no tests mapped for {unknown} (TESTS in {__file__})")
-    everything = [m for f in files for m in enumerate_mutants(ROOT, f)]
-    sample = [describe(ROOT, m) for m in draw(everything, args.sample, args.seed)]
+    everything = [m for f in files for m in enumerate_mutants(repo, f)]
+    sample = [describe(repo, m) for m in draw(everything, args.sample, args.seed)]
+    sites: dict[str, set[tuple[str, int, int]]] = {}
+    for m in everything:
+        sites.setdefault(folder(m.file), set()).add(m.site)
     return {
         "command": " ".join(["python -m ad_mlir.bench.mutation", shlex.join(argv if argv is not None else sys.argv[1:])]),
+        "commit": commit,
         "tool": f"cosmic-ray {_need_cosmic_ray()}",
         "operators": sorted({n.split("_")[0].split("/")[-1] for n in cosmic_ray.plugins.operator_names()
                              if not cosmic_ray.plugins.get_operator(n).arguments()}),
         "machine": machine(), "machine_note": args.machine_note,
         "seed": args.seed, "sample": args.sample, "started": _now(),
         "sites": len({m.site for m in everything}), "mutants_total": len(everything),
+        "sites_by_folder": {k: len(v) for k, v in sorted(sites.items())},
         "files": {f: {"tests": dataclasses.asdict(TESTS[f])} for f in sorted({m.file for m in sample})},
         "mutants": [{"id": m.id, **dataclasses.asdict(m)} for m in sample],
     }
 
 
-def execute(results: dict[str, Any], args: argparse.Namespace, rerun: bool) -> None:
-    """Runs the mutants not yet run (or, with `rerun`, the survivors again), saving after each."""
+def execute(results: dict[str, Any], args: argparse.Namespace, scratch: Scratch, rerun: bool) -> None:
+    """Runs the mutants not yet run (or, with `rerun`, the survivors again) in `scratch`, saving
+    after each."""
     todo = [m for m in results["mutants"] if (m["status"] == "survived" if rerun else "status" not in m)]
+    if rerun:
+        commit = full_commit(args.commit)
+        restored = restore(ROOT, scratch.repo, results["commit"], [m["file"] for m in todo])
+        results["rerun"] = {"command": "python -m ad_mlir.bench.mutation --rerun" + (
+            f" --commit {args.commit}" if args.commit != "HEAD" else ""), "commit": commit, "started": _now(),
+            "mutated_files_as_in_the_first_run": restored}
     write(results, args.out)  # the sample, before anything runs
-    with tempfile.TemporaryDirectory(prefix="ad_mlir_mutation_") as tmp:
-        scratch = Scratch.make(ROOT, Path(tmp))
-        seconds = baseline(scratch, [m["file"] for m in todo])
-        for file, s in seconds.items():
-            results["files"][file]["rerun_baseline_s" if rerun else "baseline_s"] = s
-            if rerun:  # the tests may have grown since (tests that kill survivors)
-                results["files"][file]["rerun_tests"] = dataclasses.asdict(TESTS[file])
-        start = time.monotonic()
-        for i, m in enumerate(todo, 1):
-            mutant = Mutant(**{k: m[k] for k in ("file", "operator", "occurrence", "line", "column")},
-                            end=tuple(m["end"]))
-            timeout = max(args.min_timeout, args.timeout_factor * seconds[m["file"]])
-            outcome = run_mutant(scratch, mutant, timeout)
-            if rerun:
-                m["rerun"] = outcome
-            else:
-                m.update(outcome)
-            elapsed = time.monotonic() - start
-            print(f"[{i}/{len(todo)} {elapsed / 60:.0f} min] {outcome['status']:>9} {outcome['seconds']:6.1f} s "
-                  f"{m['file']}:{m['line']} {m['mutation'][:90]}", flush=True)
-            write(results, args.out)
-    if not rerun:
+    seconds = baseline(scratch, [m["file"] for m in todo])
+    for file, s in seconds.items():
+        results["files"][file]["rerun_baseline_s" if rerun else "baseline_s"] = s
+        if rerun:  # the tests may have grown since (tests that kill survivors)
+            results["files"][file]["rerun_tests"] = dataclasses.asdict(TESTS[file])
+    start = time.monotonic()
+    for i, m in enumerate(todo, 1):
+        mutant = Mutant(**{k: m[k] for k in ("file", "operator", "occurrence", "line", "column")},
+                        end=tuple(m["end"]))
+        timeout = max(args.min_timeout, args.timeout_factor * seconds[m["file"]])
+        outcome = run_mutant(scratch, mutant, timeout)
+        if rerun:
+            m["rerun"] = outcome
+        else:
+            m.update(outcome)
+        elapsed = time.monotonic() - start
+        print(f"[{i}/{len(todo)} {elapsed / 60:.0f} min] {outcome['status']:>9} {outcome['seconds']:6.1f} s "
+              f"{m['file']}:{m['line']} {m['mutation'][:90]}", flush=True)
+        write(results, args.out)
+    if rerun:
+        results["rerun"]["finished"] = _now()
+    else:
         results["finished"] = _now()
         results["wall_s"] = round(sum(m.get("seconds", 0) for m in results["mutants"]) + sum(seconds.values()))
         results["machine"]["load_average_at_end"] = os.getloadavg()
@@ -589,20 +690,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(argv)
     _need_cosmic_ray()
     saved = args.out / "results.json"
-    if args.report or args.rerun or args.resume:
-        results = json.loads(saved.read_text())
-        if not args.report:
-            execute(results, args, rerun=args.rerun)
+    results = json.loads(saved.read_text()) if args.report or args.rerun or args.resume else None
+    if args.report:
         write(results, args.out)
         print(f"score {results['score']}; {args.out / 'results.md'}")
         return
-    results = new_run(args, argv)
-    if args.list:
-        for m in results["mutants"]:
-            print(f"{m['file']}:{m['line']} {m['operator']} #{m['occurrence']}: {m['mutation']}")
-        print(f"{len(results['mutants'])} of {results['mutants_total']} mutants ({results['sites']} sites)")
-        return
-    execute(results, args, rerun=False)
+    commit = results["commit"] if args.resume else full_commit(args.commit)
+    with tempfile.TemporaryDirectory(prefix="ad_mlir_mutation_") as tmp:
+        scratch = Scratch.make(ROOT, Path(tmp), commit)
+        if results is None:
+            results = new_run(args, argv, scratch.repo, commit)
+            if args.list:
+                for m in results["mutants"]:
+                    print(f"{m['file']}:{m['line']} {m['operator']} #{m['occurrence']}: {m['mutation']}")
+                print(f"{len(results['mutants'])} of {results['mutants_total']} mutants ({results['sites']} sites); "
+                      f"by folder: {_by_folder(results['mutants'])}")
+                return
+        execute(results, args, scratch, rerun=args.rerun)
     print(f"score {results['score']}; {args.out / 'results.md'}")
 
 
