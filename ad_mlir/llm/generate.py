@@ -7,8 +7,9 @@
     python -m ad_mlir.generate --benchmark                        # also HF eager generate, same prompt
     python -m ad_mlir.generate --kv-cache-budget 100000000         # caches sized to 100 MB (CUDA: or 0.9)
 
-Without CUDA the kernels run as their torch reference (`--interpret`: in the Triton interpreter,
-slow: minutes for SmolLM2). The answer is greedy unless `--temperature` is above 0.
+Where a GPU is visible the model runs there in bfloat16 (`--device`, `--dtype`). On the CPU it
+runs in float32 and the kernels as their torch reference (`--interpret`: in the Triton
+interpreter, slow: minutes for SmolLM2). The answer is greedy unless `--temperature` is above 0.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+from ad_mlir.zoo.tiny import DTYPES
 
 if TYPE_CHECKING:  # torch loads after the arguments are parsed: --help stays fast
     from ad_mlir.llm.engine import GenerationOutput
@@ -54,6 +57,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    "paged form refuses (states without attention, DeepSeek sparse attention) gets the slot form, "
                    "with a warning")
     p.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, run decode steps without CUDA graphs")
+    p.add_argument("--device", default=None, help="where the model runs: cpu, cuda, cuda:1 ... (default: cuda "
+                   "where a GPU is visible, else cpu)")
+    p.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="the weights' dtype (default auto: "
+                   "bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--pipeline", default="default")
     p.add_argument("--interpret", action="store_true", help="without CUDA, run the kernels in the Triton "
                    "interpreter instead of their torch reference")
@@ -82,10 +89,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         use_interpreter()  # before the import below: it imports triton
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     from ad_mlir.llm.llm import cache_layout, paged_where_possible
+    from ad_mlir.zoo.checkpoints import load_causal_lm
 
     start = time.perf_counter()
     try:
-        llm = paged_where_possible(args.model, args.page_size or None, max_batch=args.max_batch,
+        model, tokenizer = load_causal_lm(args.model, args.device, args.dtype)
+        llm = paged_where_possible(model, args.page_size or None, tokenizer=tokenizer, max_batch=args.max_batch,
                                    max_seq_len=args.max_seq_len, pipeline=args.pipeline,
                                    kv_cache_budget=args.kv_cache_budget,
                                    cuda_graphs=False if args.no_cuda_graphs else None)

