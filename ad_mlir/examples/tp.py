@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from ad_mlir.codegen.interpreter import default_to_interpreter
 from ad_mlir.frontends.export import export_model
+from ad_mlir.llm.ranks import sharded_pipeline
 from ad_mlir.runtime.kernels import registered_kernel
 from ad_mlir.zoo.tiny import DTYPES, FAMILIES, TinyConfig, build_model, example_input_ids
 
@@ -60,7 +61,7 @@ def run_rank(cfg: TinyConfig, pipeline: str = "default", seq_lens: Sequence[int]
     world, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(cfg)
     ep = export_model(model, cfg)
-    gm = ad_mlir.compile(ep, pipeline=sharded(pipeline, world))
+    gm = ad_mlir.compile(ep, pipeline=sharded_pipeline(pipeline, world))
     device = _device()
     if device is not None:
         gm, model = gm.to(device), model.to(device)
@@ -105,7 +106,7 @@ def generate_rank(cfg: TinyConfig, pipeline: str = "default", prompts: Sequence[
     world, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(cfg).to(_device())
     sizes = {"max_batch": 2, "max_seq_len": max(map(len, prompts)) + max_new_tokens}
-    llm = LLM(model, pipeline=sharded(pipeline, world), **sizes)
+    llm = LLM(model, pipeline=sharded_pipeline(pipeline, world), **sizes)
     tokens = [out.token_ids for out in llm.generate(prompts, max_new_tokens)]
     unsharded: list[list[list[int]] | None] = [None]
     if rank == 0:
@@ -114,12 +115,6 @@ def generate_rank(cfg: TinyConfig, pipeline: str = "default", prompts: Sequence[
     dist.broadcast_object_list(unsharded, src=0)
     kv_heads = {name: cache.shape[2] for name, cache in llm.caches.items()}  # [slots, max_seq, kv_heads, head_dim]
     return GenerateResult(rank, world, tokens, unsharded[0], kv_heads)
-
-
-def sharded(pipeline: str, world: int) -> str:
-    """`pipeline` after canonicalize and shard for `world` ranks (match-moe first: `shard` splits
-    the experts of an `ad.moe`, not HF's exported grouped-GEMM form)."""
-    return f"canonicalize,match-moe,shard{{world-size={world}}},{pipeline}"
 
 
 def _device() -> torch.device | None:
