@@ -78,9 +78,9 @@ def running_server(command: Sequence[str], port: int, log: Path, timeout: float 
         try:
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{command[0]} exited {proc.returncode}: {log.read_text()[-2000:]}")
+                    raise RuntimeError(f"{log.stem} server exited {proc.returncode}: {log.read_text()[-2000:]}")
                 if time.perf_counter() - start > timeout:
-                    raise RuntimeError(f"{command[0]} not ready after {timeout:.0f} s: {log.read_text()[-2000:]}")
+                    raise RuntimeError(f"{log.stem} server not ready after {timeout:.0f} s: {log.read_text()[-2000:]}")
                 with contextlib.suppress(OSError):
                     urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
                     break
@@ -155,11 +155,13 @@ def mark_same_answers(rows: list[dict[str, Any]]) -> None:
 
 def server_commands(directory: Path, port: int, max_batch: int) -> dict[str, list[str]]:
     dtype = "bfloat16" if torch.cuda.is_available() else "float32"
-    scripts = Path(sys.executable).parent  # the console scripts of this environment
+    # each CLI's module through this interpreter: console scripts are not installed where the
+    # packages travel as a PYTHONPATH (a lent GPU machine's `make gpu`)
     return {
-        "ad-mlir serve": [str(scripts / "ad-mlir"), "serve", "--model", str(directory),
-                          "--port", str(port), "--max-batch", str(max_batch), "--max-seq-len", "512"],
-        "transformers serve": [str(scripts / "transformers"), "serve", str(directory), "--continuous-batching", "--dtype", dtype,
+        "ad-mlir serve": [sys.executable, "-m", "ad_mlir.serve.cli", "serve", "--model", str(directory),
+                          "--port", str(port), "--max-batch", str(max_batch), "--max-seq-len", "512", "--dtype", dtype],
+        "transformers serve": [sys.executable, "-m", "transformers.cli.transformers", "serve", str(directory),
+                               "--continuous-batching", "--dtype", dtype,
                                "--device", "cuda" if torch.cuda.is_available() else "cpu", "--port", str(port)],
     }
 
