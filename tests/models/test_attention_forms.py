@@ -54,7 +54,12 @@ def test_gpt_oss_generates_hf_greedy_tokens(gpt_oss) -> None:  # noqa: ANN001
 
 
 def test_gpt_oss_step_logits_match_hf_prefill_and_decode(gpt_oss) -> None:  # noqa: ANN001
-    _assert_step_logits_match(*gpt_oss)
+    """Within 3e-5 x the largest logit, not 1e-5: HF's own fp32 forward is noisy here. Against a
+    float64 forward of the same weights (measured on a 2-core x86 CPU, prefill and 4 decode steps),
+    HF's fp32 logits are up to 8.0e-5 x the largest logit off, ours as much, and ours differ from
+    HF's by up to 1.2e-5 x (on an earlier machine under 1e-5 x: the CPU's GEMM kernels order the
+    sums). A wrong sink, window or cache entry moves logits by order 1."""
+    _assert_step_logits_match(*gpt_oss, atol=3e-5)
 
 
 def test_gpt_oss_in_the_interpreter(gpt_oss, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
@@ -111,12 +116,12 @@ def test_alibi_generates_hf_greedy_tokens(alibi_model) -> None:  # noqa: ANN001
 
 
 def test_alibi_step_logits_match_hf_prefill_and_decode(alibi_model) -> None:  # noqa: ANN001
-    """Within 3e-5 x the largest logit, not 1e-5: these wide models are noisier in fp32 than the
-    others; HF's own cached decode differs from its full-prefix forward by up to 1.65e-5 x the
-    largest logit here (BLOOM: 3.8e-4 on logits of 23, measured), and ours at most 2.1e-5 x
-    (BLOOM: 4.8e-4 where HF's cache gives 3.8e-4). A wrong bias or cache entry moves logits by
-    order 1."""
-    _assert_step_logits_match(*alibi_model[1:], atol=3e-5)
+    """Within 1e-4 x the largest logit, not 1e-5: these wide models are noisier in fp32 than the
+    others. Against a float64 forward of the same weights (measured on a 2-core x86 CPU, prefill
+    and 4 decode steps, BLOOM), HF's fp32 logits are up to 7.3e-5 x the largest logit off, ours
+    2.6e-5 x (closer), and the two differ by up to 4.7e-5 x (an earlier machine measured 2.1e-5 x:
+    the CPU's GEMM kernels order the sums). A wrong bias or cache entry moves logits by order 1."""
+    _assert_step_logits_match(*alibi_model[1:], atol=1e-4)
 
 
 def test_alibi_in_the_interpreter(alibi_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
