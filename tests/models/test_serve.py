@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,18 +55,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, seconds: float, process: subprocess.Popen | None = None, log: Path | None = None) -> None:
+def _wait_healthy(url: str, seconds: float, processes: Sequence[subprocess.Popen] = (),
+                  log: Path | None = None) -> None:
+    """Wait until `url`'s /health answers ok; fail at once when one of `processes` (the server's)
+    exits, with the end of `log`."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"the server exited {process.returncode}: {log.read_text()[-3000:] if log else ''}")
+        exited = [p.returncode for p in processes if p.poll() is not None]
+        assert not exited, f"the server exited {exited}: {log.read_text()[-3000:] if log else ''}"
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
                 if json.load(r) == {"status": "ok"}:
                     return
         except OSError:
             time.sleep(0.2)
-    raise AssertionError(f"{url} not healthy after {seconds} s")
+    raise AssertionError(f"{url} not healthy after {seconds} s: {log.read_text()[-3000:] if log else ''}")
 
 
 def _wait_for_metric(url: str, line: str, seconds: float = 10) -> None:
@@ -273,7 +276,7 @@ def test_ad_mlir_serve_smollm2_answers_the_openai_client(tmp_path: Path) -> None
                                env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, 300, process, tmp_path / "server.log")
+        _wait_healthy(url, 300, [process], tmp_path / "server.log")
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         bad = [{"model": "smollm2", "prompt": [1, 2, 49152], "max_tokens": 4},  # SmolLM2's vocabulary: 49152

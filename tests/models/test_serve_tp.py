@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import re
 import shlex
@@ -24,12 +23,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
 import openai
+from test_serve import _wait_healthy
 
 import ad_mlir
 from ad_mlir.runtime.kernels import reference_kernels
@@ -70,7 +69,7 @@ def test_serve_on_two_ranks_answers_as_one_rank_and_stops_the_rank_it_started(tm
     try:
         expected = one_rank_tokens()  # compiled while the ranks compile
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, [server], log)
+        _wait_healthy(url, 240, [server], log)
         workers = _children(server.pid)
         assert len(workers) == 1, workers  # rank 1
         assert _answers(url) == expected
@@ -90,7 +89,7 @@ def test_a_rank_that_dies_stops_the_server_within_the_keepalive(tmp_path: Path) 
     server = _start([*documented("ad-mlir serve", port), "--rank-timeout", "20"], log)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, [server], log)
+        _wait_healthy(url, 240, [server], log)
         (rank_1,) = _children(server.pid)
         os.kill(rank_1, signal.SIGKILL)
         assert server.wait(timeout=30) == 1, log.read_text()[-3000:]
@@ -106,7 +105,7 @@ def test_two_torchrun_machines_at_a_rendezvous_answer_as_one_rank_and_stop_toget
     try:
         expected = one_rank_tokens()
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, agents, tmp_path / "node0.log")
+        _wait_healthy(url, 240, agents, tmp_path / "node0.log")
         assert _answers(url) == expected
         serving = [n for n in range(2) if "serving on" in (tmp_path / f"node{n}.log").read_text()]
         assert len(serving) == 1, serving  # one rank 0, on whichever machine the rendezvous made it
@@ -152,20 +151,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, processes: list[subprocess.Popen], log: Path, seconds: float = 240) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        exited = [p.returncode for p in processes if p.poll() is not None]
-        assert not exited, f"exited {exited}: {log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if json.load(r) == {"status": "ok"}:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"{url} not healthy after {seconds} s: {log.read_text()[-3000:]}")
 
 
 def _children(pid: int) -> list[int]:
