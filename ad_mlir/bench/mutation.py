@@ -436,18 +436,16 @@ class Scratch:
         self.tmp.mkdir()
 
 
-def baseline(scratch: Scratch, files: Sequence[str]) -> dict[str, float]:
-    """Seconds each file's tests take unmutated; raises when they fail (every mutant would count
-    as killed)."""
-    seconds = {}
-    for file in sorted(set(files)):
-        start = time.monotonic()
-        status, output = _run(test_command(scratch.repo, TESTS[file]), 1800)
-        scratch.clean_tmp()
-        if status != "survived":
-            raise RuntimeError(f"the tests of {file} fail without a mutation ({status}):\n{output[-3000:]}")
-        seconds[file] = round(time.monotonic() - start, 1)
-        print(f"baseline {file}: {seconds[file]} s", flush=True)
+def baseline(scratch: Scratch, file: str) -> float:
+    """Seconds `file`'s tests take unmutated; raises when they fail (every mutant would count as
+    killed)."""
+    start = time.monotonic()
+    status, output = _run(test_command(scratch.repo, TESTS[file]), 1800)
+    scratch.clean_tmp()
+    if status != "survived":
+        raise RuntimeError(f"the tests of {file} fail without a mutation ({status}):\n{output[-3000:]}")
+    seconds = round(time.monotonic() - start, 1)
+    print(f"baseline {file}: {seconds} s", flush=True)
     return seconds
 
 
@@ -543,6 +541,8 @@ def report(results: dict[str, Any], notes: dict[str, str]) -> str:
         f"- sample: {results['sample']} sites (seed {results['seed']}), one mutant each, in proportion to each folder's "
         f"sites: {', '.join(f'{k} {n}' for k, n in _by_folder(results['mutants']).items())}; "
         f"{len(results['files'])} files drawn",
+        *([f"- stopped and resumed (`--resume`, baselines kept): {'; '.join(results['resumed'])}"]
+          if results.get("resumed") else []),
         *([f"- survivors run again: `{results['rerun']['command']}` (tests as committed at "
            f"{results['rerun']['commit'][:10]}), {results['rerun']['started']} to "
            f"{results['rerun'].get('finished', '(unfinished)')}"] if "rerun" in results else []),
@@ -657,12 +657,20 @@ def execute(results: dict[str, Any], args: argparse.Namespace, scratch: Scratch,
         results["rerun"] = {"command": "python -m ad_mlir.bench.mutation --rerun" + (
             f" --commit {args.commit}" if args.commit != "HEAD" else ""), "commit": commit, "started": _now(),
             "mutated_files_as_in_the_first_run": restored}
+    if args.resume:
+        results.setdefault("resumed", []).append(f"{_now()}: {sum('status' in m for m in results['mutants'])} "
+                                                 "mutants had run")
     write(results, args.out)  # the sample, before anything runs
-    seconds = baseline(scratch, [m["file"] for m in todo])
-    for file, s in seconds.items():
-        results["files"][file]["rerun_baseline_s" if rerun else "baseline_s"] = s
+    key = "rerun_baseline_s" if rerun else "baseline_s"
+    for file in sorted({m["file"] for m in todo}):
+        info = results["files"][file]
+        if key in info and args.resume:  # measured before the run stopped, at the same commit
+            continue
+        info[key] = baseline(scratch, file)
         if rerun:  # the tests may have grown since (tests that kill survivors)
-            results["files"][file]["rerun_tests"] = dataclasses.asdict(TESTS[file])
+            info["rerun_tests"] = dataclasses.asdict(TESTS[file])
+        write(results, args.out)
+    seconds = {file: info[key] for file, info in results["files"].items() if key in info}
     start = time.monotonic()
     for i, m in enumerate(todo, 1):
         mutant = Mutant(**{k: m[k] for k in ("file", "operator", "occurrence", "line", "column")},
