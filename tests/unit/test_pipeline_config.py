@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from kernel_guard import graph_kernels
 
 import ad_mlir
+from ad_mlir.passes import get_ad_passes
 from ad_mlir.passes.pipeline import PIPELINES, PipelineConfigError, resolve_pipeline
 
 
@@ -69,3 +71,12 @@ def test_bad_yaml_names_the_problem(tmp_path: Path, text: str, message: str) -> 
     with pytest.raises(PipelineConfigError, match=None) as info:
         resolve_pipeline(path)
     assert str(info.value).startswith(str(path)) and message in str(info.value)
+
+
+@pytest.mark.parametrize("name", sorted(get_ad_passes()))
+def test_every_pass_is_a_frozen_dataclass(name: str) -> None:
+    """A pass is its options (`-p 'name{option=value}'`), fixed once made: nothing can be set on
+    it afterwards, an option or not."""
+    instance = get_ad_passes()[name]()()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        instance.anything = 1  # type: ignore[attr-defined]

@@ -238,3 +238,17 @@ func.func @not_fused(%x: tensor<4x200xbf16>, %w1: tensor<200x200xbf16>, %w2: ten
   %o4 = ad.linear %mul_3, %w2 : (tensor<4x200xbf16>, tensor<64x200xbf16>) -> tensor<4x64xbf16>
   func.return %o, %s, %o2, %o3, %o4 : tensor<4x64xbf16>, tensor<4x200xbf16>, tensor<4x64xbf16>, tensor<4x64xf32>, tensor<4x64xbf16>
 }
+
+// -----
+
+// torch.mm's activation is its first operand, as linear's and matmul's are.
+// CHECK-LABEL: func.func @mm
+// CHECK-NEXT:    %h = ad.mm %x, %w1
+// CHECK-NEXT:    %[[R:.*]] = ad.activation "relu" %h : (tensor<5x200xf32>) -> tensor<5x200xf32>
+// CHECK-NEXT:    %o = ad.mm %[[R]], %w2
+func.func @mm(%x: tensor<5x64xf32>, %w1: tensor<64x200xf32>, %w2: tensor<200x64xf32>) -> tensor<5x64xf32> {
+  %h = ad.mm %x, %w1 : (tensor<5x64xf32>, tensor<64x200xf32>) -> tensor<5x200xf32>
+  %r = ad.relu %h : tensor<5x200xf32> -> tensor<5x200xf32>
+  %o = ad.mm %r, %w2 : (tensor<5x200xf32>, tensor<200x64xf32>) -> tensor<5x64xf32>
+  func.return %o : tensor<5x64xf32>
+}

@@ -938,3 +938,39 @@ func.func @olmo2_projection_norm(%qflat: tensor<1x?x64xf32>, %kflat: tensor<1x?x
   %o = ad.attention %qe, %ke, %v causal scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>) -> tensor<1x2x?x32xf32>
   func.return %o : tensor<1x2x?x32xf32>
 }
+
+// -----
+
+// The query's and the key's norms differ in eps: the attention is fused, each norm stays a kernel
+// of its own.
+// CHECK-LABEL: func.func @qk_norms_of_other_eps
+// CHECK-NEXT:    %qm = ad.rms_norm %qp weight %wq eps 1.000000e-06
+// CHECK-NEXT:    %qt = ad.transpose %qm 1, 2
+// CHECK-NEXT:    %km = ad.rms_norm %kp weight %wk eps 1.000000e-05
+// CHECK-NEXT:    %kt = ad.transpose %km 1, 2
+// CHECK-NEXT:    ad.rope_attention %qt, %kt, %v rope %cos, %sin causal scale 1.250000e-01 :
+// CHECK-NEXT:    func.return
+func.func @qk_norms_of_other_eps(%qp: tensor<1x?x2x32xf32>, %kp: tensor<1x?x2x32xf32>, %wq: tensor<32xf32>, %wk: tensor<32xf32>, %v: tensor<1x2x?x32xf32>, %cos: tensor<1x?x32xf32>, %sin: tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32> {
+  %qm = ad.rms_norm %qp weight %wq eps 1.000000e-06 : (tensor<1x?x2x32xf32>, tensor<32xf32>) -> tensor<1x?x2x32xf32>
+  %qt = ad.transpose %qm 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %km = ad.rms_norm %kp weight %wk eps 1.000000e-05 : (tensor<1x?x2x32xf32>, tensor<32xf32>) -> tensor<1x?x2x32xf32>
+  %kt = ad.transpose %km 1, 2 : tensor<1x?x2x32xf32> -> tensor<1x2x?x32xf32>
+  %cu = ad.unsqueeze %cos dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %su = ad.unsqueeze %sin dim 1 : tensor<1x?x32xf32> -> tensor<1x1x?x32xf32>
+  %qc = ad.mul %qt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %q1 = ad.slice %qt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %q2 = ad.slice %qt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %qn = ad.neg %q2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %qr = ad.cat %qn, %q1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %qs = ad.mul %qr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %qe = ad.add %qc, %qs : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %kc = ad.mul %kt, %cu : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %k1 = ad.slice %kt dim 3 [0, 16, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %k2 = ad.slice %kt dim 3 [16, 32, 1] : tensor<1x2x?x32xf32> -> tensor<1x2x?x16xf32>
+  %kn = ad.neg %k2 : tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  %kr = ad.cat %kn, %k1 dim -1 : (tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>) -> tensor<1x2x?x32xf32>
+  %ks = ad.mul %kr, %su : tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32> -> tensor<1x2x?x32xf32>
+  %ke = ad.add %kc, %ks : tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32> -> tensor<1x2x?x32xf32>
+  %o = ad.attention %qe, %ke, %v causal scale 0.125 : f64 : (tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>, tensor<1x2x?x32xf32>) -> tensor<1x2x?x32xf32>
+  func.return %o : tensor<1x2x?x32xf32>
+}

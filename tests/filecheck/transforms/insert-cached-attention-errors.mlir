@@ -425,3 +425,47 @@ func.func @zeroed_under_another_mask(%position_ids: tensor<1x?xi64> {ad.input = 
   %o = ad.matmul %pz, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("cpmant.encoder.layers.0.self_att.self_attention")
   func.return %o : tensor<1x2x?x8xf32>
 }
+
+// -----
+// Two such softmaxes: the first is named, the other counted.
+// CHECK: insert-cached-attention: the attention at model.layers.0.self_attn (and 1 more) is no form it caches: its input is not the scores plus a mask, nor masked_fill of them; 4 op(s) mix token positions
+func.func @two_unmatched_softmaxes(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32> loc("model.layers.0.self_attn")
+  %p = ad.softmax %s dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("model.layers.0.self_attn")
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
+  %kt1 = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s1 = ad.matmul %o, %kt1 : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32> loc("model.layers.1.self_attn")
+  %p1 = ad.softmax %s1 dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("model.layers.1.self_attn")
+  %o1 = ad.matmul %p1, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.1.self_attn")
+  func.return %o1 : tensor<1x2x?x8xf32>
+}
+
+// -----
+// MPT's masked_fill, but filling with -1 (not a very negative number): the scores are not masked.
+// CHECK: insert-cached-attention: the attention at transformer.blocks.0.attn is no form it caches: its masked_fill does not fill the scores with a very negative number;
+func.func @masked_fill_not_very_negative(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
+  %c0 = ad.constant 0 : i64
+  %c1 = ad.constant 1 : i64
+  %c3 = ad.constant 3 : i64
+  %h = ad.arange %c1, %c3, %c1 : i64, i64, i64 -> tensor<2xi64>
+  %hf = ad.cast %h : tensor<2xi64> -> tensor<2xf32>
+  %quarter = ad.constant 2.500000e-01 : f64
+  %slopes = ad.mul %hf, %quarter : tensor<2xf32>, f64 -> tensor<2xf32>
+  %sv = ad.reshape %slopes [2, 1, 1] : tensor<2xf32> -> tensor<2x1x1xf32>
+  %n = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %pos = ad.arange %c0, %n, %c1 : i64, index, i64 -> tensor<?xi64>
+  %bias = ad.mul %sv, %pos : tensor<2x1x1xf32>, tensor<?xi64> -> tensor<2x1x?xf32>
+  %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
+  %s = ad.matmul %q, %kt : (tensor<1x2x?x8xf32>, tensor<1x2x8x?xf32>) -> tensor<1x2x?x?xf32>
+  %scaling = ad.constant 0.35355339059327379 : f64
+  %scaled = ad.mul %s, %scaling : tensor<1x2x?x?xf32>, f64 -> tensor<1x2x?x?xf32>
+  %biased = ad.add %scaled, %bias : tensor<1x2x?x?xf32>, tensor<2x1x?xf32> -> tensor<1x2x?x?xf32>
+  %kp = ad.unsqueeze %pos dim 0 : tensor<?xi64> -> tensor<1x?xi64>
+  %qp = ad.unsqueeze %pos dim 1 : tensor<?xi64> -> tensor<?x1xi64>
+  %later = ad.gt %kp, %qp : tensor<1x?xi64>, tensor<?x1xi64> -> tensor<?x?xi1>
+  %masked = ad.torch_op "aten.masked_fill.Scalar"(%biased, %later) [#ad.ref<0>, #ad.ref<1>, -1.000000e+00 : f64] {} : (tensor<1x2x?x?xf32>, tensor<?x?xi1>) -> tensor<1x2x?x?xf32>
+  %p = ad.softmax %masked dim -1 : tensor<1x2x?x?xf32> -> tensor<1x2x?x?xf32> loc("transformer.blocks.0.attn")
+  %o = ad.matmul %p, %v : (tensor<1x2x?x?xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.blocks.0.attn")
+  func.return %o : tensor<1x2x?x8xf32>
+}

@@ -156,3 +156,13 @@ func.func @not_layer_norms(%x: tensor<4x96xf32>, %w2: tensor<2x96xf32>) -> (tens
   %back = ad.reshape %0 [4, 96] : tensor<2x2x96xf32> -> tensor<4x96xf32>
   func.return %n, %cn, %rn, %back, %d : tensor<4x96xf32>, tensor<4x96xf32>, tensor<4x96xf32>, tensor<4x96xf32>, tensor<4x96xf32>
 }
+
+// -----
+
+// A layer_norm call that cannot be read (here its normalized_shape is missing) stays as it is.
+// CHECK-LABEL: func.func @unreadable_call
+// CHECK-NEXT:    ad.torch_op "aten.layer_norm.default"(%x) [#ad.ref<0>]
+func.func @unreadable_call(%x: tensor<3x64xf32>) -> tensor<3x64xf32> {
+  %n = ad.torch_op "aten.layer_norm.default"(%x) [#ad.ref<0>] {} : (tensor<3x64xf32>) -> tensor<3x64xf32>
+  func.return %n : tensor<3x64xf32>
+}

@@ -293,3 +293,49 @@ func.func @gelu_experts(%p_gate_weight: tensor<4x16xf32> {ad.param = "gate.weigh
   %reshape_2 = ad.reshape %sum_1 [1, %sym_size_int, 16] : tensor<?x16xf32> -> tensor<1x?x16xf32>
   func.return %reshape_2 : tensor<1x?x16xf32>
 }
+
+// -----
+
+// Mixtral's block with the halves swapped: the activation of the second half times the first.
+// ad.moe takes the gate first: no match.
+// CHECK-LABEL: func.func @up_half_first
+// CHECK-NOT:     ad.moe
+// CHECK:         func.return
+func.func @up_half_first(%p_gate_weight: tensor<4x16xf32> {ad.param = "gate.weight"}, %p_experts_gate_up_proj: tensor<4x16x16xf32> {ad.param = "experts.gate_up_proj"}, %p_experts_down_proj: tensor<4x16x8xf32> {ad.param = "experts.down_proj"}, %hidden_states: tensor<1x?x16xf32> {ad.input = "hidden_states"}) -> tensor<1x?x16xf32> {
+  %sym_size_int = ad.sym_size %hidden_states dim 1 : tensor<1x?x16xf32>
+  %view = ad.reshape %hidden_states [-1, 16] : tensor<1x?x16xf32> -> tensor<?x16xf32>
+  %linear = ad.linear %view, %p_gate_weight : (tensor<?x16xf32>, tensor<4x16xf32>) -> tensor<?x4xf32>
+  %softmax = ad.softmax %linear dim -1 : tensor<?x4xf32> -> tensor<?x4xf32>
+  %topk, %topk_1 = ad.torch_op "aten.topk.default"(%softmax) [#ad.ref<0>, 2 : i64] {} unpack : (tensor<?x4xf32>) -> (tensor<?x2xf32>, tensor<?x2xi64>)
+  %sum = ad.sum %topk dim [-1] keepdim : tensor<?x2xf32> -> tensor<?x1xf32>
+  %div_ = ad.torch_op "aten.div_.Tensor"(%topk, %sum) [#ad.ref<0>, #ad.ref<1>] {} : (tensor<?x2xf32>, tensor<?x1xf32>) -> tensor<?x2xf32>
+  %reshape = ad.reshape %div_ [-1] : tensor<?x2xf32> -> tensor<?xf32>
+  %reshape_1 = ad.reshape %topk_1 [-1] : tensor<?x2xi64> -> tensor<?xi64>
+  %sort, %sort_1 = ad.torch_op "aten.sort.default"(%reshape_1) [#ad.ref<0>] {} unpack : (tensor<?xi64>) -> (tensor<?xi64>, tensor<?xi64>)
+  %floor_divide = ad.torch_op "aten.floor_divide.default"(%sort_1) [#ad.ref<0>, 2 : i64] {} : (tensor<?xi64>) -> tensor<?xi64>
+  %index = ad.torch_op "aten.index.Tensor"(%view, %floor_divide) [#ad.ref<0>, [#ad.ref<1>]] {} : (tensor<?x16xf32>, tensor<?xi64>) -> tensor<?x16xf32>
+  %index_1 = ad.torch_op "aten.index.Tensor"(%reshape, %sort_1) [#ad.ref<0>, [#ad.ref<1>]] {} : (tensor<?xf32>, tensor<?xi64>) -> tensor<?xf32>
+  %to = ad.cast %sort : tensor<?xi64> -> tensor<?xf32>
+  %histc = ad.torch_op "aten.histc.default"(%to) [#ad.ref<0>, 4 : i64, 0 : i64, 3 : i64] {} : (tensor<?xf32>) -> tensor<4xf32>
+  %cumsum = ad.torch_op "aten.cumsum.default"(%histc) [#ad.ref<0>, 0 : i64] {dtype = i32} : (tensor<4xf32>) -> tensor<4xi32>
+  %transpose = ad.transpose %p_experts_gate_up_proj -2, -1 : tensor<4x16x16xf32> -> tensor<4x16x16xf32>
+  %grouped_mm_fallback = ad.torch_op "transformers.grouped_mm_fallback.default"(%index, %transpose, %cumsum) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} : (tensor<?x16xf32>, tensor<4x16x16xf32>, tensor<4xi32>) -> tensor<?x16xf32>
+  %chunk, %chunk_1 = ad.torch_op "aten.chunk.default"(%grouped_mm_fallback) [#ad.ref<0>, 2 : i64, -1 : i64] {} unpack : (tensor<?x16xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>)
+  %silu = ad.silu %chunk_1 : tensor<?x8xf32> -> tensor<?x8xf32>
+  %mul = ad.mul %silu, %chunk : tensor<?x8xf32>, tensor<?x8xf32> -> tensor<?x8xf32>
+  %transpose_1 = ad.transpose %p_experts_down_proj -2, -1 : tensor<4x16x8xf32> -> tensor<4x8x16xf32>
+  %grouped_mm_fallback_1 = ad.torch_op "transformers.grouped_mm_fallback.default"(%mul, %transpose_1, %cumsum) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>] {} : (tensor<?x8xf32>, tensor<4x8x16xf32>, tensor<4xi32>) -> tensor<?x16xf32>
+  %unsqueeze = ad.unsqueeze %index_1 dim -1 : tensor<?xf32> -> tensor<?x1xf32>
+  %mul_1 = ad.mul %grouped_mm_fallback_1, %unsqueeze : tensor<?x16xf32>, tensor<?x1xf32> -> tensor<?x16xf32>
+  %empty_like = ad.torch_op "aten.empty_like.default"(%sort_1) [#ad.ref<0>] {pin_memory = false} : (tensor<?xi64>) -> tensor<?xi64>
+  %mul_2 = ad.torch_op "_operator.mul"(%sym_size_int) [2 : i64, #ad.ref<0>] {} : (index) -> index
+  %0 = ad.constant 0 : i64
+  %1 = ad.constant 1 : i64
+  %arange = ad.arange %0, %mul_2, %1 device <device "cpu"> : i64, index, i64 -> tensor<?xi64>
+  %index_put_ = ad.torch_op "aten.index_put_.default"(%empty_like, %sort_1, %arange) [#ad.ref<0>, [#ad.ref<1>], #ad.ref<2>] {} : (tensor<?xi64>, tensor<?xi64>, tensor<?xi64>) -> tensor<?xi64>
+  %index_2 = ad.torch_op "aten.index.Tensor"(%mul_1, %index_put_) [#ad.ref<0>, [#ad.ref<1>]] {} : (tensor<?x16xf32>, tensor<?xi64>) -> tensor<?x16xf32>
+  %view_1 = ad.reshape %index_2 [%sym_size_int, 2, 16] : tensor<?x16xf32> -> tensor<?x2x16xf32>
+  %sum_1 = ad.sum %view_1 dim [1] : tensor<?x2x16xf32> -> tensor<?x16xf32>
+  %reshape_2 = ad.reshape %sum_1 [1, %sym_size_int, 16] : tensor<?x16xf32> -> tensor<1x?x16xf32>
+  func.return %reshape_2 : tensor<1x?x16xf32>
+}

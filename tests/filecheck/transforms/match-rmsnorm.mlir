@@ -149,3 +149,37 @@ func.func @cast_to_another_dtype(%x: tensor<4x32xbf16>) -> tensor<4x32xf16> {
   %nh = ad.cast %n : tensor<4x32xf32> -> tensor<4x32xf16>
   func.return %nh : tensor<4x32xf16>
 }
+
+// -----
+
+// The mean of x^3, not of x^2: no RMSNorm.
+// CHECK-LABEL: func.func @cube
+// CHECK-NOT:     ad.rms_norm
+// CHECK:         ad.rsqrt
+func.func @cube(%x: tensor<4x32xf32>) -> tensor<4x32xf32> {
+  %three = ad.constant 3 : i64
+  %eps = ad.constant 1.0e-06 : f64
+  %cb = ad.pow %x, %three : tensor<4x32xf32>, i64 -> tensor<4x32xf32>
+  %mean = ad.mean %cb dim [-1] keepdim : tensor<4x32xf32> -> tensor<4x1xf32>
+  %var = ad.add %mean, %eps : tensor<4x1xf32>, f64 -> tensor<4x1xf32>
+  %r = ad.rsqrt %var : tensor<4x1xf32> -> tensor<4x1xf32>
+  %n = ad.mul %x, %r : tensor<4x32xf32>, tensor<4x1xf32> -> tensor<4x32xf32>
+  func.return %n : tensor<4x32xf32>
+}
+
+// -----
+
+// eps subtracted, not added: no RMSNorm.
+// CHECK-LABEL: func.func @eps_subtracted
+// CHECK-NOT:     ad.rms_norm
+// CHECK:         ad.rsqrt
+func.func @eps_subtracted(%x: tensor<4x32xf32>) -> tensor<4x32xf32> {
+  %two = ad.constant 2 : i64
+  %eps = ad.constant 1.0e-06 : f64
+  %sq = ad.pow %x, %two : tensor<4x32xf32>, i64 -> tensor<4x32xf32>
+  %mean = ad.mean %sq dim [-1] keepdim : tensor<4x32xf32> -> tensor<4x1xf32>
+  %var = ad.sub %mean, %eps : tensor<4x1xf32>, f64 -> tensor<4x1xf32>
+  %r = ad.rsqrt %var : tensor<4x1xf32> -> tensor<4x1xf32>
+  %n = ad.mul %x, %r : tensor<4x32xf32>, tensor<4x1xf32> -> tensor<4x32xf32>
+  func.return %n : tensor<4x32xf32>
+}
