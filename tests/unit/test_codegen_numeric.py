@@ -52,6 +52,13 @@ def test_softmax_over_rows_longer_than_one_tile() -> None:
     torch.testing.assert_close(gm(x)[0], torch.softmax(x, -1))
 
 
+def test_pointwise_over_rows_longer_than_one_tile() -> None:
+    """A pointwise kernel tiles a long row in power-of-2 blocks of at most POINTWISE_TILE columns."""
+    x = torch.randn(2, 3000)
+    fn = lambda t: torch.exp(t) * 2 - t  # noqa: E731
+    torch.testing.assert_close(_compiled(fn, x)(x)[0], fn(x))
+
+
 @pytest.mark.parametrize("hidden", [1, 5, 96, 100, 2688])
 def test_rmsnorm_at_odd_row_lengths(hidden: int) -> None:
     """exp/rsqrt/+eps map a padding lane's 0 to non-zero: only a masked reduction is right."""
@@ -147,10 +154,12 @@ def test_compiled_graph_exports_again() -> None:
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
 def test_integer_min_and_max_over_rows_longer_than_one_tile(dtype: torch.dtype) -> None:
     """A looped row reduction starts from the dtype's extreme, its neutral element: positive rows
-    keep a min above 0, negative rows a max below 0, and a row holding the extremes keeps them."""
-    x = torch.randint(1, 1000, (3, 10000), dtype=dtype)
+    keep a min above 0, negative rows a max below 0, a row holding the extremes keeps them, and a
+    row within 1000 of the dtype's lowest value keeps its max there (any neutral above it would win)."""
+    x = torch.randint(1, 1000, (4, 10000), dtype=dtype)
     x[1] = -x[1]
     x[2, 7], x[2, 9000] = torch.iinfo(dtype).max, torch.iinfo(dtype).min
+    x[3] += torch.iinfo(dtype).min
     gm = _compiled(lambda t: (t.amin(-1, keepdim=True), t.amax(-1, keepdim=True)), x)
     low, high = gm(x)
     assert torch.equal(low, x.amin(-1, keepdim=True)) and torch.equal(high, x.amax(-1, keepdim=True))

@@ -151,3 +151,27 @@ def test_backward_through_a_kernel_raises(path: str, tmp_path: Path) -> None:
         got = kernel.op([scores, bias], [], [])
     with pytest.raises(RuntimeError, match=rf"backward through ad_mlir.{kernel.name}.default but no autograd formula"):
         got[0].sum().backward()
+
+
+STATE_OPS = """
+func.func @f(%x: tensor<?x64x?xbf16>, %a: tensor<64x16xf32>, %b: tensor<?x16x?xbf16>, %d: tensor<64xf32>, %st: tensor<8x64x16xf32>, %s: tensor<?xi64>, %q: tensor<1x?x2x16xf32>, %v: tensor<1x?x4x8xf32>, %g: tensor<1x?x4xf32>, %rs: tensor<4x4x16x8xf32>) -> (tensor<?x64x?xf32>, tensor<1x?x4x8xf32>) {
+  %0 = ad.cached_selective_scan %x, %x, %a, %b, %b d %d z %x dt_bias %d dt_softplus state %st slots %s starts %s : (tensor<?x64x?xbf16>, tensor<?x64x?xbf16>, tensor<64x16xf32>, tensor<?x16x?xbf16>, tensor<?x16x?xbf16>, tensor<8x64x16xf32>, tensor<?xi64>, tensor<?xi64>, d tensor<64xf32>, z tensor<?x64x?xbf16>, dt_bias tensor<64xf32>) -> tensor<?x64x?xf32>
+  %1 = ad.cached_gated_delta_rule %q, %q, %v, %g, %g state %rs slots %s starts %s : (tensor<1x?x2x16xf32>, tensor<1x?x2x16xf32>, tensor<1x?x4x8xf32>, tensor<1x?x4xf32>, tensor<1x?x4xf32>, tensor<4x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x4x8xf32>
+  func.return %0, %1 : tensor<?x64x?xf32>, tensor<1x?x4x8xf32>
+}
+"""
+
+
+def test_each_recurrent_state_op_lowers_to_its_own_template() -> None:
+    """Mamba1's selective scan (bf16 time steps, an fp32 output, with D, z, dt_bias and softplus)
+    and the gated delta rule (fp32, key dim 16, no L2 norm) each get their template, with the
+    options their IR states."""
+    from ad_mlir.codegen.gated_delta_rule_kernel import emit_gated_delta_rule_module
+    from ad_mlir.codegen.lowering import emit_kernel_source, kernel_region
+    from ad_mlir.codegen.selective_scan_kernel import emit_selective_scan_module
+
+    scan, rule = kernel_ops(Parser(make_context(), STATE_OPS).parse_module())
+    assert emit_kernel_source(kernel_region(scan).region, "k", "") == emit_selective_scan_module(
+        torch.bfloat16, torch.float32, True, True, True, True, "k", "")
+    assert emit_kernel_source(kernel_region(rule).region, "k", "") == emit_gated_delta_rule_module(
+        torch.float32, 16, False, "k", "")

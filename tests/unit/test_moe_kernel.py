@@ -140,6 +140,8 @@ def test_only_experts_with_tokens_get_blocks(build, tokens: int, bias: list | No
 def test_spec_rejects_what_the_kernel_cannot_do() -> None:
     with pytest.raises(ValueError, match="top_k 5 is not in 1..4"):
         _spec(top_k=5)
+    with pytest.raises(ValueError, match="top_k 0 is not in 1..4"):  # no routed expert: nothing to route to
+        _spec(top_k=0)
     with pytest.raises(ValueError, match="dtype torch.float64"):
         _spec(dtype=torch.float64)
 

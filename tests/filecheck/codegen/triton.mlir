@@ -145,3 +145,35 @@ func.func @broadcast_outputs(%x: tensor<8x32xf32>, %w: tensor<32xf32>) -> (tenso
   %p = ad.gt %y, %zero : tensor<8x32xf32>, f64 -> tensor<8x32xi1>
   func.return %w1, %y, %p : tensor<32xf32>, tensor<8x32xf32>, tensor<8x32xi1>
 }
+
+// -----
+
+// A region of 0-d values (here a hand-written one: the fuser leaves a 0-d reduction out) has a
+// domain of one element: its row is one column wide, so the sum reads the value once.
+// CHECK-LABEL: kernel 1 of 1: red_sum_
+// CHECK:         col_mask = cols < 1
+// CHECK:         [[X:t[0-9]+]] = tl.load(in0 + tl.zeros([1, 1], tl.int32))
+// CHECK-NEXT:    [[PAD:t[0-9]+]] = tl.where(col_mask, [[X]], 0.0)
+// CHECK-NEXT:    [[S:t[0-9]+]] = tl.sum([[PAD]], axis=1, keep_dims=True)
+// CHECK-NEXT:    tl.store(out0 + rows * 1 + cols, [[S]], mask=mask)
+// CHECK:         return [()]
+func.func @zero_dim_sum(%a: tensor<f32>) -> tensor<f32> {
+  %r = ad.fused(%a) : (tensor<f32>) -> tensor<f32> {
+  ^bb0(%x: tensor<f32>):
+    %s = ad.sum %x dim [-1] : tensor<f32> -> tensor<f32>
+    ad.yield %s : tensor<f32>
+  }
+  func.return %r : tensor<f32>
+}
+
+// -----
+
+// An op with no kernel form (the MLA template has no sink logits) is named with the reason and
+// runs as its torch reference; the target goes on to the other kernels.
+// CHECK:       # ----- ad.cached_mla_attention at loc("model.layers.0.self_attn"): no kernel, runs as its torch reference (the MLA template has no sink logits)
+// CHECK-NEXT:  # ----- kernel 2 of 2: poi_exp_
+func.func @mla_with_sinks(%qn: tensor<?x4x?x16xbf16>, %qr: tensor<?x4x?x8xbf16>, %lat: tensor<?x1x?x32xbf16>, %kr: tensor<?x1x?x8xbf16>, %w: tensor<128x32xbf16>, %c: tensor<2x64x40xbf16>, %s: tensor<?xi64>, %sinks: tensor<4xf32>) -> tensor<?x4x?x16xbf16> {
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s sinks %sinks : tensor<4xf32> scale 1.250000e-01 : (tensor<?x4x?x16xbf16>, tensor<?x4x?x8xbf16>, tensor<?x1x?x32xbf16>, tensor<?x1x?x8xbf16>, tensor<128x32xbf16>, tensor<2x64x40xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x16xbf16> loc("model.layers.0.self_attn")
+  %1 = ad.exp %0 : tensor<?x4x?x16xbf16> -> tensor<?x4x?x16xbf16>
+  func.return %1 : tensor<?x4x?x16xbf16>
+}
