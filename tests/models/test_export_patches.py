@@ -210,6 +210,23 @@ def test_exports_for_generation_with_hfs_values(family: str) -> None:
                                        model(input_ids=tokens).logits)
 
 
+def test_deepseek_v4s_indexer_selects_as_hfs_before_its_first_window() -> None:
+    """Three tokens with a CSA compression rate of 4: no compressed entry yet, so HF's indexer
+    selects no entry for each of the 3 queries, [batch, 3, 0]; the replacement the same."""
+    settings = {**GENERATION_EXPORTS["deepseek_v4"][0],
+                "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}}
+    model = _wide("deepseek_v4", settings)
+    indexer = next(m for m in model.modules() if type(m).__name__ == "DeepseekV4Indexer")
+    hidden, q_residual = torch.randn(2, 3, model.config.hidden_size), torch.randn(2, 3, model.config.q_lora_rank)
+    positions = torch.arange(3).expand(2, 3)
+    with torch.no_grad():
+        hf = indexer(hidden, q_residual, positions, None, 0)
+        with routed_for_export():
+            replaced = indexer(hidden, q_residual, positions, None, 0)
+    assert hf.shape == (2, 3, 0)
+    assert replaced.shape == hf.shape and replaced.dtype == hf.dtype
+
+
 def test_inkling2_loops_convolution_is_replaced_exactly() -> None:
     """Inkling2-Loop's dynamic short convolution, HF's copy of Inkling2's, gets the same
     replacement (its export is Inkling2's; not exported again here, to save the suite's time)."""

@@ -121,6 +121,22 @@ def test_an_op_its_verifier_refuses_is_carried_opaquely_and_uses_nothing(monkeyp
     assert torch.equal(export_program(program)(X.clone())[0], X[1:] * 2)
 
 
+def test_an_op_returning_nothing_is_carried_with_no_results_and_still_runs() -> None:
+    """`torch._assert_async` returns None: an ad.torch_op with no results, not a sequence to
+    unpack, kept in the exported graph, where it still checks its condition."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        torch._assert_async(x.sum() > -1e9, "sum too small")
+        return x * 2
+
+    _, program, gm = _round_trip(fn, X.clone())
+    (check,) = [op for op in program.module.walk() if isinstance(op, ad.TorchOp)
+                and op.target.data == "aten._assert_async.msg"]
+    assert not check.results and check.unpack is None
+    assert torch.equal(gm(X)[0], X * 2)
+    with pytest.raises(RuntimeError):
+        gm(torch.full((4, 6), -1e9))
+
+
 def test_custom_library_op_is_carried_opaquely() -> None:
     @torch.library.custom_op("ad_mlir_test::scale_rows", mutates_args=())
     def scale_rows(x: torch.Tensor, factor: float) -> torch.Tensor:

@@ -204,6 +204,15 @@ def test_the_key_changes_with_what_decides_the_export(monkeypatch: pytest.Monkey
     assert decorated["original"] != decorated["patched"], "the decorator's code is the same: what it wraps differs"
 
 
+def test_a_generation_configs_hash_of_itself_keeps_the_key() -> None:
+    """A GenerationConfig keeps `hash(self)` in `_original_object_hash`: a str's hash, another in
+    each process (PYTHONHASHSEED), not what the config configures: the same model keys the same."""
+    base = _key(build_model(TinyConfig(layers=1)))
+    model = build_model(TinyConfig(layers=1))
+    model.generation_config._original_object_hash += 1
+    assert _key(model) == base
+
+
 def _decorated(fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
