@@ -14,7 +14,7 @@ from engine_steps import checked_step
 from test_generate import PROMPTS, _family_model, _hf_tokens
 
 import ad_mlir
-from ad_mlir.llm.engine import Engine, RequestUpdate, SamplingParams
+from ad_mlir.llm.engine import Engine, RequestError, RequestUpdate, SamplingParams
 from ad_mlir.runtime.kernels import reference_kernels
 
 NEW = 8
@@ -131,6 +131,18 @@ def test_a_request_that_cannot_fit_is_refused_before_it_queues(llama) -> None:
     with pytest.raises(ValueError, match="top_p must be in"):
         SamplingParams(top_p=0)
     assert not engine.has_work
+
+
+def test_sampling_params_take_openais_ranges_ends_included() -> None:
+    """logprobs (OpenAI's top_logprobs) 0 to 20, presence and frequency penalties -2 to 2: the
+    ends are taken, one step past them is refused naming the field."""
+    SamplingParams(logprobs=20, presence_penalty=2.0, frequency_penalty=2.0)
+    SamplingParams(logprobs=0, presence_penalty=-2.0, frequency_penalty=-2.0)
+    for param, value in (("logprobs", 21), ("logprobs", -1), ("presence_penalty", 2.5), ("presence_penalty", -2.5),
+                         ("frequency_penalty", 2.5), ("frequency_penalty", -2.5)):
+        with pytest.raises(RequestError) as refused:
+            SamplingParams(**{param: value})
+        assert refused.value.param == param
 
 
 def test_a_stop_string_ends_the_text_before_it_and_streams_nothing_of_it(llama, monkeypatch: pytest.MonkeyPatch) -> None:

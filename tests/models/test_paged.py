@@ -134,6 +134,7 @@ def test_a_byte_budget_buys_whole_pages(paged) -> None:
     per_page = config.num_hidden_layers * 2 * PAGE_SIZE * config.num_key_value_heads * config.head_dim * 4
     llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=24, page_size=PAGE_SIZE, kv_cache_budget=10 * per_page + 100)
     assert llm.num_pages == 10 and llm.cache_bytes == 10 * per_page
+    assert llm.max_seq_len == 24, "the length asked for, not the default"
     with pytest.raises(ValueError, match="holds no page of 4 tokens"):
         ad_mlir.LLM(model, max_batch=2, max_seq_len=24, page_size=PAGE_SIZE, kv_cache_budget=per_page - 1)
 
