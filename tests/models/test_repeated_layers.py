@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from xdsl.dialects.builtin import DictionaryAttr, ModuleOp, StringAttr
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr, TensorType, f32
 from xdsl.printer import Printer
 
 import ad_mlir
@@ -27,7 +28,15 @@ from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.llm import llm as llm_module
 from ad_mlir.passes.pipeline import run_pipeline
-from ad_mlir.passes.repeated_layers import NotRepeating, layer_of, lengthen, period, renamed, shorten
+from ad_mlir.passes.repeated_layers import (
+    NotRepeating,
+    _Arguments,
+    layer_of,
+    lengthen,
+    period,
+    renamed,
+    shorten,
+)
 from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE
 from ad_mlir.zoo.small import model_from_config, small_config
 
@@ -242,3 +251,25 @@ def test_cache_arguments_counted_otherwise_are_not_lengthened() -> None:
     with pytest.raises(NotRepeating, match=r"the arguments v_cache_<i> are not counted alike in every group of 1 layers"):
         lengthen(module, 7, p, lambda old, new: None)
     assert _text(module) == before
+
+
+def _cache_arguments(layers: int) -> func.FuncOp:
+    """A function of one K cache argument per layer, named and marked as insert-cached-attention does."""
+    fn = func.FuncOp("f", ([TensorType(f32, [2, 8])] * layers, []))
+    fn.arg_attrs = ArrayAttr([DictionaryAttr({ad.INPUT_ATTR: StringAttr(f"k_cache_{i}"),
+                                              ad.CACHE_ATTR: StringAttr(f"model.layers.{i}.self_attn key")})
+                              for i in range(layers)])
+    return fn
+
+
+@pytest.mark.parametrize(("p", "outside"), [(1, 2), (2, 5), (2, 8)])
+def test_a_template_reading_another_groups_arguments_is_not_lengthened(p: int, outside: int) -> None:
+    """Group 3 (layers 3p to 4p - 1), which the copies are made of, may read its own layers'
+    arguments only: a copy could not read what another group's layer reads (an earlier group's
+    or the last group's, which stands for the model's last layers)."""
+    fn = _cache_arguments(5 * p)
+    arguments = _Arguments(fn, "model.layers", p, copies=1)
+    args = fn.body.block.args
+    arguments.check_reads(args[3 * p:4 * p])
+    with pytest.raises(NotRepeating, match=rf"layers? {3 * p}\S* read the argument k_cache_{outside} of layer {outside}"):
+        arguments.check_reads([args[3 * p], args[outside]])

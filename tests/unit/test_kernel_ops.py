@@ -94,6 +94,31 @@ def test_results_never_alias_an_input(path: str, tmp_path: Path) -> None:
         assert len(storages) == 3, "a result shares storage with the input or the other result"
 
 
+PASSED_ON = """
+func.func @f(%x: tensor<3x8xf32>) -> (tensor<3x8xf32>, tensor<3x8xf32>) {
+  %r:2 = ad.fused(%x) : (tensor<3x8xf32>) -> (tensor<3x8xf32>, tensor<3x8xf32>) {
+  ^bb0(%y: tensor<3x8xf32>):
+    %n = ad.neg %y : tensor<3x8xf32> -> tensor<3x8xf32>
+    ad.yield %y, %n : tensor<3x8xf32>, tensor<3x8xf32>
+  }
+  func.return %r#0, %r#1 : tensor<3x8xf32>, tensor<3x8xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("path", ["reference", "interpreter"])
+def test_a_region_yielding_its_input_as_it_is_returns_a_copy(path: str, tmp_path: Path) -> None:
+    """The input itself (contiguous: the results' `.contiguous()` copies nothing), yielded: on
+    the reference path too, the result is a copy of the input, not the input."""
+    kernel = _kernel(PASSED_ON, tmp_path)
+    x = torch.randn(3, 8)
+    for call in (kernel.op, kernel.run):
+        with reference_kernels() if path == "reference" else torch.no_grad():
+            got = call([x], [], [])
+        torch.testing.assert_close(got, [x, -x])
+        assert got[0].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
 def test_only_regions_whose_results_are_new_tensors_skip_the_alias_check(tmp_path: Path) -> None:
     """The reference path skips `unaliased` where every result is made by an op that returns
     no alias (ALiBi's scores * 0.5 + bias and exp(bias)); a region that yields a slice of its

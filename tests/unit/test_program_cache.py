@@ -20,7 +20,7 @@ from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.passes.pipeline import PipelineConfig, load_pipeline
-from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE, checksum, program_key
+from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE, ProgramCache, checksum, program_key
 from ad_mlir.semantics.weights import Rank
 from ad_mlir.zoo.tiny import TinyConfig, build_model, example_input_ids
 
@@ -71,6 +71,26 @@ with torch.no_grad():
     torch.testing.assert_close(gm(ids)[0], model(input_ids=ids).logits)
 print("generated", cache.generated, "hits", cache.hits)
 """
+
+
+def test_the_counters_count_the_programs_stored_and_read(tmp_path: Path) -> None:
+    """`stored` counts the programs written, `hits` those read from a valid entry (none for a
+    missing or a damaged one), both from 0."""
+    from xdsl.parser import Parser
+
+    from ad_mlir.passes.pipeline import make_context
+
+    module = Parser(make_context(), "func.func @f(%x: tensor<2xf32>) -> tensor<2xf32> {\n"
+                                    "  func.return %x : tensor<2xf32>\n}\n").parse_module()
+    writer, reader = ProgramCache(tmp_path), ProgramCache(tmp_path)
+    assert (writer.stored, writer.hits, reader.hits) == (0, 0, 0)
+    writer.store("a" * 64, module)
+    writer.store("b" * 64, module)
+    assert writer.stored == 2 and writer.hits == 0
+    assert reader.load("a" * 64) is not None and reader.load("c" * 64) is None
+    assert reader.hits == 1
+    reader.path("b" * 64).write_text("damaged\n")
+    assert reader.load("b" * 64) is None and reader.hits == 1
 
 
 def test_a_new_process_reads_the_program_and_matches_eager(tmp_path: Path) -> None:
