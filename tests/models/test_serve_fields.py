@@ -427,6 +427,15 @@ def test_a_field_we_do_not_do_is_a_400_naming_it(ids: Served, route: str, fields
     assert ids.runner.in_flight == 0, "a refused request was queued"
 
 
+def test_our_own_checks_words_are_the_message_as_they_are(ids: Served) -> None:
+    """A check of this server's own (a validator raising ValueError) is the message word for
+    word after the field's name, without pydantic's "Value error, " before it."""
+    status, error = _post(f"{ids.url}/v1/completions", {"model": "llama", "prompt": [5, 9],
+                                                         "stream_options": {"include_usage": True}})
+    assert status == 400 and error["error"]["message"] == \
+        "stream_options: stream_options is only allowed with stream: true", error
+
+
 def test_fields_that_change_nothing_are_taken_and_ignored(ids: Served, smol: Served) -> None:
     prompt = PROMPTS[0]
     r = ids.client.completions.create(model="llama", prompt=prompt, max_tokens=NEW, temperature=0, user="u",

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import IO
 
 import openai
+import pytest
+import torch
 from test_serve import _wait_healthy
 
 import ad_mlir
@@ -60,6 +62,26 @@ def one_rank_tokens() -> tuple[list[int], ...]:
     tokens = tuple(out.token_ids for out in outputs)
     assert len({t for ids in tokens for t in ids}) > NEW, tokens  # tokens that vary: a wrong rank would show
     return tokens
+
+
+def test_the_rank_started_here_takes_the_first_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a GPU per rank (CUDA stubbed here: no GPU needed), the process that starts the group
+    is rank 0 on GPU 0 under NCCL, and starts rank 1 (which takes GPU 1 by its LOCAL_RANK)."""
+    from ad_mlir.serve import ranks as ranks_module
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    started: list[int] = []
+    monkeypatch.setattr(ranks_module, "_start_rank", lambda rank, world, port, argv: started.append(rank))
+    groups: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(ranks_module.dist, "init_process_group",
+                        lambda backend, **kw: groups.append((backend, kw["rank"], kw["world_size"])))
+    ranks = ranks_module.join(2, 10, [])
+    assert (ranks.rank, ranks.device, ranks.backend) == (0, torch.device("cuda", 0), "nccl")
+    assert chosen == [0] and started == [1] and groups == [("nccl", 0, 2)]
 
 
 def test_serve_on_two_ranks_answers_as_one_rank_and_stops_the_rank_it_started(tmp_path: Path) -> None:
