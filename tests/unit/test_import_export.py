@@ -137,6 +137,23 @@ def test_an_op_returning_nothing_is_carried_with_no_results_and_still_runs() -> 
         gm(torch.full((4, 6), -1e9))
 
 
+def test_the_outputs_are_the_output_nodes_first_argument() -> None:
+    """As torch.fx's own code generation reads them (`Graph.output(result)` makes args
+    (result,)): an output node given a second argument, which torch's lint and the export
+    verifier let through and its code ignores, still returns the first's values."""
+    class Two(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x * 2, x + 1
+
+    ep = torch.export.export(Two(), (X,))
+    output = ep.graph.output_node()
+    output.args = (output.args[0], output.args[0][1])
+    expected = ep.module()(X)
+    got = export_program(import_program(ep))(X)
+    assert len(got) == len(expected) == 2
+    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+
+
 def test_custom_library_op_is_carried_opaquely() -> None:
     @torch.library.custom_op("ad_mlir_test::scale_rows", mutates_args=())
     def scale_rows(x: torch.Tensor, factor: float) -> torch.Tensor:
