@@ -25,10 +25,10 @@ from ad_mlir.dialects.decompositions import DECOMPOSITIONS, NoKernelForm
 from ad_mlir.dialects.weights import weight_only_values
 
 if TYPE_CHECKING:
-    from ad_mlir.codegen.attention_kernel import AttentionSpec
-    from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
-    from ad_mlir.codegen.moe_kernel import MoeSpec
-    from ad_mlir.codegen.paged_attention_kernel import PagedAttentionSpec
+    from ad_mlir.codegen.templates.attention_kernel import AttentionSpec
+    from ad_mlir.codegen.templates.cached_attention_kernel import CachedAttentionSpec
+    from ad_mlir.codegen.templates.moe_kernel import MoeSpec
+    from ad_mlir.codegen.templates.paged_attention_kernel import PagedAttentionSpec
 
 RECURRENT_OPS = (ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedSelectiveScanOp)
 """Scans over a per-slot recurrent state (`state`, written in place), each its own template."""
@@ -122,7 +122,7 @@ def template_op(region: ad.FusedOp) -> Operation | None:
 def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     """The kernel module of a lowered region: the attention, cached attention, cached causal
     convolution, RoPE or MoE template for those ops, the generic region kernel otherwise."""
-    from ad_mlir.codegen import (
+    from ad_mlir.codegen.templates import (
         attention_kernel,
         cached_attention_kernel,
         paged_attention_kernel,
@@ -139,23 +139,23 @@ def emit_kernel_source(region: ad.FusedOp, name: str, header: str) -> str:
     if isinstance(op, ad.PagedAttentionOp):
         return paged_attention_kernel.emit_paged_attention_module(cached_attention_spec(op), name, header)
     if isinstance(op, ad.CachedMlaAttentionOp):
-        from ad_mlir.codegen.mla_attention_kernel import emit_mla_attention_module
+        from ad_mlir.codegen.templates.mla_attention_kernel import emit_mla_attention_module
 
         return emit_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, name, header,
                                          sparse=op.selected is not None)
     if isinstance(op, ad.CachedIndexTopkOp):
-        from ad_mlir.codegen.index_topk_kernel import emit_index_topk_module
+        from ad_mlir.codegen.templates.index_topk_kernel import emit_index_topk_module
 
         return emit_index_topk_module(op.scale.value.data, op.topk.value.data, name, header)
     if isinstance(op, ad.PagedMlaAttentionOp):
-        from ad_mlir.codegen.paged_mla_attention_kernel import emit_paged_mla_attention_module
+        from ad_mlir.codegen.templates.paged_mla_attention_kernel import emit_paged_mla_attention_module
 
         return emit_paged_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, op.page_size(), name,
                                                header)
     if isinstance(op, (ad.CachedCausalConv1dOp, *RECURRENT_OPS)):
         return _emit_state_module(op, name, header)
     if isinstance(op, ad.MoeOp):
-        from ad_mlir.codegen.moe_kernel import emit_moe_module
+        from ad_mlir.codegen.templates.moe_kernel import emit_moe_module
 
         return emit_moe_module(moe_spec(op), name, header)
     if isinstance(op, ad.RopeOp):
@@ -169,8 +169,8 @@ def _emit_state_module(op: ad.CachedCausalConv1dOp | ad.CachedSsmScanOp | ad.Cac
                        ad.CachedSelectiveScanOp, name: str, header: str) -> str:
     """A per-sequence state op's kernel module: its template's, launched once per sequence in
     the paged form (`query_starts`: `by_sequence`)."""
-    from ad_mlir.codegen.by_sequence import by_sequence_source
-    from ad_mlir.codegen.causal_conv_kernel import emit_causal_conv_module
+    from ad_mlir.codegen.templates.by_sequence import by_sequence_source
+    from ad_mlir.codegen.templates.causal_conv_kernel import emit_causal_conv_module
     from ad_mlir.semantics.op_table import torch_dtype
 
     if isinstance(op, ad.CachedCausalConv1dOp):
@@ -198,9 +198,9 @@ def _token_inputs(op: ad.CachedCausalConv1dOp | ad.CachedSsmScanOp | ad.CachedGa
 
 def _emit_recurrent_module(op: ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp | ad.CachedSelectiveScanOp, name: str,
                            header: str) -> str:
-    from ad_mlir.codegen.gated_delta_rule_kernel import emit_gated_delta_rule_module
-    from ad_mlir.codegen.selective_scan_kernel import emit_selective_scan_module
-    from ad_mlir.codegen.ssm_scan_kernel import emit_ssm_scan_module
+    from ad_mlir.codegen.templates.gated_delta_rule_kernel import emit_gated_delta_rule_module
+    from ad_mlir.codegen.templates.selective_scan_kernel import emit_selective_scan_module
+    from ad_mlir.codegen.templates.ssm_scan_kernel import emit_ssm_scan_module
     from ad_mlir.semantics.op_table import torch_dtype
 
     if isinstance(op, ad.CachedSelectiveScanOp):
@@ -216,7 +216,7 @@ def _emit_recurrent_module(op: ad.CachedSsmScanOp | ad.CachedGatedDeltaRuleOp | 
 
 
 def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
-    from ad_mlir.codegen.attention_kernel import AttentionSpec
+    from ad_mlir.codegen.templates.attention_kernel import AttentionSpec
     from ad_mlir.semantics.op_table import torch_dtype
 
     return AttentionSpec(
@@ -237,8 +237,8 @@ def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
 
 def cached_attention_spec(op: ad.CachedAttentionOp | ad.PagedAttentionOp) -> CachedAttentionSpec | PagedAttentionSpec:
     """The kernel spec of a cached attention (a `PagedAttentionSpec` for `ad.paged_attention`)."""
-    from ad_mlir.codegen.cached_attention_kernel import CachedAttentionSpec
-    from ad_mlir.codegen.paged_attention_kernel import PagedAttentionSpec
+    from ad_mlir.codegen.templates.cached_attention_kernel import CachedAttentionSpec
+    from ad_mlir.codegen.templates.paged_attention_kernel import PagedAttentionSpec
     from ad_mlir.semantics.op_table import torch_dtype
 
     paged = {"page_size": op.page_size()} if isinstance(op, ad.PagedAttentionOp) else {}
@@ -267,7 +267,7 @@ def rotary_dim(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp | ad.Pa
 
 
 def moe_spec(op: ad.MoeOp) -> MoeSpec:
-    from ad_mlir.codegen.moe_kernel import MoeSpec
+    from ad_mlir.codegen.templates.moe_kernel import MoeSpec
     from ad_mlir.semantics.op_table import torch_dtype
 
     _, inter, hidden = op.gate_up.type.get_shape()

@@ -39,8 +39,8 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
-from ad_mlir.codegen.writer import IndentedWriter
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.templates.writer import IndentedWriter
 from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.dialects.kernel_forms import (
     HeadPieces,
@@ -514,5 +514,5 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
     if spec.softcap:
         body.append(_SOFTCAP_HELPER)
     body += [emitter.emit_kernel(), emitter.emit_launcher()]
-    return module_source(header, {"ad_mlir.codegen.attention_kernel": ["attention_blocks"]},
+    return module_source(header, {"ad_mlir.codegen.templates.attention_kernel": ["attention_blocks"]},
                          [dot_dtype_line(spec.dtype)], body)

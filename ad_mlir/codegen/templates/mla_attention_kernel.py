@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 LOG2E = 1.4426950408889634
@@ -260,4 +260,4 @@ def emit_mla_attention_module(dtype: torch.dtype, scale: float, name: str, heade
     kernel = "".join(parts).format(name=name, dtype=str(dtype), elem=TL_DTYPE[dtype],
                                    precision=', input_precision="ieee"' if dtype == torch.float32 else "")
     constants = [dot_dtype_line(dtype), f"SCALE = {float(scale)!r}", f"LOG2E = {LOG2E!r}"]
-    return module_source(header, {"ad_mlir.codegen.mla_attention_kernel": ["mla_blocks"]}, constants, [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.mla_attention_kernel": ["mla_blocks"]}, constants, [kernel])

@@ -57,7 +57,7 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.attention_kernel import (
+from ad_mlir.codegen.templates.attention_kernel import (
     _ROPE_HELPER,
     _SOFTCAP_HELPER,
     AttentionBlocks,
@@ -65,7 +65,7 @@ from ad_mlir.codegen.attention_kernel import (
     attention_blocks,
     qk_norm_helper,
 )
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.dialects.kernel_forms import MAX_HEAD_DIM, check_rope_dims, next_power_of_2, padded_width
 
@@ -541,5 +541,5 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
     body = [_ROPE_HELPER, _SOFTCAP_HELPER, *([qk_norm_helper(spec.qk_norm, spec.dtype)] if spec.qk_norm else []),
             Template(_HELPERS).substitute(fields), Template(_KERNEL).substitute(fields),
             Template(_LAUNCHER).substitute(fields)]
-    return module_source(header, {"ad_mlir.codegen.cached_attention_kernel": ["decode_splits", "prefill_blocks"]},
+    return module_source(header, {"ad_mlir.codegen.templates.cached_attention_kernel": ["decode_splits", "prefill_blocks"]},
                          constants, body)

@@ -47,7 +47,7 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 ROUTE, ALIGN, GATE_UP, DOWN, COMBINE = range(5)
@@ -349,5 +349,5 @@ def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
         "NORMALIZE": spec.normalize, "ROUND_WEIGHTS": spec.round_weights, "HAS_GATE": spec.shared_gate,
     }
     lines = [dot_dtype_line(spec.dtype), *(f"{k} = tl.constexpr({v})" for k, v in constants.items()), f"SPEC = {spec!r}"]
-    return module_source(header, {"ad_mlir.codegen.moe_kernel": ["MoeSpec", "align_chunk", "gemm_blocks", "route_block"]},
+    return module_source(header, {"ad_mlir.codegen.templates.moe_kernel": ["MoeSpec", "align_chunk", "gemm_blocks", "route_block"]},
                          lines, [Template(_KERNEL).substitute(fields), Template(_LAUNCHER).substitute(fields)])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
 from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 MAX_TILE = 4096
@@ -105,4 +105,4 @@ def emit_rope_module(head_dim: int, q_dtype: torch.dtype, k_dtype: torch.dtype, 
         negated="dims % 2 == 0" if interleaved else f"dims < {half}",
         q_dtype=TL_DTYPE[q_dtype], k_dtype=TL_DTYPE[k_dtype], q_torch=str(q_dtype), k_torch=str(k_dtype),
     )
-    return module_source(header, {"ad_mlir.codegen.rope_kernel": ["rope_blocks"]}, [], [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.rope_kernel": ["rope_blocks"]}, [], [kernel])

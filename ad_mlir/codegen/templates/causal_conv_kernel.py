@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
 from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 MAX_BLOCK_C = 128
@@ -105,4 +105,4 @@ def emit_causal_conv_module(kernel_size: int, dtype: torch.dtype, has_bias: bool
         name=name, kernel_size=kernel_size, history=kernel_size - 1, block_h=next_power_of_2(kernel_size - 1),
         dtype=TL_DTYPE[dtype], torch_dtype=str(dtype), has_bias=has_bias, unpack=unpack,
     )
-    return module_source(header, {"ad_mlir.codegen.causal_conv_kernel": ["conv_blocks"]}, [], [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.causal_conv_kernel": ["conv_blocks"]}, [], [kernel])

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
 from ad_mlir.dialects.kernel_forms import next_power_of_2
 
 MAX_BLOCK_R = 32
@@ -137,4 +137,4 @@ def emit_ssm_scan_module(dt_dtype: torch.dtype, has_d: bool, has_dt_bias: bool, 
         time_step=_time_step(dt_dtype, has_dt_bias, dt_softplus, dt_min, dt_max),
         skip=" + d_h * xv" if has_d else "",
     )
-    return module_source(header, {"ad_mlir.codegen.ssm_scan_kernel": ["ssm_blocks"]}, [], [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.ssm_scan_kernel": ["ssm_blocks"]}, [], [kernel])
