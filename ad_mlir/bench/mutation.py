@@ -149,6 +149,8 @@ TESTS: dict[str, Tests] = {
     # codegen: the kernels' own tests in the interpreter (PTX tests left out: seconds each)
     "ad_mlir/codegen/__init__.py": Tests((_TRITON,)),
     "ad_mlir/codegen/cache.py": Tests((), ("tests/unit/test_kernel_cache.py",)),
+    "ad_mlir/codegen/emitters.py": Tests((_TRITON,), ("tests/unit/test_emitters.py", "tests/unit/test_llm_ops.py",
+                                                       "tests/unit/test_kernel_ops.py")),
     "ad_mlir/codegen/interpreter.py": Tests((), ("tests/unit/test_interpreter_switch.py",)),
     "ad_mlir/codegen/launch.py": Tests((), _NUMERIC),
     "ad_mlir/codegen/lowering.py": Tests((), ("tests/unit/test_llm_ops.py", "tests/unit/test_kernel_ops.py",

@@ -62,11 +62,11 @@ def _codegen_fingerprint() -> str:
     """Changes whenever the code that writes kernels changes (so old entries are not reused)."""
     import triton
 
-    from ad_mlir.codegen import launch, lowering, templates
+    from ad_mlir.codegen import emitters, launch, lowering, templates
     from ad_mlir.dialects import decompositions
 
     h = hashlib.sha256(triton.__version__.encode())
-    machinery = [Path(m.__file__) for m in (lowering, launch, decompositions, kernel_forms)]
+    machinery = [Path(m.__file__) for m in (lowering, emitters, launch, decompositions, kernel_forms)]
     # Every template by its folder, so a new template is in the key without being listed here.
     for path in [*machinery, *sorted(Path(templates.__file__).parent.rglob("*.py"))]:
         h.update(path.read_bytes())

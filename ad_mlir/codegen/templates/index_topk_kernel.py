@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ad_mlir.codegen.emitters import KernelEmitter, operand_indices
 from ad_mlir.codegen.templates.skeleton import module_source
+from ad_mlir.dialects import ad
 
 
 @dataclass(frozen=True)
@@ -114,3 +116,10 @@ def emit_index_topk_module(scale: float, topk: int, name: str, header: str) -> s
     constants = [f"SCALE = {float(scale)!r}", f"TOPK = {int(topk)}"]
     return module_source(header, {"ad_mlir.codegen.templates.index_topk_kernel": ["index_blocks"]}, constants,
                          [_KERNEL.format(name=name)])
+
+
+def _emit(op: ad.CachedIndexTopkOp, name: str, header: str) -> str:
+    return emit_index_topk_module(op.scale.value.data, op.topk.value.data, name, header)
+
+
+EMITTER = KernelEmitter(_emit, written=lambda op: operand_indices(op, (op.cache,)))
