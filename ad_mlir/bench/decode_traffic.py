@@ -95,7 +95,7 @@ def _entries_bytes(op: ad.CachedAttentionOp, batch: int, cached: int) -> int:
 
 
 def _mla_bytes(op: ad.CachedMlaAttentionOp, batch: int, cached: int, written: int) -> int:
-    from ad_mlir.codegen.mla_attention_kernel import mla_blocks
+    from ad_mlir.codegen.templates.mla_attention_kernel import mla_blocks
 
     heads, _, rope, rank, _ = op.dims()
     reads = -(-heads // mla_blocks(rank, rope).block_m)

@@ -153,36 +153,46 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/patterns/rope.py": Tests(_lit("fuse-rope-attention", "optimize-rope"), (_NEAR_MISSES, "-k", "rope")),
     # codegen: the kernels' own tests in the interpreter (PTX tests left out: seconds each)
     "ad_mlir/codegen/__init__.py": Tests((_TRITON,)),
-    "ad_mlir/codegen/attention_kernel.py": Tests(
-        (), ("tests/unit/test_attention_kernel.py", "-k", "not ptx and not sliding_window_matches and not any_head_dim "
-             "and not rope_causal_gqa and not qk_norm and not random_mask")),
-    "ad_mlir/codegen/by_sequence.py": Tests((), ("tests/unit/test_causal_conv_kernel.py",
-                                                 "tests/unit/test_recurrent_state_kernels.py", "-k", "flattened")),
-    "ad_mlir/codegen/blocks.py": Tests((_TRITON,), _NUMERIC),
     "ad_mlir/codegen/cache.py": Tests((), ("tests/unit/test_kernel_cache.py",)),
-    "ad_mlir/codegen/cached_attention_kernel.py": Tests(
-        (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
-             "split_boundaries and not any_head_dim")),
-    "ad_mlir/codegen/causal_conv_kernel.py": Tests((), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
-    "ad_mlir/codegen/paged_attention_kernel.py": Tests((), ("tests/unit/test_paged_attention.py", "-k", "not ptx")),
-    "ad_mlir/codegen/ssm_scan_kernel.py": Tests((), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
-    "ad_mlir/codegen/mla_attention_kernel.py": Tests((), ("tests/unit/test_mla_kernel.py", "-k", "not ptx")),
-    "ad_mlir/codegen/paged_mla_attention_kernel.py": Tests((), ("tests/unit/test_paged_mla_kernel.py", "-k", "not ptx")),
-    "ad_mlir/codegen/index_topk_kernel.py": Tests((), ("tests/unit/test_index_topk_kernel.py", "-k", "not ptx")),
-    "ad_mlir/codegen/selective_scan_kernel.py": Tests((), ("tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
-    "ad_mlir/codegen/gated_delta_rule_kernel.py": Tests(
-        (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "gated_delta_rule and not ptx")),
+    "ad_mlir/codegen/emitters.py": Tests((_TRITON,), ("tests/unit/test_emitters.py", "tests/unit/test_llm_ops.py",
+                                                       "tests/unit/test_kernel_ops.py")),
     "ad_mlir/codegen/interpreter.py": Tests((), ("tests/unit/test_interpreter_switch.py",)),
     "ad_mlir/codegen/launch.py": Tests((), _NUMERIC),
     "ad_mlir/codegen/lowering.py": Tests((), ("tests/unit/test_llm_ops.py", "tests/unit/test_kernel_ops.py",
                                               "tests/unit/test_verify.py::test_compile_verify_checks_the_cached_attention_kernel")),
-    "ad_mlir/codegen/moe_kernel.py": Tests((), ("tests/unit/test_moe_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/ptx.py": Tests((), ("tests/unit/test_ptx.py", "-k", "vectorized or rejects")),
-    "ad_mlir/codegen/region_kernel.py": Tests((_TRITON,), (*_NUMERIC, *_REGIONS)),
-    "ad_mlir/codegen/rope_kernel.py": Tests(_lit("optimize-rope"), ("tests/unit/test_llm_ops.py", "-k", "rope")),
-    "ad_mlir/codegen/skeleton.py": Tests((_TRITON,), _NUMERIC),
     "ad_mlir/codegen/target.py": Tests(_lit(_TRITON, "fuse-rope-attention", "optimize-rope")),
-    "ad_mlir/codegen/writer.py": Tests((_TRITON,), _NUMERIC),
+    "ad_mlir/codegen/templates/__init__.py": Tests((_TRITON,)),
+    "ad_mlir/codegen/templates/attention_kernel.py": Tests(
+        (), ("tests/unit/test_attention_kernel.py", "-k", "not ptx and not sliding_window_matches and not any_head_dim "
+             "and not rope_causal_gqa and not qk_norm and not random_mask")),
+    "ad_mlir/codegen/templates/blocks.py": Tests((_TRITON,), _NUMERIC),
+    "ad_mlir/codegen/templates/by_sequence.py": Tests(
+        (), ("tests/unit/test_causal_conv_kernel.py", "tests/unit/test_recurrent_state_kernels.py", "-k", "flattened")),
+    "ad_mlir/codegen/templates/cached_attention_kernel.py": Tests(
+        (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
+             "split_boundaries and not any_head_dim")),
+    "ad_mlir/codegen/templates/causal_conv_kernel.py": Tests(
+        (), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/gated_delta_rule_kernel.py": Tests(
+        (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "gated_delta_rule and not ptx")),
+    "ad_mlir/codegen/templates/index_topk_kernel.py": Tests(
+        (), ("tests/unit/test_index_topk_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/mla_attention_kernel.py": Tests((), ("tests/unit/test_mla_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/moe_kernel.py": Tests((), ("tests/unit/test_moe_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/paged_attention_kernel.py": Tests(
+        (), ("tests/unit/test_paged_attention.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/paged_mla_attention_kernel.py": Tests(
+        (), ("tests/unit/test_paged_mla_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/region_kernel.py": Tests((_TRITON,), (*_NUMERIC, *_REGIONS)),
+    "ad_mlir/codegen/templates/rope_kernel.py": Tests(
+        _lit("optimize-rope"), ("tests/unit/test_llm_ops.py", "-k", "rope")),
+    "ad_mlir/codegen/templates/selective_scan_kernel.py": Tests(
+        (), ("tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/skeleton.py": Tests((_TRITON,), _NUMERIC),
+    "ad_mlir/codegen/templates/ssm_scan_kernel.py": Tests(
+        (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
+    "ad_mlir/codegen/templates/writer.py": Tests((_TRITON,), _NUMERIC),
     # runtime: the compiled graph's export, the kernels' registration, the kernel check
     "ad_mlir/runtime/__init__.py": Tests((), ("tests/unit/test_kernel_ops.py",)),
     "ad_mlir/runtime/fx_export.py": Tests((), ("tests/unit/test_import_export.py", "tests/unit/test_kernel_ops.py")),

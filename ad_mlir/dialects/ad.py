@@ -1380,7 +1380,7 @@ class RopeAttentionOp(KernelOp):
     masking, causal within a sliding `window` of keys when set; with `softcap`, the scores
     soft-capped before masking and softmax. With QK-norm weights (`QK_NORM_PROPERTIES`) the
     query and key heads are RMS-normalized before RoPE. Its kernel is a template
-    (`codegen/attention_kernel.py`).
+    (`codegen/templates/attention_kernel.py`).
 
     RoPE (here, in `ad.rope` and `ad.cached_attention`): with tables `cos`, `sin` [batch or 1,
     seq, rotary_dim] broadcast over heads, the first rotary_dim dims of each head become
@@ -1439,7 +1439,7 @@ class RopeAttentionOp(KernelOp):
 class RopeOp(KernelOp):
     """HF's `apply_rotary_pos_emb` on a query and a key together (RoPE as `ad.rope_attention`
     describes it), computed in their dtype. Query [batch, heads, seq, head_dim], key [batch, kv_heads, seq, head_dim].
-    Its kernel is a template (`codegen/rope_kernel.py`): one launch for both."""
+    Its kernel is a template (`codegen/templates/rope_kernel.py`): one launch for both."""
 
     name = "ad.rope"
     query = operand_def(AdTensor)
@@ -1488,7 +1488,7 @@ class MoeOp(KernelOp):
     shared expert's gate logits; rounded as the routing weights are) or by 1 without it.
 
     The weighted sum over a token's experts is accumulated in fp32 and rounded once to the
-    input's dtype. Its kernel is a template (`codegen/moe_kernel.py`)."""
+    input's dtype. Its kernel is a template (`codegen/templates/moe_kernel.py`)."""
 
     name = "ad.moe"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)

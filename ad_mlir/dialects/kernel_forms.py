@@ -1,6 +1,6 @@
 """What a kernel can hold: the legality checks that passes ask before they make an op that
 becomes a kernel, as a property of the dialect. The code generator implements exactly these
-forms (`codegen/region_kernel.py` has an expression for each op admitted here, the attention
+forms (`codegen/templates/region_kernel.py` has an expression for each op admitted here, the attention
 templates hold every head `check_rope_dims` accepts); passes ask here, never the generator."""
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ more argument, `state_slots` [seqs] (int64, marked `ad.state_slots`, after `logi
 and each such op takes `query_starts` besides, so that it runs sequence by sequence over the
 flattened tokens, sequence s from slot `state_slots[s]`, from a zero state where its
 `cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels are the slot
-form's launched once per sequence (`codegen/by_sequence.py`). A model with such states and no
+form's launched once per sequence (`codegen/templates/by_sequence.py`). A model with such states and no
 attention has nothing to page and is refused (`PerSequenceState`), as is a cached token window
 (its state is not paged yet: compile such a model in the slot form).
 """

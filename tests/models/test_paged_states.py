@@ -10,7 +10,7 @@ order) against HF's full-prefix forward; the paged scheduler (`PagedEngine`) on 
 model against HF `generate` with arrivals while others decode, a prompt longer than the step's
 budget and a pool small enough to preempt. On the kernels' torch reference, and Nemotron-H's
 steps (its convolution, scan and paged attention) with every kernel in the Triton interpreter:
-the state ops' kernels are the slot form's launched once per sequence (`codegen/by_sequence.py`;
+the state ops' kernels are the slot form's launched once per sequence (`codegen/templates/by_sequence.py`;
 the gated delta rule's, Qwen3-Next's mixer, is checked over flattened sequences of unequal
 lengths against HF's whole sequences, kernel and reference, in
 tests/unit/test_recurrent_state_kernels.py, and its paged rewrite in FileCheck: a Qwen3-Next model
@@ -89,7 +89,7 @@ def test_flattened_steps_match_hf(hybrids, family: str) -> None:  # noqa: ANN001
 
 def test_nemotron_h_in_the_interpreter(hybrids, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The same steps with every kernel in the Triton interpreter: the convolution's and the
-    scan's slot kernels launched once per sequence of the step (`codegen/by_sequence.py`), the
+    scan's slot kernels launched once per sequence of the step (`codegen/templates/by_sequence.py`), the
     paged attention's, within the same fp32 tolerance."""
     model, llm = hybrids["nemotron_h"]
     kernels = graph_kernels(llm.graph)

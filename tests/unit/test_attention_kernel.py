@@ -20,7 +20,6 @@ from template_modules import template_builder
 from triton.compiler import make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from ad_mlir.codegen.attention_kernel import AttentionSpec, attention_blocks, emit_attention_module
 from ad_mlir.codegen.ptx import (
     TARGET,
     PtxReport,
@@ -30,6 +29,7 @@ from ad_mlir.codegen.ptx import (
     record_launch,
     specialize_module,
 )
+from ad_mlir.codegen.templates.attention_kernel import AttentionSpec, attention_blocks, emit_attention_module
 from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.semantics import torch_ops
 

@@ -238,7 +238,7 @@ def test_the_ptx_part_specializes_generation_as_the_runtime_launches() -> None:
     decode step of DECODE_BATCH sequences (split kernel over batch x K/V heads and the cache's
     splits, then one reduce program per head), with the launch's own sizes."""
     from ad_mlir.bench.ptx_table import CACHE_TOKENS, DECODE_BATCH, TOKENS, generation_specializations
-    from ad_mlir.codegen.cached_attention_kernel import DECODE, PREFILL, REDUCE, decode_splits
+    from ad_mlir.codegen.templates.cached_attention_kernel import DECODE, PREFILL, REDUCE, decode_splits
 
     phases, specs = zip(*generation_specializations(TINY, "bfloat16"), strict=True)
     assert phases == ("prefill", "decode", "decode (reduce)")

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from template_modules import template_builder
 
-from ad_mlir.codegen.cached_attention_kernel import (
+from ad_mlir.codegen.ptx import Specialization, compile_all, record_launches, specialize_launch
+from ad_mlir.codegen.templates.cached_attention_kernel import (
     DECODE,
     PREFILL,
     REDUCE,
@@ -31,7 +32,6 @@ from ad_mlir.codegen.cached_attention_kernel import (
     decode_splits,
     emit_cached_attention_module,
 )
-from ad_mlir.codegen.ptx import Specialization, compile_all, record_launches, specialize_launch
 from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.semantics import torch_ops
 

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from template_modules import template_builder
 
-from ad_mlir.codegen.by_sequence import by_sequence_source
-from ad_mlir.codegen.causal_conv_kernel import emit_causal_conv_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
+from ad_mlir.codegen.templates.by_sequence import by_sequence_source
+from ad_mlir.codegen.templates.causal_conv_kernel import emit_causal_conv_module
 from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -98,7 +98,7 @@ def test_pieces_of_two_sequences_equal_the_whole_sequence_conv(build, run_kernel
 def test_flattened_sequences_equal_the_whole_sequence_conv(tmp_path: Path, run_kernel: bool) -> None:
     """The paged form (`query_starts`): each step one batch of both sequences' tokens, of unequal
     lengths (first chunks of 9 and 4, a decode beside a chunk of 5, then 7 and 1, then the rest),
-    the slot kernel launched once per sequence (`codegen/by_sequence.py`) or the reference;
+    the slot kernel launched once per sequence (`codegen/templates/by_sequence.py`) or the reference;
     every sequence's output and state against the whole sequence's conv, as above."""
     build_flat = template_builder(tmp_path, "flat_conv", lambda spec, name, header: by_sequence_source(
         emit_causal_conv_module(3, torch.float32, True, name, header), [0], 2))

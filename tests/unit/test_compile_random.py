@@ -54,8 +54,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import ad_mlir
-from ad_mlir.codegen import region_kernel
 from ad_mlir.codegen.cache import KernelCache
+from ad_mlir.codegen.templates import region_kernel
 from ad_mlir.dialects import ad
 from ad_mlir.runtime import kernels
 from ad_mlir.semantics import op_table

@@ -21,8 +21,8 @@ import pytest
 import torch
 from template_modules import template_builder
 
-from ad_mlir.codegen.index_topk_kernel import emit_index_topk_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
+from ad_mlir.codegen.templates.index_topk_kernel import emit_index_topk_module
 from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

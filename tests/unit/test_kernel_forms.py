@@ -3,7 +3,7 @@ fuser asks kernel_forms what a region may hold, so each op, `pow` exponent, redu
 float type admitted there needs an expression in the generator's tables (and one the check
 never admits would be dead)."""
 
-from ad_mlir.codegen import region_kernel
+from ad_mlir.codegen.templates import region_kernel
 from ad_mlir.dialects import kernel_forms
 
 

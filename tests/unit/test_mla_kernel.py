@@ -18,8 +18,8 @@ import pytest
 import torch
 from template_modules import template_builder
 
-from ad_mlir.codegen.mla_attention_kernel import emit_mla_attention_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
+from ad_mlir.codegen.templates.mla_attention_kernel import emit_mla_attention_module
 from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

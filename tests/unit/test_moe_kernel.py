@@ -16,8 +16,16 @@ import pytest
 import torch
 from template_modules import template_builder
 
-from ad_mlir.codegen.moe_kernel import ALIGN, COMBINE, DOWN, GATE_UP, ROUTE, MoeSpec, emit_moe_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
+from ad_mlir.codegen.templates.moe_kernel import (
+    ALIGN,
+    COMBINE,
+    DOWN,
+    GATE_UP,
+    ROUTE,
+    MoeSpec,
+    emit_moe_module,
+)
 from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -21,9 +21,9 @@ import pytest
 import torch
 from template_modules import template_builder
 
-from ad_mlir.codegen.cached_attention_kernel import DECODE, PREFILL, REDUCE
-from ad_mlir.codegen.paged_attention_kernel import PagedAttentionSpec, emit_paged_attention_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
+from ad_mlir.codegen.templates.cached_attention_kernel import DECODE, PREFILL, REDUCE
+from ad_mlir.codegen.templates.paged_attention_kernel import PagedAttentionSpec, emit_paged_attention_module
 from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.semantics import torch_ops
 

@@ -21,8 +21,8 @@ import torch
 from template_modules import template_builder
 from test_mla_kernel import DEVICE, SEQ, TOLERANCE, _expanded_attention, _inputs
 
-from ad_mlir.codegen.paged_mla_attention_kernel import emit_paged_mla_attention_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
+from ad_mlir.codegen.templates.paged_mla_attention_kernel import emit_paged_mla_attention_module
 from ad_mlir.semantics import torch_ops
 
 PAGE = 4

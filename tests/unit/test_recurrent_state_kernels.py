@@ -22,10 +22,10 @@ from template_modules import template_builder
 from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_chunk_scan
 from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
 
-from ad_mlir.codegen.by_sequence import by_sequence_source
-from ad_mlir.codegen.gated_delta_rule_kernel import emit_gated_delta_rule_module
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.codegen.ssm_scan_kernel import emit_ssm_scan_module
+from ad_mlir.codegen.templates.by_sequence import by_sequence_source
+from ad_mlir.codegen.templates.gated_delta_rule_kernel import emit_gated_delta_rule_module
+from ad_mlir.codegen.templates.ssm_scan_kernel import emit_ssm_scan_module
 from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -221,7 +221,7 @@ unequal lengths, in either order."""
 @pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
 def test_gated_delta_rule_over_flattened_sequences_equals_hf_whole_sequence(tmp_path: Path, run_kernel: bool) -> None:
     """The paged form (`query_starts`): each step one batch of both sequences' tokens, the slot
-    kernel launched once per sequence (`codegen/by_sequence.py`) or the reference, against HF's
+    kernel launched once per sequence (`codegen/templates/by_sequence.py`) or the reference, against HF's
     whole sequences as in the slot form's test (fp32, its tolerance)."""
     q, k, v, decay, beta = _gdr_inputs(torch.float32, 2, 4, 16, 8, 7)
     expected, final = torch_chunk_gated_delta_rule(q, k, v, decay, beta, chunk_size=8, output_final_state=True,

@@ -19,9 +19,9 @@ import torch
 from template_modules import template_builder
 from transformers.models.mamba.modeling_mamba import mamba_selective_scan
 
-from ad_mlir.codegen.by_sequence import by_sequence_source
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.codegen.selective_scan_kernel import emit_selective_scan_module
+from ad_mlir.codegen.templates.by_sequence import by_sequence_source
+from ad_mlir.codegen.templates.selective_scan_kernel import emit_selective_scan_module
 from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -87,7 +87,7 @@ def test_selective_scan_in_pieces_equals_hf_whole_sequence(build, run_kernel: bo
 def test_selective_scan_over_flattened_sequences_equals_hf_whole_sequence(tmp_path: Path, run_kernel: bool) -> None:
     """The paged form (`query_starts`): each step one batch of both sequences' tokens, of unequal
     lengths (first chunks of 9 and 4, a decode beside a chunk of 5, then 1 and 7, then the rest),
-    the slot kernel launched once per sequence (`codegen/by_sequence.py`, the gate z a per-token
+    the slot kernel launched once per sequence (`codegen/templates/by_sequence.py`, the gate z a per-token
     input too) or the reference; against HF's whole sequences as above (Mamba's call)."""
     channels, state_size = 32, 16
     g = torch.Generator().manual_seed(5)

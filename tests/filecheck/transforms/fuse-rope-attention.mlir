@@ -9,7 +9,7 @@
 // CHECK-NEXT:    %[[O:.*]] = ad.rope_attention %q, %k, %v rope %cos, %sin mask %m scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>, tensor<1x1x?x?xi1>) -> tensor<1x4x?x64xbf16>
 // CHECK-NEXT:    func.return %[[O]]
 // KERNEL-LABEL: kernel 1 of 1: rope_attention_
-// KERNEL:       from ad_mlir.codegen.attention_kernel import attention_blocks
+// KERNEL:       from ad_mlir.codegen.templates.attention_kernel import attention_blocks
 // KERNEL:       def _load_pieces(
 // KERNEL:       def rope_attention_{{[0-9a-f]+}}(
 // KERNEL:       def launch(kernel, tensors, scalars):

@@ -54,20 +54,26 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from string import Template
+from typing import Any
 
 import torch
 
-from ad_mlir.codegen.attention_kernel import (
+from ad_mlir.codegen.emitters import KernelEmitter, operand_indices, spec_check
+from ad_mlir.codegen.templates.attention_kernel import (
     _ROPE_HELPER,
     _SOFTCAP_HELPER,
     AttentionBlocks,
     RotaryHead,
     attention_blocks,
     qk_norm_helper,
+    rotary_dim_of,
 )
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.ad import QkNorm
+from ad_mlir.dialects.decompositions import NoKernelForm
 from ad_mlir.dialects.kernel_forms import MAX_HEAD_DIM, check_rope_dims, next_power_of_2, padded_width
+from ad_mlir.semantics.op_table import torch_dtype
 
 PREFILL, DECODE, REDUCE = 0, 1, 2
 
@@ -541,5 +547,45 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
     body = [_ROPE_HELPER, _SOFTCAP_HELPER, *([qk_norm_helper(spec.qk_norm, spec.dtype)] if spec.qk_norm else []),
             Template(_HELPERS).substitute(fields), Template(_KERNEL).substitute(fields),
             Template(_LAUNCHER).substitute(fields)]
-    return module_source(header, {"ad_mlir.codegen.cached_attention_kernel": ["decode_splits", "prefill_blocks"]},
+    return module_source(header, {"ad_mlir.codegen.templates.cached_attention_kernel": ["decode_splits", "prefill_blocks"]},
                          constants, body)
+
+
+def spec_fields(op: ad.CachedAttentionOp | ad.PagedAttentionOp) -> dict[str, Any]:
+    """The fields of a cached attention's spec (the slot and the paged form's)."""
+    return dict(
+        head_dim=op.query.type.get_shape()[3],
+        dtype=torch_dtype(op.query.type),
+        scale=op.scale.value.data,
+        rope=op.cos is not None,
+        cos_dtype=torch_dtype(op.cos.type) if op.cos is not None else None,
+        window=op.window.value.data if op.window is not None else None,
+        softcap=op.softcap.value.data if op.softcap is not None else None,
+        qk_norm=QkNorm.of_op(op),
+        rotary_dim=rotary_dim_of(op) if op.cos is not None else None,
+        interleaved=op.interleaved is not None,
+        sinks=op.sinks is not None,
+        alibi=op.alibi_slopes is not None,
+        distance_extent=op.distance_bias.type.get_shape()[3] if op.distance_bias is not None else None,
+        v_head_dim=v_dim if (v_dim := op.value.type.get_shape()[3]) != op.query.type.get_shape()[3] else None,
+    )
+
+
+def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
+    return CachedAttentionSpec(**spec_fields(op))
+
+
+_spec_builds = spec_check(cached_attention_spec)
+
+
+def _check(op: ad.CachedAttentionOp) -> None:
+    _spec_builds(op)
+    if op.compressed is not None:
+        raise NoKernelForm("the cached attention template has no compressed entries (DeepSeek-V4's CSA and HCA)")
+
+
+EMITTER = KernelEmitter(
+    lambda op, name, header: emit_cached_attention_module(cached_attention_spec(op), name, header),
+    written=lambda op: operand_indices(op, (op.k_cache, op.v_cache, op.compressed_cache)),
+    check=_check,
+)

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.codegen.templates.by_sequence import state_emitter
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
+from ad_mlir.semantics.op_table import torch_dtype
 
 MAX_BLOCK_R = 32
 SOFTPLUS_THRESHOLD = 20.0
@@ -137,4 +140,13 @@ def emit_ssm_scan_module(dt_dtype: torch.dtype, has_d: bool, has_dt_bias: bool, 
         time_step=_time_step(dt_dtype, has_dt_bias, dt_softplus, dt_min, dt_max),
         skip=" + d_h * xv" if has_d else "",
     )
-    return module_source(header, {"ad_mlir.codegen.ssm_scan_kernel": ["ssm_blocks"]}, [], [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.ssm_scan_kernel": ["ssm_blocks"]}, [], [kernel])
+
+
+def _emit(op: ad.CachedSsmScanOp, name: str, header: str) -> str:
+    return emit_ssm_scan_module(torch_dtype(op.dt.type), op.d is not None, op.dt_bias is not None,
+                                op.dt_softplus is not None, op.dt_min.value.data if op.dt_min is not None else 0.0,
+                                op.dt_max.value.data if op.dt_max is not None else None, name, header)
+
+
+EMITTER = state_emitter(_emit, lambda op: [op.input, op.dt, op.b, op.c], axis=1)

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.codegen.templates.by_sequence import state_emitter
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
+from ad_mlir.semantics.op_table import torch_dtype
 
 MAX_BLOCK_C = 128
 MAX_BLOCK_R = 32
@@ -105,4 +108,11 @@ def emit_causal_conv_module(kernel_size: int, dtype: torch.dtype, has_bias: bool
         name=name, kernel_size=kernel_size, history=kernel_size - 1, block_h=next_power_of_2(kernel_size - 1),
         dtype=TL_DTYPE[dtype], torch_dtype=str(dtype), has_bias=has_bias, unpack=unpack,
     )
-    return module_source(header, {"ad_mlir.codegen.causal_conv_kernel": ["conv_blocks"]}, [], [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.causal_conv_kernel": ["conv_blocks"]}, [], [kernel])
+
+
+def _emit(op: ad.CachedCausalConv1dOp, name: str, header: str) -> str:
+    return emit_causal_conv_module(op.kernel_size(), torch_dtype(op.input.type), op.bias is not None, name, header)
+
+
+EMITTER = state_emitter(_emit, lambda op: [op.input], axis=2)

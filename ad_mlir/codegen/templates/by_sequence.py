@@ -14,7 +14,11 @@ launches per op, where a varlen kernel would be one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from xdsl.ir import SSAValue
+
+from ad_mlir.codegen.emitters import KernelEmitter, OpT, operand_indices
 
 _LAUNCH = '''
 _launch_rows = launch
@@ -38,3 +42,18 @@ def by_sequence_source(source: str, token_inputs: Sequence[int], axis: int) -> s
     tensor, last): the tensors at `token_inputs` cut to the sequence's tokens along `axis`, the
     slots and starts to its own; the outputs joined along `axis`."""
     return source + "\n" + _LAUNCH.format(axis=axis, token_inputs=tuple(token_inputs))
+
+
+def state_emitter(emit_slot: Callable[[OpT, str, str], str],
+                  token_inputs: Callable[[OpT], Sequence[SSAValue]], axis: int) -> KernelEmitter[OpT]:
+    """The emitter of a per-sequence state op (its `state` written in place): `emit_slot`'s slot
+    kernel, in the paged form (`query_starts`) launched once per sequence, the operands
+    `token_inputs` holding a value per token along `axis`."""
+    def emit(op: OpT, name: str, header: str) -> str:
+        source = emit_slot(op, name, header)
+        if op.query_starts is None:
+            return source
+        tokens = token_inputs(op)
+        return by_sequence_source(source, [i for i, v in enumerate(op.operands) if v in tokens], axis)
+
+    return KernelEmitter(emit, written=lambda op: operand_indices(op, (op.state,)))

@@ -47,8 +47,11 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.emitters import KernelEmitter
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
+from ad_mlir.semantics.op_table import torch_dtype
 
 ROUTE, ALIGN, GATE_UP, DOWN, COMBINE = range(5)
 
@@ -349,5 +352,23 @@ def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
         "NORMALIZE": spec.normalize, "ROUND_WEIGHTS": spec.round_weights, "HAS_GATE": spec.shared_gate,
     }
     lines = [dot_dtype_line(spec.dtype), *(f"{k} = tl.constexpr({v})" for k, v in constants.items()), f"SPEC = {spec!r}"]
-    return module_source(header, {"ad_mlir.codegen.moe_kernel": ["MoeSpec", "align_chunk", "gemm_blocks", "route_block"]},
+    return module_source(header, {"ad_mlir.codegen.templates.moe_kernel": ["MoeSpec", "align_chunk", "gemm_blocks", "route_block"]},
                          lines, [Template(_KERNEL).substitute(fields), Template(_LAUNCHER).substitute(fields)])
+
+
+def moe_spec(op: ad.MoeOp) -> MoeSpec:
+    _, inter, hidden = op.gate_up.type.get_shape()
+    return MoeSpec(
+        hidden=hidden,
+        intermediate=inter // 2,
+        experts=op.router_logits.type.get_shape()[1],
+        shared_experts=op.num_shared,
+        top_k=op.top_k.value.data,
+        dtype=torch_dtype(op.input.type),
+        shared_gate=op.shared_gate is not None,
+        normalize=op.normalize is not None,
+        round_weights=op.round_weights is not None,
+    )
+
+
+EMITTER = KernelEmitter(lambda op, name, header: emit_moe_module(moe_spec(op), name, header))

@@ -39,8 +39,14 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.attention_kernel import _ROPE_HELPER, _SOFTCAP_HELPER, AttentionBlocks, qk_norm_helper
-from ad_mlir.codegen.cached_attention_kernel import (
+from ad_mlir.codegen.emitters import KernelEmitter, operand_indices, spec_check
+from ad_mlir.codegen.templates.attention_kernel import (
+    _ROPE_HELPER,
+    _SOFTCAP_HELPER,
+    AttentionBlocks,
+    qk_norm_helper,
+)
+from ad_mlir.codegen.templates.cached_attention_kernel import (
     _HELPERS,
     DECODE,
     PREFILL,
@@ -49,8 +55,10 @@ from ad_mlir.codegen.cached_attention_kernel import (
     decode_block_n,
     decode_warps,
     prefill_blocks,
+    spec_fields,
 )
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import padded_width
 
 
@@ -391,6 +399,17 @@ def emit_paged_attention_module(spec: PagedAttentionSpec, name: str, header: str
     body = [_ROPE_HELPER, _SOFTCAP_HELPER, *([qk_norm_helper(spec.qk_norm, spec.dtype)] if spec.qk_norm else []),
             Template(_HELPERS).substitute(fields), Template(_KERNEL).substitute(fields),
             Template(_LAUNCHER).substitute(fields)]
-    return module_source(header, {"ad_mlir.codegen.cached_attention_kernel": ["decode_splits"],
-                                  "ad_mlir.codegen.paged_attention_kernel": ["paged_prefill_blocks"]},
+    return module_source(header, {"ad_mlir.codegen.templates.cached_attention_kernel": ["decode_splits"],
+                                  "ad_mlir.codegen.templates.paged_attention_kernel": ["paged_prefill_blocks"]},
                          constants, body)
+
+
+def paged_attention_spec(op: ad.PagedAttentionOp) -> PagedAttentionSpec:
+    return PagedAttentionSpec(page_size=op.page_size(), **spec_fields(op))
+
+
+EMITTER = KernelEmitter(
+    lambda op, name, header: emit_paged_attention_module(paged_attention_spec(op), name, header),
+    written=lambda op: operand_indices(op, (op.k_pages, op.v_pages)),
+    check=spec_check(paged_attention_spec),
+)

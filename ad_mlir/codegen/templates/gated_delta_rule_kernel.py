@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.codegen.templates.by_sequence import state_emitter
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
+from ad_mlir.semantics.op_table import torch_dtype
 from ad_mlir.semantics.torch_ops import L2NORM_EPS
 
 MAX_BLOCK_C = 32
@@ -105,4 +108,12 @@ def emit_gated_delta_rule_module(dtype: torch.dtype, k_dim: int, use_qk_l2norm: 
     dim `k_dim` (q's scale), q and k L2-normalized or not."""
     kernel = _KERNEL.format(name=name, l2norm=_L2NORM if use_qk_l2norm else "", scale=k_dim ** -0.5, k_dim=k_dim,
                             dtype=TL_DTYPE[dtype], torch_dtype=str(dtype))
-    return module_source(header, {"ad_mlir.codegen.gated_delta_rule_kernel": ["delta_rule_blocks"]}, [], [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.gated_delta_rule_kernel": ["delta_rule_blocks"]}, [], [kernel])
+
+
+def _emit(op: ad.CachedGatedDeltaRuleOp, name: str, header: str) -> str:
+    return emit_gated_delta_rule_module(torch_dtype(op.query.type), op.query.type.get_shape()[3],
+                                        op.use_qk_l2norm is not None, name, header)
+
+
+EMITTER = state_emitter(_emit, lambda op: [op.query, op.key, op.value, op.g, op.beta], axis=1)

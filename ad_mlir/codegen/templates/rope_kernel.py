@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, module_source
+from ad_mlir.codegen.emitters import KernelEmitter
+from ad_mlir.codegen.templates.attention_kernel import rotary_dim_of
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
+from ad_mlir.semantics.op_table import torch_dtype
 
 MAX_TILE = 4096
 """Elements of a program's [BLOCK_R, D] tile (4096: 16 fp32 registers a thread at 4 warps)."""
@@ -105,4 +109,12 @@ def emit_rope_module(head_dim: int, q_dtype: torch.dtype, k_dtype: torch.dtype, 
         negated="dims % 2 == 0" if interleaved else f"dims < {half}",
         q_dtype=TL_DTYPE[q_dtype], k_dtype=TL_DTYPE[k_dtype], q_torch=str(q_dtype), k_torch=str(k_dtype),
     )
-    return module_source(header, {"ad_mlir.codegen.rope_kernel": ["rope_blocks"]}, [], [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.rope_kernel": ["rope_blocks"]}, [], [kernel])
+
+
+def _emit(op: ad.RopeOp, name: str, header: str) -> str:
+    return emit_rope_module(op.query.type.get_shape()[3], torch_dtype(op.query.type), torch_dtype(op.key.type), name,
+                            header, rotary_dim_of(op), op.interleaved is not None)
+
+
+EMITTER = KernelEmitter(_emit)

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ad_mlir.codegen.skeleton import module_source
+from ad_mlir.codegen.emitters import KernelEmitter, operand_indices
+from ad_mlir.codegen.templates.skeleton import module_source
+from ad_mlir.dialects import ad
 
 
 @dataclass(frozen=True)
@@ -112,5 +114,12 @@ def emit_index_topk_module(scale: float, topk: int, name: str, header: str) -> s
     """The kernel file for an indexer whose head scores are scaled by `scale` before the relu and
     that keeps `topk` positions."""
     constants = [f"SCALE = {float(scale)!r}", f"TOPK = {int(topk)}"]
-    return module_source(header, {"ad_mlir.codegen.index_topk_kernel": ["index_blocks"]}, constants,
+    return module_source(header, {"ad_mlir.codegen.templates.index_topk_kernel": ["index_blocks"]}, constants,
                          [_KERNEL.format(name=name)])
+
+
+def _emit(op: ad.CachedIndexTopkOp, name: str, header: str) -> str:
+    return emit_index_topk_module(op.scale.value.data, op.topk.value.data, name, header)
+
+
+EMITTER = KernelEmitter(_emit, written=lambda op: operand_indices(op, (op.cache,)))

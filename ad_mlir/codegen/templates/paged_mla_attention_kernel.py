@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.mla_attention_kernel import LOG2E, MLA_BLOCK
-from ad_mlir.codegen.paged_attention_kernel import PAGE_ROWS
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.emitters import KernelEmitter, operand_indices
+from ad_mlir.codegen.templates.mla_attention_kernel import LOG2E, MLA_BLOCK
+from ad_mlir.codegen.templates.paged_attention_kernel import PAGE_ROWS
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.dialects import ad
+from ad_mlir.semantics.op_table import torch_dtype
 
 _KERNEL = '''
 @triton.jit(do_not_specialize=["n_tokens", "heads"])
@@ -154,4 +157,12 @@ def emit_paged_mla_attention_module(dtype: torch.dtype, scale: float, page_size:
     kernel = (_KERNEL + PAGE_ROWS + MLA_BLOCK).format(name=name, dtype=str(dtype), elem=TL_DTYPE[dtype], page=page_size,
                             precision=', input_precision="ieee"' if dtype == torch.float32 else "")
     constants = [dot_dtype_line(dtype), f"SCALE = {float(scale)!r}", f"LOG2E = {LOG2E!r}"]
-    return module_source(header, {"ad_mlir.codegen.mla_attention_kernel": ["mla_blocks"]}, constants, [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.mla_attention_kernel": ["mla_blocks"]}, constants, [kernel])
+
+
+def _emit(op: ad.PagedMlaAttentionOp, name: str, header: str) -> str:
+    return emit_paged_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, op.page_size(), name,
+                                           header)
+
+
+EMITTER = KernelEmitter(_emit, written=lambda op: operand_indices(op, (op.pages,)))

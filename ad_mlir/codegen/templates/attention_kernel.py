@@ -39,8 +39,10 @@ from string import Template
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
-from ad_mlir.codegen.writer import IndentedWriter
+from ad_mlir.codegen.emitters import KernelEmitter
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.templates.writer import IndentedWriter
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.dialects.kernel_forms import (
     HeadPieces,
@@ -48,6 +50,7 @@ from ad_mlir.dialects.kernel_forms import (
     head_pieces,
     next_power_of_2,
 )
+from ad_mlir.semantics.op_table import torch_dtype
 
 LOG2E = 1.4426950408889634
 
@@ -514,5 +517,30 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
     if spec.softcap:
         body.append(_SOFTCAP_HELPER)
     body += [emitter.emit_kernel(), emitter.emit_launcher()]
-    return module_source(header, {"ad_mlir.codegen.attention_kernel": ["attention_blocks"]},
+    return module_source(header, {"ad_mlir.codegen.templates.attention_kernel": ["attention_blocks"]},
                          [dot_dtype_line(spec.dtype)], body)
+
+
+def rotary_dim_of(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp | ad.PagedAttentionOp) -> int:
+    """The dims of each head RoPE rotates: the tables' width."""
+    return op.cos.type.get_shape()[-1]
+
+
+def attention_spec(op: ad.RopeAttentionOp) -> AttentionSpec:
+    return AttentionSpec(
+        head_dim=op.query.type.get_shape()[3],
+        dtype=torch_dtype(op.query.type),
+        rope=True,
+        has_mask=op.attn_mask is not None,
+        causal=op.is_causal is not None,
+        scale=op.scale.value.data,
+        cos_dtype=torch_dtype(op.cos.type),
+        rotary_dim=rotary_dim_of(op),
+        interleaved=op.interleaved is not None,
+        window=op.window.value.data if op.window is not None else None,
+        softcap=op.softcap.value.data if op.softcap is not None else None,
+        qk_norm=QkNorm.of_op(op),
+    )
+
+
+EMITTER = KernelEmitter(lambda op, name, header: emit_attention_module(attention_spec(op), name, header))

@@ -36,9 +36,9 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Operation, SSAValue
 
-from ad_mlir.codegen.blocks import row_fits_one_tile
-from ad_mlir.codegen.skeleton import module_source
-from ad_mlir.codegen.writer import IndentedWriter
+from ad_mlir.codegen.templates.blocks import row_fits_one_tile
+from ad_mlir.codegen.templates.skeleton import module_source
+from ad_mlir.codegen.templates.writer import IndentedWriter
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import (
     REDUCTIONS,
@@ -839,6 +839,6 @@ class LauncherEmitter:
 def emit_kernel_module(op: ad.FusedOp, name: str, header: str) -> str:
     """The whole kernel file: imports, the `@triton.jit` kernel and its launcher."""
     plan = plan_kernel(op)
-    helpers = {"ad_mlir.codegen.blocks": ["pointwise_blocks", "row_blocks"],
+    helpers = {"ad_mlir.codegen.templates.blocks": ["pointwise_blocks", "row_blocks"],
                "ad_mlir.codegen.launch": ["broadcast_size", "broadcast_stride", "narrowed"]}
     return module_source(header, helpers, [], [KernelEmitter(op, plan, name).emit(), LauncherEmitter(plan).emit()])

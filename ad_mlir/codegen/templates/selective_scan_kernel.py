@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.skeleton import module_source
-from ad_mlir.codegen.ssm_scan_kernel import SOFTPLUS_THRESHOLD, _round
+from ad_mlir.codegen.templates.by_sequence import state_emitter
+from ad_mlir.codegen.templates.skeleton import module_source
+from ad_mlir.codegen.templates.ssm_scan_kernel import SOFTPLUS_THRESHOLD, _round
+from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
+from ad_mlir.semantics.op_table import torch_dtype
 
 MAX_BLOCK_ROWS = 64
 
@@ -124,4 +127,14 @@ def emit_selective_scan_module(dt_dtype: torch.dtype, out_dtype: torch.dtype, ha
         name=name, unpack=unpack, per_channel="\n".join(" " * 4 + line for line in per_channel) or "    pass",
         time_step=_time_step(dt_dtype, has_dt_bias, dt_softplus), skip=" + d_d * xv" if has_d else "", gate=gate,
         out_dtype=str(out_dtype))
-    return module_source(header, {"ad_mlir.codegen.selective_scan_kernel": ["selective_scan_blocks"]}, [], [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.selective_scan_kernel": ["selective_scan_blocks"]}, [], [kernel])
+
+
+def _emit(op: ad.CachedSelectiveScanOp, name: str, header: str) -> str:
+    return emit_selective_scan_module(torch_dtype(op.dt.type), torch_dtype(op.result.type), op.d is not None,
+                                      op.z is not None, op.dt_bias is not None, op.dt_softplus is not None, name,
+                                      header)
+
+
+EMITTER = state_emitter(_emit, lambda op: [op.input, op.dt, op.b, op.c, *([op.z] if op.z is not None else [])],
+                        axis=2)

@@ -43,8 +43,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ad_mlir.codegen.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.codegen.emitters import KernelEmitter, operand_indices
+from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
+from ad_mlir.dialects import ad
+from ad_mlir.dialects.decompositions import NoKernelForm
 from ad_mlir.dialects.kernel_forms import next_power_of_2
+from ad_mlir.semantics.op_table import torch_dtype
 
 LOG2E = 1.4426950408889634
 
@@ -260,4 +264,17 @@ def emit_mla_attention_module(dtype: torch.dtype, scale: float, name: str, heade
     kernel = "".join(parts).format(name=name, dtype=str(dtype), elem=TL_DTYPE[dtype],
                                    precision=', input_precision="ieee"' if dtype == torch.float32 else "")
     constants = [dot_dtype_line(dtype), f"SCALE = {float(scale)!r}", f"LOG2E = {LOG2E!r}"]
-    return module_source(header, {"ad_mlir.codegen.mla_attention_kernel": ["mla_blocks"]}, constants, [kernel])
+    return module_source(header, {"ad_mlir.codegen.templates.mla_attention_kernel": ["mla_blocks"]}, constants, [kernel])
+
+
+def _emit(op: ad.CachedMlaAttentionOp, name: str, header: str) -> str:
+    return emit_mla_attention_module(torch_dtype(op.q_nope.type), op.scale.value.data, name, header,
+                                     sparse=op.selected is not None)
+
+
+def _check(op: ad.CachedMlaAttentionOp) -> None:
+    if op.sinks is not None:
+        raise NoKernelForm("the MLA template has no sink logits")
+
+
+EMITTER = KernelEmitter(_emit, written=lambda op: operand_indices(op, (op.cache,)), check=_check)
