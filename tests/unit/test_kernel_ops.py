@@ -191,9 +191,9 @@ def test_each_recurrent_state_op_lowers_to_its_own_template() -> None:
     """Mamba1's selective scan (bf16 time steps, an fp32 output, with D, z, dt_bias and softplus)
     and the gated delta rule (fp32, key dim 16, no L2 norm) each get their template, with the
     options their IR states."""
-    from ad_mlir.codegen.gated_delta_rule_kernel import emit_gated_delta_rule_module
     from ad_mlir.codegen.lowering import emit_kernel_source, kernel_region
-    from ad_mlir.codegen.selective_scan_kernel import emit_selective_scan_module
+    from ad_mlir.codegen.templates.gated_delta_rule_kernel import emit_gated_delta_rule_module
+    from ad_mlir.codegen.templates.selective_scan_kernel import emit_selective_scan_module
 
     scan, rule = kernel_ops(Parser(make_context(), STATE_OPS).parse_module())
     assert emit_kernel_source(kernel_region(scan).region, "k", "") == emit_selective_scan_module(
