@@ -98,14 +98,22 @@ def _complete(served: Served, prompt: list[int], stream: bool, **fields: object)
     return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
 
 
-def test_concurrency_past_the_pool_preempts_and_every_answer_is_hf(served: Served) -> None:
+def test_concurrency_past_the_pool_preempts_and_every_answer_is_hf(served: Served,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Nine requests at once (three prompts, streamed and not, and the long one in chunks) on a
-    pool that holds about two: some are preempted, and each answer is HF's."""
-    preempted = served.engine.preemptions
+    pool that holds about two: some are preempted, and each answer is HF's. The engine is held
+    in its first step until all nine have arrived, so that they meet in the pool however slowly
+    the clients' threads start (on a loaded machine they came one after another)."""
+    preempted, gate = served.engine.preemptions, Gate(served.llm, monkeypatch)
     jobs = [(p, stream) for p in PROMPTS for stream in (False, True)] + [(LONG, False), (PROMPTS[2], True),
                                                                         (LONG[:20], True)]
+    gate.close()
     with ThreadPoolExecutor(len(jobs)) as pool:
-        results = list(pool.map(lambda job: _complete(served, *job), jobs))
+        futures = [pool.submit(_complete, served, *job) for job in jobs]
+        gate.held()
+        _wait_for(lambda: served.runner.in_flight == len(jobs))
+        gate.open()
+        results = [f.result() for f in futures]
     for (prompt, _), (text, reason) in zip(jobs, results, strict=True):
         assert (text, reason) == (served.hf_text(prompt), "length")
     assert served.engine.preemptions > preempted
