@@ -29,7 +29,7 @@ from ad_mlir.zoo.tiny import TinyConfig, build_model
 def _exported(family: str, dtype: str, decompose: bool) -> tuple[TinyConfig, torch.export.ExportedProgram]:
     """One decoder layer is enough to hit every op a family produces (layers repeat)."""
     cfg = TinyConfig(family=family, layers=1, dtype=dtype)
-    return cfg, export_model(build_model(cfg), cfg, decompose=decompose)
+    return cfg, export_model(build_model(cfg), decompose=decompose)
 
 
 @pytest.fixture(scope="session")

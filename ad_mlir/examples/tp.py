@@ -60,7 +60,7 @@ def run_rank(cfg: TinyConfig, pipeline: str = "default", seq_lens: Sequence[int]
 
     world, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(cfg)
-    ep = export_model(model, cfg)
+    ep = export_model(model)
     gm = ad_mlir.compile(ep, pipeline=sharded_pipeline(pipeline, world))
     device = _device()
     if device is not None:

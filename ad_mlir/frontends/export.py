@@ -10,8 +10,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ad_mlir.zoo.tiny import TinyConfig, example_input_ids
-
 if TYPE_CHECKING:  # torch loads lazily: `ad-opt file.mlir` should not pay 1.7 s for it
     import torch
 
@@ -24,12 +22,15 @@ def export_meta_model(model: torch.nn.Module) -> torch.export.ExportedProgram:
     return export_with_ids(model, torch.zeros(1, 8, dtype=torch.long, device="meta"), max_seq=1024)
 
 
-def export_model(
-    model: torch.nn.Module, cfg: TinyConfig, seq_len: int = 8, decompose: bool = False
-) -> torch.export.ExportedProgram:
+def export_model(model: torch.nn.Module, seq_len: int = 8, decompose: bool = False) -> torch.export.ExportedProgram:
     """Export `model(input_ids=...)` with a dynamic sequence length, under no_grad
-    (inference graphs; no grad-mode wrappers)."""
-    return export_with_ids(model, example_input_ids(cfg, seq_len), decompose)
+    (inference graphs; no grad-mode wrappers), traced at `seq_len` token ids drawn (seed 1)
+    from the model's own vocabulary."""
+    import torch
+
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(0, vocab, (1, seq_len), generator=torch.Generator().manual_seed(1))
+    return export_with_ids(model, ids, decompose)
 
 
 def export_with_ids(

@@ -101,7 +101,7 @@ def _compile_into(cache: str, start: Any, results: Any) -> None:
 
         cfg = TinyConfig(layers=1)
         model = build_model(cfg)
-        ep = export_model(model, cfg)
+        ep = export_model(model)
         start.wait(timeout=60)  # both processes generate the same kernels at the same moment
         gm = ad_mlir.compile(ep)
         ids = example_input_ids(cfg, 6)
@@ -139,7 +139,7 @@ def test_two_processes_compiling_into_one_cache_both_succeed(tmp_path: Path) -> 
 def _pipeline_module(cfg: TinyConfig) -> Any:
     from ad_mlir.passes.pipeline import run_pipeline
 
-    program = import_program(export_model(build_model(cfg), cfg))
+    program = import_program(export_model(build_model(cfg)))
     run_pipeline(program.module, "default")
     return program.module
 

@@ -217,7 +217,7 @@ def test_quantized_llama_fused_matches_unfused(scheme: str, monkeypatch: pytest.
     cfg = TinyConfig(family="llama", layers=2, dtype="bfloat16")
     model = build_model(cfg)
     ids = example_input_ids(cfg, 11, seed=3)
-    ep = export_model(model, cfg)
+    ep = export_model(model)
     quantize = _quantize_spec(scheme)
     unfused, fused, quantizing, quant = _quantizing_regions(ep, quantize, scheme)
     # per layer: input norm (layer 0) or add + norm, + quant; add + post-attention norm + quant;

@@ -149,7 +149,7 @@ def compiled() -> tuple[torch.fx.GraphModule, torch.Tensor]:
     exported with the sequence dynamic in [2, 4096]."""
     cfg = TinyConfig(layers=1)
     with no_dropped_ops():  # every op got its kernel, none was left as torch calls
-        gm = ad_mlir.compile(export_model(build_model(cfg), cfg))
+        gm = ad_mlir.compile(export_model(build_model(cfg)))
     graph_kernels(gm)  # the graph must hold kernels, and no reference op
     return gm, example_input_ids(cfg, 8)
 

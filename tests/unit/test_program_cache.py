@@ -65,7 +65,7 @@ compiler.run_pipeline = no_passes
 cfg = TinyConfig(layers=1)
 model = build_model(cfg)
 cache = KernelCache(Path(sys.argv[1]))
-gm = ad_mlir.compile(export_model(model, cfg), cache=cache)
+gm = ad_mlir.compile(export_model(model), cache=cache)
 ids = example_input_ids(cfg, 11, seed=3)
 with torch.no_grad():
     torch.testing.assert_close(gm(ids)[0], model(input_ids=ids).logits)
@@ -97,7 +97,7 @@ def test_a_new_process_reads_the_program_and_matches_eager(tmp_path: Path) -> No
     """The second compile runs in a fresh process whose pass pipeline raises: it can only
     succeed from the stored program; its kernels all come from the kernel cache."""
     model = _model()
-    got, expected = _logits(model, ad_mlir.compile(export_model(model, CFG), cache=KernelCache(tmp_path)),
+    got, expected = _logits(model, ad_mlir.compile(export_model(model), cache=KernelCache(tmp_path)),
                             example_input_ids(CFG, 11, seed=3))
     torch.testing.assert_close(got, expected)
     assert len(_entries(tmp_path)) == 1
@@ -114,9 +114,9 @@ def test_weights_are_those_of_each_compile(tmp_path: Path, caplog: pytest.LogCap
     its own weights: the fused Q/K/V and gate/up weights are concatenated from them again."""
     first, second = _model(seed=0), _model(seed=1)
     ids = example_input_ids(CFG, 9, seed=2)
-    ad_mlir.compile(export_model(first, CFG), cache=KernelCache(tmp_path))
+    ad_mlir.compile(export_model(first), cache=KernelCache(tmp_path))
     with caplog.at_level(logging.INFO, logger="ad_mlir.runtime.program_cache"):
-        gm = ad_mlir.compile(export_model(second, CFG), cache=KernelCache(tmp_path))
+        gm = ad_mlir.compile(export_model(second), cache=KernelCache(tmp_path))
     assert SKIPPED in caplog.text and len(_entries(tmp_path)) == 1
     got, expected = _logits(second, gm, ids)
     torch.testing.assert_close(got, expected)
@@ -127,11 +127,11 @@ def test_a_changed_buffer_value_misses(tmp_path: Path, caplog: pytest.LogCapture
     """RoPE's inverse frequencies are a buffer: the same graph with other frequencies is not
     served the first model's program (a pass could have read them), and compiles right."""
     model = _model()
-    ad_mlir.compile(export_model(model, CFG), cache=KernelCache(tmp_path))
+    ad_mlir.compile(export_model(model), cache=KernelCache(tmp_path))
     with torch.no_grad():
         model.model.rotary_emb.inv_freq.mul_(1.5)
     with caplog.at_level(logging.INFO, logger="ad_mlir.runtime.program_cache"):
-        gm = ad_mlir.compile(export_model(model, CFG), cache=KernelCache(tmp_path))
+        gm = ad_mlir.compile(export_model(model), cache=KernelCache(tmp_path))
     assert SKIPPED not in caplog.text and len(_entries(tmp_path)) == 2
     torch.testing.assert_close(*_logits(model, gm, example_input_ids(CFG, 9, seed=2)))
 
@@ -143,7 +143,7 @@ def test_key_changes_with_what_the_pipeline_result_depends_on() -> None:
     pipeline, rank = PipelineConfig(spec, skip_on_error=False), Rank()
 
     def key(model: torch.nn.Module, pipeline=pipeline, rank=rank) -> str:  # noqa: ANN001
-        return program_key(import_program(export_model(model, CFG)), pipeline, rank)
+        return program_key(import_program(export_model(model)), pipeline, rank)
 
     base = key(_model())
     assert key(_model(seed=1)) == base
@@ -158,7 +158,7 @@ def test_key_changes_with_what_the_pipeline_result_depends_on() -> None:
 
 def test_a_damaged_entry_is_compiled_again_and_rewritten(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model = _model()
-    ep = export_model(model, CFG)
+    ep = export_model(model)
     ids = example_input_ids(CFG, 7, seed=4)
     ad_mlir.compile(ep, cache=KernelCache(tmp_path))
     (path,) = _entries(tmp_path)
@@ -187,7 +187,7 @@ from ad_mlir.frontends.export import export_model
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 cfg = TinyConfig(layers=1)
-ep = export_model(build_model(cfg), cfg)
+ep = export_model(build_model(cfg))
 print("ready", flush=True)
 sys.stdin.readline()  # all writers start compiling together
 ad_mlir.compile(ep, cache=KernelCache(Path(sys.argv[1])))
@@ -214,7 +214,7 @@ def test_concurrent_writers_leave_one_whole_entry(tmp_path: Path, caplog: pytest
     assert len(_entries(tmp_path)) == 1 and not list((tmp_path / "programs").glob(".*.tmp"))
     model = _model()
     with caplog.at_level(logging.INFO, logger="ad_mlir.runtime.program_cache"):
-        gm = ad_mlir.compile(export_model(model, CFG), cache=KernelCache(tmp_path))
+        gm = ad_mlir.compile(export_model(model), cache=KernelCache(tmp_path))
     assert SKIPPED in caplog.text
     torch.testing.assert_close(*_logits(model, gm, example_input_ids(CFG, 5, seed=6)))
 
@@ -246,7 +246,7 @@ def test_the_passes_warnings_are_said_again(tmp_path: Path, caplog: pytest.LogCa
     monkeypatch.setenv("AD_MLIR_SKIP_ON_ERROR", "1")
     pipeline = 'canonicalize,quantize-linear-fp8{scheme="static"},fuse-elementwise'  # static needs a scale
     model = _model()
-    ep = export_model(model, CFG)
+    ep = export_model(model)
     with caplog.at_level(logging.WARNING):
         ad_mlir.compile(ep, pipeline=pipeline, cache=KernelCache(tmp_path))
     (skipped,) = [" ".join(r.getMessage().split()) for r in caplog.records if "skipped (skip_on_error)" in r.getMessage()]

@@ -119,7 +119,7 @@ def test_layers_left_whole_say_why_in_the_log(caplog: pytest.LogCaptureFixture) 
 
 def test_a_rank_graph_for_another_world_size_is_refused() -> None:
     cfg = TinyConfig(layers=1, hidden_size=128)
-    ep = export_model(build_model(cfg), cfg)
+    ep = export_model(build_model(cfg))
     with pytest.raises(ShardError, match=r"weight 'model.layers.0.self_attn.q_proj.weight' has 128 along dim 0, "
                                          r"but its shard of 64 on each of 4 ranks covers 256"):
         ad_mlir.compile(ep, pipeline="canonicalize,shard{world-size=2}", world_size=4, rank=0)
@@ -128,7 +128,7 @@ def test_a_rank_graph_for_another_world_size_is_refused() -> None:
 def test_world_size_one_compiles_the_unsharded_graph() -> None:
     cfg = TinyConfig(layers=1, hidden_size=128)
     model = build_model(cfg)
-    gm = ad_mlir.compile(export_model(model, cfg), pipeline="canonicalize,shard{world-size=1},default")
+    gm = ad_mlir.compile(export_model(model), pipeline="canonicalize,shard{world-size=1},default")
     assert not any("all_reduce" in str(n.target) for n in gm.graph.nodes)
     ids = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

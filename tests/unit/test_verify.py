@@ -174,7 +174,7 @@ def test_compile_verify_checks_the_cached_attention_kernel() -> None:
 @pytest.mark.usefixtures("test_passes")
 def test_compile_verify_catches_the_wrong_rewrite_and_passes_the_right_pipeline() -> None:
     cfg = TinyConfig(layers=1, dtype="bfloat16")
-    ep = export_model(build_model(cfg), cfg)
+    ep = export_model(build_model(cfg))
     with pytest.raises(NumericMismatch, match="pass 'test-silu-as-sigmoid' changed the results"):
         ad_mlir.compile(ep, pipeline="canonicalize,test-silu-as-sigmoid,default", verify=True)
     ad_mlir.compile(ep, verify=True)  # the kernels (interpreter) against the final IR, too
@@ -203,7 +203,7 @@ def test_compile_verify_names_the_wrong_kernel_and_its_input_shapes(monkeypatch:
     """One kernel (add + RMSNorm) made wrong on its Triton path only: the check of the compiled
     graph finds the result that moved, then the kernel whose outputs differ from its region's
     reference on the same inputs."""
-    ep = export_model(build_model(cfg := TinyConfig(layers=1)), cfg)
+    ep = export_model(build_model(TinyConfig(layers=1)))
     real_import = cache._import
 
     def wrong_import(path: Path, name: str) -> ModuleType:
@@ -271,7 +271,7 @@ def test_a_failing_pass_raises_when_skipping_is_off() -> None:
 @pytest.mark.usefixtures("test_passes")
 def test_a_wrong_rewrite_is_undone_with_skip_on_error() -> None:
     cfg = TinyConfig(layers=1)
-    program = import_program(export_model(build_model(cfg), cfg))
+    program = import_program(export_model(build_model(cfg)))
     records = run_pipeline(program.module, "canonicalize,test-silu-as-sigmoid,default",
                            numeric=NumericVerifier(program.weights), skip_on_error=True)
     assert [r.name for r in records][:3] == ["canonicalize", "test-silu-as-sigmoid", "canonicalize"]
@@ -324,7 +324,7 @@ def test_skip_on_error_in_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_passes_after_sharding_are_not_checked_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
     cfg = TinyConfig(layers=1, hidden_size=128)
-    program = import_program(export_model(build_model(cfg), cfg))
+    program = import_program(export_model(build_model(cfg)))
     numeric = NumericVerifier(program.weights)
     with caplog.at_level(logging.WARNING, logger="ad_mlir.passes.verify"):
         run_pipeline(program.module, "canonicalize,shard{world-size=2},fuse-silu-mul", numeric=numeric)
