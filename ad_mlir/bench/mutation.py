@@ -219,6 +219,12 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/llm/generate.py": Tests((), ("tests/models/test_llm_runtime.py::test_the_command_line_takes_a_budget",
                                           "tests/test_clis.py::test_generate_cli_batch_in_fewer_slots_gives_hf_tokens_"
                                           "and_benchmarks")),
+    "ad_mlir/llm/cache_export.py": Tests((), ("tests/models/test_export_for_cache.py",)),
+    "ad_mlir/llm/cuda_graphs.py": Tests((), (
+        "tests/models/test_paged.py::test_a_decode_step_padded_to_its_cuda_graph_bucket_gives_the_same_logits",
+        "tests/models/test_llm_runtime.py", "-k", "bucket or padded or graphs")),
+    "ad_mlir/llm/pipelines.py": Tests((), (
+        "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",)),
     "ad_mlir/llm/llm.py": Tests(_lit(*_CACHED), (
         "tests/models/test_llm_runtime.py", "-k", "not command_line",
         "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",

@@ -26,160 +26,23 @@ runs as one replayed graph per batch bucket (`CudaGraphDecode`), a batch padded 
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from xdsl.dialects import func
 
 from ad_mlir.compiler import CompileOptions, compile_program
-from ad_mlir.dialects import ad
 from ad_mlir.frontends.export import ModuleExport
+from ad_mlir.llm.cache_export import cache_arguments, cache_export, model_device
+from ad_mlir.llm.cuda_graphs import CudaGraphDecode, CudaGraphFlatDecode, decode_buckets, pad_to_bucket
 from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
+from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline
 from ad_mlir.passes.insert_cached_attention import PerSequenceState
 from ad_mlir.runtime.kernels import call_kernels_directly
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CacheArgument:
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    per_token: bool
-    """A K/V cache, MLA's latent cache, DSA's index-key cache or DeepSeek-V4's compressed entries,
-    which grows with the tokens of a slot; else a state of fixed size per slot (a convolution's, a
-    recurrent scan's)."""
-    layer: str
-    """The HF module path of the op it serves."""
-
-
-CACHE_BEFORE = ("decompose", "fuse-elementwise")
-"""`insert-cached-attention` goes before the first of these passes."""
-
-
-def cached_pipeline(pipeline: str | Path, max_batch: int, max_seq_len: int) -> str:
-    """`pipeline` with `insert-cached-attention` spliced in before its first `decompose` or
-    `fuse-elementwise` (`default` counts as the passes it runs), else appended. So it runs after
-    `shard` (each rank's caches get its local K/V heads), `quantize-linear-fp8` and the LLM
-    fusions (it rewrites the fused attention), and before regions form (the dropped mask's ops
-    are gone by then)."""
-    from ad_mlir.passes.pipeline import PIPELINES, resolve_pipeline
-
-    insert = f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len} logits-indices=true}}"
-    passes = [q for p in split_spec(resolve_pipeline(pipeline))
-              for q in (split_spec(PIPELINES["default"]) if p == "default" else [p])]
-    names = [p.split("{", 1)[0].strip() for p in passes]
-    at = next((i for i, name in enumerate(names) if name in CACHE_BEFORE), len(passes))
-    return ",".join([*passes[:at], insert, *passes[at:]])
-
-
-def paged_pipeline(pipeline: str | Path, page_size: int, num_pages: int, max_seq_len: int, max_batch: int = 8) -> str:
-    """`cached_pipeline` with the paged, flattened form of `insert-cached-attention`: pools of
-    `num_pages` pages of `page_size` tokens, masks evaluated at `max_seq_len` tokens, and
-    `max_batch` slots in the pools of per-sequence states (convolutions', scans') where the
-    model has such states."""
-    slot_form = cached_pipeline(pipeline, 1, max_seq_len)
-    return slot_form.replace(
-        f"insert-cached-attention{{max-batch=1 max-seq-len={max_seq_len} logits-indices=true}}",
-        f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len} paged=true page-size={page_size} "
-        f"num-pages={num_pages}}}")
-
-
-def split_spec(spec: str) -> list[str]:
-    """An xDSL pass string's passes (`a{x=1,2},b` -> `a{x=1,2}`, `b`: commas inside options stay)."""
-    passes, depth, start = [], 0, 0
-    for i, ch in enumerate(spec):
-        depth += {"{": 1, "}": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            passes.append(spec[start:i].strip())
-            start = i + 1
-    passes.append(spec[start:].strip())
-    return [p for p in passes if p]
-
-
-class CacheExportError(ValueError):
-    """The model does not export in the form generation compiles (`export_for_cache`)."""
-
-
-def export_for_cache(model: torch.nn.Module, max_batch: int, max_seq_len: int,
-                     flat: bool = False) -> torch.export.ExportedProgram:
-    """`model(input_ids=, position_ids=)` with batch and sequence dynamic (with `flat`, batch 1
-    and the sequence dynamic), under no_grad, with
-    inputs on the model's device and HF's own cache off (the compiled graph has ours): through
-    `use_cache=False` where the forward names it, else through the config (a forward that takes
-    it in `**kwargs`). `position_ids` only where the forward takes it: a model without computes
-    its positions itself, which `insert-cached-attention` replaces by the step's real ones where
-    they are a range over the step's tokens from 0 (BART's, Pegasus' positional embeddings), and
-    refuses otherwise."""
-    return cache_export(model, max_batch, max_seq_len, flat).exported()
-
-
-def cache_export(model: torch.nn.Module, max_batch: int, max_seq_len: int, flat: bool = False) -> ModuleExport:
-    """`export_for_cache`'s export, not run yet: what `LLM` compiles, so that a compile the
-    program cache holds runs no torch.export (`compile_program`)."""
-    params = inspect.signature(model.forward).parameters
-    name = type(model).__name__
-    if "input_ids" not in params:
-        raise CacheExportError(f"{name}.forward takes no 'input_ids' parameter: generation needs a causal LM "
-                               "called with token ids")
-    device = model_device(model)
-    seq = torch.export.Dim("seq", min=1, max=max_seq_len)
-    # flat: one sequence of every token of a step, batch 1 static (the paged form); else both dynamic
-    rows, row_dims = (1, {1: seq}) if flat else (2, {0: torch.export.Dim("batch", min=1, max=max(max_batch, 2)),
-                                                     1: seq})
-    kwargs: dict[str, Any] = {"input_ids": torch.zeros(rows, 3, dtype=torch.int64, device=device)}
-    dims: dict[str, Any] = {"input_ids": row_dims}
-    if "position_ids" in params:
-        kwargs["position_ids"], dims["position_ids"] = torch.arange(3, device=device).expand(rows, 3), row_dims
-    if "use_cache" in params:
-        kwargs["use_cache"], dims["use_cache"] = False, None
-    return ModuleExport(model, kwargs, dims, generation=True,
-                        around=functools.partial(_exporting_for_generation, model, tuple(kwargs), flat))
-
-
-@contextlib.contextmanager
-def _exporting_for_generation(model: torch.nn.Module, inputs: tuple[str, ...], flat: bool) -> Iterator[None]:
-    """HF's cache off (`_hf_cache_off`); a failure to export raised as CacheExportError, saying
-    with which inputs and which guard the model's code added."""
-    try:
-        with _hf_cache_off(model):
-            yield
-    except Exception as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [""]
-        # a constraint violation's first line names only the dim; its first "- " line says which guard the code added
-        guard = next((line[2:] for line in lines[1:] if line.startswith("- ")), None)
-        shapes = "batch 1, tokens dynamic" if flat else "batch and sequence dynamic"
-        raise CacheExportError(f"{type(model).__name__} does not export for generation, called with "
-                               f"{', '.join(inputs)} ({shapes}): "
-                               f"{type(e).__name__}: {lines[0]}" + (f" ({guard})" if guard else "")) from e
-
-
-@contextlib.contextmanager
-def _hf_cache_off(model: torch.nn.Module) -> Iterator[None]:
-    """`config.use_cache = False` while exporting (HF forwards fall back to it), restored after."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "use_cache"):
-        yield
-        return
-    before, config.use_cache = config.use_cache, False
-    try:
-        yield
-    finally:
-        config.use_cache = before
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """Where the model's weights are (its inputs and caches go there too)."""
-    return next(model.parameters()).device
 
 
 def cache_layout(llm: LLM) -> str:
@@ -207,19 +70,6 @@ def paged_where_possible(model: torch.nn.Module | str, page_size: int | None, **
     except PerSequenceState as e:
         log.warning("LLM: the slot form, not the paged one: %s", e)
         return LLM(model, **kwargs)
-
-
-def cache_arguments(fn: func.FuncOp) -> list[CacheArgument]:
-    """The cache arguments of a cached function (K/V caches and per-slot states), in order."""
-    from ad_mlir.semantics.op_table import torch_dtype
-
-    caches = []
-    for arg, attrs in zip(fn.body.block.args, fn.arg_attrs.data, strict=True):
-        if ad.CACHE_ATTR in attrs.data:
-            layer, role = attrs.data[ad.CACHE_ATTR].data.rsplit(" ", 1)
-            caches.append(CacheArgument(attrs.data[ad.INPUT_ATTR].data, tuple(arg.type.get_shape()),
-                                        torch_dtype(arg.type.element_type), role in ad.PER_TOKEN_ROLES, layer))
-    return caches
 
 
 DEFAULT_MAX_SEQ_LEN = 512
@@ -628,136 +478,6 @@ def _max_positions(model: torch.nn.Module) -> int:
         raise ValueError("kv_cache_budget: the model's config has no max_position_embeddings to cap a slot at; "
                          "give max_seq_len")
     return positions
-
-
-def decode_buckets(max_batch: int) -> tuple[int, ...]:
-    """Batch sizes a decode graph is captured for: powers of two below `max_batch`, and it."""
-    return tuple(sorted({1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch} | {max_batch}))
-
-
-def pad_to_bucket(tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int], free: Sequence[int],
-                  buckets: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
-    """The decode rows padded to the smallest bucket that holds them. A dummy row writes token 0 at
-    position 0 of a free slot, each its own (no two rows write one slot): harmless, as a slot is
-    only read up to what its current sequence wrote, and the next prefill there starts at 0.
-    Buckets are at most max_batch, so free slots always suffice."""
-    bucket = min(b for b in buckets if b >= len(tokens))
-    pad = bucket - len(tokens)
-    if pad > len(free):
-        raise ValueError(f"{len(tokens)} decode rows padded to {bucket} need {pad} free slots, have {len(free)}")
-    return [*tokens, *[0] * pad], [*slots, *free[:pad]], [*starts, *[0] * pad]
-
-
-class CudaGraphDecode:
-    """The decode step as one CUDA graph per batch bucket (AutoDeploy's `cudagraph` backend, vLLM's
-    decode graphs). Each graph is captured once, at construction (the caches are still empty, so
-    the capture's writes at position 0 of slots 0..bucket-1 clobber nothing), reading static input
-    buffers; a step copies its rows into its bucket's buffers and replays. The caches are the LLM's
-    own tensors, written in place by the replay. On an H100 (`tests/gpu`) it was on by default while
-    Llama, Qwen2, Mistral and Gemma generated HF's tokens; that it was captured is asserted from the
-    next GPU run on."""
-
-    def __init__(self, llm: LLM, buckets: Sequence[int]) -> None:
-        self.buckets = tuple(sorted(buckets))
-        pool = torch.cuda.graph_pool_handle()
-        # largest first: the smaller graphs reuse its memory from the shared pool
-        self.graphs = {b: self._capture(llm, b, pool) for b in reversed(self.buckets)}
-
-    @staticmethod
-    def _capture(llm: LLM, batch: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], torch.Tensor]:
-        device = llm.device
-        static = {"tokens": torch.zeros(batch, 1, dtype=torch.int64, device=device),
-                  "slots": torch.arange(batch, device=device),
-                  "starts": torch.zeros(batch, dtype=torch.int64, device=device)}
-        row = torch.zeros(1, dtype=torch.int64, device=device)  # a decode step's one token
-
-        def run() -> torch.Tensor:
-            return llm.forward(static["tokens"], static["starts"][:, None], static["slots"], static["starts"], row)
-
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up outside the capture: lazy initialisation, kernel compilation
-            run()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = run()
-        return graph, static, out
-
-    def run(self, tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int]) -> torch.Tensor:
-        """Logits [bucket, 1, vocab] of one padded decode step (valid until the next replay)."""
-        graph, static, out = self.graphs[len(tokens)]
-        for name, values in (("tokens", tokens), ("slots", slots), ("starts", starts)):
-            static[name].copy_(torch.tensor(values).view(static[name].shape), non_blocking=True)
-        graph.replay()
-        return out
-
-
-def pad_flat_decode(input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
-                    cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor,
-                    bucket: int, scratch_page: int) -> tuple[torch.Tensor, ...]:
-    """A decode-only step's `forward_flat` inputs (one new token per sequence, each one's logits
-    wanted) padded to `bucket` sequences: each dummy sequence feeds token 0 at position 0 of a
-    block table that is `scratch_page` throughout, a page no sequence holds, so it writes and reads
-    nothing of theirs; its logits come last."""
-    pad, on = bucket - cache_starts.shape[0], {"dtype": torch.int64, "device": input_ids.device}
-    zeros = torch.zeros(1, pad, **on)
-    return (torch.cat([input_ids, zeros], 1), torch.cat([position_ids, zeros], 1), torch.arange(bucket + 1, **on),
-            torch.cat([cache_starts, zeros[0]]),
-            torch.cat([block_tables, torch.full((pad, block_tables.shape[1]), scratch_page, **on)]),
-            torch.arange(bucket, **on))
-
-
-class CudaGraphFlatDecode:
-    """The paged form's decode-only steps (every sequence one new token, each one's logits wanted)
-    as one CUDA graph per bucket of sequences, as `CudaGraphDecode` does for the slots: a step is
-    padded to its bucket (`pad_flat_decode`, the dummy rows in `scratch_page`), copied into the
-    bucket's static inputs and replayed; other steps (prefill chunks, more sequences than the
-    largest bucket, another block-table width) run eagerly. The paged kernel's decode phase reads
-    sizes only from shapes (no host sync). On an H100 (`tests/gpu`) it replayed Llama's decode steps
-    and gave HF's tokens."""
-
-    def __init__(self, llm: LLM, buckets: Sequence[int], scratch_page: int) -> None:
-        self.buckets = tuple(sorted(buckets))
-        self.scratch_page = scratch_page
-        self.width = -(-llm.max_seq_len // llm.page_size)
-        """The block tables' width the graphs take (the engine's: `max_seq_len` in pages)."""
-        pool = torch.cuda.graph_pool_handle()
-        self.graphs = {b: self._capture(llm, b, pool) for b in reversed(self.buckets)}
-
-    def _capture(self, llm: LLM, bucket: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
-        empty = torch.zeros(0, dtype=torch.int64)
-        padded = pad_flat_decode(empty[None], empty[None], torch.zeros(1, dtype=torch.int64), empty,
-                                 torch.zeros(0, self.width, dtype=torch.int64), empty, bucket, self.scratch_page)
-        static = [t.to(llm.device) for t in padded]
-        side = torch.cuda.Stream(llm.device)
-        side.wait_stream(torch.cuda.current_stream(llm.device))
-        with torch.cuda.stream(side):  # warm-up outside the capture: lazy initialisation, kernel compilation
-            llm.run_flat(*static)
-        torch.cuda.current_stream(llm.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = llm.run_flat(*static)
-        return graph, static, out
-
-    def takes(self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
-              cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor) -> bool:
-        """A decode-only step a graph holds: one token per sequence, each one's logits in order."""
-        seqs = cache_starts.shape[0]
-        return (input_ids.shape[1] == logits_indices.shape[0] == seqs <= self.buckets[-1]
-                and block_tables.shape[1] == self.width
-                and torch.equal(logits_indices.cpu(), torch.arange(seqs))
-                and torch.equal(query_starts.cpu(), torch.arange(seqs + 1)))
-
-    def run(self, *flat: torch.Tensor) -> torch.Tensor:
-        """The logits [seqs, vocab] of a step `takes` holds (valid until the next replay)."""
-        seqs = flat[3].shape[0]
-        bucket = min(b for b in self.buckets if b >= seqs)
-        graph, static, out = self.graphs[bucket]
-        for buffer, values in zip(static, pad_flat_decode(*flat, bucket, self.scratch_page), strict=True):
-            buffer.copy_(values, non_blocking=True)
-        graph.replay()
-        return out[:seqs]
 
 
 def _vocab_size(model: torch.nn.Module) -> int | None:

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ad_mlir.llm.pipelines import split_spec
+
 if TYPE_CHECKING:
     from ad_mlir.llm.llm import LLM
 
@@ -64,7 +66,6 @@ def sharded_pipeline(pipeline: str | Path, world: int) -> str:
     """`pipeline` (a name, a pass string or a YAML file) after `canonicalize,match-moe,
     shard{world-size=world}`; one that has a `shard` pass already is kept as it is (the compiler
     checks its world size against the process group's)."""
-    from ad_mlir.llm.llm import split_spec  # the compiler's imports: not for a rank that only follows
     from ad_mlir.passes.pipeline import resolve_pipeline
 
     spec = resolve_pipeline(pipeline)

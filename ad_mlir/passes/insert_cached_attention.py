@@ -918,7 +918,7 @@ def _refuse_batched(attention: Attention, layer: str, what: str) -> None:
     if batch != 1:
         raise PassFailedException(
             f"{layer}: the paged form takes the step's tokens as one flattened sequence, but the {what}'s batch "
-            f"is {batch}, not 1: export the model with input_ids [1, tokens] (ad_mlir.llm.llm.export_for_cache with flat=True)")
+            f"is {batch}, not 1: export the model with input_ids [1, tokens] (ad_mlir.llm.cache_export.export_for_cache with flat=True)")
 
 
 def _refuse_uncached_mixers(fn: func.FuncOp, missed: dict[Operation, str]) -> None:

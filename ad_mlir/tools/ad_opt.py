@@ -252,7 +252,7 @@ class AdOptMain(xDSLOptMain):
             layers = 1  # a built model: one decoder layer shows every op a family has
         model = named_model(name, self.args.dtype, layers, self.args.hidden_size, self.args.head_dim)
         if self.args.for_generation:
-            from ad_mlir.llm.llm import export_for_cache
+            from ad_mlir.llm.cache_export import export_for_cache
 
             ep = export_for_cache(model, max_batch=8, max_seq_len=4096, flat=self.args.flat)
         else:

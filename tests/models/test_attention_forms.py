@@ -18,7 +18,8 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX
 import ad_mlir
 from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
-from ad_mlir.llm.llm import cached_pipeline, export_for_cache
+from ad_mlir.llm.cache_export import export_for_cache
+from ad_mlir.llm.pipelines import cached_pipeline
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import model_from_config, small_config
 

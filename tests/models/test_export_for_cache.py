@@ -16,7 +16,7 @@ from torch.utils._sympy.functions import MinMaxBase
 
 import ad_mlir
 from ad_mlir.frontends.torch_patches import forget_min_max_results
-from ad_mlir.llm.llm import CacheExportError, export_for_cache
+from ad_mlir.llm.cache_export import CacheExportError, export_for_cache
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import model_from_config, small_config
 

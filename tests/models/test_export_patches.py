@@ -195,7 +195,7 @@ def _assert_replaced_exactly(model: torch.nn.Module, classes: list[str], ids: to
 def test_exports_for_generation_with_hfs_values(family: str) -> None:
     """The export for generation equals HF's forward at 11 tokens and at 1 (a decode step's
     length), HF's methods back after it."""
-    from ad_mlir.llm.llm import export_for_cache
+    from ad_mlir.llm.cache_export import export_for_cache
 
     settings, classes = GENERATION_EXPORTS[family]
     model = _wide(family, settings)

@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import ad_mlir
 from ad_mlir import generate
-from ad_mlir.llm.llm import decode_buckets, pad_to_bucket
+from ad_mlir.llm.cuda_graphs import decode_buckets, pad_to_bucket
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 

@@ -17,7 +17,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import ad_mlir
 from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
-from ad_mlir.llm.llm import cached_pipeline, export_for_cache
+from ad_mlir.llm.cache_export import export_for_cache
+from ad_mlir.llm.pipelines import cached_pipeline
 from ad_mlir.runtime.kernels import reference_kernels
 
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]

@@ -32,8 +32,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import ad_mlir
 from ad_mlir.dialects import ad
+from ad_mlir.llm.cuda_graphs import pad_flat_decode
 from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
-from ad_mlir.llm.llm import pad_flat_decode
 from ad_mlir.runtime.kernels import reference_kernels
 
 PAGE_SIZE = 4

@@ -9,7 +9,6 @@ program has the whole compile's cache arguments too, named, marked and ordered a
 
 from __future__ import annotations
 
-import functools
 import io
 import logging
 from pathlib import Path
@@ -205,13 +204,6 @@ LLM_CASES = [
 ]
 
 
-@pytest.fixture
-def exported_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`LLM`'s export done once per model and form (the two compiles below read one export)."""
-    monkeypatch.setattr(llm_module, "export_for_cache", functools.cache(llm_module.export_for_cache))
-
-
-@pytest.mark.usefixtures("exported_once")
 @pytest.mark.parametrize("paged", [False, True], ids=["slot", "paged"])
 @pytest.mark.parametrize(("family", "layers", "period", "overrides"), LLM_CASES, ids=[c[0] for c in LLM_CASES])
 def test_llm_compiles_once_per_layer_with_the_whole_programs_caches(

@@ -23,7 +23,7 @@ import ad_mlir
 from ad_mlir.codegen.lowering import kernel_region
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.decompositions import NoKernelForm
-from ad_mlir.llm.llm import cache_arguments
+from ad_mlir.llm.cache_export import cache_arguments
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import model_from_config, small_config
 

@@ -13,7 +13,7 @@ from gloo_ranks import run_on_ranks
 
 import ad_mlir
 from ad_mlir.examples.tp import PROMPTS, GenerateResult, generate_rank
-from ad_mlir.llm.llm import cached_pipeline
+from ad_mlir.llm.pipelines import cached_pipeline
 from ad_mlir.runtime import kernels
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 

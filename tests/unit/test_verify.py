@@ -153,7 +153,8 @@ def test_verify_each_checks_the_paged_states(tmp_path: Path, capsys: pytest.Capt
 
 def test_compile_verify_checks_the_paged_attention_kernel() -> None:
     """The compiled paged graph (the paged-attention kernel in the interpreter) against its IR."""
-    from ad_mlir.llm.llm import export_for_cache, paged_pipeline
+    from ad_mlir.llm.cache_export import export_for_cache
+    from ad_mlir.llm.pipelines import paged_pipeline
 
     ep = export_for_cache(build_model(TinyConfig(layers=1)), 1, 32, flat=True)
     with no_dropped_ops():
@@ -163,7 +164,8 @@ def test_compile_verify_checks_the_paged_attention_kernel() -> None:
 
 def test_compile_verify_checks_the_cached_attention_kernel() -> None:
     """The compiled cached graph (the cached-attention kernel in the interpreter) against its IR."""
-    from ad_mlir.llm.llm import cached_pipeline, export_for_cache
+    from ad_mlir.llm.cache_export import export_for_cache
+    from ad_mlir.llm.pipelines import cached_pipeline
 
     ep = export_for_cache(build_model(TinyConfig(layers=1)), max_batch=4, max_seq_len=32)
     with no_dropped_ops():  # every op got its kernel: the check covers them all
@@ -186,7 +188,8 @@ def test_wide_activations_let_rounding_through_but_not_a_wrong_rewrite() -> None
     (the nudged run accepts what the default pipeline's reordering does), yet a wrong rewrite
     there moves values far more than a nudge of one rounding does, and is caught: here a decode
     window of 2 (the cached function is a prefill: its attention sees too few keys)."""
-    from ad_mlir.llm.llm import cached_pipeline, export_for_cache
+    from ad_mlir.llm.cache_export import export_for_cache
+    from ad_mlir.llm.pipelines import cached_pipeline
     from ad_mlir.zoo.small import model_from_config, small_config
 
     config = small_config("bloom", layers=1, hidden_size=64)
