@@ -25,7 +25,8 @@ from ad_mlir.compiler import compile_program
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.export import export_with_ids
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.llm import llm as llm_module
+from ad_mlir.llm.cache_export import cache_arguments, export_for_cache
+from ad_mlir.llm.pipelines import cached_pipeline
 from ad_mlir.passes.pipeline import run_pipeline
 from ad_mlir.passes.repeated_layers import (
     NotRepeating,
@@ -223,17 +224,17 @@ def test_llm_compiles_once_per_layer_with_the_whole_programs_caches(
     kept = 5 * period + layers % period
     assert f"{layers} layers of period {period}, compiled {kept} and instantiated the other {layers - kept}" in said
     assert _text(once.program.module) == _text(whole.program.module)
-    assert f"model.layers.{layers - 1}." in " ".join(c.layer for c in llm_module.cache_arguments(once.program.function))
+    assert f"model.layers.{layers - 1}." in " ".join(c.layer for c in cache_arguments(once.program.function))
 
 
 def test_cache_arguments_counted_otherwise_are_not_lengthened() -> None:
     """A shortened program whose cache arguments do not count on alike from layer to layer (one
     renamed) is left as it is: NotRepeating, so the whole program is compiled."""
     model = _model("llama", 7)
-    program = import_program(llm_module.export_for_cache(model, 2, 32))
+    program = import_program(export_for_cache(model, 2, 32))
     layout, p = period(program.function)
     module = shorten(program.function, layout, p)
-    run_pipeline(module, llm_module.cached_pipeline("default", 2, 32))
+    run_pipeline(module, cached_pipeline("default", 2, 32))
     fn = next(iter(module.ops))
     attrs = list(fn.arg_attrs.data)
     at = next(i for i, a in enumerate(attrs) if a.data.get(ad.INPUT_ATTR) == StringAttr("v_cache_4"))
