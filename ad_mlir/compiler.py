@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -23,7 +22,7 @@ from ad_mlir.frontends.graph_sources import module_export
 from ad_mlir.frontends.input_checks import InputSpec
 from ad_mlir.passes import repeated_layers
 from ad_mlir.passes.patterns.attention_masks import constants_known
-from ad_mlir.passes.pipeline import load_pipeline, run_pipeline
+from ad_mlir.passes.pipeline import Pipeline, load_pipeline, run_pipeline
 from ad_mlir.passes.verify import NumericVerifier
 from ad_mlir.runtime.fx_export import export_program
 from ad_mlir.runtime.kernels import RegionKernel, build_kernels
@@ -54,8 +53,9 @@ class CompileOptions:
     `options=` object and/or the fields as keywords (`compile(ep, pipeline="none")`); a keyword
     overrides the object's field."""
 
-    pipeline: str | Path = "default"
-    """The pass pipeline: "default", "none", "pass,pass{option=value}" or a pipeline YAML file."""
+    pipeline: Pipeline = "default"
+    """The pass pipeline: "default", "none", "pass,pass{option=value}", a pipeline YAML file or a
+    `PipelineConfig` of pass objects."""
     verify: bool = False
     """Check every pass numerically (the function before and after it, `passes/verify.py`) and
     the result's kernels against the final IR (`runtime/verify.py`)."""
@@ -330,7 +330,7 @@ def _compile_shortened(
     return built
 
 
-def _timed_pipeline(module: ModuleOp, pipeline: str | Path, numeric: NumericVerifier | None = None) -> None:
+def _timed_pipeline(module: ModuleOp, pipeline: Pipeline, numeric: NumericVerifier | None = None) -> None:
     """`run_pipeline`, each pass's seconds recorded as a stage ("pass <name>"), and the rest of
     its time (copying the module, verifying it) as "pipeline checks"."""
     start = time.perf_counter()

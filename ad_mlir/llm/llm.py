@@ -118,7 +118,7 @@ class LLM:
 
     How it compiles is `ad_mlir.compile`'s `CompileOptions` (`pipeline`, `verify`, `cache`,
     `world_size`, `rank`), given as `options=` and/or keywords (`LLM(model, pipeline="none")`);
-    `insert-cached-attention` is spliced into the pipeline (`cached_pipeline`)."""
+    `insert-cached-attention` is put into the pipeline as a pass object (`cached_pipeline`)."""
 
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  tokenizer: Any = None, kv_cache_budget: int | float | None = None, cuda_graphs: bool | None = None,

@@ -1,49 +1,42 @@
-"""The pipelines `LLM` compiles: the user's pipeline with `insert-cached-attention` spliced in,
-in the slot form (`cached_pipeline`) or the paged one (`paged_pipeline`)."""
+"""The pipelines `LLM` compiles: the user's pipeline with the cache insertion pass put in, in the
+slot form (`cached_pipeline`) or the paged one (`paged_pipeline`), as pass objects."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from xdsl.passes import ModulePass
+
+from ad_mlir.passes.insert_cached_attention import InsertCachedAttentionPass
+from ad_mlir.passes.pipeline import Pipeline, PipelineConfig, expand_passes, load_pipeline
 
 CACHE_BEFORE = ("decompose", "fuse-elementwise")
 """`insert-cached-attention` goes before the first of these passes."""
 
 
-def cached_pipeline(pipeline: str | Path, max_batch: int, max_seq_len: int) -> str:
-    """`pipeline` with `insert-cached-attention` spliced in before its first `decompose` or
-    `fuse-elementwise` (`default` counts as the passes it runs), else appended. So it runs after
-    `shard` (each rank's caches get its local K/V heads), `quantize-linear-fp8` and the LLM
-    fusions (it rewrites the fused attention), and before regions form (the dropped mask's ops
-    are gone by then)."""
-    from ad_mlir.passes.pipeline import PIPELINES, resolve_pipeline
-
-    insert = f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len} logits-indices=true}}"
-    passes = [q for p in split_spec(resolve_pipeline(pipeline))
-              for q in (split_spec(PIPELINES["default"]) if p == "default" else [p])]
-    names = [p.split("{", 1)[0].strip() for p in passes]
-    at = next((i for i, name in enumerate(names) if name in CACHE_BEFORE), len(passes))
-    return ",".join([*passes[:at], insert, *passes[at:]])
+def cached_pipeline(pipeline: Pipeline, max_batch: int, max_seq_len: int) -> PipelineConfig:
+    """`pipeline` with `insert-cached-attention` in the slot form (`max_batch` slots of
+    `max_seq_len` tokens, the LM head on the `logits_indices` tokens) before its first
+    `decompose` or `fuse-elementwise` (`default` counts as the passes it runs), else at its end.
+    So it runs after `shard` (each rank's caches get its local K/V heads), `quantize-linear-fp8`
+    and the LLM fusions (it rewrites the fused attention), and before regions form (the dropped
+    mask's ops are gone by then)."""
+    return with_cache_pass(pipeline, InsertCachedAttentionPass(max_batch=max_batch, max_seq_len=max_seq_len,
+                                                               logits_indices=True))
 
 
-def paged_pipeline(pipeline: str | Path, page_size: int, num_pages: int, max_seq_len: int, max_batch: int = 8) -> str:
-    """`cached_pipeline` with the paged, flattened form of `insert-cached-attention`: pools of
-    `num_pages` pages of `page_size` tokens, masks evaluated at `max_seq_len` tokens, and
-    `max_batch` slots in the pools of per-sequence states (convolutions', scans') where the
-    model has such states."""
-    slot_form = cached_pipeline(pipeline, 1, max_seq_len)
-    return slot_form.replace(
-        f"insert-cached-attention{{max-batch=1 max-seq-len={max_seq_len} logits-indices=true}}",
-        f"insert-cached-attention{{max-batch={max_batch} max-seq-len={max_seq_len} paged=true page-size={page_size} "
-        f"num-pages={num_pages}}}")
+def paged_pipeline(pipeline: Pipeline, page_size: int, num_pages: int, max_seq_len: int,
+                   max_batch: int = 8) -> PipelineConfig:
+    """`pipeline` with the paged, flattened form of `insert-cached-attention`, placed as in
+    `cached_pipeline`: pools of `num_pages` pages of `page_size` tokens, masks evaluated at
+    `max_seq_len` tokens, and `max_batch` slots in the pools of per-sequence states
+    (convolutions', scans') where the model has such states."""
+    return with_cache_pass(pipeline, InsertCachedAttentionPass(max_batch=max_batch, max_seq_len=max_seq_len, paged=True,
+                                                               page_size=page_size, num_pages=num_pages))
 
 
-def split_spec(spec: str) -> list[str]:
-    """An xDSL pass string's passes (`a{x=1,2},b` -> `a{x=1,2}`, `b`: commas inside options stay)."""
-    passes, depth, start = [], 0, 0
-    for i, ch in enumerate(spec):
-        depth += {"{": 1, "}": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            passes.append(spec[start:i].strip())
-            start = i + 1
-    passes.append(spec[start:].strip())
-    return [p for p in passes if p]
+def with_cache_pass(pipeline: Pipeline, cache_pass: ModulePass) -> PipelineConfig:
+    """`pipeline`'s passes (`default` as the passes it runs) with `cache_pass` before the first of
+    `CACHE_BEFORE`, else last; a YAML file's `skip_on_error` kept."""
+    config = load_pipeline(pipeline)
+    passes = expand_passes(config.passes)
+    at = next((i for i, p in enumerate(passes) if p.name in CACHE_BEFORE), len(passes))
+    return PipelineConfig((*passes[:at], cache_pass, *passes[at:]), config.skip_on_error)

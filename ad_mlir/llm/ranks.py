@@ -27,13 +27,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from ad_mlir.llm.pipelines import split_spec
+from ad_mlir.passes.canonicalize import CanonicalizePass
+from ad_mlir.passes.match_moe import MatchMoePass
+from ad_mlir.passes.pipeline import Pipeline, PipelineConfig, load_pipeline
+from ad_mlir.passes.shard import ShardPass
 
 if TYPE_CHECKING:
     from ad_mlir.llm.llm import LLM
@@ -44,9 +46,6 @@ CALLS = ("forward_flat", "step", "decode")
 """The model's methods the engine calls: every rank runs them."""
 KEEPALIVE = "keepalive"
 STOP = "stop"
-SHARD = "canonicalize,match-moe,shard{{world-size={world}}}"
-"""What goes before a pipeline that has no `shard` (match-moe first: `shard` splits the experts of
-an `ad.moe`, not HF's exported grouped-GEMM form)."""
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
 
 
@@ -62,16 +61,16 @@ class Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def sharded_pipeline(pipeline: str | Path, world: int) -> str:
-    """`pipeline` (a name, a pass string or a YAML file) after `canonicalize,match-moe,
-    shard{world-size=world}`; one that has a `shard` pass already is kept as it is (the compiler
-    checks its world size against the process group's)."""
-    from ad_mlir.passes.pipeline import resolve_pipeline
-
-    spec = resolve_pipeline(pipeline)
-    if any(p.split("{", 1)[0].strip() == "shard" for p in split_spec(spec)):
-        return spec
-    return ",".join(p for p in (SHARD.format(world=world), spec) if p)
+def sharded_pipeline(pipeline: Pipeline, world: int) -> PipelineConfig:
+    """`pipeline` (a name, a pass string, a YAML file or its passes) after `canonicalize,
+    match-moe, shard{world-size=world}` (match-moe first: `shard` splits the experts of an
+    `ad.moe`, not HF's exported grouped-GEMM form); one that has a `shard` pass already is kept
+    as it is (the compiler checks its world size against the process group's)."""
+    config = load_pipeline(pipeline)
+    if any(p.name == ShardPass.name for p in config.passes):
+        return config
+    return PipelineConfig((CanonicalizePass(), MatchMoePass(), ShardPass(world_size=world), *config.passes),
+                          config.skip_on_error)
 
 
 def check_sharded(llm: LLM, world: int) -> None:

@@ -15,7 +15,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.dialects.func import FuncOp
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass, PassPipeline
-from xdsl.utils.exceptions import DiagnosticException
+from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
 from ad_mlir.passes import get_all_passes
 from ad_mlir.passes.patterns.matching import describe_op
@@ -47,10 +47,18 @@ raises must fail its test); users get it on."""
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    spec: str
-    """An xDSL pass string."""
+    """A pipeline as pass objects: what a name, a pass string or a YAML file becomes once parsed,
+    and what a caller that builds its pipeline (`LLM`) gives directly."""
+
+    passes: tuple[ModulePass, ...]
     skip_on_error: bool | None = None
     """From a YAML file's top-level `skip_on_error`; None: not said."""
+
+    @property
+    def spec(self) -> str:
+        """The passes as an xDSL pass string, options as xDSL prints them (what the program
+        cache keys on)."""
+        return ",".join(str(p.pipeline_pass_spec()) for p in self.passes)
 
     def skips_on_error(self) -> bool:
         """Whether `run_pipeline` skips a failing pass: as the config says, else as
@@ -62,16 +70,23 @@ def _is_yaml(pipeline: str | Path) -> bool:
     return isinstance(pipeline, Path) or str(pipeline).endswith((".yaml", ".yml"))
 
 
-def load_pipeline(pipeline: str | Path) -> PipelineConfig:
-    """A pipeline name, a YAML file (`.yaml`/`.yml`) or a pass string -> its config."""
+Pipeline = str | Path | PipelineConfig
+"""What takes a pipeline takes a name in PIPELINES, a pass string, a YAML file (`.yaml`/`.yml`)
+or the passes themselves."""
+
+
+def load_pipeline(pipeline: Pipeline) -> PipelineConfig:
+    """A pipeline name, a YAML file or a pass string -> its passes (a `PipelineConfig` as it is)."""
+    if isinstance(pipeline, PipelineConfig):
+        return pipeline
     if _is_yaml(pipeline):
         return pipeline_from_yaml(Path(pipeline))
-    return PipelineConfig(PIPELINES.get(pipeline, pipeline))
+    return PipelineConfig(parse_passes(PIPELINES.get(str(pipeline), str(pipeline))))
 
 
-def resolve_pipeline(pipeline: str | Path) -> str:
-    """A pipeline name, a YAML file (`.yaml`/`.yml`) or a pass string -> an xDSL pass string."""
-    return load_pipeline(pipeline).spec
+def parse_passes(spec: str) -> tuple[ModulePass, ...]:
+    """An xDSL pass string's passes, with their options."""
+    return PassPipeline.parse_spec(get_all_passes(), spec).passes
 
 
 def pipeline_from_yaml(path: Path) -> PipelineConfig:
@@ -103,7 +118,11 @@ def pipeline_from_yaml(path: Path) -> PipelineConfig:
             continue
         args = " ".join(f"{k.replace('_', '-')}={_spec_value(v)}" for k, v in options.items())
         specs.append(f"{name}{{{args}}}" if args else name)
-    return PipelineConfig(",".join(specs), skip_on_error)
+    try:
+        passes = parse_passes(",".join(specs))
+    except (ValueError, ArgSpecParseError) as e:  # xDSL says what of an option it cannot take
+        raise PipelineConfigError(f"{path}: {e}") from None
+    return PipelineConfig(passes, skip_on_error)
 
 
 def _spec_value(value: object) -> str:
@@ -159,12 +178,12 @@ def default_skip_on_error() -> bool:
 
 def run_pipeline(
     module: ModuleOp,
-    pipeline: str | Path = "default",
+    pipeline: Pipeline = "default",
     verify: bool = True,
     numeric: NumericVerifier | None = None,
     skip_on_error: bool | None = None,
 ) -> list[PassRecord]:
-    """Apply `pipeline` (a name in PIPELINES, a YAML file or a pass string) to `module` in
+    """Apply `pipeline` (a name in PIPELINES, a YAML file, a pass string or a `PipelineConfig`) to `module` in
     place, verifying the IR after each pass and, with `numeric`, its results (the module before
     and after on the same inputs, `passes/verify.py`); returns what each pass did.
 
@@ -182,7 +201,7 @@ def run_pipeline(
     config = load_pipeline(pipeline)
     if skip_on_error is None:
         skip_on_error = config.skips_on_error()
-    passes = expand_passes(PassPipeline.parse_spec(get_all_passes(), config.spec).passes)
+    passes = expand_passes(config.passes)
     ctx = make_context()
     if numeric is None and verify and passes:
         start = module.clone()

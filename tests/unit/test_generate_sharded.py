@@ -2,10 +2,11 @@
 generate greedily through `ad_mlir.LLM` with `canonicalize,shard{world-size=2},default` (the
 example's `--generate` mode), every kernel in the Triton interpreter with the reference fallback
 refused. Every rank's tokens must equal one unsharded LLM's and HF's `generate`, and each rank's
-caches must hold its local K/V heads. Plus where `insert-cached-attention` goes in a pipeline
-string, and `LLM`'s world_size/rank without a process group."""
+caches must hold its local K/V heads. Plus where `insert-cached-attention` goes in a pipeline, and `LLM`'s world_size/rank without a process group."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,13 @@ from gloo_ranks import run_on_ranks
 
 import ad_mlir
 from ad_mlir.examples.tp import PROMPTS, GenerateResult, generate_rank
-from ad_mlir.llm.pipelines import cached_pipeline
+from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline
+from ad_mlir.passes.canonicalize import CanonicalizePass
+from ad_mlir.passes.fuse_elementwise import FuseElementwisePass
+from ad_mlir.passes.fuse_rope_attention import FuseRopeAttentionPass
+from ad_mlir.passes.insert_cached_attention import InsertCachedAttentionPass
+from ad_mlir.passes.quantize_linear_fp8 import QuantizeLinearFp8Pass
+from ad_mlir.passes.shard import ShardPass
 from ad_mlir.runtime import kernels
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
@@ -55,13 +62,25 @@ def test_sharded_generation_on_two_gloo_ranks_matches_unsharded_and_hf() -> None
 
 
 def test_cache_insertion_goes_after_shard_and_fusions_and_before_regions() -> None:
-    insert = "insert-cached-attention{max-batch=2 max-seq-len=64 logits-indices=true}"
-    passes = cached_pipeline("canonicalize,shard{world-size=2 shard-layers=attention,mlp},default", 2, 64).split(",")
-    assert passes[:3] == ["canonicalize", "shard{world-size=2 shard-layers=attention", "mlp}"]
+    insert = InsertCachedAttentionPass(max_batch=2, max_seq_len=64, logits_indices=True)
+    passes = cached_pipeline("canonicalize,shard{world-size=2 shard-layers=attention,mlp},default", 2, 64).passes
+    assert passes[:2] == (CanonicalizePass(), ShardPass(world_size=2, shard_layers=("attention", "mlp")))
     at = passes.index(insert)
-    assert passes[at - 1:at + 3] == ["optimize-rope", insert, "decompose", "fuse-elementwise"]
-    assert cached_pipeline("quantize-linear-fp8,fuse-elementwise", 2, 64) == f"quantize-linear-fp8,{insert},fuse-elementwise"
-    assert cached_pipeline("canonicalize,fuse-rope-attention", 2, 64) == f"canonicalize,fuse-rope-attention,{insert}"
+    assert [p.name for p in passes[at - 1:at + 3]] == ["optimize-rope", insert.name, "decompose", "fuse-elementwise"]
+    assert [p.name for p in passes].count(insert.name) == 1
+    assert cached_pipeline("quantize-linear-fp8,fuse-elementwise", 2, 64).passes == (
+        QuantizeLinearFp8Pass(), insert, FuseElementwisePass())
+    assert cached_pipeline("canonicalize,fuse-rope-attention", 2, 64).passes == (
+        CanonicalizePass(), FuseRopeAttentionPass(), insert)
+
+
+def test_the_paged_pipeline_keeps_a_yaml_files_skip_on_error(tmp_path: Path) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text("skip_on_error: false\ntransforms:\n  canonicalize: {}\n  fuse_elementwise: {}\n")
+    pipeline = paged_pipeline(config, page_size=8, num_pages=4, max_seq_len=32, max_batch=2)
+    assert pipeline.passes == (CanonicalizePass(), InsertCachedAttentionPass(
+        max_batch=2, max_seq_len=32, paged=True, page_size=8, num_pages=4), FuseElementwisePass())
+    assert pipeline.skip_on_error is False
 
 
 def test_world_size_and_rank_reach_the_compiler_without_a_process_group() -> None:

@@ -11,7 +11,9 @@ from kernel_guard import graph_kernels
 
 import ad_mlir
 from ad_mlir.passes import get_ad_passes
-from ad_mlir.passes.pipeline import PIPELINES, PipelineConfigError, resolve_pipeline
+from ad_mlir.passes.canonicalize import CanonicalizePass
+from ad_mlir.passes.fuse_elementwise import FuseElementwisePass
+from ad_mlir.passes.pipeline import PIPELINES, PipelineConfig, PipelineConfigError, load_pipeline
 
 
 def _yaml(tmp_path: Path, text: str) -> Path:
@@ -21,13 +23,21 @@ def _yaml(tmp_path: Path, text: str) -> Path:
 
 
 def test_names_and_pass_strings() -> None:
-    assert resolve_pipeline("default") == PIPELINES["default"] == (
+    assert PIPELINES["default"] == (
         "canonicalize,match-layernorm,match-rmsnorm,fuse-add-rmsnorm,fuse-add-layernorm,match-moe,fuse-gemms,"
         "fuse-silu-mul,fuse-gelu-mul,fuse-activation,fuse-rmsnorm-quant,fuse-rope-attention,optimize-rope,decompose,"
         "fuse-elementwise"
     )
-    assert resolve_pipeline("none") == ""
-    assert resolve_pipeline("canonicalize,fuse-elementwise{max-ops=4}") == "canonicalize,fuse-elementwise{max-ops=4}"
+    assert [p.name for p in load_pipeline("default").passes] == PIPELINES["default"].split(",")
+    assert load_pipeline("none").passes == ()
+    assert load_pipeline("canonicalize,fuse-elementwise{max-ops=4}").passes == (CanonicalizePass(),
+                                                                                  FuseElementwisePass(max_ops=4))
+    assert load_pipeline("canonicalize,fuse-elementwise{max-ops=4}").spec == "canonicalize,fuse-elementwise{max_ops=4}"
+
+
+def test_a_pipeline_of_pass_objects_is_taken_as_it_is() -> None:
+    config = PipelineConfig((FuseElementwisePass(max_ops=2),), skip_on_error=False)
+    assert load_pipeline(config) is config
 
 
 def test_yaml_in_order_with_options_and_disabled_passes(tmp_path: Path) -> None:
@@ -40,8 +50,8 @@ def test_yaml_in_order_with_options_and_disabled_passes(tmp_path: Path) -> None:
         "    max_ops: 2\n"
         "    allow_reductions: false\n",
     )
-    assert resolve_pipeline(path) == "canonicalize,fuse-elementwise{max-ops=2 allow-reductions=false}"
-    assert resolve_pipeline(str(path)) == resolve_pipeline(path)
+    assert load_pipeline(path).passes == (CanonicalizePass(), FuseElementwisePass(max_ops=2, allow_reductions=False))
+    assert load_pipeline(str(path)) == load_pipeline(path)
 
 
 def test_compile_takes_a_yaml_file(tmp_path: Path) -> None:
@@ -64,12 +74,13 @@ def test_compile_takes_a_yaml_file(tmp_path: Path) -> None:
         ("passes: [canonicalize]\n", "expected 'transforms:' mapping pass names to their options"),
         ("transforms:\n  canonicalize: yes please\n", "options of 'canonicalize' must be a mapping"),
         ("transforms: {canonicalize: [\n", "while parsing a flow"),
+        ("transforms:\n  fuse_elementwise: {max_ops: many}\n", "Incompatible types"),
     ],
 )
 def test_bad_yaml_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
     path = _yaml(tmp_path, text)
     with pytest.raises(PipelineConfigError, match=None) as info:
-        resolve_pipeline(path)
+        load_pipeline(path)
     assert str(info.value).startswith(str(path)) and message in str(info.value)
 
 

@@ -19,6 +19,7 @@ import ad_mlir
 from ad_mlir.codegen.cache import KernelCache
 from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import import_program
+from ad_mlir.passes.fuse_elementwise import FuseElementwisePass
 from ad_mlir.passes.pipeline import PipelineConfig, load_pipeline
 from ad_mlir.runtime.program_cache import PROGRAM_CACHE_VARIABLE, ProgramCache, checksum, program_key
 from ad_mlir.semantics.weights import Rank
@@ -139,8 +140,8 @@ def test_a_changed_buffer_value_misses(tmp_path: Path, caplog: pytest.LogCapture
 def test_key_changes_with_what_the_pipeline_result_depends_on() -> None:
     """Parameter values do not change the key; a buffer value, a constant of the graph (the
     RMSNorm epsilon), the pipeline, a failing pass's handling and the rank do."""
-    spec = load_pipeline("default").spec
-    pipeline, rank = PipelineConfig(spec, skip_on_error=False), Rank()
+    passes = load_pipeline("default").passes
+    pipeline, rank = PipelineConfig(passes, skip_on_error=False), Rank()
 
     def key(model: torch.nn.Module, pipeline=pipeline, rank=rank) -> str:  # noqa: ANN001
         return program_key(import_program(export_model(model)), pipeline, rank)
@@ -150,10 +151,12 @@ def test_key_changes_with_what_the_pipeline_result_depends_on() -> None:
     rope = _model()
     rope.model.rotary_emb.inv_freq += 1e-3
     eps = build_model(TinyConfig(layers=1, hf_overrides=(("rms_norm_eps", 1e-5),)))
-    others = {key(rope), key(eps), key(_model(), pipeline=PipelineConfig("canonicalize", skip_on_error=False)),
-              key(_model(), pipeline=PipelineConfig(spec, skip_on_error=True)),
-              key(_model(), rank=Rank(1, 2))}
-    assert base not in others and len(others) == 5
+    others = {key(rope), key(eps), key(_model(), pipeline=PipelineConfig(passes[:1], skip_on_error=False)),
+              key(_model(), pipeline=PipelineConfig(passes, skip_on_error=True)),
+              key(_model(), rank=Rank(1, 2)),
+              key(_model(), pipeline=PipelineConfig((*passes, FuseElementwisePass(max_ops=8)), skip_on_error=False)),
+              key(_model(), pipeline=PipelineConfig((*passes, FuseElementwisePass(max_ops=9)), skip_on_error=False))}
+    assert base not in others and len(others) == 7
 
 
 def test_a_damaged_entry_is_compiled_again_and_rewritten(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -3,7 +3,7 @@ them on the others. Two gloo ranks on 127.0.0.1 (spawned, bounded in time) drive
 whose calls all-reduce as a sharded model's do: the ranks run the same calls in the same order and
 leave together on `stop`; the keep-alive holds an idle rank past the group's timeout (without it
 that rank times out); a call that fails on one rank ends the run on both within seconds, however
-long the group's timeout, and every later call on rank 0 fails at once. The pipeline spliced in
+long the group's timeout, and every later call on rank 0 fails at once. The pipeline with `shard`
 for a world size, and the refusal of a model that `shard` left whole."""
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ import torch.distributed as dist
 from gloo_ranks import run_on_ranks
 
 from ad_mlir.llm.ranks import RankLeader, follow, sharded_pipeline
+from ad_mlir.passes.canonicalize import CanonicalizePass
+from ad_mlir.passes.match_moe import MatchMoePass
+from ad_mlir.passes.pipeline import parse_passes
+from ad_mlir.passes.shard import ShardPass
 
 WORLD = 2
 
@@ -132,7 +136,9 @@ def test_a_call_failing_on_one_rank_ends_both_without_waiting_for_the_timeout() 
 
 
 def test_sharded_pipeline_puts_shard_before_a_pipeline_without_one() -> None:
-    assert sharded_pipeline("default", 2).startswith("canonicalize,match-moe,shard{world-size=2},canonicalize,")
-    assert sharded_pipeline("none", 4) == "canonicalize,match-moe,shard{world-size=4}"
+    assert sharded_pipeline("default", 2).passes[:4] == (CanonicalizePass(), MatchMoePass(), ShardPass(world_size=2),
+                                                         CanonicalizePass())
+    assert sharded_pipeline("none", 4).passes == (CanonicalizePass(), MatchMoePass(), ShardPass(world_size=4))
     own = "canonicalize,shard{world-size=2 shard-layers=mlp},fuse-elementwise"
-    assert sharded_pipeline(own, 2) == own
+    assert sharded_pipeline(own, 2).passes == parse_passes(own)
+    assert sharded_pipeline(own, 2).passes[1] == ShardPass(world_size=2, shard_layers=("mlp",))

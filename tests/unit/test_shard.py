@@ -14,13 +14,11 @@ import torch
 from gloo_ranks import run_on_ranks
 from kernel_guard import graph_kernels, kernels_ran
 from xdsl.parser import Parser
-from xdsl.passes import PassPipeline
 
 import ad_mlir
 from ad_mlir.examples.tp import RankResult, run_rank
 from ad_mlir.frontends.export import export_model
-from ad_mlir.passes import get_all_passes
-from ad_mlir.passes.pipeline import make_context, resolve_pipeline, run_pipeline
+from ad_mlir.passes.pipeline import load_pipeline, make_context, run_pipeline
 from ad_mlir.passes.shard import ShardPass
 from ad_mlir.semantics.weights import ShardError
 from ad_mlir.zoo.tiny import TinyConfig, build_model
@@ -85,8 +83,7 @@ def test_sharded_opt_keeps_its_layer_norms_whole_and_fused_on_two_gloo_ranks() -
 def test_yaml_config_names_world_size_and_layer_kinds(tmp_path: Path) -> None:
     path = tmp_path / "tp.yaml"
     path.write_text("transforms:\n  canonicalize: {}\n  shard: {world_size: 2, shard_layers: [attention, mlp]}\n")
-    spec = resolve_pipeline(path)
-    passes = PassPipeline.parse_spec(get_all_passes(), spec).passes
+    passes = load_pipeline(path).passes
     assert passes[1] == ShardPass(world_size=2, shard_layers=("attention", "mlp"))
 
 

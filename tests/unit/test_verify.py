@@ -24,7 +24,13 @@ from ad_mlir.codegen import cache
 from ad_mlir.dialects import ad
 from ad_mlir.frontends.export import export_model
 from ad_mlir.frontends.fx_import import import_program
-from ad_mlir.passes.pipeline import PipelineConfigError, load_pipeline, make_context, run_pipeline
+from ad_mlir.passes.pipeline import (
+    PipelineConfig,
+    PipelineConfigError,
+    load_pipeline,
+    make_context,
+    run_pipeline,
+)
 from ad_mlir.passes.verify import NumericMismatch, NumericVerifier, mismatch
 from ad_mlir.tools import ad_opt
 from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model
@@ -199,7 +205,7 @@ def test_wide_activations_let_rounding_through_but_not_a_wrong_rewrite() -> None
     ad_mlir.compile(ep, pipeline=pipeline, verify=True)
     with pytest.raises(NumericMismatch, match=r"pass 'test-narrow-cached-window' changed the results: .*"
                                               r"\(a rounding of the inputs moves it "):
-        ad_mlir.compile(ep, pipeline=pipeline + ",test-narrow-cached-window", verify=True)
+        ad_mlir.compile(ep, pipeline=PipelineConfig((*pipeline.passes, NarrowCachedWindow())), verify=True)
 
 
 def test_compile_verify_names_the_wrong_kernel_and_its_input_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
