@@ -49,31 +49,14 @@ from typing import Any, Protocol
 import torch
 
 from ad_mlir.llm.pages import BlockManager, pages_for
+from ad_mlir.llm.sampling import sample
+from ad_mlir.llm.speculative import Proposer, verify
 from ad_mlir.llm.structured import GrammarError, GrammarMatcher, Grammars
 
 log = logging.getLogger(__name__)
 
 MAX_LOGPROBS = 20
 """The most alternatives a request may ask log-probabilities of per token (vLLM's default)."""
-
-
-def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
-           top_k: int = 0) -> int:
-    """Greedy (argmax) at temperature 0; else from softmax(logits / temperature) over the `top_k`
-    most likely tokens (0: all), keeping the smallest set of most likely tokens whose probability
-    reaches `top_p`. Runs on the CPU (the generator is a CPU one; the token is read on the host
-    anyway)."""
-    logits = logits.cpu()
-    if temperature <= 0:
-        return int(logits.argmax())
-    if 0 < top_k < logits.numel():
-        logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(0) - sorted_probs < top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def adjust_logits(logits: torch.Tensor, params: SamplingParams, generated: Sequence[int]) -> torch.Tensor:
@@ -398,17 +381,22 @@ class BaseEngine(abc.ABC):
         empty, every page and slot free."""
         return self.fail([*self.running, *self.waiting], error)
 
-    def _append_token(self, request: Request, logits: torch.Tensor) -> RequestUpdate:
+    def _append_token(self, request: Request, logits: torch.Tensor, draft: int | None = None) -> RequestUpdate:
         """`_append`, or, where it fails (sampling, the tokenizer), the request ended alone."""
         try:
-            return self._append(request, logits)
+            return self._append(request, logits, draft)
         except Exception as e:  # noqa: BLE001 (this request's failure ends this request)
             return self.fail([request], e)[0]
 
-    def _append(self, request: Request, logits: torch.Tensor) -> RequestUpdate:
+    def _append(self, request: Request, logits: torch.Tensor, draft: int | None = None) -> RequestUpdate:
+        """The request's next token from its position's `logits` (at a drafted position, the
+        draft or the token that replaces it: `speculative.verify`), and what it ends."""
         params = request.params
-        token = sample(self._scores(request, logits), params.temperature, params.top_p, request.generator,
-                       params.top_k)
+        scores = self._scores(request, logits)
+        if draft is None:
+            token = sample(scores, params.temperature, params.top_p, request.generator, params.top_k)
+        else:
+            token = verify(scores, draft, params.temperature, params.top_p, request.generator, params.top_k)
         request.output.token_ids.append(token)
         update = RequestUpdate(request.id, [token])
         if params.logprobs is not None:
@@ -515,6 +503,8 @@ class _Chunk:
     tokens: list[int]
     start: int
     length: int
+    draft: list[int] = field(default_factory=list)
+    """Drafted tokens fed after the chunk's last one (speculative decoding), each to be verified."""
 
     @property
     def ends(self) -> bool:
@@ -538,18 +528,35 @@ class PagedEngine(BaseEngine):
     it runs: `request.slot`) and turns prefix caching off: its shared pages would skip the
     tokens whose state the new request needs (nothing saves a state at a page's end).
 
+    With `speculative` (a proposer, `ad_mlir.llm.speculative`), each decode also feeds the
+    tokens the proposer drafts for it, as far as the request's max_tokens, the context and free
+    pages allow (a draft never preempts); the logits of every fed position verify the drafts in
+    order, the request keeps the accepted ones and the token that follows them, and its cached
+    length goes back to the last accepted token (the pages' K/V past it are written over by the
+    next step). A model with per-sequence states is refused: its states cannot be rolled back.
+
     For metrics: `pages_in_use`, `pages_free`, `pages_cached`, `prefix_hits`, `prefix_queries`,
-    `prefix_hit_rate` (prompt tokens found cached over those looked up), `preemptions` and
-    `state_slots_in_use`."""
+    `prefix_hit_rate` (prompt tokens found cached over those looked up), `preemptions`,
+    `state_slots_in_use`, and with speculation `drafted_tokens`, `accepted_tokens`,
+    `acceptance_rate` and `tokens_per_draft_step`."""
 
     llm: PagedModel
 
     def __init__(self, llm: PagedModel, max_step_tokens: int = 256, prefix_caching: bool = True,
-                 max_running: int | None = None) -> None:
+                 max_running: int | None = None, speculative: Proposer | None = None) -> None:
         super().__init__(llm, max_step_tokens)
         if max_running is not None and max_running < 1:
             raise ValueError(f"max_running must be at least 1, got {max_running}")
         states = llm.num_state_slots
+        if speculative is not None and states:
+            raise ValueError("speculative decoding needs a model whose every cache is paged: this one keeps "
+                             f"per-sequence states ({states} state slots: convolutions or recurrent scans), "
+                             "which cannot be rolled back past a rejected draft")
+        self.speculative = speculative
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
+        self.draft_steps = 0
+        """Decodes that fed a draft (each gives its request 1 + its accepted tokens)."""
         self.max_running = min(max_running or states, states) if states else max_running
         self.free_state_slots = list(range(states))
         """State slots no running request holds (none for a model without per-sequence states)."""
@@ -590,6 +597,16 @@ class PagedEngine(BaseEngine):
     def prefix_hit_rate(self) -> float:
         return self.blocks.prefix_hit_rate
 
+    @property
+    def acceptance_rate(self) -> float:
+        """Drafted tokens accepted over those drafted (0 before any)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_draft_step(self) -> float:
+        """Tokens a decode that fed a draft gave its request, on average (1 + accepted; 0 before any)."""
+        return (self.draft_steps + self.accepted_tokens) / self.draft_steps if self.draft_steps else 0.0
+
     # -- requests ------------------------------------------------------------------------
 
     def max_new_tokens(self, prompt_tokens: int) -> int:
@@ -621,10 +638,38 @@ class PagedEngine(BaseEngine):
             request = chunk.request
             request.cached += chunk.length
             self.blocks.written(request.id, chunk.tokens, request.cached)
-        for chunk, row in zip([c for c in chunks if c.ends], logits, strict=True):
-            updates[chunk.request.id] = self._append_token(chunk.request, row)
+        rows = iter(logits)
+        for chunk in [c for c in chunks if c.ends]:
+            fed = [next(rows) for _ in range(1 + len(chunk.draft))]
+            updates[chunk.request.id] = self._append_verified(chunk, fed) if chunk.draft else \
+                self._append_token(chunk.request, fed[0])
         self._release_finished()
         return list(updates.values())
+
+    def _append_verified(self, chunk: _Chunk, rows: Sequence[torch.Tensor]) -> RequestUpdate:
+        """The tokens of a decode that fed `chunk.draft`: row i verifies draft token i, the first
+        one rejected is replaced and ends the step's tokens (all accepted: the last row's token
+        follows them); the accepted drafted tokens' K/V are the request's cache now."""
+        request, draft = chunk.request, chunk.draft
+        update = RequestUpdate(request.id)
+        accepted = 0
+        for i, row in enumerate(rows):
+            proposed = draft[i] if i < len(draft) else None
+            got = self._append_token(request, row, proposed)
+            update.token_ids += got.token_ids
+            update.logprobs += got.logprobs
+            update.text += got.text
+            update.finish_reason, update.error = got.finish_reason, got.error
+            if got.finish_reason or proposed is None or got.token_ids != [proposed]:
+                break
+            accepted += 1
+        self.draft_steps += 1
+        self.drafted_tokens += len(draft)
+        self.accepted_tokens += accepted
+        if not update.finish_reason:
+            request.cached += accepted
+            self.blocks.written(request.id, request.token_ids, request.cached)
+        return update
 
     def _schedule(self) -> list[_Chunk]:
         chunks: list[_Chunk] = []
@@ -638,14 +683,33 @@ class PagedEngine(BaseEngine):
             if left > 1 and budget <= 0:
                 continue
             length = 1 if left == 1 else min(left, budget)
+            draft = self._draft(request, tokens, budget) if left == 1 else []
             if not self._make_room(request, request.cached + length):
                 break
-            chunks.append(_Chunk(request, tokens, request.cached, length))
+            chunks.append(_Chunk(request, tokens, request.cached, length, draft))
             if left > 1:  # the decodes were taken off the budget already
                 budget -= length
+            budget -= len(draft)
         if self.preemptions == preempted:
             chunks += self._admit(budget)
         return chunks
+
+    def _draft(self, request: Request, tokens: list[int], budget: int) -> list[int]:
+        """The proposer's draft for a decode: no more tokens than the request may still generate
+        after the one this step gives, the context holds, the step's budget leaves for a prefill
+        token, and pages hold beyond one free page per running request (taken now: a draft
+        never makes another request wait or be preempted)."""
+        if self.speculative is None:
+            return []
+        limit = min(request.params.max_tokens - len(request.output.token_ids) - 1,
+                    self.llm.max_seq_len - len(tokens), budget - 1)
+        draft = self.speculative.propose(tokens, limit)
+        held = len(self.blocks.block_table(request.id))
+        spare = self.blocks.pool.num_free - len(self.running)  # a page kept for each running request's next token
+        while draft and pages_for(len(tokens) + len(draft), self.llm.page_size) - held > spare:
+            draft.pop()
+        self.blocks.grow(request.id, len(tokens) + len(draft))
+        return draft
 
     def _make_room(self, request: Request, num_tokens: int) -> bool:
         """Pages for `num_tokens` tokens of `request`, preempting the youngest running requests
@@ -698,21 +762,22 @@ class PagedEngine(BaseEngine):
         return {"state_slots": torch.tensor([c.request.slot for c in chunks], dtype=torch.int64)}
 
     def _flat_inputs(self, chunks: Sequence[_Chunk]) -> tuple[torch.Tensor, ...]:
-        """`forward_flat`'s inputs for `chunks`: their tokens one after another, logits wanted
-        for the last token of each chunk that ends its request's tokens."""
+        """`forward_flat`'s inputs for `chunks`: their tokens (and drafts) one after another,
+        logits wanted for the last token of each chunk that ends its request's tokens and for
+        each of its drafted tokens."""
         ids: list[int] = []
         positions: list[int] = []
         query_starts = [0]
         tables = []
         logits_indices = []
         for chunk in chunks:
-            ids += chunk.tokens[chunk.start: chunk.start + chunk.length]
-            positions += range(chunk.start, chunk.start + chunk.length)
+            ids += chunk.tokens[chunk.start: chunk.start + chunk.length] + chunk.draft
+            positions += range(chunk.start, chunk.start + chunk.length + len(chunk.draft))
             query_starts.append(len(ids))
             pages = self.blocks.block_table(chunk.request.id)
             tables.append(pages + [0] * (self.pages_per_seq - len(pages)))
             if chunk.ends:
-                logits_indices.append(len(ids) - 1)
+                logits_indices += range(len(ids) - 1 - len(chunk.draft), len(ids))
 
         def tensor(values: list[Any]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64)
@@ -727,11 +792,15 @@ def is_paged(llm: object) -> bool:
 
 
 def make_engine(llm: CachedModel | PagedModel, max_step_tokens: int = 256,
-                max_running: int | None = None) -> BaseEngine:
+                max_running: int | None = None, speculative: Proposer | None = None) -> BaseEngine:
     """A `PagedEngine` for a model compiled with a paged cache (at most `max_running` requests in
-    it at once), else an `Engine` over its slots (as many as it has slots)."""
+    it at once, drafting with `speculative`), else an `Engine` over its slots (as many as it has
+    slots; speculative decoding is refused there)."""
     if is_paged(llm):
-        return PagedEngine(llm, max_step_tokens, max_running=max_running)
+        return PagedEngine(llm, max_step_tokens, max_running=max_running, speculative=speculative)
+    if speculative is not None:
+        raise ValueError("speculative decoding runs on the paged engine: compile the model in the paged form "
+                         "(LLM(..., page_size=...))")
     return Engine(llm, max_step_tokens)
 
 

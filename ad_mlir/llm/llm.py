@@ -39,6 +39,7 @@ from ad_mlir.llm.cache_export import cache_arguments, cache_export, model_device
 from ad_mlir.llm.cuda_graphs import CudaGraphDecode, CudaGraphFlatDecode, decode_buckets, pad_to_bucket
 from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
 from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline
+from ad_mlir.llm.speculative import Proposer
 from ad_mlir.passes.insert_cached_attention import PerSequenceState
 from ad_mlir.runtime.kernels import call_kernels_directly
 
@@ -118,12 +119,17 @@ class LLM:
 
     How it compiles is `ad_mlir.compile`'s `CompileOptions` (`pipeline`, `verify`, `cache`,
     `world_size`, `rank`), given as `options=` and/or keywords (`LLM(model, pipeline="none")`);
-    `insert-cached-attention` is put into the pipeline as a pass object (`cached_pipeline`)."""
+    `insert-cached-attention` is put into the pipeline as a pass object (`cached_pipeline`).
+
+    `speculative` (the paged form only): a proposer (`ad_mlir.llm.speculative.NgramProposer`)
+    whose drafted tokens `generate` verifies in its steps: the tokens are those plain decoding
+    gives (greedy: the same; sampled: the same distribution), in fewer steps where drafts are
+    accepted."""
 
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  tokenizer: Any = None, kv_cache_budget: int | float | None = None, cuda_graphs: bool | None = None,
                  *, page_size: int | None = None, num_pages: int | None = None, options: CompileOptions | None = None,
-                 **overrides: Any) -> None:
+                 speculative: Proposer | None = None, **overrides: Any) -> None:
         from ad_mlir.zoo.checkpoints import load_causal_lm
 
         if isinstance(model, str):
@@ -139,6 +145,10 @@ class LLM:
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device (it is on {self.device})")
         self.options = CompileOptions.of(options, **overrides)
+        if speculative is not None and page_size is None:
+            raise ValueError("speculative decoding runs on the paged engine: give page_size too")
+        self.speculative = speculative
+        """What drafts tokens for `generate` to verify (`ad_mlir.llm.speculative`), or None."""
         self.page_size = page_size
         """Tokens a page holds in the paged form (`forward_flat`); None in the slot form."""
         start = time.perf_counter()
@@ -420,7 +430,8 @@ class LLM:
             if len(ids) + max_new_tokens > self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens: with max_new_tokens={max_new_tokens} it needs "
                                  f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len} cache positions")
-        engine = make_engine(self, max_step_tokens=self.max_seq_len)  # whole prompts: one prefill call each
+        engine = make_engine(self, max_step_tokens=self.max_seq_len,  # whole prompts: one prefill call each
+                             speculative=self.speculative)
         requests = [engine.add(ids, params) for ids in token_lists]
         while engine.has_work:
             for update in engine.step():

@@ -1,0 +1,191 @@
+"""Speculative decoding (`ad_mlir.llm.speculative`, `PagedEngine(speculative=...)`).
+
+The greedy tokens must be exactly plain decoding's (HF `generate` of a wide-init tiny Llama,
+whose tokens vary). Drafts come from an oracle that knows HF's tokens and drafts them with every
+third one wrong, so each step both accepts and rejects; the rejected drafts' K/V sit in the pages
+past the rolled-back length until the next step writes over them. That runs on the engine's test
+double of a paged model (which checks that every position read was written in the sequence's
+own context) and on the compiled paged model, where every verified row's logits are also
+compared with HF's forward of the same tokens. The n-gram proposer is checked on token lists,
+and through `LLM.generate` on a prompt that repeats itself. Sampling: `verify`'s tokens follow
+the model's distribution whatever the draft (a chi-square test over many seeded draws)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+import torch
+from engine_steps import checked_step
+from test_generate import _assert_logits_close, _family_model, _hf_tokens
+from test_paged_engine import GREEDY, NEW, PagedTokens
+
+import ad_mlir
+from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
+from ad_mlir.llm.sampling import sampling_probs
+from ad_mlir.llm.speculative import NgramProposer, verify
+
+PROMPTS = ([3, 17, 9, 41, 5], [60, 2, 33], [11, 12, 13, 14, 15, 16, 17])
+
+
+class Oracle:
+    """Drafts the true continuation (HF's greedy tokens after the sequence's prompt) with every
+    third drafted token replaced by a wrong one: accepted drafts, and a rejection in most steps."""
+
+    def __init__(self, hf: dict[tuple[int, ...], list[int]], vocab: int) -> None:
+        self.hf, self.vocab, self.drafts = hf, vocab, 0
+
+    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
+        prompt = next(p for p in self.hf if tuple(tokens[:len(p)]) == p)
+        truth = self.hf[prompt][len(tokens) - len(prompt):][:min(limit, 4)]
+        draft = []
+        for token in truth:
+            self.drafts += 1
+            draft.append((token + 1) % self.vocab if self.drafts % 3 == 0 else token)
+        return draft
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return _family_model("llama")
+
+
+@pytest.fixture(scope="module")
+def hf(model: torch.nn.Module) -> dict[tuple[int, ...], list[int]]:
+    return {tuple(p): _hf_tokens(model, list(p), NEW) for p in PROMPTS}
+
+
+def _generate(engine: PagedEngine, prompts: Sequence[Sequence[int]], params: SamplingParams = GREEDY) -> list[list[int]]:
+    requests = [engine.add(p, params) for p in prompts]
+    while engine.has_work:
+        checked_step(engine)
+    return [r.output.token_ids for r in requests]
+
+
+def test_the_ngram_proposer_drafts_what_followed_the_latest_longest_match() -> None:
+    proposer = NgramProposer(num_tokens=3, max_ngram=2)
+    assert proposer.propose([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3], limit=8) == [5, 6, 2]  # [2, 3] last seen before 5
+    assert proposer.propose([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3], limit=2) == [5, 6]
+    assert proposer.propose([7, 8, 1, 7, 9, 4, 1], limit=8) == [7, 9, 4]  # no [4, 1] before: the 1-gram [1]
+    assert proposer.propose([1, 2, 3], limit=8) == []
+    assert proposer.propose([5, 5], limit=8) == [5]
+    assert proposer.propose([1, 2, 1], limit=0) == []
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        NgramProposer(min_ngram=3, max_ngram=2)
+
+
+@pytest.mark.parametrize("page_size", [2, 4])
+def test_drafts_accepted_and_rejected_give_hfs_tokens_on_the_engine(model: torch.nn.Module, hf: dict,
+                                                                     page_size: int) -> None:
+    """More prompts than fit at once (pages for two), drafts across page ends; every request
+    gets HF's tokens, in fewer steps than plain decoding."""
+    oracle = Oracle(hf, model.config.vocab_size)
+    plain = PagedTokens(model, num_pages=12 // page_size * 2, page_size=page_size, max_seq_len=24)
+    assert _generate(PagedEngine(plain, max_running=2), PROMPTS) == [hf[tuple(p)] for p in PROMPTS]
+    llm = PagedTokens(model, num_pages=12 // page_size * 2, page_size=page_size, max_seq_len=24)
+    engine = PagedEngine(llm, max_running=2, speculative=oracle)
+    assert _generate(engine, PROMPTS) == [hf[tuple(p)] for p in PROMPTS]
+    assert 0 < engine.accepted_tokens < engine.drafted_tokens, (engine.accepted_tokens, engine.drafted_tokens)
+    assert 1 < engine.tokens_per_draft_step
+    assert len(llm.calls) < len(plain.calls), (len(llm.calls), len(plain.calls))
+    assert engine.pages_in_use == 0 and not engine.blocks.tables
+
+
+def test_a_draft_never_passes_max_tokens_or_preempts(model: torch.nn.Module, hf: dict) -> None:
+    """Pages for exactly the two sequences' tokens: drafts shrink to what is spare, nothing is
+    preempted, and no request gets more than its max_tokens."""
+    oracle = Oracle(hf, model.config.vocab_size)
+    llm = PagedTokens(model, num_pages=8, page_size=2, max_seq_len=24)
+    engine = PagedEngine(llm, speculative=oracle)
+    got = _generate(engine, PROMPTS[:2], SamplingParams(max_tokens=5))
+    assert got == [hf[tuple(p)][:5] for p in PROMPTS[:2]]
+    assert engine.preemptions == 0 and engine.drafted_tokens > 0
+
+
+def test_a_model_with_per_sequence_states_is_refused(model: torch.nn.Module) -> None:
+    llm = PagedTokens(model, num_pages=8)
+    llm.num_state_slots = 2
+    with pytest.raises(ValueError, match="per-sequence states .*cannot be rolled back"):
+        PagedEngine(llm, speculative=NgramProposer())
+
+
+def test_the_compiled_paged_model_verifies_drafts_with_hfs_logits(model: torch.nn.Module, hf: dict) -> None:
+    """The compiled paged form (reference kernels): HF's tokens, and every row of logits that
+    `forward_flat` returned (each drafted position's included) equals HF's forward of the tokens
+    the sequence held there: its true tokens up to its cache start, then the tokens fed (a
+    rejected draft's K/V read back by a later step would move them)."""
+    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=24, page_size=4, num_pages=12)
+    engine = make_engine(llm, speculative=Oracle(hf, model.config.vocab_size))
+    steps = []
+    forward_flat, schedule = llm.forward_flat, engine._schedule
+
+    def recorded(*inputs: torch.Tensor, **kw: torch.Tensor) -> torch.Tensor:
+        logits = forward_flat(*inputs, **kw)
+        steps[-1] += ([t.clone() for t in inputs], logits.clone())
+        return logits
+
+    def scheduled() -> list:
+        chunks = schedule()
+        steps.append((tuple(tuple(c.request.output.prompt_token_ids) for c in chunks),))
+        return chunks
+
+    llm.forward_flat, engine._schedule = recorded, scheduled
+    assert _generate(engine, PROMPTS) == [hf[tuple(p)] for p in PROMPTS]
+    drafted_rows = 0
+    for prompts, (ids, _, query_starts, cache_starts, _, logits_indices), logits in steps:
+        for i, (prompt, start) in enumerate(zip(prompts, cache_starts.tolist(), strict=True)):
+            fed = ids[0, query_starts[i]:query_starts[i + 1]].tolist()
+            truth = list(prompt) + hf[prompt]
+            with torch.no_grad():
+                expected = model(torch.tensor([truth[:start] + fed])).logits[0, start:]
+            rows = [(r, index - query_starts[i]) for r, index in enumerate(logits_indices.tolist())
+                    if query_starts[i] <= index < query_starts[i + 1]]
+            for r, offset in rows:
+                _assert_logits_close(logits[r], expected[offset])
+            drafted_rows += len(rows) - 1 if start >= len(prompt) else 0
+    assert drafted_rows > 0 and 0 < engine.accepted_tokens < engine.drafted_tokens
+
+
+def test_ngram_lookup_through_llm_generate_gives_plain_decodings_tokens(model: torch.nn.Module, hf: dict) -> None:
+    """A prompt holding HF's own continuation of its first part, then that first part again: the
+    n-gram drafts are HF's tokens, mostly accepted; the tokens are plain decoding's either way."""
+    first = list(PROMPTS[0])
+    prompt = first + hf[tuple(first)] + first
+    expected = _hf_tokens(model, prompt, NEW)
+    llm = ad_mlir.LLM(model, max_batch=1, max_seq_len=32, page_size=4, num_pages=8, speculative=NgramProposer())
+    engine = make_engine(llm, speculative=llm.speculative)
+    assert _generate(engine, [prompt]) == [expected]
+    assert engine.drafted_tokens > 0, "the repeated prompt gives the n-gram lookup something to draft"
+    with pytest.raises(ValueError, match="paged engine: give page_size"):
+        ad_mlir.LLM(model, max_batch=1, max_seq_len=32, speculative=NgramProposer())
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, 0), (0.7, 0.8, 0), (1.3, 1.0, 3)])
+def test_verified_tokens_follow_the_models_distribution_whatever_the_draft(temperature: float, top_p: float,
+                                                                            top_k: int) -> None:
+    """20,000 seeded draws of `verify` per draft (the likeliest token, an unlikely one, one that
+    top-k/top-p exclude): the counts fit the model's sampling distribution (Pearson's chi-square
+    below the 0.999 quantile: a test that fails by chance once in 1000 runs at most, where
+    keeping every draft, or never resampling, is off by thousands of sigma)."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    probs = sampling_probs(logits, temperature, top_p, top_k)
+    probs = probs / probs.sum()
+    generator = torch.Generator().manual_seed(0)
+    n = 20_000
+    for draft in (0, 4, 5):
+        counts = torch.zeros(len(logits))
+        for _ in range(n):
+            counts[verify(logits, draft, temperature, top_p, generator, top_k)] += 1
+        support = probs > 0
+        assert counts[~support].sum() == 0, "a token outside top-k/top-p was kept"
+        expected = probs[support] * n
+        chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
+        dof = int(support.sum()) - 1
+        assert chi2 < _chi2_999(dof), (draft, chi2, counts.tolist(), expected.tolist())
+
+
+def _chi2_999(dof: int) -> float:
+    """The chi-square distribution's 0.999 quantile (Wilson-Hilferty: within 1% for dof >= 2)."""
+    z = 3.0902
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
