@@ -66,6 +66,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     serve.add_argument("--max-running", type=int, default=None, help="requests in the paged cache at once, at most "
                        "(the decodes of one step; default: as many as its pages hold, at most --max-batch with per-sequence "
                        "states; the slot form: its slots)")
+    serve.add_argument("--speculative-ngram", type=int, default=0, metavar="K", help="speculative decoding by prompt "
+                       "lookup: draft up to K tokens per decode from where the sequence's last tokens appeared before, "
+                       "verified in the same step (the paged form, models without per-sequence states; the tokens "
+                       "are those of plain decoding; default 0: off)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request that gives "
                        "none (capped by what fits the cache after its prompt)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer API_KEY' on the /v1 routes")
@@ -160,12 +164,14 @@ def _server(args: argparse.Namespace, model: CachedModel | PagedModel, llm: LLM,
     import uvicorn
 
     from ad_mlir.llm.engine import make_engine
+    from ad_mlir.llm.speculative import NgramProposer
     from ad_mlir.llm.llm import cache_layout
     from ad_mlir.serve.app import build_app
     from ad_mlir.serve.runner import EngineRunner
 
     try:
-        engine = make_engine(model, max_step_tokens=args.max_step_tokens, max_running=args.max_running)
+        engine = make_engine(model, max_step_tokens=args.max_step_tokens, max_running=args.max_running,
+                             speculative=NgramProposer(args.speculative_ngram) if args.speculative_ngram else None)
     except ValueError as e:
         sys.exit(f"error: {e}")
     name = args.served_model_name or args.model

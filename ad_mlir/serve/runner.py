@@ -45,6 +45,12 @@ class Metrics:
         self.prefix_hits = Counter("ad_mlir_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
         self.preemptions = Counter("ad_mlir_preemptions", "Requests preempted (pages freed, recomputed later)",
                                    registry=r)
+        self.drafted_tokens = Counter("ad_mlir_spec_decode_draft_tokens", "Tokens drafted for speculative "
+                                      "decoding and fed to be verified", registry=r)
+        self.accepted_tokens = Counter("ad_mlir_spec_decode_accepted_tokens", "Drafted tokens accepted (the "
+                                       "acceptance rate: accepted over drafted)", registry=r)
+        self.draft_steps = Counter("ad_mlir_spec_decode_draft_steps", "Decodes that fed a draft (tokens per such "
+                                   "step: 1 + accepted over draft steps)", registry=r)
         self.prompt_tokens = Counter("ad_mlir_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generated_tokens = Counter("ad_mlir_generation_tokens", "Tokens generated", registry=r)
         self.finished = Counter("ad_mlir_requests_finished", "Requests finished, by reason", ["reason"], registry=r)
@@ -222,7 +228,8 @@ class EngineRunner:
             m.pages_in_use.set(engine.pages_in_use)
             m.pages_free.set(engine.pages_free)
             m.slots_in_use.set(engine.state_slots_in_use)
-            for name in ("prefix_queries", "prefix_hits", "preemptions"):  # the engine counts; the metric follows
+            for name in ("prefix_queries", "prefix_hits", "preemptions", "drafted_tokens", "accepted_tokens",
+                         "draft_steps"):  # the engine counts; the metric follows
                 total = getattr(engine, name)
                 getattr(m, name).inc(total - self._counted.get(name, 0))
                 self._counted[name] = total

@@ -13,6 +13,8 @@ the model's distribution whatever the draft (a chi-square test over many seeded 
 from __future__ import annotations
 
 import math
+import re
+import urllib.request
 from collections.abc import Sequence
 
 import pytest
@@ -20,11 +22,14 @@ import torch
 from engine_steps import checked_step
 from test_generate import _assert_logits_close, _family_model, _hf_tokens
 from test_paged_engine import GREEDY, NEW, PagedTokens
+from test_serve import _post, _serving
 
 import ad_mlir
 from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
 from ad_mlir.llm.sampling import sampling_probs
 from ad_mlir.llm.speculative import NgramProposer, verify
+from ad_mlir.serve.app import build_app
+from ad_mlir.serve.runner import EngineRunner
 
 PROMPTS = ([3, 17, 9, 41, 5], [60, 2, 33], [11, 12, 13, 14, 15, 16, 17])
 
@@ -49,6 +54,12 @@ class Oracle:
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
     return _family_model("llama")
+
+
+@pytest.fixture(scope="module")
+def paged(model: torch.nn.Module) -> ad_mlir.LLM:
+    """The compiled paged form (kernels as their torch reference on the CPU), drafting by n-gram."""
+    return ad_mlir.LLM(model, max_batch=2, max_seq_len=32, page_size=4, num_pages=16, speculative=NgramProposer())
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +121,13 @@ def test_a_model_with_per_sequence_states_is_refused(model: torch.nn.Module) -> 
         PagedEngine(llm, speculative=NgramProposer())
 
 
-def test_the_compiled_paged_model_verifies_drafts_with_hfs_logits(model: torch.nn.Module, hf: dict) -> None:
+def test_the_compiled_paged_model_verifies_drafts_with_hfs_logits(model: torch.nn.Module, paged: ad_mlir.LLM,
+                                                                   hf: dict) -> None:
     """The compiled paged form (reference kernels): HF's tokens, and every row of logits that
     `forward_flat` returned (each drafted position's included) equals HF's forward of the tokens
     the sequence held there: its true tokens up to its cache start, then the tokens fed (a
     rejected draft's K/V read back by a later step would move them)."""
-    llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=24, page_size=4, num_pages=12)
+    llm = paged
     engine = make_engine(llm, speculative=Oracle(hf, model.config.vocab_size))
     steps = []
     forward_flat, schedule = llm.forward_flat, engine._schedule
@@ -131,7 +143,10 @@ def test_the_compiled_paged_model_verifies_drafts_with_hfs_logits(model: torch.n
         return chunks
 
     llm.forward_flat, engine._schedule = recorded, scheduled
-    assert _generate(engine, PROMPTS) == [hf[tuple(p)] for p in PROMPTS]
+    try:
+        assert _generate(engine, PROMPTS) == [hf[tuple(p)] for p in PROMPTS]
+    finally:
+        del llm.forward_flat
     drafted_rows = 0
     for prompts, (ids, _, query_starts, cache_starts, _, logits_indices), logits in steps:
         for i, (prompt, start) in enumerate(zip(prompts, cache_starts.tolist(), strict=True)):
@@ -147,18 +162,44 @@ def test_the_compiled_paged_model_verifies_drafts_with_hfs_logits(model: torch.n
     assert drafted_rows > 0 and 0 < engine.accepted_tokens < engine.drafted_tokens
 
 
-def test_ngram_lookup_through_llm_generate_gives_plain_decodings_tokens(model: torch.nn.Module, hf: dict) -> None:
+def _self_repeating(model: torch.nn.Module, hf: dict) -> list[int]:
     """A prompt holding HF's own continuation of its first part, then that first part again: the
-    n-gram drafts are HF's tokens, mostly accepted; the tokens are plain decoding's either way."""
+    n-gram lookup drafts HF's tokens."""
     first = list(PROMPTS[0])
-    prompt = first + hf[tuple(first)] + first
+    return first + hf[tuple(first)] + first
+
+
+def test_ngram_lookup_through_llm_generate_gives_plain_decodings_tokens(model: torch.nn.Module, paged: ad_mlir.LLM,
+                                                                        hf: dict) -> None:
+    prompt = _self_repeating(model, hf)
     expected = _hf_tokens(model, prompt, NEW)
-    llm = ad_mlir.LLM(model, max_batch=1, max_seq_len=32, page_size=4, num_pages=8, speculative=NgramProposer())
-    engine = make_engine(llm, speculative=llm.speculative)
+    assert [o.token_ids for o in paged.generate([prompt, list(PROMPTS[1])], max_new_tokens=NEW)] == [
+        expected, hf[tuple(PROMPTS[1])]]
+    engine = make_engine(paged, speculative=paged.speculative)
     assert _generate(engine, [prompt]) == [expected]
-    assert engine.drafted_tokens > 0, "the repeated prompt gives the n-gram lookup something to draft"
+    assert engine.accepted_tokens > 0, "the repeated prompt gives the n-gram lookup something to draft"
     with pytest.raises(ValueError, match="paged engine: give page_size"):
         ad_mlir.LLM(model, max_batch=1, max_seq_len=32, speculative=NgramProposer())
+
+
+def test_the_server_drafts_and_reports_acceptance(model: torch.nn.Module, paged: ad_mlir.LLM, hf: dict) -> None:
+    """`ad-mlir serve --speculative-ngram`'s engine through HTTP: plain decoding's answer, and
+    /metrics counts the drafted and accepted tokens."""
+    prompt = _self_repeating(model, hf)
+    runner = EngineRunner(make_engine(paged, speculative=NgramProposer(3))).start()
+    try:
+        with _serving(build_app(runner, "llama", None, default_max_tokens=NEW)) as url:
+            status, body = _post(f"{url}/v1/completions", {"model": "llama", "prompt": prompt, "max_tokens": NEW})
+            with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+                metrics = r.read().decode()
+    finally:
+        runner.stop()
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] == NEW
+    accepted = re.search(r"^ad_mlir_spec_decode_accepted_tokens_total (\S+)$", metrics, re.M)
+    drafted = re.search(r"^ad_mlir_spec_decode_draft_tokens_total (\S+)$", metrics, re.M)
+    assert accepted and drafted, metrics
+    assert 0 < float(accepted.group(1)) <= float(drafted.group(1))
 
 
 @pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, 0), (0.7, 0.8, 0), (1.3, 1.0, 3)])
