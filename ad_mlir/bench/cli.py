@@ -25,6 +25,9 @@
   `transformers serve --continuous-batching` on SmolLM2, 1, 4, 16 and 64 concurrent streaming
   clients (output tokens/s, time to first token, inter-token latency), and `LLM.generate`
   against transformers' `generate_batch` offline (`bench/serve.py`);
+- speculative (not run unless named): SmolLM2 on a prompt-copying task, decoded by the paged
+  engine plainly and with n-gram prompt lookup, in one run: output tokens/s, steps, drafted and
+  accepted tokens (`bench/speculative.py`);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
   transformers built small, exported, compiled and checked against eager with the kernels on
   the reference path and in the Triton interpreter (`ad_mlir/bench/families.py`).
@@ -47,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "launch", "generate", "compile", "traffic", "ptx", "matrix", "serve", "families")
+PARTS = ("kernels", "launch", "generate", "compile", "traffic", "ptx", "matrix", "serve", "speculative", "families")
 DEFAULT_PARTS = ("kernels", "launch", "generate", "compile", "traffic", "ptx", "matrix")
 
 
@@ -175,6 +178,10 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         from ad_mlir.bench.serve import run_serve
 
         return run_serve(args.quick, progress)
+    if part == "speculative":
+        from ad_mlir.bench.speculative import run_speculative
+
+        return run_speculative(args.quick, progress)
     if part in ("matrix", "families"):
         from dataclasses import asdict
 

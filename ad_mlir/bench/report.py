@@ -149,6 +149,20 @@ def serve_table(rows: Sequence[dict[str, Any]]) -> str:
             + _table(["impl", "prompts", "output tokens", "seconds", "output tok/s"], off))
 
 
+def speculative_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ["batch", "decoding", "output tokens", "seconds", "output tok/s", "speed-up", "steps", "drafted",
+              "accepted", "acceptance", "tokens per draft step", "same tokens as plain"]
+    plain = {r["batch"]: r for r in rows if r["impl"] == "plain"}
+    body = [[r["batch"], r["impl"], r["output_tokens"], f"{r['seconds']:.1f}", f"{r['output_tok_per_s']:.1f}",
+             _ratio(r["output_tok_per_s"], plain[r["batch"]]["output_tok_per_s"]), r["steps"], r["drafted_tokens"],
+             r["accepted_tokens"], f"{r['acceptance_rate']:.2f}", f"{r['tokens_per_draft_step']:.2f}",
+             r["same_tokens_as_plain"]] for r in rows]
+    what = f"{rows[0]['model']}, greedy, at most {rows[0]['new_tokens']} new tokens" if rows else ""
+    return (f"### Speculative decoding ({what})\n\n(a prompt-copying task: correct a text's spelling and write it "
+            "out; the paged engine plain and with n-gram prompt lookup drafting k tokens, on one compiled model)\n\n"
+            + _table(header, body))
+
+
 def families_table(rows: Sequence[dict[str, Any]], title: str = "Family sweep") -> str:
     from ad_mlir.bench.families import FamilyRow
     from ad_mlir.bench.families import markdown as sweep_markdown
@@ -161,7 +175,8 @@ def matrix_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 TABLES = {"kernels": kernel_table, "launch": launch_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
-          "ptx": ptx_table, "matrix": matrix_table, "serve": serve_table, "families": families_table}
+          "ptx": ptx_table, "matrix": matrix_table, "serve": serve_table, "speculative": speculative_table,
+          "families": families_table}
 
 
 def markdown(results: dict[str, Any]) -> str:

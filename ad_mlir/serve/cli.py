@@ -164,8 +164,8 @@ def _server(args: argparse.Namespace, model: CachedModel | PagedModel, llm: LLM,
     import uvicorn
 
     from ad_mlir.llm.engine import make_engine
-    from ad_mlir.llm.speculative import NgramProposer
     from ad_mlir.llm.llm import cache_layout
+    from ad_mlir.llm.speculative import NgramProposer
     from ad_mlir.serve.app import build_app
     from ad_mlir.serve.runner import EngineRunner
 

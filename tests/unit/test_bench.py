@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from xdsl.dialects import func
 from xdsl.parser import Parser
 
@@ -16,7 +17,7 @@ from ad_mlir.bench.families import FamilyRow
 from ad_mlir.bench.report import write_results
 from ad_mlir.bench.traffic import ideal_bytes, launch_bytes, layer_launches, run_traffic
 from ad_mlir.passes.pipeline import PIPELINES, make_context
-from ad_mlir.zoo.tiny import ModelShape
+from ad_mlir.zoo.tiny import ModelShape, TinyConfig, build_model
 
 TINY = ModelShape(hidden_size=256, intermediate_size=512, heads=2, kv_heads=1, head_dim=128, vocab_size=128)
 
@@ -327,3 +328,29 @@ def test_stubbed_launches_run_the_generated_launcher_with_a_kernel_that_runs_not
         assert all(name != "_NoKernel" for name, _ in launched), "outside it, the kernel (or reference) runs"
     finally:
         module.launch = launch
+
+
+def test_the_speculative_part_decodes_plainly_and_with_drafts_and_tabulates_both() -> None:
+    """`bench/speculative.py`'s decoding on a tiny paged model (the part itself loads SmolLM2): a
+    prompt that repeats itself gets drafts, the drafted run's tokens are the plain run's, and the
+    table gives the speed-up over the plain row of the same batch."""
+    import ad_mlir
+    from ad_mlir.bench.report import speculative_table
+    from ad_mlir.bench.speculative import _decode, _same_prefix
+    from ad_mlir.llm.speculative import NgramProposer
+    from ad_mlir.runtime.kernels import reference_kernels
+
+    llm = ad_mlir.LLM(build_model(TinyConfig(layers=1)), max_batch=2, max_seq_len=32, page_size=4)
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10]]
+    with torch.no_grad(), reference_kernels():
+        plain, plain_tokens = _decode(llm, prompts, 6, None)
+        drafted, tokens = _decode(llm, prompts, 6, NgramProposer(2))
+    assert plain["drafted_tokens"] == 0 and plain["steps"] >= 6
+    assert drafted["drafted_tokens"] > 0 and drafted["output_tokens"] == plain["output_tokens"]
+    assert _same_prefix(tokens, plain_tokens) == "all"
+    assert _same_prefix([[1, 2, 3], [4, 5]], [[1, 2, 9], [4, 5]]) == "2"
+    rows = [{"kind": "speculative", "model": "tiny", "batch": 2, "impl": impl, "new_tokens": 6, **row,
+             "same_tokens_as_plain": "all"} for impl, row in (("plain", plain), ("n-gram k=2", drafted))]
+    rows[0]["output_tok_per_s"], rows[1]["output_tok_per_s"] = 10.0, 15.0
+    text = speculative_table(rows)
+    assert "| 2 | n-gram k=2 |" in text and "| 1.5x |" in text
