@@ -230,3 +230,17 @@ def _chi2_999(dof: int) -> float:
     """The chi-square distribution's 0.999 quantile (Wilson-Hilferty: within 1% for dof >= 2)."""
     z = 3.0902
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def test_the_serve_command_line_builds_a_drafting_engine(paged: ad_mlir.LLM) -> None:
+    """`ad-mlir serve --speculative-ngram 3` gives the paged engine an n-gram proposer of 3
+    tokens; a model the paged engine does not run (the slot form here) stops with the reason."""
+    from ad_mlir.serve import cli
+
+    args = cli._parse(["serve", "--model", "llama", "--speculative-ngram", "3", "--port", "0"])
+    _, runner = cli._server(args, paged, paged, 0.0)
+    runner.stop()
+    assert runner.engine.speculative == NgramProposer(3)
+    slots = ad_mlir.LLM(paged.model, max_batch=1, max_seq_len=16)
+    with pytest.raises(SystemExit, match="speculative decoding runs on the paged engine"):
+        cli._server(args, slots, slots, 0.0)
