@@ -552,6 +552,10 @@ class PagedEngine(BaseEngine):
             raise ValueError("speculative decoding needs a model whose every cache is paged: this one keeps "
                              f"per-sequence states ({states} state slots: convolutions or recurrent scans), "
                              "which cannot be rolled back past a rejected draft")
+        draft_vocab = getattr(speculative, "vocab_size", None)
+        if draft_vocab is not None and llm.vocab_size is not None and draft_vocab > llm.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({draft_vocab} tokens) is larger than the model's "
+                             f"({llm.vocab_size}): a draft model must share the model's tokenizer")
         self.speculative = speculative
         self.drafted_tokens = 0
         self.accepted_tokens = 0
@@ -673,7 +677,9 @@ class PagedEngine(BaseEngine):
 
     def _schedule(self) -> list[_Chunk]:
         chunks: list[_Chunk] = []
-        budget = self._prefill_budget(sum(len(r.token_ids) - r.cached == 1 for r in self.running))
+        decodes = [r for r in self.running if len(r.token_ids) - r.cached == 1]
+        budget = self._prefill_budget(len(decodes))
+        drafts = self._drafts(decodes, budget)
         preempted = self.preemptions
         for request in list(self.running):
             if request not in self.running:  # preempted for an older one in this step
@@ -683,7 +689,7 @@ class PagedEngine(BaseEngine):
             if left > 1 and budget <= 0:
                 continue
             length = 1 if left == 1 else min(left, budget)
-            draft = self._draft(request, tokens, budget) if left == 1 else []
+            draft = self._room_for_draft(request, tokens, drafts.get(request.id, []))
             if not self._make_room(request, request.cached + length):
                 break
             chunks.append(_Chunk(request, tokens, request.cached, length, draft))
@@ -694,16 +700,24 @@ class PagedEngine(BaseEngine):
             chunks += self._admit(budget)
         return chunks
 
-    def _draft(self, request: Request, tokens: list[int], budget: int) -> list[int]:
-        """The proposer's draft for a decode: no more tokens than the request may still generate
-        after the one this step gives, the context holds, the step's budget leaves for a prefill
-        token, and pages hold beyond one free page per running request (taken now: a draft
-        never makes another request wait or be preempted)."""
-        if self.speculative is None:
-            return []
-        limit = min(request.params.max_tokens - len(request.output.token_ids) - 1,
-                    self.llm.max_seq_len - len(tokens), budget - 1)
-        draft = self.speculative.propose(tokens, limit)
+    def _drafts(self, decodes: Sequence[Request], budget: int) -> dict[str, list[int]]:
+        """The proposer's drafts for the step's decodes, by request id, in one call: each no longer
+        than its request may still generate after the token this step gives, nor than the context
+        holds, the decodes sharing what the step's budget leaves beside one prefill token."""
+        if self.speculative is None or not decodes:
+            return {}
+        share = (budget - 1) // len(decodes)
+        sequences = [r.token_ids for r in decodes]
+        limits = [min(r.params.max_tokens - len(r.output.token_ids) - 1, self.llm.max_seq_len - len(tokens), share)
+                  for r, tokens in zip(decodes, sequences, strict=True)]
+        drafts = self.speculative.propose(sequences, limits)
+        return {r.id: draft[:limit] for r, draft, limit in zip(decodes, drafts, limits, strict=True)}
+
+    def _room_for_draft(self, request: Request, tokens: list[int], draft: list[int]) -> list[int]:
+        """`draft` cut to the pages free beyond one per running request, those pages taken (a
+        draft never makes another request wait or be preempted)."""
+        if not draft:
+            return draft
         held = len(self.blocks.block_table(request.id))
         spare = self.blocks.pool.num_free - len(self.running)  # a page kept for each running request's next token
         while draft and pages_for(len(tokens) + len(draft), self.llm.page_size) - held > spare:

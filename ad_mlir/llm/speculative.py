@@ -4,7 +4,9 @@ the token the model would have chosen), and every accepted token costs no step o
 
 `NgramProposer` drafts by prompt lookup (vLLM's `ngram`): where the sequence's last n tokens
 appeared before, the tokens that followed them then are the draft. It costs no model and pays
-where the output copies its context (editing, summarizing, code).
+where the output copies its context (editing, summarizing, code). `DraftModelProposer` drafts
+with a smaller model of the same tokenizer, greedily, compiled by ad-mlir with a paged cache of
+its own.
 
 `verify` chooses the token at a drafted position so that what comes out is exactly what plain
 decoding gives: greedy, the model's argmax (the draft is kept when it is that token); sampled,
@@ -18,18 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from ad_mlir.llm.pages import BlockManager, pages_for
 from ad_mlir.llm.sampling import sampling_probs
+
+if TYPE_CHECKING:
+    from ad_mlir.llm.engine import PagedModel
 
 
 class Proposer(Protocol):
     """What drafts tokens for `PagedEngine` to verify."""
 
-    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
-        """At most `limit` tokens to follow `tokens` (a sequence's prompt and generated tokens)."""
+    def propose(self, sequences: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
+        """For each sequence (a request's prompt and generated tokens), at most its limit of
+        tokens to follow it: all of a step's decodes at once (a draft model batches them)."""
         ...
 
 
@@ -49,7 +56,10 @@ class NgramProposer:
             raise ValueError(f"speculative n-gram sizes need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and "
                              f"{self.max_ngram}")
 
-    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
+    def propose(self, sequences: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
+        return [self.lookup(tokens, limit) for tokens, limit in zip(sequences, limits, strict=True)]
+
+    def lookup(self, tokens: Sequence[int], limit: int) -> list[int]:
         """At most `min(limit, num_tokens)` drafted tokens to follow `tokens` (none where no n-gram
         of the tail appeared before)."""
         limit = min(limit, self.num_tokens)
@@ -61,6 +71,77 @@ class NgramProposer:
                 if list(tokens[start:start + n]) == tail:
                     return list(tokens[start + n:start + n + limit])
         return []
+
+
+class DraftModelProposer:
+    """Drafts greedily with a smaller model of the same tokenizer, compiled by ad-mlir in the paged
+    form (`LLM(draft, page_size=...)`, or any `PagedModel`) with a cache of its own. It keeps no
+    state per request, so nothing is rolled back after a rejection: each step, each sequence
+    starts in the draft's pool after the pages of it that the draft's prefix cache holds (keyed by
+    their tokens, so what it computed in earlier steps is found again), feeds the rest of its
+    tokens and then its own drafted tokens one by one, all sequences in one `forward_flat` call
+    per drafted token, and lets its pages go (kept cached for the next step). A sequence the pool
+    or the draft's context cannot hold gets no draft."""
+
+    def __init__(self, model: PagedModel, num_tokens: int = 4) -> None:
+        if num_tokens < 1:
+            raise ValueError(f"speculative num_tokens must be at least 1, got {num_tokens}")
+        if model.num_state_slots:
+            raise ValueError("a draft model needs every cache paged: this one keeps per-sequence states")
+        self.model, self.num_tokens = model, num_tokens
+        self.blocks = BlockManager(model.num_pages, model.page_size, prefix_caching=True)
+        self.width = pages_for(model.max_seq_len, model.page_size)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.model.vocab_size
+
+    def propose(self, sequences: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
+        drafts: list[list[int]] = [[] for _ in sequences]
+        feeds = self._start(sequences, limits)
+        try:
+            while feeds:
+                rows = self._forward(feeds)
+                for (i, start, fed), row in zip(feeds, rows, strict=True):
+                    drafts[i].append(int(row.argmax()))
+                    self.blocks.written(f"draft-{i}", [*sequences[i], *drafts[i]], start + len(fed))
+                feeds = [(i, start + len(fed), drafts[i][-1:]) for i, start, fed in feeds
+                         if len(drafts[i]) < min(limits[i], self.num_tokens)]
+        finally:
+            for i in range(len(sequences)):
+                self.blocks.free(f"draft-{i}")
+        return drafts
+
+    def _start(self, sequences: Sequence[Sequence[int]], limits: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+        """(sequence index, tokens the draft's pages hold, tokens to feed) of each sequence that
+        gets a draft, its pages taken."""
+        feeds = []
+        for i, (tokens, limit) in enumerate(zip(sequences, limits, strict=True)):
+            limit = min(limit, self.num_tokens, self.model.max_seq_len - len(tokens) + 1)
+            shared = self.blocks.cached_prefix(tokens)
+            if limit > 0 and self.blocks.start(f"draft-{i}", tokens, shared, len(tokens) + limit - 1):
+                start = len(shared) * self.model.page_size
+                feeds.append((i, start, list(tokens[start:])))
+        return feeds
+
+    def _forward(self, feeds: Sequence[tuple[int, int, list[int]]]) -> torch.Tensor:
+        """One `forward_flat` of every sequence's fed tokens: the logits of each one's last token."""
+        ids: list[int] = []
+        positions: list[int] = []
+        query_starts, tables = [0], []
+        for i, start, fed in feeds:
+            ids += fed
+            positions += range(start, start + len(fed))
+            query_starts.append(len(ids))
+            pages = self.blocks.block_table(f"draft-{i}")
+            tables.append(pages + [0] * (self.width - len(pages)))
+
+        def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
+
+        return self.model.forward_flat(tensor([ids]), tensor([positions]), tensor(query_starts),
+                                       tensor([start for _, start, _ in feeds]), tensor(tables),
+                                       tensor([q - 1 for q in query_starts[1:]]))
 
 
 def verify(logits: torch.Tensor, draft: int, temperature: float, top_p: float,

@@ -12,6 +12,7 @@ the model's distribution whatever the draft (a chi-square test over many seeded 
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import urllib.request
@@ -20,16 +21,17 @@ from collections.abc import Sequence
 import pytest
 import torch
 from engine_steps import checked_step
-from test_generate import _assert_logits_close, _family_model, _hf_tokens
+from test_generate import WIDE, _assert_logits_close, _family_model, _hf_tokens
 from test_paged_engine import GREEDY, NEW, PagedTokens
 from test_serve import _post, _serving
 
 import ad_mlir
 from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
 from ad_mlir.llm.sampling import sampling_probs
-from ad_mlir.llm.speculative import NgramProposer, verify
+from ad_mlir.llm.speculative import DraftModelProposer, NgramProposer, verify
 from ad_mlir.serve.app import build_app
 from ad_mlir.serve.runner import EngineRunner
+from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 PROMPTS = ([3, 17, 9, 41, 5], [60, 2, 33], [11, 12, 13, 14, 15, 16, 17])
 
@@ -41,7 +43,10 @@ class Oracle:
     def __init__(self, hf: dict[tuple[int, ...], list[int]], vocab: int) -> None:
         self.hf, self.vocab, self.drafts = hf, vocab, 0
 
-    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
+    def propose(self, sequences: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
+        return [self._draft(tokens, limit) for tokens, limit in zip(sequences, limits, strict=True)]
+
+    def _draft(self, tokens: Sequence[int], limit: int) -> list[int]:
         prompt = next(p for p in self.hf if tuple(tokens[:len(p)]) == p)
         truth = self.hf[prompt][len(tokens) - len(prompt):][:min(limit, 4)]
         draft = []
@@ -76,12 +81,12 @@ def _generate(engine: PagedEngine, prompts: Sequence[Sequence[int]], params: Sam
 
 def test_the_ngram_proposer_drafts_what_followed_the_latest_longest_match() -> None:
     proposer = NgramProposer(num_tokens=3, max_ngram=2)
-    assert proposer.propose([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3], limit=8) == [5, 6, 2]  # [2, 3] last seen before 5
-    assert proposer.propose([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3], limit=2) == [5, 6]
-    assert proposer.propose([7, 8, 1, 7, 9, 4, 1], limit=8) == [7, 9, 4]  # no [4, 1] before: the 1-gram [1]
-    assert proposer.propose([1, 2, 3], limit=8) == []
-    assert proposer.propose([5, 5], limit=8) == [5]
-    assert proposer.propose([1, 2, 1], limit=0) == []
+    assert proposer.lookup([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3], limit=8) == [5, 6, 2]  # [2, 3] last seen before 5
+    assert proposer.lookup([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3], limit=2) == [5, 6]
+    assert proposer.lookup([7, 8, 1, 7, 9, 4, 1], limit=8) == [7, 9, 4]  # no [4, 1] before: the 1-gram [1]
+    assert proposer.lookup([1, 2, 3], limit=8) == []
+    assert proposer.lookup([5, 5], limit=8) == [5]
+    assert proposer.lookup([1, 2, 1], limit=0) == []
     with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
         NgramProposer(min_ngram=3, max_ngram=2)
 
@@ -160,6 +165,48 @@ def test_the_compiled_paged_model_verifies_drafts_with_hfs_logits(model: torch.n
                 _assert_logits_close(logits[r], expected[offset])
             drafted_rows += len(rows) - 1 if start >= len(prompt) else 0
     assert drafted_rows > 0 and 0 < engine.accepted_tokens < engine.drafted_tokens
+
+
+def test_a_draft_model_of_the_same_weights_is_always_right(model: torch.nn.Module, hf: dict) -> None:
+    """The target itself as the draft model (both the engine's double of a paged model): every
+    draft is the next HF token, so all are accepted, steps fall by about the draft length, and
+    the draft's own prefix cache finds the pages it wrote in earlier steps."""
+    draft = DraftModelProposer(PagedTokens(model, num_pages=24, page_size=2, max_seq_len=24), num_tokens=3)
+    llm = PagedTokens(model, num_pages=24, page_size=2, max_seq_len=24)
+    engine = PagedEngine(llm, speculative=draft)
+    assert _generate(engine, PROMPTS) == [hf[tuple(p)] for p in PROMPTS]
+    assert engine.accepted_tokens == engine.drafted_tokens > 0
+    assert engine.draft_steps <= -(-(NEW - 1) // 4) * len(PROMPTS)
+    assert draft.blocks.prefix_hits > 0 and draft.blocks.pool.num_in_use == 0
+
+
+def test_another_draft_model_is_partly_right_and_changes_no_token(model: torch.nn.Module, hf: dict) -> None:
+    """A draft model of other weights (another seed of the tiny Llama): some drafts accepted,
+    some rejected, HF's tokens either way; a draft vocabulary larger than the model's is refused."""
+    other = build_model(TinyConfig(family="llama", hf_overrides=WIDE, seed=1))
+    llm = PagedTokens(model, num_pages=24, page_size=2, max_seq_len=24)
+    engine = PagedEngine(llm, speculative=DraftModelProposer(PagedTokens(other, num_pages=24, page_size=2,
+                                                                         max_seq_len=24)))
+    assert _generate(engine, PROMPTS) == [hf[tuple(p)] for p in PROMPTS]
+    assert engine.drafted_tokens > engine.accepted_tokens
+    wide = PagedTokens(other, num_pages=4)
+    wide.vocab_size = model.config.vocab_size + 1
+    with pytest.raises(ValueError, match="draft model's vocabulary .* larger"):
+        PagedEngine(llm, speculative=DraftModelProposer(wide))
+
+
+def test_a_compiled_draft_model_drafts_for_the_compiled_model(model: torch.nn.Module, paged: ad_mlir.LLM,
+                                                               hf: dict) -> None:
+    """Both compiled by ad-mlir in the paged form: a one-layer draft (the model's first layer and
+    its head) for the two-layer model, through `LLM.generate`: HF's tokens."""
+    draft_model = copy.deepcopy(model)
+    draft_model.model.layers = draft_model.model.layers[:1]
+    draft_model.config.num_hidden_layers = 1
+    draft = ad_mlir.LLM(draft_model, max_batch=2, max_seq_len=32, page_size=4, num_pages=24)
+    target = ad_mlir.LLM(model, max_batch=2, max_seq_len=32, page_size=4, num_pages=16,
+                         speculative=DraftModelProposer(draft, num_tokens=3))
+    outputs = target.generate([list(p) for p in PROMPTS], max_new_tokens=NEW)
+    assert [o.token_ids for o in outputs] == [hf[tuple(p)] for p in PROMPTS]
 
 
 def _self_repeating(model: torch.nn.Module, hf: dict) -> list[int]:
