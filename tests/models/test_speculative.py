@@ -22,7 +22,7 @@ import pytest
 import torch
 from engine_steps import checked_step
 from test_generate import WIDE, _assert_logits_close, _family_model, _hf_tokens
-from test_paged_engine import GREEDY, NEW, PagedTokens
+from test_paged_engine import GREEDY, NEW, PagedTokens, _prompts, _run
 from test_serve import _post, _serving
 
 import ad_mlir
@@ -106,6 +106,22 @@ def test_drafts_accepted_and_rejected_give_hfs_tokens_on_the_engine(model: torch
     assert 1 < engine.tokens_per_draft_step
     assert len(llm.calls) < len(plain.calls), (len(llm.calls), len(plain.calls))
     assert engine.pages_in_use == 0 and not engine.blocks.tables
+
+
+def test_drafts_with_chunked_prefill_prefix_caching_and_preemption(model: torch.nn.Module) -> None:
+    """Four requests with a common first page arriving over time, prefill chunks of at most 8
+    tokens a step, a pool of 9 pages (two requests' worth): requests are preempted and recomputed,
+    later ones start on the cached first page, drafts are fed beside chunks; every request still
+    gets HF's tokens and the pages stay consistent after every step."""
+    system = [7, 7, 3, 9]
+    prompts = [system + p for p in _prompts(4, [6, 9, 7, 8], seed=1)]
+    hf = {tuple(p): _hf_tokens(model, p, NEW) for p in prompts}
+    engine = PagedEngine(PagedTokens(model, num_pages=9), max_step_tokens=8,
+                         speculative=Oracle(hf, model.config.vocab_size))
+    got = _run(engine, {0: prompts[:2], 2: prompts[2:3], 5: prompts[3:]})
+    assert [got[f"p{n}"] for n in range(4)] == [hf[tuple(p)] for p in prompts]
+    assert engine.preemptions > 0 and engine.prefix_hits > 0
+    assert 0 < engine.accepted_tokens < engine.drafted_tokens
 
 
 def test_a_draft_never_passes_max_tokens_or_preempts(model: torch.nn.Module, hf: dict) -> None:
