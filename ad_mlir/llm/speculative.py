@@ -147,9 +147,9 @@ class DraftModelProposer:
 def verify(logits: torch.Tensor, draft: int, temperature: float, top_p: float,
            generator: torch.Generator | None, top_k: int = 0) -> int:
     """The token at a drafted position (`logits` are that position's): `draft` when accepted,
-    else the model's choice without it (module docstring). Consumes the request's generator as
-    plain sampling does not, so a seeded request's tokens differ from its unspeculated ones
-    (their distribution does not)."""
+    else the model's choice without it (module docstring). It draws other random numbers from
+    the request's generator than `sample` does, so a seeded request's tokens differ from its
+    unspeculated ones (their distribution does not)."""
     logits = logits.cpu()
     if temperature <= 0:
         return int(logits.argmax())
