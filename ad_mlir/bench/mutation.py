@@ -215,7 +215,8 @@ TESTS: dict[str, Tests] = {
                                                      "torch_2_11 or multiples or collapse")),
     # llm: the runtime (llm.py whole: caches, steps, generate), the pages, the engines, the CLI
     "ad_mlir/llm/__init__.py": Tests((), ("tests/unit/test_pages.py",)),
-    "ad_mlir/llm/engine.py": Tests((), ("tests/models/test_paged_engine.py", "tests/models/test_engine.py")),
+    "ad_mlir/llm/engine.py": Tests((), ("tests/models/test_paged_engine.py", "tests/models/test_engine.py",
+                                        "tests/models/test_speculative.py")),
     "ad_mlir/llm/generate.py": Tests((), ("tests/models/test_llm_runtime.py::test_the_command_line_takes_a_budget",
                                           "tests/test_clis.py::test_generate_cli_batch_in_fewer_slots_gives_hf_tokens_"
                                           "and_benchmarks")),
@@ -238,6 +239,9 @@ TESTS: dict[str, Tests] = {
         "a_prompt_of_whole_pages_recomputes_its_last_page", "an_abort_frees_the_pages",
         "a_request_that_can_never_fit_the_pool_is_refused_at_add", "unchained_page_keys_would_share_wrong_pages")))),
     "ad_mlir/llm/ranks.py": Tests((), ("tests/unit/test_ranks.py",)),
+    "ad_mlir/llm/sampling.py": Tests((), ("tests/models/test_speculative.py", "tests/models/test_paged_engine.py",
+                                          "-k", "distribution or sampled")),
+    "ad_mlir/llm/speculative.py": Tests((), ("tests/models/test_speculative.py",)),
     "ad_mlir/llm/structured.py": Tests((), ("tests/models/test_serve_fields.py", "-k",
                                             "json or schema or grammar or structured")),
     # serve: the HTTP layer, the engine's thread, the command line
