@@ -4,6 +4,7 @@
     ad-mlir serve --model llama --port 8001        # a tiny built-in family (random weights, token-id prompts)
     ad-mlir serve --model path/to/model.gguf --max-batch 8 --max-seq-len 1024
     ad-mlir serve --model qwen3 --tensor-parallel-size 2   # the model sharded over 2 ranks of this machine
+    ad-mlir serve --speculative-ngram 4            # speculative decoding: drafts by prompt lookup
 
 The server speaks OpenAI's API (`/v1/completions`, `/v1/chat/completions`, streaming or not,
 `/v1/models`), with `/health` and Prometheus `/metrics`; any OpenAI client works against
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     from ad_mlir.llm.engine import CachedModel, PagedModel
     from ad_mlir.llm.llm import LLM
+    from ad_mlir.llm.speculative import Proposer
     from ad_mlir.serve.runner import EngineRunner
 
 
@@ -66,10 +68,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     serve.add_argument("--max-running", type=int, default=None, help="requests in the paged cache at once, at most "
                        "(the decodes of one step; default: as many as its pages hold, at most --max-batch with per-sequence "
                        "states; the slot form: its slots)")
-    serve.add_argument("--speculative-ngram", type=int, default=0, metavar="K", help="speculative decoding by prompt "
-                       "lookup: draft up to K tokens per decode from where the sequence's last tokens appeared before, "
-                       "verified in the same step (the paged form, models without per-sequence states; the tokens "
-                       "are those of plain decoding; default 0: off)")
+    speculative = serve.add_mutually_exclusive_group()
+    speculative.add_argument("--speculative-ngram", type=int, default=0, metavar="K", help="speculative decoding by "
+                             "prompt lookup: draft up to K tokens per decode from where the sequence's last tokens "
+                             "appeared before, verified in the same step (the paged form, models without per-sequence "
+                             "states; the tokens are those of plain decoding; default 0: off)")
+    speculative.add_argument("--speculative-model", default=None, metavar="MODEL", help="speculative decoding with a "
+                             "draft model of the same tokenizer (what --model takes), compiled in the paged form beside "
+                             "the model, drafting --speculative-tokens tokens per decode greedily")
+    serve.add_argument("--speculative-tokens", type=int, default=4, metavar="K", help="tokens the draft model drafts "
+                       "per decode (with --speculative-model)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request that gives "
                        "none (capped by what fits the cache after its prompt)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer API_KEY' on the /v1 routes")
@@ -165,13 +173,12 @@ def _server(args: argparse.Namespace, model: CachedModel | PagedModel, llm: LLM,
 
     from ad_mlir.llm.engine import make_engine
     from ad_mlir.llm.llm import cache_layout
-    from ad_mlir.llm.speculative import NgramProposer
     from ad_mlir.serve.app import build_app
     from ad_mlir.serve.runner import EngineRunner
 
     try:
         engine = make_engine(model, max_step_tokens=args.max_step_tokens, max_running=args.max_running,
-                             speculative=NgramProposer(args.speculative_ngram) if args.speculative_ngram else None)
+                             speculative=_proposer(args, llm))
     except ValueError as e:
         sys.exit(f"error: {e}")
     name = args.served_model_name or args.model
@@ -181,6 +188,23 @@ def _server(args: argparse.Namespace, model: CachedModel | PagedModel, llm: LLM,
     app = build_app(runner, name, llm.tokenizer, default_max_tokens=args.default_max_tokens, api_key=args.api_key)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
     return uvicorn.Server(config), runner
+
+
+def _proposer(args: argparse.Namespace, llm: LLM) -> Proposer | None:
+    """What drafts tokens for the engine to verify, as the command line asks: prompt lookup, or a
+    draft model compiled in the paged form on the model's device, with pages for as many
+    sequences of as many tokens as the model's cache."""
+    from ad_mlir.llm.llm import LLM
+    from ad_mlir.llm.speculative import DraftModelProposer, NgramProposer
+    from ad_mlir.zoo.checkpoints import load_causal_lm
+
+    if args.speculative_ngram:
+        return NgramProposer(args.speculative_ngram)
+    if args.speculative_model is None:
+        return None
+    draft, _ = load_causal_lm(args.speculative_model, str(llm.device), args.dtype)
+    return DraftModelProposer(LLM(draft, max_batch=args.max_batch, max_seq_len=llm.max_seq_len,
+                                  page_size=llm.page_size or 16, pipeline=args.pipeline), args.speculative_tokens)
 
 
 def _run(server: uvicorn.Server, runner: EngineRunner) -> None:

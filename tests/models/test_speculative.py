@@ -297,13 +297,20 @@ def _chi2_999(dof: int) -> float:
 
 def test_the_serve_command_line_builds_a_drafting_engine(paged: ad_mlir.LLM) -> None:
     """`ad-mlir serve --speculative-ngram 3` gives the paged engine an n-gram proposer of 3
-    tokens; a model the paged engine does not run (the slot form here) stops with the reason."""
+    tokens, `--speculative-model` a draft model compiled paged like the model; the two exclude each
+    other; a model the paged engine does not run (the slot form here) stops with the reason."""
     from ad_mlir.serve import cli
 
     args = cli._parse(["serve", "--model", "llama", "--speculative-ngram", "3", "--port", "0"])
     _, runner = cli._server(args, paged, paged, 0.0)
     runner.stop()
     assert runner.engine.speculative == NgramProposer(3)
+    args = cli._parse(["serve", "--model", "llama", "--speculative-model", "llama", "--speculative-tokens", "2"])
+    draft = cli._proposer(args, paged)
+    assert isinstance(draft, DraftModelProposer) and draft.num_tokens == 2
+    assert (draft.model.page_size, draft.model.max_seq_len) == (paged.page_size, paged.max_seq_len)
+    with pytest.raises(SystemExit):  # argparse: one way of drafting at a time
+        cli._parse(["serve", "--speculative-model", "llama", "--speculative-ngram", "2"])
     slots = ad_mlir.LLM(paged.model, max_batch=1, max_seq_len=16)
     with pytest.raises(SystemExit, match="speculative decoding runs on the paged engine"):
         cli._server(args, slots, slots, 0.0)
