@@ -13,6 +13,7 @@ the model's distribution whatever the draft (a chi-square test over many seeded 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import re
 import urllib.request
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from engine_steps import checked_step
+from test_engine import CharTokenizer
 from test_generate import WIDE, _assert_logits_close, _family_model, _hf_tokens
 from test_paged_engine import GREEDY, NEW, PagedTokens, _prompts, _run
 from test_serve import _post, _serving
@@ -33,7 +35,7 @@ from ad_mlir.serve.app import build_app
 from ad_mlir.serve.runner import EngineRunner
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
-PROMPTS = ([3, 17, 9, 41, 5], [60, 2, 33], [11, 12, 13, 14, 15, 16, 17])
+PROMPTS = ((3, 17, 9, 41, 5), (60, 2, 33), (11, 12, 13, 14, 15, 16, 17))
 
 
 class Oracle:
@@ -122,6 +124,37 @@ def test_drafts_with_chunked_prefill_prefix_caching_and_preemption(model: torch.
     assert [got[f"p{n}"] for n in range(4)] == [hf[tuple(p)] for p in prompts]
     assert engine.preemptions > 0 and engine.prefix_hits > 0
     assert 0 < engine.accepted_tokens < engine.drafted_tokens
+
+
+def test_what_a_request_gets_is_what_plain_decoding_gives_it(model: torch.nn.Module, hf: dict) -> None:
+    """Per request, the updates' tokens, text, finish reasons and log-probabilities with drafts
+    equal plain decoding's: log-probabilities (a verified row is a decode's logits), a stop string
+    cut inside an accepted draft, penalties (each drafted position's scores see the tokens
+    accepted before it), a grammar-free logit bias."""
+    prompts = [list(p) for p in PROMPTS]
+    stop = CharTokenizer().decode(hf[PROMPTS[1]][3:5])  # text HF's tokens make: the answer ends before it
+    params = [SamplingParams(max_tokens=NEW, logprobs=3), SamplingParams(max_tokens=NEW, stop=(stop,)),
+              SamplingParams(max_tokens=NEW, presence_penalty=1.5, frequency_penalty=0.5,
+                             logit_bias=((hf[PROMPTS[2]][2], -3.0),))]
+    results = []
+    for speculative in (None, Oracle(hf, model.config.vocab_size)):
+        llm = PagedTokens(model, num_pages=36, page_size=2, max_seq_len=24)
+        llm.tokenizer = CharTokenizer()
+        engine = PagedEngine(llm, speculative=speculative)
+        requests = [engine.add(p, q, request_id=f"r{i}") for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
+        updates: dict[str, list] = {r.id: [] for r in requests}
+        while engine.has_work:
+            for u in checked_step(engine):
+                updates[u.request_id] += [(t, lp.token, lp.top) if lp else (t, None, None)
+                                          for t, lp in itertools.zip_longest(u.token_ids, u.logprobs)]
+        results.append(([(r.output.token_ids, r.text, r.output.finish_reason) for r in requests], updates,
+                        engine.accepted_tokens))
+    (plain, plain_updates, _), (drafted, drafted_updates, accepted) = results
+    assert drafted == plain and accepted > 0
+    assert plain[1][2] == "stop" and stop not in plain[1][1]
+    for (t, token, top), (t2, token2, top2) in zip(plain_updates["r0"], drafted_updates["r0"], strict=True):
+        assert (t, token) == (t2, token2) and [i for i, _ in top] == [i for i, _ in top2]
+        torch.testing.assert_close(torch.tensor([v for _, v in top2]), torch.tensor([v for _, v in top]))
 
 
 def test_a_draft_never_passes_max_tokens_or_preempts(model: torch.nn.Module, hf: dict) -> None:
