@@ -56,6 +56,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    "sequence (convolutions, scans) sit beside the pages in --max-batch state slots; a model the "
                    "paged form refuses (states without attention, DeepSeek sparse attention) gets the slot form, "
                    "with a warning")
+    p.add_argument("--speculative-ngram", type=int, default=0, metavar="K", help="speculative decoding by prompt "
+                   "lookup: draft up to K tokens per decode, verified in the same step (the paged form; the tokens "
+                   "are those of plain decoding; default 0: off)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, run decode steps without CUDA graphs")
     p.add_argument("--device", default=None, help="where the model runs: cpu, cuda, cuda:1 ... (default: cuda "
                    "where a GPU is visible, else cpu)")
@@ -89,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         use_interpreter()  # before the import below: it imports triton
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     from ad_mlir.llm.llm import cache_layout, paged_where_possible
+    from ad_mlir.llm.speculative import NgramProposer
     from ad_mlir.zoo.checkpoints import load_causal_lm
 
     start = time.perf_counter()
@@ -97,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         llm = paged_where_possible(model, args.page_size or None, tokenizer=tokenizer, max_batch=args.max_batch,
                                    max_seq_len=args.max_seq_len, pipeline=args.pipeline,
                                    kv_cache_budget=args.kv_cache_budget,
-                                   cuda_graphs=False if args.no_cuda_graphs else None)
+                                   cuda_graphs=False if args.no_cuda_graphs else None,
+                                   speculative=NgramProposer(args.speculative_ngram) if args.speculative_ngram else None)
     except ValueError as e:
         sys.exit(f"error: {e}")
     print(f"{args.model}: loaded and compiled in {time.perf_counter() - start:.1f} s "

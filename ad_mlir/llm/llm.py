@@ -69,6 +69,8 @@ def paged_where_possible(model: torch.nn.Module | str, page_size: int | None, **
     try:
         return LLM(model, page_size=page_size, **kwargs)
     except PerSequenceState as e:
+        if kwargs.get("speculative") is not None:
+            raise ValueError(f"speculative decoding needs the paged form, which does not hold this model: {e}") from e
         log.warning("LLM: the slot form, not the paged one: %s", e)
         return LLM(model, **kwargs)
 
@@ -181,6 +183,10 @@ class LLM:
                  self.cache_tokens, shape, sum(self.token_bytes.values()),
                  _per_layer(self.token_bytes), self.state_bytes // max_batch)
         self.decode_graphs = self._capture_decode(cuda_graphs)
+        if speculative is not None and self.num_state_slots:
+            raise ValueError("speculative decoding needs a model whose every cache is paged: this one keeps "
+                             "per-sequence states (convolutions or recurrent scans), which cannot be rolled back "
+                             "past a rejected draft")
 
     def _compile(self, ep: ModuleExport, max_batch: int, max_seq_len: int,
                  num_pages: int | None = None) -> None:

@@ -33,6 +33,7 @@ from ad_mlir.llm.sampling import sampling_probs
 from ad_mlir.llm.speculative import DraftModelProposer, NgramProposer, verify
 from ad_mlir.serve.app import build_app
 from ad_mlir.serve.runner import EngineRunner
+from ad_mlir.zoo.small import small_model
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 PROMPTS = ((3, 17, 9, 41, 5), (60, 2, 33), (11, 12, 13, 14, 15, 16, 17))
@@ -347,3 +348,24 @@ def test_the_serve_command_line_builds_a_drafting_engine(paged: ad_mlir.LLM) -> 
     slots = ad_mlir.LLM(paged.model, max_batch=1, max_seq_len=16)
     with pytest.raises(SystemExit, match="speculative decoding runs on the paged engine"):
         cli._server(args, slots, slots, 0.0)
+
+
+def test_the_generate_command_line_drafts_and_refuses_what_cannot(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m ad_mlir.generate --speculative-ngram 3`: the tiny Llama's greedy tokens, as HF
+    generates them; the slot form (`--page-size 0`) and a model with per-sequence states (LFM2 of
+    two layers: a short convolution, then attention) are refused, saying why."""
+    from ad_mlir.llm import generate
+    from ad_mlir.zoo.checkpoints import named_model
+
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    command = ["--model", "llama", "--prompt-ids", *map(str, prompt), "--max-new-tokens", "6", "--max-batch", "1",
+               "--max-seq-len", "24", "--speculative-ngram", "3"]
+    generate.main(command)
+    with torch.no_grad():
+        expected = named_model("llama").generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
+    assert capsys.readouterr().out.splitlines()[1] == str(expected[0, len(prompt):].tolist())
+    with pytest.raises(SystemExit, match="speculative decoding runs on the paged engine"):
+        generate.main([*command, "--page-size", "0"])
+    with pytest.raises(ValueError, match="per-sequence states"):
+        ad_mlir.LLM(small_model("lfm2", layers=2), max_batch=1, max_seq_len=16, page_size=4,
+                    speculative=NgramProposer())
