@@ -4,7 +4,8 @@ attention forms matched whole (`attention_patterns.match_eager_attention`), beco
 the fused op does besides attention, its window, soft cap and QK-norm, the cached op does too.
 
 - Two arguments `k_cache_<i>` / `v_cache_<i>` of type [max-batch, max-seq-len, kv_heads,
-  head_dim] in the key's dtype (the value cache of the value's head_dim where it differs), marked
+  head_dim] in the key's dtype (the value cache of the value's head_dim where it differs: an MLA
+  cached as plain attention, whose full per-head K and V are cached, not its latent), marked
   `ad.cache = "<layer> key|value"` (the layer is the attention's HF module path); paged,
   `k_pages_<i>` / `v_pages_<i>` [num-pages, page-size, kv_heads, head_dim].
 - The RoPE of an `ad.rope_attention` (or `ad.rope`) carries over whole: its tables (whose width
