@@ -55,6 +55,7 @@ from ad_mlir.passes.cache.masks import attention_window
 from ad_mlir.passes.cache.sparse_attention import sparse_mask
 from ad_mlir.passes.patterns.attention_masks import backward_slice, erase_computation, input_name
 from ad_mlir.passes.patterns.attention_patterns import Attention, match_eager_attention
+from ad_mlir.passes.patterns.compressed_attention import CompressedKeys
 from ad_mlir.passes.patterns.matching import erase_dead
 from ad_mlir.passes.patterns.mla_patterns import Mla, match_mla
 
@@ -68,18 +69,20 @@ def find_attentions(fn: func.FuncOp) -> Found:
     for op in fn.body.block.ops:
         if isinstance(op, ad.RopeAttentionOp | ad.AttentionOp):
             found.append(_from_attention_op(op))
-        elif isinstance(op, ad.SoftmaxOp):
-            match = match_eager_attention(op)
+        elif isinstance(op, ad.SoftmaxOp) and (match := match_eager_attention(op)) is not None:
             if isinstance(match, str):
                 missed[op] = match
-            if (match := logged(match, op, "softmax")) is not None:
+            else:
                 found.append(match)
     return Found(found, missed)
 
 
 def _find(fn: func.FuncOp) -> Found:
-    """The attentions that are not MLA (an MLA caches its latent, not K and V: `mla.py`)."""
+    """The attentions that are not MLA (an MLA caches its latent, not K and V: `mla.py`); why a
+    softmax is no attention, to the log."""
     found = find_attentions(fn)
+    for op, why in found.missed.items():
+        logged(why, op, "softmax")
     return Found([a for a in found.matches if not isinstance(match_mla(a), Mla)], found.missed)
 
 
@@ -104,6 +107,23 @@ def _cache_all(site: CacheSite, attentions: list[Attention]) -> None:
 def _cache(site: CacheSite, attention: Attention, i: int) -> None:
     """`attention` -> `ad.cached_attention` or, with `paged`, `ad.paged_attention`, its `i`th."""
     layer = layer_of(attention.output)
+    compressed = _checked(site, attention, layer)
+    bias, bias_computed = distance_bias(site, attention, layer)
+    bias_as_key_dim(attention)
+    window = attention_window(site, attention, layer)
+    if attention.key_seq_first:
+        attention.key = heads_first(attention.key)
+    cached = _cached_op(site, attention, layer, i, compressed, bias, window)
+    counts = key_counts(attention) if compressed is not None else []
+    Rewriter.replace_op(attention.output, cached)
+    erase_dead(Rewriter.erase_op, attention.chain)
+    if compressed is not None:
+        erase_compression(compressed, counts)
+    _erase_masks(attention, bias_computed)
+
+
+def _checked(site: CacheSite, attention: Attention, layer: str) -> CompressedKeys | None:
+    """Refuses what the cached op cannot take; DeepSeek-V4's compressed entries taken apart."""
     _check_positions(site, attention, layer)
     if site.paged:
         refuse_batched(attention, layer, "query")
@@ -112,17 +132,17 @@ def _cache(site: CacheSite, attention: Attention, i: int) -> None:
         raise PassFailedException(
             f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
             "in the slot form (paged=false); this attention is not MLA (the log says why)")
-    bias, bias_computed = distance_bias(site, attention, layer)
-    bias_as_key_dim(attention)
-    window = attention_window(site, attention, layer)
-    if attention.key_seq_first:
-        attention.key = heads_first(attention.key)
+    return compressed
+
+
+def _cached_op(site: CacheSite, attention: Attention, layer: str, i: int, compressed: CompressedKeys | None,
+               bias: list[SSAValue], window: int | None) -> Operation:
+    """The cached (or paged) op over `attention`'s new cache arguments, its `i`th, not yet in place."""
     kind = "pages" if site.paged else "cache"
     caches = [site.add_cache(_cache_type(site, x), f"{role[0]}_{kind}_{i}", layer, role)
               for role, x in zip(ROLES, (attention.key, attention.value), strict=True)]
     entries = [[], [], []] if compressed is None else \
         compressed_operands(site, compressed, _cache_type(site, compressed.compressed), layer, i)
-    properties = _properties(attention, window)
     rope = list(attention.rope) if attention.rope is not None else [[], []]
     norm_weights = list(attention.qk_norm[:2]) if attention.qk_norm is not None else [[], []]
     operands = [attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, *_metadata(site),
@@ -130,15 +150,10 @@ def _cache(site: CacheSite, attention: Attention, i: int) -> None:
                 [slopes(site, attention, layer)] if attention.alibi is not None else [], bias,
                 *([] if site.paged else entries)]
     op_class = ad.PagedAttentionOp if site.paged else ad.CachedAttentionOp
-    cached = op_class.build(operands=operands, properties=properties,
+    cached = op_class.build(operands=operands, properties=_properties(attention, window),
                             result_types=[attention.output.results[0].type])
     cached.location = attention.output.location
-    counts = key_counts(attention) if compressed is not None else []
-    Rewriter.replace_op(attention.output, cached)
-    erase_dead(Rewriter.erase_op, attention.chain)
-    if compressed is not None:
-        erase_compression(compressed, counts)
-    _erase_masks(attention, bias_computed)
+    return cached
 
 
 def _check_positions(site: CacheSite, attention: Attention, layer: str) -> None:
