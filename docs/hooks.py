@@ -4,6 +4,9 @@
   its docstring, operands, results, properties and assembly format, read from the IRDL definitions.
 - `<!-- ad:pass NAME -->` becomes a pass's reference: the docstring of its module (what it
   matches and makes) and its options (the ModulePass dataclass fields), through the registry.
+- `<!-- ad:mixers -->` becomes the cached mixers of `insert-cached-attention`: each line of its
+  table (`ad_mlir.passes.cache.table.MIXERS`) with its module's docstring, in the table's order,
+  then the docstrings of the modules they share.
 - `<!-- ad:include PATH -->` becomes the markdown file PATH of the repository (committed benchmark
   results), its title dropped and its headings kept below the page's.
 - `<!-- ad:example FILE SPLIT ARGS -->` becomes an IR example: split SPLIT of the FileCheck input
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"^<!-- ad:(ops|pass|example|include)\s*(.*?)\s*-->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- ad:(ops|pass|mixers|example|include)\s*(.*?)\s*-->$", re.MULTILINE)
 """A marker is a line of its own (a mention inside a sentence or code stays as written)."""
 
 
@@ -37,6 +40,8 @@ def _expand(match: re.Match[str]) -> str:
         return _ops_reference()
     if kind == "pass":
         return _pass_reference(args)
+    if kind == "mixers":
+        return _cached_mixers()
     if kind == "include":
         return _included(args)
     file, split, *opt_args = shlex.split(args)
@@ -130,6 +135,23 @@ def _pass_reference(name: str) -> str:
     else:
         options = "**Options**: none."
     return f"{doc}\n\n{options}\n\nDefined in `{cls.__module__}.{cls.__name__}`."
+
+
+def _cached_mixers() -> str:
+    import importlib
+    import pkgutil
+
+    from ad_mlir.passes import cache
+    from ad_mlir.passes.cache.table import MIXERS
+
+    lines = [(m.name, sys.modules[m.find.__module__]) for m in MIXERS]
+    shown = {module for _, module in lines}
+    shared = [importlib.import_module(f"{cache.__name__}.{m.name}") for m in pkgutil.iter_modules(cache.__path__)]
+    sections = [f"### {name}\n\n`{module.__name__}`\n\n{inspect.cleandoc(module.__doc__ or '')}\n"
+                for name, module in lines]
+    sections += [f"### `{module.__name__}`\n\n{inspect.cleandoc(module.__doc__ or '')}\n"
+                 for module in shared if module not in shown]
+    return "\n".join(sections)
 
 
 def _type_name(annotation: Any) -> str:

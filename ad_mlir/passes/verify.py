@@ -34,7 +34,7 @@ from xdsl.utils.exceptions import DiagnosticException
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.weights import weight_of
 from ad_mlir.frontends.fx_import import INPUT_ATTR
-from ad_mlir.passes.insert_cached_attention import POSITION_INPUT
+from ad_mlir.passes.cache.interface import POSITION_INPUT
 from ad_mlir.passes.patterns.matching import describe_op
 from ad_mlir.semantics import op_table as T
 from ad_mlir.semantics.reference import run_block_values

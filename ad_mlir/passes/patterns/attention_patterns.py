@@ -93,7 +93,7 @@ class Attention:
     multiplied: tuple[SSAValue, float] | None = None
     """OpenAI-GPT's (mask, fill) of `scores * mask + (1 - mask) * fill`, a mask besides `mask`:
     the insert pass evaluates it (0 or 1: the mask is where it is 1) and checks the fill
-    (`MULTIPLIED_FILL_MAX`)."""
+    (`passes/cache/masks.py`'s `MULTIPLIED_FILL_MAX`)."""
     key_seq_first: bool = False
     """`key` is [batch, seq, heads, head_dim], which the scores read transposed as k^T by one
     permute (OpenAI-GPT's `permute(0, 2, 3, 1)`): the insert pass permutes it to heads first."""
