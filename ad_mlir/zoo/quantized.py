@@ -157,10 +157,9 @@ def write_fp8_block_checkpoint(model: transformers.PreTrainedModel, directory: s
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
-    if getattr(model.config, "tie_word_embeddings", False):
-        head = model.get_output_embeddings()
-        tensors = {n: t for n, t in tensors.items()
-                   if not (head is not None and n == _param_name(model, head.weight))}
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is model.get_input_embeddings().weight:
+        del tensors[f"{_module_name(model, head)}.weight"]
     for name in _linear_names(model, modules_to_not_convert):
         fp8, scale_inv = quantize_blocks(tensors[f"{name}.weight"], (bn, bk))
         tensors[f"{name}.weight"], tensors[f"{name}{SCALE_SUFFIX}"] = fp8, scale_inv
@@ -173,8 +172,8 @@ def write_fp8_block_checkpoint(model: transformers.PreTrainedModel, directory: s
     return directory
 
 
-def _param_name(model: torch.nn.Module, param: torch.Tensor) -> str:
-    return next(n for n, p in model.named_parameters(remove_duplicate=False) if p is param)
+def _module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    return next(n for n, m in model.named_modules() if m is module)
 
 
 def _safetensors_files(directory: Path) -> list[Path]:

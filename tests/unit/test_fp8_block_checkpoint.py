@@ -147,3 +147,27 @@ def test_a_scale_of_the_wrong_shape_is_refused_naming_the_tensor(written, tmp_pa
     safetensors.torch.save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=rf"{key} is torch.float32 \[4, 1\], expected float32 \[4, 4\]"):
         load_causal_lm(str(tmp_path))
+
+
+def test_modules_to_not_convert_stay_unquantized_and_tied_embeddings_load_tied(tmp_path: Path) -> None:
+    """A Gemma (LM head tied to the embeddings: written once, as `save_pretrained` does) whose
+    second layer's MLP the config leaves unquantized: those linears keep bf16 weights and no
+    scales, load as plain linears, and transformers reads the same checkpoint to the same weights."""
+    model = build_model(TinyConfig(family="gemma", layers=2, dtype="bfloat16"))
+    directory = write_fp8_block_checkpoint(model, tmp_path / "gemma-fp8", BLOCK, ["model.layers.1.mlp"])
+    config = json.loads((directory / "config.json").read_text())
+    assert config["quantization_config"]["modules_to_not_convert"] == ["model.layers.1.mlp"]
+    tensors = safetensors.torch.load_file(str(directory / "model.safetensors"))
+    assert "lm_head.weight" not in tensors and tensors["model.layers.1.mlp.up_proj.weight"].dtype == torch.bfloat16
+    assert "model.layers.1.mlp.up_proj.weight_scale_inv" not in tensors
+    ours, _ = load_causal_lm(str(directory))
+    assert type(ours.model.layers[1].mlp.up_proj) is torch.nn.Linear
+    assert isinstance(ours.model.layers[1].self_attn.q_proj, Fp8BlockLinear)
+    assert isinstance(ours.model.layers[0].mlp.up_proj, Fp8BlockLinear)
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    assert torch.equal(hf.model.layers[1].mlp.up_proj.weight, ours.model.layers[1].mlp.up_proj.weight)
+    assert torch.equal(hf.lm_head.weight, ours.model.embed_tokens.weight)
+    q = ours.model.layers[1].self_attn.q_proj
+    assert torch.equal(hf.model.layers[1].self_attn.q_proj.weight, dequantize_blocks(q.weight, q.weight_scale_inv,
+                                                                                      BLOCK))
