@@ -171,3 +171,21 @@ def test_modules_to_not_convert_stay_unquantized_and_tied_embeddings_load_tied(t
     q = ours.model.layers[1].self_attn.q_proj
     assert torch.equal(hf.model.layers[1].self_attn.q_proj.weight, dequantize_blocks(q.weight, q.weight_scale_inv,
                                                                                       BLOCK))
+
+
+def test_a_sharded_checkpoint_loads_through_its_index(written, tmp_path: Path) -> None:
+    """Released checkpoints come in shards named by `model.safetensors.index.json`."""
+    _, directory = written
+    tensors = safetensors.torch.load_file(str(directory / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in shards.items():
+        safetensors.torch.save_file({k: tensors[k] for k in keys}, str(tmp_path / file))
+    weight_map = {k: file for file, keys in shards.items() for k in keys}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    shutil.copy(directory / "config.json", tmp_path)
+    model, _ = load_causal_lm(str(tmp_path))
+    module = model.model.layers[1].mlp.gate_proj
+    assert torch.equal(module.weight.view(torch.uint8),
+                       tensors["model.layers.1.mlp.gate_proj.weight"].view(torch.uint8))
+    assert torch.equal(model.model.norm.weight, tensors["model.norm.weight"].float())
