@@ -12,7 +12,10 @@ format's arithmetic on the tensor cores: the x tile [BLOCK_M, bk] is loaded and 
 registers (the activation's group is the K block: `s = max|x| / 448` per row, `x / max(s,
 1e-12)` to e4m3), multiplied with the weight tile [BLOCK_N, bk] by an fp8 x fp8 `tl.dot`
 (fp32 accumulator), and the product, times `s[:, None] * weight_scale_inv[n / bn, kb][None, :]`,
-added to the fp32 accumulator. The activation's quantization is fused: each of the cdiv(N,
+added to the fp32 accumulator. A decode step's tile (16 rows) is computed transposed, `w_tile @
+q_tile.T`, so that the weight tile is the fp8 MMA's 64-row operand (`TileBlocks.swap_ab`: PTX
+`wgmma.mma_async ... m64n16k32.f32.e4m3.e4m3` instead of `mma.sync` on fp16 copies). The
+activation's quantization is fused: each of the cdiv(N,
 BLOCK_N) programs of a row block quantizes the same x tiles again, which costs a load of x
 (K elements a token, against the N x K fp8 weight bytes the decode step reads once). The
 result is rounded to x's dtype at the store, with the bias added in fp32 after that rounding
@@ -61,23 +64,28 @@ class LinearFp8BlockSpec:
 class TileBlocks:
     block_m: int
     block_n: int
+    swap_ab: bool
+    """The tile computed transposed, `w_tile @ q_tile.T` ([BLOCK_N, BLOCK_M]): Hopper's fp8 MMA
+    (wgmma) takes 64 rows and more on its first operand, which a decode step's 16-row x tile
+    is not (Triton then falls back to `mma.sync` on fp16 copies of the fp8 tiles); the weight
+    tile is. The same products and scales, in the same order."""
     num_warps: int
     num_stages: int
 
 
 def tile_blocks(spec: LinearFp8BlockSpec, tokens: int) -> TileBlocks:
-    """The tile for `tokens` rows: BLOCK_M 16 (the smallest tl.dot) for decode, up to 64 for a
-    prefill; BLOCK_N 128 (or N, a power of two >= 16, when smaller); 8 warps on a 64-row tile,
-    which holds an fp32 x tile, its fp8 copy and the accumulator (no spills at Qwen3-8B's sizes,
-    tests/unit/test_linear_fp8_block_kernel.py)."""
+    """The tile for `tokens` rows: BLOCK_M 16 (the smallest tl.dot) for decode, swapped (see
+    `TileBlocks.swap_ab`), up to 64 for a prefill; BLOCK_N 128 (or N, a power of two >= 16, when
+    smaller); 8 warps on a 64-row tile, which holds an fp32 x tile, its fp8 copy and the
+    accumulator (no spills at Qwen3-8B's sizes, tests/unit/test_linear_fp8_block_kernel.py)."""
     block_m = max(16, min(64, next_power_of_2(tokens)))
     block_n = max(16, min(128, next_power_of_2(spec.n)))
-    return TileBlocks(block_m, block_n, 8 if block_m >= 64 else 4, 3)
+    return TileBlocks(block_m, block_n, block_m == 16, 8 if block_m >= 64 else 4, 3)
 
 
 _KERNEL = '''\
 @triton.jit
-def $name(x, w, ws, bias, out, n_rows, x_s0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def $name(x, w, ws, bias, out, n_rows, x_s0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     r_in = rows < n_rows
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,7 +94,10 @@ def $name(x, w, ws, bias, out, n_rows, x_s0, BLOCK_M: tl.constexpr, BLOCK_N: tl.
     x_rows = x + rows.to(tl.int64)[:, None] * x_s0
     w_rows = w + n.to(tl.int64)[:, None] * K
     w_scales = ws + (n // BN) * GROUPS
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for kb in range(GROUPS):
         kk = kb * BK + k
         k_in = kk < K
@@ -95,10 +106,16 @@ def $name(x, w, ws, bias, out, n_rows, x_s0, BLOCK_M: tl.constexpr, BLOCK_N: tl.
         q = (a / tl.maximum(a_s, MIN_SCALE)[:, None]).to(tl.float8e4nv)
         b = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & k_in[None, :], other=0.0)
         b_s = tl.load(w_scales + kb, mask=n_in, other=0.0)
-        acc += tl.dot(q, tl.trans(b)) * a_s[:, None] * b_s[None, :]
-    y = acc.to(ELEM)
+        if SWAP_AB:
+            acc += tl.dot(b, tl.trans(q)) * a_s[None, :] * b_s[:, None]
+        else:
+            acc += tl.dot(q, tl.trans(b)) * a_s[:, None] * b_s[None, :]
+    if SWAP_AB:
+        y = tl.trans(acc).to(ELEM)
+    else:
+        y = acc.to(ELEM)
     if HAS_BIAS:
-        y = (y.to(tl.float32) + tl.load(bias + n, mask=n_in, other=0.0).to(tl.float32)).to(ELEM)
+        y = (y.to(tl.float32) + tl.load(bias + n, mask=n_in, other=0.0).to(tl.float32)[None, :]).to(ELEM)
     tl.store(out + rows.to(tl.int64)[:, None] * N + n[None, :], y, mask=r_in[:, None] & n_in[None, :])
 '''
 
@@ -128,7 +145,7 @@ def launch(kernel, tensors, scalars):
     tile = tile_blocks(SPEC, n_rows)
     kernel[(triton.cdiv(n_rows, tile.block_m), triton.cdiv($n, tile.block_n))](
         rows, w, ws, bias, out, n_rows, rows.stride(0), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=True)
+        SWAP_AB=tile.swap_ab, num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=True)
     return [out]
 '''
 
