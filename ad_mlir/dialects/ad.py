@@ -2450,11 +2450,6 @@ class LinearFp8Op(AdOp):
             raise VerifyException(f"ad.linear_fp8 result shape should be {_fmt_shape(expected)}")
 
 
-FP8_MIN_GROUP_SCALE = 1e-12
-"""`ad.linear_fp8_block` divides a group by max(its scale, this): an all-zero group quantizes to 0
-(transformers' finegrained-fp8 kernel's floor)."""
-
-
 def _is_power_of_two_block(side: int) -> bool:
     return side >= 16 and side & (side - 1) == 0
 
@@ -2471,7 +2466,8 @@ class LinearFp8BlockOp(KernelOp):
     block: `acc += (q_kb @ weight_kb.T) * s[:, kb] * weight_scale_inv[n / bn, kb]`; the result is
     `acc` rounded to the input's dtype, then `+ bias` rounded again (HF's `output.add_(bias)`).
     Blocks at the edges are the ragged rest. `block_size` is [bn, bk], each a power of two >= 16.
-    Its kernel is a template (`codegen/templates/linear_fp8_block_kernel.py`)."""
+    Its reference is `zoo/fp8_blocks.py`'s `block_linear`; its kernel a template
+    (`codegen/templates/linear_fp8_block_kernel.py`)."""
 
     name = "ad.linear_fp8_block"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ad_mlir.dialects import ad
+from ad_mlir.zoo import fp8_blocks
 
 NAMESPACE = "ad_mlir"
 
@@ -300,41 +301,14 @@ def _(input: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor, weig
     return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=dtype)
 
 
-def quantize_fp8_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ad.linear_fp8_block`'s activation quantization of `x` [M, K]: per row, per group of
-    `group` elements (the last group the ragged rest), `s = amax(|group|) / 448` and `q = group /
-    max(s, 1e-12)` rounded to e4m3, as transformers' finegrained-fp8 kernel quantizes. Returns
-    (q as float32 [M, groups, group], zero-padded; s [M, groups])."""
-    groups = -(-x.shape[-1] // group)
-    xf = torch.nn.functional.pad(x.to(torch.float32), (0, groups * group - x.shape[-1]))
-    xf = xf.view(x.shape[0], groups, group)
-    scale = xf.abs().amax(-1) / ad.FP8_MAX
-    divisor = scale.clamp_min(ad.FP8_MIN_GROUP_SCALE)[..., None]
-    return (xf / divisor).clamp(-ad.FP8_MAX, ad.FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32), scale
-
-
 @torch.library.custom_op(f"{NAMESPACE}::linear_fp8_block", mutates_args=())
 def linear_fp8_block(input: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                      bias: torch.Tensor | None, block_size: list[int]) -> torch.Tensor:
-    """`ad.linear_fp8_block`: the activation quantized per token per group of bk elements
-    (`quantize_fp8_groups`), then each K block's fp8 x fp8 product, exact in fp32, times the
-    activation's and the weight's scales, added block after block in fp32 (what
-    transformers' finegrained-fp8 kernel computes, up to the order of each block's dot); rounded
-    to the input's dtype, then the bias added and rounded again (HF's `output.add_(bias)`)."""
-    bn, bk = block_size
-    n, k = weight.shape
-    x = input.reshape(-1, k)
-    q, scale = quantize_fp8_groups(x, bk)
-    groups = scale.shape[1]
-    w = torch.nn.functional.pad(weight.to(torch.float32), (0, groups * bk - k)).view(n, groups, bk)
-    w_scale = weight_scale_inv.repeat_interleave(bn, 0)[:n]
-    acc = torch.zeros(x.shape[0], n, dtype=torch.float32, device=input.device)
-    for g in range(groups):
-        acc += q[:, g] @ w[:, g].T * scale[:, g, None] * w_scale[None, :, g]
-    out = acc.to(input.dtype)
-    if bias is not None:
-        out = (out.to(torch.float32) + bias.to(torch.float32)).to(input.dtype)
-    return out.view(*input.shape[:-1], n)
+    """`ad.linear_fp8_block`: the fine-grained FP8 format's arithmetic (`zoo/fp8_blocks.py`'s
+    `block_linear`: the activation quantized per token per group of bk elements, each K
+    block's fp8 x fp8 product times both scales, added in fp32; transformers' finegrained-fp8
+    kernel's semantics), which a loaded checkpoint's `Fp8BlockLinear` also runs eagerly."""
+    return fp8_blocks.block_linear(input, weight, weight_scale_inv, bias, block_size)
 
 
 @linear_fp8_block.register_fake

@@ -11,7 +11,8 @@ activations are quantized per token per group of bk elements (scale `amax / 448`
 adds each K block's fp8 x fp8 product times the activation's and the weight's scales.
 
 Loaded here, a quantized linear is an `Fp8BlockLinear`: transformers' own `FP8Linear` (its
-parameter names, its forward on a GPU with its hub kernel), whose fp8 weight and fp32 scales
+parameter names and attributes), whose forward computes the format in torch on any device
+(`fp8_blocks.py`; transformers' calls a Hub kernel) and whose fp8 weight and fp32 scales
 follow the module to a device but never to a dtype (`model.to(torch.float32)` casts the rest of
 the model; fp8 bytes cast to fp32 would be a dequantized model no longer quantized, scales cast
 to bf16 would lose bits). transformers' own loader cannot keep them on a CPU: without a GPU its
@@ -33,8 +34,8 @@ import torch
 import transformers
 from transformers.integrations.finegrained_fp8 import FP8Linear
 
-FP8_MAX = 448.0
-"""The largest finite float8_e4m3fn value."""
+from ad_mlir.zoo.fp8_blocks import block_linear, quantize_blocks
+
 QUANT_METHOD = "fp8"
 FORMATS = ("e4m3",)
 ACTIVATION_SCHEMES = ("dynamic",)
@@ -73,35 +74,6 @@ def fp8_block_size(quantization_config: dict[str, Any]) -> tuple[int, int]:
     return int(block[0]), int(block[1])
 
 
-def _padded_blocks(t: torch.Tensor, block: Sequence[int]) -> torch.Tensor:
-    """`t` [N, K] zero-padded to whole blocks, viewed [N / bn, bn, K / bk, bk]."""
-    bn, bk = block
-    rows, cols = math.ceil(t.shape[0] / bn), math.ceil(t.shape[1] / bk)
-    padded = torch.nn.functional.pad(t, (0, cols * bk - t.shape[1], 0, rows * bn - t.shape[0]))
-    return padded.view(rows, bn, cols, bk)
-
-
-def quantize_blocks(weight: torch.Tensor, block: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 weight [N, K], float32 scale_inv [ceil(N / bn), ceil(K / bk)]) as transformers'
-    `Fp8Quantize` writes them: per block `scale_inv = amax / 448` (1 for an all-zero block) and
-    `fp8 = clamp(w * (448 / amax), -448, 448)` rounded to e4m3 (blocks at the edges are the
-    ragged rest, as `FP8Linear` sizes its scales)."""
-    blocks = _padded_blocks(weight.detach().to(torch.float32), block)
-    amax = blocks.abs().amax(dim=(1, 3))
-    scale = torch.where(amax > 0, FP8_MAX / torch.where(amax > 0, amax, 1.0), 1.0)
-    fp8 = (blocks * scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    rows, cols = weight.shape
-    return fp8.reshape(blocks.shape[0] * blocks.shape[1], -1)[:rows, :cols].contiguous(), (1.0 / scale).float()
-
-
-def dequantize_blocks(fp8: torch.Tensor, scale_inv: torch.Tensor, block: Sequence[int],
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """`fp8 * scale_inv` broadcast over each block, in fp32, then `dtype`."""
-    bn, bk = block
-    scale = scale_inv.float().repeat_interleave(bn, 0).repeat_interleave(bk, 1)
-    return (fp8.float() * scale[:fp8.shape[0], :fp8.shape[1]]).to(dtype)
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """`t` viewed as the integer dtype of its width: a dtype cast (`Module.to(dtype)`) leaves it."""
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
@@ -111,9 +83,15 @@ class Fp8BlockLinear(FP8Linear):
     """transformers' `FP8Linear` with block scales (`block_size` [bn, bk], dynamic activations),
     whose `weight` (float8_e4m3fn) and `weight_scale_inv` (float32) keep their dtypes when the
     module is cast: `Module.to`, `.float()`, `.bfloat16()` move them to a device only; the bias
-    follows the cast as any parameter does."""
+    follows the cast as any parameter does. Its forward is the format's arithmetic in torch."""
 
     QUANTIZED = ("weight", "weight_scale_inv")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """The format's arithmetic in torch (`fp8_blocks.block_linear`), on any device:
+        transformers' forward calls a kernel from the Hub, which needs a GPU and the network. The
+        export routes this method through `ad.linear_fp8_block`'s op (`frontends/export_patches.py`)."""
+        return block_linear(input, self.weight, self.weight_scale_inv, self.bias, self.block_size)
 
     def __init__(self, in_features: int, out_features: int, block_size: tuple[int, int], bias: bool) -> None:
         super().__init__(in_features, out_features, block_size=block_size, activation_scheme="dynamic",

@@ -16,12 +16,8 @@ import torch
 import transformers
 
 from ad_mlir.zoo.checkpoints import load_causal_lm
-from ad_mlir.zoo.quantized import (
-    Fp8BlockLinear,
-    dequantize_blocks,
-    quantize_blocks,
-    write_fp8_block_checkpoint,
-)
+from ad_mlir.zoo.fp8_blocks import dequantize_blocks, quantize_blocks
+from ad_mlir.zoo.quantized import Fp8BlockLinear, write_fp8_block_checkpoint
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 BLOCK = (16, 32)

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.integrations.finegrained_fp8 import FP8Linear
 
 from ad_mlir.dialects import ad
-from ad_mlir.frontends.export import export_model
+from ad_mlir.frontends.export import export_inference, export_model
 from ad_mlir.frontends.fx_import import import_program
 from ad_mlir.semantics import torch_ops  # noqa: F401 (registers torch.ops.ad_mlir.*)
 from ad_mlir.zoo.checkpoints import load_causal_lm
-from ad_mlir.zoo.quantized import dequantize_blocks, quantize_blocks, write_fp8_block_checkpoint
+from ad_mlir.zoo.fp8_blocks import dequantize_blocks, quantize_blocks
+from ad_mlir.zoo.quantized import write_fp8_block_checkpoint
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 E4M3_HALF_STEP = 2.0**-4
@@ -118,3 +120,17 @@ def test_export_keeps_fp8_weights_and_the_import_makes_the_op(checkpoint: Path) 
     assert all(params[op.weight].endswith("_proj.weight") and params[op.weight_scale_inv].endswith(
         "_proj.weight_scale_inv") for op in ops)
     assert [type(op).__name__ for op in fn.body.block.ops if isinstance(op, ad.LinearOp)] == ["LinearOp"]
+
+
+def test_transformers_fp8linear_exports_as_the_op_too() -> None:
+    """transformers' own `FP8Linear` (as its loader makes it on a GPU, not our subclass) routes
+    through the same op: its forward would call a Hub kernel."""
+    layer = FP8Linear(64, 48, block_size=(16, 32))
+    fp8, scale_inv = quantize_blocks(torch.randn(48, 64), (16, 32))
+    layer.weight, layer.weight_scale_inv = torch.nn.Parameter(fp8, requires_grad=False), torch.nn.Parameter(scale_inv)
+    x = torch.randn(3, 64)
+    ep = export_inference(layer, {"input": x}, None)
+    (node,) = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert node.target is torch.ops.ad_mlir.linear_fp8_block.default
+    torch.testing.assert_close(ep.module()(input=x), torch.ops.ad_mlir.linear_fp8_block(x, fp8, scale_inv, None,
+                                                                                       [16, 32]))

@@ -27,7 +27,7 @@ from ad_mlir.codegen.interpreter import nearest_bf16_rounding, nearest_e4m3_roun
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
 from ad_mlir.codegen.templates.linear_fp8_block_kernel import LinearFp8BlockSpec, emit_linear_fp8_block_module
 from ad_mlir.semantics import torch_ops
-from ad_mlir.zoo.quantized import quantize_blocks
+from ad_mlir.zoo.fp8_blocks import quantize_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -35,6 +35,7 @@ from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
 from ad_mlir.semantics.op_table import torch_dtype
+from ad_mlir.zoo import fp8_blocks
 
 MAX_BLOCK_K = 128
 """The widest K block a program's tiles hold (a wider group would be quantized across programs)."""
@@ -161,7 +162,8 @@ def emit_linear_fp8_block_module(spec: LinearFp8BlockSpec, name: str, header: st
         "unpack": "x, w, ws, bias = tensors" if spec.bias else "x, w, ws = tensors\n    bias = x",
     }
     constants = {"ELEM": TL_DTYPE[spec.dtype], "N": spec.n, "K": spec.k, "BN": spec.block_n, "BK": spec.block_k,
-                 "GROUPS": groups, "HAS_BIAS": spec.bias, "FP8_MAX": ad.FP8_MAX, "MIN_SCALE": ad.FP8_MIN_GROUP_SCALE}
+                 "GROUPS": groups, "HAS_BIAS": spec.bias, "FP8_MAX": fp8_blocks.FP8_MAX,
+                 "MIN_SCALE": fp8_blocks.MIN_GROUP_SCALE}
     lines = [*(f"{k} = tl.constexpr({v})" for k, v in constants.items()), f"SPEC = {spec!r}"]
     return module_source(header, {"ad_mlir.codegen.templates.linear_fp8_block_kernel": ["LinearFp8BlockSpec",
                                                                                          "tile_blocks"]},
