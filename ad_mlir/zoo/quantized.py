@@ -22,10 +22,11 @@ Imports nothing of the compiler.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,25 @@ def _safetensors_files(directory: Path) -> list[Path]:
     return files
 
 
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Within it, every parameter a module registers lives on the meta device (no memory, no
+    initialization) while buffers are made as usual (RoPE's inv_freq is computed, not loaded):
+    accelerate's `init_empty_weights(include_buffers=False)`, without the dependency."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
 def load_fp8_block_checkpoint(directory: Path, config: transformers.PretrainedConfig,
                               block_size: tuple[int, int]) -> transformers.PreTrainedModel:
     """The model of `config` (its quantization_config dropped: no transformers quantizer runs)
@@ -173,14 +193,12 @@ def load_fp8_block_checkpoint(directory: Path, config: transformers.PretrainedCo
     (buffers such as RoPE's are computed as usual); a tensor the model lacks, a parameter the
     file lacks (other than tied ones), a scale on what is no `nn.Linear` or a quantized weight
     of the wrong dtype or shape is a ValueError naming it."""
-    import accelerate
-
     tensors: dict[str, torch.Tensor] = {}
     for file in _safetensors_files(directory):
         tensors.update(safetensors.torch.load_file(str(file)))
     plain = copy.deepcopy(config)
     del plain.quantization_config
-    with accelerate.init_empty_weights(include_buffers=False):
+    with _parameters_on_meta():
         model = transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
     for key in sorted(k for k in tensors if k.endswith(SCALE_SUFFIX)):
         name = key.removesuffix(SCALE_SUFFIX)
@@ -189,7 +207,7 @@ def load_fp8_block_checkpoint(directory: Path, config: transformers.PretrainedCo
             raise ValueError(f"'{directory}': {key} scales {name}, which is not a linear layer of "
                              f"{type(model).__name__}")
         _check_quantized(directory, name, module, tensors, block_size)
-        with accelerate.init_empty_weights(include_buffers=False):
+        with _parameters_on_meta():
             replacement = Fp8BlockLinear(module.in_features, module.out_features, block_size, module.bias is not None)
         model.set_submodule(name, replacement)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
