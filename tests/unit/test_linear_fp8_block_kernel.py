@@ -112,9 +112,9 @@ def _meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
 
 
 def test_ptx_for_sm90_at_qwen3_8b_sizes_has_no_spills(build) -> None:  # noqa: ANN001
-    """bf16, K 4096, N 4096 (q, o), 12288 (gate and up, 2 x 12288 fused would be the same tile),
-    1024 (k, v), blocks [128, 128]: a decode step of 1 token and a prefill of 2048, compiled for
-    sm_90 as the runtime specializes them."""
+    """bf16, K 4096, N 4096 (q, o), 12288 (gate and up), 1024 (k, v), blocks [128, 128]: a
+    decode step of 1 token and a prefill of 2048, compiled for sm_90 as the runtime specializes
+    them; both on Hopper's fp8 MMA (wgmma on e4m3 operands: the decode tile swapped)."""
     specs = {}
     for n in (4096, 12288, 1024):
         spec = LinearFp8BlockSpec(n, 4096, 128, 128, torch.bfloat16, False)
@@ -129,5 +129,7 @@ def test_ptx_for_sm90_at_qwen3_8b_sizes_has_no_spills(build) -> None:  # noqa: A
     reports = compile_all(list(specs.values()))
     for (n, tokens), report in zip(specs, reports, strict=True):
         print(f"N {n} tokens {tokens}: {report.registers} registers, {report.spills} B spilled, "
-              f"{report.shared_memory} B shared, {report.seconds:.1f} s")
+              f"{report.shared_memory} B shared, {report.mma}, {report.seconds:.1f} s")
         assert report.spills == 0, (n, tokens, report)
+        assert all(".e4m3.e4m3" in i and i.startswith("wgmma") for i in report.mma), (n, tokens, report.mma)
+        assert report.mma, "the tile's dot is on the tensor cores"
