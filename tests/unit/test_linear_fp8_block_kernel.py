@@ -22,10 +22,18 @@ from types import ModuleType
 import pytest
 import torch
 from template_modules import template_builder
+from xdsl.dialects.builtin import BFloat16Type, Float8E4M3FNType, Float32Type, TensorType
+from xdsl.utils.test_value import create_ssa_value
 
 from ad_mlir.codegen.interpreter import nearest_bf16_rounding, nearest_e4m3_rounding
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.codegen.templates.linear_fp8_block_kernel import LinearFp8BlockSpec, emit_linear_fp8_block_module
+from ad_mlir.codegen.templates.linear_fp8_block_kernel import (
+    EMITTER,
+    LinearFp8BlockSpec,
+    emit_linear_fp8_block_module,
+)
+from ad_mlir.dialects import ad
+from ad_mlir.dialects.decompositions import NoKernelForm
 from ad_mlir.semantics import torch_ops
 from ad_mlir.zoo.fp8_blocks import quantize_blocks
 
@@ -133,3 +141,17 @@ def test_ptx_for_sm90_at_qwen3_8b_sizes_has_no_spills(build) -> None:  # noqa: A
         assert report.spills == 0, (n, tokens, report)
         assert all(".e4m3.e4m3" in i and i.startswith("wgmma") for i in report.mma), (n, tokens, report.mma)
         assert report.mma, "the tile's dot is on the tensor cores"
+
+
+def test_a_k_block_wider_than_a_tile_has_no_kernel_form() -> None:
+    """[128, 256] blocks verify (the format allows them) but the kernel's tiles hold K blocks up
+    to 128: the op then runs as its reference (`NoKernelForm`), never as a wrong kernel."""
+    x = create_ssa_value(TensorType(BFloat16Type(), [2, 512]))
+    w = create_ssa_value(TensorType(Float8E4M3FNType(), [256, 512]))
+    ws = create_ssa_value(TensorType(Float32Type(), [2, 2]))
+    op = ad.LinearFp8BlockOp(x, w, ws, None, [128, 256], TensorType(BFloat16Type(), [2, 256]))
+    op.verify()
+    with pytest.raises(NoKernelForm, match="K block 256"):
+        EMITTER.check(op)
+    EMITTER.check(ad.LinearFp8BlockOp(x, w, create_ssa_value(TensorType(Float32Type(), [2, 4])), None, [128, 128],
+                                      TensorType(BFloat16Type(), [2, 256])))
