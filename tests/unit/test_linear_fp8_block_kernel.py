@@ -119,28 +119,36 @@ def _meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+QWEN3_8B = {  # (N, K) of Qwen3-8B-FP8's projections (hidden 4096, 32 / 8 heads of 128, intermediate 12288)
+    "q_o": (4096, 4096),
+    "k_v": (1024, 4096),
+    "gate_up": (12288, 4096),
+    "qkv_fused": (6144, 4096),
+    "gate_up_fused": (24576, 4096),
+    "down": (4096, 12288),
+}
+
+
 def test_ptx_for_sm90_at_qwen3_8b_sizes_has_no_spills(build) -> None:  # noqa: ANN001
-    """bf16, K 4096, N 4096 (q, o), 12288 (gate and up), 1024 (k, v), blocks [128, 128]: a
-    decode step of 1 token and a prefill of 2048, compiled for sm_90 as the runtime specializes
-    them; both on Hopper's fp8 MMA (wgmma on e4m3 operands: the decode tile swapped)."""
+    """bf16, blocks [128, 128], each projection alone and as `fuse-gemms` makes them (Q/K/V,
+    gate/up): a decode step of 1 token and a prefill of 2048, compiled for sm_90 as the runtime
+    specializes them (in one compiler process); both on Hopper's fp8 MMA (wgmma on e4m3 operands:
+    the decode tile swapped)."""
     specs = {}
-    for n in (4096, 12288, 1024):
-        spec = LinearFp8BlockSpec(n, 4096, 128, 128, torch.bfloat16, False)
-        module = build(spec)
+    for proj, (n, k) in QWEN3_8B.items():
+        module = build(LinearFp8BlockSpec(n, k, 128, 128, torch.bfloat16, False))
         fn = getattr(module, module.kernel_name)
         for tokens in (1, 2048):
-            tensors = [_meta(tokens, 4096), _meta(n, 4096, dtype=torch.float8_e4m3fn),
-                       _meta(n // 128, 32, dtype=torch.float32)]
-            for launch in record_launches(module, tensors, []):
-                s = specialize_launch(module.kernel_name, Path(module.__file__), fn, launch)
-                specs[(n, tokens)] = s
-    reports = compile_all(list(specs.values()))
-    for (n, tokens), report in zip(specs, reports, strict=True):
-        print(f"N {n} tokens {tokens}: {report.registers} registers, {report.spills} B spilled, "
-              f"{report.shared_memory} B shared, {report.mma}, {report.seconds:.1f} s")
-        assert report.spills == 0, (n, tokens, report)
-        assert all(".e4m3.e4m3" in i and i.startswith("wgmma") for i in report.mma), (n, tokens, report.mma)
+            tensors = [_meta(tokens, k), _meta(n, k, dtype=torch.float8_e4m3fn),
+                       _meta(n // 128, k // 128, dtype=torch.float32)]
+            (launch,) = record_launches(module, tensors, [])
+            specs[proj, tokens] = specialize_launch(module.kernel_name, Path(module.__file__), fn, launch)
+    for (proj, tokens), report in zip(specs, compile_all(list(specs.values())), strict=True):
+        print(f"{proj} {QWEN3_8B[proj]} tokens {tokens}: {report.registers} registers, {report.spills} B spilled, "
+              f"{report.shared_memory} B shared, {report.mma}")
+        assert report.spills == 0, (proj, tokens, report)
         assert report.mma, "the tile's dot is on the tensor cores"
+        assert all(i.startswith("wgmma") and i.endswith(".e4m3.e4m3") for i in report.mma), (proj, tokens, report.mma)
 
 
 def test_a_k_block_wider_than_a_tile_has_no_kernel_form() -> None:
