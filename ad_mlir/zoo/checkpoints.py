@@ -118,8 +118,8 @@ def load_checkpoint(path: Path) -> tuple[torch.nn.Module, transformers.PreTraine
 def _load_directory(directory: Path) -> torch.nn.Module:
     """A checkpoint directory's model in fp32: through `AutoModelForCausalLM`, or, for a
     quantized checkpoint (`quantization_config` in config.json), by `zoo/quantized.py`, which
-    keeps the quantized weights as they are on disk (fine-grained FP8 only; any other
-    quantization is refused, naming the field)."""
+    keeps the quantized weights as they are on disk (fine-grained FP8), or by `zoo/ct_fp8.py`
+    (compressed-tensors FP8-dynamic); any other quantization is refused, naming the field."""
     import torch
     import transformers
 
@@ -127,9 +127,15 @@ def _load_directory(directory: Path) -> torch.nn.Module:
     quantization = getattr(config, "quantization_config", None)
     if quantization is None:
         return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    from ad_mlir.zoo import quantized
+    from ad_mlir.zoo import ct_fp8, quantized
 
     fields = quantization if isinstance(quantization, dict) else quantization.to_dict()
+    if fields.get("quant_method") == ct_fp8.QUANT_METHOD:
+        try:
+            strategy = ct_fp8.fp8_weight_strategy(fields)
+        except ValueError as e:
+            raise ValueError(f"'{directory}': {e}") from None
+        return ct_fp8.load_fp8_dynamic_checkpoint(directory, config, strategy)
     try:
         block_size = quantized.fp8_block_size(fields)
     except ValueError as e:
