@@ -2424,8 +2424,9 @@ class DequantizeFp8Op(KernelOp):
 @irdl_op_definition
 class LinearFp8Op(AdOp):
     """An FP8 linear: `(float(input) * input_scale) @ (float(weight) * weight_scale).T + bias`,
-    cast to the result type. Scales are f32: per tensor (0-d) or, for the input, per token
-    ([..., 1])."""
+    cast to the result type. Scales are f32: per tensor (0-d, or [1]) or, for the input, per token
+    ([..., 1]), for the weight per output channel ([N, 1]: compressed-tensors FP8-dynamic
+    checkpoints, `zoo/ct_fp8.py`)."""
 
     name = "ad.linear_fp8"
     traits = traits_def(Pure())

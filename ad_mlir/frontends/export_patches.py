@@ -57,7 +57,7 @@ import torch
 from ad_mlir.semantics import torch_ops
 
 MODELING_MODULES = "transformers.models."
-INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized")
+INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized", "ad_mlir.zoo.ct_fp8")
 """Modules outside `MODELING_MODULES` whose classes `METHODS` names (quantized layers: transformers'
 and the zoo's subclass of it)."""
 
@@ -444,6 +444,18 @@ def _fp8_block_linear(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _fp8_channel_linear(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`zoo.ct_fp8.Fp8ChannelLinear.forward` (compressed-tensors FP8-dynamic) as
+    `torch_ops.quantize_fp8_dynamic` per token, then `torch_ops.linear_fp8` with the per-channel
+    (or per-tensor) weight scale: the references compute its forward exactly, and the fp8 weight
+    and its scale stay graph weights."""
+    def forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+        q, scale = torch.ops.ad_mlir.quantize_fp8_dynamic(input, True)
+        return torch.ops.ad_mlir.linear_fp8(q, self.weight, scale, self.weight_scale, self.bias, input.dtype)
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -465,6 +477,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     **{name: ("forward", DYNAMIC_CONVOLUTION, _inkling2_dynamic_short_convolution)
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
     **{name: ("forward", ("self", "input"), _fp8_block_linear) for name in ("FP8Linear", "Fp8BlockLinear")},
+    "Fp8ChannelLinear": ("forward", ("self", "input"), _fp8_channel_linear),
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
     "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
     **{name: ("forward", DSA_INDEXER, _deepseek_v32_indexer)
@@ -475,8 +488,9 @@ project exports): MoE blocks that run every expert on every token, Llama 4's MoE
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
 without a cache, Aria's MoE block, Inkling2's dynamic short convolution, DeepSeek-V4's CSA
 compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF's own, their
-top-k padded), and fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
-through the opaque `linear_fp8_block`. A class whose method takes other parameters (another transformers version) is
+top-k padded), fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
+through the opaque `linear_fp8_block`, and compressed-tensors FP8's `Fp8ChannelLinear` through
+`quantize_fp8_dynamic` and `linear_fp8`. A class whose method takes other parameters (another transformers version) is
 left alone."""
 
 

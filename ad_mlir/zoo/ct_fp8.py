@@ -265,3 +265,29 @@ def load_fp8_dynamic_checkpoint(directory: Path, config: transformers.Pretrained
     if unloaded:
         raise ValueError(f"'{directory}': the checkpoint lacks {', '.join(unloaded[:5])}")
     return model.eval()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m ad_mlir.zoo.ct_fp8 MODEL DIRECTORY [--strategy channel|tensor] [--layers N]
+    [--dtype D]`: a built-in tiny family or a transformers model type (random weights, as
+    `--model` builds them) written to DIRECTORY as a compressed-tensors FP8-dynamic checkpoint."""
+    import argparse
+
+    from ad_mlir.zoo.checkpoints import named_model
+    from ad_mlir.zoo.tiny import DTYPES
+
+    parser = argparse.ArgumentParser(prog="python -m ad_mlir.zoo.ct_fp8", description=main.__doc__)
+    parser.add_argument("model", help="a built-in tiny family (llama, qwen2, ...) or a transformers model type")
+    parser.add_argument("directory")
+    parser.add_argument("--strategy", choices=WEIGHT_STRATEGIES, default="channel",
+                        help="of the weight scales (default: channel, as llm-compressor's FP8_DYNAMIC)")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                        help="of the tensors left unquantized (default: bfloat16, as released checkpoints)")
+    args = parser.parse_args(argv)
+    model = named_model(args.model, args.dtype, args.layers)
+    print(write_fp8_dynamic_checkpoint(model, args.directory, args.strategy))
+
+
+if __name__ == "__main__":
+    main()
