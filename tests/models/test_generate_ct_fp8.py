@@ -1,8 +1,9 @@
 """`ad_mlir.LLM(path)` on a compressed-tensors FP8-dynamic checkpoint (`zoo/ct_fp8.py`'s writer: a
 tiny Llama or Qwen2 in bf16, per-channel weight scales): the compiled program keeps the fp8
 weights and runs every projection as `ad.linear_fp8` on activations quantized per token (that
-quantization fused into the norms and SiLU-mul before, kernels in the Triton interpreter, or
-their references). Teacher-forced on the reference model's greedy tokens (the prefill's logits,
+quantization fused into the norms and SiLU-mul before), its kernels in the Triton interpreter
+(`kernel_guard`, the interpreter's e4m3 conversion made torch's: `nearest_e4m3_rounding`) or
+its references. Teacher-forced on the reference model's greedy tokens (the prefill's logits,
 then decode steps of two sequences in two slots), each step's logits are compared with eager
 models on the same tokens:
 
@@ -99,10 +100,11 @@ def _dequantized(model: torch.nn.Module) -> torch.nn.Module:
     return plain
 
 
-def test_the_program_keeps_fp8_weights_and_quantizes_each_activation_once(llm: ad_mlir.LLM) -> None:
+def test_the_program_keeps_fp8_weights_and_runs_fp8_kernels(llm: ad_mlir.LLM) -> None:
     """Per layer, 7 fp8 weights and their [N, 1] fp32 scales in the program; the only wide
     float weights left are the embeddings and the LM head; per layer 4 activation quantizations
-    (Q/K/V share one), 3 of them in fused kernels (input norm, post-attention norm, SiLU-mul)."""
+    (Q/K/V share one), 3 of them in fused kernels (input norm, post-attention norm, SiLU-mul),
+    and 7 FP8 GEMM kernels (`linear_fp8_kernel.py`)."""
     state = llm.graph.state_dict()
     fp8 = sorted(tuple(t.shape) for t in state.values() if t.dtype == torch.float8_e4m3fn)
     assert fp8 == sorted([(64, 64), (32, 64), (32, 64), (64, 64), (128, 64), (128, 64), (64, 128)] * 2)
@@ -115,7 +117,9 @@ def test_the_program_keeps_fp8_weights_and_quantizes_each_activation_once(llm: a
     assert len(quantizing) == 4 * 2
     assert sum(name.startswith(("rms_norm_quantize", "add_rms_norm_quantize", "silu_and_mul_quantize"))
                for name in quantizing) == 3 * 2
-    assert sum(str(n.target) == "ad_mlir.linear_fp8.default" for n in llm.graph.graph.nodes) == 7 * 2
+    assert sum(name.startswith("linear_fp8") for name in kernel_calls(llm.graph)) == 7 * 2
+    assert not any(str(n.target) == "ad_mlir.linear_fp8.default" for n in llm.graph.graph.nodes), \
+        "no projection runs the op's reference"
 
 
 def _assert_same_quantization(llm: ad_mlir.LLM, forced: list[list[int]], logits: list[torch.Tensor]) -> None:
