@@ -16,6 +16,12 @@ they must share the block size and each part but the last must fill whole N bloc
 multiple of bn: Qwen3-8B's q, k, v of 4096, 1024, 1024 rows in blocks of 128 do), else a block
 of scales would straddle two weights. The activation's quantization (per token per K group) is
 the same for every part, so the fused op computes exactly what the parts did.
+
+FP8 linears with per-channel weight scales (`ad.linear_fp8` with `weight_scale` [N, 1], a
+compressed-tensors FP8-dynamic checkpoint's) fuse among those that share the quantized input and
+its scale: the fp8 weights and their scales are concatenated along N, and each output channel
+keeps its own scale, so again the fused op computes what the parts did. Per-tensor weight scales
+(one value a part) do not concatenate, and are left alone.
 """
 
 from __future__ import annotations
@@ -37,7 +43,12 @@ from ad_mlir.dialects.weights import weight_arguments
 log = logging.getLogger(__name__)
 
 
-Gemm = ad.LinearOp | ad.LinearFp8BlockOp
+Gemm = ad.LinearOp | ad.LinearFp8BlockOp | ad.LinearFp8Op
+
+
+def _per_channel(op: ad.LinearFp8Op) -> bool:
+    """Its weight scale is one per output channel ([N, 1]): scales that concatenate along N."""
+    return tuple(op.weight_scale.type.get_shape()) == (op.weight.type.get_shape()[0], 1)
 
 
 def _fills_blocks(group: list[Gemm]) -> bool:
@@ -50,7 +61,7 @@ def _fills_blocks(group: list[Gemm]) -> bool:
 
 def fusible_groups(entry: Block, weights: set[SSAValue]) -> list[list[Gemm]]:
     """Linears of `entry` grouped by (kind, input, weight dtype, in-features, has bias, result
-    dtype, block size), in program order, each with weights (and scales) from `weights`; groups of
+    dtype, block size or the FP8 input's scale), in program order, each with weights (and scales) from `weights`; groups of
     one, and block-scaled groups whose scales would not concatenate, are dropped."""
     groups: dict[tuple, list[Gemm]] = {}
     for op in entry.ops:
@@ -63,6 +74,10 @@ def fusible_groups(entry: Block, weights: set[SSAValue]) -> list[list[Gemm]]:
             if op.weight_scale_inv not in weights:
                 continue
             blocks = op.blocks()
+        if isinstance(op, ad.LinearFp8Op):
+            if op.weight_scale not in weights or not _per_channel(op):
+                continue
+            blocks = op.input_scale
         w = op.weight.type
         key = (type(op), op.input, w.element_type, w.get_shape()[1], op.bias is not None,
                op.result.type.element_type, blocks)
@@ -103,6 +118,11 @@ def fuse_group(group: list[Gemm]) -> None:
         new_ops.insert(1, scales := _cat([op.weight_scale_inv for op in group]))
         fused: Operation = ad.LinearFp8BlockOp(first.input, weight.result, scales.result,
                                                bias.result if bias else None, first.blocks(), result_type)
+    elif isinstance(first, ad.LinearFp8Op):
+        new_ops.insert(1, scales := _cat([op.weight_scale for op in group]))
+        fused = ad.LinearFp8Op.build(operands=[first.input, weight.result, first.input_scale, scales.result,
+                                               [bias.result] if bias else []],
+                                     result_types=[result_type])
     else:
         fused = ad.LinearOp.build(operands=[first.input, weight.result, [bias.result] if bias else []],
                                   result_types=[result_type])

@@ -74,3 +74,39 @@ func.func @fp8_block_not_fused(%wa: tensor<40x64xf8E4M3FN> {ad.param = "a.weight
   %d = ad.linear %x, %wd : (tensor<4x64xbf16>, tensor<32x64xbf16>) -> tensor<4x32xbf16>
   func.return %a, %b, %c, %d : tensor<4x40xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>
 }
+
+// -----
+
+// Per-channel FP8 gate/up (a compressed-tensors FP8-dynamic checkpoint's) on one quantized input
+// and its per-token scale: the fp8 weights and their [N, 1] scales are concatenated along N.
+// CHECK-LABEL: func.func @gate_up_fp8_channel
+// CHECK-NEXT:    %[[W:.*]] = ad.cat %wg, %wu dim 0 : (tensor<128x64xf8E4M3FN>, tensor<128x64xf8E4M3FN>) -> tensor<256x64xf8E4M3FN>
+// CHECK-NEXT:    %[[S:.*]] = ad.cat %sg, %su dim 0 : (tensor<128x1xf32>, tensor<128x1xf32>) -> tensor<256x1xf32>
+// CHECK-NEXT:    %[[Y:.*]] = ad.linear_fp8 %q, %[[W]], %s, %[[S]] : (tensor<1x?x64xf8E4M3FN>, tensor<256x64xf8E4M3FN>, tensor<1x?x1xf32>, tensor<256x1xf32>) -> tensor<1x?x256xbf16>
+// CHECK-NEXT:    %[[G:.*]] = ad.slice %[[Y]] dim 2 [0, 128, 1]
+// CHECK-NEXT:    %[[U:.*]] = ad.slice %[[Y]] dim 2 [128, 256, 1]
+// CHECK-NEXT:    func.return %[[G]], %[[U]]
+func.func @gate_up_fp8_channel(%wg: tensor<128x64xf8E4M3FN> {ad.param = "g.weight"}, %sg: tensor<128x1xf32> {ad.param = "g.weight_scale"}, %wu: tensor<128x64xf8E4M3FN> {ad.param = "u.weight"}, %su: tensor<128x1xf32> {ad.param = "u.weight_scale"}, %q: tensor<1x?x64xf8E4M3FN> {ad.input = "q"}, %s: tensor<1x?x1xf32> {ad.input = "s"}) -> (tensor<1x?x128xbf16>, tensor<1x?x128xbf16>) {
+  %g = ad.linear_fp8 %q, %wg, %s, %sg : (tensor<1x?x64xf8E4M3FN>, tensor<128x64xf8E4M3FN>, tensor<1x?x1xf32>, tensor<128x1xf32>) -> tensor<1x?x128xbf16>
+  %u = ad.linear_fp8 %q, %wu, %s, %su : (tensor<1x?x64xf8E4M3FN>, tensor<128x64xf8E4M3FN>, tensor<1x?x1xf32>, tensor<128x1xf32>) -> tensor<1x?x128xbf16>
+  func.return %g, %u : tensor<1x?x128xbf16>, tensor<1x?x128xbf16>
+}
+
+// -----
+
+// Not fused: per-tensor weight scales (one value a part does not concatenate into one scale),
+// and per-channel FP8 linears on one fp8 input with two different input scales.
+// CHECK-LABEL: func.func @fp8_channel_not_fused
+// CHECK-NOT:     ad.cat
+// CHECK:         ad.linear_fp8 %q, %wa, %s, %ta
+// CHECK-NEXT:    ad.linear_fp8 %q, %wb, %s, %tb
+// CHECK-NEXT:    ad.linear_fp8 %q, %wc, %s, %sc
+// CHECK-NEXT:    ad.linear_fp8 %q, %wd, %s2, %sd
+// CHECK-NOT:     ad.cat
+func.func @fp8_channel_not_fused(%wa: tensor<32x64xf8E4M3FN> {ad.param = "a.weight"}, %ta: tensor<f32> {ad.param = "a.weight_scale"}, %wb: tensor<32x64xf8E4M3FN> {ad.param = "b.weight"}, %tb: tensor<f32> {ad.param = "b.weight_scale"}, %wc: tensor<32x64xf8E4M3FN> {ad.param = "c.weight"}, %sc: tensor<32x1xf32> {ad.param = "c.weight_scale"}, %wd: tensor<32x64xf8E4M3FN> {ad.param = "d.weight"}, %sd: tensor<32x1xf32> {ad.param = "d.weight_scale"}, %q: tensor<4x64xf8E4M3FN> {ad.input = "q"}, %s: tensor<4x1xf32> {ad.input = "s"}, %s2: tensor<4x1xf32> {ad.input = "s2"}) -> (tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>) {
+  %a = ad.linear_fp8 %q, %wa, %s, %ta : (tensor<4x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<4x1xf32>, tensor<f32>) -> tensor<4x32xbf16>
+  %b = ad.linear_fp8 %q, %wb, %s, %tb : (tensor<4x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<4x1xf32>, tensor<f32>) -> tensor<4x32xbf16>
+  %c = ad.linear_fp8 %q, %wc, %s, %sc : (tensor<4x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<4x1xf32>, tensor<32x1xf32>) -> tensor<4x32xbf16>
+  %d = ad.linear_fp8 %q, %wd, %s2, %sd : (tensor<4x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<4x1xf32>, tensor<32x1xf32>) -> tensor<4x32xbf16>
+  func.return %a, %b, %c, %d : tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>
+}
