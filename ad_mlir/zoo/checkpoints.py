@@ -85,8 +85,8 @@ def built_from_config(name_or_path: str) -> bool:
 def load_checkpoint(path: Path) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase | None]:
     """(model in fp32, eval mode; tokenizer or None) from a directory with config.json (and
     safetensors weights) or a .gguf file, through `AutoModelForCausalLM` (a fine-grained FP8
-    checkpoint through `zoo/quantized.py`, its quantized linears' fp8 weights and fp32 scales
-    kept); a .gguf file is dequantized once and kept as a directory (`converted_entry`,
+    checkpoint through `zoo/quantized.py`, a compressed-tensors FP8-dynamic one through
+    `zoo/ct_fp8.py`, their quantized linears' fp8 weights and fp32 scales kept); a .gguf file is dequantized once and kept as a directory (`converted_entry`,
     `store_converted`)."""
     import torch
     import transformers
