@@ -422,6 +422,19 @@ def _xlm_every_token_real(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _rg_lru_scan(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `RecurrentGemmaRglru._rnn_scan` without a state (with one, HF's): its gate
+    zeroed where a sequence restarts (HF's `recurrent_gate * ~reset`, ordinary ops), then the
+    recurrence through `torch_ops.rg_lru_scan`, no final state kept (HF's cache is off)."""
+    def scan(self: Any, hidden_states: torch.Tensor, recurrent_gate: torch.Tensor, reset: torch.Tensor,
+             recurrent_states: torch.Tensor | None, acc_dtype: torch.dtype = torch.float32) -> Any:
+        if recurrent_states is not None or acc_dtype != torch.float32:
+            return original(self, hidden_states, recurrent_gate, reset, recurrent_states, acc_dtype)
+        return torch.ops.ad_mlir.rg_lru_scan(hidden_states, recurrent_gate * ~reset), None
+
+    return scan
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -440,6 +453,8 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     "MiniMaxLightningAttention": ("forward", ("self", "hidden_states", "position_embeddings", "attention_mask",
                                               "cache", "kwargs"), _minimax_lightning_attention),
     "AriaTextMoELayer": ("forward", ("self", "hidden_states"), _always(_aria_text_moe)),
+    "RecurrentGemmaRglru": ("_rnn_scan", ("self", "hidden_states", "recurrent_gate", "reset", "recurrent_states",
+                                          "acc_dtype"), _rg_lru_scan),
     **{name: ("forward", DYNAMIC_CONVOLUTION, _inkling2_dynamic_short_convolution)
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),

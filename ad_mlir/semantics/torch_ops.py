@@ -1113,10 +1113,31 @@ def _(module: str, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
     return hidden_states.new_empty(hidden_states.shape, dtype=_selective_scan_dtype(hidden_states, D))
 
 
+@torch.library.custom_op(f"{NAMESPACE}::rg_lru_scan", mutates_args=())
+def rg_lru_scan(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """RecurrentGemma's RG-LRU recurrence over the whole sequence from a zero state (HF's
+    `RecurrentGemmaRglru._rnn_scan` without a cache): per channel h_t = a_t h_{t-1} + x_t in fp32,
+    x and a [batch, seq, width] (a already 0 where a sequence restarts), the result in x's dtype.
+    Opaque to torch.export (HF's loop over time steps would fix the sequence length)."""
+    h = torch.zeros(x[:, 0].shape, dtype=torch.float32, device=x.device)
+    out = torch.empty_like(x)
+    for t in range(x.shape[1]):
+        h = a[:, t].float() * h + x[:, t].float()
+        out[:, t] = h.to(x.dtype)
+    return out
+
+
+@rg_lru_scan.register_fake
+def _(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default"
-                               for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule", "selective_scan"))
+                               for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule", "selective_scan",
+                                            "rg_lru_scan"))
 """The opaque scans above: each mixes every position of the sequence; `insert-cached-attention`
-replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`, `cached_selective_scan`)."""
+replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`, `cached_selective_scan`,
+`cached_rg_lru`)."""
 
 
 REFERENCE_OPS = frozenset(
