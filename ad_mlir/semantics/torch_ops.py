@@ -994,6 +994,35 @@ def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c
     return input.new_empty(input.shape, dtype=_selective_scan_dtype(input, d))
 
 
+@_writing_op("cached_rg_lru", mutates_args=("state",))
+def cached_rg_lru(input: torch.Tensor, a: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+                  starts: torch.Tensor, query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """`ad.cached_rg_lru`: HF's RG-LRU step h = a_t h + x_t token by token from each row's slot
+    state (zeros at start 0), in fp32, the slot left holding the state after the last token. One
+    row at a time: the reference reads each row's slot and start on the host (with
+    `query_starts`, each sequence's: `by_sequence`)."""
+    return by_sequence(lambda x, g, sl, st: _rg_lru_rows(x, g, state, sl, st), [input, a], 1, slots, starts,
+                       query_starts)
+
+
+def _rg_lru_rows(x: torch.Tensor, a: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+                 starts: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        h = state[slot] if start > 0 else torch.zeros_like(state[slot])
+        for t in range(x.shape[1]):
+            h = a[row, t].float() * h + x[row, t].float()
+            out[row, t] = h.to(x.dtype)
+        state[slot] = h
+    return out
+
+
+@cached_rg_lru.register_fake
+def _(input: torch.Tensor, a: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+      query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
 L2NORM_EPS = 1e-6
 """HF's (and FLA's) `l2norm` epsilon in the gated delta rule."""
 
@@ -1148,6 +1177,6 @@ REFERENCE_OPS = frozenset(
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
                  "paged_mla_attention",
-                 "cached_selective_scan")
+                 "cached_selective_scan", "cached_rg_lru")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""
