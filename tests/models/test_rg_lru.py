@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_generate import PROMPTS, _assert_step_logits_match, _hf_tokens
+from kernel_guard import graph_kernels
+from test_generate import PROMPTS, _assert_interpreted_tokens_are_hf, _assert_step_logits_match, _hf_tokens
 from test_paged import NUM_PAGES, PAGE_SIZE, _assert_tokens_are_hf, _run_schedule
 from transformers import AutoModelForCausalLM, RecurrentGemmaConfig
 from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
@@ -110,3 +111,12 @@ def test_the_paged_form_keeps_the_state_in_state_slots(model: torch.nn.Module) -
     lru = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedRgLruOp)]
     assert len(lru) == 1 and lru[0].query_starts is not None
     _assert_tokens_are_hf(model, _run_schedule(model, llm, 1e-5))
+
+
+def test_in_the_interpreter(model: torch.nn.Module, slots: ad_mlir.LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel in the Triton interpreter, the RG-LRU's and the convolution's among them, the
+    reference refused: three prompts in two slots, 6 new tokens."""
+    kernels = graph_kernels(slots.graph)
+    assert any(name.startswith("cached_rg_lru") for name in kernels), kernels
+    assert any(name.startswith("cached_causal_conv1d") for name in kernels), kernels
+    _assert_interpreted_tokens_are_hf(model, slots, monkeypatch, PROMPTS, 6)
