@@ -26,7 +26,9 @@ without the round trip. ZAYA's CCA projection slices seq - 1 tokens, which torch
 tell from one; it gets the same values from a slice of seq tokens. MiniMax's lightning attention
 loops over blocks of `min(block_size, seq)` tokens; it gets the same recurrence (a linear
 attention with a decay per head) as a Mamba2 scan through `torch_ops.mamba2_chunk_scan`, whose
-cached form generation uses. Three more fix the length only in the export for generation
+cached form generation uses. RecurrentGemma's RG-LRU loops over time steps in a method
+(`RecurrentGemmaRglru._rnn_scan`); without a state it gets the same recurrence through
+`torch_ops.rg_lru_scan`. Three more fix the length only in the export for generation
 (batch and length both dynamic, the length down to 1): Aria's MoE block views its flattened
 input back for its shared experts (they get the input itself), Inkling2's dynamic short
 convolution flips an unfolded view (it flips a contiguous copy), and DeepSeek-V4's CSA compressor
@@ -465,7 +467,8 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
-without a cache, Aria's MoE block, Inkling2's dynamic short convolution, DeepSeek-V4's CSA
+without a cache, Aria's MoE block, RecurrentGemma's RG-LRU scan without a state, Inkling2's
+dynamic short convolution, DeepSeek-V4's CSA
 compressor and indexer without a cache, and DeepSeek sparse attention's indexers (HF's own, their
 top-k padded). A class whose method takes other parameters (another transformers version) is
 left alone."""
