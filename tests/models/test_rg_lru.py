@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_guard import graph_kernels
-from test_generate import PROMPTS, _assert_interpreted_tokens_are_hf, _assert_step_logits_match, _hf_tokens
+from test_generate import (
+    PROMPTS,
+    _assert_interpreted_tokens_are_hf,
+    _assert_logits_close,
+    _assert_step_logits_match,
+    _hf_tokens,
+)
 from test_paged import NUM_PAGES, PAGE_SIZE, _assert_tokens_are_hf, _run_schedule
 from transformers import AutoModelForCausalLM, RecurrentGemmaConfig
 from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
@@ -102,15 +108,31 @@ def test_a_decode_step_without_the_rg_lru_state_is_wrong(model: torch.nn.Module,
     assert (stale - expected).abs().max() > 0.1
 
 
-def test_the_paged_form_keeps_the_state_in_state_slots(model: torch.nn.Module) -> None:
+def test_a_prompt_prefilled_in_two_chunks_equals_one_prefill(model: torch.nn.Module, slots: ad_mlir.LLM) -> None:
+    """The second chunk (start > 0, no position 0 to reset at) continues from the state, the
+    convolution's inputs and the K/V the first left."""
+    prompt = torch.tensor([PROMPTS[2]])
+    with torch.no_grad(), reference_kernels():
+        slots.step(prompt[:, :4], torch.arange(4)[None], [1], [0])
+        chunked = slots.step(prompt[:, 4:], torch.arange(4, prompt.shape[1])[None], [1], [4])
+        _assert_logits_close(chunked, model(prompt).logits[:, 4:])
+
+
+@pytest.fixture(scope="module")
+def paged(model: torch.nn.Module) -> ad_mlir.LLM:
+    return ad_mlir.LLM(model, max_batch=SLOTS, max_seq_len=24, page_size=PAGE_SIZE, num_pages=NUM_PAGES)
+
+
+def test_the_paged_form_keeps_the_state_in_state_slots(model: torch.nn.Module, paged: ad_mlir.LLM) -> None:
     """`test_paged._run_schedule`'s flattened steps (chunks beside decodes, state slots not in the
     sequences' order), every logit asked for against HF's full-prefix forward within 1e-5 per unit
-    of the largest logit, the tokens fed back HF's greedy ones."""
-    llm = ad_mlir.LLM(model, max_batch=SLOTS, max_seq_len=24, page_size=PAGE_SIZE, num_pages=NUM_PAGES)
-    assert llm.num_state_slots == SLOTS and llm.caches["rg_lru_state_0"].shape == (SLOTS, 64)
-    lru = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedRgLruOp)]
+    of the largest logit, the tokens fed back HF's greedy ones. On the kernels' reference: the
+    kernel over flattened sequences is checked against HF's whole sequences in
+    tests/unit/test_rg_lru_kernel.py (these steps in the interpreter cost ~14 s)."""
+    assert paged.num_state_slots == SLOTS and paged.caches["rg_lru_state_0"].shape == (SLOTS, 64)
+    lru = [op for op in paged.program.function.body.walk() if isinstance(op, ad.CachedRgLruOp)]
     assert len(lru) == 1 and lru[0].query_starts is not None
-    _assert_tokens_are_hf(model, _run_schedule(model, llm, 1e-5))
+    _assert_tokens_are_hf(model, _run_schedule(model, paged, 1e-5))
 
 
 def test_in_the_interpreter(model: torch.nn.Module, slots: ad_mlir.LLM, monkeypatch: pytest.MonkeyPatch) -> None:
