@@ -444,7 +444,8 @@ SPECS: tuple[OpSpec, ...] = (
             ad.CachedCausalConv1dOp, ad.CachedTokenWindowOp,
             ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
             ad.PagedMlaAttentionOp,
-            ad.CachedSelectiveScanOp, ad.CachedRgLruOp,
+            ad.CachedSelectiveScanOp,
+            ad.CachedRgLruOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
             ad.GeluAndMulOp, ad.ActivationOp,
         )

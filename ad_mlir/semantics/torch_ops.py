@@ -1177,6 +1177,7 @@ REFERENCE_OPS = frozenset(
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
                  "paged_mla_attention",
-                 "cached_selective_scan", "cached_rg_lru")
+                 "cached_selective_scan",
+                 "cached_rg_lru")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""
