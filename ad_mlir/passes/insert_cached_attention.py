@@ -181,10 +181,10 @@ sequence (short convolutions, scans) are not paged but kept in pools of `max-bat
 more argument, `state_slots` [seqs] (int64, marked `ad.state_slots`, after `logits_indices`),
 and each such op takes `query_starts` besides, so that it runs sequence by sequence over the
 flattened tokens, sequence s from slot `state_slots[s]`, from a zero state where its
-`cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels are the slot
-form's launched once per sequence (`codegen/templates/by_sequence.py`). A model with such states and no
-attention has nothing to page and is refused (`PerSequenceState`), as is a cached token window
-(its state is not paged yet: compile such a model in the slot form).
+`cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels run every
+sequence in one launch, reading `query_starts` on the device (`codegen/templates/state_rows.py`).
+A model with such states and no attention has nothing to page and is refused (`PerSequenceState`),
+as is a cached token window (its state is not paged yet: compile such a model in the slot form).
 """
 
 from __future__ import annotations

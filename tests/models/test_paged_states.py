@@ -3,18 +3,18 @@
 LFM2 (short convolutions beside attention) and Nemotron-H (Mamba2's scan and its convolution,
 attention), tiny, wide-init (0.5) so that greedy tokens vary (`_hf_tokens` checks it) and a state that is
 wrong or missing shows. Their convolutions and scans keep a state per sequence in pools of
-`max_batch` slots beside the K/V pages (`state_slots`), run sequence by sequence over the
-flattened step. `test_paged._run_schedule`'s flattened steps (a prefill chunk beside decodes and
+`max_batch` slots beside the K/V pages (`state_slots`), each sequence of the flattened step
+from its own slot. `test_paged._run_schedule`'s flattened steps (a prefill chunk beside decodes and
 a first chunk, a prompt split over two steps, pages out of order, state slots not the sequences'
 order) against HF's full-prefix forward; the paged scheduler (`PagedEngine`) on the compiled
 model against HF `generate` with arrivals while others decode, a prompt longer than the step's
 budget and a pool small enough to preempt. On the kernels' torch reference, and Nemotron-H's
 steps (its convolution, scan and paged attention) with every kernel in the Triton interpreter:
-the state ops' kernels are the slot form's launched once per sequence (`codegen/templates/by_sequence.py`;
-the gated delta rule's, Qwen3-Next's mixer, is checked over flattened sequences of unequal
-lengths against HF's whole sequences, kernel and reference, in
-tests/unit/test_recurrent_state_kernels.py, and its paged rewrite in FileCheck: a Qwen3-Next model
-here cost ~30 s of CI for what those cover)."""
+the state ops' kernels run all sequences of a step in one launch, reading `query_starts` on the
+device (`codegen/templates/state_rows.py`; the gated delta rule's, Qwen3-Next's mixer, is checked
+over flattened sequences of unequal lengths against HF's whole sequences, kernel and reference,
+in tests/unit/test_recurrent_state_kernels.py, and its paged rewrite in FileCheck: a Qwen3-Next
+model here cost ~30 s of CI for what those cover)."""
 
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ def test_flattened_steps_match_hf(hybrids, family: str) -> None:  # noqa: ANN001
 
 def test_nemotron_h_in_the_interpreter(hybrids, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The same steps with every kernel in the Triton interpreter: the convolution's and the
-    scan's slot kernels launched once per sequence of the step (`codegen/templates/by_sequence.py`), the
-    paged attention's, within the same fp32 tolerance."""
+    scan's kernels each launched once over the step's sequences (`codegen/templates/state_rows.py`),
+    the paged attention's, within the same fp32 tolerance."""
     model, llm = hybrids["nemotron_h"]
     kernels = graph_kernels(llm.graph)
     for op in (*STATE_OPS["nemotron_h"], ad.PagedAttentionOp):
