@@ -56,8 +56,8 @@ def {name}(x, w, bias, state, slots, starts, query_starts, out, seq_len, channel
         HAS_BIAS: tl.constexpr, VARLEN: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
 {sequence}
     length = last - first
-    # the sequence's first token and its slot as base pointers: the offsets of a tile from them
-    # stay 32-bit (64-bit [BLOCK_R, BLOCK_C] offsets spill at LFM2's sizes)
+    # the sequence's first token and its slot as base pointers, so that a tile's offsets from
+    # them stay 32-bit (at LFM2's sizes: 182 registers a thread, 190 with 64-bit offsets)
     x_seq = x + row * x_sb + first * x_st
     out_seq = out + row * channels * seq_len + first
     st_seq = state + slot * st_ss

@@ -10,16 +10,15 @@ takes, in the op's operand order, `query`/`key [B, S, HK, K]`, `value [B, S, HV,
 `out [B, S, HV, V]` in the query's dtype, contiguous.
 
 Grid (B or seqs, HV, cdiv(V, BLOCK_C)): a program holds the [K, BLOCK_C] tile of one sequence's
-state for one value head in fp32 registers (zeros at start 0: a reused slot starts clean), runs
-its new tokens (`state_rows.SEQUENCE`) through the recurrence one after the other (HF's `torch_recurrent_gated_delta_rule`: decay by
-exp(g), read k^T S, write k (beta (v - k^T S))^T, output q^T S, q and k L2-normalized over the
-whole key dim first when asked, q scaled by K^-0.5) and writes the tile back at the end. This is
-the sequential form, the one a decode step needs and correct for a prefill; it is not the chunked
-form (the UT transform over chunks of tokens) that makes a long prefill fast on a GPU. Programs
-share nothing: each owns its tile of the state. Sequences must use distinct slots (the runtime's
-slots are; the padding rows of a captured decode step share a scratch slot, but start at 0, so
-they use none of it).
-"""
+state for one value head in fp32 registers (zeros at start 0: a reused slot starts clean), runs its
+new tokens (`state_rows.SEQUENCE`) through the recurrence one after the other (HF's
+`torch_recurrent_gated_delta_rule`: decay by exp(g), read k^T S, write k (beta (v - k^T S))^T,
+output q^T S, q and k L2-normalized over the whole key dim first when asked, q scaled by K^-0.5)
+and writes the tile back at the end. This is the sequential form, the one a decode step needs and
+correct for a prefill; it is not the chunked form (the UT transform over chunks of tokens) that
+makes a long prefill fast on a GPU. Programs share nothing: each owns its tile of the state.
+Sequences must use distinct slots (the runtime's slots are; the padding rows of a captured decode
+step share a scratch slot, but start at 0, so they use none of it)."""
 
 from __future__ import annotations
 

@@ -11,12 +11,13 @@ on the device: nothing is read on the host), and returns `out [B, S, H, P]` in f
 
 Grid (B or seqs, H, cdiv(P, BLOCK_R)): a program holds the [BLOCK_R, N] tile of one sequence's
 state for one head in fp32 registers (zeros at start 0: a reused slot starts clean), runs its new
-tokens (`state_rows.SEQUENCE`: its batch row's, or its range of the flat row) through the recurrence one after the other (h = h * exp(dt a) + (dt x) B^T, y = h C + d x) and
-writes the tile back at the end. This is the sequential form, the one a decode step needs and
-correct for a prefill; it is not the chunked form (matmuls over chunks of tokens) that makes a
-long prefill fast on a GPU. Programs share nothing: each owns its tile of the state. Sequences
-must use distinct slots (the runtime's slots are; the padding rows of a captured decode step
-share a scratch slot, but start at 0, so they use none of it).
+tokens (`state_rows.SEQUENCE`: its batch row's, or its range of the flat row) through the
+recurrence one after the other (h = h * exp(dt a) + (dt x) B^T, y = h C + d x) and writes the tile
+back at the end. This is the sequential form, the one a decode step needs and correct for a
+prefill; it is not the chunked form (matmuls over chunks of tokens) that makes a long prefill fast
+on a GPU. Programs share nothing: each owns its tile of the state. Sequences must use distinct
+slots (the runtime's slots are; the padding rows of a captured decode step share a scratch slot,
+but start at 0, so they use none of it).
 
 The time step is computed in dt's dtype as HF computes it (dt + dt_bias, softplus, clamp, each
 rounded to that dtype); softplus is log1p(exp(x)) in a form exact for small exp(x) (Triton has no

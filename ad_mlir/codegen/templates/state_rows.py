@@ -21,13 +21,14 @@ from ad_mlir.codegen.emitters import KernelEmitter, OpT, operand_indices
 
 SEQUENCE = '''    seq = tl.program_id(0).to(tl.int64)
     if VARLEN:  # the paged form: sequence seq's tokens of the one flattened row
-        row, first, last = 0, tl.load(query_starts + seq).to(tl.int32), tl.load(query_starts + seq + 1).to(tl.int32)
+        row, first, last = 0, tl.load(query_starts + seq), tl.load(query_starts + seq + 1)
     else:
         row, first, last = seq, 0, seq_len
     slot = tl.load(slots + seq)
     start = tl.load(starts + seq)'''
 """The kernel's first lines: its sequence's tokens, slot and start (the kernel takes `slots`,
-`starts`, `query_starts`, `seq_len` and the constexpr `VARLEN`)."""
+`starts`, `query_starts`, `seq_len` and the constexpr `VARLEN`). The paged form's token indices
+are int64, as the slot form's row is: offsets over a long flat step do not overflow."""
 
 
 def unpack_tensors(operands: Sequence[str], stand_ins: Mapping[str, str], varlen: bool) -> str:
