@@ -36,7 +36,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
 from ad_mlir.dialects import ad
-from ad_mlir.llm.cuda_graphs import CudaGraphFlatDecode
+from ad_mlir.llm.cuda_graphs import CudaGraphFlatDecode, pad_flat_decode
 from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
 from ad_mlir.llm.llm import paged_where_possible
 from ad_mlir.runtime.kernels import reference_kernels
@@ -173,6 +173,8 @@ def test_a_decode_step_through_the_cuda_graph_runner_is_the_eager_step(hybrids, 
         monkeypatch.setattr(llm, "decode_graphs", runner)
         replayed = llm.forward_flat(*decode, state_slots=slots)
     assert static[-1].tolist() == [2, 0, scratch_slot, scratch_slot], "the step's state slots, padded"
+    with pytest.raises(ValueError, match="state_slots given without a scratch_state_slot"):
+        pad_flat_decode(*decode, bucket=4, scratch_page=scratch_page, state_slots=slots)
     for got, expected in zip(replayed, eager, strict=True):
         _assert_logits_close(got, expected, 1e-5)
     kept = {n: (slots if n in llm.slot_states else torch.arange(scratch_page)) for n in llm.caches}
