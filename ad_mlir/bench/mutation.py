@@ -198,8 +198,6 @@ TESTS: dict[str, Tests] = {
         (), ("tests/unit/test_attention_kernel.py", "-k", "not ptx and not sliding_window_matches and not any_head_dim "
              "and not rope_causal_gqa and not qk_norm and not random_mask")),
     "ad_mlir/codegen/templates/blocks.py": Tests((_TRITON,), _NUMERIC),
-    "ad_mlir/codegen/templates/by_sequence.py": Tests(
-        (), ("tests/unit/test_causal_conv_kernel.py", "tests/unit/test_recurrent_state_kernels.py", "-k", "flattened")),
     "ad_mlir/codegen/templates/cached_attention_kernel.py": Tests(
         (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
              "split_boundaries and not any_head_dim")),
@@ -225,6 +223,9 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/templates/skeleton.py": Tests((_TRITON,), _NUMERIC),
     "ad_mlir/codegen/templates/ssm_scan_kernel.py": Tests(
         (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
+    "ad_mlir/codegen/templates/state_rows.py": Tests(
+        (), ("tests/unit/test_causal_conv_kernel.py", "tests/unit/test_recurrent_state_kernels.py",
+             "tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/writer.py": Tests((_TRITON,), _NUMERIC),
     # runtime: the compiled graph's export, the kernels' registration, the kernel check
     "ad_mlir/runtime/__init__.py": Tests((), ("tests/unit/test_kernel_ops.py",)),
