@@ -60,6 +60,7 @@ TEMPLATES: dict[type[Operation], str] = {
     ad.RopeAttentionOp: "attention_kernel",
     ad.RopeOp: "rope_kernel",
     ad.MoeOp: "moe_kernel",
+    ad.LinearFp8BlockOp: "linear_fp8_block_kernel",
     ad.CachedAttentionOp: "cached_attention_kernel",
     ad.PagedAttentionOp: "paged_attention_kernel",
     ad.CachedMlaAttentionOp: "mla_attention_kernel",

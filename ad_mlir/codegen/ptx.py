@@ -49,6 +49,7 @@ DIVISIBILITY = 16
 
 _VECTOR_LOAD = re.compile(r"\bld\.global(?:\.[\w:]+)*\.v[248]\b")
 _VECTOR_STORE = re.compile(r"\bst\.global(?:\.[\w:]+)*\.v[248]\b")
+_MMA = re.compile(r"\b(?:wgmma\.mma_async|mma)\.sync\.aligned\.[\w.]+|\bwgmma\.mma_async\.[\w.]+")
 
 
 class RegionKernel(Protocol):
@@ -95,6 +96,9 @@ class PtxReport:
     grid: tuple[int, ...]
     seconds: float
     """Wall time of the compilation (a hit in Triton's own cache is fast)."""
+    mma: tuple[str, ...] = ()
+    """The tensor-core instructions of the PTX, each once (`wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3`:
+    Hopper's fp8 MMA; `mma.sync...f16.f16`: the older MMA, on fp16 operands)."""
 
 
 @dataclass(frozen=True)
@@ -263,6 +267,7 @@ def compile_specialization(spec: Specialization, fn: JITFunction) -> PtxReport:
         block_c=_block(spec, "BLOCK_C", "BLOCK_N"),
         grid=spec.grid,
         seconds=time.perf_counter() - start,
+        mma=tuple(sorted(set(_MMA.findall(ptx)))),
     )
 
 
@@ -286,7 +291,7 @@ def _compile_in_child(specs: Sequence[Specialization]) -> list[PtxReport]:
         answer = json.loads(line)
         if "error" in answer:
             raise PtxCompileError(spec.name, answer["error"])
-        reports.append(PtxReport(**answer | {"grid": tuple(answer["grid"])}))
+        reports.append(PtxReport(**answer | {"grid": tuple(answer["grid"]), "mma": tuple(answer["mma"])}))
     if len(reports) < len(specs):
         raise PtxCompileError(specs[len(reports)].name,
                               f"the compiler process died (exit {child.returncode}):\n{child.stderr[-4000:]}")

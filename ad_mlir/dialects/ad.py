@@ -2490,6 +2490,72 @@ class LinearFp8Op(AdOp):
             raise VerifyException(f"ad.linear_fp8 result shape should be {_fmt_shape(expected)}")
 
 
+def _is_power_of_two_block(side: int) -> bool:
+    return side >= 16 and side & (side - 1) == 0
+
+
+@irdl_op_definition
+class LinearFp8BlockOp(KernelOp):
+    """A fine-grained (block-scaled) FP8 linear, as transformers' `FP8Linear` with
+    `weight_block_size` [bn, bk] and dynamic activations computes it (DeepSeek-V3, Qwen3-*-FP8).
+
+    `weight` [N, K] is f8E4M3FN, `weight_scale_inv` [ceil(N / bn), ceil(K / bk)] f32: the weight
+    is `weight * weight_scale_inv` broadcast over each bn x bk block. `input` [..., K] (f32, f16 or
+    bf16) is quantized per token per group of bk elements: `s = amax(|group|) / 448`, `q =
+    group / max(s, 1e-12)` rounded to e4m3. The product accumulates in fp32, K block after K
+    block: `acc += (q_kb @ weight_kb.T) * s[:, kb] * weight_scale_inv[n / bn, kb]`; the result is
+    `acc` rounded to the input's dtype, then `+ bias` rounded again (HF's `output.add_(bias)`).
+    Blocks at the edges are the ragged rest. `block_size` is [bn, bk], each a power of two >= 16.
+    Its reference is `zoo/fp8_blocks.py`'s `block_linear`; its kernel a template
+    (`codegen/templates/linear_fp8_block_kernel.py`)."""
+
+    name = "ad.linear_fp8_block"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    weight = operand_def(AdTensor)
+    weight_scale_inv = operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    block_size = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $weight `,` $weight_scale_inv (`bias` $bias^)? `block` $block_size attr-dict `:` `(` "
+        "type($input) `,` type($weight) `,` type($weight_scale_inv) (`,` type($bias)^)? `)` `->` type($result)"
+    )
+
+    def __init__(self, input: SSAValue, weight: SSAValue, weight_scale_inv: SSAValue, bias: SSAValue | None,
+                 block_size: Sequence[int], result_type: Attribute) -> None:
+        super().__init__(operands=[input, weight, weight_scale_inv, bias], result_types=[result_type],
+                         properties={"block_size": DenseArrayBase.from_list(i64, list(block_size))})
+
+    def blocks(self) -> tuple[int, int]:
+        bn, bk = self.block_size.get_values()
+        return bn, bk
+
+    def verify_op(self) -> None:
+        sides = tuple(self.block_size.get_values())
+        if len(sides) != 2 or not all(_is_power_of_two_block(b) for b in sides):
+            raise VerifyException(f"ad.linear_fp8_block block_size {list(sides)} must be [bn, bk], powers of two >= 16")
+        bn, bk = sides
+        x, w, ws = _shape(self.input.type), _shape(self.weight.type), _shape(self.weight_scale_inv.type)
+        dtype = self.input.type.element_type
+        if dtype not in _FLOAT_TYPES or self.result.type.element_type != dtype:
+            raise VerifyException("ad.linear_fp8_block input must be f32, f16 or bf16, and the result of its type")
+        if not _is_fp8(self.weight.type) or len(w) != 2 or DYNAMIC_INDEX in w:
+            raise VerifyException(f"ad.linear_fp8_block weight must be a static 2-D f8E4M3FN tensor, got "
+                                  f"{self.weight.type}")
+        if not _dims_compatible(x[-1], w[1]):
+            raise VerifyException(f"ad.linear_fp8_block input features {x[-1]} do not match weight {_fmt_shape(w)}")
+        expected = (-(-w[0] // bn), -(-w[1] // bk))
+        if self.weight_scale_inv.type.element_type != Float32Type() or ws != expected:
+            raise VerifyException(f"ad.linear_fp8_block weight_scale_inv must be f32 {_fmt_shape(expected)} for "
+                                  f"weight {_fmt_shape(w)} in blocks {list(sides)}")
+        if self.bias is not None and (_shape(self.bias.type) != (w[0],) or self.bias.type.element_type
+                                      not in _FLOAT_TYPES):
+            raise VerifyException(f"ad.linear_fp8_block bias must be a float tensor of shape [{w[0]}]")
+        if not shapes_compatible((*x[:-1], w[0]), _shape(self.result.type)):
+            raise VerifyException(f"ad.linear_fp8_block result shape should be {_fmt_shape((*x[:-1], w[0]))}")
+
+
 # -------------------------------------------------------------------- collectives
 
 
@@ -2727,6 +2793,7 @@ Ad = Dialect(
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, CachedTokenWindowOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        LinearFp8BlockOp,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,

@@ -36,7 +36,11 @@ and indexer shift windows through a slice of windows - 1 (they shift by a concat
 sparse attention's indexer (DeepSeek-V3.2 and its copies) takes `topk(min(index_topk, keys))`,
 whose check `min(index_topk, keys) <= keys` torch.export cannot prove for a length below
 index_topk; it ranks the scores padded with that many -inf columns (`_PaddedTopk`). All are
-`METHODS`. One more is replaced only in the export for generation (`GENERATION_METHODS`), whose
+`METHODS`. So are transformers' `FP8Linear` and the zoo's `Fp8BlockLinear` (fine-grained FP8
+checkpoints, `zoo/quantized.py`): the first calls a Hub kernel that has no CPU form and no fake,
+the second would export as the format's arithmetic in ATen ops, unfused; routed through `torch_ops.linear_fp8_block`, their fp8 weights and scales are graph
+weights of one op. One more is replaced
+only in the export for generation (`GENERATION_METHODS`), whose
 steps hold only real tokens: XLM's mask of the positions past its count of tokens that are not
 its pad id, a sum over the tokens, as all ones (exact for sequences without the pad id).
 """
@@ -55,6 +59,9 @@ import torch
 from ad_mlir.semantics import torch_ops
 
 MODELING_MODULES = "transformers.models."
+INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized")
+"""Modules outside `MODELING_MODULES` whose classes `METHODS` names (quantized layers: transformers'
+and the zoo's subclass of it)."""
 
 
 def _packed(kwargs: dict[str, Any]) -> bool:
@@ -437,6 +444,21 @@ def _rg_lru_scan(original: Callable[..., Any]) -> Callable[..., Any]:
     return scan
 
 
+def _fp8_block_linear(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `FP8Linear.forward` (and `zoo.quantized.Fp8BlockLinear`'s) with block scales
+    and dynamic activations, through `torch_ops.linear_fp8_block` (what its finegrained-fp8
+    kernel computes): the fp8 weight and its scales stay graph weights. Per-tensor scales, static activations or a weight that is not
+    fp8 (a dequantized model) take HF's forward."""
+    def forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+        if self.block_size is None or self.activation_scheme != "dynamic" or \
+                self.weight.dtype != torch.float8_e4m3fn or self.weight_scale_inv.dtype != torch.float32:
+            return original(self, input)
+        return torch.ops.ad_mlir.linear_fp8_block(input, self.weight, self.weight_scale_inv, self.bias,
+                                                  list(self.block_size))
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -459,6 +481,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
                                           "acc_dtype"), _rg_lru_scan),
     **{name: ("forward", DYNAMIC_CONVOLUTION, _inkling2_dynamic_short_convolution)
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
+    **{name: ("forward", ("self", "input"), _fp8_block_linear) for name in ("FP8Linear", "Fp8BlockLinear")},
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
     "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
     **{name: ("forward", DSA_INDEXER, _deepseek_v32_indexer)
@@ -467,10 +490,11 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
-without a cache, Aria's MoE block, RecurrentGemma's RG-LRU scan without a state, Inkling2's
-dynamic short convolution, DeepSeek-V4's CSA
-compressor and indexer without a cache, and DeepSeek sparse attention's indexers (HF's own, their
-top-k padded). A class whose method takes other parameters (another transformers version) is
+without a cache, Aria's MoE block, RecurrentGemma's RG-LRU scan without a state, Inkling2's dynamic
+short convolution, DeepSeek-V4's CSA
+compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF's own, their
+top-k padded), and fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
+through the opaque `linear_fp8_block`. A class whose method takes other parameters (another transformers version) is
 left alone."""
 
 
@@ -490,7 +514,7 @@ def _patched_methods(
     """(class, method, its replacement) for each `methods` class of the loaded modeling modules."""
     seen: set[int] = set()
     for name, module in list(sys.modules.items()):
-        if not name.startswith(MODELING_MODULES) or module is None:
+        if not (name.startswith(MODELING_MODULES) or name in INTEGRATION_MODULES) or module is None:
             continue
         for cls_name, (method, parameters, replacement) in methods.items():
             cls = module.__dict__.get(cls_name)

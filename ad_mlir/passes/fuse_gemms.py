@@ -9,6 +9,13 @@ Only weights (and biases) that are function arguments are concatenated: their `a
 depends on weights alone, so the exporter computes it once, at compile time, and the compiled
 graph holds the concatenated weight instead of the parts. Linears with a bias join only
 linears with a bias, and all must share the weight dtype and input features.
+
+Block-scaled FP8 linears (`ad.linear_fp8_block`, a fine-grained FP8 checkpoint's) fuse the same
+way among themselves: the fp8 weights and their `weight_scale_inv` are concatenated along N, so
+they must share the block size and each part but the last must fill whole N blocks (its rows a
+multiple of bn: Qwen3-8B's q, k, v of 4096, 1024, 1024 rows in blocks of 128 do), else a block
+of scales would straddle two weights. The activation's quantization (per token per K group) is
+the same for every part, so the fused op computes exactly what the parts did.
 """
 
 from __future__ import annotations
@@ -30,19 +37,37 @@ from ad_mlir.dialects.weights import weight_arguments
 log = logging.getLogger(__name__)
 
 
-def fusible_groups(entry: Block, weights: set[SSAValue]) -> list[list[ad.LinearOp]]:
-    """Linears of `entry` grouped by (input, weight dtype, in-features, has bias, result
-    dtype), in program order, each with weights from `weights`; groups of one are dropped."""
-    groups: dict[tuple, list[ad.LinearOp]] = {}
+Gemm = ad.LinearOp | ad.LinearFp8BlockOp
+
+
+def _fills_blocks(group: list[Gemm]) -> bool:
+    """Block-scaled parts but the last fill whole N blocks (their scales concatenate)."""
+    if not isinstance(group[0], ad.LinearFp8BlockOp):
+        return True
+    bn = group[0].blocks()[0]
+    return all(op.weight.type.get_shape()[0] % bn == 0 for op in group[:-1])
+
+
+def fusible_groups(entry: Block, weights: set[SSAValue]) -> list[list[Gemm]]:
+    """Linears of `entry` grouped by (kind, input, weight dtype, in-features, has bias, result
+    dtype, block size), in program order, each with weights (and scales) from `weights`; groups of
+    one, and block-scaled groups whose scales would not concatenate, are dropped."""
+    groups: dict[tuple, list[Gemm]] = {}
     for op in entry.ops:
-        if not isinstance(op, ad.LinearOp) or op.weight not in weights:
+        if not isinstance(op, Gemm) or op.weight not in weights:
             continue
         if op.bias is not None and op.bias not in weights:
             continue
+        blocks = None
+        if isinstance(op, ad.LinearFp8BlockOp):
+            if op.weight_scale_inv not in weights:
+                continue
+            blocks = op.blocks()
         w = op.weight.type
-        key = (op.input, w.element_type, w.get_shape()[1], op.bias is not None, op.result.type.element_type)
+        key = (type(op), op.input, w.element_type, w.get_shape()[1], op.bias is not None,
+               op.result.type.element_type, blocks)
         groups.setdefault(key, []).append(op)
-    return [g for g in groups.values() if len(g) > 1]
+    return [g for g in groups.values() if len(g) > 1 and _fills_blocks(g)]
 
 
 def _cat(values: Sequence[SSAValue]) -> ad.CatOp:
@@ -65,7 +90,7 @@ def _narrow(value: SSAValue, start: int, end: int, result_type: TensorType) -> a
     )
 
 
-def fuse_group(group: list[ad.LinearOp]) -> None:
+def fuse_group(group: list[Gemm]) -> None:
     """Rewrite the linears of `group` into one, placed where the first one was."""
     first = group[0]
     new_ops: list[Operation] = [weight := _cat([op.weight for op in group])]
@@ -73,16 +98,20 @@ def fuse_group(group: list[ad.LinearOp]) -> None:
     if first.bias is not None:
         new_ops.append(bias := _cat([op.bias for op in group]))
     out_shape = [*first.result.type.get_shape()[:-1], weight.result.type.get_shape()[0]]
-    fused = ad.LinearOp.build(
-        operands=[first.input, weight.result, [bias.result] if bias else []],
-        result_types=[TensorType(first.result.type.element_type, out_shape)],
-    )
+    result_type = TensorType(first.result.type.element_type, out_shape)
+    if isinstance(first, ad.LinearFp8BlockOp):
+        new_ops.insert(1, scales := _cat([op.weight_scale_inv for op in group]))
+        fused: Operation = ad.LinearFp8BlockOp(first.input, weight.result, scales.result,
+                                               bias.result if bias else None, first.blocks(), result_type)
+    else:
+        fused = ad.LinearOp.build(operands=[first.input, weight.result, [bias.result] if bias else []],
+                                  result_types=[result_type])
     new_ops.append(fused)
     start = 0
     narrows = []
     for op in group:
         width = op.weight.type.get_shape()[0]
-        narrows.append(_narrow(fused.result, start, start + width, op.result.type))
+        narrows.append(_narrow(fused.results[0], start, start + width, op.result.type))
         start += width
     for new in (*new_ops, *narrows):
         new.location = first.location

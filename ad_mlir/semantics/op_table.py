@@ -457,6 +457,7 @@ SPECS: tuple[OpSpec, ...] = (
     OpSpec(ad.WaitTensorOp, (Overload("_c10d_functional.wait_tensor.default", {"tensor": "input"}),)),
     OpSpec(ad.DequantizeFp8Op, (Overload(f"{torch_ops.NAMESPACE}.dequantize_fp8.default"),), derived_dtype="dtype"),
     OpSpec(ad.LinearFp8Op, (Overload(f"{torch_ops.NAMESPACE}.linear_fp8.default"),), derived_dtype="dtype"),
+    OpSpec(ad.LinearFp8BlockOp, (Overload(f"{torch_ops.NAMESPACE}.linear_fp8_block.default"),)),
     OpSpec(
         ad.ArangeOp,
         (

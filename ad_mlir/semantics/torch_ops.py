@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ad_mlir.dialects import ad
+from ad_mlir.zoo import fp8_blocks
 
 NAMESPACE = "ad_mlir"
 
@@ -298,6 +299,22 @@ def linear_fp8(
 def _(input: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor, weight_scale: torch.Tensor,
       bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_fp8_block", mutates_args=())
+def linear_fp8_block(input: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                     bias: torch.Tensor | None, block_size: list[int]) -> torch.Tensor:
+    """`ad.linear_fp8_block`: the fine-grained FP8 format's arithmetic (`zoo/fp8_blocks.py`'s
+    `block_linear`: the activation quantized per token per group of bk elements, each K
+    block's fp8 x fp8 product times both scales, added in fp32; transformers' finegrained-fp8
+    kernel's semantics), which a loaded checkpoint's `Fp8BlockLinear` also runs eagerly."""
+    return fp8_blocks.block_linear(input, weight, weight_scale_inv, bias, block_size)
+
+
+@linear_fp8_block.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
+      block_size: list[int]) -> torch.Tensor:
+    return input.new_empty((*input.shape[:-1], weight.shape[0]))
 
 
 def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -1172,7 +1189,7 @@ replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`,
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
+                 "linear_fp8", "linear_fp8_block", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
                  "cached_token_window",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",

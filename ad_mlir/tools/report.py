@@ -64,7 +64,8 @@ VIEW_OPS = (
     ad.SplitOp, ad.AliasOp,
 )
 GEMM_AND_ATTENTION = (
-    ad.LinearOp, ad.LinearFp8Op, ad.MmOp, ad.BmmOp, ad.MatmulOp, ad.AddmmOp, ad.AttentionOp, ad.RopeAttentionOp,
+    ad.LinearOp, ad.LinearFp8Op, ad.LinearFp8BlockOp, ad.MmOp, ad.BmmOp, ad.MatmulOp, ad.AddmmOp, ad.AttentionOp,
+    ad.RopeAttentionOp,
 )
 NO_KERNEL = (*VIEW_OPS, ad.ConstantOp, ad.SymSizeOp)
 _LAYER = re.compile(r"\b(?:layers|blocks|layer|h)\.(\d+)\b")

@@ -84,8 +84,10 @@ def built_from_config(name_or_path: str) -> bool:
 
 def load_checkpoint(path: Path) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase | None]:
     """(model in fp32, eval mode; tokenizer or None) from a directory with config.json (and
-    safetensors weights) or a .gguf file, through `AutoModelForCausalLM`; a .gguf file is
-    dequantized once and kept as a directory (`converted_entry`, `store_converted`)."""
+    safetensors weights) or a .gguf file, through `AutoModelForCausalLM` (a fine-grained FP8
+    checkpoint through `zoo/quantized.py`, its quantized linears' fp8 weights and fp32 scales
+    kept); a .gguf file is dequantized once and kept as a directory (`converted_entry`,
+    `store_converted`)."""
     import torch
     import transformers
 
@@ -103,11 +105,36 @@ def load_checkpoint(path: Path) -> tuple[torch.nn.Module, transformers.PreTraine
     converted = converted_entry(path) if gguf else None
     if converted is not None and (converted / "config.json").is_file():
         directory, gguf = converted, {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **gguf)
+    if gguf:
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **gguf)
+    else:
+        model = _load_directory(directory)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **gguf) if has_tokenizer else None
     if converted is not None and gguf:
         store_converted(converted, model, tokenizer)
     return model.eval(), tokenizer
+
+
+def _load_directory(directory: Path) -> torch.nn.Module:
+    """A checkpoint directory's model in fp32: through `AutoModelForCausalLM`, or, for a
+    quantized checkpoint (`quantization_config` in config.json), by `zoo/quantized.py`, which
+    keeps the quantized weights as they are on disk (fine-grained FP8 only; any other
+    quantization is refused, naming the field)."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(directory)
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is None:
+        return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    from ad_mlir.zoo import quantized
+
+    fields = quantization if isinstance(quantization, dict) else quantization.to_dict()
+    try:
+        block_size = quantized.fp8_block_size(fields)
+    except ValueError as e:
+        raise ValueError(f"'{directory}': {e}") from None
+    return quantized.load_fp8_block_checkpoint(directory, config, block_size)
 
 
 CONVERTED_CACHE_VARIABLE = "AD_MLIR_CHECKPOINT_CACHE"

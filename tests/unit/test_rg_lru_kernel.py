@@ -2,7 +2,8 @@
 a chunked prefill and decode steps with the state written in place, against HF's own
 whole-sequence `RecurrentGemmaRglru._rnn_scan` (transformers' RecurrentGemma): in the Triton
 interpreter on CPU (conftest sets TRITON_INTERPRET=1 where CUDA is absent) or on the GPU; and its
-PTX for sm_90 at recurrent-gemma-2b's width (2560), compiled without a GPU: no spills.
+PTX for sm_90 at recurrent-gemma-2b's width (2560), compiled without a GPU: no spills. The paged
+form (`query_starts`) is one launch over a step's flattened sequences (`state_rows.SEQUENCE`).
 
 Two sequences in slots 2 and 0 of 3 whose states start as random values (a stale sequence's),
 so a row starting at 0 that read its state would be seen."""
@@ -15,11 +16,11 @@ from types import ModuleType
 
 import pytest
 import torch
+from ragged_steps import POOL_SLOTS, STEPS
 from template_modules import template_builder
 from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
 
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.codegen.templates.by_sequence import by_sequence_source
 from ad_mlir.codegen.templates.rg_lru_kernel import emit_rg_lru_module
 from ad_mlir.semantics import torch_ops
 
@@ -69,7 +70,7 @@ def test_rg_lru_in_pieces_equals_hf_whole_sequence(build, run_kernel: bool, dtyp
                                                    width: int) -> None:
     x, a, expected, final = _inputs(dtype, width)
     state = torch.randn(3, width, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    module = build((dtype,)) if run_kernel else None
+    module = build((dtype, False)) if run_kernel else None
     done = [0, 0]
     for piece in PIECES:
         cx, ca = (torch.stack([v[r, done[r]:e] for r, e in piece]) for v in (x, a))
@@ -88,14 +89,13 @@ def test_rg_lru_in_pieces_equals_hf_whole_sequence(build, run_kernel: bool, dtyp
 
 
 @pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
-def test_rg_lru_over_flattened_sequences_equals_hf_whole_sequence(tmp_path: Path, run_kernel: bool) -> None:
-    """The paged form (`query_starts`): the slot kernel launched once per sequence
-    (`codegen/templates/by_sequence.py`) or the reference, against HF's whole sequences."""
+def test_rg_lru_over_flattened_sequences_equals_hf_whole_sequence(build, run_kernel: bool) -> None:  # noqa: ANN001
+    """The paged form (`query_starts`): the varlen kernel (one launch over both sequences) or the
+    reference, against HF's whole sequences."""
     width = 64
     x, a, expected, final = _inputs(torch.float32, width)
     state = torch.randn(3, width, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    module = template_builder(tmp_path, "flat_rg_lru", lambda spec, name, header: by_sequence_source(
-        emit_rg_lru_module(torch.float32, name, header), [0, 1], 1))(())
+    module = build((torch.float32, True))
     done = [0, 0]
     for piece in FLAT_PIECES:
         lengths = [e - done[r] for r, e in piece]
@@ -117,7 +117,7 @@ def test_rg_lru_over_flattened_sequences_equals_hf_whole_sequence(tmp_path: Path
 def test_rg_lru_ptx_for_sm90_at_recurrent_gemma_2b_width_has_no_spills(build) -> None:  # noqa: ANN001
     """recurrent-gemma-2b's RG-LRU (lru_width 2560) in bf16: a 1024-token prefill of 1 row and a
     decode step of 8, compiled for sm_90."""
-    module = build((torch.bfloat16,))
+    module = build((torch.bfloat16, False))
     width = 2560
     launches = []
     for batch, seq in ((1, 1024), (8, 1)):
@@ -129,5 +129,44 @@ def test_rg_lru_ptx_for_sm90_at_recurrent_gemma_2b_width_has_no_spills(build) ->
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
     assert [s.grid for s in specs] == [(1, width // 256), (8, width // 256)]
+    for report in compile_all(specs):
+        assert report.spills == 0, report
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_varlen_rg_lru_equals_the_reference_on_a_ragged_step(build, step: str) -> None:  # noqa: ANN001
+    """One flattened step (`ragged_steps.STEPS`) in one launch of the paged form's kernel (300
+    channels over two blocks), against the op's reference on the same inputs and the same stale
+    pool, within `TOLERANCE` (the same recurrence in fp32): outputs and every slot."""
+    lengths, width = STEPS[step].lengths, 300
+    g = torch.Generator().manual_seed(len(lengths))
+    x, a = torch.randn(1, sum(lengths), width, generator=g).to(DEVICE), torch.rand(1, sum(lengths), width, generator=g)
+    pool = torch.randn(POOL_SLOTS, width, generator=g).to(DEVICE)
+    meta = STEPS[step].metadata(DEVICE)
+    module = build((torch.float32, True))
+    state, expected_state = pool.clone(), pool.clone()
+    out = module.launch(getattr(module, module.kernel_name), [x, a.to(DEVICE), state, *meta], [])[0]
+    expected = torch_ops.cached_rg_lru(x, a.to(DEVICE), expected_state, *meta)
+    _assert_close(out, expected, torch.float32, step)
+    _assert_close(state, expected_state, torch.float32, step)
+    assert not torch.equal(state, pool), "the step wrote its sequences' slots"
+
+
+def test_varlen_rg_lru_ptx_for_sm90_at_recurrent_gemma_2b_width_has_no_spills(build) -> None:  # noqa: ANN001
+    """The paged form's kernel at recurrent-gemma-2b's width (2560, bf16), recorded on meta
+    tensors: a step of 1024 tokens over 25 sequences and a decode step of 8."""
+    module = build((torch.bfloat16, True))
+    width = 2560
+    launches = []
+    for seqs, tokens in ((25, 1024), (8, 8)):
+        tensors = [torch.empty(1, tokens, width, dtype=torch.bfloat16, device="meta"),
+                   torch.empty(1, tokens, width, dtype=torch.float32, device="meta"),
+                   torch.empty(16, width, dtype=torch.float32, device="meta"),
+                   *[torch.empty(seqs, dtype=torch.int64, device="meta")] * 2,
+                   torch.empty(seqs + 1, dtype=torch.int64, device="meta")]
+        launches += record_launches(module, tensors, [])
+    fn = getattr(module, module.kernel_name)
+    specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
+    assert [s.grid for s in specs] == [(25, width // 256), (8, width // 256)]
     for report in compile_all(specs):
         assert report.spills == 0, report

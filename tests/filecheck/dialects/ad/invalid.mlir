@@ -275,6 +275,38 @@ func.func @linear_fp8_operands(%x: tensor<2x64xbf16>, %w: tensor<8x64xf8E4M3FN>,
 
 // -----
 
+func.func @linear_fp8_block_size(%x: tensor<2x64xbf16>, %w: tensor<8x64xf8E4M3FN>, %s: tensor<1x1xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear_fp8_block' block_size [96, 64] must be [bn, bk], powers of two >= 16
+  %0 = ad.linear_fp8_block %x, %w, %s block [96, 64] : (tensor<2x64xbf16>, tensor<8x64xf8E4M3FN>, tensor<1x1xf32>) -> tensor<2x8xbf16>
+  func.return
+}
+
+// -----
+
+func.func @linear_fp8_block_weight(%x: tensor<2x64xbf16>, %w: tensor<8x64xbf16>, %s: tensor<1x1xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear_fp8_block' weight must be a static 2-D f8E4M3FN tensor, got tensor<8x64xbf16>
+  %0 = ad.linear_fp8_block %x, %w, %s block [16, 64] : (tensor<2x64xbf16>, tensor<8x64xbf16>, tensor<1x1xf32>) -> tensor<2x8xbf16>
+  func.return
+}
+
+// -----
+
+func.func @linear_fp8_block_scales(%x: tensor<2x64xbf16>, %w: tensor<40x64xf8E4M3FN>, %s: tensor<2x2xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear_fp8_block' weight_scale_inv must be f32 3x2 for weight 40x64 in blocks [16, 32]
+  %0 = ad.linear_fp8_block %x, %w, %s block [16, 32] : (tensor<2x64xbf16>, tensor<40x64xf8E4M3FN>, tensor<2x2xf32>) -> tensor<2x40xbf16>
+  func.return
+}
+
+// -----
+
+func.func @linear_fp8_block_result(%x: tensor<2x64xbf16>, %w: tensor<8x64xf8E4M3FN>, %s: tensor<1x1xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear_fp8_block' input must be f32, f16 or bf16, and the result of its type
+  %0 = ad.linear_fp8_block %x, %w, %s block [16, 64] : (tensor<2x64xbf16>, tensor<8x64xf8E4M3FN>, tensor<1x1xf32>) -> tensor<2x8xf32>
+  func.return
+}
+
+// -----
+
 func.func @cached_attention_cache_heads(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x4x64xbf16>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' caches must be [slots, max_seq, 2, 64] (key) and [slots, max_seq, 2, 64] (value) of the same slots and max_seq
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x4x64xbf16>, tensor<8x512x4x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>

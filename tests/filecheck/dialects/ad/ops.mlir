@@ -245,6 +245,17 @@ func.func @fp8_ops(%x: tensor<4x?x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<f
   func.return
 }
 
+func.func @linear_fp8_block(%x: tensor<4x?x256xbf16>, %w: tensor<192x256xf8E4M3FN>, %ws: tensor<2x2xf32>, %b: tensor<192xbf16>, %wr: tensor<40x50xf8E4M3FN>, %wrs: tensor<3x2xf32>, %xr: tensor<?x50xf32>) {
+  // CHECK-LABEL: func.func @linear_fp8_block
+  %0 = ad.linear_fp8_block %x, %w, %ws block [128, 128] : (tensor<4x?x256xbf16>, tensor<192x256xf8E4M3FN>, tensor<2x2xf32>) -> tensor<4x?x192xbf16>
+  // CHECK-NEXT: ad.linear_fp8_block %x, %w, %ws block [128, 128] : (tensor<4x?x256xbf16>, tensor<192x256xf8E4M3FN>, tensor<2x2xf32>) -> tensor<4x?x192xbf16>
+  %1 = ad.linear_fp8_block %x, %w, %ws bias %b block [128, 128] : (tensor<4x?x256xbf16>, tensor<192x256xf8E4M3FN>, tensor<2x2xf32>, tensor<192xbf16>) -> tensor<4x?x192xbf16>
+  // CHECK-NEXT: ad.linear_fp8_block %x, %w, %ws bias %b block [128, 128] : (tensor<4x?x256xbf16>, tensor<192x256xf8E4M3FN>, tensor<2x2xf32>, tensor<192xbf16>) -> tensor<4x?x192xbf16>
+  %2 = ad.linear_fp8_block %xr, %wr, %wrs block [16, 32] : (tensor<?x50xf32>, tensor<40x50xf8E4M3FN>, tensor<3x2xf32>) -> tensor<?x40xf32>
+  // CHECK-NEXT: ad.linear_fp8_block %xr, %wr, %wrs block [16, 32] : (tensor<?x50xf32>, tensor<40x50xf8E4M3FN>, tensor<3x2xf32>) -> tensor<?x40xf32>
+  func.return
+}
+
 func.func @paged_attention(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x8xi64>, %w4: tensor<4xbf16>, %db: tensor<1x4x?x6xbf16>) {
   // CHECK-LABEL: func.func @paged_attention
   %0 = ad.paged_attention %q, %k, %k rope %cos, %cos pages %kp, %kp query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>

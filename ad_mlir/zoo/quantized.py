@@ -1,0 +1,268 @@
+"""Fine-grained (block-scaled) FP8 checkpoints, as Qwen3-*-FP8 and DeepSeek-V3/R1 ship them:
+a writer that makes one from a small model, and the loader `checkpoints.load_checkpoint` calls.
+
+The format (transformers' `FineGrainedFP8Config`, `integrations/finegrained_fp8.py`):
+config.json holds `quantization_config = {"quant_method": "fp8", "fmt": "e4m3",
+"activation_scheme": "dynamic", "weight_block_size": [bn, bk]}`; in the safetensors each
+quantized linear has `<name>.weight` in float8_e4m3fn [N, K] and `<name>.weight_scale_inv` in
+float32 [ceil(N / bn), ceil(K / bk)], the weight being `fp8 * scale_inv` broadcast over its
+block; the LM head, the embeddings and the norms keep the model's dtype. At run time the
+activations are quantized per token per group of bk elements (scale `amax / 448`) and the GEMM
+adds each K block's fp8 x fp8 product times the activation's and the weight's scales.
+
+Loaded here, a quantized linear is an `Fp8BlockLinear`: transformers' own `FP8Linear` (its
+parameter names and attributes), whose forward computes the format in torch on any device
+(`fp8_blocks.py`; transformers' calls a Hub kernel) and whose fp8 weight and fp32 scales
+follow the module to a device but never to a dtype (`model.to(torch.float32)` casts the rest of
+the model; fp8 bytes cast to fp32 would be a dequantized model no longer quantized, scales cast
+to bf16 would lose bits). transformers' own loader cannot keep them on a CPU: without a GPU its
+quantizer dequantizes to the model's dtype (that dequantized model is the tests' reference).
+Imports nothing of the compiler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+import transformers
+from transformers.integrations.finegrained_fp8 import FP8Linear
+
+from ad_mlir.zoo.fp8_blocks import block_linear, quantize_blocks
+
+QUANT_METHOD = "fp8"
+FORMATS = ("e4m3",)
+ACTIVATION_SCHEMES = ("dynamic",)
+MIN_BLOCK = 16
+"""The smallest block side: a block feeds one tl.dot (depth >= 16), and sides are powers of two."""
+SCALE_SUFFIX = ".weight_scale_inv"
+
+
+def _block_side(value: Any) -> bool:
+    return type(value) is int and value >= MIN_BLOCK and value & (value - 1) == 0
+
+
+def fp8_block_size(quantization_config: dict[str, Any]) -> tuple[int, int]:
+    """The (bn, bk) of a config.json's `quantization_config` that is fine-grained FP8 as we
+    load it; a ValueError naming the field and its value for anything else (another
+    `quant_method`, another `fmt`, a static activation scheme, a block that is not two powers of
+    two >= 16, per-tensor scales or scales stored as ue8m0)."""
+    def refuse(field: str, why: str) -> ValueError:
+        value = quantization_config.get(field)
+        return ValueError(f"quantization_config.{field} = {json.dumps(value)}: {why}")
+
+    method = quantization_config.get("quant_method")
+    if method != QUANT_METHOD:
+        raise refuse("quant_method", f"not supported; ad-mlir loads \"{QUANT_METHOD}\" (fine-grained FP8 with "
+                                     "weight_block_size) only")
+    if quantization_config.get("fmt", "e4m3") not in FORMATS:
+        raise refuse("fmt", f"not supported; fine-grained FP8 is loaded in {', '.join(FORMATS)}")
+    if quantization_config.get("activation_scheme", "dynamic") not in ACTIVATION_SCHEMES:
+        raise refuse("activation_scheme", "not supported; the activations are quantized dynamically (\"dynamic\")")
+    if quantization_config.get("scale_fmt", "float") != "float":
+        raise refuse("scale_fmt", "not supported; the block scales are loaded as float32 (\"float\")")
+    block = quantization_config.get("weight_block_size")
+    if not isinstance(block, list | tuple) or len(block) != 2 or not all(_block_side(b) for b in block):
+        raise refuse("weight_block_size", f"must be [bn, bk], two powers of two >= {MIN_BLOCK} (per-tensor FP8, "
+                                          "null, is not supported)")
+    return int(block[0]), int(block[1])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """`t` viewed as the integer dtype of its width: a dtype cast (`Module.to(dtype)`) leaves it."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+class Fp8BlockLinear(FP8Linear):
+    """transformers' `FP8Linear` with block scales (`block_size` [bn, bk], dynamic activations),
+    whose `weight` (float8_e4m3fn) and `weight_scale_inv` (float32) keep their dtypes when the
+    module is cast: `Module.to`, `.float()`, `.bfloat16()` move them to a device only; the bias
+    follows the cast as any parameter does. Its forward is the format's arithmetic in torch."""
+
+    QUANTIZED = ("weight", "weight_scale_inv")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """The format's arithmetic in torch (`fp8_blocks.block_linear`), on any device:
+        transformers' forward calls a kernel from the Hub, which needs a GPU and the network. The
+        export routes this method through `ad.linear_fp8_block`'s op (`frontends/export_patches.py`)."""
+        return block_linear(input, self.weight, self.weight_scale_inv, self.bias, self.block_size)
+
+    def __init__(self, in_features: int, out_features: int, block_size: tuple[int, int], bias: bool) -> None:
+        super().__init__(in_features, out_features, block_size=block_size, activation_scheme="dynamic",
+                         has_bias=bias)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8BlockLinear:
+        held = {name: self._parameters.pop(name) for name in self.QUANTIZED}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name, param in held.items():
+                moved = fn(_bits(param.detach())).view(param.dtype)
+                self._parameters[name] = torch.nn.Parameter(moved, requires_grad=False)
+        return self
+
+
+def _linear_names(model: torch.nn.Module, skip: Sequence[str]) -> list[str]:
+    """The linears a writer quantizes: every `nn.Linear` but the output embeddings (transformers
+    keeps the LM head unquantized) and those named in `skip` (a name or a prefix of one)."""
+    head = model.get_output_embeddings()
+    return [name for name, module in model.named_modules()
+            if type(module) is torch.nn.Linear and module is not head
+            and not any(name == s or name.startswith(s + ".") for s in skip)]
+
+
+def write_fp8_block_checkpoint(model: transformers.PreTrainedModel, directory: str | Path,
+                               block_size: Sequence[int] = (128, 128),
+                               modules_to_not_convert: Sequence[str] = ()) -> Path:
+    """Write `model` to `directory` as a fine-grained FP8 checkpoint (see the module docstring):
+    config.json with its `quantization_config`, generation_config.json, model.safetensors with
+    each quantized linear's fp8 `weight` and float32 `weight_scale_inv`, every other tensor in
+    the model's dtype (tied weights once, as `save_pretrained` writes them). `block_size` is
+    [bn, bk] (real checkpoints: [128, 128]); `modules_to_not_convert` is written to the config
+    when given, as transformers reads it."""
+    bn, bk = block_size
+    config = {"quant_method": QUANT_METHOD, "fmt": "e4m3", "activation_scheme": "dynamic",
+              "weight_block_size": [bn, bk]}
+    if modules_to_not_convert:
+        config["modules_to_not_convert"] = list(modules_to_not_convert)
+    fp8_block_size(config)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is model.get_input_embeddings().weight:
+        del tensors[f"{_module_name(model, head)}.weight"]
+    for name in _linear_names(model, modules_to_not_convert):
+        fp8, scale_inv = quantize_blocks(tensors[f"{name}.weight"], (bn, bk))
+        tensors[f"{name}.weight"], tensors[f"{name}{SCALE_SUFFIX}"] = fp8, scale_inv
+    hf_config = model.config.to_dict()
+    hf_config["quantization_config"] = config
+    hf_config.pop("_name_or_path", None)
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    model.generation_config.save_pretrained(directory)
+    safetensors.torch.save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+def _module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    return next(n for n, m in model.named_modules() if m is module)
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({directory / f for f in json.loads(index.read_text())["weight_map"].values()})
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"'{directory}': a fine-grained FP8 checkpoint without .safetensors weights")
+    return files
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Within it, every parameter a module registers lives on the meta device (no memory, no
+    initialization) while buffers are made as usual (RoPE's inv_freq is computed, not loaded):
+    accelerate's `init_empty_weights(include_buffers=False)`, without the dependency."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def load_fp8_block_checkpoint(directory: Path, config: transformers.PretrainedConfig,
+                              block_size: tuple[int, int]) -> transformers.PreTrainedModel:
+    """The model of `config` (its quantization_config dropped: no transformers quantizer runs)
+    with the checkpoint's tensors: each linear that has a `weight_scale_inv` becomes an
+    `Fp8BlockLinear` keeping the fp8 bytes and the scales, every other tensor loads as it is
+    (cast by the caller). Parameters are created on the meta device and assigned from the file
+    (buffers such as RoPE's are computed as usual); a tensor the model lacks, a parameter the
+    file lacks (other than tied ones), a scale on what is no `nn.Linear` or a quantized weight
+    of the wrong dtype or shape is a ValueError naming it."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in _safetensors_files(directory):
+        tensors.update(safetensors.torch.load_file(str(file)))
+    plain = copy.deepcopy(config)
+    del plain.quantization_config
+    with _parameters_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
+    for key in sorted(k for k in tensors if k.endswith(SCALE_SUFFIX)):
+        name = key.removesuffix(SCALE_SUFFIX)
+        module = model.get_submodule(name) if _has_submodule(model, name) else None
+        if type(module) is not torch.nn.Linear:
+            raise ValueError(f"'{directory}': {key} scales {name}, which is not a linear layer of "
+                             f"{type(model).__name__}")
+        _check_quantized(directory, name, module, tensors, block_size)
+        with _parameters_on_meta():
+            replacement = Fp8BlockLinear(module.in_features, module.out_features, block_size, module.bias is not None)
+        model.set_submodule(name, replacement)
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    if unexpected:
+        raise ValueError(f"'{directory}': tensors {', '.join(sorted(unexpected)[:5])} are not parameters of "
+                         f"{type(model).__name__}")
+    model.tie_weights()
+    unloaded = [n for n, p in model.named_parameters() if p.is_meta]
+    if unloaded:
+        raise ValueError(f"'{directory}': the checkpoint lacks {', '.join(unloaded[:5])}")
+    return model.eval()
+
+
+def _has_submodule(model: torch.nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _check_quantized(directory: Path, name: str, module: torch.nn.Linear, tensors: dict[str, torch.Tensor],
+                     block_size: tuple[int, int]) -> None:
+    weight, scale = tensors.get(f"{name}.weight"), tensors[f"{name}{SCALE_SUFFIX}"]
+    expected = (math.ceil(module.out_features / block_size[0]), math.ceil(module.in_features / block_size[1]))
+    if weight is None or weight.dtype != torch.float8_e4m3fn or tuple(weight.shape) != (module.out_features,
+                                                                                          module.in_features):
+        got = "missing" if weight is None else f"{weight.dtype} {list(weight.shape)}"
+        raise ValueError(f"'{directory}': {name}.weight is {got}, expected float8_e4m3fn "
+                         f"[{module.out_features}, {module.in_features}] beside its weight_scale_inv")
+    if scale.dtype != torch.float32 or tuple(scale.shape) != expected:
+        raise ValueError(f"'{directory}': {name}{SCALE_SUFFIX} is {scale.dtype} {list(scale.shape)}, expected "
+                         f"float32 {list(expected)} for weight_block_size {list(block_size)}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m ad_mlir.zoo.quantized MODEL DIRECTORY [--block-size BN BK] [--layers N]
+    [--dtype D]`: a built-in tiny family or a transformers model type (random weights, as
+    `--model` builds them) written to DIRECTORY as a fine-grained FP8 checkpoint."""
+    import argparse
+
+    from ad_mlir.zoo.checkpoints import named_model
+    from ad_mlir.zoo.tiny import DTYPES
+
+    parser = argparse.ArgumentParser(prog="python -m ad_mlir.zoo.quantized", description=main.__doc__)
+    parser.add_argument("model", help="a built-in tiny family (llama, qwen2, ...) or a transformers model type")
+    parser.add_argument("directory")
+    parser.add_argument("--block-size", type=int, nargs=2, default=(128, 128), metavar=("BN", "BK"))
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                        help="of the tensors left unquantized (default: bfloat16, as released checkpoints)")
+    args = parser.parse_args(argv)
+    model = named_model(args.model, args.dtype, args.layers)
+    print(write_fp8_block_checkpoint(model, args.directory, args.block_size))
+
+
+if __name__ == "__main__":
+    main()
