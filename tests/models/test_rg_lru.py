@@ -127,8 +127,8 @@ def test_the_paged_form_keeps_the_state_in_state_slots(model: torch.nn.Module, p
     """`test_paged._run_schedule`'s flattened steps (chunks beside decodes, state slots not in the
     sequences' order), every logit asked for against HF's full-prefix forward within 1e-5 per unit
     of the largest logit, the tokens fed back HF's greedy ones. On the kernels' reference: the
-    kernel over flattened sequences is checked against HF's whole sequences in
-    tests/unit/test_rg_lru_kernel.py (these steps in the interpreter cost ~14 s)."""
+    varlen kernel is checked against HF's whole sequences and on ragged steps in
+    tests/unit/test_rg_lru_kernel.py (these steps in the interpreter cost ~12 s)."""
     assert paged.num_state_slots == SLOTS and paged.caches["rg_lru_state_0"].shape == (SLOTS, 64)
     lru = [op for op in paged.program.function.body.walk() if isinstance(op, ad.CachedRgLruOp)]
     assert len(lru) == 1 and lru[0].query_starts is not None
