@@ -106,7 +106,8 @@ TESTS: dict[str, Tests] = {
                                                        ("tests/unit/test_verify.py", "-k", "cached")),
     "ad_mlir/passes/cache/__init__.py": Tests(_lit("insert-cached-attention")),
     "ad_mlir/passes/cache/interface.py": Tests(_lit(*_CACHED)),
-    "ad_mlir/passes/cache/table.py": Tests(_lit(*_CACHED, "insert-cached-attention-selective-scan")),
+    "ad_mlir/passes/cache/table.py": Tests(_lit(*_CACHED, "insert-cached-attention-selective-scan",
+                                                "insert-cached-attention-rg-lru")),
     "ad_mlir/passes/cache/attention.py": Tests(_lit(*_CACHED), ("tests/unit/test_verify.py", "-k", "cached")),
     "ad_mlir/passes/cache/attention_forms.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-errors"),
                                                      ("tests/models/test_attention_forms.py", "-k",
@@ -123,6 +124,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/cache/causal_conv.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-paged")),
     "ad_mlir/passes/cache/ssm_scan.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-paged-errors")),
     "ad_mlir/passes/cache/selective_scan.py": Tests(_lit("insert-cached-attention-selective-scan")),
+    "ad_mlir/passes/cache/rg_lru.py": Tests(_lit("insert-cached-attention-rg-lru"),
+                                            ("tests/models/test_rg_lru.py", "-k", "cached_per_slot")),
     "ad_mlir/passes/cache/gated_delta_rule.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-paged")),
     "ad_mlir/passes/cache/token_window.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-errors",
                                                        "insert-cached-attention-compressed",
@@ -198,8 +201,6 @@ TESTS: dict[str, Tests] = {
         (), ("tests/unit/test_attention_kernel.py", "-k", "not ptx and not sliding_window_matches and not any_head_dim "
              "and not rope_causal_gqa and not qk_norm and not random_mask")),
     "ad_mlir/codegen/templates/blocks.py": Tests((_TRITON,), _NUMERIC),
-    "ad_mlir/codegen/templates/by_sequence.py": Tests(
-        (), ("tests/unit/test_causal_conv_kernel.py", "tests/unit/test_recurrent_state_kernels.py", "-k", "flattened")),
     "ad_mlir/codegen/templates/cached_attention_kernel.py": Tests(
         (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
              "split_boundaries and not any_head_dim")),
@@ -222,11 +223,15 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/templates/region_kernel.py": Tests((_TRITON,), (*_NUMERIC, *_REGIONS)),
     "ad_mlir/codegen/templates/rope_kernel.py": Tests(
         _lit("optimize-rope"), ("tests/unit/test_llm_ops.py", "-k", "rope")),
+    "ad_mlir/codegen/templates/rg_lru_kernel.py": Tests((), ("tests/unit/test_rg_lru_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/selective_scan_kernel.py": Tests(
         (), ("tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/skeleton.py": Tests((_TRITON,), _NUMERIC),
     "ad_mlir/codegen/templates/ssm_scan_kernel.py": Tests(
         (), ("tests/unit/test_recurrent_state_kernels.py", "-k", "ssm and not ptx")),
+    "ad_mlir/codegen/templates/state_rows.py": Tests(
+        (), ("tests/unit/test_causal_conv_kernel.py", "tests/unit/test_recurrent_state_kernels.py",
+             "tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/writer.py": Tests((_TRITON,), _NUMERIC),
     # runtime: the compiled graph's export, the kernels' registration, the kernel check
     "ad_mlir/runtime/__init__.py": Tests((), ("tests/unit/test_kernel_ops.py",)),

@@ -238,8 +238,9 @@ def _resource_usage(cubin: bytes, name: str) -> dict[str, int]:
 
 def _block(spec: Specialization, *names: str) -> int:
     """The first of the block constexprs `names` the kernel has (region kernels tile rows x
-    columns with BLOCK_R x BLOCK_C, attention tiles queries x keys with BLOCK_M x BLOCK_N)."""
-    return next(spec.constexprs[n] for n in names if n in spec.constexprs)
+    columns with BLOCK_R x BLOCK_C, attention tiles queries x keys with BLOCK_M x BLOCK_N); 1 for a
+    kernel that tiles one dim only (the RG-LRU's channels, BLOCK_C)."""
+    return next((spec.constexprs[n] for n in names if n in spec.constexprs), 1)
 
 
 def compile_specialization(spec: Specialization, fn: JITFunction) -> PtxReport:

@@ -1546,6 +1546,7 @@ CACHE_ATTR = "ad.cache"
 """On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
 cache, "<layer> conv_state" for a convolution's state, "<layer> token_window" for a cached token
 window's, "<layer> ssm_state" / "<layer> recurrent_state" for a Mamba2 / gated-delta-rule state,
+"<layer> rg_lru_state" for an RG-LRU's state,
 "<layer> latent" for MLA's latent cache, the layer being the HF module path of the op it serves."""
 PER_TOKEN_ROLES = ("key", "value", "latent", "index_key", "compressed")
 """`ad.cache` roles of the caches that hold every token of a slot (in the paged form: the page
@@ -2089,6 +2090,45 @@ class CachedSelectiveScanOp(AdOp):
         _verify_state_metadata(self, self.name, (channels, a[1]), x[0])
         if _shape(self.result.type) != x:
             raise VerifyException("ad.cached_selective_scan result must be the input's shape")
+
+
+@irdl_op_definition
+class CachedRgLruOp(AdOp):
+    """RecurrentGemma's RG-LRU recurrence of each batch row's new tokens, continuing from the
+    row's state, the state written in place (HF's `RecurrentGemmaRglru._rnn_scan`, its loop and
+    its one-token step in one op; the gates before it stay ordinary ops).
+
+    `input` [batch, seq, width] is x and `a` [batch, seq, width] the recurrence's diagonal (HF's
+    gate, already 0 at position 0). Row b uses slot `slots[b]` of `state` [slots, width] (fp32):
+    the state after the tokens before the new ones when `starts[b]` > 0, zeros when it is 0 (a
+    new sequence). For each new token t, in order, in fp32: h = a_t h + x_t, y_t = h in x's dtype;
+    afterwards the slot holds h after the last token. Not pure: it writes the state.
+
+    With `query_starts` [seqs + 1] (the paged form), the batch is 1 and holds the new tokens of
+    `seqs` sequences, each run as a batch row of its own with `slots[s]` and `starts[s]`, as in
+    `ad.cached_causal_conv1d`."""
+
+    name = "ad.cached_rg_lru"
+    input = operand_def(AdTensor)
+    a = operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $a `state` $state `slots` $slots `starts` $starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` `(` type($input) `,` "
+        "type($a) `,` type($state) `,` type($slots) `,` type($starts) `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        x = _shape(self.input.type)
+        if len(x) != 3 or x[2] == DYNAMIC_INDEX or _shape(self.a.type) != x:
+            raise VerifyException("ad.cached_rg_lru input and a must be one [batch, seq, width] shape, width static")
+        _verify_state_metadata(self, self.name, (x[2],), x[0])
+        if self.result.type != self.input.type:
+            raise VerifyException("ad.cached_rg_lru result must be the input's type")
 
 
 @irdl_op_definition
@@ -2759,6 +2799,7 @@ Ad = Dialect(
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,
         CachedSelectiveScanOp,
+        CachedRgLruOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

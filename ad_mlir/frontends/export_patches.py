@@ -26,7 +26,9 @@ without the round trip. ZAYA's CCA projection slices seq - 1 tokens, which torch
 tell from one; it gets the same values from a slice of seq tokens. MiniMax's lightning attention
 loops over blocks of `min(block_size, seq)` tokens; it gets the same recurrence (a linear
 attention with a decay per head) as a Mamba2 scan through `torch_ops.mamba2_chunk_scan`, whose
-cached form generation uses. Three more fix the length only in the export for generation
+cached form generation uses. RecurrentGemma's RG-LRU loops over time steps in a method
+(`RecurrentGemmaRglru._rnn_scan`); without a state it gets the same recurrence through
+`torch_ops.rg_lru_scan`. Three more fix the length only in the export for generation
 (batch and length both dynamic, the length down to 1): Aria's MoE block views its flattened
 input back for its shared experts (they get the input itself), Inkling2's dynamic short
 convolution flips an unfolded view (it flips a contiguous copy), and DeepSeek-V4's CSA compressor
@@ -429,6 +431,19 @@ def _xlm_every_token_real(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _rg_lru_scan(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `RecurrentGemmaRglru._rnn_scan` without a state (with one, HF's): its gate
+    zeroed where a sequence restarts (HF's `recurrent_gate * ~reset`, ordinary ops), then the
+    recurrence through `torch_ops.rg_lru_scan`, no final state kept (HF's cache is off)."""
+    def scan(self: Any, hidden_states: torch.Tensor, recurrent_gate: torch.Tensor, reset: torch.Tensor,
+             recurrent_states: torch.Tensor | None, acc_dtype: torch.dtype = torch.float32) -> Any:
+        if recurrent_states is not None or acc_dtype != torch.float32:
+            return original(self, hidden_states, recurrent_gate, reset, recurrent_states, acc_dtype)
+        return torch.ops.ad_mlir.rg_lru_scan(hidden_states, recurrent_gate * ~reset), None
+
+    return scan
+
+
 def _fp8_block_linear(original: Callable[..., Any]) -> Callable[..., Any]:
     """transformers' `FP8Linear.forward` (and `zoo.quantized.Fp8BlockLinear`'s) with block scales
     and dynamic activations, through `torch_ops.linear_fp8_block` (what its finegrained-fp8
@@ -474,6 +489,8 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     "MiniMaxLightningAttention": ("forward", ("self", "hidden_states", "position_embeddings", "attention_mask",
                                               "cache", "kwargs"), _minimax_lightning_attention),
     "AriaTextMoELayer": ("forward", ("self", "hidden_states"), _always(_aria_text_moe)),
+    "RecurrentGemmaRglru": ("_rnn_scan", ("self", "hidden_states", "recurrent_gate", "reset", "recurrent_states",
+                                          "acc_dtype"), _rg_lru_scan),
     **{name: ("forward", DYNAMIC_CONVOLUTION, _inkling2_dynamic_short_convolution)
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
     **{name: ("forward", ("self", "input"), _fp8_block_linear) for name in ("FP8Linear", "Fp8BlockLinear")},
@@ -486,7 +503,8 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
-without a cache, Aria's MoE block, Inkling2's dynamic short convolution, DeepSeek-V4's CSA
+without a cache, Aria's MoE block, RecurrentGemma's RG-LRU scan without a state, Inkling2's dynamic
+short convolution, DeepSeek-V4's CSA
 compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF's own, their
 top-k padded), fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
 through the opaque `linear_fp8_block`, and compressed-tensors FP8's `Fp8ChannelLinear` through

@@ -77,41 +77,63 @@ class CudaGraphDecode:
 
 def pad_flat_decode(input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
                     cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor,
-                    bucket: int, scratch_page: int) -> tuple[torch.Tensor, ...]:
+                    bucket: int, scratch_page: int, state_slots: torch.Tensor | None = None,
+                    scratch_state_slot: int | None = None) -> tuple[torch.Tensor, ...]:
     """A decode-only step's `forward_flat` inputs (one new token per sequence, each one's logits
     wanted) padded to `bucket` sequences: each dummy sequence feeds token 0 at position 0 of a
     block table that is `scratch_page` throughout, a page no sequence holds, so it writes and reads
-    nothing of theirs; its logits come last."""
+    nothing of theirs; its logits come last. A model with per-sequence states gives `state_slots`
+    too, padded with `scratch_state_slot`, a state slot no sequence holds (last in the returned
+    inputs): the dummy sequences share it, and start at 0, so the state kernels use nothing of it
+    (their writes there race with one another only)."""
     pad, on = bucket - cache_starts.shape[0], {"dtype": torch.int64, "device": input_ids.device}
     zeros = torch.zeros(1, pad, **on)
-    return (torch.cat([input_ids, zeros], 1), torch.cat([position_ids, zeros], 1), torch.arange(bucket + 1, **on),
-            torch.cat([cache_starts, zeros[0]]),
-            torch.cat([block_tables, torch.full((pad, block_tables.shape[1]), scratch_page, **on)]),
-            torch.arange(bucket, **on))
+    padded = (torch.cat([input_ids, zeros], 1), torch.cat([position_ids, zeros], 1), torch.arange(bucket + 1, **on),
+              torch.cat([cache_starts, zeros[0]]),
+              torch.cat([block_tables, torch.full((pad, block_tables.shape[1]), scratch_page, **on)]),
+              torch.arange(bucket, **on))
+    if state_slots is None:
+        return padded
+    if scratch_state_slot is None:
+        raise ValueError("pad_flat_decode: state_slots given without a scratch_state_slot for the padding rows")
+    return (*padded, torch.cat([state_slots, torch.full((pad,), scratch_state_slot, **on)]))
 
 
 class CudaGraphFlatDecode:
     """The paged form's decode-only steps (every sequence one new token, each one's logits wanted)
     as one CUDA graph per bucket of sequences, as `CudaGraphDecode` does for the slots: a step is
-    padded to its bucket (`pad_flat_decode`, the dummy rows in `scratch_page`), copied into the
-    bucket's static inputs and replayed; other steps (prefill chunks, more sequences than the
-    largest bucket, another block-table width) run eagerly. The paged kernel's decode phase reads
-    sizes only from shapes (no host sync). On an H100 (`tests/gpu`) it replayed Llama's decode steps
-    and gave HF's tokens."""
+    padded to its bucket (`pad_flat_decode`, the dummy rows in `scratch_page`, and with
+    per-sequence states in `scratch_state_slot`), copied into the bucket's static inputs (with
+    states, `state_slots` among them) and replayed; other steps (prefill chunks, more sequences
+    than the largest bucket, another block-table width) run eagerly. The paged kernel's decode
+    phase reads sizes only from shapes, the state kernels read `query_starts`, slots and starts on
+    the device (no host sync). On an H100 (`tests/gpu`) it replayed Llama's decode steps and gave
+    HF's tokens; a hybrid's (with states) never ran on a GPU."""
 
-    def __init__(self, llm: LLM, buckets: Sequence[int], scratch_page: int) -> None:
+    def __init__(self, llm: LLM, buckets: Sequence[int], scratch_page: int,
+                 scratch_state_slot: int | None = None) -> None:
         self.buckets = tuple(sorted(buckets))
         self.scratch_page = scratch_page
+        self.scratch_state_slot = scratch_state_slot
+        """The state slot the padding rows use, for a model with per-sequence states (else None)."""
         self.width = -(-llm.max_seq_len // llm.page_size)
         """The block tables' width the graphs take (the engine's: `max_seq_len` in pages)."""
         pool = torch.cuda.graph_pool_handle()
         self.graphs = {b: self._capture(llm, b, pool) for b in reversed(self.buckets)}
 
-    def _capture(self, llm: LLM, bucket: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
+    def static_inputs(self, llm: LLM, bucket: int) -> list[torch.Tensor]:
+        """The buffers a bucket's graph reads, on the device: a step of no sequences padded to
+        `bucket` (what the capture runs; a replay's step is copied into them)."""
         empty = torch.zeros(0, dtype=torch.int64)
+        states = {} if self.scratch_state_slot is None else {"state_slots": empty,
+                                                              "scratch_state_slot": self.scratch_state_slot}
         padded = pad_flat_decode(empty[None], empty[None], torch.zeros(1, dtype=torch.int64), empty,
-                                 torch.zeros(0, self.width, dtype=torch.int64), empty, bucket, self.scratch_page)
-        static = [t.to(llm.device) for t in padded]
+                                 torch.zeros(0, self.width, dtype=torch.int64), empty, bucket, self.scratch_page,
+                                 **states)
+        return [t.to(llm.device) for t in padded]
+
+    def _capture(self, llm: LLM, bucket: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
+        static = self.static_inputs(llm, bucket)
         side = torch.cuda.Stream(llm.device)
         side.wait_stream(torch.cuda.current_stream(llm.device))
         with torch.cuda.stream(side):  # warm-up outside the capture: lazy initialisation, kernel compilation
@@ -131,12 +153,14 @@ class CudaGraphFlatDecode:
                 and torch.equal(logits_indices.cpu(), torch.arange(seqs))
                 and torch.equal(query_starts.cpu(), torch.arange(seqs + 1)))
 
-    def run(self, *flat: torch.Tensor) -> torch.Tensor:
-        """The logits [seqs, vocab] of a step `takes` holds (valid until the next replay)."""
+    def run(self, flat: Sequence[torch.Tensor], state_slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits [seqs, vocab] of a step `takes` holds (valid until the next replay); a model
+        with per-sequence states gives its `state_slots`."""
         seqs = flat[3].shape[0]
         bucket = min(b for b in self.buckets if b >= seqs)
         graph, static, out = self.graphs[bucket]
-        for buffer, values in zip(static, pad_flat_decode(*flat, bucket, self.scratch_page), strict=True):
+        padded = pad_flat_decode(*flat, bucket, self.scratch_page, state_slots, self.scratch_state_slot)
+        for buffer, values in zip(static, padded, strict=True):
             buffer.copy_(values, non_blocking=True)
         graph.replay()
         return out[:seqs]

@@ -111,8 +111,10 @@ class LLM:
     (the caller allocates the pages: `generate` runs on the paged scheduler, `make_engine`).
     Per-sequence states (short convolutions, scans) stay per sequence beside the pages: pools of
     `max_batch` state slots (`num_state_slots`), one per running sequence, given to `forward_flat`
-    as `state_slots`; `step` and `decode` are the slot form's. With CUDA graphs its decode-only steps are replayed per bucket of
-    sequences (`CudaGraphFlatDecode`), the pool holding one scratch page more (`scratch_page`).
+    as `state_slots`; `step` and `decode` are the slot form's. With CUDA graphs its decode-only
+    steps are replayed per bucket of sequences (`CudaGraphFlatDecode`), hybrids' too: the pool holds
+    one scratch page more (`scratch_page`), and the state pools one scratch slot more
+    (`scratch_state_slot`), for the padding rows.
 
     Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
     each rank compiles the same IR, holds its slice of the weights and caches of its local K/V
@@ -181,7 +183,7 @@ class LLM:
                  "(%s); per token %d bytes (%s), per slot %d bytes of states",
                  self.compile_seconds, len(self.caches), len(self.slot_states), self.cache_bytes / 2**20,
                  self.cache_tokens, shape, sum(self.token_bytes.values()),
-                 _per_layer(self.token_bytes), self.state_bytes // max_batch)
+                 _per_layer(self.token_bytes), self.state_bytes // (max_batch + (self.scratch_state_slot is not None)))
         self.decode_graphs = self._capture_decode(cuda_graphs)
         if speculative is not None and self.num_state_slots:
             raise ValueError("speculative decoding needs a model whose every cache is paged: this one keeps "
@@ -189,12 +191,13 @@ class LLM:
                              "past a rejected draft")
 
     def _compile(self, ep: ModuleExport, max_batch: int, max_seq_len: int,
-                 num_pages: int | None = None) -> None:
+                 num_pages: int | None = None, scratch: bool = False) -> None:
         """Compile `ep` with caches of `max_batch` x `max_seq_len` tokens (with `num_pages`, the
-        paged form's pools of `num_pages` x `page_size` tokens) and allocate them."""
+        paged form's pools of `num_pages` x `page_size` tokens and per-sequence states in
+        `max_batch` slots, one more with `scratch`) and allocate them."""
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
         if num_pages is not None:
-            pipeline = paged_pipeline(self.options.pipeline, self.page_size, num_pages, max_seq_len, max_batch)
+            pipeline = paged_pipeline(self.options.pipeline, self.page_size, num_pages, max_seq_len, max_batch + scratch)
         else:
             pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
@@ -228,7 +231,8 @@ class LLM:
         """Export the flattened form and compile it over page pools: `num_pages` given, else
         bought by `budget` (measured on a probe compile of `PROBE_PAGES` pages), else enough for
         `max_batch` sequences of `max_seq_len` tokens; with `scratch`, one page more
-        (`scratch_page`), within the budget."""
+        (`scratch_page`) and one slot more in the state pools (`scratch_state_slot`), within the
+        budget."""
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size={page_size} must be a power of two")
         if num_pages is not None and budget is not None:
@@ -236,7 +240,7 @@ class LLM:
         ep = cache_export(self.model, 1, max_batch * max_seq_len, flat=True)
         if num_pages is None and budget is not None:
             _check_budget(budget, self.device)
-            self._compile(ep, max_batch, max_seq_len, PROBE_PAGES)
+            self._compile(ep, max_batch, max_seq_len, PROBE_PAGES, scratch)
             per_page = (self.cache_bytes - self.state_bytes) // PROBE_PAGES
             budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
             num_pages = (budget_bytes - self.state_bytes) // per_page - scratch
@@ -248,7 +252,7 @@ class LLM:
             num_pages = max_batch * -(-max_seq_len // page_size)
         if num_pages < 1:
             raise ValueError(f"num_pages={num_pages} must be positive")
-        self._compile(ep, max_batch, max_seq_len, num_pages + scratch)
+        self._compile(ep, max_batch, max_seq_len, num_pages + scratch, scratch)
         if scratch:
             self.num_pages, self.scratch_page = num_pages, num_pages
 
@@ -273,7 +277,7 @@ class LLM:
         flat = (input_ids, position_ids, query_starts, cache_starts, block_tables, logits_indices)
         graphs = self.decode_graphs
         if isinstance(graphs, CudaGraphFlatDecode) and graphs.takes(*flat):
-            return graphs.run(*flat)
+            return graphs.run(flat, state_slots)
         states = () if state_slots is None else (state_slots.to(self.device, torch.int64),)
         return self.run_flat(*(t.to(self.device, torch.int64) for t in flat), *states)
 
@@ -287,6 +291,13 @@ class LLM:
         with torch.no_grad():
             logits = self.runner(*(given[name] for name in self.inputs))[0]
         return logits.reshape(logits_indices.shape[0], logits.shape[-1])
+
+    @property
+    def scratch_state_slot(self) -> int | None:
+        """The paged form with CUDA graphs and per-sequence states: the state pools' last slot,
+        which no sequence holds (the padding rows of a captured decode step use it);
+        `num_state_slots` excludes it. None otherwise."""
+        return self.max_batch if self.scratch_page is not None and self.slot_states else None
 
     @property
     def num_state_slots(self) -> int:
@@ -400,16 +411,10 @@ class LLM:
         capture (an op that synchronises with the host) falls back to eager steps, logged."""
         if cuda_graphs is False or self.device.type != "cuda":
             return None
-        if self.page_size is not None and self.slot_states:
-            if cuda_graphs:
-                raise ValueError("cuda_graphs=True: the paged form's decode graphs do not take per-sequence states "
-                                 "(state_slots) yet; use cuda_graphs=False or the slot form")
-            log.warning("LLM: decode runs without CUDA graphs: the paged form's decode graphs do not take "
-                        "per-sequence states yet")
-            return None
         try:
             if self.page_size is not None:
-                return CudaGraphFlatDecode(self, decode_buckets(self.max_batch), self.scratch_page)
+                return CudaGraphFlatDecode(self, decode_buckets(self.max_batch), self.scratch_page,
+                                           self.scratch_state_slot)
             return CudaGraphDecode(self, decode_buckets(self.max_batch))
         except RuntimeError as e:
             if cuda_graphs:

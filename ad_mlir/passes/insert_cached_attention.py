@@ -30,10 +30,10 @@ States that are per sequence (short convolutions, scans) are not paged but kept 
 the function gets one more argument, `state_slots` [seqs] (int64, marked `ad.state_slots`, after
 `logits_indices`), and each such op takes `query_starts` besides, so that it runs sequence by
 sequence over the flattened tokens, sequence s from slot `state_slots[s]`, from a zero state
-where its `cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels are the
-slot form's launched once per sequence (`codegen/templates/by_sequence.py`). A model with such
-states and no attention has nothing to page and is refused (`PerSequenceState`), as is a mixer
-the paged form does not hold (a cached token window: compile such a model in the slot form).
+where its `cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels run every
+sequence in one launch, reading `query_starts` on the device (`codegen/templates/state_rows.py`).
+A model with such states and no attention has nothing to page and is refused (`PerSequenceState`),
+as is a mixer the paged form does not hold (a cached token window: compile such a model in the slot form).
 
 Once the mixers are cached, a range that counts the step's tokens as positions gets the real
 ones (`cache/positions.py`). After that, any op that still mixes token positions

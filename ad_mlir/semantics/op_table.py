@@ -445,6 +445,7 @@ SPECS: tuple[OpSpec, ...] = (
             ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
             ad.PagedMlaAttentionOp,
             ad.CachedSelectiveScanOp,
+            ad.CachedRgLruOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
             ad.GeluAndMulOp, ad.ActivationOp,
         )

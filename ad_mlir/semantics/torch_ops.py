@@ -1011,6 +1011,35 @@ def _(input: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c
     return input.new_empty(input.shape, dtype=_selective_scan_dtype(input, d))
 
 
+@_writing_op("cached_rg_lru", mutates_args=("state",))
+def cached_rg_lru(input: torch.Tensor, a: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+                  starts: torch.Tensor, query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """`ad.cached_rg_lru`: HF's RG-LRU step h = a_t h + x_t token by token from each row's slot
+    state (zeros at start 0), in fp32, the slot left holding the state after the last token. One
+    row at a time: the reference reads each row's slot and start on the host (with
+    `query_starts`, each sequence's: `by_sequence`)."""
+    return by_sequence(lambda x, g, sl, st: _rg_lru_rows(x, g, state, sl, st), [input, a], 1, slots, starts,
+                       query_starts)
+
+
+def _rg_lru_rows(x: torch.Tensor, a: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+                 starts: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        h = state[slot] if start > 0 else torch.zeros_like(state[slot])
+        for t in range(x.shape[1]):
+            h = a[row, t].float() * h + x[row, t].float()
+            out[row, t] = h.to(x.dtype)
+        state[slot] = h
+    return out
+
+
+@cached_rg_lru.register_fake
+def _(input: torch.Tensor, a: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+      query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
 L2NORM_EPS = 1e-6
 """HF's (and FLA's) `l2norm` epsilon in the gated delta rule."""
 
@@ -1130,10 +1159,31 @@ def _(module: str, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
     return hidden_states.new_empty(hidden_states.shape, dtype=_selective_scan_dtype(hidden_states, D))
 
 
+@torch.library.custom_op(f"{NAMESPACE}::rg_lru_scan", mutates_args=())
+def rg_lru_scan(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """RecurrentGemma's RG-LRU recurrence over the whole sequence from a zero state (HF's
+    `RecurrentGemmaRglru._rnn_scan` without a cache): per channel h_t = a_t h_{t-1} + x_t in fp32,
+    x and a [batch, seq, width] (a already 0 where a sequence restarts), the result in x's dtype.
+    Opaque to torch.export (HF's loop over time steps would fix the sequence length)."""
+    h = torch.zeros(x[:, 0].shape, dtype=torch.float32, device=x.device)
+    out = torch.empty_like(x)
+    for t in range(x.shape[1]):
+        h = a[:, t].float() * h + x[:, t].float()
+        out[:, t] = h.to(x.dtype)
+    return out
+
+
+@rg_lru_scan.register_fake
+def _(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default"
-                               for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule", "selective_scan"))
+                               for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule", "selective_scan",
+                                            "rg_lru_scan"))
 """The opaque scans above: each mixes every position of the sequence; `insert-cached-attention`
-replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`, `cached_selective_scan`)."""
+replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`, `cached_selective_scan`,
+`cached_rg_lru`)."""
 
 
 REFERENCE_OPS = frozenset(
@@ -1144,6 +1194,7 @@ REFERENCE_OPS = frozenset(
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
                  "paged_mla_attention",
-                 "cached_selective_scan")
+                 "cached_selective_scan",
+                 "cached_rg_lru")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_guard import graph_kernels
+from transformers import AutoModelForCausalLM, Lfm2Config
 
 import ad_mlir
 from ad_mlir.frontends.export import export_with_ids
@@ -98,6 +99,31 @@ def test_paged_generation_with_cuda_graphs_matches_hf() -> None:
     llm = ad_mlir.LLM(model, max_batch=4, max_seq_len=64, page_size=16)
     assert llm.decode_graphs is not None and llm.scratch_page == llm.num_pages
     outputs = llm.generate(PROMPTS, max_new_tokens=16)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, do_sample=False)
+        tokens = hf[0, len(prompt):].tolist()
+        assert out.token_ids == tokens and len(set(tokens)) >= len(tokens) / 4, tokens
+
+
+@pytest.mark.usefixtures("no_reference_fallback")
+def test_paged_hybrid_generation_with_cuda_graphs_matches_hf() -> None:
+    """A hybrid in the paged form on CUDA (LFM2: short convolutions beside attention, tiny, fp32),
+    its decode-only steps replayed from CUDA graphs (the convolution's varlen kernel reading
+    `query_starts` on the device; the padding rows in the scratch page and the scratch state
+    slot): three prompts, greedy, HF's tokens (checked to vary), and the graphs replayed."""
+    torch.manual_seed(0)
+    config = Lfm2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"],
+                        pad_token_id=0, max_position_embeddings=256, initializer_range=0.5)
+    model = AutoModelForCausalLM.from_config(config).eval().cuda()
+    llm = ad_mlir.LLM(model, max_batch=4, max_seq_len=64, page_size=16)
+    assert llm.decode_graphs is not None and llm.num_state_slots == 4 and llm.scratch_state_slot == 4
+    replays = []
+    run = llm.decode_graphs.run
+    llm.decode_graphs.run = lambda *args: replays.append(1) or run(*args)
+    outputs = llm.generate(PROMPTS, max_new_tokens=16)
+    assert replays, "no decode step was replayed from a CUDA graph"
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         with torch.no_grad():
             hf = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, do_sample=False)

@@ -27,17 +27,18 @@ def _hf_tokens(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def _trajectory(llm: ad_mlir.LLM, forced: list[list[int]]) -> list[torch.Tensor]:
-    """Prefill each prompt in its own slot, then STEPS decode steps of both together, fed the
-    tokens of `forced`. Returns, per prompt, the logits of every step [STEPS + 1, vocab]."""
+def _trajectory(llm: ad_mlir.LLM, prompts: list[list[int]], forced: list[list[int]]) -> list[torch.Tensor]:
+    """Prefill each prompt in its own slot, then one decode step of all together per token of
+    `forced` (one list per prompt, all as long), fed those tokens. Returns, per prompt, the
+    logits of every step [steps + 1, vocab]."""
     logits: list[list[torch.Tensor]] = []
-    for slot, prompt in enumerate(PROMPTS):
+    for slot, prompt in enumerate(prompts):
         logits.append([llm.step(torch.tensor([prompt]), torch.arange(len(prompt))[None], [slot], [0])[0, -1]])
-    for step in range(STEPS):
-        starts = [len(p) + step for p in PROMPTS]
-        out = llm.step(torch.tensor([[f[step]] for f in forced]), torch.tensor(starts)[:, None], range(len(PROMPTS)),
+    for step in range(len(forced[0])):
+        starts = [len(p) + step for p in prompts]
+        out = llm.step(torch.tensor([[f[step]] for f in forced]), torch.tensor(starts)[:, None], range(len(prompts)),
                        starts)
-        for i in range(len(PROMPTS)):
+        for i in range(len(prompts)):
             logits[i].append(out[i, -1])
     return [torch.stack(steps) for steps in logits]
 
@@ -64,7 +65,7 @@ def test_fp8_generation_is_within_e4m3_of_the_unquantized_model(fp8_llm, path: s
     model, llm = fp8_llm
     hf = [_hf_tokens(model, prompt) for prompt in PROMPTS]
     with kernels_ran(monkeypatch) if path == "kernels" else reference_kernels():
-        logits = _trajectory(llm, hf)
+        logits = _trajectory(llm, PROMPTS, hf)
         outputs = llm.generate(PROMPTS, max_new_tokens=STEPS, ignore_eos=True)
     with torch.no_grad():
         for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, hf, logits, strict=True)):

@@ -31,6 +31,7 @@ import pytest
 import torch
 import transformers
 from kernel_guard import kernel_calls, kernels_ran
+from test_generate_fp8 import _trajectory
 
 import ad_mlir
 from ad_mlir.codegen.interpreter import nearest_e4m3_rounding
@@ -78,21 +79,6 @@ def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     return ids[len(prompt):]
 
 
-def _trajectory(llm: ad_mlir.LLM, forced: list[list[int]]) -> list[torch.Tensor]:
-    """Prefill each prompt in its own slot, then STEPS decode steps of both together, fed the
-    tokens of `forced`. Returns, per prompt, the logits of every step [STEPS + 1, vocab]."""
-    logits: list[list[torch.Tensor]] = []
-    for slot, prompt in enumerate(PROMPTS):
-        logits.append([llm.step(torch.tensor([prompt]), torch.arange(len(prompt))[None], [slot], [0])[0, -1]])
-    for step in range(STEPS):
-        starts = [len(p) + step for p in PROMPTS]
-        out = llm.step(torch.tensor([[f[step]] for f in forced]), torch.tensor(starts)[:, None], range(len(PROMPTS)),
-                       starts)
-        for i in range(len(PROMPTS)):
-            logits[i].append(out[i, -1])
-    return [torch.stack(steps) for steps in logits]
-
-
 def test_the_program_keeps_fp8_weights_and_runs_block_scaled_kernels(llm: ad_mlir.LLM) -> None:
     """Per layer, 4 GEMMs (Q/K/V and gate/up fused by `fuse-gemms`, o, down), each a
     block-scaled kernel: the compiled program holds every weight they multiply in fp8 (the fused
@@ -122,7 +108,7 @@ def test_fp8_checkpoint_generates_the_reference_tokens(llm: ad_mlir.LLM, path: s
     reference = [_greedy(llm.model, prompt) for prompt in PROMPTS]
     assert all(len(set(tokens)) > 3 for tokens in reference), f"greedy tokens barely vary: {reference}"
     with (kernels_ran(monkeypatch) if path == "kernels" else reference_kernels()), nearest_e4m3_rounding():
-        logits = _trajectory(llm, reference)
+        logits = _trajectory(llm, PROMPTS, reference)
         outputs = llm.generate(PROMPTS, max_new_tokens=STEPS, ignore_eos=True)
     _assert_same_quantization(llm, reference, logits)
     assert [out.token_ids for out in outputs] == reference
@@ -140,7 +126,7 @@ def test_fp8_checkpoint_is_within_activation_rounding_of_the_dequantized_model(t
     assert dequantized.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
     forced = [_greedy(llm.model, prompt) for prompt in PROMPTS]
     with reference_kernels():
-        logits = _trajectory(llm, forced)
+        logits = _trajectory(llm, PROMPTS, forced)
         outputs = llm.generate(PROMPTS, max_new_tokens=STEPS, ignore_eos=True)
     _assert_same_quantization(llm, forced, logits)
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, forced, logits, strict=True)):

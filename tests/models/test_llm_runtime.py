@@ -214,28 +214,30 @@ def test_padded_decode_rows_leave_the_real_rows_unchanged(llm: ad_mlir.LLM) -> N
         pad_to_bucket([1, 2, 3], [0, 1, 2], [5, 5, 5], [], (4,))
 
 
-def test_only_the_paged_form_with_per_sequence_states_decodes_without_cuda_graphs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_form_decodes_from_cuda_graphs_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode graphs a model on CUDA gets, decided here without a GPU (the graphs' classes
-    stubbed): the slot form's take per-slot states (Mamba's), the paged form's take none yet,
-    so with states it is refused when asked for, else decodes in eager steps."""
+    stubbed): the slot form's take per-slot states (Mamba's), the paged form's per-sequence states
+    too (a hybrid's: the state kernels read `query_starts` on the device), its padding rows in the
+    scratch page and, with states, the state pools' scratch slot (the one past `max_batch`); so
+    `cuda_graphs=True` refuses none of them."""
     from ad_mlir.llm import llm as llm_module
 
     monkeypatch.setattr(llm_module, "CudaGraphDecode", lambda llm, buckets: ("slot graphs", buckets))
-    monkeypatch.setattr(llm_module, "CudaGraphFlatDecode", lambda llm, buckets, scratch: ("paged graphs", buckets))
+    monkeypatch.setattr(llm_module, "CudaGraphFlatDecode",
+                        lambda llm, buckets, scratch, scratch_state: ("paged graphs", buckets, scratch, scratch_state))
 
     def on_cuda(page_size: int | None, states: frozenset[str]) -> ad_mlir.LLM:
         llm = object.__new__(ad_mlir.LLM)
         llm.device, llm.page_size, llm.slot_states, llm.max_batch, llm.scratch_page = (
-            torch.device("cuda"), page_size, states, 4, None)
+            torch.device("cuda"), page_size, states, 4, None if page_size is None else 9)
         return llm
 
     states = frozenset({"conv_state_0"})
-    assert on_cuda(None, states)._capture_decode(None) == ("slot graphs", (1, 2, 4))
-    assert on_cuda(4, frozenset())._capture_decode(None) == ("paged graphs", (1, 2, 4))
-    assert on_cuda(4, states)._capture_decode(None) is None
-    with pytest.raises(ValueError, match="the paged form's decode graphs do not take per-sequence states"):
-        on_cuda(4, states)._capture_decode(True)
+    for asked in (None, True):
+        assert on_cuda(None, states)._capture_decode(asked) == ("slot graphs", (1, 2, 4))
+        assert on_cuda(4, frozenset())._capture_decode(asked) == ("paged graphs", (1, 2, 4), 9, None)
+        assert on_cuda(4, states)._capture_decode(asked) == ("paged graphs", (1, 2, 4), 9, 4)
+    assert on_cuda(4, states)._capture_decode(False) is None
 
 
 def test_cuda_graphs_need_a_cuda_model(model: torch.nn.Module) -> None:

@@ -3,35 +3,40 @@
 LFM2 (short convolutions beside attention) and Nemotron-H (Mamba2's scan and its convolution,
 attention), tiny, wide-init (0.5) so that greedy tokens vary (`_hf_tokens` checks it) and a state that is
 wrong or missing shows. Their convolutions and scans keep a state per sequence in pools of
-`max_batch` slots beside the K/V pages (`state_slots`), run sequence by sequence over the
-flattened step. `test_paged._run_schedule`'s flattened steps (a prefill chunk beside decodes and
+`max_batch` slots beside the K/V pages (`state_slots`), each sequence of the flattened step
+from its own slot. `test_paged._run_schedule`'s flattened steps (a prefill chunk beside decodes and
 a first chunk, a prompt split over two steps, pages out of order, state slots not the sequences'
 order) against HF's full-prefix forward; the paged scheduler (`PagedEngine`) on the compiled
 model against HF `generate` with arrivals while others decode, a prompt longer than the step's
 budget and a pool small enough to preempt. On the kernels' torch reference, and Nemotron-H's
 steps (its convolution, scan and paged attention) with every kernel in the Triton interpreter:
-the state ops' kernels are the slot form's launched once per sequence (`codegen/templates/by_sequence.py`;
-the gated delta rule's, Qwen3-Next's mixer, is checked over flattened sequences of unequal
-lengths against HF's whole sequences, kernel and reference, in
-tests/unit/test_recurrent_state_kernels.py, and its paged rewrite in FileCheck: a Qwen3-Next model
-here cost ~30 s of CI for what those cover)."""
+the state ops' kernels run all sequences of a step in one launch, reading `query_starts` on the
+device (`codegen/templates/state_rows.py`; the gated delta rule's, Qwen3-Next's mixer, is checked
+over flattened sequences of unequal lengths against HF's whole sequences, kernel and reference,
+in tests/unit/test_recurrent_state_kernels.py, and its paged rewrite in FileCheck: a Qwen3-Next
+model here cost ~30 s of CI for what those cover)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
 from engine_steps import checked_step
 from kernel_guard import graph_kernels, kernels_ran
-from test_generate import PROMPTS, _hf_tokens
+from test_generate import PROMPTS, _assert_logits_close, _hf_tokens
+from test_llm_runtime import decode_problems
 from test_paged import BLOCK_TABLES, NUM_PAGES, PAGE_SIZE, _assert_tokens_are_hf, _run_schedule
 from test_recurrent_mixers import CONFIGS
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 from transformers import AutoModelForCausalLM, Lfm2Config, MambaConfig, NemotronHConfig
 from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
 from ad_mlir.dialects import ad
+from ad_mlir.llm.cuda_graphs import CudaGraphFlatDecode, pad_flat_decode
 from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
 from ad_mlir.llm.llm import paged_where_possible
 from ad_mlir.runtime.kernels import reference_kernels
@@ -89,13 +94,93 @@ def test_flattened_steps_match_hf(hybrids, family: str) -> None:  # noqa: ANN001
 
 def test_nemotron_h_in_the_interpreter(hybrids, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The same steps with every kernel in the Triton interpreter: the convolution's and the
-    scan's slot kernels launched once per sequence of the step (`codegen/templates/by_sequence.py`), the
-    paged attention's, within the same fp32 tolerance."""
+    scan's kernels each launched once over the step's sequences (`codegen/templates/state_rows.py`),
+    the paged attention's, within the same fp32 tolerance."""
     model, llm = hybrids["nemotron_h"]
     kernels = graph_kernels(llm.graph)
     for op in (*STATE_OPS["nemotron_h"], ad.PagedAttentionOp):
         assert any(name.startswith(op.name.removeprefix("ad.")) for name in kernels), (op.name, kernels)
     _assert_tokens_are_hf(model, _run_schedule(model, llm, 1e-5, lambda: kernels_ran(monkeypatch)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_decode_step_with_states_is_cuda_graph_ready(hybrids, family: str) -> None:  # noqa: ANN001
+    """A paged decode step of 3 sequences with their state slots, traced op by op with fake tensors
+    of static shapes: no host sync or data-dependent op, the pages and the state pools written in
+    place by an op that declares the write (test_llm_runtime's checks), the logits [1, 3, vocab].
+    The state ops are opaque here: that their kernels read nothing on the host is the unit tests'
+    (their launches recorded on meta tensors)."""
+    _, llm = hybrids[family]
+    ints = {"input_ids": (1, 3), "position_ids": (1, 3), "query_starts": (4,), "cache_starts": (3,),
+            "block_tables": (3, 6), "logits_indices": (3,), "state_slots": (3,)}
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    given: dict[str, Any] = {"use_cache": False, **{n: mode.from_tensor(c) for n, c in llm.caches.items()},
+                             **{n: mode.from_tensor(torch.zeros(s, dtype=torch.int64)) for n, s in ints.items()}}
+    with mode:
+        gm = make_fx(llm.graph)(*(given[name] for name in llm.inputs))
+    assert decode_problems(gm, llm.inputs, set(llm.caches)) == []
+    (output,) = (n for n in gm.graph.nodes if n.op == "output")
+    assert tuple(output.args[0][0].meta["val"].shape) == (1, 3, llm.model.config.vocab_size)
+
+
+class _EagerReplay:
+    """A captured decode graph's stand-in on the CPU: a replay runs the eager step on the graph's
+    static inputs (the buffers the capture reads and a step is copied into) into its output."""
+
+    def __init__(self, llm: ad_mlir.LLM, static: list[torch.Tensor], out: torch.Tensor) -> None:
+        self.llm, self.static, self.out = llm, static, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.llm.run_flat(*self.static))
+
+
+def test_a_decode_step_through_the_cuda_graph_runner_is_the_eager_step(hybrids,  # noqa: ANN001
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `CudaGraphFlatDecode` replays, on the CPU with every kernel in the Triton interpreter
+    (Nemotron-H: the convolution's and the scan's varlen kernels, the paged attention's): after a
+    prefill of prompts 0 and 2 in state slots 2 and 0, their decode step goes through
+    `forward_flat` to a runner of bucket 4 whose graph replays eagerly from its `static_inputs`,
+    `state_slots` among them; the step padded with two dummy sequences in the scratch page (23)
+    and one scratch state slot (1, which no sequence holds here) gives the unpadded step's logits
+    and leaves every page and state slot of the two sequences as that step does. Within the fp32
+    noise of `_assert_logits_close` (1e-5 per unit of the largest value, the flattened steps'
+    bound; the GEMMs over 4 rows sum in another order than over 2: measured 2.6e-5 on logits of
+    13.7, 3.7e-4 on scan states of 1140, 5e-6 on pages and convolution states of ~14), for the
+    logits, the pages and the states; a dummy sequence that read or wrote a sequence's state or
+    page is off by order 1 (padded into slot 0, a convolution state was off by 14.8)."""
+    _, llm = hybrids["nemotron_h"]
+    scratch_page, scratch_slot, rows, slots = NUM_PAGES - 1, 1, [0, 2], torch.tensor([2, 0])
+    assert scratch_page not in BLOCK_TABLES and scratch_slot not in slots
+    prompts = [PROMPTS[s] for s in rows]
+    bounds = torch.tensor([0, len(prompts[0]), len(prompts[0]) + len(prompts[1])])
+    runner = object.__new__(CudaGraphFlatDecode)
+    runner.buckets, runner.scratch_page, runner.scratch_state_slot, runner.width = (4,), scratch_page, scratch_slot, 6
+    static = runner.static_inputs(llm, 4)
+    out = torch.empty(4, llm.model.config.vocab_size)
+    runner.graphs = {4: (_EagerReplay(llm, static, out), static, out)}
+    with torch.no_grad(), kernels_ran(monkeypatch):
+        first = llm.forward_flat(torch.tensor([prompts[0] + prompts[1]]),
+                                 torch.tensor([[i for p in prompts for i in range(len(p))]]), bounds,
+                                 torch.zeros(2, dtype=torch.int64), BLOCK_TABLES[rows], bounds[1:] - 1,
+                                 state_slots=slots)
+        decode = (first.argmax(-1)[None], torch.tensor([[len(p) for p in prompts]]), torch.arange(3),
+                  torch.tensor([len(p) for p in prompts]), BLOCK_TABLES[rows], torch.arange(2))
+        before = {n: c.clone() for n, c in llm.caches.items()}
+        eager = llm.forward_flat(*decode, state_slots=slots)
+        written = {n: c.clone() for n, c in llm.caches.items()}
+        for name, cache in llm.caches.items():
+            cache.copy_(before[name])
+        monkeypatch.setattr(llm, "decode_graphs", runner)
+        replayed = llm.forward_flat(*decode, state_slots=slots)
+    assert static[-1].tolist() == [2, 0, scratch_slot, scratch_slot], "the step's state slots, padded"
+    with pytest.raises(ValueError, match="state_slots given without a scratch_state_slot"):
+        pad_flat_decode(*decode, bucket=4, scratch_page=scratch_page, state_slots=slots)
+    for got, expected in zip(replayed, eager, strict=True):
+        _assert_logits_close(got, expected, 1e-5)
+    kept = {n: (slots if n in llm.slot_states else torch.arange(scratch_page)) for n in llm.caches}
+    for name, cache in llm.caches.items():
+        scale = float(written[name][kept[name]].abs().max())
+        torch.testing.assert_close(cache[kept[name]], written[name][kept[name]], rtol=0, atol=1e-5 * scale)
 
 
 def test_steps_that_forget_the_states_are_seen(hybrids, monkeypatch: pytest.MonkeyPatch) -> None:

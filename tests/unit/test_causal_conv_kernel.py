@@ -18,10 +18,10 @@ from types import ModuleType
 import pytest
 import torch
 import torch.nn.functional as F
+from ragged_steps import POOL_SLOTS, STEPS
 from template_modules import template_builder
 
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.codegen.templates.by_sequence import by_sequence_source
 from ad_mlir.codegen.templates.causal_conv_kernel import emit_causal_conv_module
 from ad_mlir.semantics import torch_ops
 
@@ -64,7 +64,7 @@ def test_pieces_of_two_sequences_equal_the_whole_sequence_conv(build, run_kernel
     (more than one time block), one token of one row, a chunk of 5 of the other, two decode steps
     of both rows together, then chunks of 5 and 8 to the end; every piece's output and the state
     left behind against the whole sequence's conv."""
-    module = build((kernel_size, dtype, has_bias))
+    module = build((kernel_size, dtype, has_bias, False))
     g = torch.Generator().manual_seed(kernel_size * channels)
     seq = 45
     # x is a transposed view, as HF's in_proj(...).transpose(-1, -2) gives it
@@ -95,14 +95,12 @@ def test_pieces_of_two_sequences_equal_the_whole_sequence_conv(build, run_kernel
 
 
 @pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
-def test_flattened_sequences_equal_the_whole_sequence_conv(tmp_path: Path, run_kernel: bool) -> None:
+def test_flattened_sequences_equal_the_whole_sequence_conv(build, run_kernel: bool) -> None:  # noqa: ANN001
     """The paged form (`query_starts`): each step one batch of both sequences' tokens, of unequal
     lengths (first chunks of 9 and 4, a decode beside a chunk of 5, then 7 and 1, then the rest),
-    the slot kernel launched once per sequence (`codegen/templates/by_sequence.py`) or the reference;
-    every sequence's output and state against the whole sequence's conv, as above."""
-    build_flat = template_builder(tmp_path, "flat_conv", lambda spec, name, header: by_sequence_source(
-        emit_causal_conv_module(3, torch.float32, True, name, header), [0], 2))
-    module = build_flat(())
+    the varlen kernel (one launch over both) or the reference; every sequence's output and state
+    against the whole sequence's conv, as above."""
+    module = build((3, torch.float32, True, True))
     g = torch.Generator().manual_seed(3)
     seq, channels = 20, 40
     x = torch.randn(2, seq, channels, generator=g).to(DEVICE).transpose(1, 2)
@@ -129,7 +127,7 @@ def test_flattened_sequences_equal_the_whole_sequence_conv(tmp_path: Path, run_k
 @pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
 def test_a_row_starting_at_zero_ignores_a_stale_state(build, run_kernel: bool) -> None:  # noqa: ANN001
     """A one-token prompt (start 0) in a slot that holds a finished sequence's state."""
-    module = build((3, torch.float32, False))
+    module = build((3, torch.float32, False, False))
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(1, 8, 1, generator=g).to(DEVICE), torch.randn(8, 1, 3, generator=g).to(DEVICE)
     state = torch.randn(1, 8, 2, generator=g).to(DEVICE) * 100
@@ -141,7 +139,7 @@ def test_a_row_starting_at_zero_ignores_a_stale_state(build, run_kernel: bool) -
 def test_ptx_for_sm90_at_lfm2_sizes_has_no_spills(build) -> None:  # noqa: ANN001
     """LFM2-1.2B's conv layers (hidden 2048, 3 taps) in bf16: a 1024-token prefill of 1 row and
     a decode step of 8, compiled for sm_90 as the runtime specializes them."""
-    module = build((3, torch.bfloat16, False))
+    module = build((3, torch.bfloat16, False, False))
     launches = []
     for batch, seq in ((1, 1024), (8, 1)):
         tensors = [torch.empty(batch, 2048, seq, dtype=torch.bfloat16, device="meta"),
@@ -152,5 +150,56 @@ def test_ptx_for_sm90_at_lfm2_sizes_has_no_spills(build) -> None:  # noqa: ANN00
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
     assert [s.grid for s in specs] == [(1, 16, 32), (8, 16, 1)]
+    for report in compile_all(specs):
+        assert report.spills == 0, report
+
+
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize(("dtype", "kernel_size", "channels", "has_bias"),
+                         [(torch.float32, 4, 130, True), (torch.bfloat16, 3, 40, False)])
+def test_varlen_kernel_equals_the_reference_on_a_ragged_step(build, step: str, dtype: torch.dtype,  # noqa: ANN001
+                                                             kernel_size: int, channels: int, has_bias: bool) -> None:
+    """One flattened step (`ragged_steps.STEPS`: sequences of 1, 5 and 3 tokens, decodes only, one
+    sequence) in one launch of the paged form's kernel, against the op's reference on the same
+    inputs and the same stale pool: every output and every slot of the pool. fp32 within
+    `TOLERANCE` (the same taps summed in another order); bf16 too: both sum in fp32 and round
+    once, and may round an ulp apart (the interpreter truncates); a state copies inputs: exact."""
+    lengths = STEPS[step].lengths
+    g = torch.Generator().manual_seed(len(lengths))
+    x = torch.randn(1, sum(lengths), channels, generator=g).to(dtype).to(DEVICE).transpose(1, 2)
+    weight = torch.randn(channels, 1, kernel_size, generator=g).to(dtype).to(DEVICE)
+    bias = torch.randn(channels, generator=g).to(dtype).to(DEVICE) if has_bias else None
+    pool = torch.randn(POOL_SLOTS, channels, kernel_size - 1, generator=g).to(dtype).to(DEVICE)
+    meta = STEPS[step].metadata(DEVICE)
+    state = pool.clone()
+    module = build((kernel_size, dtype, has_bias, True))
+    out = module.launch(getattr(module, module.kernel_name), [x, weight, *([bias] if has_bias else []), state, *meta],
+                        [])[0]
+    expected_state = pool.clone()
+    expected = torch_ops.cached_causal_conv1d(x, weight, bias, expected_state, *meta)
+    assert out.shape == expected.shape == (1, channels, sum(lengths))
+    tol = TOLERANCE[dtype]
+    assert ((out.float() - expected.float()).abs() <= tol * (1 + expected.float().abs())).all()
+    torch.testing.assert_close(state, expected_state, rtol=0, atol=0)
+    assert not torch.equal(state, pool), "the step wrote its sequences' slots"
+
+
+def test_varlen_ptx_for_sm90_at_lfm2_sizes_has_no_spills(build) -> None:  # noqa: ANN001
+    """The paged form's kernel at LFM2-1.2B's sizes in bf16 (hidden 2048, 3 taps; a pool of 16
+    slots), recorded on meta tensors (the launcher reads no tensor's values: meta tensors have
+    none): a step of 1024 tokens over 25 sequences (at most 1000 in one: 32 token blocks of 32)
+    and a decode step of 8 (one token block of 2)."""
+    module = build((3, torch.bfloat16, False, True))
+    launches = []
+    for seqs, tokens in ((25, 1024), (8, 8)):
+        tensors = [torch.empty(1, 2048, tokens, dtype=torch.bfloat16, device="meta"),
+                   torch.empty(2048, 1, 3, dtype=torch.bfloat16, device="meta"),
+                   torch.empty(16, 2048, 2, dtype=torch.bfloat16, device="meta"),
+                   *[torch.empty(seqs, dtype=torch.int64, device="meta")] * 2,
+                   torch.empty(seqs + 1, dtype=torch.int64, device="meta")]
+        launches += record_launches(module, tensors, [])
+    fn = getattr(module, module.kernel_name)
+    specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
+    assert [s.grid for s in specs] == [(25, 16, 32), (8, 16, 1)]
     for report in compile_all(specs):
         assert report.spills == 0, report

@@ -197,6 +197,6 @@ def test_each_recurrent_state_op_lowers_to_its_own_template() -> None:
 
     scan, rule = kernel_ops(Parser(make_context(), STATE_OPS).parse_module())
     assert emit_kernel_source(kernel_region(scan).region, "k", "") == emit_selective_scan_module(
-        torch.bfloat16, torch.float32, True, True, True, True, "k", "")
+        torch.bfloat16, torch.float32, True, True, True, True, False, "k", "")
     assert emit_kernel_source(kernel_region(rule).region, "k", "") == emit_gated_delta_rule_module(
-        torch.float32, 16, False, "k", "")
+        torch.float32, 16, False, False, "k", "")

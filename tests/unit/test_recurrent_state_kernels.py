@@ -18,12 +18,12 @@ from types import ModuleType
 
 import pytest
 import torch
+from ragged_steps import POOL_SLOTS, STEPS
 from template_modules import template_builder
 from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_chunk_scan
 from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
 
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.codegen.templates.by_sequence import by_sequence_source
 from ad_mlir.codegen.templates.gated_delta_rule_kernel import emit_gated_delta_rule_module
 from ad_mlir.codegen.templates.ssm_scan_kernel import emit_ssm_scan_module
 from ad_mlir.semantics import torch_ops
@@ -111,7 +111,7 @@ def test_ssm_scan_in_pieces_equals_hf_whole_sequence(build_ssm, run_kernel: bool
     state = torch.randn(3, heads, head_dim, state_size, generator=g).to(DEVICE)
     optional = [*([d] if extras else []), *([dt_bias] if extras else [])]
     if run_kernel:
-        module = build_ssm((dtype, extras, extras, extras, dt_min, dt_max))
+        module = build_ssm((dtype, extras, extras, extras, dt_min, dt_max, False))
 
         def run(x, dt, b, c, state, slots, starts):  # noqa: ANN001, ANN202
             kernel = getattr(module, module.kernel_name)
@@ -126,7 +126,7 @@ def test_ssm_scan_in_pieces_equals_hf_whole_sequence(build_ssm, run_kernel: bool
 def test_ssm_ptx_for_sm90_at_nemotron_h_sizes_has_no_spills(build_ssm) -> None:  # noqa: ANN001
     """Nemotron-H-8B's Mamba2 layers (128 heads of 64, 8 groups, state 128) in bf16: a 1024-token
     prefill of 1 row and a decode step of 8, compiled for sm_90 as the runtime specializes them."""
-    module = build_ssm((torch.bfloat16, True, True, True, 0.0, None))
+    module = build_ssm((torch.bfloat16, True, True, True, 0.0, None, False))
     launches = []
     for batch, seq in ((1, 1024), (8, 1)):
         m = torch.empty(batch, seq, 128 * 64 + 128 + 2 * 8 * 128, dtype=torch.bfloat16, device="meta")
@@ -139,6 +139,70 @@ def test_ssm_ptx_for_sm90_at_nemotron_h_sizes_has_no_spills(build_ssm) -> None: 
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
     assert [s.grid for s in specs] == [(1, 128, 2), (8, 128, 2)]
+    for report in compile_all(specs):
+        assert report.spills == 0, report
+
+
+def _matches_reference(launch: Callable[[torch.Tensor], torch.Tensor],
+                       reference: Callable[[torch.Tensor], torch.Tensor], pool: torch.Tensor,
+                       dtype: torch.dtype) -> None:
+    """The varlen kernel (`launch(state)`) against the op's reference (`reference(state)`), each on
+    a copy of the stale `pool`, within `TOLERANCE` (the same recurrence on the same inputs, so
+    the slot form's bound against HF holds with room): the outputs, then every slot of the pool."""
+    state, expected_state = pool.clone(), pool.clone()
+    out, expected = launch(state), reference(expected_state)
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    tol = TOLERANCE[dtype]
+    for got, want in ((out.float(), expected.float()), (state, expected_state)):
+        scale = want.abs() if dtype == torch.float32 else want.abs().max()
+        assert ((got - want).abs() <= tol * (1 + scale)).all()
+    assert not torch.equal(state, pool), "the step wrote its sequences' slots"
+
+
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_varlen_ssm_scan_equals_the_reference_on_a_ragged_step(build_ssm, step: str,  # noqa: ANN001
+                                                                dtype: torch.dtype) -> None:
+    """One flattened step (`ragged_steps.STEPS`: sequences of 1, 5 and 3 tokens, decodes only, one
+    sequence) in one launch of the paged form's kernel (Nemotron-H's call: D, dt_bias, softplus;
+    4 heads of 8 over 2 groups, state 16)."""
+    lengths, heads, head_dim, groups, state_size = STEPS[step].lengths, 4, 8, 2, 16
+    g = torch.Generator().manual_seed(len(lengths))
+    proj = torch.randn(1, sum(lengths), heads * head_dim + heads + 2 * groups * state_size, generator=g)
+    x, dt, b, c = proj.to(dtype).to(DEVICE).split([heads * head_dim, heads, groups * state_size,
+                                                    groups * state_size], dim=-1)
+    x, b, c = x.view(1, -1, heads, head_dim), b.view(1, -1, groups, state_size), c.view(1, -1, groups, state_size)
+    a = -torch.rand(heads, generator=g).to(DEVICE) * 2 - 0.5
+    d, dt_bias = torch.randn(heads, generator=g).to(DEVICE), torch.randn(heads, generator=g).to(DEVICE)
+    pool = torch.randn(POOL_SLOTS, heads, head_dim, state_size, generator=g).to(DEVICE)
+    meta = STEPS[step].metadata(DEVICE)
+    module = build_ssm((dtype, True, True, True, 0.01, None, True))
+    kernel = getattr(module, module.kernel_name)
+    _matches_reference(
+        lambda state: module.launch(kernel, [x, dt * 2, a, b, c, d, dt_bias, state, *meta], [])[0],
+        lambda state: torch_ops.cached_ssm_scan(x, dt * 2, a, b, c, d, dt_bias, state, *meta, dt_softplus=True,
+                                                dt_min=0.01),
+        pool, dtype)
+
+
+def test_varlen_ssm_ptx_for_sm90_at_nemotron_h_sizes_has_no_spills(build_ssm) -> None:  # noqa: ANN001
+    """The paged form's kernel at Nemotron-H-8B's sizes in bf16, recorded on meta tensors (the
+    launcher reads no tensor's values: meta tensors have none): a step of 1024 tokens over 25
+    sequences and a decode step of 8, one program per sequence and head and block of head_dim."""
+    module = build_ssm((torch.bfloat16, True, True, True, 0.0, None, True))
+    launches = []
+    for seqs, tokens in ((25, 1024), (8, 8)):
+        m = torch.empty(1, tokens, 128 * 64 + 128 + 2 * 8 * 128, dtype=torch.bfloat16, device="meta")
+        x, dt, b, c = m.split([128 * 64, 128, 8 * 128, 8 * 128], dim=-1)
+        heads = torch.empty(128, dtype=torch.float32, device="meta")
+        tensors = [x.view(1, tokens, 128, 64), dt, heads, b.view(1, tokens, 8, 128), c.view(1, tokens, 8, 128),
+                   heads, heads, torch.empty(16, 128, 64, 128, dtype=torch.float32, device="meta"),
+                   *[torch.empty(seqs, dtype=torch.int64, device="meta")] * 2,
+                   torch.empty(seqs + 1, dtype=torch.int64, device="meta")]
+        launches += record_launches(module, tensors, [])
+    fn = getattr(module, module.kernel_name)
+    specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
+    assert [s.grid for s in specs] == [(25, 128, 2), (8, 128, 2)]
     for report in compile_all(specs):
         assert report.spills == 0, report
 
@@ -179,7 +243,7 @@ def test_gated_delta_rule_in_pieces_equals_hf_whole_sequence(build_gdr, run_kern
     g = torch.Generator().manual_seed(k_dim)
     state = torch.randn(3, v_heads, k_dim, v_dim, generator=g).to(DEVICE)
     if run_kernel:
-        module = build_gdr((dtype, k_dim, l2norm))
+        module = build_gdr((dtype, k_dim, l2norm, False))
 
         def run(*tensors):  # noqa: ANN002, ANN202
             return module.launch(getattr(module, module.kernel_name), list(tensors), [])[0]
@@ -192,7 +256,7 @@ def test_gated_delta_rule_in_pieces_equals_hf_whole_sequence(build_gdr, run_kern
 def test_gated_delta_rule_ptx_for_sm90_at_qwen3_next_sizes_has_no_spills(build_gdr) -> None:  # noqa: ANN001
     """Qwen3-Next-80B's linear-attention layers (16 key heads, 32 value heads, both dims 128) in
     bf16: a 1024-token prefill of 1 row and a decode step of 8, compiled for sm_90."""
-    module = build_gdr((torch.bfloat16, 128, True))
+    module = build_gdr((torch.bfloat16, 128, True, False))
     launches = []
     for batch, seq in ((1, 1024), (8, 1)):
         qkv = torch.empty(batch, seq, 2 * 16 * 128 + 32 * 128, dtype=torch.bfloat16, device="meta")
@@ -210,6 +274,52 @@ def test_gated_delta_rule_ptx_for_sm90_at_qwen3_next_sizes_has_no_spills(build_g
         assert report.spills == 0, report
 
 
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_varlen_gated_delta_rule_equals_the_reference_on_a_ragged_step(build_gdr, step: str,  # noqa: ANN001
+                                                                       dtype: torch.dtype) -> None:
+    """One flattened step (`ragged_steps.STEPS`) in one launch of the paged form's kernel
+    (Qwen3-Next's call: L2-normalized q and k; 4 value heads over 2 key heads, key dim 16, value
+    dim 40 over two blocks)."""
+    lengths, k_heads, v_heads, k_dim, v_dim = STEPS[step].lengths, 2, 4, 16, 40
+    g = torch.Generator().manual_seed(len(lengths))
+    qkv = torch.randn(1, sum(lengths), 2 * k_heads * k_dim + v_heads * v_dim, generator=g).to(dtype).to(DEVICE)
+    q, k, v = qkv.split([k_heads * k_dim, k_heads * k_dim, v_heads * v_dim], dim=-1)
+    q, k, v = q.view(1, -1, k_heads, k_dim), k.view(1, -1, k_heads, k_dim), v.view(1, -1, v_heads, v_dim)
+    decay = -torch.rand(1, sum(lengths), v_heads, generator=g).to(DEVICE)
+    beta = torch.rand(1, sum(lengths), v_heads, generator=g).to(dtype).to(DEVICE)
+    pool = torch.randn(POOL_SLOTS, v_heads, k_dim, v_dim, generator=g).to(DEVICE)
+    meta = STEPS[step].metadata(DEVICE)
+    module = build_gdr((dtype, k_dim, True, True))
+    kernel = getattr(module, module.kernel_name)
+    _matches_reference(
+        lambda state: module.launch(kernel, [q, k, v, decay, beta, state, *meta], [])[0],
+        lambda state: torch_ops.cached_gated_delta_rule(q, k, v, decay, beta, state, *meta, use_qk_l2norm=True),
+        pool, dtype)
+
+
+def test_varlen_gated_delta_rule_ptx_for_sm90_at_qwen3_next_sizes_has_no_spills(build_gdr) -> None:  # noqa: ANN001
+    """The paged form's kernel at Qwen3-Next-80B's sizes in bf16, recorded on meta tensors (no
+    tensor's values read): a step of 1024 tokens over 25 sequences and a decode step of 8."""
+    module = build_gdr((torch.bfloat16, 128, True, True))
+    launches = []
+    for seqs, tokens in ((25, 1024), (8, 8)):
+        qkv = torch.empty(1, tokens, 2 * 16 * 128 + 32 * 128, dtype=torch.bfloat16, device="meta")
+        q, k, v = qkv.split([16 * 128, 16 * 128, 32 * 128], dim=-1)
+        tensors = [q.view(1, tokens, 16, 128), k.view(1, tokens, 16, 128), v.view(1, tokens, 32, 128),
+                   torch.empty(1, tokens, 32, dtype=torch.float32, device="meta"),
+                   torch.empty(1, tokens, 32, dtype=torch.bfloat16, device="meta"),
+                   torch.empty(16, 32, 128, 128, dtype=torch.float32, device="meta"),
+                   *[torch.empty(seqs, dtype=torch.int64, device="meta")] * 2,
+                   torch.empty(seqs + 1, dtype=torch.int64, device="meta")]
+        launches += record_launches(module, tensors, [])
+    fn = getattr(module, module.kernel_name)
+    specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
+    assert [s.grid for s in specs] == [(25, 32, 4), (8, 32, 4)]
+    for report in compile_all(specs):
+        assert report.spills == 0, report
+
+
 # -- the paged form: one flattened batch of sequences of unequal lengths -------------------------
 
 FLAT_PIECES = [[(0, 9), (1, 4)], [(1, 5), (0, 14)], [(0, 15), (1, 12)], [(1, 13), (0, 16)], [(0, SEQ), (1, SEQ)]]
@@ -219,17 +329,15 @@ unequal lengths, in either order."""
 
 
 @pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
-def test_gated_delta_rule_over_flattened_sequences_equals_hf_whole_sequence(tmp_path: Path, run_kernel: bool) -> None:
-    """The paged form (`query_starts`): each step one batch of both sequences' tokens, the slot
-    kernel launched once per sequence (`codegen/templates/by_sequence.py`) or the reference, against HF's
-    whole sequences as in the slot form's test (fp32, its tolerance)."""
+def test_gated_delta_rule_over_flattened_sequences_equals_hf_whole_sequence(build_gdr, run_kernel: bool) -> None:  # noqa: ANN001
+    """The paged form (`query_starts`): each step one batch of both sequences' tokens, the varlen
+    kernel (one launch over both) or the reference, against HF's whole sequences as in the slot
+    form's test (fp32, its tolerance)."""
     q, k, v, decay, beta = _gdr_inputs(torch.float32, 2, 4, 16, 8, 7)
     expected, final = torch_chunk_gated_delta_rule(q, k, v, decay, beta, chunk_size=8, output_final_state=True,
                                                    use_qk_l2norm_in_kernel=True)
     state = torch.randn(3, 4, 16, 8, generator=torch.Generator().manual_seed(8)).to(DEVICE)
-    build = template_builder(tmp_path, "flat_gdr", lambda spec, name, header: by_sequence_source(
-        emit_gated_delta_rule_module(torch.float32, 16, True, name, header), range(5), 1))
-    module = build(())
+    module = build_gdr((torch.float32, 16, True, True))
     tol, done = TOLERANCE[torch.float32], [0, 0]
     for piece in FLAT_PIECES:
         rows = [r for r, _ in piece]

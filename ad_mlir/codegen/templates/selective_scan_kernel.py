@@ -5,16 +5,19 @@
 `@triton.jit` function named as asked, `OUTPUT_DTYPES`, `output_shapes`, `launch`). The launch
 takes, in the op's operand order, `x [B, D, S]`, `dt [B, D, S]`, `a [D, N]`, `b`/`c [B, N, S]`
 (any strides: HF's transposes and splits of one projection), `d [D]`, `z [B, D, S]` and
-`dt_bias [D]` when the op has them, `state [slots, D, N]` (fp32), `slots`, `starts [B]` (int64,
-on the device: nothing is read on the host), and returns `out [B, D, S]` in x's dtype promoted by
-d's, contiguous.
+`dt_bias [D]` when the op has them, `state [slots, D, N]` (fp32), `slots`, `starts [B]` and, in
+the paged form, `query_starts [seqs + 1]` (B is 1, S every sequence's tokens, `slots`/`starts`
+[seqs]; all int64, on the device: nothing is read on the host), and returns `out [B, D, S]` in
+x's dtype promoted by d's, contiguous.
 
-Grid (B, cdiv(D, BLOCK_R)): a program holds the [BLOCK_R, N] tile of one row's state in fp32
-registers (zeros at start 0: a reused slot starts clean), runs the new tokens through the
+Grid (B or seqs, cdiv(D, BLOCK_R)): a program holds the [BLOCK_R, N] tile of one sequence's state
+in fp32 registers (zeros at start 0: a reused slot starts clean), runs its new tokens
+(`state_rows.SEQUENCE`) through the
 recurrence one after the other (h = h * exp(dt a) + (dt x) B^T, y = (h C + d x) silu(z)) and
 writes the tile back at the end: the sequential form, what a decode step needs and correct for a
 prefill (not the parallel scan that makes a long prefill fast on a GPU). Programs share nothing;
-rows must use distinct slots (the runtime's slots are). The time step is computed in dt's dtype as
+sequences must use distinct slots (the runtime's slots are; the padding rows of a captured decode
+step share a scratch slot, but start at 0, so they use none of it). The time step is computed in dt's dtype as
 HF computes it (dt + dt_bias, softplus, each rounded to that dtype).
 """
 
@@ -22,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.templates.by_sequence import state_emitter
 from ad_mlir.codegen.templates.skeleton import module_source
 from ad_mlir.codegen.templates.ssm_scan_kernel import SOFTPLUS_THRESHOLD, _round
+from ad_mlir.codegen.templates.state_rows import SEQUENCE, state_emitter, unpack_tensors
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
 from ad_mlir.semantics.op_table import torch_dtype
@@ -40,23 +43,22 @@ def selective_scan_blocks(channels: int, state_size: int) -> tuple[int, int]:
 
 _KERNEL = '''
 @triton.jit
-def {name}(x, dt, a, b, c, d, z, dt_bias, state, slots, starts, out, seq_len,
+def {name}(x, dt, a, b, c, d, z, dt_bias, state, slots, starts, query_starts, out, seq_len,
         x_sb, x_sd, x_st, dt_sb, dt_sd, dt_st, a_sd, a_sn, b_sb, b_sn, b_st, c_sb, c_sn, c_st, z_sb, z_sd, z_st,
         st_ss, st_sd, st_sn,
-        CHANNELS: tl.constexpr, STATE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+        CHANNELS: tl.constexpr, STATE: tl.constexpr, VARLEN: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_N: tl.constexpr):
+{sequence}
     ds = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     ns = tl.arange(0, BLOCK_N)
     d_ok = ds < CHANNELS
     n_ok = ns < STATE
     tile_ok = d_ok[:, None] & n_ok[None, :]
-    slot = tl.load(slots + row)
-    start = tl.load(starts + row)
     tile = state + slot * st_ss + ds[:, None] * st_sd + ns[None, :] * st_sn
     hs = tl.where(start > 0, tl.load(tile, mask=tile_ok, other=0.0), 0.0)
     a_t = tl.load(a + ds[:, None] * a_sd + ns[None, :] * a_sn, mask=tile_ok, other=0).to(tl.float32)
 {per_channel}
-    for t in range(seq_len):
+    for t in range(first, last):
         xv = tl.load(x + row * x_sb + ds * x_sd + t * x_st, mask=d_ok, other=0).to(tl.float32)
         step = tl.load(dt + row * dt_sb + ds * dt_sd + t * dt_st, mask=d_ok, other=0).to(tl.float32)
 {time_step}
@@ -84,10 +86,10 @@ def launch(kernel, tensors, scalars):
     if out.numel() == 0:
         return [out]
     block_d, block_n = selective_scan_blocks(channels, state_size)
-    kernel[(batch, triton.cdiv(channels, block_d))](
-        x, dt, a, b, c, d, z, dt_bias, state, slots, starts, out, seq_len, *x.stride(), *dt.stride(), *a.stride(),
-        *b.stride(), *c.stride(), *z.stride(), *state.stride(), CHANNELS=channels, STATE=state_size,
-        BLOCK_R=block_d, BLOCK_N=block_n, num_warps=4)
+    kernel[(slots.shape[0], triton.cdiv(channels, block_d))](
+        x, dt, a, b, c, d, z, dt_bias, state, slots, starts, query_starts, out, seq_len, *x.stride(), *dt.stride(),
+        *a.stride(), *b.stride(), *c.stride(), *z.stride(), *state.stride(), CHANNELS=channels, STATE=state_size,
+        VARLEN={varlen}, BLOCK_R=block_d, BLOCK_N=block_n, num_warps=4)
     return [out]
 '''
 
@@ -104,16 +106,14 @@ def _time_step(dtype: torch.dtype, has_dt_bias: bool, dt_softplus: bool) -> str:
 
 
 def emit_selective_scan_module(dt_dtype: torch.dtype, out_dtype: torch.dtype, has_d: bool, has_z: bool,
-                               has_dt_bias: bool, dt_softplus: bool, name: str, header: str) -> str:
+                               has_dt_bias: bool, dt_softplus: bool, varlen: bool, name: str, header: str) -> str:
     """The kernel file for Mamba1's scan with time steps of `dt_dtype` and an output of
     `out_dtype`, with or without D, the gate z and dt_bias, and softplus (x, B, C and z of any
-    dtype: each load converts to fp32)."""
-    names = ["x", "dt", "a", "b", "c", *(["d"] if has_d else []), *(["z"] if has_z else []),
-             *(["dt_bias"] if has_dt_bias else []), "state", "slots", "starts"]
-    unpack = ", ".join(names) + " = tensors"
-    for absent, stand_in in (("d", "a"), ("z", "x"), ("dt_bias", "a")):  # never read: the kernel has no use
-        if absent not in names:
-            unpack += f"\n    {absent} = {stand_in}"
+    dtype: each load converts to fp32), in the paged form (`varlen`: the op's `query_starts`) or
+    the slot form."""
+    given = {"d": (has_d, "a"), "z": (has_z, "x"), "dt_bias": (has_dt_bias, "a")}
+    unpack = unpack_tensors(["x", "dt", "a", "b", "c", *(n for n, (has, _) in given.items() if has)],
+                            {n: stand_in for n, (has, stand_in) in given.items() if not has}, varlen)
     per_channel = []
     if has_d:
         per_channel.append("d_d = tl.load(d + ds, mask=d_ok, other=0).to(tl.float32)")
@@ -126,15 +126,14 @@ def emit_selective_scan_module(dt_dtype: torch.dtype, out_dtype: torch.dtype, ha
     kernel = _KERNEL.format(
         name=name, unpack=unpack, per_channel="\n".join(" " * 4 + line for line in per_channel) or "    pass",
         time_step=_time_step(dt_dtype, has_dt_bias, dt_softplus), skip=" + d_d * xv" if has_d else "", gate=gate,
-        out_dtype=str(out_dtype))
+        out_dtype=str(out_dtype), varlen=varlen, sequence=SEQUENCE)
     return module_source(header, {"ad_mlir.codegen.templates.selective_scan_kernel": ["selective_scan_blocks"]}, [], [kernel])
 
 
-def _emit(op: ad.CachedSelectiveScanOp, name: str, header: str) -> str:
+def _emit(op: ad.CachedSelectiveScanOp, varlen: bool, name: str, header: str) -> str:
     return emit_selective_scan_module(torch_dtype(op.dt.type), torch_dtype(op.result.type), op.d is not None,
-                                      op.z is not None, op.dt_bias is not None, op.dt_softplus is not None, name,
-                                      header)
+                                      op.z is not None, op.dt_bias is not None, op.dt_softplus is not None, varlen,
+                                      name, header)
 
 
-EMITTER = state_emitter(_emit, lambda op: [op.input, op.dt, op.b, op.c, *([op.z] if op.z is not None else [])],
-                        axis=2)
+EMITTER = state_emitter(_emit)

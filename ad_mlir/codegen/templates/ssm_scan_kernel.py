@@ -5,16 +5,19 @@
 `@triton.jit` function named as asked, `OUTPUT_DTYPES`, `output_shapes`, `launch`). The launch
 takes, in the op's operand order, `x [B, S, H, P]`, `dt [B, S, H]`, `a [H]`, `b`/`c [B, S, G, N]`
 (any strides: HF's splits and views of one projection), `d [H]` and `dt_bias [H]` when the op has
-them, `state [slots, H, P, N]` (fp32), `slots`, `starts [B]` (int64, on the device: nothing is
-read on the host), and returns `out [B, S, H, P]` in fp32, contiguous.
+them, `state [slots, H, P, N]` (fp32), `slots`, `starts [B]` and, in the paged form,
+`query_starts [seqs + 1]` (B is 1, S every sequence's tokens, `slots`/`starts` [seqs]; all int64,
+on the device: nothing is read on the host), and returns `out [B, S, H, P]` in fp32, contiguous.
 
-Grid (B, H, cdiv(P, BLOCK_R)): a program holds the [BLOCK_R, N] tile of one row's state for one
-head in fp32 registers (zeros at start 0: a reused slot starts clean), runs the new tokens
-through the recurrence one after the other (h = h * exp(dt a) + (dt x) B^T, y = h C + d x) and
-writes the tile back at the end. This is the sequential form, the one a decode step needs and
-correct for a prefill; it is not the chunked form (matmuls over chunks of tokens) that makes a
-long prefill fast on a GPU. Programs share nothing: each owns its tile of the state. Rows must
-use distinct slots (the runtime's slots are).
+Grid (B or seqs, H, cdiv(P, BLOCK_R)): a program holds the [BLOCK_R, N] tile of one sequence's
+state for one head in fp32 registers (zeros at start 0: a reused slot starts clean), runs its new
+tokens (`state_rows.SEQUENCE`: its batch row's, or its range of the flat row) through the
+recurrence one after the other (h = h * exp(dt a) + (dt x) B^T, y = h C + d x) and writes the tile
+back at the end. This is the sequential form, the one a decode step needs and correct for a
+prefill; it is not the chunked form (matmuls over chunks of tokens) that makes a long prefill fast
+on a GPU. Programs share nothing: each owns its tile of the state. Sequences must use distinct
+slots (the runtime's slots are; the padding rows of a captured decode step share a scratch slot,
+but start at 0, so they use none of it).
 
 The time step is computed in dt's dtype as HF computes it (dt + dt_bias, softplus, clamp, each
 rounded to that dtype); softplus is log1p(exp(x)) in a form exact for small exp(x) (Triton has no
@@ -25,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from ad_mlir.codegen.templates.by_sequence import state_emitter
 from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
+from ad_mlir.codegen.templates.state_rows import SEQUENCE, state_emitter, unpack_tensors
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
 from ad_mlir.semantics.op_table import torch_dtype
@@ -44,26 +47,24 @@ def ssm_blocks(head_dim: int, state_size: int) -> tuple[int, int]:
 
 _KERNEL = '''
 @triton.jit
-def {name}(x, dt, a, b, c, d, dt_bias, state, slots, starts, out, seq_len,
+def {name}(x, dt, a, b, c, d, dt_bias, state, slots, starts, query_starts, out, seq_len,
         x_sb, x_st, x_sh, x_sp, dt_sb, dt_st, dt_sh, b_sb, b_st, b_sg, b_sn, c_sb, c_st, c_sg, c_sn,
         st_ss, st_sh, st_sp, st_sn,
         HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, STATE: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+        VARLEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+{sequence}
     h = tl.program_id(1)
     ps = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     ns = tl.arange(0, BLOCK_N)
     p_ok = ps < HEAD_DIM
     n_ok = ns < STATE
-    slot = tl.load(slots + row)
-    start = tl.load(starts + row)
     group = h // HEADS_PER_GROUP
     tile = state + slot * st_ss + h * st_sh + ps[:, None] * st_sp + ns[None, :] * st_sn
     tile_ok = p_ok[:, None] & n_ok[None, :]
     hs = tl.where(start > 0, tl.load(tile, mask=tile_ok, other=0.0), 0.0)
     a_h = tl.load(a + h).to(tl.float32)
 {per_head}
-    for t in range(seq_len):
+    for t in range(first, last):
         xv = tl.load(x + row * x_sb + t * x_st + h * x_sh + ps * x_sp, mask=p_ok, other=0).to(tl.float32)
         step = tl.load(dt + row * dt_sb + t * dt_st + h * dt_sh).to(tl.float32)
 {time_step}
@@ -91,10 +92,10 @@ def launch(kernel, tensors, scalars):
     if out.numel() == 0:
         return [out]
     block_r, block_n = ssm_blocks(head_dim, state_size)
-    kernel[(batch, heads, triton.cdiv(head_dim, block_r))](
-        x, dt, a, b, c, d, dt_bias, state, slots, starts, out, seq_len, *x.stride(), *dt.stride(), *b.stride(),
-        *c.stride(), *state.stride(), HEADS=heads, HEAD_DIM=head_dim, STATE=state_size,
-        HEADS_PER_GROUP=heads // groups, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4)
+    kernel[(slots.shape[0], heads, triton.cdiv(head_dim, block_r))](
+        x, dt, a, b, c, d, dt_bias, state, slots, starts, query_starts, out, seq_len, *x.stride(), *dt.stride(),
+        *b.stride(), *c.stride(), *state.stride(), HEADS=heads, HEAD_DIM=head_dim, STATE=state_size,
+        HEADS_PER_GROUP=heads // groups, VARLEN={varlen}, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4)
     return [out]
 '''
 
@@ -120,16 +121,13 @@ def _time_step(dtype: torch.dtype, has_dt_bias: bool, dt_softplus: bool, dt_min:
 
 
 def emit_ssm_scan_module(dt_dtype: torch.dtype, has_d: bool, has_dt_bias: bool, dt_softplus: bool, dt_min: float,
-                         dt_max: float | None, name: str, header: str) -> str:
+                         dt_max: float | None, varlen: bool, name: str, header: str) -> str:
     """The kernel file for Mamba2's scan with time steps of `dt_dtype`, with or without D and
     dt_bias, softplus and the clamp [dt_min, dt_max] (x, B and C of any dtype: each load
-    converts to fp32)."""
-    names = ["x", "dt", "a", "b", "c", *(["d"] if has_d else []), *(["dt_bias"] if has_dt_bias else []),
-             "state", "slots", "starts"]
-    unpack = ", ".join(names) + " = tensors"
-    for absent in ("d", "dt_bias"):
-        if absent not in names:
-            unpack += f"\n    {absent} = a"
+    converts to fp32), in the paged form (`varlen`: the op's `query_starts`) or the slot form."""
+    given = {"d": has_d, "dt_bias": has_dt_bias}
+    unpack = unpack_tensors(["x", "dt", "a", "b", "c", *(n for n, has in given.items() if has)],
+                            {n: "a" for n, has in given.items() if not has}, varlen)
     per_head = []
     if has_d:
         per_head.append("d_h = tl.load(d + h).to(tl.float32)")
@@ -138,15 +136,15 @@ def emit_ssm_scan_module(dt_dtype: torch.dtype, has_d: bool, has_dt_bias: bool, 
     kernel = _KERNEL.format(
         name=name, unpack=unpack, per_head="\n".join(" " * 4 + line for line in per_head) or "    pass",
         time_step=_time_step(dt_dtype, has_dt_bias, dt_softplus, dt_min, dt_max),
-        skip=" + d_h * xv" if has_d else "",
+        skip=" + d_h * xv" if has_d else "", varlen=varlen, sequence=SEQUENCE,
     )
     return module_source(header, {"ad_mlir.codegen.templates.ssm_scan_kernel": ["ssm_blocks"]}, [], [kernel])
 
 
-def _emit(op: ad.CachedSsmScanOp, name: str, header: str) -> str:
+def _emit(op: ad.CachedSsmScanOp, varlen: bool, name: str, header: str) -> str:
     return emit_ssm_scan_module(torch_dtype(op.dt.type), op.d is not None, op.dt_bias is not None,
                                 op.dt_softplus is not None, op.dt_min.value.data if op.dt_min is not None else 0.0,
-                                op.dt_max.value.data if op.dt_max is not None else None, name, header)
+                                op.dt_max.value.data if op.dt_max is not None else None, varlen, name, header)
 
 
-EMITTER = state_emitter(_emit, lambda op: [op.input, op.dt, op.b, op.c], axis=1)
+EMITTER = state_emitter(_emit)

@@ -10,6 +10,7 @@ from ad_mlir.passes.cache import (
     causal_conv,
     gated_delta_rule,
     mla,
+    rg_lru,
     selective_scan,
     ssm_scan,
     token_window,
@@ -22,6 +23,7 @@ MIXERS: tuple[CachedMixer, ...] = (
     ssm_scan.MIXER,
     gated_delta_rule.MIXER,
     selective_scan.MIXER,
+    rg_lru.MIXER,
     token_window.MIXER,
     mla.MIXER,
 )

@@ -612,3 +612,20 @@ func.func @conv_query_starts_batch(%x: tensor<2x8x?xf32>, %w: tensor<8x1x3xf32>,
   %0 = ad.cached_causal_conv1d %x, %w state %st slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<2x8x?xf32>, tensor<8x1x3xf32>, tensor<4x8x2xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<2x8x?xf32>
   func.return
 }
+
+// -----
+
+// The RG-LRU's state is one fp32 value per channel of the input's width.
+func.func @cached_rg_lru_state(%x: tensor<?x?x64xbf16>, %st: tensor<8x32xf32>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_rg_lru' state must be [slots, 64] in f32
+  %0 = ad.cached_rg_lru %x, %x state %st slots %s starts %s : (tensor<?x?x64xbf16>, tensor<?x?x64xbf16>, tensor<8x32xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @cached_rg_lru_gate(%x: tensor<?x?x64xbf16>, %a: tensor<?x?x32xbf16>, %st: tensor<8x64xf32>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_rg_lru' input and a must be one [batch, seq, width] shape, width static
+  %0 = ad.cached_rg_lru %x, %a state %st slots %s starts %s : (tensor<?x?x64xbf16>, tensor<?x?x32xbf16>, tensor<8x64xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x64xbf16>
+  func.return
+}

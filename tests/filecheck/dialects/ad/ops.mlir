@@ -408,3 +408,13 @@ func.func @cached_token_window(%x: tensor<?x192x?xbf16>, %st: tensor<8x192x2xbf1
   // CHECK-NEXT: ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
   func.return
 }
+
+// RecurrentGemma's RG-LRU at recurrent-gemma-2b's width (2560), slot and paged forms.
+func.func @cached_rg_lru(%x: tensor<?x?x2560xbf16>, %f: tensor<1x?x2560xbf16>, %st: tensor<8x2560xf32>, %s: tensor<?xi64>) {
+  // CHECK-LABEL: func.func @cached_rg_lru
+  %0 = ad.cached_rg_lru %x, %x state %st slots %s starts %s : (tensor<?x?x2560xbf16>, tensor<?x?x2560xbf16>, tensor<8x2560xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x2560xbf16>
+  // CHECK-NEXT: ad.cached_rg_lru %x, %x state %st slots %s starts %s : (tensor<?x?x2560xbf16>, tensor<?x?x2560xbf16>, tensor<8x2560xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x2560xbf16>
+  %1 = ad.cached_rg_lru %f, %f state %st slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<1x?x2560xbf16>, tensor<1x?x2560xbf16>, tensor<8x2560xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x2560xbf16>
+  // CHECK-NEXT: ad.cached_rg_lru %f, %f state %st slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<1x?x2560xbf16>, tensor<1x?x2560xbf16>, tensor<8x2560xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x2560xbf16>
+  func.return
+}
