@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 from kernel_guard import kernel_calls, kernels_ran
+from test_generate_fp8 import _trajectory
 
 import ad_mlir
 from ad_mlir.codegen.interpreter import nearest_e4m3_rounding
@@ -67,21 +68,6 @@ def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     for _ in range(STEPS):
         ids.append(int(_eager_logits(model, ids)[-1].argmax()))
     return ids[len(prompt):]
-
-
-def _trajectory(llm: ad_mlir.LLM, forced: list[list[int]]) -> list[torch.Tensor]:
-    """Prefill each prompt in its own slot, then STEPS decode steps of both together, fed the
-    tokens of `forced`. Returns, per prompt, the logits of every step [STEPS + 1, vocab]."""
-    logits: list[list[torch.Tensor]] = []
-    for slot, prompt in enumerate(PROMPTS):
-        logits.append([llm.step(torch.tensor([prompt]), torch.arange(len(prompt))[None], [slot], [0])[0, -1]])
-    for step in range(STEPS):
-        starts = [len(p) + step for p in PROMPTS]
-        out = llm.step(torch.tensor([[f[step]] for f in forced]), torch.tensor(starts)[:, None], range(len(PROMPTS)),
-                       starts)
-        for i in range(len(PROMPTS)):
-            logits[i].append(out[i, -1])
-    return [torch.stack(steps) for steps in logits]
 
 
 def _dequantized(model: torch.nn.Module) -> torch.nn.Module:
@@ -135,7 +121,7 @@ def test_ct_fp8_checkpoint_generates_the_reference_tokens(llm: ad_mlir.LLM, path
     reference = [_greedy(llm.model, prompt) for prompt in PROMPTS]
     assert all(len(set(tokens)) > 3 for tokens in reference), f"greedy tokens barely vary: {reference}"
     with (kernels_ran(monkeypatch) if path == "kernels" else reference_kernels()), nearest_e4m3_rounding():
-        logits = _trajectory(llm, reference)
+        logits = _trajectory(llm, PROMPTS, reference)
         outputs = llm.generate(PROMPTS, max_new_tokens=STEPS, ignore_eos=True)
     _assert_same_quantization(llm, reference, logits)
     assert [out.token_ids for out in outputs] == reference
@@ -150,7 +136,7 @@ def test_ct_fp8_checkpoint_is_within_activation_rounding_of_the_dequantized_mode
     dequantized = _dequantized(llm.model)
     forced = [_greedy(llm.model, prompt) for prompt in PROMPTS]
     with reference_kernels():
-        logits = _trajectory(llm, forced)
+        logits = _trajectory(llm, PROMPTS, forced)
         outputs = llm.generate(PROMPTS, max_new_tokens=STEPS, ignore_eos=True)
     _assert_same_quantization(llm, forced, logits)
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, forced, logits, strict=True)):
