@@ -2462,14 +2462,13 @@ class DequantizeFp8Op(KernelOp):
 
 
 @irdl_op_definition
-class LinearFp8Op(AdOp):
+class LinearFp8Op(KernelOp):
     """An FP8 linear: `(float(input) * input_scale) @ (float(weight) * weight_scale).T + bias`,
     cast to the result type. Scales are f32: per tensor (0-d, or [1]) or, for the input, per token
     ([..., 1]), for the weight per output channel ([N, 1]: compressed-tensors FP8-dynamic
-    checkpoints, `zoo/ct_fp8.py`)."""
+    checkpoints, `zoo/ct_fp8.py`). Its kernel is a template (`codegen/templates/linear_fp8_kernel.py`)."""
 
     name = "ad.linear_fp8"
-    traits = traits_def(Pure())
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     input = operand_def(AdTensor)
     weight = operand_def(AdTensor)
