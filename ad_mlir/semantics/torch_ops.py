@@ -1178,9 +1178,40 @@ def _(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::wkv_scan", mutates_args=())
+def wkv_scan(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """RWKV's time mixing (the WKV recurrence, HF's `rwkv_linear_attention_cpu` without a state)
+    over the whole sequence from an empty state: w [width] the decay per channel, already
+    `-exp(time_decay)`, u [width] the bonus of the current token (`time_first`), k and v
+    [batch, seq, width]; per channel, with a running maximum p for stability,
+    out_t = (e^(p-q) a + e^(u+k_t-q) v_t) / (e^(p-q) b + e^(u+k_t-q)), q = max(p, u + k_t), then
+    a, b <- e^(p+w-p') a + e^(k_t-p') v_t, e^(p+w-p') b + e^(k_t-p'), p' = max(p + w, k_t), in
+    fp32 (HF's order of operations), the result in k's dtype. Opaque to torch.export (HF's loop
+    over time steps would fix the sequence length)."""
+    num = torch.zeros_like(k[:, 0], dtype=torch.float32)
+    den = torch.zeros_like(k[:, 0], dtype=torch.float32)
+    top = torch.zeros_like(k[:, 0], dtype=torch.float32) - 1e38
+    out = torch.zeros_like(k)
+    for t in range(k.shape[1]):
+        key, value = k[:, t].float(), v[:, t]
+        q = torch.maximum(top, key + u)
+        e1, e2 = torch.exp(top - q), torch.exp(key + u - q)
+        out[:, t] = ((e1 * num + e2 * value) / (e1 * den + e2)).to(out.dtype)
+        q = torch.maximum(top + w, key)
+        e1, e2 = torch.exp(top + w - q), torch.exp(key - q)
+        num, den, top = e1 * num + e2 * value, e1 * den + e2, q
+    return out
+
+
+@wkv_scan.register_fake
+def _(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(k)
+
+
 SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default"
                                for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule", "selective_scan",
-                                            "rg_lru_scan"))
+                                            "rg_lru_scan",
+                                            "wkv_scan"))
 """The opaque scans above: each mixes every position of the sequence; `insert-cached-attention`
 replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`, `cached_selective_scan`,
 `cached_rg_lru`)."""
