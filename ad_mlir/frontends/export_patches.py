@@ -445,17 +445,44 @@ def _rg_lru_scan(original: Callable[..., Any]) -> Callable[..., Any]:
     return scan
 
 
+def _shifted_one_token(hidden: torch.Tensor) -> torch.Tensor:
+    """RWKV's `time_shift` (`ZeroPad2d((0, 0, 1, -1))`: each token gets the previous one's row, the
+    first a zero row) as a shift by a concatenation, `cat([zeros, hidden])[:, :-1]`: the same
+    values, in the form the cache pass holds as a token window."""
+    return torch.cat([hidden.new_zeros(hidden.shape[0], 1, hidden.shape[2]), hidden], dim=1)[:, :-1]
+
+
 def _rwkv_time_mixing(original: Callable[..., Any]) -> Callable[..., Any]:
     """transformers' `RwkvSelfAttention.forward` without a state (with one, HF's): the token shift
-    and the key, value and receptance projections as HF's (`extract_key_value`), the decay
-    `-exp(time_decay)` as ordinary ops, then the WKV recurrence through `torch_ops.wkv_scan` (HF's
-    `rwkv_linear_attention` loops over time steps), no final state kept (HF's cache is off)."""
+    (`_shifted_one_token`) and the key, value and receptance projections as HF's
+    `extract_key_value`, the decay `-exp(time_decay)` as ordinary ops, then the WKV recurrence
+    through `torch_ops.wkv_scan` (HF's `rwkv_linear_attention` loops over time steps), no final
+    state kept (HF's cache is off)."""
     def forward(self: Any, hidden: torch.Tensor, state: Any = None, use_cache: bool = False) -> Any:
         if state is not None or use_cache:
             return original(self, hidden, state, use_cache)
-        receptance, key, value, _ = self.extract_key_value(hidden)
+        shifted = _shifted_one_token(hidden)
+        key = self.key(hidden * self.time_mix_key + shifted * (1 - self.time_mix_key))
+        value = self.value(hidden * self.time_mix_value + shifted * (1 - self.time_mix_value))
+        receptance = torch.sigmoid(self.receptance(hidden * self.time_mix_receptance
+                                                   + shifted * (1 - self.time_mix_receptance)))
         rwkv = torch.ops.ad_mlir.wkv_scan(-torch.exp(self.time_decay), self.time_first, key, value)
         return self.output(receptance * rwkv), None
+
+    return forward
+
+
+def _rwkv_channel_mixing(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `RwkvFeedForward.forward` without a state (with one, HF's): HF's ops, its
+    token shift as `_shifted_one_token`."""
+    def forward(self: Any, hidden: torch.Tensor, state: Any = None) -> Any:
+        if state is not None:
+            return original(self, hidden, state)
+        shifted = _shifted_one_token(hidden)
+        key = hidden * self.time_mix_key + shifted * (1 - self.time_mix_key)
+        receptance = hidden * self.time_mix_receptance + shifted * (1 - self.time_mix_receptance)
+        value = self.value(torch.square(torch.relu(self.key(key))))
+        return torch.sigmoid(self.receptance(receptance)) * value, None
 
     return forward
 
@@ -496,6 +523,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     "RecurrentGemmaRglru": ("_rnn_scan", ("self", "hidden_states", "recurrent_gate", "reset", "recurrent_states",
                                           "acc_dtype"), _rg_lru_scan),
     "RwkvSelfAttention": ("forward", ("self", "hidden", "state", "use_cache"), _rwkv_time_mixing),
+    "RwkvFeedForward": ("forward", ("self", "hidden", "state"), _rwkv_channel_mixing),
     **{name: ("forward", DYNAMIC_CONVOLUTION, _inkling2_dynamic_short_convolution)
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
     **{name: ("forward", ("self", "input"), _fp8_block_linear) for name in ("FP8Linear", "Fp8BlockLinear")},
