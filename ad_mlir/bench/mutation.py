@@ -225,6 +225,7 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/templates/rope_kernel.py": Tests(
         _lit("optimize-rope"), ("tests/unit/test_llm_ops.py", "-k", "rope")),
     "ad_mlir/codegen/templates/rg_lru_kernel.py": Tests((), ("tests/unit/test_rg_lru_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/wkv_kernel.py": Tests((), ("tests/unit/test_wkv_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/selective_scan_kernel.py": Tests(
         (), ("tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/skeleton.py": Tests((_TRITON,), _NUMERIC),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_guard import kernel_calls, kernels_ran, reference_calls
 from test_generate import (
     PROMPTS,
     _assert_logits_close,
@@ -126,3 +127,16 @@ def test_a_prompt_prefilled_in_two_chunks_equals_one_prefill(model: torch.nn.Mod
         slots.step(prompt[:, :4], torch.arange(4)[None], [1], [0])
         chunked = slots.step(prompt[:, 4:], torch.arange(4, prompt.shape[1])[None], [1], [4])
         _assert_logits_close(chunked, model(prompt).logits[:, 4:])
+
+
+def test_in_the_interpreter(model: torch.nn.Module, slots: ad_mlir.LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel in the Triton interpreter, no region on its reference semantics: three prompts
+    in two slots, 6 new tokens, HF's. The graph calls the WKV kernel of both blocks; its only
+    reference ops are the four token windows (`ad.cached_token_window` has no kernel template), so
+    `kernel_guard.graph_kernels`, which refuses any reference op, is not asked."""
+    assert reference_calls(slots.graph) == ["ad_mlir.cached_token_window.default"] * 4
+    assert sum(name.startswith("cached_wkv") for name in kernel_calls(slots.graph)) == 2
+    with kernels_ran(monkeypatch) as launches:
+        outputs = slots.generate(PROMPTS, max_new_tokens=6)
+    assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 6) for prompt in PROMPTS]
+    assert sum(n for name, n in launches.items() if name.startswith("cached_wkv")) > 0, launches
