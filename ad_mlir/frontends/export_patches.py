@@ -29,7 +29,10 @@ attention with a decay per head) as a Mamba2 scan through `torch_ops.mamba2_chun
 cached form generation uses. RecurrentGemma's RG-LRU loops over time steps in a method
 (`RecurrentGemmaRglru._rnn_scan`); without a state it gets the same recurrence through
 `torch_ops.rg_lru_scan`. RWKV's time mixing loops over time steps (`rwkv_linear_attention`);
-`RwkvSelfAttention.forward` without a state gets the same recurrence through `torch_ops.wkv_scan`. Three more fix the length only in the export for generation
+`RwkvSelfAttention.forward` without a state gets the same recurrence through `torch_ops.wkv_scan`,
+and it and `RwkvFeedForward.forward` shift their tokens by a concatenation (HF's `ZeroPad2d`
+with a negative pad exports as a pad the cache pass cannot hold; the concatenation is a token
+window). Three more fix the length only in the export for generation
 (batch and length both dynamic, the length down to 1): Aria's MoE block views its flattened
 input back for its shared experts (they get the input itself), Inkling2's dynamic short
 convolution flips an unfolded view (it flips a contiguous copy), and DeepSeek-V4's CSA compressor
@@ -535,8 +538,8 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
-without a cache, Aria's MoE block, RecurrentGemma's RG-LRU scan and RWKV's time mixing without a
-state, Inkling2's dynamic
+without a cache, Aria's MoE block, RecurrentGemma's RG-LRU scan and RWKV's time and channel mixing
+without a state, Inkling2's dynamic
 short convolution, DeepSeek-V4's CSA
 compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF's own, their
 top-k padded), and fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
