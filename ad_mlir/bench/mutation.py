@@ -107,7 +107,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/cache/__init__.py": Tests(_lit("insert-cached-attention")),
     "ad_mlir/passes/cache/interface.py": Tests(_lit(*_CACHED)),
     "ad_mlir/passes/cache/table.py": Tests(_lit(*_CACHED, "insert-cached-attention-selective-scan",
-                                                "insert-cached-attention-rg-lru")),
+                                                "insert-cached-attention-rg-lru",
+                                                "insert-cached-attention-wkv")),
     "ad_mlir/passes/cache/attention.py": Tests(_lit(*_CACHED), ("tests/unit/test_verify.py", "-k", "cached")),
     "ad_mlir/passes/cache/attention_forms.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-errors"),
                                                      ("tests/models/test_attention_forms.py", "-k",
@@ -126,6 +127,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/cache/selective_scan.py": Tests(_lit("insert-cached-attention-selective-scan")),
     "ad_mlir/passes/cache/rg_lru.py": Tests(_lit("insert-cached-attention-rg-lru"),
                                             ("tests/models/test_rg_lru.py", "-k", "cached_per_slot")),
+    "ad_mlir/passes/cache/wkv.py": Tests(_lit("insert-cached-attention-wkv"),
+                                         ("tests/models/test_rwkv.py", "-k", "cached_per_slot")),
     "ad_mlir/passes/cache/gated_delta_rule.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-paged")),
     "ad_mlir/passes/cache/token_window.py": Tests(_lit("insert-cached-attention", "insert-cached-attention-errors",
                                                        "insert-cached-attention-compressed",
@@ -224,6 +227,7 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/templates/rope_kernel.py": Tests(
         _lit("optimize-rope"), ("tests/unit/test_llm_ops.py", "-k", "rope")),
     "ad_mlir/codegen/templates/rg_lru_kernel.py": Tests((), ("tests/unit/test_rg_lru_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/wkv_kernel.py": Tests((), ("tests/unit/test_wkv_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/selective_scan_kernel.py": Tests(
         (), ("tests/unit/test_selective_scan_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/skeleton.py": Tests((_TRITON,), _NUMERIC),

@@ -72,6 +72,7 @@ TEMPLATES: dict[type[Operation], str] = {
     ad.CachedSelectiveScanOp: "selective_scan_kernel",
     ad.CachedGatedDeltaRuleOp: "gated_delta_rule_kernel",
     ad.CachedRgLruOp: "rg_lru_kernel",
+    ad.CachedWkvOp: "wkv_kernel",
 }
 """Each templated op's template module, under `ad_mlir.codegen.templates`."""
 

@@ -1547,6 +1547,7 @@ CACHE_ATTR = "ad.cache"
 cache, "<layer> conv_state" for a convolution's state, "<layer> token_window" for a cached token
 window's, "<layer> ssm_state" / "<layer> recurrent_state" for a Mamba2 / gated-delta-rule state,
 "<layer> rg_lru_state" for an RG-LRU's state,
+"<layer> wkv_state" for RWKV's time-mixing state,
 "<layer> latent" for MLA's latent cache, the layer being the HF module path of the op it serves."""
 PER_TOKEN_ROLES = ("key", "value", "latent", "index_key", "compressed")
 """`ad.cache` roles of the caches that hold every token of a slot (in the paged form: the page
@@ -2129,6 +2130,52 @@ class CachedRgLruOp(AdOp):
         _verify_state_metadata(self, self.name, (x[2],), x[0])
         if self.result.type != self.input.type:
             raise VerifyException("ad.cached_rg_lru result must be the input's type")
+
+
+@irdl_op_definition
+class CachedWkvOp(AdOp):
+    """RWKV's time mixing (the WKV recurrence) of each batch row's new tokens, continuing from
+    the row's state, the state written in place (HF's `rwkv_linear_attention_cpu`, its loop and
+    its one-token step in one op; the token shift and the projections stay ordinary ops).
+
+    `w` [width] is the decay per channel (`-exp(time_decay)`), `u` [width] the current token's
+    bonus (`time_first`), `key` and `value` [batch, seq, width]. Row b uses slot `slots[b]` of
+    `state` [slots, 3, width] (fp32: num, den and the running maximum p): the state after the
+    tokens before the new ones when `starts[b]` > 0, an empty one (0, 0, -1e38) when it is 0 (a
+    new sequence). For each new token t, in order, in fp32: q = max(p, u + k_t), y_t =
+    (e^(p-q) num + e^(u+k_t-q) v_t) / (e^(p-q) den + e^(u+k_t-q)) in key's dtype; then
+    p' = max(p + w, k_t), num = e^(p+w-p') num + e^(k_t-p') v_t, den = e^(p+w-p') den + e^(k_t-p'),
+    p = p'; afterwards the slot holds the state after the last token. Not pure: it writes the state.
+
+    With `query_starts` [seqs + 1] (the paged form), the batch is 1 and holds the new tokens of
+    `seqs` sequences, each run as a batch row of its own with `slots[s]` and `starts[s]`, as in
+    `ad.cached_causal_conv1d`."""
+
+    name = "ad.cached_wkv"
+    w = operand_def(AdTensor)
+    u = operand_def(AdTensor)
+    key = operand_def(AdTensor)
+    value = operand_def(AdTensor)
+    state = operand_def(AdTensor)
+    slots = operand_def(AdTensor)
+    starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$w `,` $u `,` $key `,` $value `state` $state `slots` $slots `starts` $starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? attr-dict `:` `(` type($w) `,` type($u) `,` "
+        "type($key) `,` type($value) `,` type($state) `,` type($slots) `,` type($starts) `)` `->` type($result)"
+    )
+
+    def verify_op(self) -> None:
+        k = _shape(self.key.type)
+        if k is None or len(k) != 3 or k[2] == DYNAMIC_INDEX or _shape(self.value.type) != k:
+            raise VerifyException("ad.cached_wkv key and value must be one [batch, seq, width] shape, width static")
+        if _shape(self.w.type) != (k[2],) or _shape(self.u.type) != (k[2],):
+            raise VerifyException("ad.cached_wkv w and u must be [width]")
+        _verify_state_metadata(self, self.name, (3, k[2]), k[0])
+        if self.result.type != self.key.type:
+            raise VerifyException("ad.cached_wkv result must be the key's type")
 
 
 @irdl_op_definition
@@ -2799,6 +2846,7 @@ Ad = Dialect(
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,
         CachedSelectiveScanOp,
         CachedRgLruOp,
+        CachedWkvOp,
         AllReduceOp, WaitTensorOp,
         FusedOp, YieldOp, ConstantOp, ArangeOp, FullOp, SymSizeOp, TorchOp,
     ],

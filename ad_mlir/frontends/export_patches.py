@@ -28,7 +28,11 @@ loops over blocks of `min(block_size, seq)` tokens; it gets the same recurrence 
 attention with a decay per head) as a Mamba2 scan through `torch_ops.mamba2_chunk_scan`, whose
 cached form generation uses. RecurrentGemma's RG-LRU loops over time steps in a method
 (`RecurrentGemmaRglru._rnn_scan`); without a state it gets the same recurrence through
-`torch_ops.rg_lru_scan`. Three more fix the length only in the export for generation
+`torch_ops.rg_lru_scan`. RWKV's time mixing loops over time steps (`rwkv_linear_attention`);
+`RwkvSelfAttention.forward` without a state gets the same recurrence through `torch_ops.wkv_scan`,
+and it and `RwkvFeedForward.forward` shift their tokens by a concatenation (HF's `ZeroPad2d`
+with a negative pad exports as a pad the cache pass cannot hold; the concatenation is a token
+window). Three more fix the length only in the export for generation
 (batch and length both dynamic, the length down to 1): Aria's MoE block views its flattened
 input back for its shared experts (they get the input itself), Inkling2's dynamic short
 convolution flips an unfolded view (it flips a contiguous copy), and DeepSeek-V4's CSA compressor
@@ -444,6 +448,48 @@ def _rg_lru_scan(original: Callable[..., Any]) -> Callable[..., Any]:
     return scan
 
 
+def _shifted_one_token(hidden: torch.Tensor) -> torch.Tensor:
+    """RWKV's `time_shift` (`ZeroPad2d((0, 0, 1, -1))`: each token gets the previous one's row, the
+    first a zero row) as a shift by a concatenation, `cat([zeros, hidden])[:, :-1]`: the same
+    values, in the form the cache pass holds as a token window."""
+    return torch.cat([hidden.new_zeros(hidden.shape[0], 1, hidden.shape[2]), hidden], dim=1)[:, :-1]
+
+
+def _rwkv_time_mixing(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `RwkvSelfAttention.forward` without a state (with one, HF's): the token shift
+    (`_shifted_one_token`) and the key, value and receptance projections as HF's
+    `extract_key_value`, the decay `-exp(time_decay)` as ordinary ops, then the WKV recurrence
+    through `torch_ops.wkv_scan` (HF's `rwkv_linear_attention` loops over time steps), no final
+    state kept (HF's cache is off)."""
+    def forward(self: Any, hidden: torch.Tensor, state: Any = None, use_cache: bool = False) -> Any:
+        if state is not None or use_cache:
+            return original(self, hidden, state, use_cache)
+        shifted = _shifted_one_token(hidden)
+        key = self.key(hidden * self.time_mix_key + shifted * (1 - self.time_mix_key))
+        value = self.value(hidden * self.time_mix_value + shifted * (1 - self.time_mix_value))
+        receptance = torch.sigmoid(self.receptance(hidden * self.time_mix_receptance
+                                                   + shifted * (1 - self.time_mix_receptance)))
+        rwkv = torch.ops.ad_mlir.wkv_scan(-torch.exp(self.time_decay), self.time_first, key, value)
+        return self.output(receptance * rwkv), None
+
+    return forward
+
+
+def _rwkv_channel_mixing(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `RwkvFeedForward.forward` without a state (with one, HF's): HF's ops, its
+    token shift as `_shifted_one_token`."""
+    def forward(self: Any, hidden: torch.Tensor, state: Any = None) -> Any:
+        if state is not None:
+            return original(self, hidden, state)
+        shifted = _shifted_one_token(hidden)
+        key = hidden * self.time_mix_key + shifted * (1 - self.time_mix_key)
+        receptance = hidden * self.time_mix_receptance + shifted * (1 - self.time_mix_receptance)
+        value = self.value(torch.square(torch.relu(self.key(key))))
+        return torch.sigmoid(self.receptance(receptance)) * value, None
+
+    return forward
+
+
 def _fp8_block_linear(original: Callable[..., Any]) -> Callable[..., Any]:
     """transformers' `FP8Linear.forward` (and `zoo.quantized.Fp8BlockLinear`'s) with block scales
     and dynamic activations, through `torch_ops.linear_fp8_block` (what its finegrained-fp8
@@ -491,6 +537,8 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     "AriaTextMoELayer": ("forward", ("self", "hidden_states"), _always(_aria_text_moe)),
     "RecurrentGemmaRglru": ("_rnn_scan", ("self", "hidden_states", "recurrent_gate", "reset", "recurrent_states",
                                           "acc_dtype"), _rg_lru_scan),
+    "RwkvSelfAttention": ("forward", ("self", "hidden", "state", "use_cache"), _rwkv_time_mixing),
+    "RwkvFeedForward": ("forward", ("self", "hidden", "state"), _rwkv_channel_mixing),
     **{name: ("forward", DYNAMIC_CONVOLUTION, _inkling2_dynamic_short_convolution)
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
     **{name: ("forward", ("self", "input"), _fp8_block_linear) for name in ("FP8Linear", "Fp8BlockLinear")},
@@ -503,7 +551,8 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
 """HF class name -> (method, its parameters, HF's method -> the method that replaces it while the
 project exports): MoE blocks that run every expert on every token, Llama 4's MoE block with its
 experts inline, CPM-Ant's attention mask, ZAYA's CCA projection and MiniMax's lightning attention
-without a cache, Aria's MoE block, RecurrentGemma's RG-LRU scan without a state, Inkling2's dynamic
+without a cache, Aria's MoE block, RecurrentGemma's RG-LRU scan and RWKV's time and channel mixing
+without a state, Inkling2's dynamic
 short convolution, DeepSeek-V4's CSA
 compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF's own, their
 top-k padded), fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)

@@ -446,6 +446,7 @@ SPECS: tuple[OpSpec, ...] = (
             ad.PagedMlaAttentionOp,
             ad.CachedSelectiveScanOp,
             ad.CachedRgLruOp,
+            ad.CachedWkvOp,
             ad.QuantizeFp8Op, ad.QuantizeFp8DynamicOp,
             ad.GeluAndMulOp, ad.ActivationOp,
         )

@@ -1040,6 +1040,32 @@ def _(input: torch.Tensor, a: torch.Tensor, state: torch.Tensor, slots: torch.Te
     return torch.empty_like(input)
 
 
+@_writing_op("cached_wkv", mutates_args=("state",))
+def cached_wkv(w: torch.Tensor, u: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor,
+               slots: torch.Tensor, starts: torch.Tensor, query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """`ad.cached_wkv`: HF's WKV step token by token from each row's slot state (num, den, max;
+    an empty state at start 0), in fp32, the slot left holding the state after the last token.
+    One row at a time: the reference reads each row's slot and start on the host (with
+    `query_starts`, each sequence's: `by_sequence`)."""
+    return by_sequence(lambda k, v, sl, st: _wkv_rows(w, u, k, v, state, sl, st), [key, value], 1, slots, starts,
+                       query_starts)
+
+
+def _wkv_rows(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
+              slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(k)
+    for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+        before = state[slot:slot + 1] if start > 0 else _wkv_empty_state(k[row:row + 1, 0])
+        state[slot] = _wkv_tokens(w, u, k[row:row + 1], v[row:row + 1], before, out[row:row + 1])[0]
+    return out
+
+
+@cached_wkv.register_fake
+def _(w: torch.Tensor, u: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor,
+      slots: torch.Tensor, starts: torch.Tensor, query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.empty_like(key)
+
+
 L2NORM_EPS = 1e-6
 """HF's (and FLA's) `l2norm` epsilon in the gated delta rule."""
 
@@ -1178,12 +1204,60 @@ def _(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::wkv_scan", mutates_args=())
+def wkv_scan(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """RWKV's time mixing (the WKV recurrence, HF's `rwkv_linear_attention_cpu` without a state)
+    over the whole sequence from an empty state: w [width] the decay per channel, already
+    `-exp(time_decay)`, u [width] the bonus of the current token (`time_first`), k and v
+    [batch, seq, width]; per channel, with a running maximum p for stability,
+    out_t = (e^(p-q) a + e^(u+k_t-q) v_t) / (e^(p-q) b + e^(u+k_t-q)), q = max(p, u + k_t), then
+    a, b <- e^(p+w-p') a + e^(k_t-p') v_t, e^(p+w-p') b + e^(k_t-p'), p' = max(p + w, k_t), in
+    fp32 (HF's order of operations), the result in k's dtype. Opaque to torch.export (HF's loop
+    over time steps would fix the sequence length)."""
+    out = torch.zeros_like(k)
+    _wkv_tokens(w, u, k, v, _wkv_empty_state(k[:, 0]), out)
+    return out
+
+
+WKV_EMPTY_MAX = -1e38
+"""The running maximum of an empty WKV state (HF's `max_state`: zeros - 1e38; its num and den are 0)."""
+
+
+def _wkv_empty_state(like: torch.Tensor) -> torch.Tensor:
+    """[*like.shape[:-1], 3, width] fp32: num, den, max of no token."""
+    state = torch.zeros((*like.shape[:-1], 3, like.shape[-1]), dtype=torch.float32, device=like.device)
+    state[..., 2, :] = WKV_EMPTY_MAX
+    return state
+
+
+def _wkv_tokens(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
+                out: torch.Tensor) -> torch.Tensor:
+    """HF's WKV loop over k's and v's tokens (axis 1) from `state` [batch, 3, width] (num, den,
+    max), each token's output written to `out`; returns the state after the last token."""
+    num, den, top = state.unbind(-2)
+    for t in range(k.shape[1]):
+        key, value = k[:, t].float(), v[:, t]
+        q = torch.maximum(top, key + u)
+        e1, e2 = torch.exp(top - q), torch.exp(key + u - q)
+        out[:, t] = ((e1 * num + e2 * value) / (e1 * den + e2)).to(out.dtype)
+        q = torch.maximum(top + w, key)
+        e1, e2 = torch.exp(top + w - q), torch.exp(key - q)
+        num, den, top = e1 * num + e2 * value, e1 * den + e2, q
+    return torch.stack([num, den, top], dim=-2)
+
+
+@wkv_scan.register_fake
+def _(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(k)
+
+
 SEQUENCE_MIXER_OPS = frozenset(f"{NAMESPACE}.{name}.default"
                                for name in ("mamba2_chunk_scan", "chunk_gated_delta_rule", "selective_scan",
-                                            "rg_lru_scan"))
+                                            "rg_lru_scan",
+                                            "wkv_scan"))
 """The opaque scans above: each mixes every position of the sequence; `insert-cached-attention`
 replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`, `cached_selective_scan`,
-`cached_rg_lru`)."""
+`cached_rg_lru`, `cached_wkv`)."""
 
 
 REFERENCE_OPS = frozenset(
@@ -1195,6 +1269,7 @@ REFERENCE_OPS = frozenset(
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
                  "paged_mla_attention",
                  "cached_selective_scan",
-                 "cached_rg_lru")
+                 "cached_rg_lru",
+                 "cached_wkv")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

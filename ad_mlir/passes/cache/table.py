@@ -14,6 +14,7 @@ from ad_mlir.passes.cache import (
     selective_scan,
     ssm_scan,
     token_window,
+    wkv,
 )
 from ad_mlir.passes.cache.interface import CachedMixer
 
@@ -24,6 +25,7 @@ MIXERS: tuple[CachedMixer, ...] = (
     gated_delta_rule.MIXER,
     selective_scan.MIXER,
     rg_lru.MIXER,
+    wkv.MIXER,
     token_window.MIXER,
     mla.MIXER,
 )

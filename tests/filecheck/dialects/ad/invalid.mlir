@@ -629,3 +629,28 @@ func.func @cached_rg_lru_gate(%x: tensor<?x?x64xbf16>, %a: tensor<?x?x32xbf16>, 
   %0 = ad.cached_rg_lru %x, %a state %st slots %s starts %s : (tensor<?x?x64xbf16>, tensor<?x?x32xbf16>, tensor<8x64xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x64xbf16>
   func.return
 }
+
+// -----
+
+// RWKV's WKV state is three fp32 values (num, den, max) per channel of the keys' width.
+func.func @cached_wkv_state(%w: tensor<64xf32>, %x: tensor<?x?x64xbf16>, %st: tensor<8x64xf32>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_wkv' state must be [slots, 3, 64] in f32
+  %0 = ad.cached_wkv %w, %w, %x, %x state %st slots %s starts %s : (tensor<64xf32>, tensor<64xf32>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>, tensor<8x64xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @cached_wkv_decay(%w: tensor<32xf32>, %x: tensor<?x?x64xbf16>, %st: tensor<8x3x64xf32>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_wkv' w and u must be [width]
+  %0 = ad.cached_wkv %w, %w, %x, %x state %st slots %s starts %s : (tensor<32xf32>, tensor<32xf32>, tensor<?x?x64xbf16>, tensor<?x?x64xbf16>, tensor<8x3x64xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @cached_wkv_value(%w: tensor<64xf32>, %x: tensor<?x?x64xbf16>, %v: tensor<?x?x32xbf16>, %st: tensor<8x3x64xf32>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_wkv' key and value must be one [batch, seq, width] shape, width static
+  %0 = ad.cached_wkv %w, %w, %x, %v state %st slots %s starts %s : (tensor<64xf32>, tensor<64xf32>, tensor<?x?x64xbf16>, tensor<?x?x32xbf16>, tensor<8x3x64xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x64xbf16>
+  func.return
+}

@@ -418,3 +418,13 @@ func.func @cached_rg_lru(%x: tensor<?x?x2560xbf16>, %f: tensor<1x?x2560xbf16>, %
   // CHECK-NEXT: ad.cached_rg_lru %f, %f state %st slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<1x?x2560xbf16>, tensor<1x?x2560xbf16>, tensor<8x2560xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x2560xbf16>
   func.return
 }
+
+// RWKV's time mixing at RWKV-4 1.5B's width (2048), slot and paged forms.
+func.func @cached_wkv(%w: tensor<2048xf32>, %x: tensor<?x?x2048xbf16>, %f: tensor<1x?x2048xbf16>, %st: tensor<8x3x2048xf32>, %s: tensor<?xi64>) {
+  // CHECK-LABEL: func.func @cached_wkv
+  %0 = ad.cached_wkv %w, %w, %x, %x state %st slots %s starts %s : (tensor<2048xf32>, tensor<2048xf32>, tensor<?x?x2048xbf16>, tensor<?x?x2048xbf16>, tensor<8x3x2048xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x2048xbf16>
+  // CHECK-NEXT: ad.cached_wkv %w, %w, %x, %x state %st slots %s starts %s : (tensor<2048xf32>, tensor<2048xf32>, tensor<?x?x2048xbf16>, tensor<?x?x2048xbf16>, tensor<8x3x2048xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x2048xbf16>
+  %1 = ad.cached_wkv %w, %w, %f, %f state %st slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<2048xf32>, tensor<2048xf32>, tensor<1x?x2048xbf16>, tensor<1x?x2048xbf16>, tensor<8x3x2048xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x2048xbf16>
+  // CHECK-NEXT: ad.cached_wkv %w, %w, %f, %f state %st slots %s starts %s query_starts %s : tensor<?xi64> : (tensor<2048xf32>, tensor<2048xf32>, tensor<1x?x2048xbf16>, tensor<1x?x2048xbf16>, tensor<8x3x2048xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x2048xbf16>
+  func.return
+}
