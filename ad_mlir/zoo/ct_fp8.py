@@ -32,12 +32,12 @@ import torch
 import transformers
 
 from ad_mlir.zoo.quantized import (
-    _bits,
-    _has_submodule,
-    _linear_names,
-    _module_name,
-    _parameters_on_meta,
-    _safetensors_files,
+    has_submodule,
+    linear_names,
+    module_name,
+    parameters_on_meta,
+    safetensors_files,
+    tensor_bits,
 )
 
 QUANT_METHOD = "compressed-tensors"
@@ -165,7 +165,7 @@ class Fp8ChannelLinear(torch.nn.Module):
             super()._apply(fn, recurse)
         finally:
             for name, param in held.items():
-                moved = fn(_bits(param.detach())).view(param.dtype)
+                moved = fn(tensor_bits(param.detach())).view(param.dtype)
                 self._parameters[name] = torch.nn.Parameter(moved, requires_grad=False)
         return self
 
@@ -196,8 +196,8 @@ def write_fp8_dynamic_checkpoint(model: transformers.PreTrainedModel, directory:
     tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
     head = model.get_output_embeddings()
     if head is not None and head.weight is model.get_input_embeddings().weight:
-        del tensors[f"{_module_name(model, head)}.weight"]
-    for name in _linear_names(model, ()):
+        del tensors[f"{module_name(model, head)}.weight"]
+    for name in linear_names(model, ()):
         tensors[f"{name}.weight"], tensors[f"{name}{SCALE_SUFFIX}"] = quantize_weight(tensors[f"{name}.weight"],
                                                                                       strategy)
     hf_config = model.config.to_dict()
@@ -235,7 +235,7 @@ def load_fp8_dynamic_checkpoint(directory: Path, config: transformers.Pretrained
     on what is no `nn.Linear`, an input_scale (static activations), or a quantized weight or
     scale of the wrong dtype or shape is a ValueError naming it."""
     tensors: dict[str, torch.Tensor] = {}
-    for file in _safetensors_files(directory):
+    for file in safetensors_files(directory):
         tensors.update(safetensors.torch.load_file(str(file)))
     static = sorted(k for k in tensors if k.endswith(".input_scale"))
     if static:
@@ -243,16 +243,16 @@ def load_fp8_dynamic_checkpoint(directory: Path, config: transformers.Pretrained
                          "config's input_activations are dynamic)")
     plain = copy.deepcopy(config)
     del plain.quantization_config
-    with _parameters_on_meta():
+    with parameters_on_meta():
         model = transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
     for key in sorted(k for k in tensors if k.endswith(SCALE_SUFFIX)):
         name = key.removesuffix(SCALE_SUFFIX)
-        module = model.get_submodule(name) if _has_submodule(model, name) else None
+        module = model.get_submodule(name) if has_submodule(model, name) else None
         if type(module) is not torch.nn.Linear:
             raise ValueError(f"'{directory}': {key} scales {name}, which is not a linear layer of "
                              f"{type(model).__name__}")
         tensors[key] = _checked_scale(directory, name, module, tensors, strategy)
-        with _parameters_on_meta():
+        with parameters_on_meta():
             replacement = Fp8ChannelLinear(module.in_features, module.out_features, strategy,
                                            module.bias is not None)
         model.set_submodule(name, replacement)

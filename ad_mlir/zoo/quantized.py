@@ -75,7 +75,7 @@ def fp8_block_size(quantization_config: dict[str, Any]) -> tuple[int, int]:
     return int(block[0]), int(block[1])
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def tensor_bits(t: torch.Tensor) -> torch.Tensor:
     """`t` viewed as the integer dtype of its width: a dtype cast (`Module.to(dtype)`) leaves it."""
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
@@ -104,12 +104,12 @@ class Fp8BlockLinear(FP8Linear):
             super()._apply(fn, recurse)
         finally:
             for name, param in held.items():
-                moved = fn(_bits(param.detach())).view(param.dtype)
+                moved = fn(tensor_bits(param.detach())).view(param.dtype)
                 self._parameters[name] = torch.nn.Parameter(moved, requires_grad=False)
         return self
 
 
-def _linear_names(model: torch.nn.Module, skip: Sequence[str]) -> list[str]:
+def linear_names(model: torch.nn.Module, skip: Sequence[str]) -> list[str]:
     """The linears a writer quantizes: every `nn.Linear` but the output embeddings (transformers
     keeps the LM head unquantized) and those named in `skip` (a name or a prefix of one)."""
     head = model.get_output_embeddings()
@@ -138,8 +138,8 @@ def write_fp8_block_checkpoint(model: transformers.PreTrainedModel, directory: s
     tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
     head = model.get_output_embeddings()
     if head is not None and head.weight is model.get_input_embeddings().weight:
-        del tensors[f"{_module_name(model, head)}.weight"]
-    for name in _linear_names(model, modules_to_not_convert):
+        del tensors[f"{module_name(model, head)}.weight"]
+    for name in linear_names(model, modules_to_not_convert):
         fp8, scale_inv = quantize_blocks(tensors[f"{name}.weight"], (bn, bk))
         tensors[f"{name}.weight"], tensors[f"{name}{SCALE_SUFFIX}"] = fp8, scale_inv
     hf_config = model.config.to_dict()
@@ -151,11 +151,11 @@ def write_fp8_block_checkpoint(model: transformers.PreTrainedModel, directory: s
     return directory
 
 
-def _module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
+def module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
     return next(n for n, m in model.named_modules() if m is module)
 
 
-def _safetensors_files(directory: Path) -> list[Path]:
+def safetensors_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         return sorted({directory / f for f in json.loads(index.read_text())["weight_map"].values()})
@@ -166,7 +166,7 @@ def _safetensors_files(directory: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
+def parameters_on_meta() -> Iterator[None]:
     """Within it, every parameter a module registers lives on the meta device (no memory, no
     initialization) while buffers are made as usual (RoPE's inv_freq is computed, not loaded):
     accelerate's `init_empty_weights(include_buffers=False)`, without the dependency."""
@@ -194,20 +194,20 @@ def load_fp8_block_checkpoint(directory: Path, config: transformers.PretrainedCo
     file lacks (other than tied ones), a scale on what is no `nn.Linear` or a quantized weight
     of the wrong dtype or shape is a ValueError naming it."""
     tensors: dict[str, torch.Tensor] = {}
-    for file in _safetensors_files(directory):
+    for file in safetensors_files(directory):
         tensors.update(safetensors.torch.load_file(str(file)))
     plain = copy.deepcopy(config)
     del plain.quantization_config
-    with _parameters_on_meta():
+    with parameters_on_meta():
         model = transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
     for key in sorted(k for k in tensors if k.endswith(SCALE_SUFFIX)):
         name = key.removesuffix(SCALE_SUFFIX)
-        module = model.get_submodule(name) if _has_submodule(model, name) else None
+        module = model.get_submodule(name) if has_submodule(model, name) else None
         if type(module) is not torch.nn.Linear:
             raise ValueError(f"'{directory}': {key} scales {name}, which is not a linear layer of "
                              f"{type(model).__name__}")
         _check_quantized(directory, name, module, tensors, block_size)
-        with _parameters_on_meta():
+        with parameters_on_meta():
             replacement = Fp8BlockLinear(module.in_features, module.out_features, block_size, module.bias is not None)
         model.set_submodule(name, replacement)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
@@ -221,7 +221,7 @@ def load_fp8_block_checkpoint(directory: Path, config: transformers.PretrainedCo
     return model.eval()
 
 
-def _has_submodule(model: torch.nn.Module, name: str) -> bool:
+def has_submodule(model: torch.nn.Module, name: str) -> bool:
     try:
         model.get_submodule(name)
     except AttributeError:
