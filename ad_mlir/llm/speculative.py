@@ -102,7 +102,7 @@ class DraftModelProposer:
 
     def propose(self, sequences: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in sequences]
-        feeds = self._start(sequences, limits)
+        feeds, lengths = self._start(sequences, limits)
         try:
             while feeds:
                 rows = self._forward(feeds)
@@ -110,23 +110,26 @@ class DraftModelProposer:
                     drafts[i].append(int(row.argmax()))
                     self.blocks.written(f"draft-{i}", [*sequences[i], *drafts[i]], start + len(fed))
                 feeds = [(i, start + len(fed), drafts[i][-1:]) for i, start, fed in feeds
-                         if len(drafts[i]) < min(limits[i], self.num_tokens)]
+                         if len(drafts[i]) < lengths[i]]
         finally:
             for i in range(len(sequences)):
                 self.blocks.free(f"draft-{i}")
         return drafts
 
-    def _start(self, sequences: Sequence[Sequence[int]], limits: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    def _start(self, sequences: Sequence[Sequence[int]],
+               limits: Sequence[int]) -> tuple[list[tuple[int, int, list[int]]], dict[int, int]]:
         """(sequence index, tokens the draft's pages hold, tokens to feed) of each sequence that
-        gets a draft, its pages taken."""
-        feeds = []
+        gets a draft, its pages taken; and the length of each one's draft: its limit, within the
+        draft model's own context (its last drafted token is never fed)."""
+        feeds, lengths = [], {}
         for i, (tokens, limit) in enumerate(zip(sequences, limits, strict=True)):
-            limit = min(limit, self.num_tokens, self.model.max_seq_len - len(tokens) + 1)
+            length = min(limit, self.num_tokens, self.model.max_seq_len - len(tokens) + 1)
             shared = self.blocks.cached_prefix(tokens)
-            if limit > 0 and self.blocks.start(f"draft-{i}", tokens, shared, len(tokens) + limit - 1):
+            if length > 0 and self.blocks.start(f"draft-{i}", tokens, shared, len(tokens) + length - 1):
                 start = len(shared) * self.model.page_size
                 feeds.append((i, start, list(tokens[start:])))
-        return feeds
+                lengths[i] = length
+        return feeds, lengths
 
     def _forward(self, feeds: Sequence[tuple[int, int, list[int]]]) -> torch.Tensor:
         """One `forward_flat` of every sequence's fed tokens: the logits of each one's last token."""

@@ -245,6 +245,16 @@ def test_another_draft_model_is_partly_right_and_changes_no_token(model: torch.n
         PagedEngine(llm, speculative=DraftModelProposer(wide))
 
 
+def test_a_draft_model_of_a_shorter_context_drafts_within_it(model: torch.nn.Module, hf: dict) -> None:
+    """A draft model whose context (10 tokens) ends before the sequences' (up to 15): near and past
+    its end it drafts fewer tokens, then none, never feeding a position it has no page for (the
+    double reads every position through its block table); HF's tokens all the same."""
+    draft = DraftModelProposer(PagedTokens(model, num_pages=30, page_size=2, max_seq_len=10), num_tokens=3)
+    engine = PagedEngine(PagedTokens(model, num_pages=24, page_size=2, max_seq_len=24), speculative=draft)
+    assert _generate(engine, PROMPTS) == [hf[tuple(p)] for p in PROMPTS]
+    assert engine.drafted_tokens > 0 and draft.blocks.pool.num_in_use == 0
+
+
 def test_a_compiled_draft_model_drafts_for_the_compiled_model(model: torch.nn.Module, paged: ad_mlir.LLM,
                                                                hf: dict) -> None:
     """Both compiled by ad-mlir in the paged form: a one-layer draft (the model's first layer and
