@@ -125,7 +125,8 @@ class LLM:
     `world_size`, `rank`), given as `options=` and/or keywords (`LLM(model, pipeline="none")`);
     `insert-cached-attention` is put into the pipeline as a pass object (`cached_pipeline`).
 
-    `speculative` (the paged form only): a proposer (`ad_mlir.llm.speculative.NgramProposer`)
+    `speculative` (the paged form only): a proposer (`ad_mlir.llm.speculative`: `NgramProposer`,
+    `DraftModelProposer`)
     whose drafted tokens `generate` verifies in its steps: the tokens are those plain decoding
     gives (greedy: the same; sampled: the same distribution), in fewer steps where drafts are
     accepted."""
