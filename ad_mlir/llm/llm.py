@@ -126,10 +126,9 @@ class LLM:
     `insert-cached-attention` is put into the pipeline as a pass object (`cached_pipeline`).
 
     `speculative` (the paged form only): a proposer (`ad_mlir.llm.speculative`: `NgramProposer`,
-    `DraftModelProposer`)
-    whose drafted tokens `generate` verifies in its steps: the tokens are those plain decoding
-    gives (greedy: the same; sampled: the same distribution), in fewer steps where drafts are
-    accepted."""
+    `DraftModelProposer`) whose drafted tokens `generate` verifies in its steps: the tokens are
+    those plain decoding gives (greedy: the same; sampled: the same distribution), in fewer steps
+    where drafts are accepted."""
 
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  tokenizer: Any = None, kv_cache_budget: int | float | None = None, cuda_graphs: bool | None = None,
