@@ -21,7 +21,6 @@ whose references compute exactly this module's forward. Imports nothing of the c
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,11 +31,10 @@ import torch
 import transformers
 
 from ad_mlir.zoo.quantized import (
-    has_submodule,
     linear_names,
+    load_with_quantized_linears,
     module_name,
-    parameters_on_meta,
-    safetensors_files,
+    read_safetensors,
     tensor_bits,
 )
 
@@ -234,37 +232,16 @@ def load_fp8_dynamic_checkpoint(directory: Path, config: transformers.Pretrained
     as it is (cast by the caller). A tensor the model lacks, a parameter the file lacks, a scale
     on what is no `nn.Linear`, an input_scale (static activations), or a quantized weight or
     scale of the wrong dtype or shape is a ValueError naming it."""
-    tensors: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(directory):
-        tensors.update(safetensors.torch.load_file(str(file)))
+    def replace(name: str, module: torch.nn.Linear) -> torch.nn.Module:
+        tensors[name + SCALE_SUFFIX] = _checked_scale(directory, name, module, tensors, strategy)
+        return Fp8ChannelLinear(module.in_features, module.out_features, strategy, module.bias is not None)
+
+    tensors = read_safetensors(directory)
     static = sorted(k for k in tensors if k.endswith(".input_scale"))
     if static:
         raise ValueError(f"'{directory}': {static[0]}: static activation scales are not supported (the "
                          "config's input_activations are dynamic)")
-    plain = copy.deepcopy(config)
-    del plain.quantization_config
-    with parameters_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
-    for key in sorted(k for k in tensors if k.endswith(SCALE_SUFFIX)):
-        name = key.removesuffix(SCALE_SUFFIX)
-        module = model.get_submodule(name) if has_submodule(model, name) else None
-        if type(module) is not torch.nn.Linear:
-            raise ValueError(f"'{directory}': {key} scales {name}, which is not a linear layer of "
-                             f"{type(model).__name__}")
-        tensors[key] = _checked_scale(directory, name, module, tensors, strategy)
-        with parameters_on_meta():
-            replacement = Fp8ChannelLinear(module.in_features, module.out_features, strategy,
-                                           module.bias is not None)
-        model.set_submodule(name, replacement)
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
-    if unexpected:
-        raise ValueError(f"'{directory}': tensors {', '.join(sorted(unexpected)[:5])} are not parameters of "
-                         f"{type(model).__name__}")
-    model.tie_weights()
-    unloaded = [n for n, p in model.named_parameters() if p.is_meta]
-    if unloaded:
-        raise ValueError(f"'{directory}': the checkpoint lacks {', '.join(unloaded[:5])}")
-    return model.eval()
+    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

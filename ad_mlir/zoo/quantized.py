@@ -193,23 +193,43 @@ def load_fp8_block_checkpoint(directory: Path, config: transformers.PretrainedCo
     (buffers such as RoPE's are computed as usual); a tensor the model lacks, a parameter the
     file lacks (other than tied ones), a scale on what is no `nn.Linear` or a quantized weight
     of the wrong dtype or shape is a ValueError naming it."""
+    def replace(name: str, module: torch.nn.Linear) -> torch.nn.Module:
+        _check_quantized(directory, name, module, tensors, block_size)
+        return Fp8BlockLinear(module.in_features, module.out_features, block_size, module.bias is not None)
+
+    tensors = read_safetensors(directory)
+    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace)
+
+
+def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint directory's safetensors files (one or several shards)."""
     tensors: dict[str, torch.Tensor] = {}
     for file in safetensors_files(directory):
         tensors.update(safetensors.torch.load_file(str(file)))
+    return tensors
+
+
+def load_with_quantized_linears(directory: Path, config: transformers.PretrainedConfig,
+                                tensors: dict[str, torch.Tensor], scale_suffix: str,
+                                replace: Callable[[str, torch.nn.Linear], torch.nn.Module]
+                                ) -> transformers.PreTrainedModel:
+    """The model of `config` (its quantization_config dropped: no transformers quantizer runs),
+    parameters created on the meta device, each linear that has a `<name><scale_suffix>` tensor
+    swapped for `replace(name, linear)` (made on the meta device too), then `tensors` assigned.
+    A scale on what is no `nn.Linear`, a tensor the model lacks or a parameter the file lacks
+    (other than tied ones) is a ValueError naming it."""
     plain = copy.deepcopy(config)
     del plain.quantization_config
     with parameters_on_meta():
         model = transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
-    for key in sorted(k for k in tensors if k.endswith(SCALE_SUFFIX)):
-        name = key.removesuffix(SCALE_SUFFIX)
+    for key in sorted(k for k in tensors if k.endswith(scale_suffix)):
+        name = key.removesuffix(scale_suffix)
         module = model.get_submodule(name) if has_submodule(model, name) else None
         if type(module) is not torch.nn.Linear:
             raise ValueError(f"'{directory}': {key} scales {name}, which is not a linear layer of "
                              f"{type(model).__name__}")
-        _check_quantized(directory, name, module, tensors, block_size)
         with parameters_on_meta():
-            replacement = Fp8BlockLinear(module.in_features, module.out_features, block_size, module.bias is not None)
-        model.set_submodule(name, replacement)
+            model.set_submodule(name, replace(name, module))
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if unexpected:
         raise ValueError(f"'{directory}': tensors {', '.join(sorted(unexpected)[:5])} are not parameters of "
