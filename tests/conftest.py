@@ -6,8 +6,10 @@ stores no compiled programs: `runtime/program_cache.py`)."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -16,10 +18,20 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("AD_MLIR_SKIP_ON_ERROR", "0")  # a pass that raises fails its test, not skipped
-os.environ.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_kernels_"))
+if "AD_MLIR_CACHE_DIR" not in os.environ:  # xdist's workers inherit the directory of the process that made it
+    os.environ["AD_MLIR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ad_mlir_kernels_")
+    atexit.register(shutil.rmtree, os.environ["AD_MLIR_CACHE_DIR"], ignore_errors=True)
 # every test runs the passes it checks (a program stored by an earlier test would skip them);
 # tests/unit/test_program_cache.py turns the program cache on
 os.environ.setdefault("AD_MLIR_PROGRAM_CACHE", "0")
+# xdist workers share the cores: each worker's torch (and the subprocesses its tests start) takes
+# its share of the threads, since tiny-shape ops on threads that outnumber the cores spend their
+# time waiting for each other (tests/models/test_families.py at -n 2: 192 s of CPU time at one
+# thread a worker, 212 s at two)
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
+    torch.set_num_threads(_threads)
 
 from ad_mlir.frontends.export import export_model
 from ad_mlir.zoo.tiny import TinyConfig, build_model

@@ -495,9 +495,10 @@ def run_sweep(
     fresh kernel cache for the sweep, passes strict so a failing pass is a compile error, one
     CPU thread each: the shapes are tiny and `jobs` children share the cores)."""
     env = dict(os.environ, TRITON_INTERPRET="1", AD_MLIR_SKIP_ON_ERROR="0", OMP_NUM_THREADS="1")
-    env.setdefault("AD_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="ad_mlir_sweep_"))
     rows: dict[str, FamilyRow] = {}
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+    with tempfile.TemporaryDirectory(prefix="ad_mlir_sweep_") as cache, \
+            concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        env.setdefault("AD_MLIR_CACHE_DIR", cache)
         futures = {pool.submit(_run_child, f, pipeline, timeout, env, generation, torch_compile): f for f in families}
         for future in concurrent.futures.as_completed(futures):
             row = future.result()
