@@ -26,8 +26,9 @@ if "AD_MLIR_CACHE_DIR" not in os.environ:  # xdist's workers inherit the directo
 os.environ.setdefault("AD_MLIR_PROGRAM_CACHE", "0")
 # xdist workers share the cores: each worker's torch (and the subprocesses its tests start) takes
 # its share of the threads, since tiny-shape ops on threads that outnumber the cores spend their
-# time waiting for each other (tests/models/test_families.py at -n 2: 192 s of CPU time at one
-# thread a worker, 212 s at two)
+# time waiting for each other: tests/models/test_families.py at -n 2 took 192 s of CPU time at one
+# thread a worker, 212 s at two; with other processes busy (load 7 on 2 cores) a SmolLM2 decode
+# step of the paged engine took 451 ms at one thread, 2597 ms at two
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads))

@@ -2,7 +2,7 @@
 
 The shell commands of every ```sh block (one command a line) and every ```python block of
 README.md and docs/**/*.md run in a subprocess from the repository root, in a clean environment:
-only PATH (the venv's bin first), HOME and LANG (and PYTHONPATH where set, for a worktree), so no TRITON_INTERPRET or other variable set by
+only PATH (the venv's bin first), HOME and LANG (and PYTHONPATH and OMP_NUM_THREADS where set: `clean_env`), so no TRITON_INTERPRET or other variable set by
 hand helps a command that would fail for a user (the tensor-parallel example once crashed that
 way). A command passes when it exits 0, or, where `EXPECTED_FAILURES` says it must fail, when it
 fails with the message given there.
@@ -116,16 +116,19 @@ def _without_comment(line: str) -> str:
 
 
 def clean_env(tmp: Path) -> dict[str, str]:
-    """PATH, HOME, LANG; and PYTHONPATH where it is set: a git worktree tested with the main
-    checkout's venv (as tests/filecheck/lit.cfg.py passes it), whose commands must run its code."""
+    """PATH, HOME, LANG; PYTHONPATH where it is set: a git worktree tested with the main
+    checkout's venv (as tests/filecheck/lit.cfg.py passes it), whose commands must run its code;
+    and OMP_NUM_THREADS where it is set: the suite's workers share the cores (tests/conftest.py),
+    and a command on threads that outnumber them runs many times slower."""
     venv_bin = Path(sys.executable).parent
     env = {
         "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
         "HOME": os.environ.get("HOME", str(tmp)),
         "LANG": "C.UTF-8",
     }
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    for name in ("PYTHONPATH", "OMP_NUM_THREADS"):
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 

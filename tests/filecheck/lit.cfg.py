@@ -16,7 +16,8 @@ config.excludes = ["lit.cfg.py", "Inputs"]
 # Tools come from the interpreter running lit, so a venv need not be activated.
 bin_dir = os.path.dirname(sys.executable)
 config.environment["PATH"] = bin_dir + os.pathsep + config.environment.get("PATH", "")
-for var in ("HOME", "TMPDIR", "PYTHONHASHSEED", "PYTHONPATH"):  # PYTHONPATH: a git worktree tested with the main checkout's venv
+# PYTHONPATH: a git worktree tested with the main checkout's venv; OMP_NUM_THREADS: the suite's share of the cores
+for var in ("HOME", "TMPDIR", "PYTHONHASHSEED", "PYTHONPATH", "OMP_NUM_THREADS"):
     if var in os.environ:
         config.environment[var] = os.environ[var]
 for tool in ("ad-opt", "filecheck", "xdsl-opt"):
