@@ -3,7 +3,10 @@ type built small, the packaged SmolLM2 checkpoint, a checkpoint directory or a .
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -105,14 +108,32 @@ def load_checkpoint(path: Path) -> tuple[torch.nn.Module, transformers.PreTraine
     converted = converted_entry(path) if gguf else None
     if converted is not None and (converted / "config.json").is_file():
         directory, gguf = converted, {}
-    if gguf:
-        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **gguf)
-    else:
-        model = _load_directory(directory)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **gguf) if has_tokenizer else None
+    with _gguf_parsed_once() if gguf else contextlib.nullcontext():
+        if gguf:
+            model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **gguf)
+        else:
+            model = _load_directory(directory)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **gguf) if has_tokenizer else None
     if converted is not None and gguf:
         store_converted(converted, model, tokenizer)
     return model.eval(), tokenizer
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Within it, the `gguf` library parses each file once and builds each tensor-name table once.
+    transformers parses a GGUF file's metadata for the config, again for the weights and again for
+    the tokenizer (SmolLM2's 49k-token vocabulary field by field, 12 s a parse on a busy 2-core
+    machine) and builds gguf's name table of the architecture once per module of the model (397
+    times for SmolLM2, 15 s); both are read-only to it."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = functools.cache(reader), functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _load_directory(directory: Path) -> torch.nn.Module:
