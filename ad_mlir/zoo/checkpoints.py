@@ -185,9 +185,9 @@ def converted_cache_dir() -> Path | None:
 def converted_entry(path: Path) -> Path | None:
     """Where the GGUF file `path`, converted to a checkpoint directory (config.json, fp32
     safetensors, tokenizer files), is kept (`store_converted`); None when the cache is off. Why:
-    transformers parses the file's metadata (the 49k-token vocabulary, field by field in Python)
-    three times per load, for the config, the weights and the tokenizer, and dequantizes every
-    weight: SmolLM2 loads in ~14 s from GGUF, ~0.5 s from the directory. The entry is named by the
+    transformers parses the file's metadata (the 49k-token vocabulary, field by field in Python;
+    once per load here, `_gguf_parsed_once`) and dequantizes every weight: SmolLM2 loads in 18 s
+    from GGUF on a busy 2-core machine, 0.7 s from the directory. The entry is named by the
     file's content (sha256, 0.2 s for SmolLM2's 98 MB) and the transformers version: a changed
     file or converter makes a new entry, a copy of the file (another virtual environment's) finds
     the same one."""
