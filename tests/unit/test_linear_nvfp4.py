@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from xdsl.dialects.builtin import BFloat16Type, Float8E4M3FNType, Float32Type, IntegerType, Signedness, TensorType
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float8E4M3FNType,
+    Float32Type,
+    IntegerType,
+    Signedness,
+    TensorType,
+)
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.test_value import create_ssa_value
 
