@@ -133,7 +133,7 @@ def _load_directory(directory: Path) -> torch.nn.Module:
 
     if modelopt.is_modelopt(directory, fields):
         try:
-            modelopt.nvfp4_fields(directory, fields)
+            modelopt.check_nvfp4_config(directory, fields)
         except ValueError as e:
             raise ValueError(f"'{directory}': {e}") from None
         return modelopt.load_nvfp4_checkpoint(directory, config)

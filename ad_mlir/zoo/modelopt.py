@@ -67,7 +67,7 @@ class QuantizationFields:
         `quant_algo` (FP8, W4A8_AWQ, NVFP4_AWQ, MIXED_PRECISION...), a group size other than 16,
         a quantized KV cache, a config group of other weights or activations or targets."""
         algo = self.fields.get("quant_algo")
-        if algo != QUANT_ALGO:
+        if str(algo).upper() != QUANT_ALGO:  # vLLM reads it case-blind: some exports write it in lower case
             raise self.refuse("quant_algo", algo, f"not supported; ad-mlir loads ModelOpt \"{QUANT_ALGO}\" only")
         if self.fields.get("group_size", nvfp4.GROUP) != nvfp4.GROUP:
             raise self.refuse("group_size", self.fields["group_size"], f"not supported; NVFP4 groups are "
@@ -92,10 +92,11 @@ class QuantizationFields:
                                           f"not supported; NVFP4 is {json.dumps(expected)}")
 
 
-def nvfp4_fields(directory: Path, quantization_config: dict[str, Any] | None) -> QuantizationFields:
-    """The checked NVFP4 fields of the checkpoint in `directory` whose config.json holds
-    `quantization_config` (None: none, then hf_quant_config.json is read); a ValueError naming
-    the field for what we do not load."""
+def check_nvfp4_config(directory: Path, quantization_config: dict[str, Any] | None) -> None:
+    """A ValueError naming the field for what we do not load in the checkpoint in `directory`
+    whose config.json holds `quantization_config` (None: none, then hf_quant_config.json is
+    read). Which linears are quantized is read from the tensors (those with a `weight_scale_2`),
+    not from `exclude_modules` / `ignore`, which name the same modules the other way round."""
     if quantization_config is None:
         quantization = json.loads((directory / HF_QUANT_CONFIG).read_text()).get("quantization")
         fields = QuantizationFields(quantization if isinstance(quantization, dict) else {},
@@ -105,7 +106,6 @@ def nvfp4_fields(directory: Path, quantization_config: dict[str, Any] | None) ->
     else:
         fields = QuantizationFields(quantization_config, "quantization_config")
     fields.check()
-    return fields
 
 
 def is_modelopt(directory: Path, quantization_config: dict[str, Any] | None) -> bool:

@@ -216,3 +216,38 @@ def test_excluded_modules_stay_unquantized(tmp_path: Path) -> None:
     ours, _ = load_causal_lm(str(directory))
     assert type(ours.model.layers[1].mlp.up_proj) is torch.nn.Linear
     assert isinstance(ours.model.layers[1].self_attn.q_proj, Nvfp4Linear)
+
+
+def test_quant_algo_is_read_case_blind(written, tmp_path: Path) -> None:  # noqa: ANN001
+    """As vLLM reads it: some ModelOpt exports write `nvfp4`."""
+    _, directory = written
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"]["quant_algo"] = "nvfp4"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(directory / "model.safetensors", tmp_path)
+    model, _ = load_causal_lm(str(tmp_path))
+    assert isinstance(model.model.layers[0].mlp.gate_proj, Nvfp4Linear)
+
+
+def test_quantized_moe_experts_are_refused_naming_the_tensor(tmp_path: Path) -> None:
+    """ModelOpt writes each expert's projections as NVFP4 linears (`experts.<e>.gate_proj` ...);
+    transformers' Qwen2-MoE holds its experts fused (`experts.gate_up_proj`), no linear each: the
+    loader names the first such scale instead of loading a model without its experts."""
+    from ad_mlir.zoo.small import small_model
+
+    model = small_model("qwen2_moe", layers=1).to(torch.bfloat16)
+    directory = write_nvfp4_checkpoint(model, tmp_path / "moe")
+    tensors = safetensors.torch.load_file(str(directory / "model.safetensors"))
+    experts = "model.layers.0.mlp.experts"
+    gate_up, down = tensors.pop(f"{experts}.gate_up_proj"), tensors.pop(f"{experts}.down_proj")
+    for e in range(gate_up.shape[0]):
+        gate, up = gate_up[e].chunk(2)
+        for name, weight in (("gate_proj", gate), ("up_proj", up), ("down_proj", down[e])):
+            packed, block, scale_2 = nvfp4.quantize(weight)
+            tensors.update({f"{experts}.{e}.{name}.weight": packed, f"{experts}.{e}.{name}.weight_scale": block,
+                            f"{experts}.{e}.{name}.weight_scale_2": scale_2,
+                            f"{experts}.{e}.{name}.input_scale": scale_2.clone()})
+    safetensors.torch.save_file(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"{experts}\.0\.down_proj\.weight_scale_2 scales {experts}\.0\.down_proj, "
+                                         "which is not a linear layer of Qwen2MoeForCausalLM"):
+        load_causal_lm(str(directory))
