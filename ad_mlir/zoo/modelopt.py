@@ -87,6 +87,7 @@ class QuantizationFields:
             for part in ("weights", "input_activations"):
                 args = group.get(part) or {}
                 for field, expected in FP4_ARGS.items():
+                    # static or dynamic activation scales alike: the activations are not quantized here
                     if field != "dynamic" and args.get(field, expected) != expected:
                         raise self.refuse(f"config_groups.{name}.{part}.{field}", args.get(field),
                                           f"not supported; NVFP4 is {json.dumps(expected)}")
