@@ -32,6 +32,7 @@ from xdsl.dialects.builtin import (
     IntAttr,
     IntegerAttr,
     IntegerType,
+    Signedness,
     StringAttr,
     TensorType,
     UnitAttr,
@@ -80,9 +81,11 @@ ELEMENT_TYPES = (
     IntegerType(32),
     IntegerType(8),
     IntegerType(1),
+    IntegerType(8, Signedness.UNSIGNED),
 )
 """Element types the typed ops accept (the issue's list plus f64 and i8, which HF graphs
-produce in rotary-embedding and mask code). Other dtypes are carried by `ad.torch_op`."""
+produce in rotary-embedding and mask code, and ui8, the bytes of packed 4-bit weights). Other
+dtypes are carried by `ad.torch_op`."""
 
 AdTensor = base(TensorType)
 """Any ranked tensor; `verify_element_types` restricts typed ops to ELEMENT_TYPES."""
@@ -2603,6 +2606,71 @@ class LinearFp8BlockOp(KernelOp):
             raise VerifyException(f"ad.linear_fp8_block result shape should be {_fmt_shape((*x[:-1], w[0]))}")
 
 
+NVFP4_GROUP = 16
+"""Elements of a row that share one NVFP4 block scale."""
+UI8 = IntegerType(8, Signedness.UNSIGNED)
+
+
+@irdl_op_definition
+class LinearNvfp4Op(KernelOp):
+    """An NVFP4 linear (NVIDIA ModelOpt's 4-bit float weights, `zoo/modelopt.py`), weight-only.
+
+    `weight` [N, K / 2] is ui8: two e2m1 codes a byte, element 2i in the low nibble (`zoo/fp4.py`);
+    `weight_scale` [N, K / 16] f8E4M3FN, one scale per 16 elements of a row; `weight_scale_2` f32,
+    the global scale: one value (0-d), or one per output row ([N]: the parts of a GEMM that
+    `fuse-gemms` merged, each part's value repeated over its rows). The result is
+    `(input @ (e2m1 * weight_scale).T) * weight_scale_2 + bias` in fp32, rounded once to the
+    input's dtype (f32, f16 or bf16). The activations are not quantized: Hopper has no FP4 MMA, so,
+    as vLLM's Marlin fallback does there, the weight is decoded and the product is in the
+    activation's dtype (`e2m1 * weight_scale` is exact in bf16 and fp16). A checkpoint's
+    `input_scale` (the activation scale of Blackwell's FP4 x FP4 GEMM) is kept by the loaded
+    module but unused, and is no operand. Its reference is `zoo/nvfp4.py`'s `linear`; its kernel a
+    template (`codegen/templates/linear_nvfp4_kernel.py`)."""
+
+    name = "ad.linear_nvfp4"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    weight = operand_def(AdTensor)
+    weight_scale = operand_def(AdTensor)
+    weight_scale_2 = operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $weight `,` $weight_scale `,` $weight_scale_2 (`bias` $bias^)? attr-dict `:` `(` type($input) "
+        "`,` type($weight) `,` type($weight_scale) `,` type($weight_scale_2) (`,` type($bias)^)? `)` `->` "
+        "type($result)"
+    )
+
+    def __init__(self, input: SSAValue, weight: SSAValue, weight_scale: SSAValue, weight_scale_2: SSAValue,
+                 bias: SSAValue | None, result_type: Attribute) -> None:
+        super().__init__(operands=[input, weight, weight_scale, weight_scale_2, bias], result_types=[result_type])
+
+    def in_features(self) -> int:
+        return 2 * self.weight.type.get_shape()[1]
+
+    def verify_op(self) -> None:
+        x, w, ws, gs = (_shape(v.type) for v in (self.input, self.weight, self.weight_scale, self.weight_scale_2))
+        dtype = self.input.type.element_type
+        if dtype not in _FLOAT_TYPES or self.result.type.element_type != dtype:
+            raise VerifyException("ad.linear_nvfp4 input must be f32, f16 or bf16, and the result of its type")
+        if self.weight.type.element_type != UI8 or len(w) != 2 or DYNAMIC_INDEX in w:
+            raise VerifyException(f"ad.linear_nvfp4 weight must be a static 2-D ui8 tensor (packed e2m1), got "
+                                  f"{self.weight.type}")
+        n, k = w[0], 2 * w[1]
+        if k % NVFP4_GROUP or not _dims_compatible(x[-1], k):
+            raise VerifyException(f"ad.linear_nvfp4 input features {x[-1]} do not match weight {_fmt_shape(w)} "
+                                  f"({k} packed in-features, a multiple of {NVFP4_GROUP})")
+        if not _is_fp8(self.weight_scale.type) or ws != (n, k // NVFP4_GROUP):
+            raise VerifyException(f"ad.linear_nvfp4 weight_scale must be f8E4M3FN {_fmt_shape((n, k // NVFP4_GROUP))}")
+        if self.weight_scale_2.type.element_type != Float32Type() or gs not in ((), (1,), (n,)):
+            raise VerifyException(f"ad.linear_nvfp4 weight_scale_2 must be f32 of one value or [{n}]")
+        if self.bias is not None and (_shape(self.bias.type) != (n,) or self.bias.type.element_type
+                                      not in _FLOAT_TYPES):
+            raise VerifyException(f"ad.linear_nvfp4 bias must be a float tensor of shape [{n}]")
+        if not shapes_compatible((*x[:-1], n), _shape(self.result.type)):
+            raise VerifyException(f"ad.linear_nvfp4 result shape should be {_fmt_shape((*x[:-1], n))}")
+
+
 # -------------------------------------------------------------------- collectives
 
 
@@ -2841,6 +2909,7 @@ Ad = Dialect(
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, CachedTokenWindowOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LinearFp8BlockOp,
+        LinearNvfp4Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,

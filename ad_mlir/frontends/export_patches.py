@@ -43,7 +43,8 @@ index_topk; it ranks the scores padded with that many -inf columns (`_PaddedTopk
 `METHODS`. So are transformers' `FP8Linear` and the zoo's `Fp8BlockLinear` (fine-grained FP8
 checkpoints, `zoo/quantized.py`): the first calls a Hub kernel that has no CPU form and no fake,
 the second would export as the format's arithmetic in ATen ops, unfused; routed through `torch_ops.linear_fp8_block`, their fp8 weights and scales are graph
-weights of one op. One more is replaced
+weights of one op; so is the zoo's `Nvfp4Linear` (ModelOpt NVFP4, `zoo/modelopt.py`) through
+`torch_ops.linear_nvfp4`. One more is replaced
 only in the export for generation (`GENERATION_METHODS`), whose
 steps hold only real tokens: XLM's mask of the positions past its count of tokens that are not
 its pad id, a sum over the tokens, as all ones (exact for sequences without the pad id).
@@ -63,7 +64,8 @@ import torch
 from ad_mlir.semantics import torch_ops
 
 MODELING_MODULES = "transformers.models."
-INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized", "ad_mlir.zoo.ct_fp8")
+INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized", "ad_mlir.zoo.ct_fp8",
+                       "ad_mlir.zoo.modelopt")
 """Modules outside `MODELING_MODULES` whose classes `METHODS` names (quantized layers: transformers'
 and the zoo's subclass of it)."""
 
@@ -517,6 +519,15 @@ def _fp8_channel_linear(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _nvfp4_linear(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`zoo.modelopt.Nvfp4Linear.forward` (ModelOpt NVFP4) as `torch_ops.linear_nvfp4`, which
+    computes it exactly: the packed codes and their scales stay graph weights of one op."""
+    def forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ad_mlir.linear_nvfp4(input, self.weight, self.weight_scale, self.weight_scale_2, self.bias)
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -543,6 +554,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
     **{name: ("forward", ("self", "input"), _fp8_block_linear) for name in ("FP8Linear", "Fp8BlockLinear")},
     "Fp8ChannelLinear": ("forward", ("self", "input"), _fp8_channel_linear),
+    "Nvfp4Linear": ("forward", ("self", "input"), _nvfp4_linear),
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
     "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
     **{name: ("forward", DSA_INDEXER, _deepseek_v32_indexer)
@@ -557,7 +569,8 @@ short convolution, DeepSeek-V4's CSA
 compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF's own, their
 top-k padded), fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
 through the opaque `linear_fp8_block`, and compressed-tensors FP8's `Fp8ChannelLinear` through
-`quantize_fp8_dynamic` and `linear_fp8`. A class whose method takes other parameters (another transformers version) is
+`quantize_fp8_dynamic` and `linear_fp8`, and ModelOpt NVFP4's `Nvfp4Linear` through
+`linear_nvfp4`. A class whose method takes other parameters (another transformers version) is
 left alone."""
 
 

@@ -22,6 +22,14 @@ compressed-tensors FP8-dynamic checkpoint's) fuse among those that share the qua
 its scale: the fp8 weights and their scales are concatenated along N, and each output channel
 keeps its own scale, so again the fused op computes what the parts did. Per-tensor weight scales
 (one value a part) do not concatenate, and are left alone.
+
+NVFP4 linears (`ad.linear_nvfp4`, a ModelOpt NVFP4 checkpoint's) fuse among themselves: the
+packed codes and their e4m3 block scales (one a row per 16 elements) are concatenated along N.
+Each part has its own global scale (`weight_scale_2`, one value computed from that weight's
+amax), and the fused op takes them folded into one per output row: each part's value expanded
+over its rows, then concatenated ([N] f32, at compile time). The fused op then computes exactly
+what the parts did. (vLLM instead takes the largest of the parts' global scales, which is exact
+only when they are equal.)
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from ad_mlir.dialects.weights import weight_arguments
 log = logging.getLogger(__name__)
 
 
-Gemm = ad.LinearOp | ad.LinearFp8BlockOp | ad.LinearFp8Op
+Gemm = ad.LinearOp | ad.LinearFp8BlockOp | ad.LinearFp8Op | ad.LinearNvfp4Op
 
 
 def _per_channel(op: ad.LinearFp8Op) -> bool:
@@ -78,6 +86,8 @@ def fusible_groups(entry: Block, weights: set[SSAValue]) -> list[list[Gemm]]:
             if op.weight_scale not in weights or not _per_channel(op):
                 continue
             blocks = op.input_scale
+        if isinstance(op, ad.LinearNvfp4Op) and (op.weight_scale not in weights or op.weight_scale_2 not in weights):
+            continue
         w = op.weight.type
         key = (type(op), op.input, w.element_type, w.get_shape()[1], op.bias is not None,
                op.result.type.element_type, blocks)
@@ -105,6 +115,17 @@ def _narrow(value: SSAValue, start: int, end: int, result_type: TensorType) -> a
     )
 
 
+def _global_scale_rows(group: list[ad.LinearNvfp4Op]) -> list[Operation]:
+    """Each part's global scale as one value per output row ([N_i] f32): its one value expanded."""
+    rows: list[Operation] = []
+    for op in group:
+        n = op.weight.type.get_shape()[0]
+        rows.append(ad.ExpandOp.build(operands=[op.weight_scale_2, []],
+                                      properties={"static_sizes": DenseArrayBase.from_list(i64, [n])},
+                                      result_types=[TensorType(op.weight_scale_2.type.element_type, [n])]))
+    return rows
+
+
 def fuse_group(group: list[Gemm]) -> None:
     """Rewrite the linears of `group` into one, placed where the first one was."""
     first = group[0]
@@ -118,6 +139,12 @@ def fuse_group(group: list[Gemm]) -> None:
         new_ops.insert(1, scales := _cat([op.weight_scale_inv for op in group]))
         fused: Operation = ad.LinearFp8BlockOp(first.input, weight.result, scales.result,
                                                bias.result if bias else None, first.blocks(), result_type)
+    elif isinstance(first, ad.LinearNvfp4Op):
+        rows = _global_scale_rows(group)
+        new_ops[1:1] = [*rows, scales := _cat([op.weight_scale for op in group]),
+                        global_scales := _cat([row.result for row in rows])]
+        fused = ad.LinearNvfp4Op(first.input, weight.result, scales.result, global_scales.result,
+                                 bias.result if bias else None, result_type)
     elif isinstance(first, ad.LinearFp8Op):
         new_ops.insert(1, scales := _cat([op.weight_scale for op in group]))
         fused = ad.LinearFp8Op.build(operands=[first.input, weight.result, first.input_scale, scales.result,

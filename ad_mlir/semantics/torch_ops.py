@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ad_mlir.dialects import ad
-from ad_mlir.zoo import fp8_blocks
+from ad_mlir.zoo import fp8_blocks, nvfp4
 
 NAMESPACE = "ad_mlir"
 
@@ -314,6 +314,21 @@ def linear_fp8_block(input: torch.Tensor, weight: torch.Tensor, weight_scale_inv
 @linear_fp8_block.register_fake
 def _(input: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
       block_size: list[int]) -> torch.Tensor:
+    return input.new_empty((*input.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_nvfp4", mutates_args=())
+def linear_nvfp4(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """`ad.linear_nvfp4`: ModelOpt NVFP4's weight-only linear (`zoo/nvfp4.py`'s `linear`: the
+    input times the e2m1 codes times their e4m3 block scales in fp32, times the global scale,
+    plus the bias, rounded once), which a loaded checkpoint's `Nvfp4Linear` also runs eagerly."""
+    return nvfp4.linear(input, weight, weight_scale, weight_scale_2, bias)
+
+
+@linear_nvfp4.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
+      bias: torch.Tensor | None) -> torch.Tensor:
     return input.new_empty((*input.shape[:-1], weight.shape[0]))
 
 
@@ -1270,6 +1285,7 @@ REFERENCE_OPS = frozenset(
                  "paged_mla_attention",
                  "cached_selective_scan",
                  "cached_rg_lru",
-                 "cached_wkv")
+                 "cached_wkv",
+                 "linear_nvfp4")
 )
 """The `str` of each reference op's overload: `ad_mlir.*` call targets that are not kernels."""

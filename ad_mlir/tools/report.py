@@ -66,6 +66,7 @@ VIEW_OPS = (
 GEMM_AND_ATTENTION = (
     ad.LinearOp, ad.LinearFp8Op, ad.LinearFp8BlockOp, ad.MmOp, ad.BmmOp, ad.MatmulOp, ad.AddmmOp, ad.AttentionOp,
     ad.RopeAttentionOp,
+    ad.LinearNvfp4Op,
 )
 NO_KERNEL = (*VIEW_OPS, ad.ConstantOp, ad.SymSizeOp)
 _LAYER = re.compile(r"\b(?:layers|blocks|layer|h)\.(\d+)\b")

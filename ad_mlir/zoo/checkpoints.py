@@ -139,18 +139,29 @@ def _gguf_parsed_once() -> Iterator[None]:
 def _load_directory(directory: Path) -> torch.nn.Module:
     """A checkpoint directory's model in fp32: through `AutoModelForCausalLM`, or, for a
     quantized checkpoint (`quantization_config` in config.json), by `zoo/quantized.py`, which
-    keeps the quantized weights as they are on disk (fine-grained FP8), or by `zoo/ct_fp8.py`
-    (compressed-tensors FP8-dynamic); any other quantization is refused, naming the field."""
+    keeps the quantized weights as they are on disk (fine-grained FP8), by `zoo/ct_fp8.py`
+    (compressed-tensors FP8-dynamic) or by `zoo/modelopt.py` (ModelOpt NVFP4, its fields in
+    config.json or, for older exports, in hf_quant_config.json alone); any other quantization is
+    refused, naming the field."""
     import torch
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(directory)
     quantization = getattr(config, "quantization_config", None)
-    if quantization is None:
+    fields = None if quantization is None else quantization if isinstance(quantization, dict) else \
+        quantization.to_dict()
+    from ad_mlir.zoo import modelopt
+
+    if modelopt.is_modelopt(directory, fields):
+        try:
+            modelopt.check_nvfp4_config(directory, fields)
+        except ValueError as e:
+            raise ValueError(f"'{directory}': {e}") from None
+        return modelopt.load_nvfp4_checkpoint(directory, config)
+    if fields is None:
         return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     from ad_mlir.zoo import ct_fp8, quantized
 
-    fields = quantization if isinstance(quantization, dict) else quantization.to_dict()
     if fields.get("quant_method") == ct_fp8.QUANT_METHOD:
         try:
             strategy = ct_fp8.fp8_weight_strategy(fields)

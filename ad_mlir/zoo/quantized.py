@@ -219,7 +219,8 @@ def load_with_quantized_linears(directory: Path, config: transformers.Pretrained
     A scale on what is no `nn.Linear`, a tensor the model lacks or a parameter the file lacks
     (other than tied ones) is a ValueError naming it."""
     plain = copy.deepcopy(config)
-    del plain.quantization_config
+    if hasattr(plain, "quantization_config"):  # ModelOpt's older exports say it in hf_quant_config.json only
+        del plain.quantization_config
     with parameters_on_meta():
         model = transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
     for key in sorted(k for k in tensors if k.endswith(scale_suffix)):

@@ -110,3 +110,45 @@ func.func @fp8_channel_not_fused(%wa: tensor<32x64xf8E4M3FN> {ad.param = "a.weig
   %d = ad.linear_fp8 %q, %wd, %s2, %sd : (tensor<4x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<4x1xf32>, tensor<32x1xf32>) -> tensor<4x32xbf16>
   func.return %a, %b, %c, %d : tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>
 }
+
+// -----
+
+// NVFP4 Q/K/V (a ModelOpt NVFP4 checkpoint's): the packed codes and their e4m3 block scales are
+// concatenated along N; each part's global scale (one value) is expanded over its rows and the
+// three concatenated: the merged GEMM's global scale is one per row.
+// CHECK-LABEL: func.func @qkv_nvfp4
+// CHECK-NEXT:    %[[W:.*]] = ad.cat %wq, %wk, %wv dim 0 : (tensor<64x32xui8>, tensor<32x32xui8>, tensor<32x32xui8>) -> tensor<128x32xui8>
+// CHECK-NEXT:    %[[GQ:.*]] = ad.expand %gq [64] : tensor<f32> -> tensor<64xf32>
+// CHECK-NEXT:    %[[GK:.*]] = ad.expand %gk [32] : tensor<f32> -> tensor<32xf32>
+// CHECK-NEXT:    %[[GV:.*]] = ad.expand %gv [32] : tensor<f32> -> tensor<32xf32>
+// CHECK-NEXT:    %[[S:.*]] = ad.cat %sq, %sk, %sv dim 0 : (tensor<64x4xf8E4M3FN>, tensor<32x4xf8E4M3FN>, tensor<32x4xf8E4M3FN>) -> tensor<128x4xf8E4M3FN>
+// CHECK-NEXT:    %[[G:.*]] = ad.cat %[[GQ]], %[[GK]], %[[GV]] dim 0 : (tensor<64xf32>, tensor<32xf32>, tensor<32xf32>) -> tensor<128xf32>
+// CHECK-NEXT:    %[[B:.*]] = ad.cat %bq, %bk, %bv dim 0
+// CHECK-NEXT:    %[[Y:.*]] = ad.linear_nvfp4 %x, %[[W]], %[[S]], %[[G]] bias %[[B]] : (tensor<1x?x64xbf16>, tensor<128x32xui8>, tensor<128x4xf8E4M3FN>, tensor<128xf32>, tensor<128xbf16>) -> tensor<1x?x128xbf16>
+// CHECK-NEXT:    %[[Q:.*]] = ad.slice %[[Y]] dim 2 [0, 64, 1]
+// CHECK-NEXT:    %[[K:.*]] = ad.slice %[[Y]] dim 2 [64, 96, 1]
+// CHECK-NEXT:    %[[V:.*]] = ad.slice %[[Y]] dim 2 [96, 128, 1]
+// CHECK-NEXT:    func.return %[[Q]], %[[K]], %[[V]]
+func.func @qkv_nvfp4(%wq: tensor<64x32xui8> {ad.param = "q.weight"}, %sq: tensor<64x4xf8E4M3FN> {ad.param = "q.weight_scale"}, %gq: tensor<f32> {ad.param = "q.weight_scale_2"}, %bq: tensor<64xbf16> {ad.param = "q.bias"}, %wk: tensor<32x32xui8> {ad.param = "k.weight"}, %sk: tensor<32x4xf8E4M3FN> {ad.param = "k.weight_scale"}, %gk: tensor<f32> {ad.param = "k.weight_scale_2"}, %bk: tensor<32xbf16> {ad.param = "k.bias"}, %wv: tensor<32x32xui8> {ad.param = "v.weight"}, %sv: tensor<32x4xf8E4M3FN> {ad.param = "v.weight_scale"}, %gv: tensor<f32> {ad.param = "v.weight_scale_2"}, %bv: tensor<32xbf16> {ad.param = "v.bias"}, %x: tensor<1x?x64xbf16> {ad.input = "x"}) -> (tensor<1x?x64xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) {
+  %q = ad.linear_nvfp4 %x, %wq, %sq, %gq bias %bq : (tensor<1x?x64xbf16>, tensor<64x32xui8>, tensor<64x4xf8E4M3FN>, tensor<f32>, tensor<64xbf16>) -> tensor<1x?x64xbf16>
+  %k = ad.linear_nvfp4 %x, %wk, %sk, %gk bias %bk : (tensor<1x?x64xbf16>, tensor<32x32xui8>, tensor<32x4xf8E4M3FN>, tensor<f32>, tensor<32xbf16>) -> tensor<1x?x32xbf16>
+  %v = ad.linear_nvfp4 %x, %wv, %sv, %gv bias %bv : (tensor<1x?x64xbf16>, tensor<32x32xui8>, tensor<32x4xf8E4M3FN>, tensor<f32>, tensor<32xbf16>) -> tensor<1x?x32xbf16>
+  func.return %q, %k, %v : tensor<1x?x64xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>
+}
+
+// -----
+
+// Not fused: an NVFP4 linear whose global scale is not a weight (no per-row scale can be made
+// of it at compile time) beside one whose is, and an NVFP4 linear beside a plain one.
+// CHECK-LABEL: func.func @nvfp4_not_fused
+// CHECK-NOT:     ad.cat
+// CHECK:         ad.linear_nvfp4 %x, %wa, %sa, %ga
+// CHECK-NEXT:    ad.linear_nvfp4 %x, %wb, %sb, %gb
+// CHECK-NEXT:    ad.linear %x, %wc
+// CHECK-NOT:     ad.cat
+func.func @nvfp4_not_fused(%wa: tensor<32x32xui8> {ad.param = "a.weight"}, %sa: tensor<32x4xf8E4M3FN> {ad.param = "a.weight_scale"}, %ga: tensor<f32> {ad.input = "ga"}, %wb: tensor<32x32xui8> {ad.param = "b.weight"}, %sb: tensor<32x4xf8E4M3FN> {ad.param = "b.weight_scale"}, %gb: tensor<f32> {ad.param = "b.weight_scale_2"}, %wc: tensor<32x64xbf16> {ad.param = "c.weight"}, %x: tensor<4x64xbf16> {ad.input = "x"}) -> (tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>) {
+  %a = ad.linear_nvfp4 %x, %wa, %sa, %ga : (tensor<4x64xbf16>, tensor<32x32xui8>, tensor<32x4xf8E4M3FN>, tensor<f32>) -> tensor<4x32xbf16>
+  %b = ad.linear_nvfp4 %x, %wb, %sb, %gb : (tensor<4x64xbf16>, tensor<32x32xui8>, tensor<32x4xf8E4M3FN>, tensor<f32>) -> tensor<4x32xbf16>
+  %c = ad.linear %x, %wc : (tensor<4x64xbf16>, tensor<32x64xbf16>) -> tensor<4x32xbf16>
+  func.return %a, %b, %c : tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>
+}

@@ -307,6 +307,30 @@ func.func @linear_fp8_block_result(%x: tensor<2x64xbf16>, %w: tensor<8x64xf8E4M3
 
 // -----
 
+func.func @linear_nvfp4_weight(%x: tensor<2x64xbf16>, %w: tensor<8x32xi8>, %s: tensor<8x4xf8E4M3FN>, %g: tensor<f32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear_nvfp4' weight must be a static 2-D ui8 tensor (packed e2m1), got tensor<8x32xi8>
+  %0 = ad.linear_nvfp4 %x, %w, %s, %g : (tensor<2x64xbf16>, tensor<8x32xi8>, tensor<8x4xf8E4M3FN>, tensor<f32>) -> tensor<2x8xbf16>
+  func.return
+}
+
+// -----
+
+func.func @linear_nvfp4_block_scales(%x: tensor<2x64xbf16>, %w: tensor<8x32xui8>, %s: tensor<8x2xf8E4M3FN>, %g: tensor<f32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear_nvfp4' weight_scale must be f8E4M3FN 8x4
+  %0 = ad.linear_nvfp4 %x, %w, %s, %g : (tensor<2x64xbf16>, tensor<8x32xui8>, tensor<8x2xf8E4M3FN>, tensor<f32>) -> tensor<2x8xbf16>
+  func.return
+}
+
+// -----
+
+func.func @linear_nvfp4_global_scale(%x: tensor<2x64xbf16>, %w: tensor<8x32xui8>, %s: tensor<8x4xf8E4M3FN>, %g: tensor<4xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.linear_nvfp4' weight_scale_2 must be f32 of one value or [8]
+  %0 = ad.linear_nvfp4 %x, %w, %s, %g : (tensor<2x64xbf16>, tensor<8x32xui8>, tensor<8x4xf8E4M3FN>, tensor<4xf32>) -> tensor<2x8xbf16>
+  func.return
+}
+
+// -----
+
 func.func @cached_attention_cache_heads(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x4x64xbf16>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' caches must be [slots, max_seq, 2, 64] (key) and [slots, max_seq, 2, 64] (value) of the same slots and max_seq
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x4x64xbf16>, tensor<8x512x4x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>

@@ -256,6 +256,15 @@ func.func @linear_fp8_block(%x: tensor<4x?x256xbf16>, %w: tensor<192x256xf8E4M3F
   func.return
 }
 
+func.func @linear_nvfp4(%x: tensor<4x?x64xbf16>, %w: tensor<48x32xui8>, %ws: tensor<48x4xf8E4M3FN>, %g: tensor<f32>, %gr: tensor<48xf32>, %b: tensor<48xbf16>) {
+  // CHECK-LABEL: func.func @linear_nvfp4
+  %0 = ad.linear_nvfp4 %x, %w, %ws, %g : (tensor<4x?x64xbf16>, tensor<48x32xui8>, tensor<48x4xf8E4M3FN>, tensor<f32>) -> tensor<4x?x48xbf16>
+  // CHECK-NEXT: ad.linear_nvfp4 %x, %w, %ws, %g : (tensor<4x?x64xbf16>, tensor<48x32xui8>, tensor<48x4xf8E4M3FN>, tensor<f32>) -> tensor<4x?x48xbf16>
+  %1 = ad.linear_nvfp4 %x, %w, %ws, %gr bias %b : (tensor<4x?x64xbf16>, tensor<48x32xui8>, tensor<48x4xf8E4M3FN>, tensor<48xf32>, tensor<48xbf16>) -> tensor<4x?x48xbf16>
+  // CHECK-NEXT: ad.linear_nvfp4 %x, %w, %ws, %gr bias %b : (tensor<4x?x64xbf16>, tensor<48x32xui8>, tensor<48x4xf8E4M3FN>, tensor<48xf32>, tensor<48xbf16>) -> tensor<4x?x48xbf16>
+  func.return
+}
+
 func.func @paged_attention(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x8xi64>, %w4: tensor<4xbf16>, %db: tensor<1x4x?x6xbf16>) {
   // CHECK-LABEL: func.func @paged_attention
   %0 = ad.paged_attention %q, %k, %k rope %cos, %cos pages %kp, %kp query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
