@@ -214,7 +214,8 @@ def $name(x, logits, gate_up, down, shared_gate, out, route_ids, route_w, sorted
             tl.store(route_ids + pairs, shared[None, :] + rows[:, None] * 0 + EXPERTS, mask=m)
             tl.store(route_w + pairs, sw[:, None] + tl.zeros([BLOCK_M, S_P2], tl.float32), mask=m)
     elif PHASE == 1:
-$align    elif PHASE == 2:
+$align
+    elif PHASE == 2:
         # GATE_UP: silu(x @ gate.T) * (x @ up.T) for a block of one expert's rows.
         blk = tl.program_id(0)
         e = tl.load(block_expert + blk)
