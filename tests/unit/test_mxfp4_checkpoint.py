@@ -2,8 +2,7 @@
 the writer's on-disk layout, read back by transformers' own loader (which dequantizes it on a CPU
 with `convert_moe_packed_tensors`: the independent reading of the layout) and by ours (which keeps
 the bytes and scales); the E2M1 rounding; gpt-oss's expert math on the quantized weights against
-transformers' `GptOssExperts` on the dequantized ones; the export through `ad.moe_mxfp4`; and the
-refusal of what we do not load, naming the field or tensor."""
+transformers' `GptOssExperts` on the dequantized ones; and the refusal of what we do not load, naming the field or tensor."""
 
 from __future__ import annotations
 
@@ -96,7 +95,7 @@ def test_written_experts_are_the_model_s_within_mxfp4_rounding(written) -> None:
         amax = original.transpose(1, 2).unflatten(-1, (-1, 32)).abs().amax(-1)  # [E, out, blocks]
         bound = (amax / 4).repeat_interleave(32, -1).transpose(1, 2)
         assert ((got - original).abs() <= bound).all()
-        scale = torch.ldexp(torch.ones(()), scales.int() - 127)
+        scale = torch.ldexp(torch.ones(scales.shape), scales.int() - 127)
         assert ((amax >= 4 * scale) & (amax < 8 * scale)).all()
         assert ((got - original).norm() / original.norm()) < 0.15  # gaussian weights: ~0.115
 
@@ -124,13 +123,14 @@ def test_experts_math_is_gpt_oss_s_on_the_dequantized_weights(written) -> None: 
     """`gpt_oss_experts` on the MXFP4 tensors against transformers' `GptOssExperts` (its grouped
     form, what the model runs) holding the dequantized weights, in fp32 and bf16 on the same
     routing: the interleaved gate/up, the clamped SwiGLU (inputs wide enough to reach the limit),
-    the biases. fp32: only the order of sums differs (measured 2e-7 relative); bf16: the same
-    roundings at the same points, the GEMMs' inner order apart (one bf16 ulp, 2^-8 relative)."""
+    the biases; the error relative to the largest output. fp32: only the order of sums differs
+    (measured 4.0e-7; bound 1e-6); bf16: the same roundings at the same points, the GEMMs' inner
+    order apart (measured: equal; bound one bf16 ulp of the largest output, 2^-7)."""
     _, directory = written
     dequantized = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     ours, _ = load_causal_lm(str(directory))
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(9, 128, generator=g) * 4
+    x = torch.randn(9, 128, generator=g) * 20
     for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2.0**-7)):
         hf_experts = dequantized.model.layers[0].mlp.experts.to(dtype)
         experts = ours.model.layers[0].mlp.experts.to(dtype)
@@ -143,22 +143,6 @@ def test_experts_math_is_gpt_oss_s_on_the_dequantized_weights(written) -> None: 
             got = experts(x.to(dtype), chosen, weights).float()
         error = (got - theirs).abs().max() / theirs.abs().max()
         assert error <= tol, f"{dtype}: {error:.3g}"
-
-
-def test_export_routes_the_moe_block_through_moe_mxfp4(written) -> None:  # noqa: ANN001
-    """The exported graph calls `ad_mlir.moe_mxfp4` once a layer on the uint8 parameters, and
-    computes the eager model's logits."""
-    from ad_mlir.frontends.export import export_with_ids
-
-    _, directory = written
-    model, _ = load_causal_lm(str(directory))
-    ids = torch.tensor([[5, 9, 13, 3, 7]])
-    ep = export_with_ids(model, ids)
-    calls = [n for n in ep.graph.nodes if str(n.target) == "ad_mlir.moe_mxfp4.default"]
-    assert len(calls) == 2
-    with torch.no_grad():
-        torch.testing.assert_close(ep.module()(ids)[0] if isinstance(ep.module()(ids), tuple) else
-                                   ep.module()(ids).logits, model(ids).logits, rtol=0, atol=0)
 
 
 def _rewrite(directory: Path, tmp_path: Path, quantization: dict | None = None,
