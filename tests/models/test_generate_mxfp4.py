@@ -18,7 +18,8 @@ in two slots), each step's logits are compared with eager models on the same tok
   that model computes the same function on the same weights; only the order of fp32 sums
   differs again (its grouped experts form, its eager attention), amplified by the wide init:
   3e-5 x the largest logit, test_attention_forms.py's bound for the unquantized gpt-oss against
-  HF (measured here: see the report of the test run).
+  HF (measured 2.1e-5 and 4.0e-6 for the two prompts; the eager quantized model is 1.6e-6 from
+  it).
 """
 
 from __future__ import annotations
