@@ -95,7 +95,7 @@ def _check(module: ModuleType, case: Case) -> None:
 @pytest.mark.parametrize(("spec", "tokens", "bias"), [
     (_spec(), 21, None),
     (_spec(), 1, None),  # decode
-    (_spec(hidden=96, inter=64, experts=5, top_k=3), 13, None),  # K tiles with a masked rest
+    (_spec(hidden=96, inter=64, experts=5, top_k=3), 13, None),
     (_spec(top_k=1), 9, [8.0, 0.0, 0.0, 0.0]),  # every token to expert 0
     (_spec(), 11, [0.0, 0.0, 0.0, -20.0]),  # expert 3 receives no token
 ], ids=["21_tokens", "decode", "odd_sizes_top3", "one_expert_for_all", "an_idle_expert"])
@@ -117,6 +117,7 @@ def test_the_clamp_is_reached() -> None:
 
 @pytest.mark.parametrize("tokens", [1, 21])
 def test_kernel_in_bf16(build, tokens: int) -> None:  # noqa: ANN001
+    """bf16's K tiles are 64 wide: hidden 96 leaves a masked rest of one MX block."""
     spec = _spec(hidden=96, inter=64, experts=5, top_k=3, dtype=torch.bfloat16)
     _check(build(spec), Case(spec, tokens))
 
