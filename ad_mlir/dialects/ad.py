@@ -1545,6 +1545,81 @@ class MoeOp(KernelOp):
             raise VerifyException("ad.moe result must have the input's type")
 
 
+@irdl_op_definition
+class MoeMxfp4Op(KernelOp):
+    """gpt-oss's mixture-of-experts block on MXFP4 experts (a gpt-oss checkpoint's
+    `quant_method: mxfp4`), from the router's logits to the block's output.
+
+    Routing as gpt-oss's router: the `top_k` largest of `router_logits` [tokens, E], their softmax
+    in the logits' dtype. Experts, each as `<proj>_blocks` ui8 [E, out, in / 32, 16] (two E2M1 codes
+    a byte, the even element in the low nibble) and `<proj>_scales` ui8 [E, out, in / 32] (E8M0: a
+    block of 32 is scaled by 2^(s - 127)), with `<proj>_bias` [E, out]: `gate_up` [E, 2I, H] (gate
+    and up rows interleaved) and `down` [E, H, I]. Each (token, slot) pair computes, in the input's
+    dtype on the dequantized weights: `gu = x @ gate_up_e.T + b` (rounded, then the bias), `gate`
+    and `up` its even and odd columns, `gate = min(gate, limit)`, `up = clamp(up, -limit, limit)`,
+    `h = (up + 1) * gate * sigmoid(alpha * gate)`, `y = h @ down_e.T + d`, times the pair's weight;
+    a token's `top_k` products are summed in fp32 and rounded once. Its reference is
+    `zoo/mxfp4.py`'s `moe_mxfp4`; its kernel a template (`codegen/templates/moe_mxfp4_kernel.py`)."""
+
+    name = "ad.moe_mxfp4"
+    input = operand_def(AdTensor)
+    router_logits = operand_def(AdTensor)
+    gate_up_blocks = operand_def(AdTensor)
+    gate_up_scales = operand_def(AdTensor)
+    gate_up_bias = operand_def(AdTensor)
+    down_blocks = operand_def(AdTensor)
+    down_scales = operand_def(AdTensor)
+    down_bias = operand_def(AdTensor)
+    top_k = prop_def(IntegerAttr[I64])
+    alpha = prop_def(FloatAttr[Float64Type])
+    limit = prop_def(FloatAttr[Float64Type])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $router_logits `gate_up` $gate_up_blocks `,` $gate_up_scales `,` $gate_up_bias `down` "
+        "$down_blocks `,` $down_scales `,` $down_bias `top_k` $top_k `alpha` $alpha `limit` $limit attr-dict `:` "
+        "`(` type($input) `,` type($router_logits) `,` type($gate_up_blocks) `,` type($gate_up_scales) `,` "
+        "type($gate_up_bias) `,` type($down_blocks) `,` type($down_scales) `,` type($down_bias) `)` `->` "
+        "type($result)"
+    )
+
+    def sizes(self) -> tuple[int, int, int]:
+        """(experts, hidden, intermediate)."""
+        experts, hidden, _ = _shape(self.down_blocks.type)[:3]
+        return experts, hidden, _shape(self.gate_up_blocks.type)[1] // 2
+
+    def verify_(self) -> None:
+        # The blocks and scales are ui8, which the typed ops' ELEMENT_TYPES leave to ad.torch_op.
+        for name in ("input", "router_logits", "gate_up_bias", "down_bias"):
+            if getattr(self, name).type.element_type not in _FLOAT_TYPES:
+                raise VerifyException(f"ad.moe_mxfp4 {name} must be f32, f16 or bf16")
+        packed = IntegerType(8, Signedness.UNSIGNED)
+        quantized = ("gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales")
+        if any(getattr(self, name).type.element_type != packed for name in quantized):
+            raise VerifyException("ad.moe_mxfp4 blocks and scales must be ui8")
+        x, logits = _shape(self.input.type), _shape(self.router_logits.type)
+        if len(x) != 2 or len(logits) != 2 or not _dims_compatible(x[0], logits[0]) or DYNAMIC_INDEX in (x[1], logits[1]):
+            raise VerifyException("ad.moe_mxfp4 input must be [tokens, hidden] and router_logits [tokens, experts], "
+                                  "hidden and experts static")
+        experts, hidden = logits[1], x[1]
+        gate_up = _shape(self.gate_up_blocks.type)
+        inter = gate_up[1] // 2 if len(gate_up) == 4 else 0
+        expected = {
+            "gate_up_blocks": (experts, 2 * inter, hidden // 32, 16), "gate_up_scales": (experts, 2 * inter, hidden // 32),
+            "gate_up_bias": (experts, 2 * inter), "down_blocks": (experts, hidden, inter // 32, 16),
+            "down_scales": (experts, hidden, inter // 32), "down_bias": (experts, hidden),
+        }
+        if hidden % 32 or inter % 32 or inter == 0:
+            raise VerifyException(f"ad.moe_mxfp4 hidden {hidden} and intermediate {inter} must be multiples of 32")
+        for name, shape in expected.items():
+            if _shape(getattr(self, name).type) != shape:
+                raise VerifyException(f"ad.moe_mxfp4 {name} must be {_fmt_shape(shape)} for {experts} experts, hidden "
+                                      f"{hidden}, intermediate {inter}")
+        if not 1 <= self.top_k.value.data <= experts:
+            raise VerifyException(f"ad.moe_mxfp4 top_k {self.top_k.value.data} is not in 1..{experts}")
+        if self.result.type != self.input.type:
+            raise VerifyException("ad.moe_mxfp4 result must have the input's type")
+
+
 CACHE_ATTR = "ad.cache"
 """On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
 cache, "<layer> conv_state" for a convolution's state, "<layer> token_window" for a cached token
@@ -2911,6 +2986,7 @@ Ad = Dialect(
         LinearFp8BlockOp,
         LinearNvfp4Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
+        MoeMxfp4Op,
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,
         CachedSelectiveScanOp,

@@ -44,7 +44,8 @@ index_topk; it ranks the scores padded with that many -inf columns (`_PaddedTopk
 checkpoints, `zoo/quantized.py`): the first calls a Hub kernel that has no CPU form and no fake,
 the second would export as the format's arithmetic in ATen ops, unfused; routed through `torch_ops.linear_fp8_block`, their fp8 weights and scales are graph
 weights of one op; so is the zoo's `Nvfp4Linear` (ModelOpt NVFP4, `zoo/modelopt.py`) through
-`torch_ops.linear_nvfp4`. One more is replaced
+`torch_ops.linear_nvfp4`, and gpt-oss's MLP (`GptOssMLP`) when its experts are MXFP4
+(`zoo.mxfp4`'s `Mxfp4Experts`) through `torch_ops.moe_mxfp4` from the router's logits. One more is replaced
 only in the export for generation (`GENERATION_METHODS`), whose
 steps hold only real tokens: XLM's mask of the positions past its count of tokens that are not
 its pad id, a sum over the tokens, as all ones (exact for sequences without the pad id).
@@ -62,6 +63,7 @@ from typing import Any
 import torch
 
 from ad_mlir.semantics import torch_ops
+from ad_mlir.zoo.mxfp4 import Mxfp4Experts
 
 MODELING_MODULES = "transformers.models."
 INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized", "ad_mlir.zoo.ct_fp8",
@@ -528,6 +530,24 @@ def _nvfp4_linear(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _gpt_oss_mxfp4_mlp(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `GptOssMLP.forward` with MXFP4 experts (`zoo.mxfp4.Mxfp4Experts`, a loaded
+    gpt-oss checkpoint's) as the router's linear, then `torch_ops.moe_mxfp4` from its logits
+    (gpt-oss's routing and experts): the experts' blocks and scales are graph weights of one op.
+    It returns the router's logits beside the output, as transformers' MXFP4 MLP does (the
+    decoder layer drops them). Experts that are not MXFP4 take HF's forward."""
+    def forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(self.experts, Mxfp4Experts):
+            return original(self, hidden_states)
+        flat = hidden_states.reshape(-1, self.router.hidden_dim)
+        logits = torch.nn.functional.linear(flat, self.router.weight, self.router.bias)
+        out = torch.ops.ad_mlir.moe_mxfp4(flat, logits, *self.experts.operands(), self.router.top_k,
+                                          self.experts.alpha, self.experts.limit)
+        return out.reshape(hidden_states.shape), logits
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -555,6 +575,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     **{name: ("forward", ("self", "input"), _fp8_block_linear) for name in ("FP8Linear", "Fp8BlockLinear")},
     "Fp8ChannelLinear": ("forward", ("self", "input"), _fp8_channel_linear),
     "Nvfp4Linear": ("forward", ("self", "input"), _nvfp4_linear),
+    "GptOssMLP": ("forward", ("self", "hidden_states"), _gpt_oss_mxfp4_mlp),
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
     "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
     **{name: ("forward", DSA_INDEXER, _deepseek_v32_indexer)
@@ -569,8 +590,8 @@ short convolution, DeepSeek-V4's CSA
 compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF's own, their
 top-k padded), fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
 through the opaque `linear_fp8_block`, and compressed-tensors FP8's `Fp8ChannelLinear` through
-`quantize_fp8_dynamic` and `linear_fp8`, and ModelOpt NVFP4's `Nvfp4Linear` through
-`linear_nvfp4`. A class whose method takes other parameters (another transformers version) is
+`quantize_fp8_dynamic` and `linear_fp8`, ModelOpt NVFP4's `Nvfp4Linear` through `linear_nvfp4`,
+and gpt-oss's MLP on MXFP4 experts through `moe_mxfp4`. A class whose method takes other parameters (another transformers version) is
 left alone."""
 
 

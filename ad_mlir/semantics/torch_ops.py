@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ad_mlir.dialects import ad
-from ad_mlir.zoo import fp8_blocks, nvfp4
+from ad_mlir.zoo import fp8_blocks, mxfp4, nvfp4
 
 NAMESPACE = "ad_mlir"
 
@@ -330,6 +330,25 @@ def linear_nvfp4(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
 def _(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
       bias: torch.Tensor | None) -> torch.Tensor:
     return input.new_empty((*input.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_mxfp4", mutates_args=())
+def moe_mxfp4(input: torch.Tensor, router_logits: torch.Tensor, gate_up_blocks: torch.Tensor,
+              gate_up_scales: torch.Tensor, gate_up_bias: torch.Tensor, down_blocks: torch.Tensor,
+              down_scales: torch.Tensor, down_bias: torch.Tensor, top_k: int, alpha: float,
+              limit: float) -> torch.Tensor:
+    """`ad.moe_mxfp4`: gpt-oss's routing, then its experts on the routed experts' dequantized
+    MXFP4 weights (`zoo/mxfp4.py`'s `moe_mxfp4`), which a loaded checkpoint's `Mxfp4Experts`
+    also runs eagerly."""
+    return mxfp4.moe_mxfp4(input, router_logits, gate_up_blocks, gate_up_scales, gate_up_bias, down_blocks,
+                           down_scales, down_bias, top_k, alpha, limit)
+
+
+@moe_mxfp4.register_fake
+def _(input: torch.Tensor, router_logits: torch.Tensor, gate_up_blocks: torch.Tensor, gate_up_scales: torch.Tensor,
+      gate_up_bias: torch.Tensor, down_blocks: torch.Tensor, down_scales: torch.Tensor, down_bias: torch.Tensor,
+      top_k: int, alpha: float, limit: float) -> torch.Tensor:
+    return torch.empty_like(input)
 
 
 def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:

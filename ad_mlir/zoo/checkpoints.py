@@ -140,9 +140,9 @@ def _load_directory(directory: Path) -> torch.nn.Module:
     """A checkpoint directory's model in fp32: through `AutoModelForCausalLM`, or, for a
     quantized checkpoint (`quantization_config` in config.json), by `zoo/quantized.py`, which
     keeps the quantized weights as they are on disk (fine-grained FP8), by `zoo/ct_fp8.py`
-    (compressed-tensors FP8-dynamic) or by `zoo/modelopt.py` (ModelOpt NVFP4, its fields in
-    config.json or, for older exports, in hf_quant_config.json alone); any other quantization is
-    refused, naming the field."""
+    (compressed-tensors FP8-dynamic), by `zoo/modelopt.py` (ModelOpt NVFP4, its fields in
+    config.json or, for older exports, in hf_quant_config.json alone) or by `zoo/mxfp4.py`
+    (gpt-oss's MXFP4 experts); any other quantization is refused, naming the field."""
     import torch
     import transformers
 
@@ -160,8 +160,14 @@ def _load_directory(directory: Path) -> torch.nn.Module:
         return modelopt.load_nvfp4_checkpoint(directory, config)
     if fields is None:
         return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    from ad_mlir.zoo import ct_fp8, quantized
+    from ad_mlir.zoo import ct_fp8, mxfp4, quantized
 
+    if fields.get("quant_method") == mxfp4.QUANT_METHOD:
+        try:
+            mxfp4.check_mxfp4_config(fields, config.model_type)
+        except ValueError as e:
+            raise ValueError(f"'{directory}': {e}") from None
+        return mxfp4.load_mxfp4_checkpoint(directory, config)
     if fields.get("quant_method") == ct_fp8.QUANT_METHOD:
         try:
             strategy = ct_fp8.fp8_weight_strategy(fields)

@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 import transformers
 
@@ -35,6 +34,7 @@ from ad_mlir.zoo.quantized import (
     load_with_quantized_linears,
     module_name,
     read_safetensors,
+    save_checkpoint,
     tensor_bits,
 )
 
@@ -198,13 +198,7 @@ def write_fp8_dynamic_checkpoint(model: transformers.PreTrainedModel, directory:
     for name in linear_names(model, ()):
         tensors[f"{name}.weight"], tensors[f"{name}{SCALE_SUFFIX}"] = quantize_weight(tensors[f"{name}.weight"],
                                                                                       strategy)
-    hf_config = model.config.to_dict()
-    hf_config["quantization_config"] = config
-    hf_config.pop("_name_or_path", None)
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    model.generation_config.save_pretrained(directory)
-    safetensors.torch.save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    return directory
+    return save_checkpoint(model, directory, tensors, config)
 
 
 def _checked_scale(directory: Path, name: str, module: torch.nn.Linear, tensors: dict[str, torch.Tensor],

@@ -61,7 +61,8 @@ def fp8_block_size(quantization_config: dict[str, Any]) -> tuple[int, int]:
     method = quantization_config.get("quant_method")
     if method != QUANT_METHOD:
         raise refuse("quant_method", f"not supported; ad-mlir loads \"{QUANT_METHOD}\" (fine-grained FP8 with "
-                                     "weight_block_size) and \"compressed-tensors\" (FP8-dynamic) only")
+                                     "weight_block_size), \"compressed-tensors\" (FP8-dynamic) and \"mxfp4\" "
+                                     "(gpt-oss's experts) only")
     if quantization_config.get("fmt", "e4m3") not in FORMATS:
         raise refuse("fmt", f"not supported; fine-grained FP8 is loaded in {', '.join(FORMATS)}")
     if quantization_config.get("activation_scheme", "dynamic") not in ACTIVATION_SCHEMES:
@@ -142,8 +143,17 @@ def write_fp8_block_checkpoint(model: transformers.PreTrainedModel, directory: s
     for name in linear_names(model, modules_to_not_convert):
         fp8, scale_inv = quantize_blocks(tensors[f"{name}.weight"], (bn, bk))
         tensors[f"{name}.weight"], tensors[f"{name}{SCALE_SUFFIX}"] = fp8, scale_inv
+    return save_checkpoint(model, directory, tensors, config)
+
+
+def save_checkpoint(model: transformers.PreTrainedModel, directory: Path, tensors: dict[str, torch.Tensor],
+                    quantization_config: dict[str, Any]) -> Path:
+    """`directory` (made if missing) with config.json (the model's config and
+    `quantization_config`), generation_config.json and model.safetensors holding `tensors`, as a
+    quantized checkpoint of `model`."""
+    directory.mkdir(parents=True, exist_ok=True)
     hf_config = model.config.to_dict()
-    hf_config["quantization_config"] = config
+    hf_config["quantization_config"] = quantization_config
     hf_config.pop("_name_or_path", None)
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     model.generation_config.save_pretrained(directory)
@@ -218,11 +228,7 @@ def load_with_quantized_linears(directory: Path, config: transformers.Pretrained
     swapped for `replace(name, linear)` (made on the meta device too), then `tensors` assigned.
     A scale on what is no `nn.Linear`, a tensor the model lacks or a parameter the file lacks
     (other than tied ones) is a ValueError naming it."""
-    plain = copy.deepcopy(config)
-    if hasattr(plain, "quantization_config"):  # ModelOpt's older exports say it in hf_quant_config.json only
-        del plain.quantization_config
-    with parameters_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
+    model = model_on_meta(config)
     for key in sorted(k for k in tensors if k.endswith(scale_suffix)):
         name = key.removesuffix(scale_suffix)
         module = model.get_submodule(name) if has_submodule(model, name) else None
@@ -231,6 +237,24 @@ def load_with_quantized_linears(directory: Path, config: transformers.Pretrained
                              f"{type(model).__name__}")
         with parameters_on_meta():
             model.set_submodule(name, replace(name, module))
+    return assign_tensors(directory, model, tensors)
+
+
+def model_on_meta(config: transformers.PretrainedConfig) -> transformers.PreTrainedModel:
+    """The model of `config` without its quantization_config (no transformers quantizer runs),
+    its parameters on the meta device, its buffers computed."""
+    plain = copy.deepcopy(config)
+    if hasattr(plain, "quantization_config"):  # ModelOpt's older exports say it in hf_quant_config.json only
+        del plain.quantization_config
+    with parameters_on_meta():
+        return transformers.AutoModelForCausalLM.from_config(plain, dtype=torch.float32)
+
+
+def assign_tensors(directory: Path, model: transformers.PreTrainedModel,
+                   tensors: dict[str, torch.Tensor]) -> transformers.PreTrainedModel:
+    """`model` (parameters on the meta device) with `tensors` assigned as its parameters, tied
+    weights tied, in eval mode; a tensor the model lacks or a parameter the file lacks (other
+    than tied ones) is a ValueError naming it."""
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if unexpected:
         raise ValueError(f"'{directory}': tensors {', '.join(sorted(unexpected)[:5])} are not parameters of "

@@ -128,6 +128,43 @@ def align_chunk(spec: MoeSpec) -> int:
     return max(16, 4096 // next_power_of_2(spec.experts + spec.shared_experts))
 
 
+ALIGN_PHASE = '''\
+        # ALIGN: one program; pairs counted per expert, blocks laid out, pairs placed.
+        n_pairs = n_tokens * SLOTS
+        experts = tl.arange(0, ALL_P2)
+        counts = tl.zeros([ALL_P2], tl.int32)
+        for c in range(0, n_pairs, BLOCK_K):
+            pair = c + tl.arange(0, BLOCK_K)
+            ids = tl.load(route_ids + pair, mask=pair < n_pairs, other=-1)
+            counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), 0)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        ends = tl.cumsum(padded, 0)
+        starts = ends - padded
+        filled = starts + counts
+        for b0 in range(0, max_blocks, BLOCK_K):
+            blk = b0 + tl.arange(0, BLOCK_K)
+            row0 = blk * BLOCK_M
+            # The block's expert: the first whose padded rows end past the block's first row.
+            e = tl.sum((ends[None, :] <= row0[:, None]).to(tl.int32), 1)
+            used = e < ALL_EXPERTS
+            end = tl.sum(tl.where(experts[None, :] == e[:, None], filled[None, :], 0), 1)
+            b_in = blk < max_blocks
+            tl.store(block_expert + blk, tl.where(used, e, -1), mask=b_in)
+            tl.store(block_rows + blk, tl.where(used, tl.minimum(end - row0, BLOCK_M), 0), mask=b_in)
+        next_row = starts
+        for c in range(0, n_pairs, BLOCK_K):
+            pair = c + tl.arange(0, BLOCK_K)
+            p_in = pair < n_pairs
+            ids = tl.load(route_ids + pair, mask=p_in, other=-1)
+            hit = (ids[:, None] == experts[None, :]).to(tl.int32)
+            before = tl.cumsum(hit, 0) - hit
+            row = tl.sum(hit * (next_row[None, :] + before), 1)
+            tl.store(sorted_slots + row, pair, mask=p_in)
+            next_row += tl.sum(hit, 0)
+'''
+"""The ALIGN phase's body (vLLM's `moe_align_block_size`), which the MXFP4 MoE kernel shares: it
+reads `route_ids` [T * SLOTS] and writes `block_expert`, `block_rows`, `sorted_slots`."""
+
 _KERNEL = '''\
 @triton.jit
 def $name(x, logits, gate_up, down, shared_gate, out, route_ids, route_w, sorted_slots, block_expert, block_rows,
@@ -177,38 +214,7 @@ def $name(x, logits, gate_up, down, shared_gate, out, route_ids, route_w, sorted
             tl.store(route_ids + pairs, shared[None, :] + rows[:, None] * 0 + EXPERTS, mask=m)
             tl.store(route_w + pairs, sw[:, None] + tl.zeros([BLOCK_M, S_P2], tl.float32), mask=m)
     elif PHASE == 1:
-        # ALIGN: one program; pairs counted per expert, blocks laid out, pairs placed.
-        n_pairs = n_tokens * SLOTS
-        experts = tl.arange(0, ALL_P2)
-        counts = tl.zeros([ALL_P2], tl.int32)
-        for c in range(0, n_pairs, BLOCK_K):
-            pair = c + tl.arange(0, BLOCK_K)
-            ids = tl.load(route_ids + pair, mask=pair < n_pairs, other=-1)
-            counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), 0)
-        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-        ends = tl.cumsum(padded, 0)
-        starts = ends - padded
-        filled = starts + counts
-        for b0 in range(0, max_blocks, BLOCK_K):
-            blk = b0 + tl.arange(0, BLOCK_K)
-            row0 = blk * BLOCK_M
-            # The block's expert: the first whose padded rows end past the block's first row.
-            e = tl.sum((ends[None, :] <= row0[:, None]).to(tl.int32), 1)
-            used = e < ALL_EXPERTS
-            end = tl.sum(tl.where(experts[None, :] == e[:, None], filled[None, :], 0), 1)
-            b_in = blk < max_blocks
-            tl.store(block_expert + blk, tl.where(used, e, -1), mask=b_in)
-            tl.store(block_rows + blk, tl.where(used, tl.minimum(end - row0, BLOCK_M), 0), mask=b_in)
-        next_row = starts
-        for c in range(0, n_pairs, BLOCK_K):
-            pair = c + tl.arange(0, BLOCK_K)
-            p_in = pair < n_pairs
-            ids = tl.load(route_ids + pair, mask=p_in, other=-1)
-            hit = (ids[:, None] == experts[None, :]).to(tl.int32)
-            before = tl.cumsum(hit, 0) - hit
-            row = tl.sum(hit * (next_row[None, :] + before), 1)
-            tl.store(sorted_slots + row, pair, mask=p_in)
-            next_row += tl.sum(hit, 0)
+$align
     elif PHASE == 2:
         # GATE_UP: silu(x @ gate.T) * (x @ up.T) for a block of one expert's rows.
         blk = tl.program_id(0)
@@ -332,6 +338,7 @@ def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
     launcher. `header` goes first (the cache's key and provenance comment)."""
     fields = {
         "name": name,
+        "align": ALIGN_PHASE.rstrip("\n"),
         "precision": ', input_precision="ieee"' if spec.dtype == torch.float32 else "",
         "dtype": str(spec.dtype),
         "hidden": spec.hidden,

@@ -466,6 +466,22 @@ func.func @rope_attention_rotary_dim_over_head_dim(%q: tensor<1x4x?x64xbf16>, %c
 
 // -----
 
+func.func @moe_mxfp4_scales(%x: tensor<?x64xbf16>, %l: tensor<?x4xbf16>, %gub: tensor<4x192x2x16xui8>, %gus: tensor<4x192x3xui8>, %gb: tensor<4x192xbf16>, %db: tensor<4x64x3x16xui8>, %ds: tensor<4x64x3xui8>, %b: tensor<4x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe_mxfp4' gate_up_scales must be 4x192x2 for 4 experts, hidden 64, intermediate 96
+  %0 = ad.moe_mxfp4 %x, %l gate_up %gub, %gus, %gb down %db, %ds, %b top_k 2 alpha 1.702000e+00 limit 7.000000e+00 : (tensor<?x64xbf16>, tensor<?x4xbf16>, tensor<4x192x2x16xui8>, tensor<4x192x3xui8>, tensor<4x192xbf16>, tensor<4x64x3x16xui8>, tensor<4x64x3xui8>, tensor<4x64xbf16>) -> tensor<?x64xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_mxfp4_signed_blocks(%x: tensor<?x64xbf16>, %l: tensor<?x4xbf16>, %gub: tensor<4x192x2x16xi8>, %gus: tensor<4x192x2xui8>, %gb: tensor<4x192xbf16>, %db: tensor<4x64x3x16xui8>, %ds: tensor<4x64x3xui8>, %b: tensor<4x64xbf16>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe_mxfp4' blocks and scales must be ui8
+  %0 = ad.moe_mxfp4 %x, %l gate_up %gub, %gus, %gb down %db, %ds, %b top_k 2 alpha 1.702000e+00 limit 7.000000e+00 : (tensor<?x64xbf16>, tensor<?x4xbf16>, tensor<4x192x2x16xi8>, tensor<4x192x2xui8>, tensor<4x192xbf16>, tensor<4x64x3x16xui8>, tensor<4x64x3xui8>, tensor<4x64xbf16>) -> tensor<?x64xbf16>
+  func.return
+}
+
+// -----
+
 func.func @moe_expert_count(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48xbf16>, %d: tensor<6x48x32xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe' has 6 experts: 4 routed (router_logits) + 0 shared expected
   %0 = ad.moe %x, %l experts %gu, %d top_k 2 : (tensor<?x48xbf16>, tensor<?x4xbf16>, tensor<6x64x48xbf16>, tensor<6x48x32xbf16>) -> tensor<?x48xbf16>

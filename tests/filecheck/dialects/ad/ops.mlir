@@ -399,6 +399,14 @@ func.func @moe(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<6x64x48x
   func.return
 }
 
+// gpt-oss's MoE on MXFP4 experts: hidden 64, intermediate 96, 4 experts, top 2.
+func.func @moe_mxfp4(%x: tensor<?x64xbf16>, %l: tensor<?x4xbf16>, %gub: tensor<4x192x2x16xui8>, %gus: tensor<4x192x2xui8>, %gb: tensor<4x192xbf16>, %db: tensor<4x64x3x16xui8>, %ds: tensor<4x64x3xui8>, %b: tensor<4x64xbf16>) {
+  // CHECK-LABEL: func.func @moe_mxfp4
+  %0 = ad.moe_mxfp4 %x, %l gate_up %gub, %gus, %gb down %db, %ds, %b top_k 2 alpha 1.702000e+00 limit 7.000000e+00 : (tensor<?x64xbf16>, tensor<?x4xbf16>, tensor<4x192x2x16xui8>, tensor<4x192x2xui8>, tensor<4x192xbf16>, tensor<4x64x3x16xui8>, tensor<4x64x3xui8>, tensor<4x64xbf16>) -> tensor<?x64xbf16>
+  // CHECK-NEXT: ad.moe_mxfp4 %x, %l gate_up %gub, %gus, %gb down %db, %ds, %b top_k 2 alpha 1.702000e+00 limit 7.000000e+00 : (tensor<?x64xbf16>, tensor<?x4xbf16>, tensor<4x192x2x16xui8>, tensor<4x192x2xui8>, tensor<4x192xbf16>, tensor<4x64x3x16xui8>, tensor<4x64x3xui8>, tensor<4x64xbf16>) -> tensor<?x64xbf16>
+  func.return
+}
+
 // Paged MLA at DeepSeek-V3's sizes: one flattened batch over a pool of 512 pages of 64 latents (512 + 64).
 func.func @paged_mla_attention(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
   // CHECK-LABEL: func.func @paged_mla_attention
