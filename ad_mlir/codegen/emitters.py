@@ -62,6 +62,7 @@ TEMPLATES: dict[type[Operation], str] = {
     ad.MoeOp: "moe_kernel",
     ad.LinearFp8BlockOp: "linear_fp8_block_kernel",
     ad.LinearFp8Op: "linear_fp8_kernel",
+    ad.LinearInt4Op: "linear_int4_kernel",
     ad.CachedAttentionOp: "cached_attention_kernel",
     ad.PagedAttentionOp: "paged_attention_kernel",
     ad.CachedMlaAttentionOp: "mla_attention_kernel",

@@ -63,7 +63,8 @@ import torch
 from ad_mlir.semantics import torch_ops
 
 MODELING_MODULES = "transformers.models."
-INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized", "ad_mlir.zoo.ct_fp8")
+INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized", "ad_mlir.zoo.ct_fp8",
+                       "ad_mlir.zoo.gptq")
 """Modules outside `MODELING_MODULES` whose classes `METHODS` names (quantized layers: transformers'
 and the zoo's subclass of it)."""
 
@@ -517,6 +518,16 @@ def _fp8_channel_linear(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _int4_linear(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`zoo.gptq.Int4Linear.forward` (GPTQ and AWQ int4) through `torch_ops.linear_int4`, whose
+    reference is its forward: the packed words, zero points, scales and g_idx stay graph weights."""
+    def forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ad_mlir.linear_int4(input, self.qweight, self.qzeros, self.scales, self.g_idx, self.bias,
+                                             self.group_size, self.zero_offset)
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -543,6 +554,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
        for name in ("Inkling2DynamicShortConvolution", "Inkling2LoopDynamicShortConvolution")},
     **{name: ("forward", ("self", "input"), _fp8_block_linear) for name in ("FP8Linear", "Fp8BlockLinear")},
     "Fp8ChannelLinear": ("forward", ("self", "input"), _fp8_channel_linear),
+    "Int4Linear": ("forward", ("self", "input"), _int4_linear),
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
     "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
     **{name: ("forward", DSA_INDEXER, _deepseek_v32_indexer)
@@ -557,7 +569,7 @@ short convolution, DeepSeek-V4's CSA
 compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF's own, their
 top-k padded), fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
 through the opaque `linear_fp8_block`, and compressed-tensors FP8's `Fp8ChannelLinear` through
-`quantize_fp8_dynamic` and `linear_fp8`. A class whose method takes other parameters (another transformers version) is
+`quantize_fp8_dynamic` and `linear_fp8`, and the int4 formats' `Int4Linear` through `linear_int4`. A class whose method takes other parameters (another transformers version) is
 left alone."""
 
 

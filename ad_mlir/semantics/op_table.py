@@ -459,6 +459,7 @@ SPECS: tuple[OpSpec, ...] = (
     OpSpec(ad.DequantizeFp8Op, (Overload(f"{torch_ops.NAMESPACE}.dequantize_fp8.default"),), derived_dtype="dtype"),
     OpSpec(ad.LinearFp8Op, (Overload(f"{torch_ops.NAMESPACE}.linear_fp8.default"),), derived_dtype="dtype"),
     OpSpec(ad.LinearFp8BlockOp, (Overload(f"{torch_ops.NAMESPACE}.linear_fp8_block.default"),)),
+    OpSpec(ad.LinearInt4Op, (Overload(f"{torch_ops.NAMESPACE}.linear_int4.default"),)),
     OpSpec(
         ad.ArangeOp,
         (

@@ -118,8 +118,9 @@ def load_checkpoint(path: Path) -> tuple[torch.nn.Module, transformers.PreTraine
 def _load_directory(directory: Path) -> torch.nn.Module:
     """A checkpoint directory's model in fp32: through `AutoModelForCausalLM`, or, for a
     quantized checkpoint (`quantization_config` in config.json), by `zoo/quantized.py`, which
-    keeps the quantized weights as they are on disk (fine-grained FP8), or by `zoo/ct_fp8.py`
-    (compressed-tensors FP8-dynamic); any other quantization is refused, naming the field."""
+    keeps the quantized weights as they are on disk (fine-grained FP8), by `zoo/ct_fp8.py`
+    (compressed-tensors FP8-dynamic), or by `zoo/gptq.py` / `zoo/awq.py` (int4); any other
+    quantization is refused, naming the field."""
     import torch
     import transformers
 
@@ -127,9 +128,18 @@ def _load_directory(directory: Path) -> torch.nn.Module:
     quantization = getattr(config, "quantization_config", None)
     if quantization is None:
         return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    from ad_mlir.zoo import ct_fp8, quantized
+    from ad_mlir.zoo import awq, ct_fp8, gptq, quantized
 
     fields = quantization if isinstance(quantization, dict) else quantization.to_dict()
+    int4 = {gptq.QUANT_METHOD: (gptq.gptq_settings, gptq.load_gptq_checkpoint),
+            awq.QUANT_METHOD: (lambda f: (awq.awq_group_size(f),), awq.load_awq_checkpoint)}
+    if fields.get("quant_method") in int4:
+        settings, load = int4[fields["quant_method"]]
+        try:
+            arguments = settings(fields)
+        except ValueError as e:
+            raise ValueError(f"'{directory}': {e}") from None
+        return load(directory, config, *arguments)
     if fields.get("quant_method") == ct_fp8.QUANT_METHOD:
         try:
             strategy = ct_fp8.fp8_weight_strategy(fields)
