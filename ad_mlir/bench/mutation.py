@@ -219,6 +219,8 @@ TESTS: dict[str, Tests] = {
                                                                  "not ptx")),
     "ad_mlir/codegen/templates/linear_fp8_block_kernel.py": Tests((), ("tests/unit/test_linear_fp8_block_kernel.py",
                                                                       "-k", "not ptx")),
+    "ad_mlir/codegen/templates/linear_int4_kernel.py": Tests((), ("tests/unit/test_linear_int4_kernel.py", "-k",
+                                                                  "not ptx")),
     "ad_mlir/codegen/templates/paged_attention_kernel.py": Tests(
         (), ("tests/unit/test_paged_attention.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/paged_mla_attention_kernel.py": Tests(
