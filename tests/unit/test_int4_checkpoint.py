@@ -178,6 +178,22 @@ def test_loaders_keep_the_codes(gptq_act_order: Path, awq: Path) -> None:
         assert torch.equal(module.dequantized().double(), awq_weight_by_hand(tensors, name))
 
 
+def test_awq_modules_to_not_convert_stay_float(model, tmp_path: Path) -> None:  # noqa: ANN001
+    """AWQ's `modules_to_not_convert` (a name or a prefix): written as the model's weights, loaded
+    as plain linears; the rest quantized."""
+    directory = write_awq_checkpoint(model, tmp_path / "skip", GROUP, modules_to_not_convert=["model.layers.0.mlp"])
+    assert json.loads((directory / "config.json").read_text())["quantization_config"]["modules_to_not_convert"] == \
+        ["model.layers.0.mlp"]
+    tensors = _tensors(directory)
+    assert tensors["model.layers.0.mlp.up_proj.weight"].dtype == torch.float16
+    assert "model.layers.0.mlp.up_proj.qweight" not in tensors
+    loaded, _ = load_causal_lm(str(directory))
+    assert type(loaded.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    assert torch.equal(loaded.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight.float())
+    assert isinstance(loaded.model.layers[1].mlp.up_proj, Int4Linear)
+    assert isinstance(loaded.model.layers[0].self_attn.q_proj, Int4Linear)
+
+
 def test_without_act_order_the_g_idx_is_dropped(gptq_sym: Path) -> None:
     model, _ = load_causal_lm(str(gptq_sym))
     assert all(m.g_idx is None for m in model.modules() if isinstance(m, Int4Linear))
