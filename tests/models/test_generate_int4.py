@@ -8,7 +8,8 @@ int4 words and runs every projection as `ad.linear_int4`, its kernels in the Tri
 compared with eager models on the same tokens:
 
 - the loaded model itself, eager (its `Int4Linear`s dequantize exactly in fp32): the compiled
-  graph differs only by the order of fp32 sums, relative error (L2 over the vocabulary) <= 1e-5;
+  graph differs only by the order of fp32 sums, relative error (L2 over the vocabulary) <= 1e-5
+  (measured 6.8e-7 to 3.2e-6);
 - a plain dequantized copy (each `Int4Linear` an `nn.Linear` on its dequantized weight: what
   transformers' dequantizing loader would give; it needs `gptqmodel`, which ad-mlir does not
   install). The format's 4-bit rounding is all in the weights, which this copy holds as well, and
@@ -136,14 +137,15 @@ def test_the_program_keeps_int4_weights_and_runs_int4_kernels(llms, name: str) -
         "no projection runs the op's reference"
 
 
-GENERATIONS = [("gptq-llama", "kernels"), ("awq-llama", "kernels"), *((name, "reference") for name in CHECKPOINTS)]
+GENERATIONS = [("gptq-llama", "kernels"), *((name, "reference") for name in CHECKPOINTS)]
 
 
 @pytest.mark.parametrize(("name", "path"), GENERATIONS, ids=[f"{n}-{p}" for n, p in GENERATIONS])
 def test_int4_checkpoint_generates_the_eager_model_s_tokens(llms, name: str, path: str,  # noqa: ANN001
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both paths on the Llamas (the interpreter costs ~25 s a model), the reference on all (the
-    Qwen2s' kernels are the Llamas', with a bias, checked in test_linear_int4_kernel.py)."""
+    """The kernels on GPTQ's Llama (act-order: the kernel's per-row group gather; the interpreter
+    costs ~20 s), the reference on all four (the other checkpoints' kernels, with a bias, one
+    zero/scale row a tile or AWQ's zero offset of 0, are checked in test_linear_int4_kernel.py)."""
     llm = llms(name)
     reference = [_greedy(llm.model, prompt) for prompt in PROMPTS]
     assert all(len(set(tokens)) > 2 for tokens in reference), f"greedy tokens barely vary: {reference}"
@@ -155,6 +157,7 @@ def test_int4_checkpoint_generates_the_eager_model_s_tokens(llms, name: str, pat
         same = fp8_logits_error(_eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
         assert same <= FP32_ERROR, f"prompt {i}: {same:.3g} from the eager quantized model"
         dequantized = fp8_logits_error(_eager_logits(plain, prompt + tokens)[len(prompt) - 1:], got)
+        print(f"{name} {path} prompt {i}: {same:.3g} from the eager model, {dequantized:.3g} from the dequantized copy")
         assert dequantized <= FP32_ERROR, f"prompt {i}: {dequantized:.3g} from the dequantized copy"
     assert [out.token_ids for out in outputs] == [*reference, _greedy(llm.model, QUEUED)]
 
