@@ -222,6 +222,8 @@ TESTS: dict[str, Tests] = {
                                                                       "-k", "not ptx")),
     "ad_mlir/codegen/templates/linear_nvfp4_kernel.py": Tests((), ("tests/unit/test_linear_nvfp4_kernel.py", "-k",
                                                                    "not ptx")),
+    "ad_mlir/codegen/templates/linear_int4_kernel.py": Tests((), ("tests/unit/test_linear_int4_kernel.py", "-k",
+                                                                  "not ptx")),
     "ad_mlir/codegen/templates/paged_attention_kernel.py": Tests(
         (), ("tests/unit/test_paged_attention.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/paged_mla_attention_kernel.py": Tests(

@@ -64,6 +64,7 @@ TEMPLATES: dict[type[Operation], str] = {
     ad.LinearFp8BlockOp: "linear_fp8_block_kernel",
     ad.LinearFp8Op: "linear_fp8_kernel",
     ad.LinearNvfp4Op: "linear_nvfp4_kernel",
+    ad.LinearInt4Op: "linear_int4_kernel",
     ad.CachedAttentionOp: "cached_attention_kernel",
     ad.PagedAttentionOp: "paged_attention_kernel",
     ad.CachedMlaAttentionOp: "mla_attention_kernel",

@@ -2746,6 +2746,79 @@ class LinearNvfp4Op(KernelOp):
             raise VerifyException(f"ad.linear_nvfp4 result shape should be {_fmt_shape((*x[:-1], n))}")
 
 
+@irdl_op_definition
+class LinearInt4Op(KernelOp):
+    """A 4-bit weight-only linear with group scales and zero points, as GPTQ and AWQ checkpoints
+    hold it (`zoo/int4.py`, whose module docstring gives the layout).
+
+    `qweight` i32 [K / 8, N] packs the codes along K (row 8i + j in nibble j of word row i);
+    `qzeros` i32 [G, N / 8] the zero points along N; `scales` [G, N] (f16, bf16 or f32) the group
+    scales; `g_idx` i32 [K], when present, each row's group (GPTQ's act-order), else row k is in
+    group k // group_size; G = ceil(K / group_size). The weight is `(code - (zero +
+    zero_offset)) * scale` (`zero_offset` 1 for GPTQ's v1 checkpoints, which store the zero
+    points minus one, 0 otherwise), computed exactly in f32 and rounded once to the input's dtype;
+    `input` [..., K] (f32, f16 or bf16) times it accumulates in f32, rounded to the input's dtype;
+    then `+ bias` in f32, rounded again. Its reference is `zoo/int4.py`'s `int4_linear`; its
+    kernel a template (`codegen/templates/linear_int4_kernel.py`)."""
+
+    name = "ad.linear_int4"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    input = operand_def(AdTensor)
+    qweight = operand_def(AdTensor)
+    qzeros = operand_def(AdTensor)
+    scales = operand_def(AdTensor)
+    g_idx = opt_operand_def(AdTensor)
+    bias = opt_operand_def(AdTensor)
+    group_size = prop_def(IntegerAttr[I64])
+    zero_offset = prop_def(IntegerAttr[I64])
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $qweight `,` $qzeros `,` $scales (`g_idx` $g_idx^)? (`bias` $bias^)? `group` $group_size "
+        "`zero_offset` $zero_offset attr-dict `:` `(` type($input) `,` type($qweight) `,` type($qzeros) `,` "
+        "type($scales) (`,` type($g_idx)^)? (`,` type($bias)^)? `)` `->` type($result)"
+    )
+
+    def __init__(self, input: SSAValue, qweight: SSAValue, qzeros: SSAValue, scales: SSAValue,
+                 g_idx: SSAValue | None, bias: SSAValue | None, group_size: int, zero_offset: int,
+                 result_type: Attribute) -> None:
+        super().__init__(operands=[input, qweight, qzeros, scales, g_idx, bias], result_types=[result_type],
+                         properties={"group_size": IntegerAttr(group_size, i64),
+                                     "zero_offset": IntegerAttr(zero_offset, i64)})
+
+    def features(self) -> tuple[int, int]:
+        """(N, K): out- and in-features."""
+        rows, n = _shape(self.qweight.type)
+        return n, rows * 8
+
+    def verify_op(self) -> None:
+        x, qw, qz, sc = (_shape(v.type) for v in (self.input, self.qweight, self.qzeros, self.scales))
+        dtype = self.input.type.element_type
+        if dtype not in _FLOAT_TYPES or self.result.type.element_type != dtype:
+            raise VerifyException("ad.linear_int4 input must be f32, f16 or bf16, and the result of its type")
+        if self.qweight.type.element_type != IntegerType(32) or len(qw) != 2 or DYNAMIC_INDEX in qw:
+            raise VerifyException(f"ad.linear_int4 qweight must be a static 2-D i32 tensor, got {self.qweight.type}")
+        n, k = self.features()
+        group = self.group_size.value.data
+        if group <= 0 or self.zero_offset.value.data not in (0, 1) or n % 8:
+            raise VerifyException(f"ad.linear_int4 group_size {group} must be positive, zero_offset 0 or 1, "
+                                  f"N {n} a multiple of 8")
+        if not _dims_compatible(x[-1], k):
+            raise VerifyException(f"ad.linear_int4 input features {x[-1]} do not match qweight {_fmt_shape(qw)}")
+        groups = -(-k // group)
+        if self.qzeros.type.element_type != IntegerType(32) or qz != (groups, n // 8):
+            raise VerifyException(f"ad.linear_int4 qzeros must be i32 {_fmt_shape((groups, n // 8))}")
+        if self.scales.type.element_type not in _FLOAT_TYPES or sc != (groups, n):
+            raise VerifyException(f"ad.linear_int4 scales must be float {_fmt_shape((groups, n))}")
+        if self.g_idx is not None and (self.g_idx.type.element_type != IntegerType(32)
+                                       or _shape(self.g_idx.type) != (k,)):
+            raise VerifyException(f"ad.linear_int4 g_idx must be i32 [{k}]")
+        if self.bias is not None and (_shape(self.bias.type) != (n,) or self.bias.type.element_type
+                                      not in _FLOAT_TYPES):
+            raise VerifyException(f"ad.linear_int4 bias must be a float tensor of shape [{n}]")
+        if not shapes_compatible((*x[:-1], n), _shape(self.result.type)):
+            raise VerifyException(f"ad.linear_int4 result shape should be {_fmt_shape((*x[:-1], n))}")
+
+
 # -------------------------------------------------------------------- collectives
 
 
@@ -2985,6 +3058,7 @@ Ad = Dialect(
         RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, CachedTokenWindowOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LinearFp8BlockOp,
         LinearNvfp4Op,
+        LinearInt4Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         MoeMxfp4Op,
         GeluAndMulOp, ActivationOp,

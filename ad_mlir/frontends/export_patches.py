@@ -67,7 +67,7 @@ from ad_mlir.zoo.mxfp4 import Mxfp4Experts
 
 MODELING_MODULES = "transformers.models."
 INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized", "ad_mlir.zoo.ct_fp8",
-                       "ad_mlir.zoo.modelopt")
+                       "ad_mlir.zoo.modelopt", "ad_mlir.zoo.gptq")
 """Modules outside `MODELING_MODULES` whose classes `METHODS` names (quantized layers: transformers'
 and the zoo's subclass of it)."""
 
@@ -548,6 +548,16 @@ def _gpt_oss_mxfp4_mlp(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _int4_linear(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`zoo.gptq.Int4Linear.forward` (GPTQ and AWQ int4) through `torch_ops.linear_int4`, whose
+    reference is its forward: the packed words, zero points, scales and g_idx stay graph weights."""
+    def forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ad_mlir.linear_int4(input, self.qweight, self.qzeros, self.scales, self.g_idx, self.bias,
+                                             self.group_size, self.zero_offset)
+
+    return forward
+
+
 def _always(replacement: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return lambda _: replacement
 
@@ -576,6 +586,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     "Fp8ChannelLinear": ("forward", ("self", "input"), _fp8_channel_linear),
     "Nvfp4Linear": ("forward", ("self", "input"), _nvfp4_linear),
     "GptOssMLP": ("forward", ("self", "hidden_states"), _gpt_oss_mxfp4_mlp),
+    "Int4Linear": ("forward", ("self", "input"), _int4_linear),
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
     "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
     **{name: ("forward", DSA_INDEXER, _deepseek_v32_indexer)
@@ -591,7 +602,8 @@ compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF
 top-k padded), fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
 through the opaque `linear_fp8_block`, and compressed-tensors FP8's `Fp8ChannelLinear` through
 `quantize_fp8_dynamic` and `linear_fp8`, ModelOpt NVFP4's `Nvfp4Linear` through `linear_nvfp4`,
-and gpt-oss's MLP on MXFP4 experts through `moe_mxfp4`. A class whose method takes other parameters (another transformers version) is
+gpt-oss's MLP on MXFP4 experts through `moe_mxfp4`, and the int4 formats' `Int4Linear` through
+`linear_int4`. A class whose method takes other parameters (another transformers version) is
 left alone."""
 
 

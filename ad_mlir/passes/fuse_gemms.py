@@ -30,6 +30,15 @@ amax), and the fused op takes them folded into one per output row: each part's v
 over its rows, then concatenated ([N] f32, at compile time). The fused op then computes exactly
 what the parts did. (vLLM instead takes the largest of the parts' global scales, which is exact
 only when they are equal.)
+
+Int4 linears (`ad.linear_int4`, a GPTQ or AWQ checkpoint's) fuse among those with the same group
+size, zero offset and scales dtype: the packed words (`qweight` [K / 8, N]), the zero points
+(`qzeros` [G, N / 8], N a multiple of 8 in every part) and the scales ([G, N]) are concatenated
+along N, each output column keeping its own codes, zero point and scale. With act-order each
+input row's group is `g_idx`, which all the parts must share: the loader gives equal `g_idx` one
+tensor (GPTQ's Q/K/V and gate/up have equal ones: one input, one Hessian), so they are the same
+function argument here; parts with different `g_idx`, or some with and some without, are not
+merged.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from ad_mlir.dialects.weights import weight_arguments
 log = logging.getLogger(__name__)
 
 
-Gemm = ad.LinearOp | ad.LinearFp8BlockOp | ad.LinearFp8Op | ad.LinearNvfp4Op
+Gemm = ad.LinearOp | ad.LinearFp8BlockOp | ad.LinearFp8Op | ad.LinearNvfp4Op | ad.LinearInt4Op
 
 
 def _per_channel(op: ad.LinearFp8Op) -> bool:
@@ -73,6 +82,11 @@ def fusible_groups(entry: Block, weights: set[SSAValue]) -> list[list[Gemm]]:
     one, and block-scaled groups whose scales would not concatenate, are dropped."""
     groups: dict[tuple, list[Gemm]] = {}
     for op in entry.ops:
+        if isinstance(op, ad.LinearInt4Op):
+            key = _int4_key(op, weights)
+            if key is not None:
+                groups.setdefault(key, []).append(op)
+            continue
         if not isinstance(op, Gemm) or op.weight not in weights:
             continue
         if op.bias is not None and op.bias not in weights:
@@ -95,13 +109,27 @@ def fusible_groups(entry: Block, weights: set[SSAValue]) -> list[list[Gemm]]:
     return [g for g in groups.values() if len(g) > 1 and _fills_blocks(g)]
 
 
-def _cat(values: Sequence[SSAValue]) -> ad.CatOp:
+def _int4_key(op: ad.LinearInt4Op, weights: set[SSAValue]) -> tuple | None:
+    """What int4 linears must share to fuse (see the module docstring); None for one whose
+    tensors are not all weights."""
+    if any(v not in weights for v in (op.qweight, op.qzeros, op.scales, op.g_idx, op.bias) if v is not None):
+        return None
+    return (type(op), op.input, op.features()[1], op.scales.type.element_type, op.bias is not None,
+            op.result.type.element_type, op.group_size.value.data, op.zero_offset.value.data, op.g_idx)
+
+
+def _width(op: Gemm) -> int:
+    """Its out-features."""
+    return op.features()[0] if isinstance(op, ad.LinearInt4Op) else op.weight.type.get_shape()[0]
+
+
+def _cat(values: Sequence[SSAValue], dim: int = 0) -> ad.CatOp:
     types = [v.type for v in values]
-    rows = sum(t.get_shape()[0] for t in types)
-    shape = [rows, *types[0].get_shape()[1:]]
+    shape = list(types[0].get_shape())
+    shape[dim] = sum(t.get_shape()[dim] for t in types)
     return ad.CatOp.build(
         operands=[list(values)],
-        properties={"dim": IntegerAttr(0, i64)},
+        properties={"dim": IntegerAttr(dim, i64)},
         result_types=[TensorType(types[0].element_type, shape)],
     )
 
@@ -129,12 +157,20 @@ def _global_scale_rows(group: list[ad.LinearNvfp4Op]) -> list[Operation]:
 def fuse_group(group: list[Gemm]) -> None:
     """Rewrite the linears of `group` into one, placed where the first one was."""
     first = group[0]
-    new_ops: list[Operation] = [weight := _cat([op.weight for op in group])]
-    bias = None
-    if first.bias is not None:
-        new_ops.append(bias := _cat([op.bias for op in group]))
-    out_shape = [*first.result.type.get_shape()[:-1], weight.result.type.get_shape()[0]]
+    bias = _cat([op.bias for op in group]) if first.bias is not None else None
+    out_shape = [*first.result.type.get_shape()[:-1], sum(_width(op) for op in group)]
     result_type = TensorType(first.result.type.element_type, out_shape)
+    if isinstance(first, ad.LinearInt4Op):
+        new_ops: list[Operation] = [_cat([getattr(op, name) for op in group], 1)
+                                    for name in ("qweight", "qzeros", "scales")]
+        new_ops += [bias] if bias else []
+        fused: Operation = ad.LinearInt4Op(first.input, *(c.result for c in new_ops[:3]), first.g_idx,
+                                           bias.result if bias else None, first.group_size.value.data,
+                                           first.zero_offset.value.data, result_type)
+        _insert_fused(group, new_ops, fused)
+        return
+    new_ops = [weight := _cat([op.weight for op in group])]
+    new_ops += [bias] if bias else []
     if isinstance(first, ad.LinearFp8BlockOp):
         new_ops.insert(1, scales := _cat([op.weight_scale_inv for op in group]))
         fused: Operation = ad.LinearFp8BlockOp(first.input, weight.result, scales.result,
@@ -153,11 +189,18 @@ def fuse_group(group: list[Gemm]) -> None:
     else:
         fused = ad.LinearOp.build(operands=[first.input, weight.result, [bias.result] if bias else []],
                                   result_types=[result_type])
-    new_ops.append(fused)
+    _insert_fused(group, new_ops, fused)
+
+
+def _insert_fused(group: list[Gemm], new_ops: list[Operation], fused: Operation) -> None:
+    """`new_ops` then `fused` placed where the group's first linear was, each old result replaced
+    by a slice of the fused one."""
+    first = group[0]
+    new_ops = [*new_ops, fused]
     start = 0
     narrows = []
     for op in group:
-        width = op.weight.type.get_shape()[0]
+        width = _width(op)
         narrows.append(_narrow(fused.results[0], start, start + width, op.result.type))
         start += width
     for new in (*new_ops, *narrows):

@@ -461,6 +461,7 @@ SPECS: tuple[OpSpec, ...] = (
     OpSpec(ad.LinearFp8Op, (Overload(f"{torch_ops.NAMESPACE}.linear_fp8.default"),), derived_dtype="dtype"),
     OpSpec(ad.LinearFp8BlockOp, (Overload(f"{torch_ops.NAMESPACE}.linear_fp8_block.default"),)),
     OpSpec(ad.LinearNvfp4Op, (Overload(f"{torch_ops.NAMESPACE}.linear_nvfp4.default"),)),
+    OpSpec(ad.LinearInt4Op, (Overload(f"{torch_ops.NAMESPACE}.linear_int4.default"),)),
     OpSpec(
         ad.ArangeOp,
         (

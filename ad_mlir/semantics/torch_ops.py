@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ad_mlir.dialects import ad
-from ad_mlir.zoo import fp8_blocks, mxfp4, nvfp4
+from ad_mlir.zoo import fp8_blocks, int4, mxfp4, nvfp4
 
 NAMESPACE = "ad_mlir"
 
@@ -349,6 +349,22 @@ def _(input: torch.Tensor, router_logits: torch.Tensor, gate_up_blocks: torch.Te
       gate_up_bias: torch.Tensor, down_blocks: torch.Tensor, down_scales: torch.Tensor, down_bias: torch.Tensor,
       top_k: int, alpha: float, limit: float) -> torch.Tensor:
     return torch.empty_like(input)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_int4", mutates_args=())
+def linear_int4(input: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                g_idx: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
+                zero_offset: int) -> torch.Tensor:
+    """`ad.linear_int4`: GPTQ's and AWQ's int4 arithmetic (`zoo/int4.py`'s `int4_linear`: the
+    weight dequantized exactly in fp32, rounded to the input's dtype, the product accumulated in
+    fp32), which a loaded checkpoint's `Int4Linear` also runs eagerly."""
+    return int4.int4_linear(input, qweight, qzeros, scales, g_idx, bias, group_size, zero_offset)
+
+
+@linear_int4.register_fake
+def _(input: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+      g_idx: torch.Tensor | None, bias: torch.Tensor | None, group_size: int, zero_offset: int) -> torch.Tensor:
+    return input.new_empty((*input.shape[:-1], qweight.shape[1]))
 
 
 def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -1297,7 +1313,7 @@ replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`,
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "linear_fp8_block", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
+                 "linear_fp8", "linear_fp8_block", "linear_int4", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
                  "cached_token_window",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",

@@ -141,8 +141,9 @@ def _load_directory(directory: Path) -> torch.nn.Module:
     quantized checkpoint (`quantization_config` in config.json), by `zoo/quantized.py`, which
     keeps the quantized weights as they are on disk (fine-grained FP8), by `zoo/ct_fp8.py`
     (compressed-tensors FP8-dynamic), by `zoo/modelopt.py` (ModelOpt NVFP4, its fields in
-    config.json or, for older exports, in hf_quant_config.json alone) or by `zoo/mxfp4.py`
-    (gpt-oss's MXFP4 experts); any other quantization is refused, naming the field."""
+    config.json or, for older exports, in hf_quant_config.json alone), by `zoo/mxfp4.py`
+    (gpt-oss's MXFP4 experts) or by `zoo/gptq.py` / `zoo/awq.py` (int4); any other quantization
+    is refused, naming the field."""
     import torch
     import transformers
 
@@ -160,7 +161,7 @@ def _load_directory(directory: Path) -> torch.nn.Module:
         return modelopt.load_nvfp4_checkpoint(directory, config)
     if fields is None:
         return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    from ad_mlir.zoo import ct_fp8, mxfp4, quantized
+    from ad_mlir.zoo import awq, ct_fp8, gptq, mxfp4, quantized
 
     if fields.get("quant_method") == mxfp4.QUANT_METHOD:
         try:
@@ -168,6 +169,15 @@ def _load_directory(directory: Path) -> torch.nn.Module:
         except ValueError as e:
             raise ValueError(f"'{directory}': {e}") from None
         return mxfp4.load_mxfp4_checkpoint(directory, config)
+    int4 = {gptq.QUANT_METHOD: (gptq.gptq_settings, gptq.load_gptq_checkpoint),
+            awq.QUANT_METHOD: (lambda f: (awq.awq_group_size(f),), awq.load_awq_checkpoint)}
+    if fields.get("quant_method") in int4:
+        settings, load = int4[fields["quant_method"]]
+        try:
+            arguments = settings(fields)
+        except ValueError as e:
+            raise ValueError(f"'{directory}': {e}") from None
+        return load(directory, config, *arguments)
     if fields.get("quant_method") == ct_fp8.QUANT_METHOD:
         try:
             strategy = ct_fp8.fp8_weight_strategy(fields)

@@ -61,8 +61,8 @@ def fp8_block_size(quantization_config: dict[str, Any]) -> tuple[int, int]:
     method = quantization_config.get("quant_method")
     if method != QUANT_METHOD:
         raise refuse("quant_method", f"not supported; ad-mlir loads \"{QUANT_METHOD}\" (fine-grained FP8 with "
-                                     "weight_block_size), \"compressed-tensors\" (FP8-dynamic) and \"mxfp4\" "
-                                     "(gpt-oss's experts) only")
+                                     "weight_block_size), \"compressed-tensors\" (FP8-dynamic), \"mxfp4\" "
+                                     "(gpt-oss's experts), \"gptq\" and \"awq\" (int4) only")
     if quantization_config.get("fmt", "e4m3") not in FORMATS:
         raise refuse("fmt", f"not supported; fine-grained FP8 is loaded in {', '.join(FORMATS)}")
     if quantization_config.get("activation_scheme", "dynamic") not in ACTIVATION_SCHEMES:

@@ -111,7 +111,7 @@ def test_loader_keeps_the_fp8_weights_and_their_scales(written) -> None:
 
 
 REFUSED = [
-    ("quant_method", "gptq"),
+    ("quant_method", "bitsandbytes"),
     ("fmt", "e5m2"),
     ("activation_scheme", "static"),
     ("scale_fmt", "ue8m0"),

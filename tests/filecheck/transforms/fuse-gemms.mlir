@@ -138,6 +138,28 @@ func.func @qkv_nvfp4(%wq: tensor<64x32xui8> {ad.param = "q.weight"}, %sq: tensor
 
 // -----
 
+// Int4 Q/K/V with biases (a GPTQ checkpoint's, act-order): the packed words [K / 8, N], the zero
+// points [G, N / 8] and the scales [G, N] are concatenated along N (dim 1), the biases along
+// theirs; the one g_idx the three share, the group size and the zero offset are kept.
+// CHECK-LABEL: func.func @qkv_int4
+// CHECK-NEXT:    %[[W:.*]] = ad.cat %wq, %wk, %wv dim 1 : (tensor<8x64xi32>, tensor<8x32xi32>, tensor<8x32xi32>) -> tensor<8x128xi32>
+// CHECK-NEXT:    %[[Z:.*]] = ad.cat %zq, %zk, %zv dim 1 : (tensor<4x8xi32>, tensor<4x4xi32>, tensor<4x4xi32>) -> tensor<4x16xi32>
+// CHECK-NEXT:    %[[S:.*]] = ad.cat %sq, %sk, %sv dim 1 : (tensor<4x64xf16>, tensor<4x32xf16>, tensor<4x32xf16>) -> tensor<4x128xf16>
+// CHECK-NEXT:    %[[B:.*]] = ad.cat %bq, %bk, %bv dim 0 : (tensor<64xbf16>, tensor<32xbf16>, tensor<32xbf16>) -> tensor<128xbf16>
+// CHECK-NEXT:    %[[Y:.*]] = ad.linear_int4 %x, %[[W]], %[[Z]], %[[S]] g_idx %g bias %[[B]] group 16 zero_offset 1 : (tensor<1x?x64xbf16>, tensor<8x128xi32>, tensor<4x16xi32>, tensor<4x128xf16>, tensor<64xi32>, tensor<128xbf16>) -> tensor<1x?x128xbf16>
+// CHECK-NEXT:    %[[Q:.*]] = ad.slice %[[Y]] dim 2 [0, 64, 1] : tensor<1x?x128xbf16> -> tensor<1x?x64xbf16>
+// CHECK-NEXT:    %[[K:.*]] = ad.slice %[[Y]] dim 2 [64, 96, 1] : tensor<1x?x128xbf16> -> tensor<1x?x32xbf16>
+// CHECK-NEXT:    %[[V:.*]] = ad.slice %[[Y]] dim 2 [96, 128, 1] : tensor<1x?x128xbf16> -> tensor<1x?x32xbf16>
+// CHECK-NEXT:    func.return %[[Q]], %[[K]], %[[V]]
+func.func @qkv_int4(%wq: tensor<8x64xi32> {ad.param = "q.qweight"}, %zq: tensor<4x8xi32> {ad.param = "q.qzeros"}, %sq: tensor<4x64xf16> {ad.param = "q.scales"}, %bq: tensor<64xbf16> {ad.param = "q.bias"}, %wk: tensor<8x32xi32> {ad.param = "k.qweight"}, %zk: tensor<4x4xi32> {ad.param = "k.qzeros"}, %sk: tensor<4x32xf16> {ad.param = "k.scales"}, %bk: tensor<32xbf16> {ad.param = "k.bias"}, %wv: tensor<8x32xi32> {ad.param = "v.qweight"}, %zv: tensor<4x4xi32> {ad.param = "v.qzeros"}, %sv: tensor<4x32xf16> {ad.param = "v.scales"}, %bv: tensor<32xbf16> {ad.param = "v.bias"}, %g: tensor<64xi32> {ad.param = "q.g_idx"}, %x: tensor<1x?x64xbf16> {ad.input = "x"}) -> (tensor<1x?x64xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>) {
+  %q = ad.linear_int4 %x, %wq, %zq, %sq g_idx %g bias %bq group 16 zero_offset 1 : (tensor<1x?x64xbf16>, tensor<8x64xi32>, tensor<4x8xi32>, tensor<4x64xf16>, tensor<64xi32>, tensor<64xbf16>) -> tensor<1x?x64xbf16>
+  %k = ad.linear_int4 %x, %wk, %zk, %sk g_idx %g bias %bk group 16 zero_offset 1 : (tensor<1x?x64xbf16>, tensor<8x32xi32>, tensor<4x4xi32>, tensor<4x32xf16>, tensor<64xi32>, tensor<32xbf16>) -> tensor<1x?x32xbf16>
+  %v = ad.linear_int4 %x, %wv, %zv, %sv g_idx %g bias %bv group 16 zero_offset 1 : (tensor<1x?x64xbf16>, tensor<8x32xi32>, tensor<4x4xi32>, tensor<4x32xf16>, tensor<64xi32>, tensor<32xbf16>) -> tensor<1x?x32xbf16>
+  func.return %q, %k, %v : tensor<1x?x64xbf16>, tensor<1x?x32xbf16>, tensor<1x?x32xbf16>
+}
+
+// -----
+
 // Not fused: an NVFP4 linear whose global scale is not a weight (no per-row scale can be made
 // of it at compile time) beside one whose is, and an NVFP4 linear beside a plain one.
 // CHECK-LABEL: func.func @nvfp4_not_fused
@@ -151,4 +173,24 @@ func.func @nvfp4_not_fused(%wa: tensor<32x32xui8> {ad.param = "a.weight"}, %sa: 
   %b = ad.linear_nvfp4 %x, %wb, %sb, %gb : (tensor<4x64xbf16>, tensor<32x32xui8>, tensor<32x4xf8E4M3FN>, tensor<f32>) -> tensor<4x32xbf16>
   %c = ad.linear %x, %wc : (tensor<4x64xbf16>, tensor<32x64xbf16>) -> tensor<4x32xbf16>
   func.return %a, %b, %c : tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>
+}
+
+// -----
+
+// Not fused: int4 linears of one input whose rows fall in groups otherwise: two act-orders
+// (g_idx %ga, %gb: each row's group differs), one without g_idx beside one with, and zero points
+// stored with another offset (GPTQ v1's 1 against AWQ's 0).
+// CHECK-LABEL: func.func @int4_not_fused
+// CHECK-NOT:     ad.cat
+// CHECK:         ad.linear_int4 %x, %wa, %za, %sa g_idx %ga group 16 zero_offset 1
+// CHECK-NEXT:    ad.linear_int4 %x, %wb, %zb, %sb g_idx %gb group 16 zero_offset 1
+// CHECK-NEXT:    ad.linear_int4 %x, %wc, %zc, %sc group 16 zero_offset 1
+// CHECK-NEXT:    ad.linear_int4 %x, %wd, %zd, %sd group 16 zero_offset 0
+// CHECK-NOT:     ad.cat
+func.func @int4_not_fused(%wa: tensor<8x32xi32> {ad.param = "a.qweight"}, %za: tensor<4x4xi32> {ad.param = "a.qzeros"}, %sa: tensor<4x32xf16> {ad.param = "a.scales"}, %ga: tensor<64xi32> {ad.param = "a.g_idx"}, %wb: tensor<8x32xi32> {ad.param = "b.qweight"}, %zb: tensor<4x4xi32> {ad.param = "b.qzeros"}, %sb: tensor<4x32xf16> {ad.param = "b.scales"}, %gb: tensor<64xi32> {ad.param = "b.g_idx"}, %wc: tensor<8x32xi32> {ad.param = "c.qweight"}, %zc: tensor<4x4xi32> {ad.param = "c.qzeros"}, %sc: tensor<4x32xf16> {ad.param = "c.scales"}, %wd: tensor<8x32xi32> {ad.param = "d.qweight"}, %zd: tensor<4x4xi32> {ad.param = "d.qzeros"}, %sd: tensor<4x32xf16> {ad.param = "d.scales"}, %x: tensor<4x64xbf16> {ad.input = "x"}) -> (tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>) {
+  %a = ad.linear_int4 %x, %wa, %za, %sa g_idx %ga group 16 zero_offset 1 : (tensor<4x64xbf16>, tensor<8x32xi32>, tensor<4x4xi32>, tensor<4x32xf16>, tensor<64xi32>) -> tensor<4x32xbf16>
+  %b = ad.linear_int4 %x, %wb, %zb, %sb g_idx %gb group 16 zero_offset 1 : (tensor<4x64xbf16>, tensor<8x32xi32>, tensor<4x4xi32>, tensor<4x32xf16>, tensor<64xi32>) -> tensor<4x32xbf16>
+  %c = ad.linear_int4 %x, %wc, %zc, %sc group 16 zero_offset 1 : (tensor<4x64xbf16>, tensor<8x32xi32>, tensor<4x4xi32>, tensor<4x32xf16>) -> tensor<4x32xbf16>
+  %d = ad.linear_int4 %x, %wd, %zd, %sd group 16 zero_offset 0 : (tensor<4x64xbf16>, tensor<8x32xi32>, tensor<4x4xi32>, tensor<4x32xf16>) -> tensor<4x32xbf16>
+  func.return %a, %b, %c, %d : tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>, tensor<4x32xbf16>
 }
