@@ -45,7 +45,7 @@ def round_to_codes(x: torch.Tensor) -> torch.Tensor:
     the even code (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4), above 6 saturated to 6; the sign
     bit set for every negative value, those rounding to 0 included (-0: code 8), as ModelOpt's
     `_cast_fp4` writes them."""
-    magnitude = x.abs()
+    magnitude = x.abs().contiguous()  # bucketize copies (and warns about) a strided input
     midpoints = torch.tensor(_MIDPOINTS, dtype=magnitude.dtype, device=x.device)
     code = torch.bucketize(magnitude, midpoints)
     at_midpoint = magnitude == midpoints[code.clamp(max=len(_MIDPOINTS) - 1)]
