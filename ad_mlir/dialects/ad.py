@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 
 # --------------------------------------------------------------------------- types
 
+UI8 = IntegerType(8, Signedness.UNSIGNED)
+"""The bytes of packed 4-bit weights (two codes a byte: NVFP4, MXFP4)."""
+
 ELEMENT_TYPES = (
     Float32Type(),
     Float16Type(),
@@ -81,7 +84,7 @@ ELEMENT_TYPES = (
     IntegerType(32),
     IntegerType(8),
     IntegerType(1),
-    IntegerType(8, Signedness.UNSIGNED),
+    UI8,
 )
 """Element types the typed ops accept (the issue's list plus f64 and i8, which HF graphs
 produce in rotary-embedding and mask code, and ui8, the bytes of packed 4-bit weights). Other
@@ -1588,13 +1591,11 @@ class MoeMxfp4Op(KernelOp):
         return experts, hidden, _shape(self.gate_up_blocks.type)[1] // 2
 
     def verify_(self) -> None:
-        # The blocks and scales are ui8, which the typed ops' ELEMENT_TYPES leave to ad.torch_op.
         for name in ("input", "router_logits", "gate_up_bias", "down_bias"):
             if getattr(self, name).type.element_type not in _FLOAT_TYPES:
                 raise VerifyException(f"ad.moe_mxfp4 {name} must be f32, f16 or bf16")
-        packed = IntegerType(8, Signedness.UNSIGNED)
         quantized = ("gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales")
-        if any(getattr(self, name).type.element_type != packed for name in quantized):
+        if any(getattr(self, name).type.element_type != UI8 for name in quantized):
             raise VerifyException("ad.moe_mxfp4 blocks and scales must be ui8")
         x, logits = _shape(self.input.type), _shape(self.router_logits.type)
         if len(x) != 2 or len(logits) != 2 or not _dims_compatible(x[0], logits[0]) or DYNAMIC_INDEX in (x[1], logits[1]):
@@ -2683,7 +2684,6 @@ class LinearFp8BlockOp(KernelOp):
 
 NVFP4_GROUP = 16
 """Elements of a row that share one NVFP4 block scale."""
-UI8 = IntegerType(8, Signedness.UNSIGNED)
 
 
 @irdl_op_definition
