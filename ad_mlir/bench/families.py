@@ -16,6 +16,12 @@ it) builds the family again with a wide init (varied greedy tokens) and a hybrid
 turn, and compares `ad_mlir.LLM`'s greedy tokens with HF `generate`'s: a family that equals eager
 but generates other tokens is a defect ("different"), one that `LLM` refuses says why.
 
+The quantized column (`--no-quantized` skips it), for a family whose real checkpoints ship
+quantized (`ad_mlir.zoo.shipped.SHIPPED`: qwen3, deepseek_v3, gpt_oss, llama), writes its small
+model in that format, loads it as `LLM(path)` does, compiles it and compares it with the loaded
+model's eager forward on both paths: the status ("refused": the loader's error), the errors and
+the quantized ops of a layer; "-" for the other families.
+
 The torch.compile column (`--torch-compile also`, or `only`: that column alone, the others
 left as they were) compiles the same small model through `torch.compile(backend="ad_mlir")`
 and through the project's torch.export (static shapes, as Dynamo's first compile) +
