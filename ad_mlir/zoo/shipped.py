@@ -12,7 +12,9 @@ family's small model (`zoo/small.py`) a checkpoint in it: the family sweep's qua
 
 The block and group sizes are scaled down from the checkpoints' 128 to 32, so that a weight of
 the small model (hidden 128, intermediate 256) has several blocks along each side, as a real
-one does. Imports nothing of the compiler.
+one does. What the format leaves unquantized is written in the model's dtype (fp32 in the sweep;
+released checkpoints hold bf16), which `load_causal_lm` casts to fp32 in either case. Imports
+nothing of the compiler.
 """
 
 from __future__ import annotations
