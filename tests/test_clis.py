@@ -54,6 +54,12 @@ def test_family_sweep_prints_a_row_per_family_and_writes_json(tmp_path: Path) ->
     assert (saved["family"], saved["status"], saved["kernel_calls"]) == ("llama", "ok", int(row[3]))
     assert saved["kernel_calls"] > 0 and sorted(saved["interpreter_error"]) == sorted(saved["reference_error"])
     assert saved["generation"] == "equal"
+    # the quantized column: Llama written as GPTQ int4, its 7 projections 4 int4 GEMMs (Q/K/V and
+    # gate/up fused); the eager model dequantizes as the reference op does, so only fp32 sums differ
+    assert (saved["quantized"], saved["quantized_ops"]) == ("ok", {"ad.linear_int4": 4})
+    assert sorted(saved["quantized_error"]) == ["interpreter", "reference"]
+    assert max(saved["quantized_error"].values()) < 1e-5
+    assert re.search(r"^\| llama \| ok \|.*\| GPTQ int4 g32 act-order: ok; [^|]*linear_int4 4 \|", proc.stdout, re.M)
 
 
 def test_family_sweep_reports_a_timeout_as_a_failure() -> None:

@@ -16,6 +16,12 @@ it) builds the family again with a wide init (varied greedy tokens) and a hybrid
 turn, and compares `ad_mlir.LLM`'s greedy tokens with HF `generate`'s: a family that equals eager
 but generates other tokens is a defect ("different"), one that `LLM` refuses says why.
 
+The quantized column (`--no-quantized` skips it), for a family whose real checkpoints ship
+quantized (`ad_mlir.zoo.shipped.SHIPPED`: qwen3, deepseek_v3, gpt_oss, llama), writes its small
+model in that format, loads it as `LLM(path)` does, compiles it and compares it with the loaded
+model's eager forward on both paths: the status ("refused": the loader's error), the errors and
+the quantized ops of a layer; "-" for the other families.
+
 The torch.compile column (`--torch-compile also`, or `only`: that column alone, the others
 left as they were) compiles the same small model through `torch.compile(backend="ad_mlir")`
 and through the project's torch.export (static shapes, as Dynamo's first compile) +
@@ -95,6 +101,10 @@ LLM_OPS = (
     "ad.silu_and_mul", "ad.gelu_and_mul", "ad.activation", "ad.moe", "ad.quantize_fp8", "ad.attention", "ad.fused",
 )
 
+QUANTIZED_OPS = ("ad.linear_fp8_block", "ad.linear_fp8", "ad.quantize_fp8_dynamic", "ad.linear_nvfp4", "ad.linear_int4",
+                 "ad.moe_mxfp4")
+"""The ops that compute on a checkpoint's quantized weights (and the quantization of their inputs)."""
+
 TORCH_COMPILE_MODES = ("no", "also", "only")
 """The torch.compile column: not run, run besides the other columns, or run alone."""
 
@@ -134,6 +144,18 @@ class FamilyRow:
     torch_compile: str = "-"
     """The LLM ops through `torch.compile(backend="ad_mlir")` against those through torch.export
     (`compare_front_doors`): "same", the differing counts, our error, or "-" (not run)."""
+    quantized: str = "-"
+    """The family's small model written in the format its real checkpoints ship quantized in
+    (`zoo.shipped.SHIPPED`), loaded, compiled and run against the loaded model's eager forward
+    (`sweep_quantized`): a status of `STATUSES` but "refused" for the loader's error (a format
+    or layer it does not load), or "-" (a family without quantized checkpoints, or not run)."""
+    quantized_format: str = ""
+    quantized_error: dict[str, float] = field(default_factory=dict)
+    """Max |logits error| of the compiled quantized model against the eager one at the longest
+    sequence length, per path ("reference", "interpreter")."""
+    quantized_ops: dict[str, int] = field(default_factory=dict)
+    """The quantized `ad` ops of decoder layer 0 after the pipeline (`QUANTIZED_OPS`)."""
+    quantized_reason: str = ""
 
 
 def _error_line(e: BaseException) -> str:
@@ -164,15 +186,18 @@ def _layer0_ops(module: Any) -> dict[str, int]:
 
 
 def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int] = SEQ_LENS,
-                 bf16: bool = True, generation: bool = False, torch_compile: str = "no") -> FamilyRow:
-    """One family, in this process (the sweep runs it in a child; see `run_sweep`): fp32 at
-    each of `seq_lens`, then (`bf16`) the same weights in bf16 at the longest, then (`generation`)
+                 bf16: bool = True, generation: bool = False, torch_compile: str = "no",
+                 quantized: bool = True) -> FamilyRow:
+    """One family, in this process (the sweep runs it in a child; see `run_sweep`): (`quantized`,
+    for a family of `zoo.shipped.SHIPPED`) its quantized checkpoint, then fp32 at each of
+    `seq_lens`, then (`bf16`) the same weights in bf16 at the longest, then (`generation`)
     `LLM`'s greedy tokens against HF's; the torch.compile column (`torch_compile` "also", or
     "only": that column alone) at the shortest length."""
     import torch
 
     from ad_mlir.runtime.kernels import registered_kernel
     from ad_mlir.tools.report import kernels_per_layer, max_abs_error
+    from ad_mlir.zoo.shipped import SHIPPED
 
     row = FamilyRow(family)
     try:
@@ -191,6 +216,8 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
         if torch_compile == "only":
             row.status, row.reason = "skipped", "only the torch.compile column was run"
             return row
+    if quantized and family in SHIPPED:
+        sweep_quantized(row, ids, pipeline)
     try:
         ep = _stage(row, "export", lambda: _export(model, ids[:, : seq_lens[0]]))
     except Exception as e:  # noqa: BLE001
@@ -226,6 +253,57 @@ def sweep_family(family: str, pipeline: str = "default", seq_lens: Sequence[int]
     if generation and row.status == "ok":
         _stage(row, "generation", lambda: check_generation(row))
     return row
+
+
+def sweep_quantized(row: FamilyRow, ids: Any, pipeline: str) -> None:
+    """The quantized column: the family's small model (`zoo.shipped.SHIPPED`'s settings) written
+    as a checkpoint in the format its real checkpoints ship in, loaded as `LLM(path)` loads it
+    (`load_causal_lm`, fp32 around the quantized tensors), exported, compiled and run at the
+    longest of `ids` on each path against the loaded model's eager forward, which computes the same
+    quantization (the FP8 activations' rounding too: the interpreter's e4m3 conversion made
+    torch's, `nearest_e4m3_rounding`, to measure the kernels and not the interpreter). The eager
+    and compiled arithmetic differ by the order of fp32 sums: held to `_close`, as the fp32 model."""
+    import torch
+
+    from ad_mlir.codegen.interpreter import nearest_e4m3_rounding
+    from ad_mlir.tools.report import max_abs_error
+    from ad_mlir.zoo.checkpoints import load_causal_lm
+    from ad_mlir.zoo.shipped import SHIPPED
+
+    shipped = SHIPPED[row.family]
+    row.quantized_format, status = shipped.label, "not built"
+    with tempfile.TemporaryDirectory(prefix="ad_mlir_sweep_") as tmp:
+        try:
+            model = model_from_config(small_config(row.family, overrides=shipped.overrides))
+            directory = _stage(row, "write quantized", lambda: shipped.write(model, Path(tmp) / f"{row.family}-quantized"))
+            status = "refused"
+            model, _ = _stage(row, "load quantized", lambda: load_causal_lm(str(directory), "cpu", "float32"))
+            status = "not exported"
+            ep = _stage(row, "export quantized", lambda: _export(model, ids[:, : SEQ_LENS[0]]))
+            status = "compile error"
+            gm, module = _stage(row, "compile quantized", lambda: _compile(ep, pipeline, FamilyRow(row.family)))
+            row.quantized_ops = quantized_ops(module)
+            status = "call error"
+            with torch.no_grad():
+                expected = model(input_ids=ids).logits
+            row.quantized = "ok"
+            for path in ("reference", "interpreter"):
+                with nearest_e4m3_rounding():
+                    got = _run_compiled(row, gm, ids, path, f"run quantized {ids.shape[1]}")
+                row.quantized_error[path] = max_abs_error([expected], [got])
+                if got.shape != expected.shape or not _close(got, expected):
+                    row.quantized = "wrong"
+                    row.quantized_reason = f"max |error| {row.quantized_error[path]:.3g} ({path})"
+        except Exception as e:  # noqa: BLE001 (the column says what failed)
+            row.quantized, row.quantized_reason = status, _error_line(e).replace(tmp + os.sep, "")
+
+
+def quantized_ops(module: Any) -> dict[str, int]:
+    """The `QUANTIZED_OPS` of decoder layer 0 by name, inside fused regions too."""
+    from ad_mlir.tools.report import layer_of
+
+    counts = Counter(op.name for op in module.walk() if op.name in QUANTIZED_OPS and layer_of(op) == 0)
+    return dict(sorted(counts.items()))
 
 
 def compare_front_doors(model: Any, ids: Any) -> str:
@@ -464,9 +542,10 @@ def check_generation(row: FamilyRow) -> None:
 
 
 def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str], generation: bool,
-               torch_compile: str = "no") -> FamilyRow:
+               torch_compile: str = "no", quantized: bool = True) -> FamilyRow:
     cmd = [sys.executable, "-m", "ad_mlir.bench.families", "--child", "--pipeline", pipeline, family,
-           "--torch-compile", torch_compile, *([] if generation else ["--no-generation"])]
+           "--torch-compile", torch_compile, *([] if generation else ["--no-generation"]),
+           *([] if quantized else ["--no-quantized"])]
     start = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -490,6 +569,7 @@ def _run_child(family: str, pipeline: str, timeout: float, env: dict[str, str], 
 def run_sweep(
     families: Sequence[str], pipeline: str = "default", timeout: float = 600, jobs: int = 2,
     progress: Callable[[FamilyRow], None] | None = None, generation: bool = True, torch_compile: str = "no",
+    quantized: bool = True,
 ) -> list[FamilyRow]:
     """Each family in a child process (kernels in the interpreter where CUDA is absent, a
     fresh kernel cache for the sweep, passes strict so a failing pass is a compile error, one
@@ -499,7 +579,8 @@ def run_sweep(
     with tempfile.TemporaryDirectory(prefix="ad_mlir_sweep_") as cache, \
             concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         env.setdefault("AD_MLIR_CACHE_DIR", cache)
-        futures = {pool.submit(_run_child, f, pipeline, timeout, env, generation, torch_compile): f for f in families}
+        futures = {pool.submit(_run_child, f, pipeline, timeout, env, generation, torch_compile, quantized): f
+                   for f in families}
         for future in concurrent.futures.as_completed(futures):
             row = future.result()
             rows[row.family] = row
@@ -522,17 +603,28 @@ def _bf16_errors(errors: dict[str, float]) -> str:
     return " / ".join(f"{errors[k]:.2g}" if k in errors else "-" for k in ("eager", "reference", "interpreter"))
 
 
+def _quantized(r: FamilyRow) -> str:
+    """"-", or the format, the status, the errors on each path and the quantized ops of layer 0."""
+    if r.quantized == "-":
+        return "-"
+    errors = " / ".join(f"{r.quantized_error[k]:.2g}" for k in ("reference", "interpreter") if k in r.quantized_error)
+    ops = ", ".join(f"{k.removeprefix('ad.')} {v}" for k, v in r.quantized_ops.items())
+    return "; ".join(x for x in (f"{r.quantized_format}: {r.quantized}", errors, ops) if x)
+
+
 def table(rows: Sequence[FamilyRow]) -> str:
     header = ["family", "status", "max err ref", "max err interp", "bf16 err eager / ref / interp",
-              "kernels/layer", "kernel calls", "fused ops (layer 0)", "generation", "torch.compile", "s", "reason"]
+              "kernels/layer", "kernel calls", "fused ops (layer 0)", "generation", "torch.compile", "quantized", "s",
+              "reason"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         kernels = "-" if r.kernels_after is None else f"{r.kernels_before} -> {r.kernels_after}"
         fused = ", ".join(f"{k.removeprefix('ad.')} {v}" for k, v in r.fused_ops.items()) or "-"
-        reason = "; ".join(x for x in (r.reason, r.generation_reason) if x).replace("|", "\\|")
+        quantized = f"quantized: {r.quantized_reason}" if r.quantized_reason else ""
+        reason = "; ".join(x for x in (r.reason, r.generation_reason, quantized) if x).replace("|", "\\|")
         lines.append(f"| {r.family} | {r.status} | {_errors(r.reference_error)} | {_errors(r.interpreter_error)} "
                      f"| {_bf16_errors(r.bf16_error)} | {kernels} | {r.kernel_calls} | {fused} | {r.generation} "
-                     f"| {r.torch_compile} | {r.seconds.get('total', '-')} | {reason} |")
+                     f"| {r.torch_compile} | {_quantized(r)} | {r.seconds.get('total', '-')} | {reason} |")
     return "\n".join(lines)
 
 
@@ -548,7 +640,11 @@ def markdown(rows: Sequence[FamilyRow], title: str = "Family sweep") -> str:
             f"is `ad_mlir.LLM`'s greedy tokens (2 slots, {len(GENERATION_PROMPTS)} prompts, {GENERATION_TOKENS} new "
             f"tokens) against HF generate's, with the first of initializer_range 0.5, 0.05, 0.5 untied under which HF's tokens vary, and a hybrid's layer kinds in turn; "
             f"'torch.compile' compares the LLM ops through `torch.compile(backend=\"ad_mlir\")` with those through torch.export at seq {SEQ_LENS[0]} "
-            "(\"same\", or the differing counts as export/torch.compile).\n\n"
+            "(\"same\", or the differing counts as export/torch.compile); 'quantized' is, for a family whose real "
+            "checkpoints ship quantized, its small model written in that format (`ad_mlir/zoo/shipped.py`), loaded, "
+            f"compiled and run at seq {max(SEQ_LENS)} against the loaded model's eager forward: the status (\"refused\": "
+            "the loader's error, in 'reason'), max |error| on the reference path / in the interpreter, and the "
+            "quantized ops of layer 0.\n\n"
             + table(rows))
 
 
@@ -578,6 +674,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
     p.add_argument("--no-generation", dest="generation", action="store_false",
                    help="skip the generation column (LLM's greedy tokens against HF generate's)")
+    p.add_argument("--no-quantized", dest="quantized", action="store_false",
+                   help="skip the quantized column (the family's checkpoint in the format it ships quantized in)")
     p.add_argument("--torch-compile", choices=TORCH_COMPILE_MODES, default="no",
                    help="the torch.compile column (LLM ops through torch.compile against torch.export): "
                         "not run, run besides the others, or run alone")
@@ -589,7 +687,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.child:
         logging.basicConfig(level=logging.WARNING)
-        row = sweep_family(args.families[0], args.pipeline, generation=args.generation, torch_compile=args.torch_compile)
+        row = sweep_family(args.families[0], args.pipeline, generation=args.generation, torch_compile=args.torch_compile,
+                           quantized=args.quantized)
         print(json.dumps(asdict(row)))
         return
     families = args.families or causal_lm_families()
@@ -602,14 +701,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             column = f" [torch.compile: {row.torch_compile}]" if args.torch_compile != "no" else ""
             print(f"{row.family}: {row.status} {row.reason}{column}", file=sys.stderr, flush=True)
 
-    rows = run_sweep(families, args.pipeline, args.timeout, args.jobs, progress, args.generation, args.torch_compile)
+    rows = run_sweep(families, args.pipeline, args.timeout, args.jobs, progress, args.generation, args.torch_compile,
+                     args.quantized)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=1)
     if args.merge_into:
         merge_torch_compile_column(rows, Path(args.merge_into))
     print(markdown(rows))
-    sys.exit(1 if any(r.status in OURS or r.generation == "different" for r in rows) else 0)
+    sys.exit(1 if any(r.status in OURS or r.quantized in OURS or r.generation == "different" for r in rows) else 0)
 
 
 if __name__ == "__main__":

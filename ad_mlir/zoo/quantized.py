@@ -33,6 +33,7 @@ from typing import Any
 import safetensors.torch
 import torch
 import transformers
+from transformers.core_model_loading import revert_weight_conversion
 from transformers.integrations.finegrained_fp8 import FP8Linear
 
 from ad_mlir.zoo.fp8_blocks import block_linear, quantize_blocks
@@ -119,13 +120,24 @@ def linear_names(model: torch.nn.Module, skip: Sequence[str]) -> list[str]:
             and not any(name == s or name.startswith(s + ".") for s in skip)]
 
 
+def expert_linears(tensors: dict[str, torch.Tensor], in_memory: set[str], skip: Sequence[str]) -> list[str]:
+    """The experts' linears of a checkpoint's `tensors` (names as on disk) that the model holds
+    fused (`in_memory`, its state dict's names): a 2-D weight a MoE's fused experts become one per
+    expert (`experts.<e>.gate_proj.weight` ...), which DeepSeek-V3's and Qwen3-MoE's FP8
+    checkpoints quantize as any linear; those named in `skip` (a name or a prefix of one) left."""
+    return [key.removesuffix(".weight") for key, t in tensors.items()
+            if key not in in_memory and key.endswith(".weight") and t.dim() == 2
+            and not any(key.startswith(s + ".") for s in skip)]
+
+
 def write_fp8_block_checkpoint(model: transformers.PreTrainedModel, directory: str | Path,
                                block_size: Sequence[int] = (128, 128),
                                modules_to_not_convert: Sequence[str] = ()) -> Path:
     """Write `model` to `directory` as a fine-grained FP8 checkpoint (see the module docstring):
     config.json with its `quantization_config`, generation_config.json, model.safetensors with
     each quantized linear's fp8 `weight` and float32 `weight_scale_inv`, every other tensor in
-    the model's dtype (tied weights once, as `save_pretrained` writes them). `block_size` is
+    the model's dtype (tied weights once and a MoE's fused experts one linear per expert, quantized
+    too, as `save_pretrained` writes them: transformers' `revert_weight_conversion`). `block_size` is
     [bn, bk] (real checkpoints: [128, 128]); `modules_to_not_convert` is written to the config
     when given, as transformers reads it."""
     bn, bk = block_size
@@ -140,7 +152,9 @@ def write_fp8_block_checkpoint(model: transformers.PreTrainedModel, directory: s
     head = model.get_output_embeddings()
     if head is not None and head.weight is model.get_input_embeddings().weight:
         del tensors[f"{module_name(model, head)}.weight"]
-    for name in linear_names(model, modules_to_not_convert):
+    in_memory = set(tensors)
+    tensors = {k: t.contiguous() for k, t in revert_weight_conversion(model, tensors).items()}
+    for name in linear_names(model, modules_to_not_convert) + expert_linears(tensors, in_memory, modules_to_not_convert):
         fp8, scale_inv = quantize_blocks(tensors[f"{name}.weight"], (bn, bk))
         tensors[f"{name}.weight"], tensors[f"{name}{SCALE_SUFFIX}"] = fp8, scale_inv
     return save_checkpoint(model, directory, tensors, config)

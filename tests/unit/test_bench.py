@@ -4,6 +4,7 @@ processes), the results files and the command line. Nothing here asserts a timin
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,24 @@ def test_a_run_of_some_families_replaces_only_their_rows(tmp_path: Path, monkeyp
     rows = cli._run_part("families", cli._parse(["--families", "mpt,glm", "--out", str(tmp_path)]), print)
     assert swept == [("mpt", "glm")]
     assert [(r["family"], r["status"]) for r in rows] == [("llama", "ok"), ("mpt", "ok"), ("glm", "ok")]
+
+
+def test_the_quantized_column_shows_the_loaders_refusal_of_deepseek_v3s_fp8_experts() -> None:
+    """DeepSeek-V3 ships its routed experts in FP8 as one linear each; transformers holds them
+    fused, so the loader refuses the checkpoint naming an expert's scale: the column says so
+    (the temporary directory left out), not "ok", and nothing after the load runs."""
+    from ad_mlir.bench.families import markdown, sweep_quantized
+
+    row = FamilyRow("deepseek_v3")
+    sweep_quantized(row, torch.tensor([[3, 1, 4, 1, 5]]), "default")
+    assert (row.quantized, row.quantized_format, row.quantized_ops) == ("refused", "FP8 blocks 32x32", {})
+    assert row.quantized_reason == (
+        "ValueError: 'deepseek_v3-quantized': model.layers.1.mlp.experts.0.down_proj.weight_scale_inv scales "
+        "model.layers.1.mlp.experts.0.down_proj, which is not a linear layer of DeepseekV3ForCausalLM")
+    assert "export quantized" not in row.seconds
+    table = markdown([row, FamilyRow("mpt", status="ok")])
+    assert "| FP8 blocks 32x32: refused | " in table and "quantized: ValueError: 'deepseek_v3-quantized'" in table
+    assert re.search(r"^\| mpt \| ok \|.*\| - \| - \| - \|  \|$", table, re.M), table
 
 
 def test_the_torch_compile_column_compares_the_llm_ops_of_the_two_front_doors(monkeypatch: pytest.MonkeyPatch) -> None:
