@@ -132,9 +132,28 @@ def main(argv: Sequence[str] | None = None) -> None:
             else:
                 results["parts"][part] = _run_part(part, args, progress)
             bar.update()
+    if args.families and "families" in results["parts"]:  # rows merged into an earlier run's: say whose is whose
+        results["row_runs"] = {"families": row_runs(args.out / "results.json", "families", args.families.split(","),
+                                                     run_label(results["machine"]))}
     markdown = write_results(results, args.out)
     print(markdown)
     print(f"\nwritten to {args.out}/", file=sys.stderr)
+
+
+def run_label(machine: dict[str, Any]) -> str:
+    """A run, as a results file's machine line names it: its date and CPU."""
+    return f"{machine['date']} ({machine['cpu']})"
+
+
+def row_runs(earlier: Path, part: str, rerun: Sequence[str], now: str) -> dict[str, str]:
+    """Which run each of `part`'s rows comes from once the families `rerun` have run again `now`
+    and been merged into the rows in `earlier`: that file's record of its rows' runs, else its
+    machine line for the part (one run)."""
+    before = json.loads(earlier.read_text()) if earlier.exists() else {}
+    machine = before.get("part_machines", {}).get(part, before.get("machine"))
+    runs = before.get("row_runs", {}).get(part) or {r["family"]: run_label(machine)
+                                                    for r in before.get("parts", {}).get(part, [])}
+    return {**runs, **dict.fromkeys(rerun, now)}
 
 
 def merged_rows(earlier: Path, part: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -189,9 +190,20 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [f"- {part}: skipped, {why}" for part, why in results["skipped"].items()]
     lines += [f"- {part}: from an earlier run ({m['date']}, torch {m['torch']}, triton {m['triton']})"
               + (f"; note: {m['note']}" if m.get("note") else "") for part, m in results.get("part_machines", {}).items()]
+    lines += [_row_runs_line(part, runs) for part, runs in results.get("row_runs", {}).items()
+              if len(set(runs.values())) > 1]
     for part in sorted(results["parts"], key=list(TABLES).index):  # one order, whichever part ran last
         lines += ["", TABLES[part](results["parts"][part])]
     return "\n".join(lines) + "\n"
+
+
+def _row_runs_line(part: str, runs: dict[str, str]) -> str:
+    """`part`'s rows by the run that made them (a sweep of some families merged into an earlier
+    one), naming the families of the smaller groups."""
+    counts = collections.Counter(runs.values())
+    groups = [f"{n} from {run}" + (f" ({', '.join(sorted(f for f, r in runs.items() if r == run))})" if n <= 10 else "")
+              for run, n in counts.most_common()]
+    return f"- {part}: rows from {len(counts)} runs: {'; '.join(groups)}"
 
 
 def write_results(results: dict[str, Any], out: Path) -> str:
@@ -207,6 +219,8 @@ def write_results(results: dict[str, Any], out: Path) -> str:
                 results["parts"][part] = rows
                 results.setdefault("part_machines", {})[part] = before.get("part_machines", {}).get(
                     part, before["machine"])
+                if part in before.get("row_runs", {}):
+                    results.setdefault("row_runs", {})[part] = before["row_runs"][part]
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = markdown(results)
     (out / "results.md").write_text(text)

@@ -162,6 +162,29 @@ def test_a_run_of_some_families_replaces_only_their_rows(tmp_path: Path, monkeyp
     assert [(r["family"], r["status"]) for r in rows] == [("llama", "ok"), ("mpt", "ok"), ("glm", "ok")]
 
 
+def test_a_run_of_some_families_says_which_rows_each_run_made(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows merged into an earlier sweep keep that sweep's date and CPU; the markdown says which
+    rows come from which run, and a later run of other parts keeps the record."""
+    machine = {"date": "2026-11-26T12:38:05", "cpu": "AMD EPYC"}
+    earlier = [{"family": f, "status": "ok"} for f in ("llama", "mpt", "gpt2")]
+    (tmp_path / "results.json").write_text(json.dumps({"machine": machine, "parts": {"families": earlier}}))
+    monkeypatch.setattr("ad_mlir.bench.families.run_sweep",
+                        lambda families, progress: [FamilyRow(f, status="ok") for f in families])
+    monkeypatch.setattr("ad_mlir.bench.families.markdown", lambda rows, title: title)
+    this_machine = {**cli.machine_info(), "date": "2026-11-29T10:25:33", "cpu": "Intel Xeon"}
+    monkeypatch.setattr(cli, "machine_info", lambda: this_machine)
+    cli.main(["--parts", "families", "--families", "mpt,glm", "--out", str(tmp_path)])
+    runs = json.loads((tmp_path / "results.json").read_text())["row_runs"]["families"]
+    this, before = "2026-11-29T10:25:33 (Intel Xeon)", "2026-11-26T12:38:05 (AMD EPYC)"
+    assert runs == {"llama": before, "mpt": this, "gpt2": before, "glm": this}
+    line = f"- families: rows from 2 runs: 2 from {before} (gpt2, llama); 2 from {this} (glm, mpt)"
+    assert line in capsys.readouterr().out.splitlines()
+    monkeypatch.setattr(cli, "_run_part", lambda part, args, progress: _results()["parts"][part])
+    cli.main(["--parts", "traffic", "--out", str(tmp_path)])
+    assert line in (tmp_path / "results.md").read_text().splitlines()
+
+
 def test_the_quantized_column_shows_the_loaders_refusal_of_deepseek_v3s_fp8_experts() -> None:
     """DeepSeek-V3 ships its routed experts in FP8 as one linear each; transformers holds them
     fused, so the loader refuses the checkpoint naming an expert's scale: the column says so
