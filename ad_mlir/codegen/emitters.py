@@ -63,7 +63,6 @@ TEMPLATES: dict[type[Operation], str] = {
     ad.LinearFp8BlockOp: "linear_fp8_block_kernel",
     ad.LinearFp8Op: "linear_fp8_kernel",
     ad.CachedAttentionOp: "cached_attention_kernel",
-    ad.PagedAttentionOp: "paged_attention_kernel",
     ad.CachedMlaAttentionOp: "mla_attention_kernel",
     ad.PagedMlaAttentionOp: "paged_mla_attention_kernel",
     ad.CachedIndexTopkOp: "index_topk_kernel",
