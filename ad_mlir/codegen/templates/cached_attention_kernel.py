@@ -295,6 +295,16 @@ def _rows(table, pos, row_mask, bt_s1, p_s0, p_s1, PAGE: tl.constexpr, ONE_PAGE:
 
 
 @triton.jit
+def _kv_rows(table, pos, row_mask, bt_s1, kc_s0, kc_s1, vc_s0, vc_s1, PAGE: tl.constexpr, ONE_PAGE: tl.constexpr):
+    """`_rows` of positions `pos` in the K and the V pool, the block table read once for both."""
+    if ONE_PAGE:
+        return pos * kc_s1, pos * vc_s1
+    page = tl.load(table + (pos // PAGE) * bt_s1, mask=row_mask, other=0)
+    in_page = pos % PAGE
+    return page * kc_s0 + in_page * kc_s1, page * vc_s0 + in_page * vc_s1
+
+
+@triton.jit
 def _pages_base(pool, table, head_offset, p_s0, ONE_PAGE: tl.constexpr):
     """One kv head of a sequence's pages in `pool`: with ONE_PAGE its one page, read once."""
     if ONE_PAGE:
@@ -456,8 +466,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
             for n0 in range(lo, start, BLOCK_N):
                 n_pos = n0 + keys
                 n_in = n_pos < start
-                # the tile's page rows, looked up once for K and V (the strides of both pools agree but the last)
-                k_rows = _rows(table, n_pos, n_in, bt_s1, kc_s0, kc_s1, PAGE, ONE_PAGE)
+                # the tile's rows in both pools, its pages looked up once for K and V
+                k_rows, v_rows = _kv_rows(table, n_pos, n_in, bt_s1, kc_s0, kc_s1, vc_s0, vc_s1, PAGE, ONE_PAGE)
                 k_a, k_b, k_p, k_t = _new_rows(kc_head, k_rows, kc_s3, kc_head, 0, kc_head,
                                                n_pos, 0, kc_head, n_pos, 0, n_in, HALF, HALF_P, REST, REST_P, TAIL,
                                                TAIL_P, False, INTERLEAVED, False)
@@ -468,7 +478,6 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
                              n_pos[None, :] - (start + m_pos[:, None]), bias_rows, m_in, db_sd, SOFTCAP, ALIBI, EXTENT,
                              REST, TAIL)
                 # V loaded once the K pieces are dead
-                v_rows = _rows(table, n_pos, n_in, bt_s1, vc_s0, vc_s1, PAGE, ONE_PAGE)
                 v_tile = tl.load(vc_head + v_rows[:, None] + dims[None, :] * vc_s3,
                                  mask=n_in[:, None] & d_in[None, :], other=0)
                 m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
