@@ -64,10 +64,11 @@ def _op_bytes(op: Operation, batch: int, cached: int) -> int:
     written = sum(decode_bytes(r, batch) for r in op.results if isinstance(r.type, TensorType))
     if isinstance(op, ad.CachedAttentionOp):
         caches = {op.k_cache, op.v_cache, op.compressed_cache}
-        new = [v for v in tensors if v not in caches and v not in (op.slots, op.starts)]
+        new = [v for v in tensors if v not in caches and v not in (op.block_tables, op.cache_starts)]
         row = _row_bytes(op.k_cache)
         return (sum(decode_bytes(v, batch) for v in new) + 2 * batch * cached * row + 2 * batch * row + written
-                + decode_bytes(op.slots, batch) + decode_bytes(op.starts, batch) + _entries_bytes(op, batch, cached))
+                + decode_bytes(op.block_tables, batch) + decode_bytes(op.cache_starts, batch)
+                + _entries_bytes(op, batch, cached))
     if isinstance(op, ad.CachedMlaAttentionOp):
         return _mla_bytes(op, batch, cached, written)
     if isinstance(op, ad.CachedIndexTopkOp):

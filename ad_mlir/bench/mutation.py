@@ -205,8 +205,8 @@ TESTS: dict[str, Tests] = {
              "and not rope_causal_gqa and not qk_norm and not random_mask")),
     "ad_mlir/codegen/templates/blocks.py": Tests((_TRITON,), _NUMERIC),
     "ad_mlir/codegen/templates/cached_attention_kernel.py": Tests(
-        (), ("tests/unit/test_cached_attention_kernel.py", "-k", "not ptx and not prefill_and_chunked and not "
-             "split_boundaries and not any_head_dim")),
+        (), ("tests/unit/test_cached_attention_kernel.py", "tests/unit/test_paged_attention.py", "-k",
+             "not ptx and not prefill_and_chunked and not split_boundaries and not any_head_dim")),
     "ad_mlir/codegen/templates/causal_conv_kernel.py": Tests(
         (), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/gated_delta_rule_kernel.py": Tests(
@@ -224,8 +224,6 @@ TESTS: dict[str, Tests] = {
                                                                    "not ptx")),
     "ad_mlir/codegen/templates/linear_int4_kernel.py": Tests((), ("tests/unit/test_linear_int4_kernel.py", "-k",
                                                                   "not ptx")),
-    "ad_mlir/codegen/templates/paged_attention_kernel.py": Tests(
-        (), ("tests/unit/test_paged_attention.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/paged_mla_attention_kernel.py": Tests(
         (), ("tests/unit/test_paged_mla_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/region_kernel.py": Tests((_TRITON,), (*_NUMERIC, *_REGIONS)),

@@ -21,11 +21,12 @@ CACHE_SLOTS, CACHE_TOKENS, DECODE_BATCH = 16, 8192, 8
 _CACHED_ATTENTION = """
 func.func @forward(%q: tensor<?x{heads}x?x{d}x{t}>, %k: tensor<?x{kv}x?x{d}x{t}>, %v: tensor<?x{kv}x?x{d}x{t}>,
                    %cos: tensor<?x?x{d}x{t}>, %sin: tensor<?x?x{d}x{t}>, %kc: tensor<{slots}x{max_seq}x{kv}x{d}x{t}>,
-                   %vc: tensor<{slots}x{max_seq}x{kv}x{d}x{t}>, %slots: tensor<?xi64>, %starts: tensor<?xi64>)
+                   %vc: tensor<{slots}x{max_seq}x{kv}x{d}x{t}>, %slots: tensor<?x1xi64>, %starts: tensor<?xi64>)
     -> tensor<?x{heads}x?x{d}x{t}> {{
-  %o = ad.cached_attention %q, %k, %v rope %cos, %sin cache %kc, %vc slots %slots starts %starts scale {scale} :
+  %o = ad.cached_attention %q, %k, %v rope %cos, %sin cache %kc, %vc block_tables %slots cache_starts %starts
+    scale {scale} :
     (tensor<?x{heads}x?x{d}x{t}>, tensor<?x{kv}x?x{d}x{t}>, tensor<?x{kv}x?x{d}x{t}>,
-     tensor<{slots}x{max_seq}x{kv}x{d}x{t}>, tensor<{slots}x{max_seq}x{kv}x{d}x{t}>, tensor<?xi64>, tensor<?xi64>,
+     tensor<{slots}x{max_seq}x{kv}x{d}x{t}>, tensor<{slots}x{max_seq}x{kv}x{d}x{t}>, tensor<?x1xi64>, tensor<?xi64>,
      tensor<?x?x{d}x{t}>, tensor<?x?x{d}x{t}>) -> tensor<?x{heads}x?x{d}x{t}>
   func.return %o : tensor<?x{heads}x?x{d}x{t}>
 }}

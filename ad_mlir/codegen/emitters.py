@@ -66,7 +66,6 @@ TEMPLATES: dict[type[Operation], str] = {
     ad.LinearNvfp4Op: "linear_nvfp4_kernel",
     ad.LinearInt4Op: "linear_int4_kernel",
     ad.CachedAttentionOp: "cached_attention_kernel",
-    ad.PagedAttentionOp: "paged_attention_kernel",
     ad.CachedMlaAttentionOp: "mla_attention_kernel",
     ad.PagedMlaAttentionOp: "paged_mla_attention_kernel",
     ad.CachedIndexTopkOp: "index_topk_kernel",

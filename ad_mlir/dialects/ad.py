@@ -1257,7 +1257,7 @@ class QkNorm:
                       norm.weight_in_fp32 is not None)
 
     @staticmethod
-    def of_op(op: RopeAttentionOp | CachedAttentionOp | PagedAttentionOp) -> QkNorm | None:
+    def of_op(op: RopeAttentionOp | CachedAttentionOp) -> QkNorm | None:
         """The QK-norm of an attention op, None without one."""
         if op.q_norm_weight is None:
             return None
@@ -1280,7 +1280,7 @@ _QK_NORM_FORMAT = (
 )
 
 
-def _verify_qk_norm(op: RopeAttentionOp | CachedAttentionOp | PagedAttentionOp) -> None:
+def _verify_qk_norm(op: RopeAttentionOp | CachedAttentionOp) -> None:
     weights = (op.q_norm_weight, op.k_norm_weight)
     if weights == (None, None):
         if any(getattr(op, p) is not None for p in QK_NORM_PROPERTIES):
@@ -1636,7 +1636,7 @@ CACHE_SLOTS_ATTR, CACHE_STARTS_ATTR = "ad.cache_slots", "ad.cache_starts"
 how many tokens that slot already holds."""
 
 
-def _verify_distance_bias(op: CachedAttentionOp | PagedAttentionOp, query: tuple[int, ...]) -> None:
+def _verify_distance_bias(op: CachedAttentionOp, query: tuple[int, ...]) -> None:
     """`distance_bias` is [batch, heads, seq, extent] of the query's batch, heads and seq, in
     a float type, with a static extent (the kernels unroll over it)."""
     bias = op.distance_bias
@@ -1652,39 +1652,53 @@ def _verify_distance_bias(op: CachedAttentionOp | PagedAttentionOp, query: tuple
 
 @irdl_op_definition
 class CachedAttentionOp(AdOp):
-    """Attention of each batch row's new tokens over its K/V cache, the cache written in place.
+    """Attention of the new tokens of each sequence over its K/V pages, the pages written in
+    place: vLLM's paged attention, of which the slot form is one configuration (a slot is one
+    page of max_seq tokens, a sequence's block table that one page).
 
-    Query [batch, heads, seq, head_dim] and key/value [batch, kv_heads, seq, head_dim] are the
-    `seq` new tokens of each row (RoPE applied to the query and the key first, as HF's
-    `apply_rotary_pos_emb` does, when `cos`/`sin` are given: as `ad.rope_attention`); the value
-    may have a head dim of its own (DeepSeek: query/key 192, value 128), which `v_cache` and the
-    result [batch, heads, seq, value head_dim] then have. Row b uses
-    slot `slots[b]` of `k_cache`/`v_cache` [slots, max_seq, kv_heads, head_dim], which already
-    holds `starts[b]` tokens: the new key and value are written at positions starts[b] ..
-    starts[b] + seq - 1, and new token i attends to positions 0 .. starts[b] + i (causal with
-    offset; with `window`, only the last `window` of them). Grouped-query attention is native.
+    The sequences' new tokens come in one of two layouts. Batched (no `query_starts`): query
+    [batch, heads, seq, head_dim] and key/value [batch, kv_heads, seq, head_dim], batch row s
+    being sequence s with its `seq` new tokens. Flattened (`query_starts` [seqs + 1] int64,
+    cumulative, as cu_seqlens): query [1, heads, T, head_dim], key/value [1, kv_heads, T,
+    head_dim] hold the T new tokens of every sequence of a step, sequence s the tokens
+    `query_starts[s]` .. `query_starts[s + 1] - 1` (at least one). RoPE applies to the query and
+    the key first, as HF's `apply_rotary_pos_emb` does, when `cos`/`sin` [batch or 1, seq or T,
+    rotary_dim] are given (as `ad.rope_attention`, `interleaved` too); the value may have a head
+    dim of its own (DeepSeek: query/key 192, value 128), which `v_cache` and the result
+    [batch or 1, heads, seq or T, value head_dim] then have.
+
+    Sequence s already holds `cache_starts[s]` tokens (`cache_starts` [seqs] int64): its new
+    tokens are at positions cache_starts[s] + 0, 1, .. . The pools `k_cache`/`v_cache` [pages,
+    page_size, kv_heads, head_dim] hold position p of sequence s at row p % page_size of page
+    `block_tables[s, p / page_size]` (`block_tables` [seqs, max_pages_per_seq] int64; entries
+    past a sequence's pages are not read; pages in any order in the pool; the slot form's table
+    is [batch, 1], each row's slot, over pools [slots, max_seq, ...]). The new keys (after
+    QK-norm and RoPE) and values are written into their pages in place, then each new token
+    attends causally over its own sequence's positions 0 .. its own (with `window`, the last
+    `window` of them). Pages a step writes (at or past a sequence's start) belong to that
+    sequence alone; full pages before it may be shared. Grouped-query attention is native.
+
     With `softcap` (Gemma2), the scores s = scale * q.k are soft-capped to `tanh(s / softcap) *
     softcap` before masking and softmax. With QK-norm weights (`QK_NORM_PROPERTIES`) the new
-    query and key heads are RMS-normalized before RoPE (the cache holds the normalized, rotated
-    keys). With `sinks` [heads] (gpt-oss), each head's learned sink logit joins the softmax
-    of every query of that head: softmax over [scores, sink] with the sink's column dropped, so
-    the sink takes a share of the probability and attends to no value; `sinks` [batch, heads,
-    seq] (Inkling2: computed from each token's hidden state) gives each new token its own. With `alibi_slopes`
-    [heads] (BLOOM, MPT), the scores of head h get ALiBi's linear bias `slope[h] * (key position
-    - query position)` (after scale and soft cap; HF's `slope * key position` differs from it by a
-    constant per query, which the softmax cancels). With `distance_bias` [batch, heads, seq,
-    extent] (Inkling's relative logits, computed per token from its hidden state), new token i of
-    row b, at position p = starts[b] + i, gets `distance_bias[b, h, i, p - j]` added to its score
-    for the key at position j (after scale and soft cap) when 0 <= p - j < extent, nothing for
-    keys further back: a bias vector per query token and head over the backward distances 0 ..
-    extent - 1 (a table of the weights, broadcast over tokens, is this too). With `compressed` [batch, kv_heads, seq,
-    head_dim] and `compressed_cache` [slots, max_seq, kv_heads, head_dim] (DeepSeek-V4's HCA at
-    compress rate 1: one compressed entry per token, which is its own key and value), the new
-    entries are written into `compressed_cache` as the keys are, and the queries attend, in the
-    same softmax, to the slot's entries too: causal with offset and without the window; with
+    query and key heads are RMS-normalized before RoPE (the pages hold the normalized, rotated
+    keys). With `sinks` [heads] (gpt-oss), each head's learned sink logit joins the softmax of
+    every query of that head: softmax over [scores, sink] with the sink's column dropped, so the
+    sink takes a share of the probability and attends to no value; `sinks` [batch, heads, seq]
+    (batched only; Inkling2: computed from each token's hidden state) gives each new token its
+    own. With `alibi_slopes` [heads] (BLOOM, MPT), the scores of head h get ALiBi's linear bias
+    `slope[h] * (key position - query position)` (after scale and soft cap; HF's `slope * key
+    position` differs from it by a constant per query, which the softmax cancels). With
+    `distance_bias` [batch or 1, heads, seq or T, extent] (Inkling's relative logits, computed
+    per token from its hidden state), a new token at position p gets its entry `p - j` added to
+    its score for the key at position j (after scale and soft cap) when 0 <= p - j < extent,
+    nothing for keys further back. With `compressed` [batch, kv_heads, seq, head_dim] and
+    `compressed_cache` of the key pool's type (batched only; DeepSeek-V4's HCA at compress rate
+    1: one compressed entry per token, which is its own key and value), the new entries are
+    written into `compressed_cache` as the keys are, and the queries attend, in the same
+    softmax, to the sequence's entries too: causal with offset and without the window; with
     `selected` [batch, seq, k] (int64, -1 for none: DeepSeek-V4's CSA, the choice of
     `ad.cached_index_topk`), each query only to the entries it lists. Not pure: it writes the
-    caches."""
+    pages."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1697,8 +1711,9 @@ class CachedAttentionOp(AdOp):
     k_norm_weight = opt_operand_def(AdTensor)
     k_cache = operand_def(AdTensor)
     v_cache = operand_def(AdTensor)
-    slots = operand_def(AdTensor)
-    starts = operand_def(AdTensor)
+    block_tables = operand_def(AdTensor)
+    cache_starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
     sinks = opt_operand_def(AdTensor)
     alibi_slopes = opt_operand_def(AdTensor)
     distance_bias = opt_operand_def(AdTensor)
@@ -1715,38 +1730,31 @@ class CachedAttentionOp(AdOp):
     result = result_def(AdTensor)
     assembly_format = (
         "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
-        "`cache` $k_cache `,` $v_cache `slots` $slots `starts` $starts `scale` $scale (`window` $window^)? "
+        "`cache` $k_cache `,` $v_cache `block_tables` $block_tables `cache_starts` $cache_starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? `scale` $scale (`window` $window^)? "
         "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
         "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? "
         "(`distance_bias` $distance_bias^ `:` type($distance_bias))? "
         "(`compressed` $compressed^ `,` $compressed_cache `:` type($compressed) `,` type($compressed_cache))? "
         "(`selected` $selected^ `:` type($selected))? "
         "attr-dict `:` `(` type($query) `,` type($key) "
-        "`,` type($value) `,` type($k_cache) "
-        "`,` type($v_cache) `,` type($slots) `,` type($starts) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
+        "`,` type($value) `,` type($k_cache) `,` type($v_cache) `,` type($block_tables) `,` type($cache_starts) "
+        "(`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
     )
+
+    def page_size(self) -> int:
+        return _shape(self.k_cache.type)[1]
 
     def verify_op(self) -> None:
         q, k, v = (_shape(x.type) for x in (self.query, self.key, self.value))
         kc, vc = _shape(self.k_cache.type), _shape(self.v_cache.type)
         if not len(q) == len(k) == len(v) == len(kc) == len(vc) == 4:
             raise VerifyException("ad.cached_attention query/key/value must be [batch, heads, seq, head_dim] and "
-                                  "the caches [slots, max_seq, kv_heads, head_dim]")
-        if (self.compressed is None) != (self.compressed_cache is None):
-            raise VerifyException("ad.cached_attention takes compressed and compressed_cache together")
-        if self.compressed is not None and (
-                self.compressed.type != self.key.type or self.compressed_cache.type != self.k_cache.type):
-            raise VerifyException("ad.cached_attention compressed entries and their cache must have the key's and "
-                                  "the key cache's types")
-        if self.compressed is not None and (self.softcap is not None or self.alibi_slopes is not None
-                                            or self.distance_bias is not None
-                                            or (self.sinks is not None and len(_shape(self.sinks.type)) != 1)):
-            raise VerifyException("ad.cached_attention with compressed entries takes no softcap, ALiBi slopes, "
-                                  "distance bias or sinks per token")
-        if self.selected is not None:
-            if self.compressed is None:
-                raise VerifyException("ad.cached_attention selected needs compressed entries")
-            _verify_selected("ad.cached_attention", self.selected, (q[0], q[2]))
+                                  "the pools [pages, page_size, kv_heads, head_dim]")
+        if self.query_starts is not None and q[0] != 1:
+            raise VerifyException("ad.cached_attention with query_starts takes one flattened batch: query [1, heads, "
+                                  f"tokens, head_dim], not batch {q[0]}")
+        self._verify_compressed(q)
         if k[:3] != v[:3] or self.key.type.element_type != self.value.type.element_type \
                 or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
             raise VerifyException("ad.cached_attention key and value must be [batch, kv_heads, seq, head_dim] of one "
@@ -1754,13 +1762,17 @@ class CachedAttentionOp(AdOp):
         if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
             raise VerifyException(f"ad.cached_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
         if kc[:2] != vc[:2] or kc[2:] != k[1:2] + k[3:] or vc[2:] != v[1:2] + v[3:]:
-            raise VerifyException(f"ad.cached_attention caches must be [slots, max_seq, {k[1]}, {k[3]}] (key) and "
-                                  f"[slots, max_seq, {v[1]}, {v[3]}] (value) of the same slots and max_seq")
+            raise VerifyException(f"ad.cached_attention pools must be [pages, page_size, {k[1]}, {k[3]}] (key) and "
+                                  f"[pages, page_size, {v[1]}, {v[3]}] (value) of the same pages and page_size")
+        if kc[1] == DYNAMIC_INDEX or kc[1] < 1:
+            raise VerifyException(f"ad.cached_attention page_size {'?' if kc[1] == DYNAMIC_INDEX else kc[1]} must be "
+                                  "static and positive")
         if not self.k_cache.type.element_type == self.v_cache.type.element_type == self.key.type.element_type:
-            raise VerifyException("ad.cached_attention caches must have the key's element type")
-        for meta in (self.slots, self.starts):
-            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
-                raise VerifyException("ad.cached_attention slots/starts must be tensor<batch x i64>")
+            raise VerifyException("ad.cached_attention pools must have the key's element type")
+        for name, meta, rank in (("query_starts", self.query_starts, 1), ("cache_starts", self.cache_starts, 1),
+                                 ("block_tables", self.block_tables, 2)):
+            if meta is not None and (len(_shape(meta.type)) != rank or meta.type.element_type != i64):
+                raise VerifyException(f"ad.cached_attention {name} must be a rank-{rank} i64 tensor")
         if (self.cos is None) != (self.sin is None):
             raise VerifyException("ad.cached_attention takes cos and sin together")
         if self.cos is not None:
@@ -1771,8 +1783,8 @@ class CachedAttentionOp(AdOp):
             raise VerifyException("ad.cached_attention result must have the query's type with the value's head_dim")
         if self.softcap is not None and not self.softcap.value.data > 0:
             raise VerifyException(f"ad.cached_attention softcap must be positive, not {self.softcap.value.data}")
-        if self.sinks is not None and _shape(self.sinks.type) == q[:3]:  # one sink logit per token and head
-            per_heads = (("alibi_slopes", self.alibi_slopes),)
+        if self.sinks is not None and _shape(self.sinks.type) == q[:3] and self.query_starts is None:
+            per_heads = (("alibi_slopes", self.alibi_slopes),)  # one sink logit per token and head
         else:
             per_heads = (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes))
         for name, per_head in per_heads:
@@ -1781,6 +1793,25 @@ class CachedAttentionOp(AdOp):
                                       + (" (sinks: or [batch, heads, seq], one per token)" if name == "sinks" else ""))
         _verify_distance_bias(self, q)
         _verify_qk_norm(self)
+
+    def _verify_compressed(self, q: tuple[int, ...]) -> None:
+        """DeepSeek-V4's compressed entries: both operands, the key's and the key pool's types,
+        batched, with no other bias."""
+        if (self.compressed is None) != (self.compressed_cache is None):
+            raise VerifyException("ad.cached_attention takes compressed and compressed_cache together")
+        if self.compressed is not None and (
+                self.compressed.type != self.key.type or self.compressed_cache.type != self.k_cache.type):
+            raise VerifyException("ad.cached_attention compressed entries and their cache must have the key's and "
+                                  "the key cache's types")
+        if self.compressed is not None and (self.softcap is not None or self.alibi_slopes is not None
+                                            or self.distance_bias is not None or self.query_starts is not None
+                                            or (self.sinks is not None and len(_shape(self.sinks.type)) != 1)):
+            raise VerifyException("ad.cached_attention with compressed entries takes no softcap, ALiBi slopes, "
+                                  "distance bias, sinks per token or query_starts")
+        if self.selected is not None:
+            if self.compressed is None:
+                raise VerifyException("ad.cached_attention selected needs compressed entries")
+            _verify_selected("ad.cached_attention", self.selected, (q[0], q[2]))
 
 
 QUERY_STARTS_ATTR, BLOCK_TABLES_ATTR, LOGITS_INDICES_ATTR = "ad.query_starts", "ad.block_tables", "ad.logits_indices"
@@ -1791,113 +1822,6 @@ sequence already holds, as in the slot form."""
 STATE_SLOTS_ATTR = "ad.state_slots"
 """On the paged module's metadata argument of each sequence's slot in the per-sequence state
 pools (convolutions', scans'), where the model has such a state."""
-
-
-@irdl_op_definition
-class PagedAttentionOp(AdOp):
-    """Attention of the new tokens of many sequences, flattened into one, over K/V pages read and
-    written through each sequence's block table (vLLM's paged attention, the form of
-    `ad.cached_attention` for one flattened batch per step).
-
-    Query [1, heads, T, head_dim] and key/value [1, kv_heads, T, head_dim] hold the T new tokens
-    of every sequence of a step, each sequence's tokens contiguous: sequence s has the tokens
-    `query_starts[s]` .. `query_starts[s + 1] - 1` (`query_starts` [seqs + 1] int64, cumulative,
-    as cu_seqlens; each sequence at least one token). It already holds `cache_starts[s]` tokens
-    (`cache_starts` [seqs] int64), so its new tokens are at positions cache_starts[s] + 0, 1, ..
-    The pools `k_pages`/`v_pages` [pages, page_size, kv_heads, head_dim] (page_size a power of
-    two; the value's head dim may differ, as in `ad.cached_attention`) hold position p of
-    sequence s in page `block_tables[s, p / page_size]` at row p % page_size (`block_tables`
-    [seqs, max_pages_per_seq] int64; entries past a sequence's pages are not read; pages in any
-    order in the pool). The new keys (after QK-norm and RoPE) and values are written into their
-    pages in place, then each new token attends causally over its own sequence's positions 0 ..
-    its own (with `window`, the last `window` of them). Pages a step writes (at or past a
-    sequence's start) belong to that sequence alone; full pages before it may be shared.
-
-    Everything else is `ad.cached_attention`'s: RoPE from `cos`/`sin` [1, T, rotary_dim] (the
-    tokens' own positions) and `interleaved`, QK-norm, `softcap`, `sinks` (one per head only),
-    `alibi_slopes`, `distance_bias` ([1, heads, T, extent]: token t's vector over the backward
-    distances from its own position), grouped-query attention. The result is [1, heads, T, value
-    head_dim]. Not pure: it writes the pages."""
-
-    name = "ad.paged_attention"
-    irdl_options = (AttrSizedOperandSegments(as_property=True),)
-    query = operand_def(AdTensor)
-    key = operand_def(AdTensor)
-    value = operand_def(AdTensor)
-    cos = opt_operand_def(AdTensor)
-    sin = opt_operand_def(AdTensor)
-    q_norm_weight = opt_operand_def(AdTensor)
-    k_norm_weight = opt_operand_def(AdTensor)
-    k_pages = operand_def(AdTensor)
-    v_pages = operand_def(AdTensor)
-    query_starts = operand_def(AdTensor)
-    cache_starts = operand_def(AdTensor)
-    block_tables = operand_def(AdTensor)
-    sinks = opt_operand_def(AdTensor)
-    alibi_slopes = opt_operand_def(AdTensor)
-    distance_bias = opt_operand_def(AdTensor)
-    interleaved = opt_prop_def(UnitAttr)
-    scale = prop_def(FloatAttr[Float64Type])
-    window = opt_prop_def(IntegerAttr[I64])
-    softcap = opt_prop_def(FloatAttr[Float64Type])
-    qk_norm_eps = opt_prop_def(FloatAttr[Float64Type])
-    qk_norm_offset = opt_prop_def(FloatAttr[Float64Type])
-    qk_norm_weight_in_fp32 = opt_prop_def(UnitAttr)
-    result = result_def(AdTensor)
-    assembly_format = (
-        "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
-        "`pages` $k_pages `,` $v_pages `query_starts` $query_starts `cache_starts` $cache_starts `block_tables` "
-        "$block_tables `scale` $scale (`window` $window^)? "
-        "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
-        "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? "
-        "(`distance_bias` $distance_bias^ `:` type($distance_bias))? attr-dict `:` `(` type($query) `,` type($key) "
-        "`,` type($value) `,` type($k_pages) `,` type($v_pages) `,` type($query_starts) `,` type($cache_starts) "
-        "`,` type($block_tables) (`,` type($cos)^ `,` type($sin))? `)` `->` type($result)"
-    )
-
-    def page_size(self) -> int:
-        return _shape(self.k_pages.type)[1]
-
-    def verify_op(self) -> None:
-        q, k, v = (_shape(x.type) for x in (self.query, self.key, self.value))
-        kp, vp = _shape(self.k_pages.type), _shape(self.v_pages.type)
-        if not len(q) == len(k) == len(v) == len(kp) == len(vp) == 4 or q[0] != 1:
-            raise VerifyException("ad.paged_attention query/key/value must be [1, heads, tokens, head_dim] and the "
-                                  "pages [pages, page_size, kv_heads, head_dim]")
-        if k[:3] != v[:3] or self.key.type.element_type != self.value.type.element_type \
-                or not _dims_compatible(q[3], k[3]) or q[0] != k[0] or q[2] != k[2]:
-            raise VerifyException("ad.paged_attention key and value must be [1, kv_heads, tokens, head_dim] of one "
-                                  "element type matching the query's tokens and (the key) head_dim")
-        if DYNAMIC_INDEX not in (q[1], k[1]) and q[1] % k[1]:
-            raise VerifyException(f"ad.paged_attention query heads {q[1]} are not a multiple of kv heads {k[1]}")
-        if kp[:2] != vp[:2] or kp[2:] != k[1:2] + k[3:] or vp[2:] != v[1:2] + v[3:]:
-            raise VerifyException(f"ad.paged_attention pages must be [pages, page_size, {k[1]}, {k[3]}] (key) and "
-                                  f"[pages, page_size, {v[1]}, {v[3]}] (value) of the same pages and page_size")
-        page = kp[1]
-        if page == DYNAMIC_INDEX or page < 1 or page & (page - 1):
-            raise VerifyException(f"ad.paged_attention page_size {page} must be a static power of two")
-        if not self.k_pages.type.element_type == self.v_pages.type.element_type == self.key.type.element_type:
-            raise VerifyException("ad.paged_attention pages must have the key's element type")
-        for name, meta, rank in (("query_starts", self.query_starts, 1), ("cache_starts", self.cache_starts, 1),
-                                 ("block_tables", self.block_tables, 2)):
-            if len(_shape(meta.type)) != rank or meta.type.element_type != i64:
-                raise VerifyException(f"ad.paged_attention {name} must be a rank-{rank} i64 tensor")
-        if (self.cos is None) != (self.sin is None):
-            raise VerifyException("ad.paged_attention takes cos and sin together")
-        if self.cos is not None:
-            _verify_rope_tables(self, q[3])
-        elif self.interleaved is not None:
-            raise VerifyException("ad.paged_attention interleaved needs RoPE (cos and sin)")
-        if self.result.type != TensorType(self.query.type.element_type, [*q[:3], v[3]]):
-            raise VerifyException("ad.paged_attention result must have the query's type with the value's head_dim")
-        if self.softcap is not None and not self.softcap.value.data > 0:
-            raise VerifyException(f"ad.paged_attention softcap must be positive, not {self.softcap.value.data}")
-        for name, per_head in (("sinks", self.sinks), ("alibi_slopes", self.alibi_slopes)):
-            if per_head is not None and (_shape(per_head.type) != (q[1],) or q[1] == DYNAMIC_INDEX):
-                raise VerifyException(f"ad.paged_attention {name} must be [heads] = [{q[1]}], one per query head")
-        _verify_distance_bias(self, q)
-        _verify_qk_norm(self)
-
 
 @irdl_op_definition
 class CachedCausalConv1dOp(AdOp):
@@ -1914,7 +1838,7 @@ class CachedCausalConv1dOp(AdOp):
     pure: it writes the state.
 
     With `query_starts` [seqs + 1] (the paged form: one flattened batch per step, cumulative as
-    `ad.paged_attention`'s), the batch is 1 and holds the new tokens of `seqs` sequences, sequence
+    `ad.cached_attention`'s paged form), the batch is 1 and holds the new tokens of `seqs` sequences, sequence
     s the tokens `query_starts[s]` .. `query_starts[s + 1] - 1` of the seq axis, each run as a
     batch row of its own with slot `slots[s]` of the state pool and `starts[s]`."""
 
@@ -2465,12 +2389,12 @@ class CachedIndexTopkOp(AdOp):
 class PagedMlaAttentionOp(AdOp):
     """Multi-head latent attention of the new tokens of many sequences, flattened into one, over
     a pool of latent pages read and written through each sequence's block table (the form of
-    `ad.cached_mla_attention` for one flattened batch per step, as `ad.paged_attention` is
+    `ad.cached_mla_attention` for one flattened batch per step, as `ad.cached_attention`'s paged form is
     `ad.cached_attention`'s).
 
     `q_nope` [1, heads, T, nope], `q_rope` [1, heads, T, rope], `latent` [1, 1, T, rank], `k_rope`
     [1, 1, T, rope] and `kv_b_weight` are `ad.cached_mla_attention`'s, for the T new tokens of
-    every sequence of a step, each sequence's contiguous; the metadata is `ad.paged_attention`'s:
+    every sequence of a step, each sequence's contiguous; the metadata is `ad.cached_attention`'s paged form's:
     sequence s has the tokens `query_starts[s]` .. `query_starts[s + 1] - 1`, already holds
     `cache_starts[s]` tokens, and position p of it is row p % page_size of page `block_tables[s,
     p / page_size]` of `pages` [num_pages, page_size, rank + rope] (page_size a static power of
@@ -3055,7 +2979,7 @@ Ad = Dialect(
         ReshapeOp, ExpandOp, PermuteOp, TransposeOp, UnsqueezeOp, SqueezeOp, SliceOp,
         CatOp, SplitOp, AliasOp, CloneOp,
         LinearOp, MmOp, BmmOp, MatmulOp, AddmmOp, EmbeddingOp, AttentionOp,
-        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, PagedAttentionOp, CachedCausalConv1dOp, CachedTokenWindowOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
+        RmsNormOp, AddRmsNormOp, SiluAndMulOp, RopeAttentionOp, RopeOp, CachedAttentionOp, CachedCausalConv1dOp, CachedTokenWindowOp, QuantizeFp8Op, QuantizeFp8DynamicOp, DequantizeFp8Op, LinearFp8Op,
         LinearFp8BlockOp,
         LinearNvfp4Op,
         LinearInt4Op,

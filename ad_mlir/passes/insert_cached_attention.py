@@ -12,7 +12,10 @@ matches, in the table's order, over cache arguments it adds (marked `ad.cache = 
 
 In the slot form the metadata is, once per function, `cache_slots` and `cache_starts`
 (tensor<?xi64>: each batch row's cache slot and the tokens that slot already holds), marked
-`ad.cache_slots` / `ad.cache_starts`; with `logits-indices=true` (as `ad_mlir.LLM` compiles) also
+`ad.cache_slots` / `ad.cache_starts`; the slot form is a configuration of the paged one (a slot
+is a page of max-seq-len tokens): attention and MLA read the slots as block tables one page wide
+(`cache_slots` unsqueezed to [batch, 1]) and their caches are the pools, each batch row one
+sequence; with `logits-indices=true` (as `ad_mlir.LLM` compiles) also
 `logits_indices` (tensor<?xi64>, marked `ad.logits_indices`): the step's token indices whose
 logits are computed, in every row (a prefill wants its last token's only), gathered before the
 LM head as in the paged form (`cache/logits.py`).
@@ -52,9 +55,10 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DYNAMIC_INDEX, ModuleOp, TensorType, i64
+from xdsl.dialects.builtin import DYNAMIC_INDEX, IntegerAttr, ModuleOp, TensorType, i64
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
 
@@ -105,7 +109,7 @@ class InsertCachedAttentionPass(ModulePass):
     """Tokens a slot holds (prompt + generated); with `paged`, the most a sequence holds (the
     length at which masks are evaluated)."""
     paged: bool = False
-    """`ad.paged_attention` over page pools and one flattened batch (module docstring)."""
+    """Attention over page pools of `page-size` tokens and one flattened batch (module docstring)."""
     page_size: int = 16
     """With `paged`: tokens a page holds (a power of two)."""
     num_pages: int = 256
@@ -136,7 +140,7 @@ class InsertCachedAttentionPass(ModulePass):
         if cached:
             slots = _metadata_argument(fn, "cache_slots", ad.CACHE_SLOTS_ATTR)
             starts = _metadata_argument(fn, "cache_starts", ad.CACHE_STARTS_ATTR)
-            site = self._site(fn, starts, slots)
+            site = self._site(fn, starts, slots, block_tables=_slot_tables(fn, slots))
             for mixer, f in cached:
                 mixer.cache(site, f.matches)
             region_dce(fn.body)
@@ -190,6 +194,16 @@ class InsertCachedAttentionPass(ModulePass):
 def _metadata_argument(fn: func.FuncOp, name: str, attr: str) -> SSAValue:
     """A new int64 [?] argument `name`, marked by `attr`."""
     return append_argument(fn, TensorType(i64, [DYNAMIC_INDEX]), {ad.INPUT_ATTR: name, attr: ""})
+
+
+def _slot_tables(fn: func.FuncOp, slots: SSAValue) -> SSAValue:
+    """The slot form's block tables [batch, 1]: each row's slot, the one page of max-seq-len
+    tokens its sequence holds (dropped with the dead code where no mixer reads it)."""
+    table = ad.UnsqueezeOp.build(operands=[slots], properties={"dim": IntegerAttr(1, i64)},
+                                 result_types=[TensorType(i64, [DYNAMIC_INDEX, 1])])
+    table.result.name_hint = "block_tables"
+    Rewriter.insert_op(table, InsertPoint.at_start(fn.body.block))
+    return table.result
 
 
 def _refuse_unpageable(found: Mixers) -> None:

@@ -440,7 +440,6 @@ SPECS: tuple[OpSpec, ...] = (
         OpSpec(cls, (Overload(f"{torch_ops.NAMESPACE}.{cls.name.removeprefix('ad.')}.default"),))
         for cls in (
             ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
-            ad.PagedAttentionOp,
             ad.CachedCausalConv1dOp, ad.CachedTokenWindowOp,
             ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
             ad.PagedMlaAttentionOp,

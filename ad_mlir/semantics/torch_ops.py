@@ -474,8 +474,8 @@ def cached_attention(
     sin: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    starts: torch.Tensor,
+    block_tables: torch.Tensor,
+    cache_starts: torch.Tensor,
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
@@ -491,67 +491,89 @@ def cached_attention(
     compressed: torch.Tensor | None = None,
     compressed_cache: torch.Tensor | None = None,
     selected: torch.Tensor | None = None,
+    query_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), the new
-    key/value written into each row's cache slot after the tokens it holds, then attention over
-    the slot's first start + seq positions, causal with offset (and within `window`), the scores
+    """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), then sequence
+    by sequence (batch row s, or with `query_starts` its new tokens `query_starts[s]` ..
+    `query_starts[s + 1]` of the one flattened row, after the `cache_starts[s]` it holds) the new
+    keys/values written into its pages through its block table, and attention over its
+    positions 0 .. start + seq - 1, causal with offset (and within `window`), the scores
     soft-capped with `softcap`, ALiBi's `slope * (key - query position)` added (`alibi_slopes`),
-    each query's bias by backward distance added (`distance_bias`), each head's (or each token's)
-    sink logit in its softmax (`sinks`); with `compressed`, its entries (each its own key and
-    value) written into `compressed_cache` the same way and attended in the same softmax, causal
-    with offset, without the window (with `selected`, only those it lists). One row at a time: the
-    reference reads each row's slot and start on the host."""
+    each query's bias by backward distance added (`distance_bias`), each head's (or each
+    token's) sink logit in its softmax (`sinks`); with `compressed`, its entries (each its own
+    key and value) written into `compressed_cache` the same way and attended in the same
+    softmax, causal with offset, without the window (with `selected`, only those it lists).
+    Steps where every sequence brings one token are computed together (`_decodes`). The
+    reference reads the metadata on the host."""
     query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
                                 qk_norm_offset, qk_norm_weight_in_fp32)
+    batched = query_starts is None
+    bounds = None if batched else query_starts.tolist()
+    seqs = cache_starts.shape[0]
+    one_token = query.shape[2] == 1 if batched else bounds[-1] == seqs
+    plain = softcap is None and sinks is None and alibi_slopes is None and distance_bias is None
+    if one_token and plain and compressed is None and seqs > 1:
+        if not batched:
+            return _decodes(query, key, value, k_cache, v_cache, cache_starts, block_tables, scale, window)
+        # the batch rows' one token each, viewed as one flattened row [1, heads, seqs, d] and back
+        flat = [x.transpose(0, 2) for x in (query, key, value)]
+        return _decodes(*flat, k_cache, v_cache, cache_starts, block_tables, scale, window).transpose(0, 2)
+    out = query.new_empty((*query.shape[:3], value.shape[3]))
+    if not batched:
+        _flattened_decodes(query, key, value, k_cache, v_cache, cache_starts, block_tables, scale, window, bounds,
+                           out if plain else None)
     per_token = sinks is not None and sinks.dim() == 3  # [batch, heads, seq]: each token's own
-    rows = []
-    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
+    for s, (start, pages) in enumerate(zip(cache_starts.tolist(), block_tables.tolist(), strict=True)):
+        rows = slice(None) if batched else slice(bounds[s], bounds[s + 1])
+        b = s if batched else 0
+        if not batched and plain and bounds[s + 1] - bounds[s] == 1:
+            continue  # computed by _flattened_decodes
+        q, k_new, v_new = (x[b, :, rows] for x in (query, key, value))
+        k = _sequence_positions(k_cache, pages, start, k_new)
+        v = _sequence_positions(v_cache, pages, start, v_new)
         if compressed is not None and compressed_cache is not None:
-            rows.append(_write_and_attend_compressed(query[b], key[b], value[b], compressed[b], k_cache[slot],
-                                                     v_cache[slot], compressed_cache[slot], start, scale, window,
-                                                     sinks, selected[b] if selected is not None else None))
+            entries = _sequence_positions(compressed_cache, pages, start, compressed[b])
+            out[b] = _attend_with_compressed(q, k, v, entries, start, scale, window, sinks,
+                                             selected[b] if selected is not None else None)
         else:
-            rows.append(_write_and_attend(query[b], key[b], value[b], k_cache[slot], v_cache[slot], start, scale,
-                                          window, softcap, sinks[b] if per_token else sinks, alibi_slopes,
-                                          distance_bias[b] if distance_bias is not None else None))
-    return rows[0][None] if len(rows) == 1 else torch.stack(rows)
+            out[b, :, rows] = _attend_over_prefix(
+                q, k, v, start, scale, window, softcap, sinks[b] if per_token else sinks, alibi_slopes,
+                distance_bias[b, :, rows] if distance_bias is not None else None)
+    return out
 
 
-def _write_and_attend_compressed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                 compressed: torch.Tensor, k_slot: torch.Tensor, v_slot: torch.Tensor,
-                                 c_slot: torch.Tensor, start: int, scale: float, window: int | None,
-                                 sinks: torch.Tensor | None, selected: torch.Tensor | None) -> torch.Tensor:
-    """One row of `cached_attention` with compressed entries: the new keys, values and entries
-    [kv_heads, seq, d] written from `start`, then one softmax of its queries over the slot's keys
-    (within `window`) and its entries (causal only; with `selected` [seq, k], only those listed),
-    HF's `cat([kv, compressed_kv], dim=2)`."""
-    end = start + query.shape[1]
-    k_slot[start:end] = key.transpose(0, 1)
-    v_slot[start:end] = value.transpose(0, 1)
-    c_slot[start:end] = compressed.transpose(0, 1)
+def _sequence_positions(pool: torch.Tensor, pages: list[int], start: int, new: torch.Tensor) -> torch.Tensor:
+    """`new` [kv_heads, n, d] written at positions start .. start + n - 1 of the sequence whose
+    page ids are `pages` in `pool` [pages, page_size, kv_heads, d], and the sequence's positions
+    [start + n, kv_heads, d]: a view of its page where one page holds them (a slot)."""
+    page_size, end = pool.shape[1], start + new.shape[1]
+    if end <= page_size:
+        rows = pool[pages[0]]
+        rows[start:end] = new.transpose(0, 1)
+        return rows[:end]
+    used = torch.tensor(pages[:-(-end // page_size)], device=pool.device)
+    positions = torch.arange(start, end, device=pool.device)
+    pool[used[positions // page_size], positions % page_size] = new.transpose(0, 1)
+    return pool[used].flatten(0, 1)[:end]
+
+
+def _attend_with_compressed(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, entries: torch.Tensor, start: int,
+                            scale: float, window: int | None, sinks: torch.Tensor | None,
+                            selected: torch.Tensor | None) -> torch.Tensor:
+    """One sequence's queries [heads, seq, d] at positions start.. in one softmax over its keys
+    (within `window`) and its compressed entries (causal only; with `selected` [seq, k], only
+    those listed), each [end, kv_heads, d]: HF's `cat([kv, compressed_kv], dim=2)`."""
+    end = k.shape[0]
     positions = torch.arange(start, end, device=query.device)
-    entries = _keys_seen(positions, end, None)
+    seen = _keys_seen(positions, end, None)
     if selected is not None:  # a column of its own for -1, dropped after
         listed = torch.zeros(selected.shape[0], end + 1, dtype=torch.bool, device=query.device)
-        entries = entries & listed.scatter(1, torch.where(selected >= 0, selected, end), True)[:, :end]
-    allowed = torch.cat([_keys_seen(positions, end, window), entries], dim=-1)
-    groups = query.shape[0] // key.shape[0]
-    keys = torch.cat([k_slot[:end], c_slot[:end]]).transpose(0, 1).repeat_interleave(groups, dim=0)
-    values = torch.cat([v_slot[:end], c_slot[:end]]).transpose(0, 1).repeat_interleave(groups, dim=0)
+        seen = seen & listed.scatter(1, torch.where(selected >= 0, selected, end), True)[:, :end]
+    allowed = torch.cat([_keys_seen(positions, end, window), seen], dim=-1)
+    groups = query.shape[0] // k.shape[1]
+    keys = torch.cat([k, entries]).transpose(0, 1).repeat_interleave(groups, dim=0)
+    values = torch.cat([v, entries]).transpose(0, 1).repeat_interleave(groups, dim=0)
     return _eager_attention(query, keys, values, allowed, scale, None, sinks)
-
-
-def _write_and_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_slot: torch.Tensor,
-                      v_slot: torch.Tensor, start: int, scale: float, window: int | None, softcap: float | None,
-                      sinks: torch.Tensor | None, alibi_slopes: torch.Tensor | None,
-                      distance_bias: torch.Tensor | None) -> torch.Tensor:
-    """One row of `cached_attention`: its new keys/values [kv_heads, seq, d] written into its
-    slot [max_seq, kv_heads, d] from `start`, then its queries over the slot's positions."""
-    end = start + query.shape[1]
-    k_slot[start:end] = key.transpose(0, 1)
-    v_slot[start:end] = value.transpose(0, 1)
-    return _attend_over_prefix(query, k_slot[:end], v_slot[:end], start, scale, window, softcap, sinks, alibi_slopes,
-                               distance_bias)
 
 
 def _new_query_key(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
@@ -651,81 +673,34 @@ def _eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 @cached_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-      k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, scale: float,
-      window: int | None = None, softcap: float | None = None, interleaved: bool = False,
+      k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, cache_starts: torch.Tensor,
+      scale: float, window: int | None = None, softcap: float | None = None, interleaved: bool = False,
       q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
       qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
       sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-      distance_bias: torch.Tensor | None = None,
-      compressed: torch.Tensor | None = None, compressed_cache: torch.Tensor | None = None,
-      selected: torch.Tensor | None = None) -> torch.Tensor:
+      distance_bias: torch.Tensor | None = None, compressed: torch.Tensor | None = None,
+      compressed_cache: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+      query_starts: torch.Tensor | None = None) -> torch.Tensor:
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
-@_writing_op("paged_attention", mutates_args=("k_pages", "v_pages"))
-def paged_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cos: torch.Tensor | None,
-    sin: torch.Tensor | None,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
-    query_starts: torch.Tensor,
-    cache_starts: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-    interleaved: bool = False,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-    qk_norm_eps: float | None = None,
-    qk_norm_offset: float = 0.0,
-    qk_norm_weight_in_fp32: bool = False,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    distance_bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`ad.paged_attention`: QK-norm and RoPE on the new query/key (when given), then sequence
-    by sequence (its new tokens `query_starts[s]` .. `query_starts[s + 1]`, after the
-    `cache_starts[s]` it holds) the new keys/values written into its pages through its block
-    table, and attention over its positions as `cached_attention`'s. The reference reads the
-    metadata on the host."""
-    query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
-                                qk_norm_offset, qk_norm_weight_in_fp32)
-    out = query.new_empty((*query.shape[:3], value.shape[3]))
-    bounds, starts = query_starts.tolist(), cache_starts.tolist()
-    # the forms `_paged_decodes` computes
-    batched = softcap is None and sinks is None and alibi_slopes is None and distance_bias is None
-    decodes = [s for s in range(len(starts)) if batched and bounds[s + 1] - bounds[s] == 1]
-    if decodes and len(decodes) == len(starts):
-        return _paged_decodes(query, key, value, k_pages, v_pages, cache_starts, block_tables, scale, window)
-    if decodes:
-        rows, chosen = torch.tensor([bounds[s] for s in decodes]), torch.tensor(decodes)
-        out[:, :, rows] = _paged_decodes(query[:, :, rows], key[:, :, rows], value[:, :, rows], k_pages, v_pages,
-                                         cache_starts[chosen], block_tables[chosen], scale, window)
-    page_size = k_pages.shape[1]
-    for s in [s for s in range(len(starts)) if s not in decodes]:
-        first, last, start = bounds[s], bounds[s + 1], starts[s]
-        end = start + last - first
-        pages = block_tables[s, :-(-end // page_size)]
-        positions = torch.arange(start, end, device=query.device)
-        rows = pages[positions // page_size], positions % page_size
-        k_pages[rows] = key[0, :, first:last].transpose(0, 1)
-        v_pages[rows] = value[0, :, first:last].transpose(0, 1)
-        k = k_pages[pages].flatten(0, 1)[:end]
-        v = v_pages[pages].flatten(0, 1)[:end]
-        out[0, :, first:last] = _attend_over_prefix(
-            query[0, :, first:last], k, v, start, scale, window, softcap, sinks, alibi_slopes,
-            distance_bias[0, :, first:last] if distance_bias is not None else None)
-    return out
+def _flattened_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                       window: int | None, bounds: list[int], out: torch.Tensor | None) -> None:
+    """Into `out` (None: nothing to do, the attention has a form `_decodes` does not compute),
+    the rows of the flattened sequences that bring one token, computed together (`_decodes`)."""
+    decodes = [s for s in range(len(bounds) - 1) if bounds[s + 1] - bounds[s] == 1]
+    if out is None or not decodes:
+        return
+    rows, chosen = torch.tensor([bounds[s] for s in decodes]), torch.tensor(decodes)
+    out[:, :, rows] = _decodes(query[:, :, rows], key[:, :, rows], value[:, :, rows], k_cache, v_cache,
+                               cache_starts[chosen], block_tables[chosen], scale, window)
 
 
-def _paged_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_pages: torch.Tensor,
-                   v_pages: torch.Tensor, cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                   window: int | None) -> torch.Tensor:
-    """`paged_attention` of sequences that each bring one token (decodes): the new K/V written
+def _decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float,
+             window: int | None) -> torch.Tensor:
+    """`cached_attention` of sequences that each bring one token (decodes): the new K/V written
     at each one's position, then attention over every sequence's positions gathered to the
     longest, masked by each one's length (and window), rather than a call per sequence. The
     query heads are grouped by the K/V head they read ([seqs, kv_heads, group, d]), so neither
@@ -733,14 +708,14 @@ def _paged_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     kernel reads the gathered K/V strided, where separate matmuls and a softmax needed them
     copied contiguous (measured on 2 CPU cores, SmolLM2's heads, 4 sequences of 80 tokens:
     240 -> 140 us a layer)."""
-    page_size, kv_heads, dk, dv = k_pages.shape[1], k_pages.shape[2], k_pages.shape[3], v_pages.shape[3]
-    k_rows, v_rows = k_pages.view(-1, kv_heads, dk), v_pages.view(-1, kv_heads, dv)
+    page_size, kv_heads, dk, dv = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
+    k_rows, v_rows = k_cache.view(-1, kv_heads, dk), v_cache.view(-1, kv_heads, dv)
     written = block_tables.gather(1, (cache_starts // page_size)[:, None])[:, 0] * page_size + cache_starts % page_size
     k_rows.index_copy_(0, written, key[0].transpose(0, 1))
     v_rows.index_copy_(0, written, value[0].transpose(0, 1))
     seqs, longest = cache_starts.shape[0], int(cache_starts.max()) + 1
     positions = torch.arange(longest, device=query.device)
-    pages = block_tables[:, positions // page_size].clamp(0, k_pages.shape[0] - 1)  # past a sequence: masked
+    pages = block_tables[:, positions // page_size].clamp(0, k_cache.shape[0] - 1)  # past a sequence: masked
     read = (pages * page_size + positions % page_size).flatten()
     k = k_rows.index_select(0, read).view(seqs, longest, kv_heads, dk).transpose(1, 2)
     v = v_rows.index_select(0, read).view(seqs, longest, kv_heads, dv).transpose(1, 2)
@@ -749,17 +724,6 @@ def _paged_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     seen = None if seqs == 1 and window is None else _keys_seen(cache_starts, longest, window)[:, None, None]
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale)
     return out.reshape(seqs, -1, dv).transpose(0, 1)[None]
-
-
-@paged_attention.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-      k_pages: torch.Tensor, v_pages: torch.Tensor, query_starts: torch.Tensor, cache_starts: torch.Tensor,
-      block_tables: torch.Tensor, scale: float, window: int | None = None, softcap: float | None = None,
-      interleaved: bool = False, q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-      qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0, qk_norm_weight_in_fp32: bool = False,
-      sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-      distance_bias: torch.Tensor | None = None) -> torch.Tensor:
-    return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
 @_writing_op("cached_mla_attention", mutates_args=("cache",))
@@ -1313,7 +1277,7 @@ replaces them by their cached ops (`cached_ssm_scan`, `cached_gated_delta_rule`,
 REFERENCE_OPS = frozenset(
     f"{NAMESPACE}.{name}.default"
     for name in ("rms_norm", "add_rms_norm", "silu_and_mul", "quantize_fp8", "quantize_fp8_dynamic", "dequantize_fp8",
-                 "linear_fp8", "linear_fp8_block", "linear_int4", "rope", "rope_attention", "cached_attention", "paged_attention", "cached_causal_conv1d",
+                 "linear_fp8", "linear_fp8_block", "linear_int4", "rope", "rope_attention", "cached_attention", "cached_causal_conv1d",
                  "cached_token_window",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",

@@ -9,7 +9,7 @@ bias times tau = 1 + alpha log(max(position + 1, n_floor) / n_floor), from the s
 positions), both reached by the prompts; tokens
 against HF `generate` (three prompts in two slots), per-step logits (prefill and 4 decode steps)
 against HF's full-prefix forward, with the kernels as their reference and in the Triton
-interpreter; the paged form (`ad.paged_attention` with the bias, positions from `position_ids`)
+interpreter; the paged form (`ad.cached_attention` over pages with the bias, positions from `position_ids`)
 once, its tokens against HF's (its kernel in tests/unit/test_paged_attention.py).
 
 Inkling2's layers add a sink logit per token and head (`sink_proj` of the hidden state, the
@@ -94,7 +94,7 @@ def test_in_the_interpreter(inkling, monkeypatch: pytest.MonkeyPatch) -> None:  
 def test_the_paged_form_generates_hf_greedy_tokens(inkling) -> None:  # noqa: ANN001
     model, _ = inkling
     llm = ad_mlir.LLM(model, max_batch=2, max_seq_len=32, page_size=4)
-    assert sum(isinstance(op, ad.PagedAttentionOp) and op.distance_bias is not None
+    assert sum(isinstance(op, ad.CachedAttentionOp) and op.query_starts is not None and op.distance_bias is not None
                for op in llm.program.function.body.walk()) == 2
     with reference_kernels():
         outputs = llm.generate(PROMPTS, max_new_tokens=8)
@@ -197,7 +197,7 @@ def test_an_inkling2_decode_step_without_a_window_is_wrong(inkling2, window: str
 
 
 def test_inkling2_paged_form_is_refused_by_its_sinks() -> None:
-    """`ad.paged_attention` takes sinks per head only: the paged form refuses the sinks per token
+    """`ad.cached_attention` over pages takes sinks per head only: the paged form refuses the sinks per token
     by name, as a `PerSequenceState` (what `paged_where_possible` falls back to the slot form on).
     One sliding layer: a full layer's token windows are refused first (per-slot states)."""
     with pytest.raises(PerSequenceState, match=r"model\.layers\.0\.self_attn: its sink logits are one per token"):

@@ -166,8 +166,8 @@ def test_the_paged_llm(paged) -> None:
     _, llm = paged["mistral"]
     assert (llm.page_size, llm.num_pages, llm.cache_tokens) == (PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES)
     assert {tuple(c.shape) for c in llm.caches.values()} == {(NUM_PAGES, PAGE_SIZE, 1, 32)} and len(llm.caches) == 4
-    ops = [op for op in llm.program.module.walk() if isinstance(op, ad.PagedAttentionOp)]
-    assert len(ops) == 2 and all(op.window is not None and op.window.value.data == 6 for op in ops)
+    ops = [op for op in llm.program.module.walk() if isinstance(op, ad.CachedAttentionOp)]
+    assert len(ops) == 2 and all(op.query_starts is not None and op.window is not None and op.window.value.data == 6 for op in ops)
     assert llm.inputs[:2] == ["input_ids", "position_ids"]
     with pytest.raises(ValueError, match="compiled in the paged form: run it with forward_flat"):
         llm.step(torch.tensor([[1]]), torch.tensor([[0]]), [0], [0])
@@ -176,7 +176,7 @@ def test_the_paged_llm(paged) -> None:
 def test_llama_in_the_interpreter(paged, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same steps with every kernel in the Triton interpreter, the paged attention's included."""
     model, llm = paged["smollm2"]
-    assert any(name.startswith("paged_attention") for name in graph_kernels(llm.graph)), llm.graph.code
+    assert any(name.startswith("cached_attention") for name in graph_kernels(llm.graph)), llm.graph.code
     _assert_tokens_are_hf(model, _run_schedule(model, llm, ATOL["smollm2"], lambda: kernels_ran(monkeypatch)))
 
 

@@ -49,7 +49,7 @@ def test_the_caches_are_latent_pools(paged_mla) -> None:  # noqa: ANN001
     assert all(c.dtype == torch.float32 for c in llm.caches.values())
     assert llm.token_bytes == dict.fromkeys(LAYERS, (RANK + ROPE) * 4)
     ops = [type(op) for op in llm.program.function.body.walk()]
-    assert ops.count(ad.PagedMlaAttentionOp) == 2 and ad.PagedAttentionOp not in ops
+    assert ops.count(ad.PagedMlaAttentionOp) == 2 and ad.CachedAttentionOp not in ops
 
 
 def test_flattened_steps_match_hf(paged_mla) -> None:  # noqa: ANN001

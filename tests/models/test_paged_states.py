@@ -98,7 +98,7 @@ def test_nemotron_h_in_the_interpreter(hybrids, monkeypatch: pytest.MonkeyPatch)
     the paged attention's, within the same fp32 tolerance."""
     model, llm = hybrids["nemotron_h"]
     kernels = graph_kernels(llm.graph)
-    for op in (*STATE_OPS["nemotron_h"], ad.PagedAttentionOp):
+    for op in (*STATE_OPS["nemotron_h"], ad.CachedAttentionOp):
         assert any(name.startswith(op.name.removeprefix("ad.")) for name in kernels), (op.name, kernels)
     _assert_tokens_are_hf(model, _run_schedule(model, llm, 1e-5, lambda: kernels_ran(monkeypatch)))
 

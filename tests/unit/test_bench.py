@@ -330,7 +330,7 @@ def test_the_launch_part_times_every_kernel_of_a_step_through_the_launcher_not_t
     monkeypatch.setattr(kernels, "run_reference", no_reference)
     rows = run_launch(calls=2, repeats=1)
     kernel_rows, (step,) = rows[:-1], rows[-1:]
-    assert {r["kernel"].rsplit("_", 1)[0] for r in kernel_rows} >= {"rms_norm", "add_rms_norm", "paged_attention",
+    assert {r["kernel"].rsplit("_", 1)[0] for r in kernel_rows} >= {"rms_norm", "add_rms_norm", "cached_attention",
                                                                      "silu_and_mul"}
     assert all(r[f"{path}_us"] > 0 for r in kernel_rows for path in ("op", "direct", "launcher"))
     assert step["kind"] == "step" and step["kernels"] >= len(kernel_rows) and step["op_us"] > 0

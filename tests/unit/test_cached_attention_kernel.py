@@ -119,8 +119,9 @@ class Case:
                          ] if distance_extent else []
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.q, self.k, self.v, *self.tables, *self.norm_weights, self.k_cache, self.v_cache, self.slots,
-                self.starts, *self.sinks, *self.alibi, *self.distance]
+        # the slot form: each row's block table is its slot, one page of max_seq positions
+        return [self.q, self.k, self.v, *self.tables, *self.norm_weights, self.k_cache, self.v_cache,
+                self.slots[:, None], self.starts, *self.sinks, *self.alibi, *self.distance]
 
 
 def _alibi_slopes(heads: int) -> torch.Tensor:
@@ -278,12 +279,12 @@ def test_attention_sinks_prefill_and_decode(build, dtype: torch.dtype, window: i
     for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
         case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, seed=seq, sinks=True)
         k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-        reference = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots,
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots[:, None],
                                                case.starts, spec.scale, window, sinks=case.sinks[0])
         out = _check(build(spec), case, spec)
         _assert_close(out, reference, TOLERANCE[dtype])
         sinkless = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache.clone(), v_cache.clone(),
-                                              case.slots, case.starts, spec.scale, window)
+                                              case.slots[:, None], case.starts, spec.scale, window)
         assert (out.float() - sinkless.float()).abs().max() > 0.1
 
 
@@ -298,7 +299,7 @@ def test_a_value_head_dim_of_its_own(build, dtype: torch.dtype, head_dim: int, v
     for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
         case = Case(starts, seq, 4, 2, head_dim, dtype, max_seq=max_seq, rope=False, seed=seq, v_head_dim=v_head_dim)
         k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots[:, None],
                                                case.starts, spec.scale)
         out = _check(build(spec), case, spec)
         assert out.shape == (len(starts), 4, seq, v_head_dim)
@@ -316,12 +317,12 @@ def test_alibi_prefill_and_decode(build, dtype: torch.dtype) -> None:  # noqa: A
     for seq, starts, max_seq in ((9, [0, 21], 64), (1, [3, 70, 200], 256)):
         case = Case(starts, seq, 6, 2, 64, dtype, max_seq=max_seq, rope=False, seed=seq, alibi=True)
         k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots[:, None],
                                                case.starts, spec.scale, alibi_slopes=case.alibi[0])
         out = _check(build(spec), case, spec)
         _assert_close(out, reference, TOLERANCE[dtype])
         plain = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache.clone(), v_cache.clone(),
-                                           case.slots, case.starts, spec.scale)
+                                           case.slots[:, None], case.starts, spec.scale)
         assert (out.float() - plain.float()).abs().max() > 0.1
 
 
@@ -337,7 +338,7 @@ def test_qk_norm_prefill_and_decode(build, norm: QkNorm, dtype: torch.dtype) -> 
         case = Case(starts, seq, 4, 2, 64, spec.dtype, max_seq=64, seed=seq, qk_norm=norm)
         k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
         reference = torch_ops.cached_attention(
-            case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots, case.starts, spec.scale,
+            case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots[:, None], case.starts, spec.scale,
             q_norm_weight=case.norm_weights[0], k_norm_weight=case.norm_weights[1], qk_norm_eps=norm.eps,
             qk_norm_offset=norm.offset, qk_norm_weight_in_fp32=norm.weight_in_fp32)
         out = _check(build(spec), case, spec)
@@ -416,7 +417,7 @@ def test_matches_the_ops_reference(build, head_dim: int, rotary_dim: int | None,
         case = Case(starts, seq, 4, 2, head_dim, spec.dtype, max_seq=32, seed=seq, rotary_dim=rotary_dim,
                     interleaved=interleaved)
         k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-        expected = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots,
+        expected = torch_ops.cached_attention(case.q, case.k, case.v, *case.tables, k_cache, v_cache, case.slots[:, None],
                                               case.starts, spec.scale, spec.window, interleaved=interleaved)
         out = _check(build(spec), case, spec)
         _assert_close(out, expected, TOLERANCE[spec.dtype])
@@ -454,7 +455,7 @@ def test_other_slots_and_positions_are_untouched(build) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize(("cache", "message"), [
     (lambda c: c.to(torch.bfloat16), r"k_cache is torch.bfloat16 .* expected torch.float32"),
-    (lambda c: c[:, :, :1], r"k_cache is torch.float32 \(3, 16, 1, 64\), expected .*\[slots, max_seq, 2, 64\]"),
+    (lambda c: c[:, :, :1], r"k_cache is torch.float32 \(3, 16, 1, 64\), expected .*\[pages, page_size, 2, 64\]"),
 ])
 def test_a_cache_of_the_wrong_dtype_or_shape_is_refused(build, cache: Callable, message: str) -> None:  # noqa: ANN001
     spec = _spec(64)
@@ -570,7 +571,7 @@ def _launch_specs(module: ModuleType, dtype: torch.dtype, heads: int, kv_heads: 
                    _meta(batch, kv_heads, seq, v_dim, dtype=dtype),
                    *([_meta(batch, seq, rotary_dim, dtype=dtype)] * 2 if rotary_dim else []), *weights,
                    _meta(16, 8192, kv_heads, head_dim, dtype=dtype), _meta(16, 8192, kv_heads, v_dim, dtype=dtype),
-                   *[_meta(batch, dtype=torch.int64)] * 2,
+                   _meta(batch, 1, dtype=torch.int64), _meta(batch, dtype=torch.int64),
                    *(trailing[batch, seq] if isinstance(trailing, dict) else trailing)]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
@@ -600,7 +601,7 @@ def test_distance_bias_reference(dtype: torch.dtype) -> None:
         case = Case(starts, seq, 6, 2, 64, dtype, max_seq=64, rope=False, seed=seq, distance_extent=6)
         expected, k_cache, v_cache = _expected(case, 0.125, window=9)
         reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, case.k_cache, case.v_cache,
-                                               case.slots, case.starts, 0.125, 9, distance_bias=case.distance[0])
+                                               case.slots[:, None], case.starts, 0.125, 9, distance_bias=case.distance[0])
         _assert_close(reference, expected, TOLERANCE[dtype])
         _assert_close(case.k_cache, k_cache, 0.0)
         plain = _expected(Case(starts, seq, 6, 2, 64, dtype, max_seq=64, rope=False, seed=seq), 0.125, window=9)[0]
@@ -632,10 +633,10 @@ def test_sinks_per_token_prefill_and_decode(build, dtype: torch.dtype) -> None: 
         g = torch.Generator().manual_seed(seq)
         case.sinks = [(torch.randn(len(starts), seq, 6, generator=g) * 2).to(dtype).to(DEVICE).transpose(1, 2)]
         k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots,
+        reference = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache, v_cache, case.slots[:, None],
                                                case.starts, spec.scale, 5, sinks=case.sinks[0])
         out = _check(build(spec), case, spec)
         _assert_close(out, reference, TOLERANCE[dtype])
         per_head = torch_ops.cached_attention(case.q, case.k, case.v, None, None, k_cache.clone(), v_cache.clone(),
-                                              case.slots, case.starts, spec.scale, 5, sinks=case.sinks[0][0, :, 0])
+                                              case.slots[:, None], case.starts, spec.scale, 5, sinks=case.sinks[0][0, :, 0])
         assert (out.float() - per_head.float()).abs().max() > 0.1

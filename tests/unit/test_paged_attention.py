@@ -1,8 +1,9 @@
-"""`ad.paged_attention`'s torch reference (`torch_ops.paged_attention`) and its kernel template
+"""`ad.cached_attention`'s paged form (one flattened batch, `query_starts`, block tables over
+pages of 4 tokens): its torch reference (`torch_ops.cached_attention`) and its kernel template
 (in the Triton interpreter on CPU, conftest sets TRITON_INTERPRET=1 where CUDA is absent),
-against the slot form: each sequence of a flattened step is, on its own, an
-`ad.cached_attention` row whose slot holds what its pages hold (that op's reference is checked
-against eager torch and HF in test_cached_attention_kernel.py and the generation tests). Pages
+against the slot form: each sequence of a flattened step is, on its own, a batch row whose
+slot (one page of every position) holds what its pages hold (that form is checked against
+eager torch and HF in test_cached_attention_kernel.py and the generation tests). Pages
 are filled with random values (stale tokens), the block tables list each sequence's pages out
 of order in the pool, and the sequences of one call mix chunked prefill, prefill from 0 and
 decode, across page boundaries, with GQA, two sequences sharing a full first page (prefix
@@ -22,8 +23,13 @@ import torch
 from template_modules import template_builder
 
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.codegen.templates.cached_attention_kernel import DECODE, PREFILL, REDUCE
-from ad_mlir.codegen.templates.paged_attention_kernel import PagedAttentionSpec, emit_paged_attention_module
+from ad_mlir.codegen.templates.cached_attention_kernel import (
+    DECODE,
+    PREFILL,
+    REDUCE,
+    CachedAttentionSpec,
+    emit_cached_attention_module,
+)
 from ad_mlir.dialects.ad import QkNorm
 from ad_mlir.semantics import torch_ops
 
@@ -75,8 +81,10 @@ class Step:
         self.tables = [emb.cos().to(self.dtype), emb.sin().to(self.dtype)] if self.rope else [None, None]
 
     def paged_arguments(self) -> list:
-        return [self.q, self.k, self.v, *self.tables, self.k_pages, self.v_pages, self.query_starts,
-                self.cache_starts, self.block_tables]
+        """The op's operands up to `cache_starts` (`query_starts` follows in the op, and is the
+        reference's keyword)."""
+        return [self.q, self.k, self.v, *self.tables, self.k_pages, self.v_pages, self.block_tables,
+                self.cache_starts]
 
     def slot_form(self, **options: Any) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """What `cached_attention` gives, sequence by sequence, from a slot holding what the
@@ -93,7 +101,7 @@ class Step:
             per_token = {"distance_bias": options["distance_bias"][:, :, rows]} if "distance_bias" in options else {}
             out[:, :, rows] = torch_ops.cached_attention(
                 self.q[:, :, rows], self.k[:, :, rows], self.v[:, :, rows], *tables, k_cache, v_cache,
-                torch.tensor([0]), torch.tensor([start]), self.head_dim**-0.5, **(options | per_token))
+                torch.tensor([[0]]), torch.tensor([start]), self.head_dim**-0.5, **(options | per_token))
             keys.append(k_cache[0, :start + n])
             values.append(v_cache[0, :start + n])
         return out, keys, values
@@ -124,7 +132,7 @@ def test_reference_is_the_slot_form_per_sequence(name: str, window: int | None) 
     k_pages, v_pages = step.k_pages.clone(), step.v_pages.clone()
     args = step.paged_arguments()
     args[5:7] = k_pages, v_pages
-    got = torch_ops.paged_attention(*args, step.head_dim**-0.5, window)
+    got = torch_ops.cached_attention(*args, step.head_dim**-0.5, window, query_starts=step.query_starts)
     # bit for bit where no sequence decodes; a step's decodes run as one attention over every
     # decoding sequence, not the CPU flash kernel per sequence: the same sums in another order
     # (fp32's default tolerance)
@@ -149,15 +157,15 @@ in the last bits (test_cached_attention_kernel.py's bound; measured 4.8e-7 here)
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[PagedAttentionSpec], ModuleType]:
+def build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[CachedAttentionSpec], ModuleType]:
     return template_builder(tmp_path_factory.mktemp("paged_attention_kernels"), "paged_attn",
-                            emit_paged_attention_module)
+                            emit_cached_attention_module)
 
 
-def _spec(step: Step, **options: Any) -> PagedAttentionSpec:
+def _spec(step: Step, **options: Any) -> CachedAttentionSpec:
     v_dim = step.v_head_dim if step.v_head_dim != step.head_dim else None
-    return PagedAttentionSpec(step.head_dim, step.dtype, step.head_dim**-0.5, step.rope,
-                              step.dtype if step.rope else None, v_head_dim=v_dim, page_size=PAGE, **options)
+    return CachedAttentionSpec(step.head_dim, step.dtype, step.head_dim**-0.5, step.rope,
+                               step.dtype if step.rope else None, v_head_dim=v_dim, flattened=True, **options)
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor, k_eps: float) -> None:
@@ -177,7 +185,7 @@ def _check_kernel(build: Callable, step: Step, **options: Any) -> None:  # noqa:
     args = step.paged_arguments()
     args[5:7] = k_pages, v_pages
     weights = [options[n] for n in ("q_norm_weight", "k_norm_weight") if n in options]
-    tensors = [t for t in args[:5] if t is not None] + weights + args[5:]
+    tensors = [t for t in args[:5] if t is not None] + weights + args[5:] + [step.query_starts]
     tensors += [options[n] for n in ("sinks", "alibi_slopes", "distance_bias") if n in options]
     out, = module.launch(getattr(module, module.kernel_name), tensors, [])
     _close(out, expected, TOLERANCE[step.dtype])
@@ -230,7 +238,7 @@ def test_distance_bias(build, decode: bool) -> None:  # noqa: ANN001
     expected = step.slot_form(window=6, distance_bias=bias)[0]
     args = step.paged_arguments()
     args[5:7] = step.k_pages.clone(), step.v_pages.clone()
-    got = torch_ops.paged_attention(*args, step.head_dim**-0.5, 6, distance_bias=bias)
+    got = torch_ops.cached_attention(*args, step.head_dim**-0.5, 6, distance_bias=bias, query_starts=step.query_starts)
     torch.testing.assert_close(got, expected)
     assert (expected - step.slot_form(window=6)[0]).abs().max() > 0.1
 
@@ -263,16 +271,16 @@ def test_ptx_for_sm90_has_no_spills(form: str, tmp_path: Path) -> None:
     (split kernel + reduce), compiled for sm_90 as the runtime specializes them: no spills."""
     dtype, heads, kv_heads, head_dim, options = PTX_FORMS[form]
     fields = {"rope": True, "cos_dtype": dtype, **options}
-    spec = PagedAttentionSpec(head_dim, dtype, head_dim**-0.5, page_size=16, **fields)
-    module = template_builder(tmp_path, "paged_attn_ptx", emit_paged_attention_module)(spec)
+    spec = CachedAttentionSpec(head_dim, dtype, head_dim**-0.5, flattened=True, **fields)
+    module = template_builder(tmp_path, "paged_attn_ptx", emit_cached_attention_module)(spec)
     launches = []
     for seqs, tokens in ((4, 1024), (8, 8)):
         tables = [_meta(1, tokens, head_dim, dtype=dtype)] * 2 if spec.rope else []
         tensors = [_meta(1, heads, tokens, head_dim, dtype=dtype),
                    *[_meta(1, kv_heads, tokens, head_dim, dtype=dtype)] * 2, *tables,
                    *[_meta(4096, 16, kv_heads, head_dim, dtype=dtype)] * 2,
-                   _meta(seqs + 1, dtype=torch.int64), _meta(seqs, dtype=torch.int64),
-                   _meta(seqs, 512, dtype=torch.int64), *([_meta(heads, dtype=dtype)] if spec.sinks else []),
+                   _meta(seqs, 512, dtype=torch.int64), _meta(seqs, dtype=torch.int64),
+                   _meta(seqs + 1, dtype=torch.int64), *([_meta(heads, dtype=dtype)] if spec.sinks else []),
                    *([_meta(1, heads, tokens, spec.distance_extent, dtype=dtype)] if spec.distance_extent else [])]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)

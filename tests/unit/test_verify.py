@@ -81,7 +81,7 @@ class NarrowCachedWindow(ModulePass):
     name = "test-narrow-cached-window"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for attention in [o for o in op.walk() if isinstance(o, ad.CachedAttentionOp | ad.PagedAttentionOp)]:
+        for attention in [o for o in op.walk() if isinstance(o, ad.CachedAttentionOp)]:
             attention.window = IntegerAttr(2, i64)
 
 
@@ -135,12 +135,12 @@ def test_verify_each_checks_the_paged_pipeline(capsys: pytest.CaptureFixture) ->
     every token (a prefill), which must compute what the flattened uncached one did; a wrong
     window is caught and named."""
     ad_opt.main(["--model", "llama", "--for-generation", "--flat", "--verify-each", "-p", PAGED])
-    assert "ad.paged_attention" in capsys.readouterr().out
+    assert "query_starts %query_starts" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         ad_opt.main(["--model", "llama", "--for-generation", "--flat", "--verify-each", "-p",
                      PAGED + ",test-narrow-cached-window"])
     assert re.match(r"error: pass 'test-narrow-cached-window' changed the results: first differing op "
-                    r"%\S+ = ad.paged_attention at model.layers.0.self_attn", capsys.readouterr().err)
+                    r"%\S+ = ad.cached_attention at model.layers.0.self_attn", capsys.readouterr().err)
 
 
 def test_verify_each_checks_the_paged_states(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -165,7 +165,7 @@ def test_compile_verify_checks_the_paged_attention_kernel() -> None:
     ep = export_for_cache(build_model(TinyConfig(layers=1)), 1, 32, flat=True)
     with no_dropped_ops():
         gm = ad_mlir.compile(ep, pipeline=paged_pipeline("default", 4, 8, 32), verify=True)
-    assert any(k.startswith("paged_attention_") for k in graph_kernels(gm))
+    assert any(k.startswith("cached_attention_") for k in graph_kernels(gm))
 
 
 def test_compile_verify_checks_the_cached_attention_kernel() -> None:

@@ -521,7 +521,7 @@ def emit_attention_module(spec: AttentionSpec, name: str, header: str) -> str:
                          [dot_dtype_line(spec.dtype)], body)
 
 
-def rotary_dim_of(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp | ad.PagedAttentionOp) -> int:
+def rotary_dim_of(op: ad.RopeAttentionOp | ad.RopeOp | ad.CachedAttentionOp) -> int:
     """The dims of each head RoPE rotates: the tables' width."""
     return op.cos.type.get_shape()[-1]
 

@@ -14,7 +14,7 @@ constexpr: the division is a shift).
 
 It is the MLA template (`mla_attention_kernel`: the up-projection absorbed, the cached latents
 one K/V head shared by the query heads, its blocks and online softmax) with the paged template's
-row lookup (`paged_attention_kernel`): grid (seqs, cdiv(T * H, BLOCK_M)) (cdiv(H, BLOCK_M) when
+row lookup (`cached_attention_kernel`): grid (seqs, cdiv(T * H, BLOCK_M)) (cdiv(H, BLOCK_M) when
 T == seqs, a decode-only step: one token each). A program takes BLOCK_M (new token, head) pairs
 of one sequence (programs past its tokens x heads do nothing: the grid bounds every sequence by
 T, with no host sync) and runs the online softmax first over the sequence's cached positions
@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch
 
 from ad_mlir.codegen.emitters import KernelEmitter, operand_indices
+from ad_mlir.codegen.templates.cached_attention_kernel import PAGE_ROWS
 from ad_mlir.codegen.templates.mla_attention_kernel import LOG2E, MLA_BLOCK
-from ad_mlir.codegen.templates.paged_attention_kernel import PAGE_ROWS
 from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.dialects import ad
 from ad_mlir.semantics.op_table import torch_dtype
@@ -97,7 +97,7 @@ def {name}(q_lat, q_rope, latent, k_rope, pages, query_starts, cache_starts, blo
 
 @triton.jit
 def _page_row(table, pos, bt_s1, p_s0, p_s1, PAGE: tl.constexpr):
-    """`_page_rows` (paged_attention_kernel.PAGE_ROWS) of one position."""
+    """`_page_rows` (cached_attention_kernel.PAGE_ROWS) of one position."""
     return tl.load(table + (pos // PAGE) * bt_s1) * p_s0 + (pos % PAGE) * p_s1
 
 

@@ -1,7 +1,9 @@
 """Attention, cached: each `ad.rope_attention` (and plain `ad.attention`), and each of HF's eager
 attention forms matched whole (`attention_patterns.match_eager_attention`), becomes
-`ad.cached_attention` over K/V caches, or with `paged` `ad.paged_attention` over page pools. What
-the fused op does besides attention, its window, soft cap and QK-norm, the cached op does too.
+`ad.cached_attention` over K/V page pools: in the slot form its batch rows over the slots (pools
+of max-seq-len-token pages, the block tables one slot wide), with `paged` one flattened batch over
+pages of page-size tokens (`query_starts` besides). What the fused op does besides attention, its
+window, soft cap and QK-norm, the cached op does too.
 
 - Two arguments `k_cache_<i>` / `v_cache_<i>` of type [max-batch, max-seq-len, kv_heads,
   head_dim] in the key's dtype (the value cache of the value's head_dim where it differs: an MLA
@@ -50,7 +52,15 @@ from ad_mlir.passes.cache.compressed_attention import (
     erase_compression,
     key_counts,
 )
-from ad_mlir.passes.cache.interface import POSITION_INPUT, CachedMixer, CacheSite, Found, layer_of, logged
+from ad_mlir.passes.cache.interface import (
+    POSITION_INPUT,
+    CachedMixer,
+    CacheSite,
+    Found,
+    layer_of,
+    logged,
+    optional,
+)
 from ad_mlir.passes.cache.masks import attention_window
 from ad_mlir.passes.cache.sparse_attention import sparse_mask
 from ad_mlir.passes.patterns.attention_masks import backward_slice, erase_computation, input_name
@@ -105,7 +115,7 @@ def _cache_all(site: CacheSite, attentions: list[Attention]) -> None:
 
 
 def _cache(site: CacheSite, attention: Attention, i: int) -> None:
-    """`attention` -> `ad.cached_attention` or, with `paged`, `ad.paged_attention`, its `i`th."""
+    """`attention` -> `ad.cached_attention`, its `i`th."""
     layer = layer_of(attention.output)
     compressed = _checked(site, attention, layer)
     bias, bias_computed = distance_bias(site, attention, layer)
@@ -137,7 +147,7 @@ def _checked(site: CacheSite, attention: Attention, layer: str) -> CompressedKey
 
 def _cached_op(site: CacheSite, attention: Attention, layer: str, i: int, compressed: CompressedKeys | None,
                bias: list[SSAValue], window: int | None) -> Operation:
-    """The cached (or paged) op over `attention`'s new cache arguments, its `i`th, not yet in place."""
+    """The cached op over `attention`'s new cache arguments, its `i`th, not yet in place."""
     kind = "pages" if site.paged else "cache"
     caches = [site.add_cache(_cache_type(site, x), f"{role[0]}_{kind}_{i}", layer, role)
               for role, x in zip(ROLES, (attention.key, attention.value), strict=True)]
@@ -145,13 +155,12 @@ def _cached_op(site: CacheSite, attention: Attention, layer: str, i: int, compre
         compressed_operands(site, compressed, _cache_type(site, compressed.compressed), layer, i)
     rope = list(attention.rope) if attention.rope is not None else [[], []]
     norm_weights = list(attention.qk_norm[:2]) if attention.qk_norm is not None else [[], []]
-    operands = [attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, *_metadata(site),
+    operands = [attention.query, attention.key, attention.value, *rope, *norm_weights, *caches, site.block_tables,
+                site.starts, optional(site.query_starts),
                 [sinks(site, attention, layer)] if attention.sinks is not None else [],
-                [slopes(site, attention, layer)] if attention.alibi is not None else [], bias,
-                *([] if site.paged else entries)]
-    op_class = ad.PagedAttentionOp if site.paged else ad.CachedAttentionOp
-    cached = op_class.build(operands=operands, properties=_properties(attention, window),
-                            result_types=[attention.output.results[0].type])
+                [slopes(site, attention, layer)] if attention.alibi is not None else [], bias, *entries]
+    cached = ad.CachedAttentionOp.build(operands=operands, properties=_properties(attention, window),
+                                        result_types=[attention.output.results[0].type])
     cached.location = attention.output.location
     return cached
 
@@ -177,13 +186,6 @@ def _properties(attention: Attention, window: int | None) -> dict[str, Attribute
     if attention.qk_norm is not None:
         properties |= attention.qk_norm[2].properties()
     return properties
-
-
-def _metadata(site: CacheSite) -> list[SSAValue]:
-    """The cached op's metadata: slots and starts, paged query_starts, cache_starts and block_tables."""
-    if site.paged:
-        return [site.query_starts, site.starts, site.block_tables]
-    return [site.slots, site.starts]
 
 
 def _erase_masks(attention: Attention, bias_computed: SSAValue | None) -> None:

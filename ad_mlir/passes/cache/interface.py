@@ -60,7 +60,7 @@ class CacheSite:
     query_starts: SSAValue | None = None
     """Paged only: where each sequence's tokens start in the flattened step."""
     block_tables: SSAValue | None = None
-    """Paged only: each sequence's pages."""
+    """Each sequence's pages (the slot form: each row's slot, [batch, 1])."""
 
     def cache_rows(self) -> list[int]:
         """The leading dims of a cache of tokens: [max-batch, max-seq-len], paged [num-pages, page-size]."""

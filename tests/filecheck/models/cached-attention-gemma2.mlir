@@ -24,12 +24,12 @@
 // CHECK-NOT:  ad.rope
 // CHECK-NOT:  ad.matmul
 // CHECK-NOT:  ad.tanh
-// CHECK:      ad.cached_attention %{{.*}}, %{{.*}}, %{{.*}} rope %cos, %sin cache %[[K0]], %[[V0]] slots %cache_slots starts %cache_starts scale 6.250000e-02 window 4096 softcap 5.000000e+01 : (tensor<?x2x?x32xf32>, tensor<?x1x?x32xf32>, tensor<?x1x?x32xf32>, tensor<2x4100x1x32xf32>, tensor<2x4100x1x32xf32>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x32xf32>, tensor<?x?x32xf32>) -> tensor<?x2x?x32xf32>
+// CHECK:      ad.cached_attention %{{.*}}, %{{.*}}, %{{.*}} rope %cos, %sin cache %[[K0]], %[[V0]] block_tables %block_tables cache_starts %cache_starts scale 6.250000e-02 window 4096 softcap 5.000000e+01 : (tensor<?x2x?x32xf32>, tensor<?x1x?x32xf32>, tensor<?x1x?x32xf32>, tensor<2x4100x1x32xf32>, tensor<2x4100x1x32xf32>, tensor<?x1xi64>, tensor<?xi64>, tensor<?x?x32xf32>, tensor<?x?x32xf32>) -> tensor<?x2x?x32xf32>
 // CHECK-NOT:  ad.rope
 // CHECK-NOT:  ad.matmul
 // CHECK-NOT:  ad.tanh
 // CHECK-NOT:  ad.exp
-// CHECK:      ad.cached_attention %{{.*}}, %{{.*}}, %{{.*}} rope %cos, %sin cache %[[K1]], %[[V1]] slots %cache_slots starts %cache_starts scale 6.250000e-02 softcap 5.000000e+01 :
+// CHECK:      ad.cached_attention %{{.*}}, %{{.*}}, %{{.*}} rope %cos, %sin cache %[[K1]], %[[V1]] block_tables %block_tables cache_starts %cache_starts scale 6.250000e-02 softcap 5.000000e+01 :
 // CHECK-NOT:  ad.matmul
 // CHECK-NOT:  ad.tanh
 // CHECK-NOT:  ad.exp

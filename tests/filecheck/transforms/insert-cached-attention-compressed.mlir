@@ -16,7 +16,7 @@
 // CHECK-NOT:   aten.masked_fill
 // CHECK-NOT:   aten.new_zeros
 // CHECK-NOT:   _operator.mul
-// CHECK:       ad.cached_attention %q, %kv, %kv cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 sinks %sinks : tensor<2xf32> compressed %c, %c_cache : tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32> : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32>, tensor<2x16x1x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %kv, %kv cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 window 4 sinks %sinks : tensor<2xf32> compressed %c, %c_cache : tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32> : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32>, tensor<2x16x1x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @hca(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %kv: tensor<1x1x?x8xf32> {ad.input = "kv"}, %c: tensor<1x1x?x8xf32> {ad.input = "c"}, %sinks: tensor<2xf32> {ad.param = "model.layers.0.self_attn.sinks"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>
@@ -88,7 +88,7 @@ func.func @hca(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %kv: tensor<1x1x?x8xf32
 // CHECK-NOT:   aten.masked_fill
 // CHECK-NOT:   aten.topk
 // CHECK-NOT:   _operator
-// CHECK:       ad.cached_attention %q, %kv, %kv cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 sinks %sinks : tensor<2xf32> compressed %c, %c_cache : tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32> selected %[[SEL]] : tensor<1x?x2xi64> :
+// CHECK:       ad.cached_attention %q, %kv, %kv cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 window 4 sinks %sinks : tensor<2xf32> compressed %c, %c_cache : tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32> selected %[[SEL]] : tensor<1x?x2xi64> :
 // CHECK-NEXT:  func.return
 func.func @csa(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %kv: tensor<1x1x?x8xf32> {ad.input = "kv"}, %ca: tensor<1x?x1x8xf32> {ad.input = "ca"}, %cb: tensor<1x?x1x8xf32> {ad.input = "cb"}, %iq: tensor<1x?x3x4xf32> {ad.input = "iq"}, %ik: tensor<1x?x4xf32> {ad.input = "ik"}, %iw: tensor<1x?x3xf32> {ad.input = "iw"}, %sinks: tensor<2xf32> {ad.param = "model.layers.1.self_attn.sinks"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %n = ad.sym_size %input_ids dim 1 : tensor<1x?xi64>

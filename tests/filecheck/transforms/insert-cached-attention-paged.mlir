@@ -1,4 +1,4 @@
-// insert-cached-attention{paged=true}: the attention becomes ad.paged_attention over pools
+// insert-cached-attention{paged=true}: the attention becomes ad.cached_attention over pools
 // [num-pages, page-size, kv_heads, head_dim]; the metadata arguments come in the order
 // query_starts, cache_starts, block_tables, logits_indices (then the pools); HF's mask is gone;
 // the LM head's input is gathered at logits_indices along the token axis, so the LM head and
@@ -15,7 +15,7 @@
 // CHECK-SAME:  %[[V:v_pages[_0-9]*]]: tensor<8x16x1x8xf32> {ad.input = "v_pages_0", ad.cache = "model.layers.0.self_attn value"}
 // CHECK-NOT:   ad.le
 // CHECK-NOT:   ad.rope_attention
-// CHECK:       %[[O:.*]] = ad.paged_attention %q, %k, %v rope %cos, %sin pages %[[K]], %[[V]] query_starts %query_starts cache_starts %cache_starts block_tables %block_tables scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<8x16x1x8xf32>, tensor<8x16x1x8xf32>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>, tensor<1x?x8xf32>, tensor<1x?x8xf32>) -> tensor<1x2x?x8xf32>
+// CHECK:       %[[O:.*]] = ad.cached_attention %q, %k, %v rope %cos, %sin cache %[[K]], %[[V]] block_tables %block_tables cache_starts %cache_starts query_starts %query_starts : tensor<?xi64> scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<8x16x1x8xf32>, tensor<8x16x1x8xf32>, tensor<?x?xi64>, tensor<?xi64>, tensor<1x?x8xf32>, tensor<1x?x8xf32>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  %t = ad.transpose %[[O]] 1, 2
 // CHECK-NEXT:  %h = ad.reshape %t
 // CHECK-NEXT:  %[[ROWS:.*]] = ad.torch_op "aten.index_select.default"(%h, %logits_indices) [#ad.ref<0>, 1 : i64, #ad.ref<1>] {} : (tensor<1x?x16xf32>, tensor<?xi64>) -> tensor<1x?x16xf32>
@@ -87,7 +87,7 @@ func.func @positions_counted(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %wt
 // CHECK-NOT:   aten.conv1d
 // CHECK:       ad.cached_causal_conv1d %x, %w bias %b state %conv_state{{[_0-9]*}} slots %state_slots starts %cache_starts query_starts %query_starts : tensor<?xi64> : (tensor<1x8x?xf32>, tensor<8x1x3xf32>, tensor<8x8x2xf32>, tensor<?xi64>, tensor<?xi64>, tensor<8xf32>) -> tensor<1x8x?xf32>
 // CHECK:       ad.cached_gated_delta_rule %gq, %gk, %gv, %g, %beta use_qk_l2norm state %recurrent_state{{[_0-9]*}} slots %state_slots starts %cache_starts query_starts %query_starts : tensor<?xi64> : (tensor<1x?x2x16xbf16>, tensor<1x?x2x16xbf16>, tensor<1x?x4x8xbf16>, tensor<1x?x4xf32>, tensor<1x?x4xbf16>, tensor<8x4x16x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x4x8xbf16>
-// CHECK:       ad.paged_attention %q, %k, %v pages
+// CHECK:       ad.cached_attention %q, %k, %v cache
 func.func @hybrid(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %x: tensor<1x8x?xf32> {ad.input = "x"}, %w: tensor<8x1x3xf32> {ad.param = "model.layers.0.conv.conv.weight"}, %b: tensor<8xf32> {ad.param = "model.layers.0.conv.conv.bias"}, %gq: tensor<1x?x2x16xbf16> {ad.input = "gq"}, %gk: tensor<1x?x2x16xbf16> {ad.input = "gk"}, %gv: tensor<1x?x4x8xbf16> {ad.input = "gv"}, %g: tensor<1x?x4xf32> {ad.input = "g"}, %beta: tensor<1x?x4xbf16> {ad.input = "beta"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %lm_head: tensor<32x16xf32> {ad.param = "lm_head.weight"}) -> (tensor<1x?x32xf32>, tensor<1x8x?xf32>, tensor<1x?x4x8xbf16>) {
   %seq = ad.sym_size %ids dim 1 : tensor<1x?xi64>
   %c = ad.torch_op "aten.conv1d.default"(%x, %w, %b) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, [1 : i64], [2 : i64], [1 : i64], 8 : i64] {} : (tensor<1x8x?xf32>, tensor<8x1x3xf32>, tensor<8xf32>) -> tensor<1x8x?xf32> loc("model.layers.0.conv")

@@ -3,10 +3,13 @@
 // cos/sin come from the position ids.
 // RUN: ad-opt %s --split-input-file -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
 
+// The slot form is the paged one with a slot as a page of max-seq-len tokens: the block tables
+// are the slots, one page per sequence.
 // CHECK-LABEL: func.func @causal
 // CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x1x8xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
+// CHECK-NEXT:  %block_tables = ad.unsqueeze %cache_slots dim 1 : tensor<?xi64> -> tensor<?x1xi64>
 // CHECK-NOT:   ad.le
-// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 :
+// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 :
 // CHECK-NEXT:  func.return
 func.func @causal(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
@@ -30,7 +33,7 @@ func.func @causal(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf
 // CHECK-NOT:   ad.gt
 // CHECK-NOT:   ad.logical_and
 // CHECK-NOT:   ad.rope_attention
-// CHECK:       %[[O:.*]] = ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 :
+// CHECK:       %[[O:.*]] = ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 window 4 :
 // CHECK-NEXT:  func.return %[[O]]
 func.func @window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
@@ -55,7 +58,7 @@ func.func @window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf
 // Partial rotary in interleaved pairs (GLM: 4 of 8 dims): the cached op keeps the tables (their
 // width is the rotary dim) and `interleaved`.
 // CHECK-LABEL: func.func @partial_pairs
-// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin interleaved cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32>, tensor<2x16x1x8xf32>, tensor<?xi64>, tensor<?xi64>, tensor<1x?x4xf32>, tensor<1x?x4xf32>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin interleaved cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x1x?x8xf32>, tensor<1x1x?x8xf32>, tensor<2x16x1x8xf32>, tensor<2x16x1x8xf32>, tensor<?x1xi64>, tensor<?xi64>, tensor<1x?x4xf32>, tensor<1x?x4xf32>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @partial_pairs(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<4xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
@@ -72,7 +75,7 @@ func.func @partial_pairs(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x
 // A rope_attention whose window and soft cap fuse-rope-attention found (its mask already
 // dropped, Gemma2's eager chain matched): the cached op keeps both.
 // CHECK-LABEL: func.func @fused_window
-// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 softcap 5.000000e+01 :
+// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 window 4 softcap 5.000000e+01 :
 // CHECK-NEXT:  func.return
 func.func @fused_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
@@ -89,7 +92,7 @@ func.func @fused_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1
 // A rope_attention with Qwen3's QK-norm (fused by fuse-rope-attention): the cached op normalizes
 // the new query and key heads before RoPE (and caches the normalized keys).
 // CHECK-LABEL: func.func @fused_qk_norm
-// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin qk_norm(%wq, %wk : tensor<8xf32>, tensor<8xf32>) eps 1.000000e-06 cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 :
+// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin qk_norm(%wq, %wk : tensor<8xf32>, tensor<8xf32>) eps 1.000000e-06 cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 :
 // CHECK-NEXT:  func.return
 func.func @fused_qk_norm(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %wq: tensor<8xf32> {ad.param = "model.layers.0.self_attn.q_norm.weight"}, %wk: tensor<8xf32> {ad.param = "model.layers.0.self_attn.k_norm.weight"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
@@ -106,7 +109,7 @@ func.func @fused_qk_norm(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x
 // SDPA with is_causal and no RoPE (learned positions): cached without cos/sin.
 // CHECK-LABEL: func.func @plain
 // CHECK-NOT:   ad.attention
-// CHECK:       %[[O:.*]] = ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       %[[O:.*]] = ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return %[[O]]
 func.func @plain(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
   %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("transformer.h.0.attn")
@@ -127,7 +130,7 @@ func.func @plain(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf3
 // CHECK-NOT:   ad.tanh
 // CHECK-NOT:   ad.where
 // CHECK-NOT:   ad.softmax
-// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 6.250000e-02 softcap 5.000000e+01 : (tensor<1x2x?x8xbf16>, tensor<1x1x?x8xbf16>, tensor<1x1x?x8xbf16>, tensor<2x16x1x8xbf16>, tensor<2x16x1x8xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<1x?x8xbf16>, tensor<1x?x8xbf16>) -> tensor<1x2x?x8xbf16>
+// CHECK:       ad.cached_attention %q, %k, %v rope %cos, %sin cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 6.250000e-02 softcap 5.000000e+01 : (tensor<1x2x?x8xbf16>, tensor<1x1x?x8xbf16>, tensor<1x1x?x8xbf16>, tensor<2x16x1x8xbf16>, tensor<2x16x1x8xbf16>, tensor<?x1xi64>, tensor<?xi64>, tensor<1x?x8xbf16>, tensor<1x?x8xbf16>) -> tensor<1x2x?x8xbf16>
 // CHECK-NEXT:  func.return
 func.func @softcapped(%q: tensor<1x2x?x8xbf16> {ad.input = "q"}, %k: tensor<1x1x?x8xbf16> {ad.input = "k"}, %v: tensor<1x1x?x8xbf16> {ad.input = "v"}, %freq: tensor<8xf32> {ad.buffer = "model.rotary_emb.inv_freq"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xbf16> {
   %pu = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>
@@ -172,7 +175,7 @@ func.func @softcapped(%q: tensor<1x2x?x8xbf16> {ad.input = "q"}, %k: tensor<1x1x
 // A cap of 1 is a bare tanh (canonicalize drops x / 1 and * 1); the mask, added first, is a
 // sliding window of 4 (-inf outside); no RoPE, no repeat_kv (as many key/value heads as query heads).
 // CHECK-LABEL: func.func @tanh_window
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 softcap 1.000000e+00 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 window 4 softcap 1.000000e+00 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @tanh_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %kt = ad.transpose %k -1, -2 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
@@ -205,7 +208,7 @@ func.func @tanh_window(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x
 // CHECK-SAME:  %k_cache{{.*}}: tensor<2x16x2x12xf32> {ad.input = "k_cache_0", ad.cache = "model.layers.0.self_attn key"}
 // CHECK-SAME:  %v_cache{{.*}}: tensor<2x16x2x8xf32> {ad.input = "v_cache_0", ad.cache = "model.layers.0.self_attn value"}
 // CHECK-NOT:   ad.attention
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.288{{[0-9]*}} : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x12xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.288{{[0-9]*}} : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x12xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @value_head_dim(%q: tensor<1x2x?x12xf32> {ad.input = "q"}, %k: tensor<1x2x?x12xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
   %o = ad.attention %q, %k, %v causal : (tensor<1x2x?x12xf32>, tensor<1x2x?x12xf32>, tensor<1x2x?x8xf32>) -> tensor<1x2x?x8xf32> loc("model.layers.0.self_attn")
@@ -223,7 +226,7 @@ func.func @value_head_dim(%q: tensor<1x2x?x12xf32> {ad.input = "q"}, %k: tensor<
 // CHECK-NOT:   ad.torch_op
 // CHECK-NOT:   ad.softmax
 // CHECK-NOT:   ad.slice
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 window 4 sinks %sinks : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 window 4 sinks %sinks : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @sinks(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %sinks: tensor<2xf32> {ad.param = "model.layers.0.self_attn.sinks"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
@@ -264,7 +267,7 @@ func.func @sinks(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf3
 // CHECK-NOT:   ad.torch_op
 // CHECK-NOT:   ad.softmax
 // CHECK-NOT:   ad.sigmoid
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 1.000000e+00 sinks %sinks : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 1.000000e+00 sinks %sinks : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @lse_sinks(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %sinks: tensor<2xf32> {ad.param = "model.layers.0.self_attn.sinks"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x8xf32> {
   %kt = ad.transpose %k 2, 3 : tensor<1x2x?x8xf32> -> tensor<1x2x8x?xf32>
@@ -299,7 +302,7 @@ func.func @lse_sinks(%q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x
 // CHECK-NOT:   ad.sym_size
 // CHECK-NOT:   ad.torch_op
 // CHECK-NOT:   ad.softmax
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 alibi %slopes : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 alibi %slopes : tensor<2xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @alibi_masked_fill(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
   %c0 = ad.constant 0 : i64
@@ -339,7 +342,7 @@ func.func @alibi_masked_fill(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q:
 // CHECK-NOT:   ad.torch_op
 // CHECK-NOT:   ad.softmax
 // CHECK-NOT:   ad.bmm
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 alibi %slopes : tensor<2xf32> : (tensor<1x2x?x8xbf16>, tensor<1x2x?x8xbf16>, tensor<1x2x?x8xbf16>, tensor<2x16x2x8xbf16>, tensor<2x16x2x8xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xbf16>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 alibi %slopes : tensor<2xf32> : (tensor<1x2x?x8xbf16>, tensor<1x2x?x8xbf16>, tensor<1x2x?x8xbf16>, tensor<2x16x2x8xbf16>, tensor<2x16x2x8xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xbf16>
 // CHECK-NEXT:  func.return
 func.func @alibi_bmm_rows(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xbf16> {ad.input = "q"}, %k: tensor<1x2x?x8xbf16> {ad.input = "k"}, %v: tensor<1x2x?x8xbf16> {ad.input = "v"}) -> tensor<1x2x?x8xbf16> {
   %c0 = ad.constant 0 : i64
@@ -482,7 +485,7 @@ func.func @no_mixers(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %x: tensor<
 // CHECK:       %[[K:.*]] = ad.permute %k [0, 2, 1, 3] : tensor<1x?x2x8xf32> -> tensor<1x2x?x8xf32>
 // CHECK-NOT:   ad.softmax
 // CHECK-NOT:   ad.arange
-// CHECK:       ad.cached_attention %q, %[[K]], %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327373 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %[[K]], %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327373 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @multiplied_mask(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x?x2x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
   %c0 = ad.constant 0 : i64
@@ -515,7 +518,7 @@ func.func @multiplied_mask(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: t
 // CHECK-LABEL: func.func @mask_reads_shape
 // CHECK-NOT:   ad.embedding
 // CHECK-NOT:   ad.torch_op
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @mask_reads_shape(%w: tensor<16x8xf32> {ad.param = "git.embeddings.word_embeddings.weight"}, %input_ids: tensor<1x?xi64> {ad.input = "input_ids"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
   %h = ad.embedding %w, %input_ids : (tensor<16x8xf32>, tensor<1x?xi64>) -> tensor<1x?x8xf32>
@@ -548,7 +551,7 @@ func.func @mask_reads_shape(%w: tensor<16x8xf32> {ad.param = "git.embeddings.wor
 // CHECK:       %[[K:.*]] = ad.cat %k, %[[BIAS]] dim 3 : (tensor<1x1x?x8xf32>, tensor<1x1x?x1xf32>) -> tensor<1x1x?x9xf32>
 // CHECK-NOT:   ad.expand
 // CHECK-NOT:   masked_fill
-// CHECK:       ad.cached_attention %[[Q]], %[[K]], %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327379 :
+// CHECK:       ad.cached_attention %[[Q]], %[[K]], %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327379 :
 // CHECK-NEXT:  func.return
 func.func @key_bias(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x1x?x8xf32> {ad.input = "k"}, %v: tensor<1x1x?x8xf32> {ad.input = "v"}, %dt: tensor<1x1x?xf32> {ad.input = "dt"}) -> tensor<1x2x?x8xf32> {
   %c0 = ad.constant 0 : i64
@@ -642,7 +645,7 @@ func.func @positions_expanded(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %t
 // CHECK-LABEL: func.func @distance_bias
 // CHECK-NOT:   ad.torch_op
 // CHECK-NOT:   ad.where
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 1.250000e-01 distance_bias %logits : tensor<1x2x?x3xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 1.250000e-01 distance_bias %logits : tensor<1x2x?x3xf32> : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @distance_bias(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}, %logits: tensor<1x2x?x3xf32> {ad.input = "logits"}) -> tensor<1x2x?x8xf32> {
   %c0 = ad.constant 0 : i64
@@ -789,7 +792,7 @@ func.func @gate_shift(%g: tensor<?x?x1x8xf32> {ad.input = "g"}) -> tensor<?x?x1x
 // CHECK:       %div = ad.div %q, %root
 // CHECK-NOT:   ad.torch_op
 // CHECK-NOT:   ad.softmax
-// CHECK:       ad.cached_attention %div, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 1.000000e+00 : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x2x?x8xf32>
+// CHECK:       ad.cached_attention %div, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 1.000000e+00 : (tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<?x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @xlm_masked_fill_in_place(%ids: tensor<?x?xi64> {ad.input = "input_ids"}, %q: tensor<?x2x?x8xf32> {ad.input = "q"}, %k: tensor<?x2x?x8xf32> {ad.input = "k"}, %v: tensor<?x2x?x8xf32> {ad.input = "v"}) -> tensor<?x2x?x8xf32> {
   %bs = ad.sym_size %ids dim 0 : tensor<?x?xi64>
@@ -824,7 +827,7 @@ func.func @xlm_masked_fill_in_place(%ids: tensor<?x?xi64> {ad.input = "input_ids
 // CHECK-LABEL: func.func @zeroed_after_softmax
 // CHECK-NOT:   ad.torch_op
 // CHECK-NOT:   ad.softmax
-// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.35355339059327373 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
+// CHECK:       ad.cached_attention %q, %k, %v cache %k_cache{{.*}}, %v_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.35355339059327373 : (tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<1x2x?x8xf32>, tensor<2x16x2x8xf32>, tensor<2x16x2x8xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x8xf32>
 // CHECK-NEXT:  func.return
 func.func @zeroed_after_softmax(%position_ids: tensor<1x?xi64> {ad.input = "position_ids"}, %q: tensor<1x2x?x8xf32> {ad.input = "q"}, %k: tensor<1x2x?x8xf32> {ad.input = "k"}, %v: tensor<1x2x?x8xf32> {ad.input = "v"}) -> tensor<1x2x?x8xf32> {
   %a = ad.unsqueeze %position_ids dim 2 : tensor<1x?xi64> -> tensor<1x?x1xi64>

@@ -331,50 +331,50 @@ func.func @linear_nvfp4_global_scale(%x: tensor<2x64xbf16>, %w: tensor<8x32xui8>
 
 // -----
 
-func.func @cached_attention_cache_heads(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x4x64xbf16>, %s: tensor<?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' caches must be [slots, max_seq, 2, 64] (key) and [slots, max_seq, 2, 64] (value) of the same slots and max_seq
-  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x4x64xbf16>, tensor<8x512x4x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+func.func @cached_attention_cache_heads(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x4x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' pools must be [pages, page_size, 2, 64] (key) and [pages, page_size, 2, 64] (value) of the same pages and page_size
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x4x64xbf16>, tensor<8x512x4x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
 // -----
 
-func.func @cached_attention_compressed_cache(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %cc: tensor<8x256x2x64xbf16>, %s: tensor<?xi64>) {
+func.func @cached_attention_compressed_cache(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %cc: tensor<8x256x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' compressed entries and their cache must have the key's and the key cache's types
-  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 compressed %k, %cc : tensor<?x2x?x64xbf16>, tensor<8x256x2x64xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 compressed %k, %cc : tensor<?x2x?x64xbf16>, tensor<8x256x2x64xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
 // -----
 
-func.func @cached_attention_value_cache_width(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x2x?x32xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' caches must be [slots, max_seq, 2, 64] (key) and [slots, max_seq, 2, 32] (value) of the same slots and max_seq
-  %0 = ad.cached_attention %q, %k, %v cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x32xbf16>
+func.func @cached_attention_value_cache_width(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x2x?x32xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' pools must be [pages, page_size, 2, 64] (key) and [pages, page_size, 2, 32] (value) of the same pages and page_size
+  %0 = ad.cached_attention %q, %k, %v cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x32xbf16>
   func.return
 }
 
 // -----
 
-func.func @cached_attention_value_result(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x2x?x32xbf16>, %kc: tensor<8x512x2x64xbf16>, %vc: tensor<8x512x2x32xbf16>, %s: tensor<?xi64>) {
+func.func @cached_attention_value_result(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x2x?x32xbf16>, %kc: tensor<8x512x2x64xbf16>, %vc: tensor<8x512x2x32xbf16>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' result must have the query's type with the value's head_dim
-  %0 = ad.cached_attention %q, %k, %v cache %kc, %vc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x32xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %v cache %kc, %vc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x32xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x32xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
 // -----
 
-func.func @cached_attention_cache_dtype(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xf32>, %s: tensor<?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' caches must have the key's element type
-  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xf32>, tensor<8x512x2x64xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+func.func @cached_attention_cache_dtype(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xf32>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' pools must have the key's element type
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xf32>, tensor<8x512x2x64xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
 // -----
 
 // The distance bias is one vector per query token and head: [batch, heads, seq, extent].
-func.func @cached_attention_distance_bias_heads(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %db: tensor<?x2x?x6xf32>) {
+func.func @cached_attention_distance_bias_heads(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %db: tensor<?x2x?x6xf32>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' distance_bias must be a float [batch, heads, seq, extent] = [?, 4, ?, extent] with a static extent, not tensor<?x2x?x6xf32>
-  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 distance_bias %db : tensor<?x2x?x6xf32> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 distance_bias %db : tensor<?x2x?x6xf32> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
@@ -434,25 +434,25 @@ func.func @cached_selective_scan_a(%x: tensor<?x64x?xf32>, %a: tensor<64xf32>, %
 
 // -----
 
-func.func @cached_attention_softcap(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
+func.func @cached_attention_softcap(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' softcap must be positive, not 0.0
-  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 softcap 0.000000e+00 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 softcap 0.000000e+00 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
 // -----
 
-func.func @cached_attention_sinks(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %sinks: tensor<2xbf16>) {
+func.func @cached_attention_sinks(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %sinks: tensor<2xbf16>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' sinks must be [heads] = [4], one per query head
-  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 sinks %sinks : tensor<2xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 sinks %sinks : tensor<2xbf16> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
 // -----
 
-func.func @cached_attention_metadata(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi32>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' slots/starts must be tensor<batch x i64>
-  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x4x?x64xbf16>
+func.func @cached_attention_metadata(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi32>, %bt: tensor<?x1xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' cache_starts must be a rank-1 i64 tensor
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi32>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
@@ -522,9 +522,9 @@ func.func @moe_weight_shapes(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: t
 
 // -----
 
-func.func @cached_attention_interleaved_without_rope(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
+func.func @cached_attention_interleaved_without_rope(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' interleaved needs RoPE (cos and sin)
-  %0 = ad.cached_attention %q, %k, %k interleaved cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %k interleaved cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
@@ -538,9 +538,9 @@ func.func @moe_top_k(%x: tensor<?x48xbf16>, %l: tensor<?x4xbf16>, %gu: tensor<4x
 
 // -----
 
-func.func @cached_attention_rotary_dim_over_head_dim(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x66xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>) {
+func.func @cached_attention_rotary_dim_over_head_dim(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %cos: tensor<?x?x66xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' rotary_dim (the tables' last dim) 66 must be static, even and at most the head_dim 64
-  %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?x66xbf16>, tensor<?x?x66xbf16>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>, tensor<?x?x66xbf16>, tensor<?x?x66xbf16>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
@@ -570,33 +570,33 @@ func.func @rope_attention_qk_norm_promoting_weight(%q: tensor<2x4x?x64xbf16>, %k
 
 // -----
 
-func.func @cached_attention_qk_norm_weight(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64x1xbf16>) {
+func.func @cached_attention_qk_norm_weight(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %w: tensor<64x1xbf16>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' QK-norm weights must be [head_dim] = [64]
-  %0 = ad.cached_attention %q, %k, %k qk_norm(%w, %w : tensor<64x1xbf16>, tensor<64x1xbf16>) eps 1.000000e-06 cache %kc, %kc slots %s starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %k qk_norm(%w, %w : tensor<64x1xbf16>, tensor<64x1xbf16>) eps 1.000000e-06 cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
 // -----
 
-func.func @paged_attention_page_size(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %kp: tensor<32x12x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x8xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_attention' page_size 12 must be a static power of two
-  %0 = ad.paged_attention %q, %k, %k pages %kp, %kp query_starts %s cache_starts %s block_tables %bt scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x12x2x64xbf16>, tensor<32x12x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>) -> tensor<1x4x?x64xbf16>
+func.func @paged_attention_page_size(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %kp: tensor<32x?x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x8xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' page_size ? must be static and positive
+  %0 = ad.cached_attention %q, %k, %k cache %kp, %kp block_tables %bt cache_starts %s query_starts %s : tensor<?xi64> scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x?x2x64xbf16>, tensor<32x?x2x64xbf16>, tensor<?x8xi64>, tensor<?xi64>) -> tensor<1x4x?x64xbf16>
   func.return
 }
 
 // -----
 
 func.func @paged_attention_block_tables(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %s: tensor<?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_attention' block_tables must be a rank-2 i64 tensor
-  %0 = ad.paged_attention %q, %k, %k pages %kp, %kp query_starts %s cache_starts %s block_tables %s scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x4x?x64xbf16>
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' block_tables must be a rank-2 i64 tensor
+  %0 = ad.cached_attention %q, %k, %k cache %kp, %kp block_tables %s cache_starts %s query_starts %s : tensor<?xi64> scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x4x?x64xbf16>
   func.return
 }
 
 // -----
 
 func.func @paged_attention_flattened(%q: tensor<2x4x?x64xbf16>, %k: tensor<2x2x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x8xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_attention' query/key/value must be [1, heads, tokens, head_dim] and the pages [pages, page_size, kv_heads, head_dim]
-  %0 = ad.paged_attention %q, %k, %k pages %kp, %kp query_starts %s cache_starts %s block_tables %bt scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x8xi64>) -> tensor<2x4x?x64xbf16>
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' with query_starts takes one flattened batch: query [1, heads, tokens, head_dim], not batch 2
+  %0 = ad.cached_attention %q, %k, %k cache %kp, %kp block_tables %bt cache_starts %s query_starts %s : tensor<?xi64> scale 1.250000e-01 : (tensor<2x4x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<2x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?x8xi64>, tensor<?xi64>) -> tensor<2x4x?x64xbf16>
   func.return
 }
 
@@ -629,9 +629,9 @@ func.func @cached_token_window_channels(%x: tensor<?x192x?xbf16>, %st: tensor<8x
 
 // -----
 
-func.func @cached_attention_selected_without_entries(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %sel: tensor<?x?x2xi64>) {
+func.func @cached_attention_selected_without_entries(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %sel: tensor<?x?x2xi64>, %bt: tensor<?x1xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' selected needs compressed entries
-  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc slots %s starts %s scale 1.250000e-01 selected %sel : tensor<?x?x2xi64> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 selected %sel : tensor<?x?x2xi64> : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 
