@@ -20,6 +20,13 @@ Each block is rewritten for `world-size` ranks, or left whole with the reason in
 The IR stays the same for every rank: the exporter gives rank r its slice of each sharded
 weight (`fx_import.rank_weight`).
 
+Quantized linears (`ad.linear_fp8_block`, `ad.linear_fp8`, `ad.linear_int4`, `ad.linear_nvfp4`)
+open and close blocks too: each scale tensor that follows the weight's out-features N (column-wise)
+or in-features K (row-wise) is cut with it (`_cuts`), the others stay whole. A rank's share must
+hold whole scale blocks or groups (`check_shares`), and an act-order int4 linear (`g_idx`) is not
+cut row-wise; else the block stays whole, logged. A closing FP8 linear's per-token activation
+scale is computed on the rank's share of the row (`_quantize_dynamic`).
+
 Everything outside blocks is replicated: the embedding and lm_head (whose result is the
 graph's output) are held whole by every rank, as are the norms. A world size must divide the
 query and the key/value head counts: replicating K/V heads when there are fewer K/V heads than

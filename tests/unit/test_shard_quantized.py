@@ -96,3 +96,42 @@ def test_quantized_checkpoints_sharded_over_two_gloo_ranks_match_the_eager_model
             # whole model holds (the same products), so only the order of the hidden-unit sums
             # differs (two partial sums, then theirs); torch.testing's fp32 atol on logits ~1
             assert error < 1e-5, (name, error)
+
+
+HALF_A_BLOCK = """
+func.func @forward(%x: tensor<4x64xf32> {ad.input = "x"}, %w1: tensor<32x64xf8E4M3FN> {ad.param = "w1"},
+                   %s1: tensor<1x2xf32> {ad.param = "s1"}, %w2: tensor<64x32xf8E4M3FN> {ad.param = "w2"},
+                   %s2: tensor<2x1xf32> {ad.param = "s2"}) -> tensor<4x64xf32> {
+  %h = ad.linear_fp8_block %x, %w1, %s1 block [32, 32] : (tensor<4x64xf32>, tensor<32x64xf8E4M3FN>, tensor<1x2xf32>) -> tensor<4x32xf32> loc("a.up")
+  %o = ad.linear_fp8_block %h, %w2, %s2 block [32, 32] : (tensor<4x32xf32>, tensor<64x32xf8E4M3FN>, tensor<2x1xf32>) -> tensor<4x64xf32> loc("a.down")
+  func.return %o : tensor<4x64xf32>
+}
+"""
+
+ACT_ORDER = """
+func.func @forward(%x: tensor<4x64xf32> {ad.input = "x"}, %q1: tensor<8x64xi32> {ad.param = "q1"},
+                   %z1: tensor<2x8xi32> {ad.param = "z1"}, %s1: tensor<2x64xf32> {ad.param = "s1"},
+                   %q2: tensor<8x64xi32> {ad.param = "q2"}, %z2: tensor<2x8xi32> {ad.param = "z2"},
+                   %s2: tensor<2x64xf32> {ad.param = "s2"}, %g2: tensor<64xi32> {ad.param = "g2"}) -> tensor<4x64xf32> {
+  %h = ad.linear_int4 %x, %q1, %z1, %s1 group 32 zero_offset 0 : (tensor<4x64xf32>, tensor<8x64xi32>, tensor<2x8xi32>, tensor<2x64xf32>) -> tensor<4x64xf32> loc("a.up")
+  %o = ad.linear_int4 %h, %q2, %z2, %s2 g_idx %g2 group 32 zero_offset 0 : (tensor<4x64xf32>, tensor<8x64xi32>, tensor<2x8xi32>, tensor<2x64xf32>, tensor<64xi32>) -> tensor<4x64xf32> loc("a.down")
+  func.return %o : tensor<4x64xf32>
+}
+"""
+
+
+@pytest.mark.parametrize(("ir", "why"), [
+    (HALF_A_BLOCK, "a.up (ad.linear_fp8_block): its out-features 32 do not split in 2 shares of whole scale blocks of 32"),
+    (ACT_ORDER, "a.down (ad.linear_int4): its act-order g_idx gives a rank's rows groups from the whole of K, "
+                "whose scales a row split would not keep"),
+], ids=["half-a-block", "act-order"])
+def test_quantized_blocks_that_cannot_be_cut_stay_whole_and_say_why(ir: str, why: str,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from ad_mlir.passes.pipeline import make_context, run_pipeline
+
+    module = Parser(make_context(), ir).parse_module()
+    before = str(module)
+    with caplog.at_level(logging.INFO, logger="ad_mlir.passes.shard"):
+        run_pipeline(module, "shard{world-size=2}")
+    assert str(module) == before
+    assert f"shard: a stays replicated: {why}" in caplog.messages
