@@ -588,9 +588,8 @@ def _without_bias(closer: Gemm) -> tuple[Gemm, SSAValue | None]:
     if closer.bias is None:
         return closer, None
     bias = closer.bias
-    operands = [[] if name == "bias" else getattr(closer, name)
-                for name, _ in closer.get_irdl_definition().operands]
-    operands = [[] if v is None else v for v in operands]
+    kept = (getattr(closer, name) for name, _ in closer.get_irdl_definition().operands)
+    operands = [[] if v is None or v is bias else v for v in kept]
     properties = {k: v for k, v in closer.properties.items() if k != "operandSegmentSizes"}
     new = type(closer).build(operands=operands, result_types=[closer.result.type], properties=properties,
                              attributes=dict(closer.attributes))
