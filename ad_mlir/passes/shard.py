@@ -170,6 +170,10 @@ def _nvfp4_global_rows(op: ad.LinearNvfp4Op) -> bool:
     return n > 1 and tuple(op.weight_scale_2.type.get_shape()) == (n,)
 
 
+def _int4_groups(op: ad.LinearInt4Op) -> int:
+    return op.scales.type.get_shape()[0]
+
+
 def _cuts(op: Gemm, row: bool) -> list[tuple[SSAValue, int]]:
     """The weight arguments of `op` a split cuts, each with its dim: column-wise (`row` False)
     along the out-features N, with the bias; row-wise along the in-features K (a closing bias
@@ -177,7 +181,9 @@ def _cuts(op: Gemm, row: bool) -> list[tuple[SSAValue, int]]:
     those along the other dim, and one-value scales, stay whole."""
     if isinstance(op, ad.LinearInt4Op):  # [K / 8, N] words, [G, N / 8] zero points, [G, N] scales
         tensors = (op.qweight, op.qzeros, op.scales)
-        return [(v, 0) for v in tensors] if row else [*((v, 1) for v in tensors), *_bias_cut(op)]
+        if row:  # one group (GPTQ's group_size -1) is every rank's: its zero points and scales stay whole
+            return [(v, 0) for v in (tensors if _int4_groups(op) > 1 else tensors[:1])]
+        return [*((v, 1) for v in tensors), *_bias_cut(op)]
     scales: tuple[SSAValue, ...] = ()
     if isinstance(op, ad.LinearFp8BlockOp):
         scales = (op.weight_scale_inv,)  # [N / bn, K / bk]: cut along N and K alike
@@ -219,8 +225,10 @@ def check_shares(op: Gemm, row: bool, world: int) -> None:
         if op.g_idx is not None:
             raise _NotShardable(f"{_op_name(op)} (ad.linear_int4): its act-order g_idx gives a rank's rows groups "
                                 "from the whole of K, whose scales a row split would not keep")
-        group = op.group_size.value.data
-        _whole_shares(op, what, k, world, math.lcm(group, 8), "groups (and words)")
+        if _int4_groups(op) == 1:
+            _whole_shares(op, what, k, world, 8, "words")
+        else:
+            _whole_shares(op, what, k, world, math.lcm(op.group_size.value.data, 8), "groups (and words)")
 
 
 def _reads_as_input(user: Gemm, operand: SSAValue) -> bool:

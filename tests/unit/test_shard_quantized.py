@@ -38,8 +38,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "fp8_block": lambda d: write_fp8_block_checkpoint(model, d, (32, 32)),  # 64 rows / 64 columns a rank
         "fp8_channel": lambda d: write_fp8_dynamic_checkpoint(model, d, "channel"),
         "fp8_tensor": lambda d: write_fp8_dynamic_checkpoint(model, d, "tensor"),
-        "gptq": lambda d: write_gptq_checkpoint(model, d, 32),
-        "awq": lambda d: write_awq_checkpoint(model, d, 32),
+        "gptq": lambda d: write_gptq_checkpoint(model, d, -1),  # one group over K: zeros and scales whole on a row split
+        "awq": lambda d: write_awq_checkpoint(model, d, 32),  # 2 groups a rank on a row split
         "nvfp4": lambda d: write_nvfp4_checkpoint(model, d),
     }
     return {name: write(root / name) for name, write in writers.items()}

@@ -84,3 +84,21 @@ func.func @nvfp4(%x: tensor<4x64xf32> {ad.input = "x"}, %w1: tensor<64x32xui8> {
   %o = ad.linear_nvfp4 %h, %w2, %s2, %g2 : (tensor<4x64xf32>, tensor<64x32xui8>, tensor<64x4xf8E4M3FN>, tensor<f32>) -> tensor<4x64xf32>
   func.return %o : tensor<4x64xf32>
 }
+
+// -----
+
+// Int4 in one group over K (GPTQ's group_size -1, the loader's group of K): the closer's words are
+// cut along K, its one row of zero points and scales is every rank's (local K 32 < group 64:
+// every row in group 0, as in the whole weight).
+// CHECK-LABEL: func.func @int4_one_group(
+// CHECK-SAME:  %q2: tensor<4x64xi32> {ad.param = "q2", ad.shard_dim = 0 : i64}, %z2: tensor<1x8xi32> {ad.param = "z2"}, %s2: tensor<1x64xf16> {ad.param = "s2"})
+// CHECK:       %o = ad.linear_int4 %h, %q2, %z2, %s2 group 64 zero_offset 1 : (tensor<4x32xf32>, tensor<4x64xi32>, tensor<1x8xi32>, tensor<1x64xf16>) -> tensor<4x64xf32>
+// CHECK-NEXT:  ad.all_reduce %o "sum" group "0"
+func.func @int4_one_group(%x: tensor<4x64xf32> {ad.input = "x"}, %q1: tensor<8x64xi32> {ad.param = "q1"},
+                          %z1: tensor<1x8xi32> {ad.param = "z1"}, %s1: tensor<1x64xf16> {ad.param = "s1"},
+                          %q2: tensor<8x64xi32> {ad.param = "q2"}, %z2: tensor<1x8xi32> {ad.param = "z2"},
+                          %s2: tensor<1x64xf16> {ad.param = "s2"}) -> tensor<4x64xf32> {
+  %h = ad.linear_int4 %x, %q1, %z1, %s1 group 64 zero_offset 1 : (tensor<4x64xf32>, tensor<8x64xi32>, tensor<1x8xi32>, tensor<1x64xf16>) -> tensor<4x64xf32>
+  %o = ad.linear_int4 %h, %q2, %z2, %s2 group 64 zero_offset 1 : (tensor<4x64xf32>, tensor<8x64xi32>, tensor<1x8xi32>, tensor<1x64xf16>) -> tensor<4x64xf32>
+  func.return %o : tensor<4x64xf32>
+}
