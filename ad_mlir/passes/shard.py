@@ -20,6 +20,13 @@ Each block is rewritten for `world-size` ranks, or left whole with the reason in
 The IR stays the same for every rank: the exporter gives rank r its slice of each sharded
 weight (`fx_import.rank_weight`).
 
+Quantized linears (`ad.linear_fp8_block`, `ad.linear_fp8`, `ad.linear_int4`, `ad.linear_nvfp4`)
+open and close blocks too: each scale tensor that follows the weight's out-features N (column-wise)
+or in-features K (row-wise) is cut with it (`_cuts`), the others stay whole. A rank's share must
+hold whole scale blocks or groups (`check_shares`), and an act-order int4 linear (`g_idx`) is not
+cut row-wise; else the block stays whole, logged. A closing FP8 linear's per-token activation
+scale is computed on the rank's share of the row (`_quantize_dynamic`).
+
 Everything outside blocks is replicated: the embedding and lm_head (whose result is the
 graph's output) are held whole by every rank, as are the norms. A world size must divide the
 query and the key/value head counts: replicating K/V heads when there are fewer K/V heads than
@@ -42,6 +49,7 @@ it. A hinted block that cannot be sharded is an error, not a log line.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -76,6 +84,9 @@ LAYER_KINDS = ("attention", "mlp")
 WORLD_GROUP = "0"
 """The name torch gives the default process group (`dist.group.WORLD.group_name`)."""
 
+Gemm = ad.LinearOp | ad.LinearFp8BlockOp | ad.LinearFp8Op | ad.LinearNvfp4Op | ad.LinearInt4Op
+"""The linears a block opens and closes with: float, and the quantized ones of checkpoints."""
+
 
 class ShardConfigError(PassFailedException, ValueError):
     """A world size, option or hint the graph cannot be sharded with."""
@@ -90,8 +101,8 @@ class _NotShardable(Exception):
 
 @dataclass
 class _Block:
-    openers: list[ad.LinearOp]
-    closer: ad.LinearOp
+    openers: list[Gemm]
+    closer: Gemm
     ops: set[Operation] = field(default_factory=set)
 
     @property
@@ -124,7 +135,7 @@ def _short_name(op: Operation) -> str:
     return _op_name(op).rsplit(".", 1)[-1]
 
 
-def _hint(op: ad.LinearOp) -> str | None:
+def _hint(op: Gemm) -> str | None:
     hint = op.attributes.get(SHARD_HINT_ATTR)
     if hint is None:
         return None
@@ -133,25 +144,109 @@ def _hint(op: ad.LinearOp) -> str | None:
     return hint.data
 
 
-def _shardable(op: ad.LinearOp, weights: set[SSAValue]) -> bool:
-    """Its weight (and bias) are unsharded weight arguments that only it reads."""
+def _shardable(op: Gemm, weights: set[SSAValue]) -> bool:
+    """The tensors a split would cut (weight, bias, block scales, ...) are unsharded weight
+    arguments that only it reads."""
     return all(
         v in weights and v.has_one_use() and ad.SHARD_DIM_ATTR not in _arg_attrs(v).data
-        for v in (op.weight, *([op.bias] if op.bias is not None else []))
+        for v, _ in (*_cuts(op, row=False), *_cuts(op, row=True))
     )
 
 
-def _forward_region(linear: ad.LinearOp) -> tuple[set[Operation], list[ad.LinearOp]]:
+# ------------------------------------------------------- how each kind of linear is cut
+
+
+def _bias_cut(op: Gemm) -> list[tuple[SSAValue, int]]:
+    return [(op.bias, 0)] if op.bias is not None else []
+
+
+def _per_channel(op: ad.LinearFp8Op) -> bool:
+    return tuple(op.weight_scale.type.get_shape()) == (op.weight.type.get_shape()[0], 1)
+
+
+def _nvfp4_global_rows(op: ad.LinearNvfp4Op) -> bool:
+    """Its global scale is one value per output row ([N], `fuse-gemms`' folded parts)."""
+    n = op.weight.type.get_shape()[0]
+    return n > 1 and tuple(op.weight_scale_2.type.get_shape()) == (n,)
+
+
+def _int4_groups(op: ad.LinearInt4Op) -> int:
+    return op.scales.type.get_shape()[0]
+
+
+def _cuts(op: Gemm, row: bool) -> list[tuple[SSAValue, int]]:
+    """The weight arguments of `op` a split cuts, each with its dim: column-wise (`row` False)
+    along the out-features N, with the bias; row-wise along the in-features K (a closing bias
+    is added once, after the reduction). Scales that follow N or K are cut with the weight;
+    those along the other dim, and one-value scales, stay whole."""
+    if isinstance(op, ad.LinearInt4Op):  # [K / 8, N] words, [G, N / 8] zero points, [G, N] scales
+        tensors = (op.qweight, op.qzeros, op.scales)
+        if row:  # one group (GPTQ's group_size -1) is every rank's: its zero points and scales stay whole
+            return [(v, 0) for v in (tensors if _int4_groups(op) > 1 else tensors[:1])]
+        return [*((v, 1) for v in tensors), *_bias_cut(op)]
+    scales: tuple[SSAValue, ...] = ()
+    if isinstance(op, ad.LinearFp8BlockOp):
+        scales = (op.weight_scale_inv,)  # [N / bn, K / bk]: cut along N and K alike
+    elif isinstance(op, ad.LinearNvfp4Op):
+        scales = (op.weight_scale,)  # [N, K / 16]
+        if not row and _nvfp4_global_rows(op):
+            scales += (op.weight_scale_2,)
+    elif isinstance(op, ad.LinearFp8Op) and not row and _per_channel(op):
+        scales = (op.weight_scale,)  # [N, 1]
+    dim = 1 if row else 0
+    return [(op.weight, dim), *((v, dim) for v in scales), *([] if row else _bias_cut(op))]
+
+
+def _whole_shares(op: Gemm, what: str, size: int, world: int, unit: int, units: str) -> None:
+    if size % (world * unit):
+        raise _NotShardable(f"{_op_name(op)} ({op.name}): its {what} {size} do not split in {world} shares of "
+                            f"whole {units} of {unit}")
+
+
+def check_shares(op: Gemm, row: bool, world: int) -> None:
+    """A rank's share of a quantized weight must hold whole blocks/groups of its scales, so that
+    each rank's scales are a slice of the whole ones; else `_NotShardable` says why."""
+    what = "in-features" if row else "out-features"
+    if isinstance(op, ad.LinearFp8BlockOp):
+        n, k = op.weight.type.get_shape()
+        bn, bk = op.blocks()
+        _whole_shares(op, what, k if row else n, world, bk if row else bn, "scale blocks")
+    elif isinstance(op, ad.LinearFp8Op):
+        if not _per_channel(op) and op.weight_scale.type.get_shape() not in ((), (1,)):
+            raise _NotShardable(f"{_op_name(op)} (ad.linear_fp8): a weight scale of shape "
+                                f"{_fmt(op.weight_scale.type)} is neither per channel nor per tensor")
+    elif isinstance(op, ad.LinearNvfp4Op) and row:
+        _whole_shares(op, what, op.in_features(), world, ad.NVFP4_GROUP, "scale groups")
+    elif isinstance(op, ad.LinearInt4Op):
+        n, k = op.features()
+        if not row:
+            _whole_shares(op, what, n, world, 8, "zero-point words")
+            return
+        if op.g_idx is not None:
+            raise _NotShardable(f"{_op_name(op)} (ad.linear_int4): its act-order g_idx gives a rank's rows groups "
+                                "from the whole of K, whose scales a row split would not keep")
+        if _int4_groups(op) == 1:
+            _whole_shares(op, what, k, world, 8, "words")
+        else:
+            _whole_shares(op, what, k, world, math.lcm(op.group_size.value.data, 8), "groups (and words)")
+
+
+def _reads_as_input(user: Gemm, operand: SSAValue) -> bool:
+    """`operand` is the activation of `user`: its input, or an FP8 input's scale."""
+    return operand is user.input or (isinstance(user, ad.LinearFp8Op) and operand is user.input_scale)
+
+
+def _forward_region(linear: Gemm) -> tuple[set[Operation], list[Gemm]]:
     """The ops reading `linear`'s result, directly or through others, up to the linears whose
     input it reaches (returned too, in the order found)."""
     region: set[Operation] = set()
-    ends: dict[ad.LinearOp, None] = {}
+    ends: dict[Gemm, None] = {}
     work = [linear.result]
     while work:
         for use in work.pop().uses:
             user = use.operation
-            if isinstance(user, ad.LinearOp):
-                if use.index != 0:
+            if isinstance(user, Gemm):
+                if not _reads_as_input(user, user.operands[use.index]):
                     raise _NotShardable(f"its result is the weight or bias of {_op_name(user)}")
                 ends[user] = None
                 if len(ends) > 1:
@@ -169,9 +264,9 @@ def _forward_region(linear: ad.LinearOp) -> tuple[set[Operation], list[ad.Linear
 
 def find_blocks(entry: Block, weights: set[SSAValue]) -> list[_Block]:
     """The tensor-parallel blocks of `entry`, by closing linear, in program order."""
-    linears = [op for op in entry.ops if isinstance(op, ad.LinearOp) and _shardable(op, weights)]
+    linears = [op for op in entry.ops if isinstance(op, Gemm) and _shardable(op, weights)]
     candidates = set(linears)
-    blocks: dict[ad.LinearOp, _Block] = {}
+    blocks: dict[Gemm, _Block] = {}
     for linear in linears:
         hint = _hint(linear)
         if linear in blocks or hint in ("rowwise", "replicated"):
@@ -391,6 +486,19 @@ def _matmul(plan: _Plan, op: ad.MatmulOp | ad.BmmOp) -> list[int]:
     return [d]
 
 
+def _quantize_dynamic(plan: _Plan, op: ad.QuantizeFp8DynamicOp) -> list[int | None]:
+    """Per token, the values keep the split; the scale is one per token ([..., 1]). Split along
+    the features (a closing FP8 linear's input), each rank's scale is the amax of its own share
+    of the row (as vLLM's row-parallel FP8 linears quantize): not the whole row's, so the
+    quantized values differ from one unsharded process's by FP8 rounding. Per tensor, the scale
+    would be each rank's amax of another tensor: refused."""
+    d = plan.split[op.input]
+    if op.per_token is None:
+        raise _NotShardable(f"ad.quantize_fp8_dynamic %{op.result.name_hint} scales the whole tensor, of which a "
+                            "rank holds a share")
+    return [d, None] if d == _rank(op.input) - 1 else [d, d]
+
+
 def _sym_size(plan: _Plan, op: ad.SymSizeOp) -> list[int | None]:
     _not_along_split([ad.normalize_dim(op.dim.value.data, _rank(op.input))], plan.split[op.input], op)
     return [None]
@@ -414,6 +522,9 @@ _RULES: dict[type[Operation], Callable[[_Plan, Operation], list[int | None]]] = 
     ad.MatmulOp: _matmul,
     ad.BmmOp: _matmul,
     ad.SymSizeOp: _sym_size,
+    ad.QuantizeFp8Op: _broadcast,
+    ad.DequantizeFp8Op: _broadcast,
+    ad.QuantizeFp8DynamicOp: _quantize_dynamic,
 }
 """How each op moves the split of its operands to its results (by exact type; `_rule` also takes
 every elementwise op and reduction)."""
@@ -435,7 +546,9 @@ def plan_block(block: _Block, world: int, order: dict[Operation, int]) -> _Plan:
     """Propagate the opening linears' split (their last dim) to the closing linear's input."""
     plan = _Plan(block, world)
     for opener in block.openers:
+        check_shares(opener, False, world)
         plan.split[opener.result] = _rank(opener.result) - 1
+    check_shares(block.closer, True, world)
     for op in sorted(block.ops, key=order.__getitem__):
         for result, dim in zip(op.results, _rule(op)(plan, op), strict=True):
             if dim is not None:
@@ -473,26 +586,27 @@ def apply_plan(fn: func.FuncOp, plan: _Plan) -> None:
         Rewriter.replace_value_with_new_type(value, local)
     for op, sizes in plan.sizes.items():
         op.properties["static_sizes"] = DenseArrayBase.from_list(i64, sizes)
-    for opener in plan.block.openers:
-        _shard_argument(fn, opener.weight, 0, world)
-        if opener.bias is not None:
-            _shard_argument(fn, opener.bias, 0, world)
-    _shard_argument(fn, plan.block.closer.weight, 1, world)
+    for linear, row in (*((opener, False) for opener in plan.block.openers), (plan.block.closer, True)):
+        for arg, dim in _cuts(linear, row):
+            _shard_argument(fn, arg, dim, world)
 
 
-def _without_bias(closer: ad.LinearOp) -> tuple[ad.LinearOp, SSAValue | None]:
+def _without_bias(closer: Gemm) -> tuple[Gemm, SSAValue | None]:
     """A closing bias must be added once, after the reduction, not on every rank."""
     if closer.bias is None:
         return closer, None
     bias = closer.bias
-    new = ad.LinearOp.build(operands=[closer.input, closer.weight, []], result_types=[closer.result.type],
-                            attributes=dict(closer.attributes))
+    kept = (getattr(closer, name) for name, _ in closer.get_irdl_definition().operands)
+    operands = [[] if v is None or v is bias else v for v in kept]
+    properties = {k: v for k, v in closer.properties.items() if k != "operandSegmentSizes"}
+    new = type(closer).build(operands=operands, result_types=[closer.result.type], properties=properties,
+                             attributes=dict(closer.attributes))
     new.location = closer.location
     Rewriter.replace_op(closer, new)
     return new, bias
 
 
-def insert_reductions(closers: list[ad.LinearOp], group: str) -> int:
+def insert_reductions(closers: list[Gemm], group: str) -> int:
     """One all_reduce (+ wait) for each partial sum, after the add where two blocks' partial
     sums meet; returns how many."""
     partials: dict[SSAValue, tuple[Operation, tuple[SSAValue, ...]]] = {}
