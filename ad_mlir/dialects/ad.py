@@ -2968,6 +2968,11 @@ def _collect_refs(attr: Attribute) -> list[int]:
     return []
 
 
+LINEAR_OPS = LinearOp | LinearFp8BlockOp | LinearFp8Op | LinearNvfp4Op | LinearInt4Op
+"""The linear layers: float, and the quantized ones of checkpoints (what `fuse-gemms` merges and
+`shard` splits)."""
+
+
 Ad = Dialect(
     "ad",
     [

@@ -60,7 +60,7 @@ from ad_mlir.dialects.weights import weight_arguments
 log = logging.getLogger(__name__)
 
 
-Gemm = ad.LinearOp | ad.LinearFp8BlockOp | ad.LinearFp8Op | ad.LinearNvfp4Op | ad.LinearInt4Op
+Gemm = ad.LINEAR_OPS
 
 
 def _per_channel(op: ad.LinearFp8Op) -> bool:

@@ -84,7 +84,7 @@ LAYER_KINDS = ("attention", "mlp")
 WORLD_GROUP = "0"
 """The name torch gives the default process group (`dist.group.WORLD.group_name`)."""
 
-Gemm = ad.LinearOp | ad.LinearFp8BlockOp | ad.LinearFp8Op | ad.LinearNvfp4Op | ad.LinearInt4Op
+Gemm = ad.LINEAR_OPS
 """The linears a block opens and closes with: float, and the quantized ones of checkpoints."""
 
 
