@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from eager_reference import eager_greedy, eager_logits
 from kernel_guard import kernel_calls, kernels_ran
 from test_generate_fp8 import _trajectory
 
@@ -56,18 +57,6 @@ def _checkpoint(directory: Path, family: str, initializer_range: float) -> Path:
 def llm(tmp_path_factory: pytest.TempPathFactory) -> ad_mlir.LLM:
     checkpoint = _checkpoint(tmp_path_factory.mktemp("ct") / "llama-ct-wide", "llama", 0.5)
     return ad_mlir.LLM(str(checkpoint), max_batch=len(PROMPTS), max_seq_len=32)
-
-
-def _eager_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0]
-
-
-def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    for _ in range(STEPS):
-        ids.append(int(_eager_logits(model, ids)[-1].argmax()))
-    return ids[len(prompt):]
 
 
 def _dequantized(model: torch.nn.Module) -> torch.nn.Module:
@@ -111,14 +100,14 @@ def test_the_program_keeps_fp8_weights_and_runs_fp8_kernels(llm: ad_mlir.LLM) ->
 
 def _assert_same_quantization(llm: ad_mlir.LLM, forced: list[list[int]], logits: list[torch.Tensor]) -> None:
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, forced, logits, strict=True)):
-        same = fp8_logits_error(_eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
+        same = fp8_logits_error(eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
         assert same <= SAME_QUANTIZATION_ERROR, f"prompt {i}: {same:.3g} from the eager quantized model"
 
 
 @pytest.mark.parametrize("path", ["kernels", "reference"])
 def test_ct_fp8_checkpoint_generates_the_reference_tokens(llm: ad_mlir.LLM, path: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    reference = [_greedy(llm.model, prompt) for prompt in PROMPTS]
+    reference = [eager_greedy(llm.model, prompt, STEPS) for prompt in PROMPTS]
     assert all(len(set(tokens)) > 3 for tokens in reference), f"greedy tokens barely vary: {reference}"
     with (kernels_ran(monkeypatch) if path == "kernels" else reference_kernels()), nearest_e4m3_rounding():
         logits = _trajectory(llm, PROMPTS, reference)
@@ -134,13 +123,13 @@ def test_ct_fp8_checkpoint_is_within_activation_rounding_of_the_dequantized_mode
     checkpoint = _checkpoint(tmp_path / f"{family}-ct", family, 0.02)
     llm = ad_mlir.LLM(str(checkpoint), max_batch=len(PROMPTS), max_seq_len=32)
     dequantized = _dequantized(llm.model)
-    forced = [_greedy(llm.model, prompt) for prompt in PROMPTS]
+    forced = [eager_greedy(llm.model, prompt, STEPS) for prompt in PROMPTS]
     with reference_kernels():
         logits = _trajectory(llm, PROMPTS, forced)
         outputs = llm.generate(PROMPTS, max_new_tokens=STEPS, ignore_eos=True)
     _assert_same_quantization(llm, forced, logits)
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, forced, logits, strict=True)):
-        plain = _eager_logits(dequantized, prompt + tokens)[len(prompt) - 1:]
+        plain = eager_logits(dequantized, prompt + tokens)[len(prompt) - 1:]
         error = fp8_logits_error(plain, got)
         print(f"{family} prompt {i}: {error:.3g} from the dequantized model")
         assert error <= ACTIVATION_ROUNDING_ERROR, f"prompt {i}: {error:.3g} from the dequantized model"

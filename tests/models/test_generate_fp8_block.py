@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from eager_reference import eager_greedy, eager_logits
 from kernel_guard import kernel_calls, kernels_ran
 from test_generate_fp8 import _trajectory
 
@@ -67,18 +68,6 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> ad_mlir.LLM:
     return ad_mlir.LLM(str(checkpoint), max_batch=len(PROMPTS), max_seq_len=32)
 
 
-def _eager_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0]
-
-
-def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    for _ in range(STEPS):
-        ids.append(int(_eager_logits(model, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def test_the_program_keeps_fp8_weights_and_runs_block_scaled_kernels(llm: ad_mlir.LLM) -> None:
     """Per layer, 4 GEMMs (Q/K/V and gate/up fused by `fuse-gemms`, o, down), each a
     block-scaled kernel: the compiled program holds every weight they multiply in fp8 (the fused
@@ -98,14 +87,14 @@ def test_the_program_keeps_fp8_weights_and_runs_block_scaled_kernels(llm: ad_mli
 
 def _assert_same_quantization(llm: ad_mlir.LLM, forced: list[list[int]], logits: list[torch.Tensor]) -> None:
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, forced, logits, strict=True)):
-        same = fp8_logits_error(_eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
+        same = fp8_logits_error(eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
         assert same <= SAME_QUANTIZATION_ERROR, f"prompt {i}: {same:.3g} from the eager quantized model"
 
 
 @pytest.mark.parametrize("path", ["kernels", "reference"])
 def test_fp8_checkpoint_generates_the_reference_tokens(llm: ad_mlir.LLM, path: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    reference = [_greedy(llm.model, prompt) for prompt in PROMPTS]
+    reference = [eager_greedy(llm.model, prompt, STEPS) for prompt in PROMPTS]
     assert all(len(set(tokens)) > 3 for tokens in reference), f"greedy tokens barely vary: {reference}"
     with (kernels_ran(monkeypatch) if path == "kernels" else reference_kernels()), nearest_e4m3_rounding():
         logits = _trajectory(llm, PROMPTS, reference)
@@ -124,7 +113,7 @@ def test_fp8_checkpoint_is_within_activation_rounding_of_the_dequantized_model(t
     llm = ad_mlir.LLM(str(checkpoint), max_batch=len(PROMPTS), max_seq_len=32)
     dequantized = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     assert dequantized.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
-    forced = [_greedy(llm.model, prompt) for prompt in PROMPTS]
+    forced = [eager_greedy(llm.model, prompt, STEPS) for prompt in PROMPTS]
     with reference_kernels():
         logits = _trajectory(llm, PROMPTS, forced)
         outputs = llm.generate(PROMPTS, max_new_tokens=STEPS, ignore_eos=True)

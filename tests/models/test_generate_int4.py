@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from eager_reference import eager_greedy, eager_logits
 from kernel_guard import kernel_calls, kernels_ran
 from test_generate_fp8 import _trajectory
 
@@ -87,18 +88,6 @@ def llms(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ad_mlir.LL
     return llm
 
 
-def _eager_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0]
-
-
-def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    for _ in range(STEPS):
-        ids.append(int(_eager_logits(model, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def dequantized_copy(model: torch.nn.Module) -> torch.nn.Module:
     """`model` (a loaded checkpoint) with each `Int4Linear` a plain fp32 `nn.Linear` on its
     dequantized weight."""
@@ -147,19 +136,19 @@ def test_int4_checkpoint_generates_the_eager_model_s_tokens(llms, name: str, pat
     costs ~20 s), the reference on all four (the other checkpoints' kernels, with a bias, one
     zero/scale row a tile or AWQ's zero offset of 0, are checked in test_linear_int4_kernel.py)."""
     llm = llms(name)
-    reference = [_greedy(llm.model, prompt) for prompt in PROMPTS]
+    reference = [eager_greedy(llm.model, prompt, STEPS) for prompt in PROMPTS]
     assert all(len(set(tokens)) > 2 for tokens in reference), f"greedy tokens barely vary: {reference}"
     with kernels_ran(monkeypatch) if path == "kernels" else reference_kernels():
         logits = _trajectory(llm, PROMPTS, reference)
         outputs = llm.generate([*PROMPTS, QUEUED], max_new_tokens=STEPS, ignore_eos=True)
     plain = dequantized_copy(llm.model)
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, reference, logits, strict=True)):
-        same = fp8_logits_error(_eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
+        same = fp8_logits_error(eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
         assert same <= FP32_ERROR, f"prompt {i}: {same:.3g} from the eager quantized model"
-        dequantized = fp8_logits_error(_eager_logits(plain, prompt + tokens)[len(prompt) - 1:], got)
+        dequantized = fp8_logits_error(eager_logits(plain, prompt + tokens)[len(prompt) - 1:], got)
         print(f"{name} {path} prompt {i}: {same:.3g} from the eager model, {dequantized:.3g} from the dequantized copy")
         assert dequantized <= FP32_ERROR, f"prompt {i}: {dequantized:.3g} from the dequantized copy"
-    assert [out.token_ids for out in outputs] == [*reference, _greedy(llm.model, QUEUED)]
+    assert [out.token_ids for out in outputs] == [*reference, eager_greedy(llm.model, QUEUED, STEPS)]
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "awq"])
@@ -171,8 +160,8 @@ def test_int4_checkpoint_is_within_4_bit_rounding_of_the_original_model(tmp_path
     loaded, _ = load_causal_lm(str(_checkpoint(tmp_path / fmt, fmt, original, "qwen2")))
     original = original.float()
     for i, prompt in enumerate(PROMPTS):
-        ids = prompt + _greedy(original, prompt)
-        error = fp8_logits_error(_eager_logits(original, ids)[len(prompt) - 1:],
-                                 _eager_logits(loaded, ids)[len(prompt) - 1:])
+        ids = prompt + eager_greedy(original, prompt, STEPS)
+        error = fp8_logits_error(eager_logits(original, ids)[len(prompt) - 1:],
+                                 eager_logits(loaded, ids)[len(prompt) - 1:])
         print(f"{fmt} prompt {i}: {error:.3g} from the original model")
         assert 0 < error <= FOUR_BIT_ROUNDING_ERROR, f"prompt {i}: {error:.3g} from the original model"

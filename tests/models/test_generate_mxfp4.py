@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from eager_reference import eager_greedy, eager_logits
 from kernel_guard import kernel_calls, kernels_ran
 from test_generate_fp8 import _trajectory
 
@@ -61,18 +62,6 @@ def llm(checkpoint: Path) -> ad_mlir.LLM:
     return ad_mlir.LLM(str(checkpoint), max_batch=len(PROMPTS), max_seq_len=32)
 
 
-def _eager_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0]
-
-
-def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    for _ in range(STEPS):
-        ids.append(int(_eager_logits(model, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def test_the_program_keeps_the_mxfp4_experts(llm: ad_mlir.LLM) -> None:
     """Each layer's experts are the checkpoint's uint8 blocks and scales, multiplied by one MXFP4
     MoE kernel a layer; no expert weight is wide and no grouped GEMM is left."""
@@ -86,13 +75,13 @@ def test_the_program_keeps_the_mxfp4_experts(llm: ad_mlir.LLM) -> None:
 
 
 def _assert_steps_are_the_eager_models(llm: ad_mlir.LLM, prompts: list[list[int]], steps: int) -> None:
-    reference = [_greedy(llm.model, prompt)[:steps] for prompt in prompts]
+    reference = [eager_greedy(llm.model, prompt, steps) for prompt in prompts]
     assert all(len(set(prompt + tokens)) == len(prompt + tokens) for prompt, tokens in zip(prompts, reference,
                                                                                                strict=True)), \
         f"greedy tokens barely vary: {reference}"
     logits = _trajectory(llm, prompts, reference)
     for i, (prompt, tokens, got) in enumerate(zip(prompts, reference, logits, strict=True)):
-        error = fp8_logits_error(_eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
+        error = fp8_logits_error(eager_logits(llm.model, prompt + tokens)[len(prompt) - 1:], got)
         assert error <= SAME_MODEL_ERROR, f"prompt {i}: {error:.3g} from the eager quantized model"
         assert [int(t) for t in got[:-1].argmax(-1)] == tokens
 
@@ -103,7 +92,7 @@ def test_mxfp4_checkpoint_generates_the_eager_quantized_tokens(llm: ad_mlir.LLM)
     with reference_kernels():
         _assert_steps_are_the_eager_models(llm, PROMPTS, STEPS)
         outputs = llm.generate(PROMPTS, max_new_tokens=STEPS, ignore_eos=True)
-    assert [out.token_ids for out in outputs] == [_greedy(llm.model, prompt) for prompt in PROMPTS]
+    assert [out.token_ids for out in outputs] == [eager_greedy(llm.model, prompt, STEPS) for prompt in PROMPTS]
 
 
 def test_mxfp4_kernels_in_the_interpreter(llm: ad_mlir.LLM, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,11 +108,11 @@ def test_mxfp4_checkpoint_computes_the_dequantized_model(llm: ad_mlir.LLM, check
     (the kernels equal it: the test above and test_moe_mxfp4_kernel.py)."""
     dequantized = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     assert dequantized.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.float32
-    forced = [_greedy(dequantized, prompt) for prompt in PROMPTS]
+    forced = [eager_greedy(dequantized, prompt, STEPS) for prompt in PROMPTS]
     with reference_kernels():
         logits = _trajectory(llm, PROMPTS, forced)
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, forced, logits, strict=True)):
-        plain = _eager_logits(dequantized, prompt + tokens)[len(prompt) - 1:]
+        plain = eager_logits(dequantized, prompt + tokens)[len(prompt) - 1:]
         error = (got - plain).abs().max() / plain.abs().max()
         assert error <= HF_FP32_NOISE, f"prompt {i}: {error:.3g} x the largest logit from the dequantized model"
         assert [int(t) for t in got[:-1].argmax(-1)] == tokens

@@ -23,6 +23,7 @@ import copy
 
 import pytest
 import torch
+from eager_reference import eager_greedy, eager_logits
 from kernel_guard import kernel_calls, kernels_ran
 from test_generate_fp8 import _trajectory
 
@@ -49,18 +50,6 @@ def llm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                                    hf_overrides=(("initializer_range", 0.5),)))
     checkpoint = write_nvfp4_checkpoint(model, tmp_path_factory.mktemp("nvfp4") / f"{request.param}-nvfp4")
     return ad_mlir.LLM(str(checkpoint), max_batch=len(PROMPTS), max_seq_len=32)
-
-
-def _eager_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0]
-
-
-def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    for _ in range(STEPS):
-        ids.append(int(_eager_logits(model, ids)[-1].argmax()))
-    return ids[len(prompt):]
 
 
 def _dequantized(model: torch.nn.Module) -> torch.nn.Module:
@@ -94,7 +83,7 @@ def test_the_program_keeps_the_packed_codes_and_runs_nvfp4_kernels(llm: ad_mlir.
 
 def test_nvfp4_checkpoint_generates_the_eager_model_s_tokens(llm: ad_mlir.LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     path = PATHS[llm.model.config.model_type]
-    forced = [_greedy(llm.model, prompt) for prompt in PROMPTS]
+    forced = [eager_greedy(llm.model, prompt, STEPS) for prompt in PROMPTS]
     assert all(len(set(tokens)) > 3 for tokens in forced), f"greedy tokens barely vary: {forced}"
     with kernels_ran(monkeypatch) if path == "kernels" else reference_kernels():
         logits = _trajectory(llm, PROMPTS, forced)
@@ -102,9 +91,9 @@ def test_nvfp4_checkpoint_generates_the_eager_model_s_tokens(llm: ad_mlir.LLM, m
     dequantized = _dequantized(llm.model)
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS, forced, logits, strict=True)):
         ids = prompt + tokens
-        same = fp8_logits_error(_eager_logits(llm.model, ids)[len(prompt) - 1:], got)
+        same = fp8_logits_error(eager_logits(llm.model, ids)[len(prompt) - 1:], got)
         assert same <= FP32_ERROR, f"prompt {i}: {same:.3g} from the eager quantized model"
-        plain = fp8_logits_error(_eager_logits(dequantized, ids)[len(prompt) - 1:], got)
+        plain = fp8_logits_error(eager_logits(dequantized, ids)[len(prompt) - 1:], got)
         assert plain <= FP32_ERROR, f"prompt {i}: {plain:.3g} from the dequantized model"
         print(f"{llm.model.config.model_type} {path} prompt {i}: {same:.3g} from the eager quantized model, "
               f"{plain:.3g} from the dequantized model")
