@@ -63,7 +63,6 @@ from typing import Any
 import torch
 
 from ad_mlir.semantics import torch_ops
-from ad_mlir.zoo.mxfp4 import Mxfp4Experts
 
 MODELING_MODULES = "transformers.models."
 INTEGRATION_MODULES = ("transformers.integrations.finegrained_fp8", "ad_mlir.zoo.quantized", "ad_mlir.zoo.ct_fp8",
@@ -537,6 +536,9 @@ def _gpt_oss_mxfp4_mlp(original: Callable[..., Any]) -> Callable[..., Any]:
     It returns the router's logits beside the output, as transformers' MXFP4 MLP does (the
     decoder layer drops them). Experts that are not MXFP4 take HF's forward."""
     def forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # imported here, as torch_ops.moe_mxfp4 imports it: its loader brings triton in
+        from ad_mlir.zoo.mxfp4 import Mxfp4Experts
+
         if not isinstance(self.experts, Mxfp4Experts):
             return original(self, hidden_states)
         flat = hidden_states.reshape(-1, self.router.hidden_dim)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ad_mlir.dialects import ad
-from ad_mlir.zoo import fp8_blocks, int4, mxfp4, nvfp4
+from ad_mlir.zoo import fp8_blocks, int4, nvfp4
 
 NAMESPACE = "ad_mlir"
 
@@ -340,6 +340,10 @@ def moe_mxfp4(input: torch.Tensor, router_logits: torch.Tensor, gate_up_blocks: 
     """`ad.moe_mxfp4`: gpt-oss's routing, then its experts on the routed experts' dequantized
     MXFP4 weights (`zoo/mxfp4.py`'s `moe_mxfp4`), which a loaded checkpoint's `Mxfp4Experts`
     also runs eagerly."""
+    # imported here: zoo/mxfp4.py's loader imports transformers' quantization integrations, and
+    # with them triton, which must not be imported before a caller picks the interpreter
+    from ad_mlir.zoo import mxfp4
+
     return mxfp4.moe_mxfp4(input, router_logits, gate_up_blocks, gate_up_scales, gate_up_bias, down_blocks,
                            down_scales, down_bias, top_k, alpha, limit)
 

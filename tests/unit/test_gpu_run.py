@@ -311,6 +311,7 @@ NOT_CARRIED = {
     "uvicorn": ({"ad_mlir/serve/cli.py"}, "serve"),
     "openai": ({"ad_mlir/bench/serve.py"}, "serve"),
     "llguidance": ({"ad_mlir/llm/structured.py"}, "serve's response_format, a lazy import that nothing else reaches"),
+    "gguf": ({"ad_mlir/zoo/checkpoints.py"}, "loading a .gguf file (the packaged SmolLM2, not carried), a lazy import"),
 }
 """Distributions `ad_mlir` imports that are not carried, the only files that may import them, and
 why: the serve part cannot run on a lent machine anyway (it needs SmolLM2's tokenizer, the

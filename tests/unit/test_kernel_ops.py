@@ -137,8 +137,8 @@ def test_unaliased_copies_only_what_aliases() -> None:
 
 
 CACHED = """
-func.func @f(%q: tensor<?x4x?x16xf32>, %k: tensor<?x2x?x16xf32>, %v: tensor<?x2x?x16xf32>, %kc: tensor<2x8x2x16xf32>, %vc: tensor<2x8x2x16xf32>, %s: tensor<?xi64>, %st: tensor<?xi64>) -> tensor<?x4x?x16xf32> {
-  %0 = ad.cached_attention %q, %k, %v cache %kc, %vc slots %s starts %st scale 2.500000e-01 : (tensor<?x4x?x16xf32>, tensor<?x2x?x16xf32>, tensor<?x2x?x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x16xf32>
+func.func @f(%q: tensor<?x4x?x16xf32>, %k: tensor<?x2x?x16xf32>, %v: tensor<?x2x?x16xf32>, %kc: tensor<2x8x2x16xf32>, %vc: tensor<2x8x2x16xf32>, %bt: tensor<?x1xi64>, %st: tensor<?xi64>) -> tensor<?x4x?x16xf32> {
+  %0 = ad.cached_attention %q, %k, %v cache %kc, %vc block_tables %bt cache_starts %st scale 2.500000e-01 : (tensor<?x4x?x16xf32>, tensor<?x2x?x16xf32>, tensor<?x2x?x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x16xf32>
   func.return %0 : tensor<?x4x?x16xf32>
 }
 """
@@ -153,10 +153,10 @@ def test_a_kernel_writing_its_caches_bumps_their_versions(path: str, tmp_path: P
     assert kernel.written, "the caches are the op's written inputs"
     q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)
     k_cache, v_cache = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16)
-    slots, starts = torch.tensor([1]), torch.tensor([0])
+    block_tables, starts = torch.tensor([[1]]), torch.tensor([0])  # the slot form: slot 1 is one page
     before = [t._version for t in (q, k, v, k_cache, v_cache)]
     with reference_kernels() if path == "reference" else torch.no_grad():
-        (out,) = kernel.op(*kernel.split_inputs([q, k, v, k_cache, v_cache, slots, starts]))
+        (out,) = kernel.op(*kernel.split_inputs([q, k, v, k_cache, v_cache, block_tables, starts]))
     assert out.shape == q.shape
     torch.testing.assert_close(k_cache[1, :3], k[0].transpose(0, 1))  # slot 1's first 3 positions
     torch.testing.assert_close(v_cache[1, :3], v[0].transpose(0, 1))
