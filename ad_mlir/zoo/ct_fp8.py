@@ -22,7 +22,7 @@ whose references compute exactly this module's forward. Imports nothing of the c
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,12 @@ import torch
 import transformers
 
 from ad_mlir.zoo.quantized import (
+    KeepsQuantizedTensors,
     linear_names,
     load_with_quantized_linears,
     module_name,
     read_safetensors,
     save_checkpoint,
-    tensor_bits,
 )
 
 QUANT_METHOD = "compressed-tensors"
@@ -136,7 +136,7 @@ def channel_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     return out.to(input.dtype)
 
 
-class Fp8ChannelLinear(torch.nn.Module):
+class Fp8ChannelLinear(KeepsQuantizedTensors, torch.nn.Module):
     """A compressed-tensors FP8-dynamic linear: `weight` float8_e4m3fn [N, K] and `weight_scale`
     float32 [N, 1] (channel) or [1] (tensor) keep their dtypes when the module is cast (they move
     to a device only); the bias follows the cast. Its forward is `channel_linear`."""
@@ -156,16 +156,6 @@ class Fp8ChannelLinear(torch.nn.Module):
         """`channel_linear`; the export routes this method through `ad.quantize_fp8_dynamic` and
         `ad.linear_fp8` (`frontends/export_patches.py`)."""
         return channel_linear(input, self.weight, self.weight_scale, self.bias)
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8ChannelLinear:
-        held = {name: self._parameters.pop(name) for name in self.QUANTIZED}
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            for name, param in held.items():
-                moved = fn(tensor_bits(param.detach())).view(param.dtype)
-                self._parameters[name] = torch.nn.Parameter(moved, requires_grad=False)
-        return self
 
 
 def quantization_config(strategy: str) -> dict[str, Any]:

@@ -34,11 +34,11 @@ import transformers
 
 from ad_mlir.zoo.int4 import BITS, dequantize, int4_linear, pack_columns, pack_rows, quantize_groups
 from ad_mlir.zoo.quantized import (
+    KeepsQuantizedTensors,
     linear_names,
     load_with_quantized_linears,
     module_name,
     read_safetensors,
-    tensor_bits,
 )
 
 QUANT_METHOD = "gptq"
@@ -85,11 +85,13 @@ def gptq_settings(quantization_config: dict[str, Any]) -> tuple[int, int]:
     return group_size_of(quantization_config), ZERO_OFFSETS[quantization_config.get(field, "gptq")]
 
 
-class Int4Linear(torch.nn.Module):
+class Int4Linear(KeepsQuantizedTensors, torch.nn.Module):
     """A 4-bit weight-only linear in `ad.linear_int4`'s layout (`zoo/int4.py`): `qweight` int32
     [K / 8, N], `qzeros` int32 [G, N / 8], `scales` [G, N] and, with act-order, `g_idx` int32 [K].
     The scales keep their dtype when the module is cast (they move to a device only: cast to
     bf16 they would lose bits); the bias follows the cast. Its forward is `int4_linear`."""
+
+    QUANTIZED = ("scales",)
 
     def __init__(self, in_features: int, out_features: int, group_size: int, zero_offset: int, act_order: bool,
                  bias: bool, scale_dtype: torch.dtype = torch.float16) -> None:
@@ -116,15 +118,6 @@ class Int4Linear(torch.nn.Module):
     def dequantized(self) -> torch.Tensor:
         """The weight [N, K] in float32."""
         return dequantize(self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size, self.zero_offset)
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Int4Linear:
-        scales = self._parameters.pop("scales")
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            moved = fn(tensor_bits(scales.detach())).view(scales.dtype)
-            self._parameters["scales"] = torch.nn.Parameter(moved, requires_grad=False)
-        return self
 
 
 def act_order_groups(importance: torch.Tensor, group_size: int) -> torch.Tensor:

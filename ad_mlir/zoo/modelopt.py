@@ -35,11 +35,11 @@ import transformers
 
 from ad_mlir.zoo import nvfp4
 from ad_mlir.zoo.quantized import (
+    KeepsQuantizedTensors,
     linear_names,
     load_with_quantized_linears,
     module_name,
     read_safetensors,
-    tensor_bits,
 )
 
 QUANT_METHOD = "modelopt"
@@ -117,7 +117,7 @@ def is_modelopt(directory: Path, quantization_config: dict[str, Any] | None) -> 
     return str(quantization_config.get("quant_method", "")).lower() == QUANT_METHOD
 
 
-class Nvfp4Linear(torch.nn.Module):
+class Nvfp4Linear(KeepsQuantizedTensors, torch.nn.Module):
     """A ModelOpt NVFP4 linear: `weight` uint8 [N, K / 2] (packed e2m1 codes), `weight_scale`
     float8_e4m3fn [N, K / 16], `weight_scale_2` and `input_scale` float32 [] keep their dtypes
     when the module is cast (they move to a device only); the bias follows the cast. Its forward
@@ -142,16 +142,6 @@ class Nvfp4Linear(torch.nn.Module):
         """`nvfp4.linear`; the export routes this method through `ad.linear_nvfp4`
         (`frontends/export_patches.py`)."""
         return nvfp4.linear(input, self.weight, self.weight_scale, self.weight_scale_2, self.bias)
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Nvfp4Linear:
-        held = {name: self._parameters.pop(name) for name in self.QUANTIZED}
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            for name, param in held.items():
-                moved = fn(tensor_bits(param.detach())).view(param.dtype)
-                self._parameters[name] = torch.nn.Parameter(moved, requires_grad=False)
-        return self
 
 
 def input_amax(model: transformers.PreTrainedModel, names: Sequence[str], tokens: int = 16) -> dict[str, torch.Tensor]:

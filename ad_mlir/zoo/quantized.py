@@ -82,7 +82,25 @@ def tensor_bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
-class Fp8BlockLinear(FP8Linear):
+class KeepsQuantizedTensors:
+    """A module mixin: the parameters named in `QUANTIZED` keep their dtypes when the module is
+    cast (`Module.to`, `.float()`, `.bfloat16()` move their bits to a device only); the others
+    follow the cast as usual."""
+
+    QUANTIZED: tuple[str, ...] = ()
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> KeepsQuantizedTensors:
+        held = {name: self._parameters.pop(name) for name in self.QUANTIZED}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name, param in held.items():
+                moved = fn(tensor_bits(param.detach())).view(param.dtype)
+                self._parameters[name] = torch.nn.Parameter(moved, requires_grad=False)
+        return self
+
+
+class Fp8BlockLinear(KeepsQuantizedTensors, FP8Linear):
     """transformers' `FP8Linear` with block scales (`block_size` [bn, bk], dynamic activations),
     whose `weight` (float8_e4m3fn) and `weight_scale_inv` (float32) keep their dtypes when the
     module is cast: `Module.to`, `.float()`, `.bfloat16()` move them to a device only; the bias
@@ -99,17 +117,6 @@ class Fp8BlockLinear(FP8Linear):
     def __init__(self, in_features: int, out_features: int, block_size: tuple[int, int], bias: bool) -> None:
         super().__init__(in_features, out_features, block_size=block_size, activation_scheme="dynamic",
                          has_bias=bias)
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8BlockLinear:
-        held = {name: self._parameters.pop(name) for name in self.QUANTIZED}
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            for name, param in held.items():
-                moved = fn(tensor_bits(param.detach())).view(param.dtype)
-                self._parameters[name] = torch.nn.Parameter(moved, requires_grad=False)
-        return self
-
 
 def linear_names(model: torch.nn.Module, skip: Sequence[str]) -> list[str]:
     """The linears a writer quantizes: every `nn.Linear` but the output embeddings (transformers
