@@ -1,30 +1,14 @@
 // fuse-rope-attention on tiny HF models (default pipeline): the attention masks HF builds from
 // the positions become the op's own masking (Mistral's sliding window and Llama's causal mask:
-// llm-fusions.mlir checks them, WINDOW and CAUSAL, on its bf16 outputs of those models).
-// Gemma2's eager soft-capped attention
-// (matmul, * 256^-0.5, / 50, tanh, * 50, + additive mask, softmax, matmul) is one rope_attention
-// with softcap 50, in layer 0 (a sliding layer) with window 4096: no matmul, no exp is left.
+// llm-fusions.mlir checks them, WINDOW and CAUSAL, on its bf16 outputs of those models, and
+// Gemma2's soft-capped attention, GEMMA2, on its bf16 output).
 // Qwen3's and Gemma3's QK-norms (an RMSNorm of each q and k head before RoPE) run in the
 // attention's prologue: the op takes their weights, and the only norms left are the layers'
 // own. OLMo2's QK-norm normalizes the whole q/k projection, which a per-head prologue cannot:
 // its two norms stay kernels of their own.
-// RUN: ad-opt --model gemma2 --layers 2 -p default | filecheck %s --check-prefix=GEMMA2
 // RUN: ad-opt --model qwen3 --layers 1 -p default | filecheck %s --check-prefix=QWEN3
 // RUN: ad-opt --model gemma3_text --layers 1 -p default | filecheck %s --check-prefix=GEMMA3
 // RUN: ad-opt --model olmo2 --layers 1 -p default | filecheck %s --check-prefix=OLMO2
-
-
-// GEMMA2:      func.func @forward
-// GEMMA2-NOT:  aten.diff
-// GEMMA2-NOT:  ad.matmul
-// GEMMA2-NOT:  ad.exp
-// GEMMA2:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal window 4096 softcap 5.000000e+01 scale 6.250000e-02 : (tensor<1x2x?x32xf32>, tensor<1x1x?x32xf32>, tensor<1x1x?x32xf32>, tensor<1x?x32xf32>, tensor<1x?x32xf32>) -> tensor<1x2x?x32xf32>
-// GEMMA2-NOT:  ad.matmul
-// GEMMA2-NOT:  ad.exp
-// GEMMA2:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal softcap 5.000000e+01 scale 6.250000e-02 :
-// GEMMA2-NOT:  ad.matmul
-// GEMMA2-NOT:  ad.exp
-// GEMMA2:      func.return
 
 // QWEN3:      ad.rms_norm %{{.*}} weight %p_model_layers_0_input_layernorm_weight
 // QWEN3-NOT:  ad.rms_norm

@@ -49,15 +49,22 @@
 // in its sliding window of 4096), the scale query_pre_attn_scalar^-0.5 = 256^-0.5. Its four
 // norms per layer are matched; the pre-feedforward and the next layer's input norm take the
 // residual adds. The only tanh left is the final logit soft-capping.
+// GEMMA2:      func.func @forward
+// GEMMA2-NOT:  aten.diff
+// GEMMA2-NOT:  ad.exp
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_input_layernorm_weight
-// GEMMA2:      ad.rope_attention {{.*}} causal window 4096 softcap 5.000000e+01 scale 6.250000e-02 : {{.*}} loc("model.layers.0.self_attn")
+// GEMMA2-NOT:  ad.matmul
+// GEMMA2-NOT:  ad.exp
+// GEMMA2:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal window 4096 softcap 5.000000e+01 scale 6.250000e-02 : {{.*}} loc("model.layers.0.self_attn")
+// GEMMA2-NOT:  ad.exp
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_post_attention_layernorm_weight
 // GEMMA2-NEXT: ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_0_pre_feedforward_layernorm_weight
 // GEMMA2:      ad.rms_norm %{{.*}} weight %p_model_layers_0_post_feedforward_layernorm_weight
 // GEMMA2-NEXT: ad.add_rms_norm %{{.*}}, %{{.*}} weight %p_model_layers_1_input_layernorm_weight
-// GEMMA2:      ad.rope_attention {{.*}} causal softcap 5.000000e+01 scale 6.250000e-02 : {{.*}} loc("model.layers.1.self_attn")
+// GEMMA2:      ad.rope_attention %{{.*}}, %{{.*}}, %{{.*}} rope %{{.*}}, %{{.*}} causal softcap 5.000000e+01 scale 6.250000e-02 : {{.*}} loc("model.layers.1.self_attn")
 // GEMMA2-NOT:  ad.rope{{ }}
 // GEMMA2-NOT:  ad.matmul
+// GEMMA2-NOT:  ad.exp
 // GEMMA2-NOT:  ad.rsqrt
 // GEMMA2:      ad.tanh
 // GEMMA2-NOT:  ad.tanh
