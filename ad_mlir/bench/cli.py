@@ -28,6 +28,10 @@
 - speculative (not run unless named): SmolLM2 on a prompt-copying task, decoded by the paged
   engine plainly and with n-gram prompt lookup, in one run: output tokens/s, steps, drafted and
   accepted tokens (`bench/speculative.py`);
+- quantized (not run unless named): SmolLM2's shape written as a checkpoint in each quantized
+  format the loader takes for a dense model and in bf16, each through `LLM(path)`: weight bytes,
+  modelled decode-step bytes against bf16's, the quantized ops, CPU decode speed on the
+  reference path (`bench/quantized.py`);
 - families (not run unless named: about 1.5 hours on 2 CPU cores): every causal-LM family of
   transformers built small, exported, compiled and checked against eager with the kernels on
   the reference path and in the Triton interpreter (`ad_mlir/bench/families.py`).
@@ -50,7 +54,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTS = ("kernels", "launch", "generate", "compile", "traffic", "ptx", "matrix", "serve", "speculative", "families")
+PARTS = ("kernels", "launch", "generate", "compile", "traffic", "ptx", "matrix", "serve", "speculative", "quantized",
+         "families")
 DEFAULT_PARTS = ("kernels", "launch", "generate", "compile", "traffic", "ptx", "matrix")
 
 
@@ -90,7 +95,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="small sweeps (1 and 4 layers, fewer token counts, Llama and Gemma2 PTX): < 3 minutes on CPU")
     p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
-                   help=f"comma-separated subset of {', '.join(PARTS)} (default: all but families)")
+                   help=f"comma-separated subset of {', '.join(PARTS)} (default: {','.join(DEFAULT_PARTS)})")
     p.add_argument("--out", type=Path, default=None,
                    help="output directory (default: benchmarks/results/<machine>[-quick], <machine> = cpu or the "
                    "GPU's name)")
@@ -201,6 +206,10 @@ def _run_part(part: str, args: argparse.Namespace, progress: Any) -> list[dict[s
         from ad_mlir.bench.speculative import run_speculative
 
         return run_speculative(args.quick, progress)
+    if part == "quantized":
+        from ad_mlir.bench.quantized import run_quantized
+
+        return run_quantized(args.quick, progress)
     if part in ("matrix", "families"):
         from dataclasses import asdict
 

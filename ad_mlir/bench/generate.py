@@ -39,7 +39,8 @@ def smollm2_or_its_shape(layers: int | None = None) -> tuple[torch.nn.Module, st
     return transformers.LlamaForCausalLM(config).eval(), f"SmolLM2-135M shape ({layers} layers), random weights"
 
 
-def _seconds(run: Callable[[], Any], device: torch.device) -> float:
+def seconds(run: Callable[[], Any], device: torch.device) -> float:
+    """Wall seconds of `run`'s second call (the first warms up)."""
     run()  # warm-up: kernels compiled, allocator primed
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -81,7 +82,7 @@ def run_generate(quick: bool, progress: Callable[[str], None] = lambda _: None) 
         for impl, run in runners.items():
             progress(f"{impl}, batch {batch}")
             with torch.no_grad(), reference_kernels():
-                total, prefill = _seconds(lambda r=run: r(new), device), _seconds(lambda r=run: r(1), device)
+                total, prefill = seconds(lambda r=run: r(new), device), seconds(lambda r=run: r(1), device)
             decode = max(total - prefill, 1e-9)
             rows.append({"kind": "speed", "model": name, "impl": impl, "device": device.type, "dtype": str(dtype).removeprefix("torch."),
                          "batch": batch, "prompt_tokens": PROMPT_TOKENS, "new_tokens": new, "seconds": total,

@@ -164,6 +164,20 @@ def speculative_table(rows: Sequence[dict[str, Any]]) -> str:
             + _table(header, body))
 
 
+def quantized_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ["format", "quantized ops", "weights MB", "decode step MB (batch 1)", "vs bf16", "ms per decode step",
+              "decode tok/s", "vs bf16", "same tokens as eager"]
+    body = [[r["format"], ", ".join(f"{op} {n}" for op, n in r["quantized_ops"].items()) or "-",
+             f"{r['weight_bytes'] / MB:.1f}", f"{r['decode_bytes'] / MB:.1f}", f"{r['decode_bytes_vs_bf16']:.2f}",
+             f"{r['decode_ms_per_step']:.1f}", f"{r['decode_tok_per_s']:.1f}", f"{r['decode_speed_vs_bf16']:.2f}",
+             r["same_tokens_as_eager"]] for r in rows]
+    what = rows[0]["model"] if rows else ""
+    return (f"### Quantized checkpoints ({what}, random weights, bf16 activations)\n\n(each checkpoint loaded by "
+            "`LLM(path)`; decode step MB: the modelled HBM bytes of one decode step at batch 1, "
+            "`ad_mlir/bench/decode_traffic.py`; speed: on the CPU with the kernels as their torch reference, which "
+            "dequantizes each weight at each call; see `ad_mlir/bench/quantized.py`)\n\n" + _table(header, body))
+
+
 def families_table(rows: Sequence[dict[str, Any]], title: str = "Family sweep") -> str:
     from ad_mlir.bench.families import FamilyRow
     from ad_mlir.bench.families import markdown as sweep_markdown
@@ -177,7 +191,7 @@ def matrix_table(rows: Sequence[dict[str, Any]]) -> str:
 
 TABLES = {"kernels": kernel_table, "launch": launch_table, "generate": generate_table, "compile": compile_table, "traffic": traffic_table,
           "ptx": ptx_table, "matrix": matrix_table, "serve": serve_table, "speculative": speculative_table,
-          "families": families_table}
+          "quantized": quantized_table, "families": families_table}
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import torch
 from xdsl.dialects import func
 from xdsl.parser import Parser
 
-from ad_mlir.bench import cli
+from ad_mlir.bench import cli, report
 from ad_mlir.bench.compile_time import run_compile_time
 from ad_mlir.bench.families import FamilyRow
 from ad_mlir.bench.report import write_results
@@ -396,3 +396,27 @@ def test_the_speculative_part_decodes_plainly_and_with_drafts_and_tabulates_both
     rows[0]["output_tok_per_s"], rows[1]["output_tok_per_s"] = 10.0, 15.0
     text = speculative_table(rows)
     assert "| 2 | n-gram k=2 |" in text and "| 1.5x |" in text
+
+
+def test_the_quantized_part_loads_each_checkpoint_as_its_quantized_ops_and_counts_their_bytes() -> None:
+    """A one-layer Llama as bf16 and GPTQ int4 checkpoints: the GPTQ graph holds four int4 linears
+    (fused Q/K/V, o, fused gate/up, down) and its weights are the bf16 ones less each linear's
+    2*K*N bytes plus, by the format's layout, K*N/2 of packed nibbles and per group of 64 input
+    features N/2 bytes of packed zero points and N bf16 scales (g_idx, trivial, is dropped)."""
+    import transformers
+
+    from ad_mlir.bench.quantized import run_quantized
+
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                      initializer_range=0.5)
+    model = transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16)
+    rows = run_quantized(True, model=model, new_tokens=3, formats=["GPTQ int4 (g64)"])
+    assert [(r["format"], r["quantized_ops"]) for r in rows] == [("bf16", {}), ("GPTQ int4 (g64)", {"ad.linear_int4": 4})]
+    linears = [(128, 128), (128, 64), (128, 64), (128, 128), (128, 256), (128, 256), (256, 128)]  # (K, N)
+    int4 = sum(k * n // 2 + (k // 64) * (n // 2 + 2 * n) for k, n in linears)
+    assert rows[0]["weight_bytes"] - rows[1]["weight_bytes"] == sum(2 * k * n for k, n in linears) - int4
+    assert rows[1]["decode_bytes_vs_bf16"] < 1 and rows[0]["decode_bytes_vs_bf16"] == 1
+    assert all(r["same_tokens_as_eager"] >= 1 and r["decode_tok_per_s"] > 0 for r in rows)
+    table = report.quantized_table(rows)
+    assert "| GPTQ int4 (g64) | ad.linear_int4 4 |" in table
