@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_steps import checked_step
 from kernel_guard import kernel_calls
 from test_generate import PROMPTS, _assert_logits_close
 from test_paged import BLOCK_TABLES, NUM_PAGES, PAGE_SIZE
@@ -30,6 +31,7 @@ from transformers import AutoModelForCausalLM
 
 import ad_mlir
 from ad_mlir.dialects import ad
+from ad_mlir.llm.engine import SamplingParams, make_engine
 from ad_mlir.llm.piecewise import LOGITS_INPUT, SEQUENCE_INPUTS, CudaGraphPiecewise, pad_flat_step
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.tiny import TinyConfig, build_model
@@ -248,6 +250,33 @@ def test_generate_with_steps_replayed_gives_the_eager_tokens(llms, runners,  # n
         replayed = [out.token_ids for out in llm.generate(PROMPTS, max_new_tokens=6)]
     assert replayed == eager and len({t for out in eager for t in out}) > 3
     assert steps == [3] * 5 and capture.replays - replays == 5 * len(runner.pieces), steps
+
+
+@pytest.mark.parametrize("family", MIXERS)
+def test_chunks_beside_decodes_replayed_give_the_eager_tokens(llms, runners, family: str,  # noqa: ANN001
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paged engine with a step budget of 8 tokens, so the prompts go in chunks beside the
+    others' decodes (state slots for LFM2's convolutions): with every step replayed piecewise,
+    the tokens of the eager steps, greedy; some steps mixed a chunk with decodes."""
+    llm = llms[family]
+    runner, _ = runners[family]
+
+    def generate() -> list[list[int]]:
+        engine = make_engine(llm, max_step_tokens=8)
+        requests = [engine.add(prompt, SamplingParams(max_tokens=5)) for prompt in PROMPTS]
+        with torch.no_grad(), reference_kernels():
+            while engine.has_work:
+                checked_step(engine)
+        return [r.output.token_ids for r in requests]
+
+    eager = generate()
+    monkeypatch.setattr(llm, "step_graphs", runner)
+    run = runner.run
+    mixed: list[bool] = []
+    monkeypatch.setattr(runner, "run", lambda flat, *states: mixed.append(
+        flat[2].diff().max() > 1 and flat[2].diff().min() == 1) or run(flat, *states))
+    assert generate() == eager and len({t for out in eager for t in out}) > 3
+    assert any(mixed), "no step fed a chunk beside a decode"
 
 
 def test_every_paged_form_replays_its_other_steps_piecewise_on_cuda(monkeypatch: pytest.MonkeyPatch,
