@@ -143,7 +143,7 @@ class CudaGraphCapture:
 
 
 @dataclass
-class _Replay:
+class _BucketGraph:
     """One piece's graph for one bucket: its outputs, and which of its arguments a replay copies
     into its static buffers (those an eager partition made afresh) or must find unchanged."""
 
@@ -176,7 +176,7 @@ class _CapturedPiece:
 
     def __init__(self, runner: CudaGraphPiecewise, name: str, module: torch.fx.GraphModule) -> None:
         self.runner, self.name, self.module = runner, name, module
-        self.replays: dict[int, _Replay] = {}
+        self.replays: dict[int, _BucketGraph] = {}
 
     def __call__(self, *args: Any) -> Any:
         bucket = self.runner.bucket
@@ -196,7 +196,7 @@ class _CapturedPiece:
         replay.graph.replay()
         return replay.outputs
 
-    def _capture(self, args: Sequence[Any]) -> _Replay:
+    def _capture(self, args: Sequence[Any]) -> _BucketGraph:
         fresh = self.runner.fresh
         copied = [(i, torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a))
                   for i, a in enumerate(args) if id(a) in fresh]
@@ -205,7 +205,7 @@ class _CapturedPiece:
             static[i] = buffer
         graph, outputs = self.runner.graphs.capture(lambda: self.module(*static))
         taken = {i for i, _ in copied}
-        return _Replay(graph, outputs, copied, [(i, a) for i, a in enumerate(args) if i not in taken])
+        return _BucketGraph(graph, outputs, copied, [(i, a) for i, a in enumerate(args) if i not in taken])
 
 
 class CudaGraphPiecewise:
@@ -215,7 +215,12 @@ class CudaGraphPiecewise:
     alone. A step is padded to its bucket (`pad_flat_step`), its tokens and positions copied
     into the bucket's static buffers, its metadata given to the eager mixers as they are; a
     mixer's output is copied into the next piece's static buffer, a piece's output is read in
-    place by the pieces after it. The logits are the eager tail's, a tensor of their own."""
+    place by the pieces after it. The logits are the eager tail's, a tensor of their own. Every
+    bucket holds its pieces' outputs (its tokens' activations at each mixer: counted for
+    Llama-3-8B in bf16, q, k, v, the residual and the attention's output, 28 KB a token and
+    layer, about 0.9 GB for buckets up to 512; not measured). Never run on a GPU yet:
+    `tests/gpu/test_cuda.py` generates with it where one is, the CPU tests replay its pieces
+    eagerly (`tests/models/test_piecewise.py`)."""
 
     def __init__(self, llm: LLM, buckets: Sequence[int], scratch_page: int, scratch_state_slot: int | None = None,
                  graphs: Capture | None = None) -> None:

@@ -10,8 +10,9 @@ prompt), pages out of order and state slots not in the sequences' order, each pa
 bucket of tokens by dummy sequences in the scratch page (and scratch state slot). The same
 logits, every page and state slot of the sequences as the eager step leaves them, the scratch
 page written by the padding; the split keeps exactly the mixers (and the logits' gather and LM
-head) out of the pieces; each piece is captured once per bucket; `generate` through the paged
-engine with steps replayed gives the eager steps' tokens. `tests/gpu/test_cuda.py` runs the
+head) out of the pieces; each piece is captured once per bucket; the paged engine with its
+steps replayed (`generate`, prompt chunks beside decodes, verified n-gram drafts) gives the eager
+steps' tokens. `tests/gpu/test_cuda.py` runs the
 real CUDA graphs."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import ad_mlir
 from ad_mlir.dialects import ad
 from ad_mlir.llm.engine import SamplingParams, make_engine
 from ad_mlir.llm.piecewise import LOGITS_INPUT, SEQUENCE_INPUTS, CudaGraphPiecewise, pad_flat_step
+from ad_mlir.llm.speculative import NgramProposer
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
@@ -277,6 +279,33 @@ def test_chunks_beside_decodes_replayed_give_the_eager_tokens(llms, runners, fam
         flat[2].diff().max() > 1 and flat[2].diff().min() == 1) or run(flat, *states))
     assert generate() == eager and len({t for out in eager for t in out}) > 3
     assert any(mixed), "no step fed a chunk beside a decode"
+
+
+def test_verified_drafts_replayed_give_the_eager_tokens(llms, runners,  # noqa: ANN001
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculative decoding (n-gram drafts, on prompts that repeat themselves): with the steps
+    replayed piecewise, some verifying drafts (more logits' rows than sequences), the tokens of
+    the eager steps, greedy."""
+    llm = llms["llama"]
+    runner, _ = runners["llama"]
+    prompts = [[5, 9, 13, 5, 9, 13, 5, 9], [3, 4, 3, 4, 3]]
+
+    def generate() -> list[list[int]]:
+        engine = make_engine(llm, max_step_tokens=16, speculative=NgramProposer(num_tokens=3))
+        requests = [engine.add(prompt, SamplingParams(max_tokens=8)) for prompt in prompts]
+        with torch.no_grad(), reference_kernels():
+            while engine.has_work:
+                checked_step(engine)
+        return [r.output.token_ids for r in requests]
+
+    eager = generate()
+    monkeypatch.setattr(llm, "step_graphs", runner)
+    run = runner.run
+    drafts: list[bool] = []
+    monkeypatch.setattr(runner, "run", lambda flat, *states: drafts.append(
+        flat[5].shape[0] > flat[3].shape[0]) or run(flat, *states))
+    assert generate() == eager
+    assert any(drafts), "no step verified a draft"
 
 
 def test_every_paged_form_replays_its_other_steps_piecewise_on_cuda(monkeypatch: pytest.MonkeyPatch,
