@@ -36,9 +36,9 @@ import torch
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.frontends.export import ModuleExport
 from ad_mlir.llm.cache_export import cache_arguments, cache_export, model_device
-from ad_mlir.llm.cuda_graphs import CudaGraphDecode, CudaGraphFlatDecode, decode_buckets, pad_to_bucket
+from ad_mlir.llm.cuda_graphs import CudaGraphDecode, CudaGraphFlatDecode, buckets_up_to, pad_to_bucket
 from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
-from ad_mlir.llm.piecewise import MAX_PIECEWISE_TOKENS, CudaGraphPiecewise, token_buckets
+from ad_mlir.llm.piecewise import MAX_PIECEWISE_TOKENS, CudaGraphPiecewise
 from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline
 from ad_mlir.llm.speculative import Proposer
 from ad_mlir.passes.insert_cached_attention import PerSequenceState
@@ -421,9 +421,9 @@ class LLM:
             return None
         try:
             if self.page_size is not None:
-                return CudaGraphFlatDecode(self, decode_buckets(self.max_batch), self.scratch_page,
+                return CudaGraphFlatDecode(self, buckets_up_to(self.max_batch), self.scratch_page,
                                            self.scratch_state_slot)
-            return CudaGraphDecode(self, decode_buckets(self.max_batch))
+            return CudaGraphDecode(self, buckets_up_to(self.max_batch))
         except RuntimeError as e:
             if cuda_graphs:
                 raise ValueError(f"CUDA graph capture of the decode step failed ({e}); use cuda_graphs=False") from e
@@ -437,7 +437,7 @@ class LLM:
         logged."""
         if not isinstance(self.decode_graphs, CudaGraphFlatDecode):
             return None
-        buckets = token_buckets(min(MAX_PIECEWISE_TOKENS, self.max_batch * self.max_seq_len))
+        buckets = buckets_up_to(min(MAX_PIECEWISE_TOKENS, self.max_batch * self.max_seq_len))
         try:
             return CudaGraphPiecewise(self, buckets, self.scratch_page, self.scratch_state_slot)
         except RuntimeError as e:

@@ -33,11 +33,6 @@ MAX_PIECEWISE_TOKENS = 512
 its GEMMs, not by launches, and runs eagerly; every bucket holds its pieces' outputs."""
 
 
-def token_buckets(max_tokens: int) -> tuple[int, ...]:
-    """Token counts a step is captured for: powers of two below `max_tokens`, and it."""
-    return tuple(sorted({1 << i for i in range(max_tokens.bit_length()) if 1 << i < max_tokens} | {max_tokens}))
-
-
 def pad_flat_step(input_ids: torch.Tensor, position_ids: torch.Tensor, query_starts: torch.Tensor,
                   cache_starts: torch.Tensor, block_tables: torch.Tensor, logits_indices: torch.Tensor,
                   bucket: int, scratch_page: int, state_slots: torch.Tensor | None = None,
