@@ -271,6 +271,7 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/llm/cuda_graphs.py": Tests((), (
         "tests/models/test_paged.py::test_a_decode_step_padded_to_its_cuda_graph_bucket_gives_the_same_logits",
         "tests/models/test_llm_runtime.py", "-k", "bucket or padded or graphs")),
+    "ad_mlir/llm/piecewise.py": Tests((), ("tests/models/test_piecewise.py",)),
     "ad_mlir/llm/pipelines.py": Tests((), (
         "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",)),
     "ad_mlir/llm/llm.py": Tests(_lit(*_CACHED), (

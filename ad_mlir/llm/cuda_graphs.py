@@ -12,9 +12,10 @@ if TYPE_CHECKING:
     from ad_mlir.llm.llm import LLM
 
 
-def decode_buckets(max_batch: int) -> tuple[int, ...]:
-    """Batch sizes a decode graph is captured for: powers of two below `max_batch`, and it."""
-    return tuple(sorted({1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch} | {max_batch}))
+def buckets_up_to(limit: int) -> tuple[int, ...]:
+    """Sizes graphs are captured for (batch sizes of the decode graphs, token counts of the
+    piecewise ones): powers of two below `limit`, and it."""
+    return tuple(sorted({1 << i for i in range(limit.bit_length()) if 1 << i < limit} | {limit}))
 
 
 def pad_to_bucket(tokens: Sequence[int], slots: Sequence[int], starts: Sequence[int], free: Sequence[int],

@@ -36,8 +36,9 @@ import torch
 from ad_mlir.compiler import CompileOptions, compile_program
 from ad_mlir.frontends.export import ModuleExport
 from ad_mlir.llm.cache_export import cache_arguments, cache_export, model_device
-from ad_mlir.llm.cuda_graphs import CudaGraphDecode, CudaGraphFlatDecode, decode_buckets, pad_to_bucket
+from ad_mlir.llm.cuda_graphs import CudaGraphDecode, CudaGraphFlatDecode, buckets_up_to, pad_to_bucket
 from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
+from ad_mlir.llm.piecewise import MAX_PIECEWISE_TOKENS, CudaGraphPiecewise
 from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline
 from ad_mlir.llm.speculative import Proposer
 from ad_mlir.passes.insert_cached_attention import PerSequenceState
@@ -112,8 +113,10 @@ class LLM:
     Per-sequence states (short convolutions, scans) stay per sequence beside the pages: pools of
     `max_batch` state slots (`num_state_slots`), one per running sequence, given to `forward_flat`
     as `state_slots`; `step` and `decode` are the slot form's. With CUDA graphs its decode-only
-    steps are replayed per bucket of sequences (`CudaGraphFlatDecode`), hybrids' too: the pool holds
-    one scratch page more (`scratch_page`), and the state pools one scratch slot more
+    steps are replayed per bucket of sequences (`CudaGraphFlatDecode`), hybrids' too, and its other
+    steps (prefill chunks, with decodes or not, verified drafts) piecewise per bucket of tokens
+    (`CudaGraphPiecewise`: the pieces between the cached mixers replayed, the mixers eager): the
+    pool holds one scratch page more (`scratch_page`), and the state pools one scratch slot more
     (`scratch_state_slot`), for the padding rows.
 
     Tensor parallel: with `shard` in the pipeline (e.g. `canonicalize,shard{world-size=2},default`)
@@ -157,6 +160,8 @@ class LLM:
         """Tokens a page holds in the paged form (`forward_flat`); None in the slot form."""
         start = time.perf_counter()
         self.decode_graphs: CudaGraphDecode | CudaGraphFlatDecode | None = None
+        self.step_graphs: CudaGraphPiecewise | None = None
+        """The paged form's other steps, piecewise (`CudaGraphPiecewise`), where its decode steps are captured."""
         self.scratch_page: int | None = None
         """The paged form with CUDA graphs: the pool's last page, which no sequence holds (the
         padding rows of a captured decode step write there); `num_pages` excludes it."""
@@ -185,6 +190,7 @@ class LLM:
                  self.cache_tokens, shape, sum(self.token_bytes.values()),
                  _per_layer(self.token_bytes), self.state_bytes // (max_batch + (self.scratch_state_slot is not None)))
         self.decode_graphs = self._capture_decode(cuda_graphs)
+        self.step_graphs = self._capture_steps(cuda_graphs)
         if speculative is not None and self.num_state_slots:
             raise ValueError("speculative decoding needs a model whose every cache is paged: this one keeps "
                              "per-sequence states (convolutions or recurrent scans), which cannot be rolled back "
@@ -278,6 +284,8 @@ class LLM:
         graphs = self.decode_graphs
         if isinstance(graphs, CudaGraphFlatDecode) and graphs.takes(*flat):
             return graphs.run(flat, state_slots)
+        if self.step_graphs is not None and self.step_graphs.takes(input_ids):
+            return self.step_graphs.run(flat, state_slots)
         states = () if state_slots is None else (state_slots.to(self.device, torch.int64),)
         return self.run_flat(*(t.to(self.device, torch.int64) for t in flat), *states)
 
@@ -413,13 +421,30 @@ class LLM:
             return None
         try:
             if self.page_size is not None:
-                return CudaGraphFlatDecode(self, decode_buckets(self.max_batch), self.scratch_page,
+                return CudaGraphFlatDecode(self, buckets_up_to(self.max_batch), self.scratch_page,
                                            self.scratch_state_slot)
-            return CudaGraphDecode(self, decode_buckets(self.max_batch))
+            return CudaGraphDecode(self, buckets_up_to(self.max_batch))
         except RuntimeError as e:
             if cuda_graphs:
                 raise ValueError(f"CUDA graph capture of the decode step failed ({e}); use cuda_graphs=False") from e
             log.warning("LLM: decode runs without CUDA graphs: capture failed (%s)", e)
+            return None
+
+    def _capture_steps(self, cuda_graphs: bool | None) -> CudaGraphPiecewise | None:
+        """The paged form's steps that are not decode-only, piecewise, where its decode steps
+        were captured: buckets of tokens up to `MAX_PIECEWISE_TOKENS` (at most the flattened
+        export's `max_batch` x `max_seq_len`); a default that fails to capture runs them eagerly,
+        logged."""
+        if not isinstance(self.decode_graphs, CudaGraphFlatDecode):
+            return None
+        buckets = buckets_up_to(min(MAX_PIECEWISE_TOKENS, self.max_batch * self.max_seq_len))
+        try:
+            return CudaGraphPiecewise(self, buckets, self.scratch_page, self.scratch_state_slot)
+        except RuntimeError as e:
+            if cuda_graphs:
+                raise ValueError(f"piecewise CUDA graph capture of the paged steps failed ({e}); "
+                                 "use cuda_graphs=False") from e
+            log.warning("LLM: prefill and mixed steps run without CUDA graphs: capture failed (%s)", e)
             return None
 
     # -- generation ----------------------------------------------------------------------

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_steps import checked_step
 from kernel_guard import graph_kernels
 from transformers import AutoModelForCausalLM, Lfm2Config
 
 import ad_mlir
 from ad_mlir.frontends.export import export_with_ids
+from ad_mlir.llm.engine import SamplingParams, make_engine
 from ad_mlir.runtime import kernels
 from ad_mlir.tools.report import low_precision_bound
 from ad_mlir.zoo.tiny import FAMILIES, TinyConfig, build_model, example_input_ids
@@ -38,6 +40,15 @@ def no_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _cuda_model(family: str, dtype: str, layers: int = 1, overrides: tuple = ()) -> torch.nn.Module:
     return build_model(TinyConfig(family=family, layers=layers, dtype=dtype, hf_overrides=overrides)).cuda()
+
+
+def _lfm2() -> torch.nn.Module:
+    """A tiny LFM2 (short convolutions beside attention), fp32, wide init, on the GPU."""
+    torch.manual_seed(0)
+    config = Lfm2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"],
+                        pad_token_id=0, max_position_embeddings=256, initializer_range=0.5)
+    return AutoModelForCausalLM.from_config(config).eval().cuda()
 
 
 @pytest.mark.usefixtures("no_reference_fallback")
@@ -112,11 +123,7 @@ def test_paged_hybrid_generation_with_cuda_graphs_matches_hf() -> None:
     its decode-only steps replayed from CUDA graphs (the convolution's varlen kernel reading
     `query_starts` on the device; the padding rows in the scratch page and the scratch state
     slot): three prompts, greedy, HF's tokens (checked to vary), and the graphs replayed."""
-    torch.manual_seed(0)
-    config = Lfm2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"],
-                        pad_token_id=0, max_position_embeddings=256, initializer_range=0.5)
-    model = AutoModelForCausalLM.from_config(config).eval().cuda()
+    model = _lfm2()
     llm = ad_mlir.LLM(model, max_batch=4, max_seq_len=64, page_size=16)
     assert llm.decode_graphs is not None and llm.num_state_slots == 4 and llm.scratch_state_slot == 4
     replays = []
@@ -129,3 +136,36 @@ def test_paged_hybrid_generation_with_cuda_graphs_matches_hf() -> None:
             hf = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, do_sample=False)
         tokens = hf[0, len(prompt):].tolist()
         assert out.token_ids == tokens and len(set(tokens)) >= len(tokens) / 4, tokens
+
+
+@pytest.mark.usefixtures("no_reference_fallback")
+@pytest.mark.parametrize("family", ["llama", "lfm2"])
+def test_paged_steps_replayed_piecewise_give_the_eager_tokens(family: str) -> None:
+    """The paged form on CUDA through the paged engine with a step budget of 8 tokens, so the
+    prompts go in chunks beside the others' decodes: its decode-only steps replayed whole, the
+    others piecewise (`CudaGraphPiecewise`: the pieces between the cached mixers replayed per
+    bucket of tokens, the mixers eager, a hybrid's convolutions among them); three prompts,
+    greedy, fp32: the tokens of the same model with `cuda_graphs=False` and HF's (checked to
+    vary), and steps that were not decode-only replayed."""
+    model = _lfm2() if family == "lfm2" else _cuda_model("llama", "float32", layers=2, overrides=WIDE)
+    replayed = ad_mlir.LLM(model, max_batch=4, max_seq_len=64, page_size=16)
+    eager = ad_mlir.LLM(model, max_batch=4, max_seq_len=64, page_size=16, cuda_graphs=False)
+    assert replayed.step_graphs is not None and eager.step_graphs is None and eager.decode_graphs is None
+    steps: list[int] = []
+    run = replayed.step_graphs.run
+    replayed.step_graphs.run = lambda flat, *states: steps.append(flat[0].shape[1]) or run(flat, *states)
+
+    def generate(llm: ad_mlir.LLM) -> list[list[int]]:
+        engine = make_engine(llm, max_step_tokens=8)
+        requests = [engine.add(prompt, SamplingParams(max_tokens=12)) for prompt in PROMPTS]
+        while engine.has_work:
+            checked_step(engine)
+        return [r.output.token_ids for r in requests]
+
+    tokens = generate(replayed)
+    assert steps and max(steps) > 1, steps
+    assert tokens == generate(eager)
+    for prompt, out in zip(PROMPTS, tokens, strict=True):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=12, do_sample=False)
+        assert out == hf[0, len(prompt):].tolist() and len(set(out)) >= len(out) / 4, out

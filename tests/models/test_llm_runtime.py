@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import ad_mlir
 from ad_mlir import generate
-from ad_mlir.llm.cuda_graphs import decode_buckets, pad_to_bucket
+from ad_mlir.llm.cuda_graphs import buckets_up_to, pad_to_bucket
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
@@ -157,7 +157,7 @@ def decode_problems(gm: torch.fx.GraphModule, inputs: list[str], caches: set[str
 
 
 def test_the_decode_step_is_cuda_graph_ready(llm: ad_mlir.LLM) -> None:
-    for batch in decode_buckets(llm.max_batch):
+    for batch in buckets_up_to(llm.max_batch):
         gm = _trace_decode(llm, batch)
         assert decode_problems(gm, llm.inputs, set(llm.caches)) == []
         (output,) = (n for n in gm.graph.nodes if n.op == "output")
@@ -177,10 +177,10 @@ def test_the_decode_check_finds_a_host_sync_and_a_cache_not_written() -> None:
     assert any(p.startswith("k_cache_0 is copied by clone") for p in problems), problems
 
 
-def test_decode_buckets_cover_every_batch_up_to_max_batch() -> None:
-    assert decode_buckets(1) == (1,)
-    assert decode_buckets(4) == (1, 2, 4)
-    assert decode_buckets(6) == (1, 2, 4, 6)
+def test_buckets_cover_every_size_up_to_the_limit() -> None:
+    assert buckets_up_to(1) == (1,)
+    assert buckets_up_to(4) == (1, 2, 4)
+    assert buckets_up_to(6) == (1, 2, 4, 6)
 
 
 def test_a_prefill_for_its_last_logits_runs_the_lm_head_on_the_last_token_alone(llm: ad_mlir.LLM) -> None:
