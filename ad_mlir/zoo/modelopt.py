@@ -241,7 +241,7 @@ def load_nvfp4_checkpoint(directory: Path, config: transformers.PretrainedConfig
         return Nvfp4Linear(module.in_features, module.out_features, module.bias is not None)
 
     tensors = read_safetensors(directory)
-    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace)
+    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace, "NVFP4")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
