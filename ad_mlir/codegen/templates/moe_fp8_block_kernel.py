@@ -34,7 +34,7 @@ from string import Template
 import torch
 
 from ad_mlir.codegen.emitters import KernelEmitter, spec_check
-from ad_mlir.codegen.templates.moe_kernel import ALIGN_PHASE, MoeSpec, align_chunk, gemm_blocks
+from ad_mlir.codegen.templates.moe_kernel import ALIGN_PHASE, MoeSpec, gemm_blocks
 from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
