@@ -15,7 +15,7 @@ input: no ROUTE phase. One `@triton.jit` function, four phases (a constexpr):
   [BLOCK_M, bk] is quantized in registers (`s = max|x| / 448` per row, `x / max(s, 1e-12)` to
   e4m3: the activation's group is the K block), multiplied with each fp8 weight tile by an
   fp8 x fp8 `tl.dot`, the products times `s[:, None] * scale_inv[n / bn, kb][None, :]` added to
-  fp32 accumulators. The epilogue rounds gate and up to x's dtype (each GEMM's output),
+  fp32 accumulators (a decode step's tiles transposed: `Fp8Tiles.swap_ab`). The epilogue rounds gate and up to x's dtype (each GEMM's output),
   `silu(gate)` (rounded) `* up`, rounded, stored in `act` at the block's rows (sorted order).
 - DOWN, grid (blocks, cdiv(H, BLOCK_N)): `act` rows quantized per group of bk the same way,
   times the expert's down tiles and scales; the result rounded, times the pair's weight
@@ -83,6 +83,11 @@ class Fp8Tiles:
     block_m: int
     gate_up_n: int
     down_n: int
+    swap_ab: bool
+    """A decode step's 16-row blocks computed transposed, `w_tile @ q_tile.T`, so that the weight
+    tile is the first operand of Hopper's fp8 MMA (wgmma takes 64 rows and more there; on a 16-row
+    x tile Triton falls back to `mma.sync` on fp16 copies), as `linear_fp8_block_kernel`'s
+    `TileBlocks.swap_ab`: the same products and scales, in the same order."""
     num_warps: int
     num_stages: int
 
@@ -95,8 +100,8 @@ def fp8_tiles(spec: MoeFp8BlockSpec, tokens: int) -> Fp8Tiles:
     fp8 copy and the accumulators (no spills at DeepSeek-V3's and Qwen3-30B-A3B's sizes,
     tests/unit/test_moe_fp8_block_kernel.py)."""
     block_m = gemm_blocks(spec.plain(), tokens)[0].block_m
-    return Fp8Tiles(block_m, _dividing(spec.intermediate, 64), _dividing(spec.hidden, 128), 8 if block_m >= 64 else 4,
-                    3)
+    return Fp8Tiles(block_m, _dividing(spec.intermediate, 64), _dividing(spec.hidden, 128), block_m == 16,
+                    8 if block_m >= 64 else 4, 3)
 
 
 def _dividing(size: int, cap: int) -> int:
@@ -117,7 +122,8 @@ def _quantized_groups(rows, r_in, kk, stride):
 @triton.jit
 def $name(x, route_ids, topk_w, gate_up, gu_scales, down, dn_scales, out, sorted_slots, block_expert, block_rows,
         act, y, n_tokens, max_blocks, x_s0, x_s1,
-        PHASE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        PHASE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        SWAP_AB: tl.constexpr):
     if PHASE == 1:
 $align
     elif PHASE == 2:
@@ -135,18 +141,30 @@ $align
             gate_s = gu_scales + (e.to(tl.int64) * (2 * INTER // BN) + n // BN) * (HIDDEN // BK)
             up_s = gate_s + (INTER // BN) * (HIDDEN // BK)
             k = tl.arange(0, BK)
-            acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            if SWAP_AB:
+                acc_g = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+                acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            else:
+                acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for kb in range(HIDDEN // BK):
                 kk = kb * BK + k
                 q, s = _quantized_groups(x_rows, r_in, kk, x_s1)
                 wg = tl.load(gate_rows + kk[None, :])
-                acc_g += tl.dot(q, tl.trans(wg)) * s[:, None] * tl.load(gate_s + kb)[None, :]
                 wu = tl.load(up_rows + kk[None, :])
-                acc_u += tl.dot(q, tl.trans(wu)) * s[:, None] * tl.load(up_s + kb)[None, :]
-            g = acc_g.to(ELEM).to(tl.float32)
+                if SWAP_AB:
+                    acc_g += tl.dot(wg, tl.trans(q)) * tl.load(gate_s + kb)[:, None] * s[None, :]
+                    acc_u += tl.dot(wu, tl.trans(q)) * tl.load(up_s + kb)[:, None] * s[None, :]
+                else:
+                    acc_g += tl.dot(q, tl.trans(wg)) * s[:, None] * tl.load(gate_s + kb)[None, :]
+                    acc_u += tl.dot(q, tl.trans(wu)) * s[:, None] * tl.load(up_s + kb)[None, :]
+            if SWAP_AB:
+                gate, up = tl.trans(acc_g), tl.trans(acc_u)
+            else:
+                gate, up = acc_g, acc_u
+            g = gate.to(ELEM).to(tl.float32)
             silu = (g / (1.0 + tl.exp(-g))).to(ELEM).to(tl.float32)
-            h = silu * acc_u.to(ELEM).to(tl.float32)
+            h = silu * up.to(ELEM).to(tl.float32)
             rows = (blk * BLOCK_M + r).to(tl.int64)
             tl.store(act + rows[:, None] * INTER + n[None, :], h.to(ELEM), mask=r_in[:, None])
     elif PHASE == 3:
@@ -162,14 +180,24 @@ $align
             w_rows = down + (e.to(tl.int64) * HIDDEN + n)[:, None] * INTER
             w_s = dn_scales + (e.to(tl.int64) * (HIDDEN // BN) + n // BN) * (INTER // BK)
             k = tl.arange(0, BK)
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            if SWAP_AB:
+                acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            else:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for kb in range(INTER // BK):
                 kk = kb * BK + k
                 q, s = _quantized_groups(a_rows, r_in, kk, 1)
                 wd = tl.load(w_rows + kk[None, :])
-                acc += tl.dot(q, tl.trans(wd)) * s[:, None] * tl.load(w_s + kb)[None, :]
+                if SWAP_AB:
+                    acc += tl.dot(wd, tl.trans(q)) * tl.load(w_s + kb)[:, None] * s[None, :]
+                else:
+                    acc += tl.dot(q, tl.trans(wd)) * s[:, None] * tl.load(w_s + kb)[None, :]
+            if SWAP_AB:
+                y_rows = tl.trans(acc)
+            else:
+                y_rows = acc
             w = tl.load(topk_w + pair, mask=r_in, other=0.0).to(ELEM).to(tl.float32)
-            weighted = (acc.to(ELEM).to(tl.float32) * w[:, None]).to(ELEM)
+            weighted = (y_rows.to(ELEM).to(tl.float32) * w[:, None]).to(ELEM)
             tl.store(y + pair[:, None] * HIDDEN + n[None, :], weighted, mask=r_in[:, None])
     else:
         # COMBINE: a token's weighted slots summed in fp32 in slot order.
@@ -223,14 +251,14 @@ def launch(kernel, tensors, scalars):
     args = (x, ids, weights, *experts, out, sorted_slots, block_expert, block_rows, act, y, n_tokens, max_blocks,
             *x.stride())
     kernel[(1,)](*args, PHASE=$ALIGN, BLOCK_M=tiles.block_m, BLOCK_N=16, BLOCK_K=align_chunk(SPEC.plain()),
-                 num_warps=8, enable_fp_fusion=True)
+                 SWAP_AB=False, num_warps=8, enable_fp_fusion=True)
     for phase, block_n, columns in (($GATE_UP, tiles.gate_up_n, $inter), ($DOWN, tiles.down_n, $hidden)):
         kernel[(max_blocks, triton.cdiv(columns, block_n))](
-            *args, PHASE=phase, BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=$bk, num_warps=tiles.num_warps,
-            num_stages=tiles.num_stages, enable_fp_fusion=True)
+            *args, PHASE=phase, BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=$bk, SWAP_AB=tiles.swap_ab,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, enable_fp_fusion=True)
     combine = min(1024, triton.next_power_of_2($hidden))
     kernel[(n_tokens, triton.cdiv($hidden, combine))](*args, PHASE=$COMBINE, BLOCK_M=16, BLOCK_N=combine,
-                                                     BLOCK_K=16, num_warps=4, enable_fp_fusion=True)
+                                                     BLOCK_K=16, SWAP_AB=False, num_warps=4, enable_fp_fusion=True)
     return [out]
 '''
 
