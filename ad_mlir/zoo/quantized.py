@@ -44,8 +44,6 @@ ACTIVATION_SCHEMES = ("dynamic",)
 MIN_BLOCK = 16
 """The smallest block side: a block feeds one tl.dot (depth >= 16), and sides are powers of two."""
 SCALE_SUFFIX = ".weight_scale_inv"
-EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-"""An expert's linears as checkpoints name them (`experts.<e>.<proj>`)."""
 
 
 def _block_side(value: Any) -> bool:
@@ -276,29 +274,15 @@ def stack_fp8_experts(directory: Path, model: transformers.PreTrainedModel, tens
     place of the experts module. A ValueError names what does not fit: an expert missing or
     of the wrong dtype or shape, an intermediate size that splits a block between gate and up
     rows, an activation other than silu."""
-    bn, bk = block_size
     for name in experts_modules(model):
-        if f"{name}.0.gate_proj{SCALE_SUFFIX}" not in tensors:
+        if not any(key.startswith(f"{name}.") and key.endswith(SCALE_SUFFIX) for key in tensors):
             continue
-        experts, hidden, inter = _expert_sizes(model.get_submodule(name))
-        if inter % bn:
-            raise ValueError(f"'{directory}': {name} has intermediate size {inter}, not a multiple of "
-                             f"weight_block_size's bn {bn}: its stacked gate and up rows would share a block")
-        act = getattr(model.config, "hidden_act", None)
-        if act != "silu":
-            raise ValueError(f"'{directory}': {name}: config.hidden_act = {act!r}; FP8 experts are loaded with silu")
-        stacked = {}
-        for proj, (n, k) in zip(EXPERT_PROJECTIONS, ((inter, hidden), (inter, hidden), (hidden, inter)), strict=True):
-            shapes = {".weight": (torch.float8_e4m3fn, (n, k)),
-                      SCALE_SUFFIX: (torch.float32, (-(-n // bn), -(-k // bk)))}
-            for suffix, (dtype, shape) in shapes.items():
-                per_expert = [tensors.pop(f"{name}.{e}.{proj}{suffix}", None) for e in range(experts)]
-                for e, t in enumerate(per_expert):
-                    if t is None or t.dtype != dtype or tuple(t.shape) != shape:
-                        got = "missing" if t is None else f"{t.dtype} {list(t.shape)}"
-                        raise ValueError(f"'{directory}': {name}.{e}.{proj}{suffix} is {got}, expected {dtype} "
-                                         f"{list(shape)} (weight_block_size {list(block_size)})")
-                stacked[proj, suffix] = torch.stack(per_expert)
+        experts, hidden, inter = model.get_submodule(name).down_proj.shape
+        _check_fp8_experts(directory, name, model.config, inter, block_size)
+        sizes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+        stacked = {(proj, suffix): _stacked(directory, tensors, f"{name}.{{}}.{proj}{suffix}", experts, n, k, suffix,
+                                            block_size)
+                   for proj, (n, k) in sizes.items() for suffix in (".weight", SCALE_SUFFIX)}
         for fused, parts in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
             tensors[f"{name}.{fused}"] = torch.cat([stacked[p, ".weight"] for p in parts], dim=1)
             tensors[f"{name}.{fused}_scale_inv"] = torch.cat([stacked[p, SCALE_SUFFIX] for p in parts], dim=1)
@@ -307,10 +291,31 @@ def stack_fp8_experts(directory: Path, model: transformers.PreTrainedModel, tens
     return tensors
 
 
-def _expert_sizes(module: torch.nn.Module) -> tuple[int, int, int]:
-    """(experts, hidden, intermediate) of a stacked experts module."""
-    experts, hidden, inter = module.down_proj.shape
-    return experts, hidden, inter
+def _check_fp8_experts(directory: Path, name: str, config: transformers.PretrainedConfig, inter: int,
+                       block_size: tuple[int, int]) -> None:
+    """A ValueError unless the experts stack into `Fp8BlockExperts`: I a multiple of bn (no block
+    holding both gate and up rows), silu experts (what `ad.moe_fp8_block` computes)."""
+    if inter % block_size[0]:
+        raise ValueError(f"'{directory}': {name} has intermediate size {inter}, not a multiple of "
+                         f"weight_block_size's bn {block_size[0]}: its stacked gate and up rows would share a block")
+    act = getattr(config, "hidden_act", None)
+    if act != "silu":
+        raise ValueError(f"'{directory}': {name}: config.hidden_act = {act!r}; FP8 experts are loaded with silu")
+
+
+def _stacked(directory: Path, tensors: dict[str, torch.Tensor], key: str, experts: int, n: int, k: int, suffix: str,
+             block_size: tuple[int, int]) -> torch.Tensor:
+    """The `experts` tensors `key.format(e)` (popped from `tensors`) stacked: fp8 [n, k] weights, or
+    their float32 block scales; a ValueError names one missing or of the wrong dtype or shape."""
+    bn, bk = block_size
+    dtype, shape = (torch.float8_e4m3fn, (n, k)) if suffix == ".weight" else (torch.float32, (-(-n // bn), -(-k // bk)))
+    per_expert = [tensors.pop(key.format(e), None) for e in range(experts)]
+    for e, t in enumerate(per_expert):
+        if t is None or t.dtype != dtype or tuple(t.shape) != shape:
+            got = "missing" if t is None else f"{t.dtype} {list(t.shape)}"
+            raise ValueError(f"'{directory}': {key.format(e)} is {got}, expected {dtype} {list(shape)} "
+                             f"(weight_block_size {list(block_size)})")
+    return torch.stack(per_expert)
 
 
 def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
