@@ -102,7 +102,7 @@ LLM_OPS = (
 )
 
 QUANTIZED_OPS = ("ad.linear_fp8_block", "ad.linear_fp8", "ad.quantize_fp8_dynamic", "ad.linear_nvfp4", "ad.linear_int4",
-                 "ad.moe_mxfp4")
+                 "ad.moe_mxfp4", "ad.moe_fp8_block")
 """The ops that compute on a checkpoint's quantized weights (and the quantization of their inputs)."""
 
 TORCH_COMPILE_MODES = ("no", "also", "only")

@@ -216,6 +216,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/templates/mla_attention_kernel.py": Tests((), ("tests/unit/test_mla_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/moe_kernel.py": Tests((), ("tests/unit/test_moe_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/moe_mxfp4_kernel.py": Tests((), ("tests/unit/test_moe_mxfp4_kernel.py", "-k", "not ptx")),
+    "ad_mlir/codegen/templates/moe_fp8_block_kernel.py": Tests((), ("tests/unit/test_moe_fp8_block_kernel.py", "-k",
+                                                                     "not ptx")),
     "ad_mlir/codegen/templates/linear_fp8_kernel.py": Tests((), ("tests/unit/test_linear_fp8_kernel.py", "-k",
                                                                  "not ptx")),
     "ad_mlir/codegen/templates/linear_fp8_block_kernel.py": Tests((), ("tests/unit/test_linear_fp8_block_kernel.py",

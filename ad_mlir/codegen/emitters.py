@@ -61,6 +61,7 @@ TEMPLATES: dict[type[Operation], str] = {
     ad.RopeOp: "rope_kernel",
     ad.MoeOp: "moe_kernel",
     ad.MoeMxfp4Op: "moe_mxfp4_kernel",
+    ad.MoeFp8BlockOp: "moe_fp8_block_kernel",
     ad.LinearFp8BlockOp: "linear_fp8_block_kernel",
     ad.LinearFp8Op: "linear_fp8_kernel",
     ad.LinearNvfp4Op: "linear_nvfp4_kernel",

@@ -1621,6 +1621,86 @@ class MoeMxfp4Op(KernelOp):
             raise VerifyException("ad.moe_mxfp4 result must have the input's type")
 
 
+@irdl_op_definition
+class MoeFp8BlockOp(KernelOp):
+    """MoE experts on fine-grained FP8 weights (a checkpoint's `quant_method: fp8` with
+    `weight_block_size` [bn, bk]: DeepSeek-V3's, Qwen3-MoE-FP8's), from the router's choices: each
+    token of `input` [T, H] (f32, f16 or bf16) goes through the experts `topk_ids` [T, k]
+    (integers) names, weighted by `topk_weights` [T, k] (any float type, rounded to the input's).
+    The routing stays outside the op, in whatever form the model spells it (softmax top-k,
+    DeepSeek-V3's grouped sigmoid with its bias).
+
+    Experts are stacked f8E4M3FN: `gate_up` [E, 2I, H] (each expert's gate rows, then its up
+    rows) and `down` [E, H, I], with f32 `<proj>_scale_inv` [E, rows / bn, cols / bk] (one per
+    bn x bk block; I a multiple of bn, so that no block holds gate and up rows). Each GEMM is
+    `ad.linear_fp8_block`'s: its input quantized per token per group of bk (`s = amax / 448`, e4m3),
+    each K block's fp8 x fp8 product times both scales, added in fp32, rounded to the input's
+    dtype. Expert e computes `silu(gate) * up` (each rounded) between the two, its output times
+    the pair's weight (rounded); a token's products are summed in fp32 and rounded once, as
+    transformers' `FP8Experts` computes them. Its reference is `zoo/fp8_blocks.py`'s
+    `block_experts`; its kernel a template (`codegen/templates/moe_fp8_block_kernel.py`)."""
+
+    name = "ad.moe_fp8_block"
+    input = operand_def(AdTensor)
+    topk_ids = operand_def(AdTensor)
+    topk_weights = operand_def(AdTensor)
+    gate_up = operand_def(AdTensor)
+    gate_up_scale_inv = operand_def(AdTensor)
+    down = operand_def(AdTensor)
+    down_scale_inv = operand_def(AdTensor)
+    block_size = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(AdTensor)
+    assembly_format = (
+        "$input `,` $topk_ids `,` $topk_weights `gate_up` $gate_up `,` $gate_up_scale_inv `down` $down `,` "
+        "$down_scale_inv `block` $block_size attr-dict `:` `(` type($input) `,` type($topk_ids) `,` "
+        "type($topk_weights) `,` type($gate_up) `,` type($gate_up_scale_inv) `,` type($down) `,` "
+        "type($down_scale_inv) `)` `->` type($result)"
+    )
+
+    def sizes(self) -> tuple[int, int, int]:
+        """(experts, hidden, intermediate)."""
+        experts, hidden, inter = _shape(self.down.type)
+        return experts, hidden, inter
+
+    def blocks(self) -> tuple[int, int]:
+        bn, bk = self.block_size.get_values()
+        return bn, bk
+
+    def verify_(self) -> None:
+        sides = tuple(self.block_size.get_values())
+        if len(sides) != 2 or not all(_is_power_of_two_block(b) for b in sides):
+            raise VerifyException(f"ad.moe_fp8_block block_size {list(sides)} must be [bn, bk], powers of two >= 16")
+        bn, bk = sides
+        x, ids, weights = _shape(self.input.type), _shape(self.topk_ids.type), _shape(self.topk_weights.type)
+        if self.input.type.element_type not in _FLOAT_TYPES or self.result.type != self.input.type:
+            raise VerifyException("ad.moe_fp8_block input must be f32, f16 or bf16, and the result of its type")
+        if len(x) != 2 or DYNAMIC_INDEX == x[1] or len(ids) != 2 or DYNAMIC_INDEX == ids[1] or weights != ids \
+                or not _dims_compatible(x[0], ids[0]):
+            raise VerifyException("ad.moe_fp8_block input must be [tokens, hidden] and topk_ids, topk_weights "
+                                  "[tokens, k], hidden and k static")
+        if not isinstance(self.topk_ids.type.element_type, IntegerType) or \
+                self.topk_weights.type.element_type not in _FLOAT_TYPES:
+            raise VerifyException("ad.moe_fp8_block topk_ids must be integers and topk_weights f32, f16 or bf16")
+        if not (_is_fp8(self.gate_up.type) and _is_fp8(self.down.type)) or len(_shape(self.down.type)) != 3:
+            raise VerifyException("ad.moe_fp8_block gate_up and down must be 3-D f8E4M3FN tensors")
+        experts, hidden, inter = self.sizes()
+        if hidden != x[1] or DYNAMIC_INDEX in (experts, inter) or inter % bn:
+            raise VerifyException(f"ad.moe_fp8_block down {_fmt_shape(_shape(self.down.type))} must be [E, {x[1]}, I], "
+                                  f"I a multiple of bn {bn}")
+        expected = {
+            "gate_up": (experts, 2 * inter, hidden), "down": (experts, hidden, inter),
+            "gate_up_scale_inv": (experts, 2 * inter // bn, -(-hidden // bk)),
+            "down_scale_inv": (experts, -(-hidden // bn), -(-inter // bk)),
+        }
+        for name, shape in expected.items():
+            if _shape(getattr(self, name).type) != shape:
+                raise VerifyException(f"ad.moe_fp8_block {name} must be {_fmt_shape(shape)} for {experts} experts, "
+                                      f"hidden {hidden}, intermediate {inter}, blocks {list(sides)}")
+        for name in ("gate_up_scale_inv", "down_scale_inv"):
+            if getattr(self, name).type.element_type != Float32Type():
+                raise VerifyException(f"ad.moe_fp8_block {name} must be f32")
+
+
 CACHE_ATTR = "ad.cache"
 """On a cache argument (`insert-cached-attention`): "<layer> key" or "<layer> value" for a K/V
 cache, "<layer> conv_state" for a convolution's state, "<layer> token_window" for a cached token
@@ -2990,6 +3070,7 @@ Ad = Dialect(
         LinearInt4Op,
         LayerNormOp, AddLayerNormOp, MoeOp,
         MoeMxfp4Op,
+        MoeFp8BlockOp,
         GeluAndMulOp, ActivationOp,
         CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,
         CachedSelectiveScanOp,

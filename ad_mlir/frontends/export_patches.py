@@ -45,7 +45,9 @@ checkpoints, `zoo/quantized.py`): the first calls a Hub kernel that has no CPU f
 the second would export as the format's arithmetic in ATen ops, unfused; routed through `torch_ops.linear_fp8_block`, their fp8 weights and scales are graph
 weights of one op; so is the zoo's `Nvfp4Linear` (ModelOpt NVFP4, `zoo/modelopt.py`) through
 `torch_ops.linear_nvfp4`, and gpt-oss's MLP (`GptOssMLP`) when its experts are MXFP4
-(`zoo.mxfp4`'s `Mxfp4Experts`) through `torch_ops.moe_mxfp4` from the router's logits. One more is replaced
+(`zoo.mxfp4`'s `Mxfp4Experts`) through `torch_ops.moe_mxfp4` from the router's logits, and
+fine-grained FP8's MoE experts (transformers' `FP8Experts`, the zoo's `Fp8BlockExperts`) through
+`torch_ops.moe_fp8_block` from the router's choices. One more is replaced
 only in the export for generation (`GENERATION_METHODS`), whose
 steps hold only real tokens: XLM's mask of the positions past its count of tokens that are not
 its pad id, a sum over the tokens, as all ones (exact for sequences without the pad id).
@@ -550,6 +552,26 @@ def _gpt_oss_mxfp4_mlp(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _fp8_block_experts(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `FP8Experts.forward` (and `zoo.quantized.Fp8BlockExperts`') with block scales,
+    dynamic activations and silu-gated experts, through `torch_ops.moe_fp8_block` from the
+    router's choices (what its forward computes, expert by expert): the stacked fp8 experts and
+    their scales stay graph weights of one op. Other experts (static activations, per-tensor
+    scales, FP4 weights, a clamped or softcapped gate, a dequantized model) take HF's forward."""
+    def forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        plain_gate = self.has_gate and self.swiglu_alpha is None and self.limit is None and self.gate_softcap is None
+        if self.block_size is None or self.activation_scheme != "dynamic" or not plain_gate or \
+                getattr(self.config, "hidden_act", None) != "silu" or self.gate_up_proj.dtype != torch.float8_e4m3fn \
+                or self.gate_up_proj_scale_inv.dtype != torch.float32:
+            return original(self, hidden_states, top_k_index, top_k_weights)
+        return torch.ops.ad_mlir.moe_fp8_block(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
+                                               self.gate_up_proj_scale_inv, self.down_proj, self.down_proj_scale_inv,
+                                               list(self.block_size))
+
+    return forward
+
+
 def _int4_linear(original: Callable[..., Any]) -> Callable[..., Any]:
     """`zoo.gptq.Int4Linear.forward` (GPTQ and AWQ int4) through `torch_ops.linear_int4`, whose
     reference is its forward: the packed words, zero points, scales and g_idx stay graph weights."""
@@ -588,6 +610,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...], Callable[[Callable[..., Any]], Ca
     "Fp8ChannelLinear": ("forward", ("self", "input"), _fp8_channel_linear),
     "Nvfp4Linear": ("forward", ("self", "input"), _nvfp4_linear),
     "GptOssMLP": ("forward", ("self", "hidden_states"), _gpt_oss_mxfp4_mlp),
+    **{name: ("forward", EXPERTS, _fp8_block_experts) for name in ("FP8Experts", "Fp8BlockExperts")},
     "Int4Linear": ("forward", ("self", "input"), _int4_linear),
     "DeepseekV4CSACompressor": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_csa_compressor),
     "DeepseekV4Indexer": ("forward", DEEPSEEK_V4_COMPRESSOR, _deepseek_v4_indexer),
@@ -604,7 +627,8 @@ compressor and indexer without a cache, DeepSeek sparse attention's indexers (HF
 top-k padded), fine-grained FP8's `FP8Linear` and `Fp8BlockLinear` (in `INTEGRATION_MODULES`)
 through the opaque `linear_fp8_block`, and compressed-tensors FP8's `Fp8ChannelLinear` through
 `quantize_fp8_dynamic` and `linear_fp8`, ModelOpt NVFP4's `Nvfp4Linear` through `linear_nvfp4`,
-gpt-oss's MLP on MXFP4 experts through `moe_mxfp4`, and the int4 formats' `Int4Linear` through
+gpt-oss's MLP on MXFP4 experts through `moe_mxfp4`, fine-grained FP8's `FP8Experts` and
+`Fp8BlockExperts` through `moe_fp8_block`, and the int4 formats' `Int4Linear` through
 `linear_int4`. A class whose method takes other parameters (another transformers version) is
 left alone."""
 

@@ -454,6 +454,7 @@ SPECS: tuple[OpSpec, ...] = (
     OpSpec(ad.AddLayerNormOp, (Overload(f"{torch_ops.NAMESPACE}.add_layer_norm.default"),)),
     OpSpec(ad.MoeOp, (Overload(f"{torch_ops.NAMESPACE}.moe.default"),)),
     OpSpec(ad.MoeMxfp4Op, (Overload(f"{torch_ops.NAMESPACE}.moe_mxfp4.default"),)),
+    OpSpec(ad.MoeFp8BlockOp, (Overload(f"{torch_ops.NAMESPACE}.moe_fp8_block.default"),)),
     OpSpec(ad.AllReduceOp, (Overload("_c10d_functional.all_reduce.default"),)),
     OpSpec(ad.WaitTensorOp, (Overload("_c10d_functional.wait_tensor.default", {"tensor": "input"}),)),
     OpSpec(ad.DequantizeFp8Op, (Overload(f"{torch_ops.NAMESPACE}.dequantize_fp8.default"),), derived_dtype="dtype"),

@@ -355,6 +355,25 @@ def _(input: torch.Tensor, router_logits: torch.Tensor, gate_up_blocks: torch.Te
     return torch.empty_like(input)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::moe_fp8_block", mutates_args=())
+def moe_fp8_block(input: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
+                  gate_up_scale_inv: torch.Tensor, down: torch.Tensor, down_scale_inv: torch.Tensor,
+                  block_size: list[int]) -> torch.Tensor:
+    """`ad.moe_fp8_block`: MoE experts on fine-grained FP8 weights from the router's choices
+    (`zoo/fp8_blocks.py`'s `block_experts`: each expert's two GEMMs as `linear_fp8_block`
+    computes them, silu * up between; transformers' `FP8Experts`' semantics), which a loaded
+    checkpoint's `Fp8BlockExperts` also runs eagerly."""
+    return fp8_blocks.block_experts(input, topk_ids, topk_weights, gate_up, gate_up_scale_inv, down, down_scale_inv,
+                                    block_size)
+
+
+@moe_fp8_block.register_fake
+def _(input: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
+      gate_up_scale_inv: torch.Tensor, down: torch.Tensor, down_scale_inv: torch.Tensor,
+      block_size: list[int]) -> torch.Tensor:
+    return torch.empty_like(input)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::linear_int4", mutates_args=())
 def linear_int4(input: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                 g_idx: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,

@@ -99,7 +99,7 @@ def load_awq_checkpoint(directory: Path, config: transformers.PretrainedConfig,
                           tensors[f"{name}.scales"].dtype)
 
     tensors = read_safetensors(directory)
-    return load_with_quantized_linears(directory, config, tensors, PACKED_SUFFIX, replace)
+    return load_with_quantized_linears(directory, config, tensors, PACKED_SUFFIX, replace, "AWQ int4")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

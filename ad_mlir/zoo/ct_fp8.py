@@ -225,7 +225,7 @@ def load_fp8_dynamic_checkpoint(directory: Path, config: transformers.Pretrained
     if static:
         raise ValueError(f"'{directory}': {static[0]}: static activation scales are not supported (the "
                          "config's input_activations are dynamic)")
-    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace)
+    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace, "compressed-tensors FP8")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -78,3 +78,24 @@ def block_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     if bias is not None:
         out = (out.to(torch.float32) + bias.to(torch.float32)).to(input.dtype)
     return out.view(*input.shape[:-1], n)
+
+
+def block_experts(input: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
+                  gate_up_scale_inv: torch.Tensor, down: torch.Tensor, down_scale_inv: torch.Tensor,
+                  block: Sequence[int]) -> torch.Tensor:
+    """MoE experts on fine-grained FP8 weights, as transformers' `FP8Experts` computes them with
+    dynamic activations: for each expert e and the tokens `topk_ids` [T, k] route to it,
+    `gu = block_linear(x, gate_up[e])` ([E, 2I, H]: gate rows, then up rows; rounded to x's
+    dtype), `h = silu(gate) * up` (each rounded), `y = block_linear(h, down[e])` ([E, H, I]), times
+    the pair's `topk_weights` rounded to x's dtype; the products of a token added in fp32 and
+    rounded once. Each GEMM quantizes its input per token per group of bk (`block_linear`)."""
+    out = torch.zeros(input.shape, dtype=torch.float32, device=input.device)
+    for e in range(gate_up.shape[0]):
+        tokens, slots = torch.where(topk_ids == e)
+        if tokens.numel() == 0:
+            continue
+        gate, up = block_linear(input[tokens], gate_up[e], gate_up_scale_inv[e], None, block).chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+        y = block_linear(h, down[e], down_scale_inv[e], None, block)
+        out.index_add_(0, tokens, (y * topk_weights[tokens, slots, None].to(y.dtype)).to(torch.float32))
+    return out.to(input.dtype)

@@ -260,7 +260,7 @@ def load_gptq_checkpoint(directory: Path, config: transformers.PretrainedConfig,
                           tensors[f"{name}.scales"].dtype)
 
     tensors = read_safetensors(directory)
-    model = load_with_quantized_linears(directory, config, tensors, PACKED_SUFFIX, replace)
+    model = load_with_quantized_linears(directory, config, tensors, PACKED_SUFFIX, replace, "GPTQ int4")
     share_equal_g_idx(model)
     return model
 

@@ -233,15 +233,15 @@ def load_nvfp4_checkpoint(directory: Path, config: transformers.PretrainedConfig
     """The model of `config` (its quantization_config dropped: no transformers quantizer runs)
     with the checkpoint's tensors: each linear that has a `weight_scale_2` becomes an
     `Nvfp4Linear` keeping the packed codes and the scales, every other tensor loads as it is
-    (cast by the caller). A tensor the model lacks (quantized MoE experts, whose scales name no
-    linear layer, included), a parameter the file lacks, or a quantized tensor of the wrong dtype
-    or shape is a ValueError naming it."""
+    (cast by the caller). NVFP4 MoE experts (not loaded: the refusal names the format), a tensor
+    the model lacks, a parameter the file lacks, or a quantized tensor of the wrong dtype or shape
+    is a ValueError naming it."""
     def replace(name: str, module: torch.nn.Linear) -> torch.nn.Module:
         _checked(directory, name, module, tensors)
         return Nvfp4Linear(module.in_features, module.out_features, module.bias is not None)
 
     tensors = read_safetensors(directory)
-    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace)
+    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace, "NVFP4")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -34,9 +34,9 @@ import safetensors.torch
 import torch
 import transformers
 from transformers.core_model_loading import revert_weight_conversion
-from transformers.integrations.finegrained_fp8 import FP8Linear
+from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
 
-from ad_mlir.zoo.fp8_blocks import block_linear, quantize_blocks
+from ad_mlir.zoo.fp8_blocks import block_experts, block_linear, quantize_blocks
 
 QUANT_METHOD = "fp8"
 FORMATS = ("e4m3",)
@@ -117,6 +117,28 @@ class Fp8BlockLinear(KeepsQuantizedTensors, FP8Linear):
     def __init__(self, in_features: int, out_features: int, block_size: tuple[int, int], bias: bool) -> None:
         super().__init__(in_features, out_features, block_size=block_size, activation_scheme="dynamic",
                          has_bias=bias)
+
+class Fp8BlockExperts(KeepsQuantizedTensors, FP8Experts):
+    """transformers' `FP8Experts` (gated, block scales, dynamic activations): the experts stacked,
+    `gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and `down_proj`
+    [E, H, I] in float8_e4m3fn, their `<proj>_scale_inv` per block in float32, kept in their
+    dtypes when the module is cast. Its forward is the format's arithmetic in torch
+    (`fp8_blocks.block_experts`); the export routes it through `ad.moe_fp8_block`'s op
+    (`frontends/export_patches.py`)."""
+
+    QUANTIZED = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
+
+    def __init__(self, config: transformers.PretrainedConfig, block_size: tuple[int, int]) -> None:
+        super().__init__(config, block_size=block_size, activation_scheme="dynamic")
+
+    def operands(self) -> tuple[torch.Tensor, ...]:
+        """The four tensors in `ad.moe_fp8_block`'s operand order."""
+        return self.gate_up_proj, self.gate_up_proj_scale_inv, self.down_proj, self.down_proj_scale_inv
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        return block_experts(hidden_states, top_k_index, top_k_weights, *self.operands(), self.block_size)
+
 
 def linear_names(model: torch.nn.Module, skip: Sequence[str]) -> list[str]:
     """The linears a writer quantizes: every `nn.Linear` but the output embeddings (transformers
@@ -219,17 +241,81 @@ def load_fp8_block_checkpoint(directory: Path, config: transformers.PretrainedCo
                               block_size: tuple[int, int]) -> transformers.PreTrainedModel:
     """The model of `config` (its quantization_config dropped: no transformers quantizer runs)
     with the checkpoint's tensors: each linear that has a `weight_scale_inv` becomes an
-    `Fp8BlockLinear` keeping the fp8 bytes and the scales, every other tensor loads as it is
-    (cast by the caller). Parameters are created on the meta device and assigned from the file
-    (buffers such as RoPE's are computed as usual); a tensor the model lacks, a parameter the
-    file lacks (other than tied ones), a scale on what is no `nn.Linear` or a quantized weight
-    of the wrong dtype or shape is a ValueError naming it."""
+    `Fp8BlockLinear` keeping the fp8 bytes and the scales, each MoE experts module whose experts
+    have them an `Fp8BlockExperts` holding them stacked (`stack_fp8_experts`), every other tensor
+    loads as it is (cast by the caller). Parameters are created on the meta device and assigned
+    from the file (buffers such as RoPE's are computed as usual); a tensor the model lacks, a
+    parameter the file lacks (other than tied ones), a scale on what is no `nn.Linear` or expert
+    or a quantized weight of the wrong dtype or shape is a ValueError naming it."""
     def replace(name: str, module: torch.nn.Linear) -> torch.nn.Module:
         _check_quantized(directory, name, module, tensors, block_size)
         return Fp8BlockLinear(module.in_features, module.out_features, block_size, module.bias is not None)
 
-    tensors = read_safetensors(directory)
-    return load_with_quantized_linears(directory, config, tensors, SCALE_SUFFIX, replace)
+    model = model_on_meta(config)
+    tensors = stack_fp8_experts(directory, model, read_safetensors(directory), block_size)
+    replace_quantized_linears(directory, model, config, tensors, SCALE_SUFFIX, replace, "fine-grained FP8")
+    return assign_tensors(directory, model, tensors)
+
+
+def experts_modules(model: torch.nn.Module) -> list[str]:
+    """The MoE experts modules of `model` as transformers 5 holds them: stacked 3-D `gate_up_proj`
+    [E, 2I, H] and `down_proj` [E, H, I] parameters (Qwen3-MoE's, DeepSeek-V3's, Mixtral's...)."""
+    return [name for name, module in model.named_modules()
+            if all(isinstance(p := getattr(module, proj, None), torch.nn.Parameter) and p.dim() == 3
+                   for proj in ("gate_up_proj", "down_proj"))]
+
+
+def stack_fp8_experts(directory: Path, model: transformers.PreTrainedModel, tensors: dict[str, torch.Tensor],
+                      block_size: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """`tensors` with each experts module's per-expert FP8 linears (`<m>.<e>.<proj>.weight` and
+    `.weight_scale_inv`, as DeepSeek-V3's and Qwen3-MoE's checkpoints hold them) stacked as
+    transformers' checkpoint conversion stacks them (gate rows, then up rows; scales alike),
+    under `Fp8BlockExperts`' names, and that module put in `model` (on the meta device) in
+    place of the experts module. A ValueError names what does not fit: an expert missing or
+    of the wrong dtype or shape, an intermediate size that splits a block between gate and up
+    rows, an activation other than silu."""
+    for name in experts_modules(model):
+        if not any(key.startswith(f"{name}.") and key.endswith(SCALE_SUFFIX) for key in tensors):
+            continue
+        experts, hidden, inter = model.get_submodule(name).down_proj.shape
+        _check_fp8_experts(directory, name, model.config, inter, block_size)
+        sizes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+        stacked = {(proj, suffix): _stacked(directory, tensors, f"{name}.{{}}.{proj}{suffix}", experts, n, k, suffix,
+                                            block_size)
+                   for proj, (n, k) in sizes.items() for suffix in (".weight", SCALE_SUFFIX)}
+        for fused, parts in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
+            tensors[f"{name}.{fused}"] = torch.cat([stacked[p, ".weight"] for p in parts], dim=1)
+            tensors[f"{name}.{fused}_scale_inv"] = torch.cat([stacked[p, SCALE_SUFFIX] for p in parts], dim=1)
+        with parameters_on_meta():
+            model.set_submodule(name, Fp8BlockExperts(model.config, block_size))
+    return tensors
+
+
+def _check_fp8_experts(directory: Path, name: str, config: transformers.PretrainedConfig, inter: int,
+                       block_size: tuple[int, int]) -> None:
+    """A ValueError unless the experts stack into `Fp8BlockExperts`: I a multiple of bn (no block
+    holding both gate and up rows), silu experts (what `ad.moe_fp8_block` computes)."""
+    if inter % block_size[0]:
+        raise ValueError(f"'{directory}': {name} has intermediate size {inter}, not a multiple of "
+                         f"weight_block_size's bn {block_size[0]}: its stacked gate and up rows would share a block")
+    act = getattr(config, "hidden_act", None)
+    if act != "silu":
+        raise ValueError(f"'{directory}': {name}: config.hidden_act = {act!r}; FP8 experts are loaded with silu")
+
+
+def _stacked(directory: Path, tensors: dict[str, torch.Tensor], key: str, experts: int, n: int, k: int, suffix: str,
+             block_size: tuple[int, int]) -> torch.Tensor:
+    """The `experts` tensors `key.format(e)` (popped from `tensors`) stacked: fp8 [n, k] weights, or
+    their float32 block scales; a ValueError names one missing or of the wrong dtype or shape."""
+    bn, bk = block_size
+    dtype, shape = (torch.float8_e4m3fn, (n, k)) if suffix == ".weight" else (torch.float32, (-(-n // bn), -(-k // bk)))
+    per_expert = [tensors.pop(key.format(e), None) for e in range(experts)]
+    for e, t in enumerate(per_expert):
+        if t is None or t.dtype != dtype or tuple(t.shape) != shape:
+            got = "missing" if t is None else f"{t.dtype} {list(t.shape)}"
+            raise ValueError(f"'{directory}': {key.format(e)} is {got}, expected {dtype} {list(shape)} "
+                             f"(weight_block_size {list(block_size)})")
+    return torch.stack(per_expert)
 
 
 def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -242,23 +328,50 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
 
 def load_with_quantized_linears(directory: Path, config: transformers.PretrainedConfig,
                                 tensors: dict[str, torch.Tensor], scale_suffix: str,
-                                replace: Callable[[str, torch.nn.Linear], torch.nn.Module]
+                                replace: Callable[[str, torch.nn.Linear], torch.nn.Module], format_name: str
                                 ) -> transformers.PreTrainedModel:
     """The model of `config` (its quantization_config dropped: no transformers quantizer runs),
-    parameters created on the meta device, each linear that has a `<name><scale_suffix>` tensor
-    swapped for `replace(name, linear)` (made on the meta device too), then `tensors` assigned.
-    A scale on what is no `nn.Linear`, a tensor the model lacks or a parameter the file lacks
-    (other than tied ones) is a ValueError naming it."""
+    parameters created on the meta device, its quantized linears replaced
+    (`replace_quantized_linears`, `format_name` the format a refusal names), then `tensors`
+    assigned. A tensor the model lacks or a parameter the file lacks (other than tied ones) is a
+    ValueError naming it."""
     model = model_on_meta(config)
+    replace_quantized_linears(directory, model, config, tensors, scale_suffix, replace, format_name)
+    return assign_tensors(directory, model, tensors)
+
+
+def replace_quantized_linears(directory: Path, model: transformers.PreTrainedModel,
+                              config: transformers.PretrainedConfig, tensors: dict[str, torch.Tensor],
+                              scale_suffix: str, replace: Callable[[str, torch.nn.Linear], torch.nn.Module],
+                              format_name: str) -> None:
+    """Each linear of `model` (on the meta device) that has a `<name><scale_suffix>` tensor
+    swapped for `replace(name, linear)` (made on the meta device too). A scale on an expert of a
+    stacked experts module (quantized MoE experts in `format_name`, which do not load) or on
+    what is no `nn.Linear` is a ValueError naming it."""
+    experts = experts_modules(model)
     for key in sorted(k for k in tensors if k.endswith(scale_suffix)):
         name = key.removesuffix(scale_suffix)
         module = model.get_submodule(name) if has_submodule(model, name) else None
         if type(module) is not torch.nn.Linear:
+            owner = next((m for m in experts if name.startswith(m + ".")), None)
+            if owner is not None:
+                raise _experts_refusal(directory, model, config, key, owner, format_name)
             raise ValueError(f"'{directory}': {key} scales {name}, which is not a linear layer of "
                              f"{type(model).__name__}")
         with parameters_on_meta():
             model.set_submodule(name, replace(name, module))
-    return assign_tensors(directory, model, tensors)
+
+
+def _experts_refusal(directory: Path, model: transformers.PreTrainedModel, config: transformers.PretrainedConfig,
+                     key: str, experts: str, format_name: str) -> ValueError:
+    """Why a checkpoint whose MoE experts are quantized in a format other than fine-grained FP8
+    does not load: the format, its `quant_method` (where config.json has one) and the tensor."""
+    fields = getattr(config, "quantization_config", None) or {}
+    method = (fields if isinstance(fields, dict) else fields.to_dict()).get("quant_method")
+    field = "" if method is None else f"quantization_config.quant_method = {json.dumps(method)}: "
+    return ValueError(f"'{directory}': {field}quantized MoE experts in {format_name} are not supported ({key} "
+                      f"quantizes an expert of {experts}, {type(model.get_submodule(experts)).__name__}); ad-mlir "
+                      "loads MoE experts quantized in fine-grained FP8 (quant_method \"fp8\") and MXFP4 (gpt-oss)")
 
 
 def model_on_meta(config: transformers.PretrainedConfig) -> transformers.PreTrainedModel:

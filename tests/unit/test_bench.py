@@ -185,18 +185,23 @@ def test_a_run_of_some_families_says_which_rows_each_run_made(tmp_path: Path, ca
     assert line in (tmp_path / "results.md").read_text().splitlines()
 
 
-def test_the_quantized_column_shows_the_loaders_refusal_of_deepseek_v3s_fp8_experts() -> None:
-    """DeepSeek-V3 ships its routed experts in FP8 as one linear each; transformers holds them
-    fused, so the loader refuses the checkpoint naming an expert's scale: the column says so
-    (the temporary directory left out), not "ok", and nothing after the load runs."""
+def test_the_quantized_column_shows_the_loaders_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DeepSeek-V3 whose experts' intermediate size (48) is no multiple of the FP8 block (32):
+    stacked, a block would hold both gate and up rows, so the loader refuses the checkpoint naming
+    the experts module: the column says so (the temporary directory left out), not "ok", and
+    nothing after the load runs."""
     from ad_mlir.bench.families import markdown, sweep_quantized
+    from ad_mlir.zoo import shipped
 
+    fp8 = shipped.SHIPPED["deepseek_v3"]
+    monkeypatch.setitem(shipped.SHIPPED, "deepseek_v3", shipped.ShippedFormat(
+        fp8.label, fp8.write, {**fp8.overrides, "moe_intermediate_size": 48}))
     row = FamilyRow("deepseek_v3")
     sweep_quantized(row, torch.tensor([[3, 1, 4, 1, 5]]), "default")
     assert (row.quantized, row.quantized_format, row.quantized_ops) == ("refused", "FP8 blocks 32x32", {})
     assert row.quantized_reason == (
-        "ValueError: 'deepseek_v3-quantized': model.layers.1.mlp.experts.0.down_proj.weight_scale_inv scales "
-        "model.layers.1.mlp.experts.0.down_proj, which is not a linear layer of DeepseekV3ForCausalLM")
+        "ValueError: 'deepseek_v3-quantized': model.layers.1.mlp.experts has intermediate size 48, not a multiple "
+        "of weight_block_size's bn 32: its stacked gate and up rows would share a block")
     assert "export quantized" not in row.seconds
     table = markdown([row, FamilyRow("mpt", status="ok")])
     assert "| FP8 blocks 32x32: refused | " in table and "quantized: ValueError: 'deepseek_v3-quantized'" in table

@@ -232,7 +232,8 @@ def test_quant_algo_is_read_case_blind(written, tmp_path: Path) -> None:  # noqa
 def test_quantized_moe_experts_are_refused_naming_the_tensor(tmp_path: Path) -> None:
     """ModelOpt writes each expert's projections as NVFP4 linears (`experts.<e>.gate_proj` ...);
     transformers' Qwen2-MoE holds its experts fused (`experts.gate_up_proj`), no linear each: the
-    loader names the first such scale instead of loading a model without its experts."""
+    loader refuses NVFP4 experts, naming the format and the first such scale, instead of loading a
+    model without its experts."""
     from ad_mlir.zoo.small import small_model
 
     model = small_model("qwen2_moe", layers=1).to(torch.bfloat16)
@@ -248,6 +249,6 @@ def test_quantized_moe_experts_are_refused_naming_the_tensor(tmp_path: Path) -> 
                             f"{experts}.{e}.{name}.weight_scale_2": scale_2,
                             f"{experts}.{e}.{name}.input_scale": scale_2.clone()})
     safetensors.torch.save_file(tensors, str(directory / "model.safetensors"))
-    with pytest.raises(ValueError, match=rf"{experts}\.0\.down_proj\.weight_scale_2 scales {experts}\.0\.down_proj, "
-                                         "which is not a linear layer of Qwen2MoeForCausalLM"):
+    with pytest.raises(ValueError, match=rf"quantized MoE experts in NVFP4 are not supported \({experts}\.0\.down_proj"
+                                         rf"\.weight_scale_2 quantizes an expert of {experts}, Qwen2MoeExperts\)"):
         load_causal_lm(str(directory))

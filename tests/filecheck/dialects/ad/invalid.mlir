@@ -474,6 +474,22 @@ func.func @moe_mxfp4_scales(%x: tensor<?x64xbf16>, %l: tensor<?x4xbf16>, %gub: t
 
 // -----
 
+func.func @moe_fp8_block_scales(%x: tensor<?x256xbf16>, %ids: tensor<?x2xi64>, %w: tensor<?x2xf32>, %gu: tensor<4x256x256xf8E4M3FN>, %gus: tensor<4x2x1xf32>, %dn: tensor<4x256x128xf8E4M3FN>, %dns: tensor<4x2x1xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe_fp8_block' gate_up_scale_inv must be 4x2x2 for 4 experts, hidden 256, intermediate 128, blocks [128, 128]
+  %0 = ad.moe_fp8_block %x, %ids, %w gate_up %gu, %gus down %dn, %dns block [128, 128] : (tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, tensor<4x256x256xf8E4M3FN>, tensor<4x2x1xf32>, tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>) -> tensor<?x256xbf16>
+  func.return
+}
+
+// -----
+
+func.func @moe_fp8_block_split_block(%x: tensor<?x256xbf16>, %ids: tensor<?x2xi64>, %w: tensor<?x2xf32>, %gu: tensor<4x128x256xf8E4M3FN>, %gus: tensor<4x1x2xf32>, %dn: tensor<4x256x64xf8E4M3FN>, %dns: tensor<4x2x1xf32>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe_fp8_block' down 4x256x64 must be [E, 256, I], I a multiple of bn 128
+  %0 = ad.moe_fp8_block %x, %ids, %w gate_up %gu, %gus down %dn, %dns block [128, 128] : (tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>, tensor<4x256x64xf8E4M3FN>, tensor<4x2x1xf32>) -> tensor<?x256xbf16>
+  func.return
+}
+
+// -----
+
 func.func @moe_mxfp4_signed_blocks(%x: tensor<?x64xbf16>, %l: tensor<?x4xbf16>, %gub: tensor<4x192x2x16xi8>, %gus: tensor<4x192x2xui8>, %gb: tensor<4x192xbf16>, %db: tensor<4x64x3x16xui8>, %ds: tensor<4x64x3xui8>, %b: tensor<4x64xbf16>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.moe_mxfp4' blocks and scales must be ui8
   %0 = ad.moe_mxfp4 %x, %l gate_up %gub, %gus, %gb down %db, %ds, %b top_k 2 alpha 1.702000e+00 limit 7.000000e+00 : (tensor<?x64xbf16>, tensor<?x4xbf16>, tensor<4x192x2x16xi8>, tensor<4x192x2xui8>, tensor<4x192xbf16>, tensor<4x64x3x16xui8>, tensor<4x64x3xui8>, tensor<4x64xbf16>) -> tensor<?x64xbf16>

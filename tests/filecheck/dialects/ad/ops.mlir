@@ -407,6 +407,14 @@ func.func @moe_mxfp4(%x: tensor<?x64xbf16>, %l: tensor<?x4xbf16>, %gub: tensor<4
   func.return
 }
 
+// MoE experts on fine-grained FP8 weights from the router's choices: hidden 256, intermediate 128, 4 experts, top 2, blocks [128, 128].
+func.func @moe_fp8_block(%x: tensor<?x256xbf16>, %ids: tensor<?x2xi64>, %w: tensor<?x2xf32>, %gu: tensor<4x256x256xf8E4M3FN>, %gus: tensor<4x2x2xf32>, %dn: tensor<4x256x128xf8E4M3FN>, %dns: tensor<4x2x1xf32>) {
+  // CHECK-LABEL: func.func @moe_fp8_block
+  %0 = ad.moe_fp8_block %x, %ids, %w gate_up %gu, %gus down %dn, %dns block [128, 128] : (tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, tensor<4x256x256xf8E4M3FN>, tensor<4x2x2xf32>, tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>) -> tensor<?x256xbf16>
+  // CHECK-NEXT: ad.moe_fp8_block %x, %ids, %w gate_up %gu, %gus down %dn, %dns block [128, 128] : (tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, tensor<4x256x256xf8E4M3FN>, tensor<4x2x2xf32>, tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>) -> tensor<?x256xbf16>
+  func.return
+}
+
 // Paged MLA at DeepSeek-V3's sizes: one flattened batch over a pool of 512 pages of 64 latents (512 + 64).
 func.func @paged_mla_attention(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
   // CHECK-LABEL: func.func @paged_mla_attention
