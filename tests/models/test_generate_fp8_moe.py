@@ -24,7 +24,8 @@ compared with eager models on the same tokens:
 DeepSeek-V3 (MLA attention, grouped sigmoid routing with its bias and scaling factor, a shared
 expert; `first_k_dense_replace` 1 keeps layer 0 dense as DeepSeek-V3's first three are) runs at the
 wide init (initializer_range 0.5: its greedy tokens vary) on both paths; it and Qwen3-MoE (softmax
-top-k, QK-norm) at the default one against transformers' dequantized model. Three prompts for two
+top-k, QK-norm) at the default one against transformers' dequantized model (DeepSeek-V3 too when
+the test is given it: the suite runs Qwen3-MoE only, for time). Three prompts for two
 slots: `generate` queues one.
 """
 
@@ -123,11 +124,13 @@ def test_deepseek_v3_fp8_generates_the_eager_quantized_tokens(deepseek: ad_mlir.
     assert [out.token_ids for out in outputs] == deepseek_tokens
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3_moe"])
 def test_fp8_moe_is_within_activation_rounding_of_the_dequantized_model(tmp_path: Path, family: str) -> None:
     """The default init (see the module docstring), the reference path (the kernels equal it: the
     test above and test_moe_fp8_block_kernel.py). Generating, every token is the eager quantized
-    model's."""
+    model's. Qwen3-MoE only in the suite (DeepSeek-V3's experts are the same op, its other
+    quantized linears test_generate_fp8_block.py's; with "deepseek_v3" added this measured
+    0.037-0.046 under the same bound)."""
     overrides = {"first_k_dense_replace": 1} if family == "deepseek_v3" else {}
     checkpoint = _checkpoint(tmp_path / f"{family}-fp8", family, 0.02, **overrides)
     llm = ad_mlir.LLM(str(checkpoint), max_batch=len(PROMPTS), max_seq_len=32)
