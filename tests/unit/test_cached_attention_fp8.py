@@ -20,7 +20,10 @@ from template_modules import template_builder
 
 from ad_mlir.codegen.interpreter import nearest_bf16_rounding, nearest_e4m3_rounding
 from ad_mlir.codegen.ptx import compile_all, record_launches, specialize_launch
-from ad_mlir.codegen.templates.cached_attention_kernel import CachedAttentionSpec, emit_cached_attention_module
+from ad_mlir.codegen.templates.cached_attention_kernel import (
+    CachedAttentionSpec,
+    emit_cached_attention_module,
+)
 from ad_mlir.semantics import torch_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
