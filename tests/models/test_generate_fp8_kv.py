@@ -31,13 +31,17 @@ import torch
 from eager_reference import eager_greedy, eager_logits
 from kernel_guard import kernels_ran
 from test_generate_fp8 import _trajectory
-from transformers import AttentionInterface
+from transformers import AttentionInterface, DeepseekV3Config
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import ad_mlir
+from ad_mlir import generate
 from ad_mlir.codegen.interpreter import nearest_e4m3_rounding
+from ad_mlir.llm import llm as llm_module
 from ad_mlir.runtime.kernels import reference_kernels
+from ad_mlir.serve import cli as serve_cli
 from ad_mlir.tools.report import fp8_logits_error
+from ad_mlir.zoo.small import model_from_config
 from ad_mlir.zoo.tiny import TinyConfig, build_model
 
 PROMPTS = [[5, 9, 13, 3, 7, 40, 41], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [2, 60, 90, 17]]
@@ -105,6 +109,7 @@ def _paged_trajectory(llm: ad_mlir.LLM, prompts: list[list[int]], forced: list[l
 def _assert_same_quantization(reference: torch.nn.Module, forced: list[list[int]], logits: list[torch.Tensor]) -> None:
     for i, (prompt, tokens, got) in enumerate(zip(PROMPTS[:len(forced)], forced, logits, strict=True)):
         same = fp8_logits_error(eager_logits(reference, prompt + tokens)[len(prompt) - 1:], got)
+        print(f"prompt {i}: {same:.3g} from the eager fp8-K/V model")
         assert same <= SAME_QUANTIZATION_ERROR, f"prompt {i}: {same:.3g} from the eager fp8-K/V model"
 
 
@@ -159,7 +164,36 @@ def test_fp8_pages_take_half_the_bytes_and_a_budget_buys_twice_the_pages() -> No
     assert fp8.cache_bytes == bf16.cache_bytes <= budget
 
 
-def test_what_the_fp8_cache_does_not_hold_is_refused() -> None:
-    model = build_model(TinyConfig(family="llama", layers=1))
-    with pytest.raises(ValueError, match="kv_cache_dtype='int8' is none of auto, fp8, fp8_e4m3"):
-        ad_mlir.LLM(model, kv_cache_dtype="int8")
+def test_mla_is_refused_naming_the_option_and_the_mixer() -> None:
+    """MLA caches its latent, which the fp8 K/V cache does not hold: a ValueError naming
+    `kv_cache_dtype` and the mixer (the paged form here; both in
+    insert-cached-attention-fp8.mlir)."""
+    config = DeepseekV3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=32, q_lora_rank=None,
+                              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1,
+                              max_position_embeddings=64, pad_token_id=0)
+    model = model_from_config(config)
+    with pytest.raises(ValueError, match="model.layers.0.self_attn: kv_cache_dtype='fp8' is not supported for MLA"):
+        ad_mlir.LLM(model, max_batch=2, max_seq_len=32, page_size=8, kv_cache_dtype="fp8")
+
+
+def test_the_command_lines_take_the_cache_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m ad_mlir.generate` and `ad-mlir serve` hand `--kv-cache-dtype` to the LLM they
+    build (caught here before it compiles: the option's effect is the tests above); a dtype the
+    cache does not know is an error naming it."""
+    asked = []
+
+    def caught(model: torch.nn.Module, page_size: int | None, **kwargs: object) -> None:
+        asked.append(kwargs["kv_cache_dtype"])
+        raise ValueError("caught before compiling")
+
+    monkeypatch.setattr(llm_module, "paged_where_possible", caught)
+    with pytest.raises(SystemExit, match="caught before compiling"):
+        generate.main(["--model", "llama", "--prompt-ids", "5", "9", "--kv-cache-dtype", "fp8"])
+    with pytest.raises(SystemExit, match="caught before compiling"):
+        serve_cli._compile(serve_cli._parse(["serve", "--model", "llama", "--kv-cache-dtype", "fp8_e4m3"]), "default",
+                           "cpu")
+    assert asked == ["fp8", "fp8_e4m3"]
+    monkeypatch.undo()
+    with pytest.raises(SystemExit, match="kv_cache_dtype='fp16' is none of auto, fp8, fp8_e4m3"):
+        generate.main(["--model", "llama", "--prompt-ids", "5", "9", "--kv-cache-dtype", "fp16"])
