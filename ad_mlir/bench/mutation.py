@@ -74,7 +74,8 @@ def _lit(*names: str) -> tuple[str, ...]:
 
 _TRITON = "tests/filecheck/codegen/triton.mlir"
 _CACHED = ("insert-cached-attention", "insert-cached-attention-errors", "insert-cached-attention-mla",
-           "insert-cached-attention-paged", "insert-cached-attention-paged-errors", "insert-cached-attention-compressed")
+           "insert-cached-attention-paged", "insert-cached-attention-paged-errors", "insert-cached-attention-compressed",
+           "insert-cached-attention-fp8")
 _REGIONS = ("tests/unit/test_compile_random.py", "-k", "not random_ and not norm_and_softmax and not each_case")
 _NUMERIC = ("tests/unit/test_codegen_numeric.py", "tests/unit/test_kernel_ops.py")
 _FRONT_DOOR = ("tests/unit/test_front_door.py", "tests/unit/test_bad_input.py", "-k",
@@ -205,7 +206,8 @@ TESTS: dict[str, Tests] = {
              "and not rope_causal_gqa and not qk_norm and not random_mask")),
     "ad_mlir/codegen/templates/blocks.py": Tests((_TRITON,), _NUMERIC),
     "ad_mlir/codegen/templates/cached_attention_kernel.py": Tests(
-        (), ("tests/unit/test_cached_attention_kernel.py", "tests/unit/test_paged_attention.py", "-k",
+        (), ("tests/unit/test_cached_attention_kernel.py", "tests/unit/test_paged_attention.py",
+             "tests/unit/test_cached_attention_fp8.py", "-k",
              "not ptx and not prefill_and_chunked and not split_boundaries and not any_head_dim")),
     "ad_mlir/codegen/templates/causal_conv_kernel.py": Tests(
         (), ("tests/unit/test_causal_conv_kernel.py", "-k", "not ptx")),
@@ -275,14 +277,16 @@ TESTS: dict[str, Tests] = {
         "tests/models/test_llm_runtime.py", "-k", "bucket or padded or graphs")),
     "ad_mlir/llm/piecewise.py": Tests((), ("tests/models/test_piecewise.py",)),
     "ad_mlir/llm/pipelines.py": Tests((), (
-        "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",)),
+        "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",
+        "tests/models/test_generate_fp8_kv.py::test_fp8_pages_take_half_the_bytes_and_a_budget_buys_twice_the_pages")),
     "ad_mlir/llm/llm.py": Tests(_lit(*_CACHED), (
         "tests/models/test_llm_runtime.py", "-k", "not command_line",
         "tests/unit/test_generate_sharded.py::test_cache_insertion_goes_after_shard_and_fusions_and_before_regions",
         "tests/models/test_sequence_mixers.py::test_a_byte_budget_leaves_a_model_of_states_alone_at_its_longest",
         "tests/models/test_paged.py::test_a_byte_budget_buys_whole_pages",
         "tests/models/test_paged.py::test_steps_that_forget_the_pages_are_seen",
-        "tests/models/test_paged.py::test_generate_runs_the_paged_scheduler_on_the_compiled_model")),
+        "tests/models/test_paged.py::test_generate_runs_the_paged_scheduler_on_the_compiled_model",
+        "tests/models/test_generate_fp8_kv.py::test_fp8_pages_take_half_the_bytes_and_a_budget_buys_twice_the_pages")),
     "ad_mlir/llm/pages.py": Tests((), ("tests/unit/test_pages.py", *(_PAGED_ENGINE + t for t in (
         "a_pool_too_small_for_all_preempts_the_youngest_and_loses_nothing",
         "preemption_with_prefix_caching_resumes_on_its_own_cached_pages", "a_common_system_prompt_is_prefilled_once_and_shared",

@@ -12,6 +12,7 @@ This module must not import torch: `ad-opt` parses and prints IR without it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -1778,7 +1779,14 @@ class CachedAttentionOp(AdOp):
     softmax, to the sequence's entries too: causal with offset and without the window; with
     `selected` [batch, seq, k] (int64, -1 for none: DeepSeek-V4's CSA, the choice of
     `ad.cached_index_topk`), each query only to the entries it lists. Not pure: it writes the
-    pages."""
+    pages.
+
+    With `k_scale` and `v_scale` (vLLM's `kv_cache_dtype="fp8"`), the pools are float8_e4m3fn
+    whatever the key's type: a new key row x (after QK-norm and RoPE, in the key's type) is
+    stored as e4m3(clamp(x / k_scale, -448, 448)) (nearest even), a value row with `v_scale`, and
+    a row read back is e4m3 * scale in the key's type; the new tokens attend to their own rows as
+    the pools hold them (quantized), as to every cached one. Both scales are given together, and
+    only with e4m3 pools; without them the pools have the key's type."""
 
     name = "ad.cached_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1807,10 +1815,13 @@ class CachedAttentionOp(AdOp):
     qk_norm_eps = opt_prop_def(FloatAttr[Float64Type])
     qk_norm_offset = opt_prop_def(FloatAttr[Float64Type])
     qk_norm_weight_in_fp32 = opt_prop_def(UnitAttr)
+    k_scale = opt_prop_def(FloatAttr[Float64Type])
+    v_scale = opt_prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
         "$query `,` $key `,` $value (`rope` $cos^ `,` $sin)? (`interleaved` $interleaved^)? " + _QK_NORM_FORMAT +
-        "`cache` $k_cache `,` $v_cache `block_tables` $block_tables `cache_starts` $cache_starts "
+        "`cache` $k_cache `,` $v_cache (`kv_scales` $k_scale^ `,` $v_scale)? "
+        "`block_tables` $block_tables `cache_starts` $cache_starts "
         "(`query_starts` $query_starts^ `:` type($query_starts))? `scale` $scale (`window` $window^)? "
         "(`softcap` $softcap^)? (`sinks` $sinks^ `:` type($sinks))? "
         "(`alibi` $alibi_slopes^ `:` type($alibi_slopes))? "
@@ -1847,8 +1858,7 @@ class CachedAttentionOp(AdOp):
         if kc[1] == DYNAMIC_INDEX or kc[1] < 1:
             raise VerifyException(f"ad.cached_attention page_size {'?' if kc[1] == DYNAMIC_INDEX else kc[1]} must be "
                                   "static and positive")
-        if not self.k_cache.type.element_type == self.v_cache.type.element_type == self.key.type.element_type:
-            raise VerifyException("ad.cached_attention pools must have the key's element type")
+        self._verify_cache_dtype()
         for name, meta, rank in (("query_starts", self.query_starts, 1), ("cache_starts", self.cache_starts, 1),
                                  ("block_tables", self.block_tables, 2)):
             if meta is not None and (len(_shape(meta.type)) != rank or meta.type.element_type != i64):
@@ -1873,6 +1883,25 @@ class CachedAttentionOp(AdOp):
                                       + (" (sinks: or [batch, heads, seq], one per token)" if name == "sinks" else ""))
         _verify_distance_bias(self, q)
         _verify_qk_norm(self)
+
+    def _verify_cache_dtype(self) -> None:
+        """The pools have the key's element type, or, with both scales (positive, finite), e4m3."""
+        pools = (self.k_cache.type.element_type, self.v_cache.type.element_type)
+        if (self.k_scale is None) != (self.v_scale is None):
+            raise VerifyException("ad.cached_attention takes k_scale and v_scale together")
+        if self.k_scale is None:
+            if pools != (self.key.type.element_type,) * 2:
+                raise VerifyException("ad.cached_attention pools must have the key's element type (or be f8E4M3FN "
+                                      "with kv_scales)")
+            return
+        if pools != (Float8E4M3FNType(),) * 2:
+            raise VerifyException("ad.cached_attention with kv_scales takes f8E4M3FN pools, not "
+                                  f"{pools[0]} and {pools[1]}")
+        for name, attr in (("k_scale", self.k_scale), ("v_scale", self.v_scale)):
+            if not 0 < attr.value.data < math.inf:
+                raise VerifyException(f"ad.cached_attention {name} must be positive and finite, not {attr.value.data}")
+        if self.compressed is not None:
+            raise VerifyException("ad.cached_attention with kv_scales takes no compressed entries")
 
     def _verify_compressed(self, q: tuple[int, ...]) -> None:
         """DeepSeek-V4's compressed entries: both operands, the key's and the key pool's types,

@@ -56,6 +56,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    "sequence (convolutions, scans) sit beside the pages in --max-batch state slots; a model the "
                    "paged form refuses (states without attention, DeepSeek sparse attention) gets the slot form, "
                    "with a warning")
+    p.add_argument("--kv-cache-dtype", default="auto", help="what attention's K/V cache "
+                   "holds: auto (the model's dtype) or fp8 / fp8_e4m3 (float8_e4m3fn with per-tensor scales of 1.0, "
+                   "half the bytes of bf16)")
     p.add_argument("--speculative-ngram", type=int, default=0, metavar="K", help="speculative decoding by prompt "
                    "lookup: draft up to K tokens per decode, verified in the same step (the paged form; the tokens "
                    "are those of plain decoding; default 0: off)")
@@ -100,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model, tokenizer = load_causal_lm(args.model, args.device, args.dtype)
         llm = paged_where_possible(model, args.page_size or None, tokenizer=tokenizer, max_batch=args.max_batch,
                                    max_seq_len=args.max_seq_len, pipeline=args.pipeline,
-                                   kv_cache_budget=args.kv_cache_budget,
+                                   kv_cache_budget=args.kv_cache_budget, kv_cache_dtype=args.kv_cache_dtype,
                                    cuda_graphs=False if args.no_cuda_graphs else None,
                                    speculative=NgramProposer(args.speculative_ngram) if args.speculative_ngram else None)
     except ValueError as e:

@@ -41,6 +41,7 @@ from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
 from ad_mlir.llm.piecewise import MAX_PIECEWISE_TOKENS, CudaGraphPiecewise
 from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline
 from ad_mlir.llm.speculative import Proposer
+from ad_mlir.passes.cache.interface import KV_CACHE_DTYPES
 from ad_mlir.passes.insert_cached_attention import PerSequenceState
 from ad_mlir.runtime.kernels import call_kernels_directly
 
@@ -128,6 +129,12 @@ class LLM:
     `world_size`, `rank`), given as `options=` and/or keywords (`LLM(model, pipeline="none")`);
     `insert-cached-attention` is put into the pipeline as a pass object (`cached_pipeline`).
 
+    `kv_cache_dtype` (vLLM's): `auto`, the caches in the model's dtype; `fp8` (or `fp8_e4m3`),
+    attention's K/V caches in float8_e4m3fn, half the bytes of bf16's (a `kv_cache_budget` buys
+    twice the tokens), quantized with per-tensor scales of 1.0 (K/V entries beyond +-448
+    saturate; `insert-cached-attention{kv-cache-dtype=fp8}`); states per sequence keep their
+    dtype, and MLA's latent cache is refused (a ValueError naming `kv_cache_dtype`).
+
     `speculative` (the paged form only): a proposer (`ad_mlir.llm.speculative`: `NgramProposer`,
     `DraftModelProposer`) whose drafted tokens `generate` verifies in its steps: the tokens are
     those plain decoding gives (greedy: the same; sampled: the same distribution), in fewer steps
@@ -136,9 +143,11 @@ class LLM:
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  tokenizer: Any = None, kv_cache_budget: int | float | None = None, cuda_graphs: bool | None = None,
                  *, page_size: int | None = None, num_pages: int | None = None, options: CompileOptions | None = None,
-                 speculative: Proposer | None = None, **overrides: Any) -> None:
+                 speculative: Proposer | None = None, kv_cache_dtype: str = "auto", **overrides: Any) -> None:
         from ad_mlir.zoo.checkpoints import load_causal_lm
 
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is none of {', '.join(KV_CACHE_DTYPES)}")
         if isinstance(model, str):
             model, loaded_tokenizer = load_causal_lm(model)
             tokenizer = tokenizer or loaded_tokenizer
@@ -154,6 +163,8 @@ class LLM:
         self.options = CompileOptions.of(options, **overrides)
         if speculative is not None and page_size is None:
             raise ValueError("speculative decoding runs on the paged engine: give page_size too")
+        self.kv_cache_dtype = kv_cache_dtype
+        """What attention's K/V caches hold: `auto` (the model's dtype) or `fp8` (float8_e4m3fn)."""
         self.speculative = speculative
         """What drafts tokens for `generate` to verify (`ad_mlir.llm.speculative`), or None."""
         self.page_size = page_size
@@ -203,9 +214,10 @@ class LLM:
         `max_batch` slots, one more with `scratch`) and allocate them."""
         self.caches: dict[str, torch.Tensor] = {}  # a probe's caches are freed before the final ones exist
         if num_pages is not None:
-            pipeline = paged_pipeline(self.options.pipeline, self.page_size, num_pages, max_seq_len, max_batch + scratch)
+            pipeline = paged_pipeline(self.options.pipeline, self.page_size, num_pages, max_seq_len, max_batch + scratch,
+                                      self.kv_cache_dtype)
         else:
-            pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len)
+            pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len, self.kv_cache_dtype)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
         self.runner = call_kernels_directly(self.graph)
         """What runs a step: the graph with its kernels called without torch's dispatch of their

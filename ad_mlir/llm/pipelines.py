@@ -12,25 +12,27 @@ CACHE_BEFORE = ("decompose", "fuse-elementwise")
 """`insert-cached-attention` goes before the first of these passes."""
 
 
-def cached_pipeline(pipeline: Pipeline, max_batch: int, max_seq_len: int) -> PipelineConfig:
+def cached_pipeline(pipeline: Pipeline, max_batch: int, max_seq_len: int, kv_cache_dtype: str = "auto") -> PipelineConfig:
     """`pipeline` with `insert-cached-attention` in the slot form (`max_batch` slots of
     `max_seq_len` tokens, the LM head on the `logits_indices` tokens) before its first
     `decompose` or `fuse-elementwise` (`default` counts as the passes it runs), else at its end.
     So it runs after `shard` (each rank's caches get its local K/V heads), `quantize-linear-fp8`
     and the LLM fusions (it rewrites the fused attention), and before regions form (the dropped
-    mask's ops are gone by then)."""
+    mask's ops are gone by then). `kv_cache_dtype`: the pass's `kv-cache-dtype` (`fp8`: e4m3
+    K/V caches)."""
     return with_cache_pass(pipeline, InsertCachedAttentionPass(max_batch=max_batch, max_seq_len=max_seq_len,
-                                                               logits_indices=True))
+                                                               logits_indices=True, kv_cache_dtype=kv_cache_dtype))
 
 
 def paged_pipeline(pipeline: Pipeline, page_size: int, num_pages: int, max_seq_len: int,
-                   max_batch: int = 8) -> PipelineConfig:
+                   max_batch: int = 8, kv_cache_dtype: str = "auto") -> PipelineConfig:
     """`pipeline` with the paged, flattened form of `insert-cached-attention`, placed as in
     `cached_pipeline`: pools of `num_pages` pages of `page_size` tokens, masks evaluated at
     `max_seq_len` tokens, and `max_batch` slots in the pools of per-sequence states
-    (convolutions', scans') where the model has such states."""
+    (convolutions', scans') where the model has such states; `kv_cache_dtype` as there."""
     return with_cache_pass(pipeline, InsertCachedAttentionPass(max_batch=max_batch, max_seq_len=max_seq_len, paged=True,
-                                                               page_size=page_size, num_pages=num_pages))
+                                                               page_size=page_size, num_pages=num_pages,
+                                                               kv_cache_dtype=kv_cache_dtype))
 
 
 def with_cache_pass(pipeline: Pipeline, cache_pass: ModulePass) -> PipelineConfig:

@@ -38,6 +38,12 @@ sequence in one launch, reading `query_starts` on the device (`codegen/templates
 A model with such states and no attention has nothing to page and is refused (`PerSequenceState`),
 as is a mixer the paged form does not hold (a cached token window: compile such a model in the slot form).
 
+With `kv-cache-dtype=fp8` (vLLM's `kv_cache_dtype`: `fp8` or `fp8_e4m3`) attention's K/V
+caches are float8_e4m3fn, half the bytes of 16-bit ones, quantized with per-tensor scales of
+1.0 (`cache/attention.py`); states per sequence keep their dtype, and a mixer that cannot hold
+its rows per token in e4m3 (MLA's latent) is refused by name (`KvCacheDtypeRefused`, a
+ValueError).
+
 Once the mixers are cached, a range that counts the step's tokens as positions gets the real
 ones (`cache/positions.py`). After that, any op that still mixes token positions
 (`position_mixing.position_mixers`: another convolution or scan over the sequence, an opaque
@@ -64,9 +70,11 @@ from xdsl.utils.exceptions import PassFailedException
 
 from ad_mlir.dialects import ad
 from ad_mlir.passes.cache.interface import (
+    KV_CACHE_DTYPES,
     CachedMixer,
     CacheSite,
     Found,
+    KvCacheDtypeRefused,
     PerSequenceState,
     append_argument,
     layer_of,
@@ -117,6 +125,9 @@ class InsertCachedAttentionPass(ModulePass):
     logits_indices: bool = False
     """The slot form with a `logits_indices` argument: the LM head runs on those tokens only
     (the paged form always has it)."""
+    kv_cache_dtype: str = "auto"
+    """What attention's K/V caches hold: `auto` (the key's dtype) or `fp8` / `fp8_e4m3`
+    (float8_e4m3fn, per-tensor scales of 1.0)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.max_batch < 1 or self.max_seq_len < 1:
@@ -125,10 +136,15 @@ class InsertCachedAttentionPass(ModulePass):
         if self.paged and (self.page_size < 1 or self.page_size & (self.page_size - 1) or self.num_pages < 1):
             raise PassFailedException(f"insert-cached-attention: page-size {self.page_size} must be a power of two "
                                       f"and num-pages {self.num_pages} positive")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise KvCacheDtypeRefused(f"insert-cached-attention: kv-cache-dtype {self.kv_cache_dtype!r} is none of "
+                                      f"{', '.join(KV_CACHE_DTYPES)}")
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 # every mixer finds its matches before any is cached: a rewrite must not change what another finds
                 found = [(mixer, mixer.find(fn)) for mixer in MIXERS]
+                if self.kv_cache_dtype != "auto":
+                    _refuse_unquantized(found, self.kv_cache_dtype)
                 if self.paged:
                     self._apply_paged(fn, found)
                 else:
@@ -188,7 +204,7 @@ class InsertCachedAttentionPass(ModulePass):
     def _site(self, fn: func.FuncOp, starts: SSAValue, slots: SSAValue | None, query_starts: SSAValue | None = None,
               block_tables: SSAValue | None = None) -> CacheSite:
         return CacheSite(fn, self.max_batch, self.max_seq_len, self.paged, self.page_size, self.num_pages, starts,
-                         slots, query_starts, block_tables)
+                         slots, query_starts, block_tables, self.kv_cache_dtype)
 
 
 def _metadata_argument(fn: func.FuncOp, name: str, attr: str) -> SSAValue:
@@ -214,6 +230,15 @@ def _refuse_unpageable(found: Mixers) -> None:
             raise PerSequenceState(
                 f"{layer_of(mixer.replaced(f.matches[0]))}: a cached {mixer.name} keeps a state per sequence, which "
                 "the paged form (paged=true) does not hold: compile this model in the slot form (paged=false)")
+
+
+def _refuse_unquantized(found: Mixers, kv_cache_dtype: str) -> None:
+    """A mixer with rows per token that cannot hold them in e4m3 is refused by name."""
+    for mixer, f in found:
+        if f.matches and not mixer.per_sequence and not mixer.fp8_kv_cache:
+            raise KvCacheDtypeRefused(
+                f"{layer_of(mixer.replaced(f.matches[0]))}: kv_cache_dtype={kv_cache_dtype!r} is not supported for "
+                f"{mixer.name} (its cache stays in the model's dtype): use kv_cache_dtype='auto'")
 
 
 def _counted(found: Mixers) -> str:

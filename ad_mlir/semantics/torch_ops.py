@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -515,6 +516,8 @@ def cached_attention(
     compressed_cache: torch.Tensor | None = None,
     selected: torch.Tensor | None = None,
     query_starts: torch.Tensor | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> torch.Tensor:
     """`ad.cached_attention`: QK-norm and RoPE on the new query/key (when given), then sequence
     by sequence (batch row s, or with `query_starts` its new tokens `query_starts[s]` ..
@@ -527,9 +530,13 @@ def cached_attention(
     key and value) written into `compressed_cache` the same way and attended in the same
     softmax, causal with offset, without the window (with `selected`, only those it lists).
     Steps where every sequence brings one token are computed together (`_decodes`). The
-    reference reads the metadata on the host."""
+    reference reads the metadata on the host. With `k_scale`/`v_scale` the pools are e4m3: the
+    new rows are quantized before they are written (`quantize_kv`), and every row read, the new
+    ones too, is dequantized (`dequantize_kv`)."""
     query, key = _new_query_key(query, key, cos, sin, interleaved, q_norm_weight, k_norm_weight, qk_norm_eps,
                                 qk_norm_offset, qk_norm_weight_in_fp32)
+    scales = KvScales(k_scale, v_scale, key.dtype)
+    key, value = scales.stored(key, value)
     batched = query_starts is None
     bounds = None if batched else query_starts.tolist()
     seqs = cache_starts.shape[0]
@@ -537,14 +544,14 @@ def cached_attention(
     plain = softcap is None and sinks is None and alibi_slopes is None and distance_bias is None
     if one_token and plain and compressed is None and seqs > 1:
         if not batched:
-            return _decodes(query, key, value, k_cache, v_cache, cache_starts, block_tables, scale, window)
+            return _decodes(query, key, value, k_cache, v_cache, cache_starts, block_tables, scale, window, scales)
         # the batch rows' one token each, viewed as one flattened row [1, heads, seqs, d] and back
         flat = [x.transpose(0, 2) for x in (query, key, value)]
-        return _decodes(*flat, k_cache, v_cache, cache_starts, block_tables, scale, window).transpose(0, 2)
+        return _decodes(*flat, k_cache, v_cache, cache_starts, block_tables, scale, window, scales).transpose(0, 2)
     out = query.new_empty((*query.shape[:3], value.shape[3]))
     if not batched:
         _flattened_decodes(query, key, value, k_cache, v_cache, cache_starts, block_tables, scale, window, bounds,
-                           out if plain else None)
+                           out if plain else None, scales)
     per_token = sinks is not None and sinks.dim() == 3  # [batch, heads, seq]: each token's own
     for s, (start, pages) in enumerate(zip(cache_starts.tolist(), block_tables.tolist(), strict=True)):
         rows = slice(None) if batched else slice(bounds[s], bounds[s + 1])
@@ -552,8 +559,8 @@ def cached_attention(
         if not batched and plain and bounds[s + 1] - bounds[s] == 1:
             continue  # computed by _flattened_decodes
         q, k_new, v_new = (x[b, :, rows] for x in (query, key, value))
-        k = _sequence_positions(k_cache, pages, start, k_new)
-        v = _sequence_positions(v_cache, pages, start, v_new)
+        k, v = scales.read(_sequence_positions(k_cache, pages, start, k_new),
+                           _sequence_positions(v_cache, pages, start, v_new))
         if compressed is not None and compressed_cache is not None:
             entries = _sequence_positions(compressed_cache, pages, start, compressed[b])
             out[b] = _attend_with_compressed(q, k, v, entries, start, scale, window, sinks,
@@ -563,6 +570,46 @@ def cached_attention(
                 q, k, v, start, scale, window, softcap, sinks[b] if per_token else sinks, alibi_slopes,
                 distance_bias[b, :, rows] if distance_bias is not None else None)
     return out
+
+
+E4M3_MAX = 448.0
+"""The largest finite float8_e4m3fn value: what a quantized K/V row saturates to."""
+
+
+def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """K/V rows as an e4m3 pool holds them: x / scale (in fp32), saturated to +-448, rounded to
+    nearest even (vLLM's fp8 KV cache with a per-tensor scale)."""
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of an e4m3 pool as attention reads them: x * scale in fp32, rounded to `dtype`."""
+    return (x.float() * scale).to(dtype)
+
+
+@dataclass(frozen=True)
+class KvScales:
+    """How `cached_attention`'s pools hold rows: as they are (no scales), or e4m3 with a scale
+    each for keys and values, read back in `dtype` (the key's)."""
+
+    k_scale: float | None
+    v_scale: float | None
+    dtype: torch.dtype
+
+    def stored(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k_scale is None or self.v_scale is None:
+            return key, value
+        return quantize_kv(key, self.k_scale), quantize_kv(value, self.v_scale)
+
+    def read(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k_scale is None or self.v_scale is None:
+            return key, value
+        return dequantize_kv(key, self.k_scale, self.dtype), dequantize_kv(value, self.v_scale, self.dtype)
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """`x` as bytes where it is e4m3, whose `index_copy_` torch's CPU lacks."""
+    return x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
 
 
 def _sequence_positions(pool: torch.Tensor, pages: list[int], start: int, new: torch.Tensor) -> torch.Tensor:
@@ -703,13 +750,14 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Te
       sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
       distance_bias: torch.Tensor | None = None, compressed: torch.Tensor | None = None,
       compressed_cache: torch.Tensor | None = None, selected: torch.Tensor | None = None,
-      query_starts: torch.Tensor | None = None) -> torch.Tensor:
+      query_starts: torch.Tensor | None = None, k_scale: float | None = None,
+      v_scale: float | None = None) -> torch.Tensor:
     return query.new_empty((*query.shape[:3], value.shape[3]))
 
 
 def _flattened_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                       window: int | None, bounds: list[int], out: torch.Tensor | None) -> None:
+                       window: int | None, bounds: list[int], out: torch.Tensor | None, scales: KvScales) -> None:
     """Into `out` (None: nothing to do, the attention has a form `_decodes` does not compute),
     the rows of the flattened sequences that bring one token, computed together (`_decodes`)."""
     decodes = [s for s in range(len(bounds) - 1) if bounds[s + 1] - bounds[s] == 1]
@@ -717,12 +765,12 @@ def _flattened_decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         return
     rows, chosen = torch.tensor([bounds[s] for s in decodes]), torch.tensor(decodes)
     out[:, :, rows] = _decodes(query[:, :, rows], key[:, :, rows], value[:, :, rows], k_cache, v_cache,
-                               cache_starts[chosen], block_tables[chosen], scale, window)
+                               cache_starts[chosen], block_tables[chosen], scale, window, scales)
 
 
 def _decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float,
-             window: int | None) -> torch.Tensor:
+             window: int | None, scales: KvScales) -> torch.Tensor:
     """`cached_attention` of sequences that each bring one token (decodes): the new K/V written
     at each one's position, then attention over every sequence's positions gathered to the
     longest, masked by each one's length (and window), rather than a call per sequence. The
@@ -734,14 +782,15 @@ def _decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cach
     page_size, kv_heads, dk, dv = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
     k_rows, v_rows = k_cache.view(-1, kv_heads, dk), v_cache.view(-1, kv_heads, dv)
     written = block_tables.gather(1, (cache_starts // page_size)[:, None])[:, 0] * page_size + cache_starts % page_size
-    k_rows.index_copy_(0, written, key[0].transpose(0, 1))
-    v_rows.index_copy_(0, written, value[0].transpose(0, 1))
+    _bytes(k_rows).index_copy_(0, written, _bytes(key[0].transpose(0, 1)))
+    _bytes(v_rows).index_copy_(0, written, _bytes(value[0].transpose(0, 1)))
     seqs, longest = cache_starts.shape[0], int(cache_starts.max()) + 1
     positions = torch.arange(longest, device=query.device)
     pages = block_tables[:, positions // page_size].clamp(0, k_cache.shape[0] - 1)  # past a sequence: masked
     read = (pages * page_size + positions % page_size).flatten()
-    k = k_rows.index_select(0, read).view(seqs, longest, kv_heads, dk).transpose(1, 2)
-    v = v_rows.index_select(0, read).view(seqs, longest, kv_heads, dv).transpose(1, 2)
+    k, v = scales.read(k_rows.index_select(0, read), v_rows.index_select(0, read))
+    k = k.view(seqs, longest, kv_heads, dk).transpose(1, 2)
+    v = v.view(seqs, longest, kv_heads, dv).transpose(1, 2)
     q = query[0].transpose(0, 1).reshape(seqs, kv_heads, -1, dk)
     # one sequence without a window sees every position gathered: no mask
     seen = None if seqs == 1 and window is None else _keys_seen(cache_starts, longest, window)[:, None, None]

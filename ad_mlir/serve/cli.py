@@ -63,6 +63,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                        "attention, DeepSeek sparse attention) gets the slot form, with a warning")
     serve.add_argument("--num-pages", type=int, default=None, help="pages in the pool (default: enough for "
                        "--max-batch sequences of --max-seq-len tokens)")
+    serve.add_argument("--kv-cache-dtype", default="auto", help="what attention's K/V "
+                       "cache holds: auto (the model's dtype) or fp8 / fp8_e4m3 (float8_e4m3fn with per-tensor "
+                       "scales of 1.0, half the bytes of bf16: twice the pages in the same memory)")
     serve.add_argument("--max-step-tokens", type=int, default=256, help="tokens one engine step feeds: the running "
                        "decodes, then chunks of waiting prompts (a longer prompt is prefilled over several steps)")
     serve.add_argument("--max-running", type=int, default=None, help="requests in the paged cache at once, at most "
@@ -160,7 +163,8 @@ def _compile(args: argparse.Namespace, pipeline: str, device: str | None) -> LLM
     try:
         model, tokenizer = load_causal_lm(args.model, device, args.dtype)
         return paged_where_possible(model, args.page_size or None, max_batch=args.max_batch,
-                                    max_seq_len=args.max_seq_len, pipeline=pipeline, tokenizer=tokenizer, **pages)
+                                    max_seq_len=args.max_seq_len, pipeline=pipeline, tokenizer=tokenizer,
+                                    kv_cache_dtype=args.kv_cache_dtype, **pages)
     except ValueError as e:
         sys.exit(f"error: {e}")
 

@@ -179,12 +179,12 @@ def _pair_pieces(x, x_rows, x_sd, row_mask, HALF: tl.constexpr, HALF_P: tl.const
     and split in registers (strided loads would not vectorize)."""
     if INTERLEAVED:
         j = tl.arange(0, 2 * HALF_P)[None, :]
-        pairs = tl.load(x + x_rows[:, None] + j * x_sd, mask=row_mask[:, None] & (j < 2 * HALF), other=0)
+        pairs = tl.load(x + x_rows[:, None] + j * x_sd, mask=row_mask[:, None] & (j < 2 * HALF), other=0.0)
         return tl.split(tl.reshape(pairs, (pairs.shape[0], HALF_P, 2)))
     i = tl.arange(0, HALF_P)[None, :]
     m = row_mask[:, None] & (i < HALF)
-    return (tl.load(x + x_rows[:, None] + i * x_sd, mask=m, other=0),
-            tl.load(x + x_rows[:, None] + (i + HALF) * x_sd, mask=m, other=0))
+    return (tl.load(x + x_rows[:, None] + i * x_sd, mask=m, other=0.0),
+            tl.load(x + x_rows[:, None] + (i + HALF) * x_sd, mask=m, other=0.0))
 
 
 @triton.jit
@@ -207,7 +207,7 @@ def _passed_piece(x, x_rows, x_sd, row_mask, START: tl.constexpr, WIDTH: tl.cons
     """Dims START .. START + WIDTH of rows of a [rows, head_dim] tensor, padded to WIDTH_P, fp32."""
     j = tl.arange(0, WIDTH_P)[None, :]
     return tl.load(x + x_rows[:, None] + (START + j) * x_sd, mask=row_mask[:, None] & (j < WIDTH),
-                   other=0).to(tl.float32)
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit

@@ -57,6 +57,13 @@ rounded once to its dtype, in the head's own dim order. The head dim is held as 
 template's pieces (`kernel_forms.HeadPieces`: the rotated pairs, rotate_half or interleaved,
 and the dims past a partial rotary dim, each padded to a power of two and masked), so any head_dim
 and rotary_dim work: QK^T is one dot per piece; V and the output are padded, masked tiles.
+
+With scales (`CachedAttentionSpec.kv_scales`, vLLM's fp8 KV cache) the pools are float8_e4m3fn:
+a row is written as e4m3(clamp(x / scale, +-448)) (`_to_pool`: `cvt.rn.satfinite` on sm_90) and
+each tile loaded from the pages is converted in registers (`_from_pool`: e4m3 * scale, rounded
+to the element dtype) before its dot; the new tokens' own keys and values, taken from registers
+rather than the pages, go through both, so that every key a query sees is the one the pages
+hold. The scales are constexprs (1.0 folds away).
 """
 
 from __future__ import annotations
@@ -129,6 +136,12 @@ class CachedAttentionSpec(RotaryHead):
     flattened: bool = False
     """`query_starts` is an input (after `cache_starts`): one flattened batch of variable-length
     sequences, not one sequence per batch row."""
+    kv_scales: tuple[float, float] | None = None
+    """The pools are float8_e4m3fn with these (key, value) scales; None: of `dtype`."""
+
+    @property
+    def pool_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn if self.kv_scales is not None else self.dtype
 
     @property
     def value_dim(self) -> int:
@@ -149,6 +162,8 @@ class CachedAttentionSpec(RotaryHead):
             raise ValueError(f"cached attention kernel: distance_extent {self.distance_extent} must be positive")
         if self.window is not None and self.window < 1:
             raise ValueError(f"cached attention kernel: window {self.window} must be positive")
+        if self.kv_scales is not None and not all(0 < x < math.inf for x in self.kv_scales):
+            raise ValueError(f"cached attention kernel: kv_scales {self.kv_scales} must be positive and finite")
         if not 0 < self.value_dim <= MAX_HEAD_DIM:
             raise ValueError(f"cached attention kernel: value head_dim {self.value_dim} must be in 1..{MAX_HEAD_DIM}")
 
@@ -225,6 +240,32 @@ def _store_pieces(x, x_rows, x_sd, a, b, p, t, row_mask, HALF: tl.constexpr, HAL
         _store_passed(x, x_rows, x_sd, p, row_mask, 2 * HALF, REST, REST_P)
     if TAIL > 0:
         _store_passed(x, x_rows, x_sd, t, row_mask, 2 * HALF + REST, TAIL, TAIL_P)
+
+
+@triton.jit
+def _to_pool(x, SCALE: tl.constexpr, FP8: tl.constexpr):
+    """Rows as the pools hold them: with FP8, x / SCALE (fp32) saturated to +-448, rounded to e4m3."""
+    if FP8:  # one return: the two branches' types differ
+        x = tl.minimum(tl.maximum(x.to(tl.float32) / SCALE, -448.0), 448.0).to(tl.float8e4nv)
+    return x
+
+
+@triton.jit
+def _from_pool(x, SCALE: tl.constexpr, FP8: tl.constexpr):
+    """Rows of the pools as attention reads them: with FP8, x * SCALE (fp32) rounded to the element dtype."""
+    if FP8:
+        x = (x.to(tl.float32) * SCALE).to($elem)
+    return x
+
+
+@triton.jit
+def _pieces_from_pool(a, b, p, t, SCALE: tl.constexpr, FP8: tl.constexpr):
+    return _from_pool(a, SCALE, FP8), _from_pool(b, SCALE, FP8), _from_pool(p, SCALE, FP8), _from_pool(t, SCALE, FP8)
+
+
+@triton.jit
+def _pieces_to_pool(a, b, p, t, SCALE: tl.constexpr, FP8: tl.constexpr):
+    return _to_pool(a, SCALE, FP8), _to_pool(b, SCALE, FP8), _to_pool(p, SCALE, FP8), _to_pool(t, SCALE, FP8)
 
 
 @triton.jit
@@ -323,7 +364,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
         V_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
         TAIL: tl.constexpr, TAIL_P: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, NORM: tl.constexpr,
         SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr, ALIBI: tl.constexpr,
-        EXTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+        EXTENT: tl.constexpr, FP8: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     dims = tl.arange(0, V_P)  # of a value / output row (Q and K are held as pieces)
     d_in = dims < V_DIM
     keys = tl.arange(0, BLOCK_N)
@@ -378,6 +420,11 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
                                                        one == 0, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE,
                                                        INTERLEAVED, NORM)
         new_v = tl.load(v + s * v_sb + t * v_ss + kvh * v_sh + dims[None, :] * v_sd, mask=d_in[None, :], other=0)
+        # the new token's rows as the pages will hold them (stored by split 0), and as read back
+        pool_k_a, pool_k_b, pool_k_p, pool_k_t = _pieces_to_pool(new_k_a, new_k_b, new_k_p, new_k_t, K_SCALE, FP8)
+        pool_v = _to_pool(new_v, V_SCALE, FP8)
+        new_k_a, new_k_b, new_k_p, new_k_t = _pieces_from_pool(pool_k_a, pool_k_b, pool_k_p, pool_k_t, K_SCALE, FP8)
+        new_v = _from_pool(pool_v, V_SCALE, FP8)
         kc_head = _pages_base(k_cache, table, kvh * kc_s2, kc_s0, ONE_PAGE)
         vc_head = _pages_base(v_cache, table, kvh * vc_s2, vc_s0, ONE_PAGE)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -395,9 +442,10 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
             k_a, k_b, k_p, k_t = _new_rows(kc_head, k_rows, kc_s3, kc_head, 0, kc_head, n_pos, 0,
                                            kc_head, n_pos, 0, cached, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P,
                                            False, INTERLEAVED, False)
+            k_a, k_b, k_p, k_t = _pieces_from_pool(k_a, k_b, k_p, k_t, K_SCALE, FP8)
             v_rows = _rows(table, n_pos, cached, bt_s1, vc_s0, vc_s1, PAGE, ONE_PAGE)
-            v_tile = tl.load(vc_head + v_rows[:, None] + dims[None, :] * vc_s3,
-                             mask=cached[:, None] & d_in[None, :], other=0)
+            v_tile = _from_pool(tl.load(vc_head + v_rows[:, None] + dims[None, :] * vc_s3,
+                                        mask=cached[:, None] & d_in[None, :], other=0.0), V_SCALE, FP8)
             is_new = (n_pos == start)[:, None]
             k_a = tl.where(is_new, new_k_a, k_a)
             k_b = tl.where(is_new, new_k_b, k_b)
@@ -414,10 +462,10 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
         if split == 0:
             at = start + one
             _store_pieces(kc_head, _rows(table, at, one == 0, bt_s1, kc_s0, kc_s1, PAGE, ONE_PAGE), kc_s3,
-                          new_k_a, new_k_b, new_k_p, new_k_t, one == 0,
+                          pool_k_a, pool_k_b, pool_k_p, pool_k_t, one == 0,
                           HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, INTERLEAVED)
             v_at = _rows(table, at, one == 0, bt_s1, vc_s0, vc_s1, PAGE, ONE_PAGE)
-            tl.store(vc_head + v_at[:, None] + dims[None, :] * vc_s3, new_v, mask=d_in[None, :])
+            tl.store(vc_head + v_at[:, None] + dims[None, :] * vc_s3, pool_v, mask=d_in[None, :])
     else:
         # PREFILL: BLOCK_M new queries of one head of one sequence; its cached keys, then its new ones.
         sh = tl.program_id(0)
@@ -471,6 +519,7 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
                 k_a, k_b, k_p, k_t = _new_rows(kc_head, k_rows, kc_s3, kc_head, 0, kc_head,
                                                n_pos, 0, kc_head, n_pos, 0, n_in, HALF, HALF_P, REST, REST_P, TAIL,
                                                TAIL_P, False, INTERLEAVED, False)
+                k_a, k_b, k_p, k_t = _pieces_from_pool(k_a, k_b, k_p, k_t, K_SCALE, FP8)
                 visible = n_in[None, :]
                 if WINDOW > 0:
                     visible = visible & (n_pos[None, :] > start + m_pos[:, None] - WINDOW)
@@ -478,8 +527,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
                              n_pos[None, :] - (start + m_pos[:, None]), bias_rows, m_in, db_sd, SOFTCAP, ALIBI, EXTENT,
                              REST, TAIL)
                 # V loaded once the K pieces are dead
-                v_tile = tl.load(vc_head + v_rows[:, None] + dims[None, :] * vc_s3,
-                                 mask=n_in[:, None] & d_in[None, :], other=0)
+                v_tile = _from_pool(tl.load(vc_head + v_rows[:, None] + dims[None, :] * vc_s3,
+                                            mask=n_in[:, None] & d_in[None, :], other=0.0), V_SCALE, FP8)
                 m_i, l_i, acc = _softmax_step(qk, v_tile, m_i, l_i, acc)
             lo = 0
             if WINDOW > 0:
@@ -494,6 +543,10 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
                                                HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
                 v_tile = tl.load(v_new + n_tok[:, None] * v_ss + dims[None, :] * v_sd,
                                  mask=n_in[:, None] & d_in[None, :], other=0)
+                # the new keys and values as the pages hold them
+                k_a, k_b, k_p, k_t = _pieces_to_pool(k_a, k_b, k_p, k_t, K_SCALE, FP8)
+                k_a, k_b, k_p, k_t = _pieces_from_pool(k_a, k_b, k_p, k_t, K_SCALE, FP8)
+                v_tile = _from_pool(_to_pool(v_tile, V_SCALE, FP8), V_SCALE, FP8)
                 visible = n_in[None, :] & (n_pos[None, :] <= m_pos[:, None])
                 if WINDOW > 0:
                     visible = visible & (n_pos[None, :] > m_pos[:, None] - WINDOW)
@@ -508,10 +561,11 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
                 k_a, k_b, k_p, k_t = _new_rows(k_new, m_tok * k_ss, k_sd, k_norm, kn_sd, cos_s, m_tok * cos_ss, cos_sd,
                                                sin_s, m_tok * sin_ss, sin_sd, m_in,
                                                HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, ROPE, INTERLEAVED, NORM)
+                k_a, k_b, k_p, k_t = _pieces_to_pool(k_a, k_b, k_p, k_t, K_SCALE, FP8)
                 _store_pieces(kc_head, _rows(table, start + m_pos, m_in, bt_s1, kc_s0, kc_s1, PAGE, ONE_PAGE), kc_s3,
                               k_a, k_b, k_p, k_t, m_in, HALF, HALF_P, REST, REST_P, TAIL, TAIL_P, INTERLEAVED)
-                v_rows = tl.load(v_new + m_tok[:, None] * v_ss + dims[None, :] * v_sd,
-                                 mask=m_in[:, None] & d_in[None, :], other=0)
+                v_rows = _to_pool(tl.load(v_new + m_tok[:, None] * v_ss + dims[None, :] * v_sd,
+                                          mask=m_in[:, None] & d_in[None, :], other=0), V_SCALE, FP8)
                 v_at = _rows(table, start + m_pos, m_in, bt_s1, vc_s0, vc_s1, PAGE, ONE_PAGE)
                 tl.store(vc_head + v_at[:, None] + dims[None, :] * vc_s3, v_rows, mask=m_in[:, None] & d_in[None, :])
 '''
@@ -519,7 +573,8 @@ def $name(q, k, v, cos, sin, q_norm, k_norm, sinks, alibi, dist_bias, k_cache, v
 _LAUNCHER = '''\
 OUTPUT_DTYPES = ($dtype, )
 SPEC = dict(V_DIM=$v_dim, V_P=$v_p, $pieces, ROPE=$rope, INTERLEAVED=$interleaved, NORM=$norm,
-            SCALE=$scale, WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks, ALIBI=$alibi, EXTENT=$extent)
+            SCALE=$scale, WINDOW=$window, SOFTCAP=$softcap, SINKS=$sinks, ALIBI=$alibi, EXTENT=$extent,
+            FP8=$fp8, K_SCALE=$k_scale, V_SCALE=$v_scale)
 
 
 def output_shapes(tensors):
@@ -539,9 +594,9 @@ def _check(q, k, v, k_cache, v_cache, block_tables, cache_starts, query_starts):
                          "kv heads)")
     for name, pool, dim in (("k_cache", k_cache, $head_dim), ("v_cache", v_cache, $v_dim)):
         expected = (k.shape[1], dim)
-        if pool.dtype != $dtype or pool.dim() != 4 or tuple(pool.shape[2:]) != expected \
+        if pool.dtype != $pool_dtype or pool.dim() != 4 or tuple(pool.shape[2:]) != expected \
                 or pool.shape[:2] != k_cache.shape[:2]:
-            raise ValueError(f"cached attention: {name} is {pool.dtype} {tuple(pool.shape)}, expected $dtype "
+            raise ValueError(f"cached attention: {name} is {pool.dtype} {tuple(pool.shape)}, expected $pool_dtype "
                              f"[pages, page_size, {expected[0]}, {expected[1]}] (the key pool's pages)")
     seqs = cache_starts.shape[0]
     if block_tables.dim() != 2 or block_tables.shape[0] != seqs or cache_starts.dim() != 1:
@@ -622,6 +677,10 @@ def emit_cached_attention_module(spec: CachedAttentionSpec, name: str, header: s
         "elem": TL_DTYPE[spec.dtype],
         "precision": ', input_precision="ieee"' if spec.dtype == torch.float32 else "",
         "dtype": str(spec.dtype),
+        "pool_dtype": str(spec.pool_dtype),
+        "fp8": spec.kv_scales is not None,
+        "k_scale": repr(float(spec.kv_scales[0] if spec.kv_scales else 1.0)),
+        "v_scale": repr(float(spec.kv_scales[1] if spec.kv_scales else 1.0)),
         "head_dim": spec.head_dim,
         "v_dim": spec.value_dim,
         "v_p": padded_width(spec.value_dim),
@@ -667,6 +726,8 @@ def cached_attention_spec(op: ad.CachedAttentionOp) -> CachedAttentionSpec:
         distance_extent=op.distance_bias.type.get_shape()[3] if op.distance_bias is not None else None,
         v_head_dim=v_dim if (v_dim := op.value.type.get_shape()[3]) != op.query.type.get_shape()[3] else None,
         flattened=op.query_starts is not None,
+        kv_scales=(op.k_scale.value.data, op.v_scale.value.data) if op.k_scale is not None and op.v_scale is not None
+        else None,
     )
 
 

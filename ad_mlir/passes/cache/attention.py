@@ -6,7 +6,9 @@ pages of page-size tokens (`query_starts` besides). What the fused op does besid
 window, soft cap and QK-norm, the cached op does too.
 
 - Two arguments `k_cache_<i>` / `v_cache_<i>` of type [max-batch, max-seq-len, kv_heads,
-  head_dim] in the key's dtype (the value cache of the value's head_dim where it differs: an MLA
+  head_dim] in the key's dtype, or with `kv-cache-dtype=fp8` in f8E4M3FN, the cached op then
+  quantizing with `k_scale` = `v_scale` = 1.0 (vLLM's default without a checkpoint's scales)
+  (the value cache of the value's head_dim where it differs: an MLA
   cached as plain attention, whose full per-head K and V are cached, not its latent), marked
   `ad.cache = "<layer> key|value"` (the layer is the attention's HF module path); paged,
   `k_pages_<i>` / `v_pages_<i>` [num-pages, page-size, kv_heads, head_dim].
@@ -39,7 +41,15 @@ indexer's top-k) that is not MLA is refused by name.
 from __future__ import annotations
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import Float64Type, FloatAttr, IntegerAttr, TensorType, UnitAttr, i64
+from xdsl.dialects.builtin import (
+    Float8E4M3FNType,
+    Float64Type,
+    FloatAttr,
+    IntegerAttr,
+    TensorType,
+    UnitAttr,
+    i64,
+)
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
@@ -53,10 +63,12 @@ from ad_mlir.passes.cache.compressed_attention import (
     key_counts,
 )
 from ad_mlir.passes.cache.interface import (
+    FP8_KV_SCALE,
     POSITION_INPUT,
     CachedMixer,
     CacheSite,
     Found,
+    KvCacheDtypeRefused,
     layer_of,
     logged,
     optional,
@@ -138,6 +150,10 @@ def _checked(site: CacheSite, attention: Attention, layer: str) -> CompressedKey
     if site.paged:
         refuse_batched(attention, layer, "query")
     compressed = compressed_keys(site, attention, layer)  # first: CSA's mask holds a top-k too
+    if compressed is not None and site.fp8_kv_cache:
+        raise KvCacheDtypeRefused(
+            f"{layer}: kv_cache_dtype={site.kv_cache_dtype!r} is not supported for attention with DeepSeek-V4's "
+            "compressed entries (its compressed cache stays in the model's dtype): use kv_cache_dtype='auto'")
     if sparse_mask(site, attention, layer) is not None:
         raise PassFailedException(
             f"{layer}: DeepSeek sparse attention (a key selection by its indexer's top-k) is cached only over MLA "
@@ -159,7 +175,7 @@ def _cached_op(site: CacheSite, attention: Attention, layer: str, i: int, compre
                 site.starts, optional(site.query_starts),
                 [sinks(site, attention, layer)] if attention.sinks is not None else [],
                 [slopes(site, attention, layer)] if attention.alibi is not None else [], bias, *entries]
-    cached = ad.CachedAttentionOp.build(operands=operands, properties=_properties(attention, window),
+    cached = ad.CachedAttentionOp.build(operands=operands, properties=_properties(site, attention, window),
                                         result_types=[attention.output.results[0].type])
     cached.location = attention.output.location
     return cached
@@ -174,9 +190,13 @@ def _check_positions(site: CacheSite, attention: Attention, layer: str) -> None:
             f"{POSITION_INPUT} as an input so the cache can offset them")
 
 
-def _properties(attention: Attention, window: int | None) -> dict[str, Attribute]:
-    """The cached op's scale, and the interleaved RoPE, window, soft cap and QK-norm it carries over."""
+def _properties(site: CacheSite, attention: Attention, window: int | None) -> dict[str, Attribute]:
+    """The cached op's scale, the K/V scales of fp8 pools, and the interleaved RoPE, window, soft
+    cap and QK-norm it carries over."""
     properties: dict[str, Attribute] = {"scale": FloatAttr(attention.scale, Float64Type())}
+    if site.fp8_kv_cache:
+        properties |= {"k_scale": FloatAttr(FP8_KV_SCALE, Float64Type()),
+                       "v_scale": FloatAttr(FP8_KV_SCALE, Float64Type())}
     if attention.interleaved:
         properties["interleaved"] = UnitAttr()
     if window is not None:
@@ -200,9 +220,10 @@ def _erase_masks(attention: Attention, bias_computed: SSAValue | None) -> None:
 def _cache_type(site: CacheSite, x: SSAValue) -> TensorType:
     """[max-batch, max-seq-len, kv_heads, head_dim] of the key's or the value's heads (a value
     head dim of its own gets a value cache of its own width); with `paged`, [num-pages,
-    page-size, kv_heads, head_dim]."""
+    page-size, kv_heads, head_dim]; in e4m3 with `kv-cache-dtype=fp8`."""
     _, heads, _, head_dim = x.type.get_shape()
-    return TensorType(x.type.element_type, [*site.cache_rows(), heads, head_dim])
+    element = Float8E4M3FNType() if site.fp8_kv_cache else x.type.element_type
+    return TensorType(element, [*site.cache_rows(), heads, head_dim])
 
 
 def refuse_batched(attention: Attention, layer: str, what: str) -> None:
@@ -220,4 +241,4 @@ def _replaced(attention: Attention) -> Operation:
     return attention.output
 
 
-MIXER = CachedMixer("attention", _find, _cache_all, _replaced)
+MIXER = CachedMixer("attention", _find, _cache_all, _replaced, fp8_kv_cache=True)

@@ -32,6 +32,19 @@ class PerSequenceState(PassFailedException):
     sink logits, or sink logits per token (Inkling2's)."""
 
 
+class KvCacheDtypeRefused(PassFailedException, ValueError):
+    """`kv-cache-dtype` (`LLM`'s `kv_cache_dtype`) is not one the pass knows, or a mixer found
+    cannot hold its cache in it (MLA's latent, DeepSeek-V4's compressed entries)."""
+
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+"""`kv-cache-dtype`'s values, vLLM's names: `auto`, the model's dtype; `fp8` (= `fp8_e4m3`),
+attention's K/V pools in float8_e4m3fn with a per-tensor scale each for keys and values."""
+
+FP8_KV_SCALE = 1.0
+"""The K/V scales without a checkpoint's (vLLM's default): K/V entries beyond +-448 saturate."""
+
+
 @dataclass(frozen=True)
 class Found:
     """A mixer's matches in a function, in program order, and the ops that look like it but do
@@ -61,6 +74,12 @@ class CacheSite:
     """Paged only: where each sequence's tokens start in the flattened step."""
     block_tables: SSAValue | None = None
     """Each sequence's pages (the slot form: each row's slot, [batch, 1])."""
+    kv_cache_dtype: str = "auto"
+    """What attention's K/V pools hold (`KV_CACHE_DTYPES`)."""
+
+    @property
+    def fp8_kv_cache(self) -> bool:
+        return self.kv_cache_dtype != "auto"
 
     def cache_rows(self) -> list[int]:
         """The leading dims of a cache of tokens: [max-batch, max-seq-len], paged [num-pages, page-size]."""
@@ -105,6 +124,9 @@ class CachedMixer:
     it is kept in `state_slots`, and pages only what has rows per token."""
     pageable: bool = True
     """The paged form can hold it."""
+    fp8_kv_cache: bool = False
+    """It holds its rows per token in e4m3 with `kv-cache-dtype=fp8` (a mixer with rows per token
+    that does not is refused then; a state per sequence keeps its dtype)."""
 
 
 def append_argument(fn: func.FuncOp, arg_type: TensorType, attrs: dict[str, str]) -> BlockArgument:

@@ -364,8 +364,35 @@ func.func @cached_attention_value_result(%q: tensor<?x4x?x64xbf16>, %k: tensor<?
 // -----
 
 func.func @cached_attention_cache_dtype(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xf32>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' pools must have the key's element type
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' pools must have the key's element type (or be f8E4M3FN with kv_scales)
   %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xf32>, tensor<8x512x2x64xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+// e4m3 pools need their scales.
+func.func @cached_attention_fp8_without_scales(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xf8E4M3FN>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' pools must have the key's element type (or be f8E4M3FN with kv_scales)
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xf8E4M3FN>, tensor<8x512x2x64xf8E4M3FN>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+// Scales only with e4m3 pools.
+func.func @cached_attention_scales_without_fp8(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xbf16>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' with kv_scales takes f8E4M3FN pools, not bf16 and bf16
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc kv_scales 1.000000e+00, 1.000000e+00 block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xbf16>, tensor<8x512x2x64xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
+  func.return
+}
+
+// -----
+
+// A scale is positive.
+func.func @cached_attention_fp8_zero_scale(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %kc: tensor<8x512x2x64xf8E4M3FN>, %s: tensor<?xi64>, %bt: tensor<?x1xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_attention' v_scale must be positive and finite, not 0.0
+  %0 = ad.cached_attention %q, %k, %k cache %kc, %kc kv_scales 1.000000e+00, 0.000000e+00 block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<?x2x?x64xbf16>, tensor<8x512x2x64xf8E4M3FN>, tensor<8x512x2x64xf8E4M3FN>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x64xbf16>
   func.return
 }
 

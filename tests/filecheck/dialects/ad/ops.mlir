@@ -265,7 +265,7 @@ func.func @linear_nvfp4(%x: tensor<4x?x64xbf16>, %w: tensor<48x32xui8>, %ws: ten
   func.return
 }
 
-func.func @cached_attention_paged(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x8xi64>, %w4: tensor<4xbf16>, %db: tensor<1x4x?x6xbf16>) {
+func.func @cached_attention_paged(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64xbf16>, %cos: tensor<1x?x64xbf16>, %kp: tensor<32x16x2x64xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x8xi64>, %w4: tensor<4xbf16>, %db: tensor<1x4x?x6xbf16>, %kp8: tensor<32x16x2x64xf8E4M3FN>) {
   // CHECK-LABEL: func.func @cached_attention_paged
   %0 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kp, %kp block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?x8xi64>, tensor<?xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos cache %kp, %kp block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?x8xi64>, tensor<?xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
@@ -273,6 +273,9 @@ func.func @cached_attention_paged(%q: tensor<1x4x?x64xbf16>, %k: tensor<1x2x?x64
   // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos interleaved cache %kp, %kp block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 window 4 softcap 5.000000e+01 sinks %w4 : tensor<4xbf16> alibi %w4 : tensor<4xbf16> : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?x8xi64>, tensor<?xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
   %2 = ad.cached_attention %q, %k, %k cache %kp, %kp block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 distance_bias %db : tensor<1x4x?x6xbf16> : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?x8xi64>, tensor<?xi64>) -> tensor<1x4x?x64xbf16>
   // CHECK-NEXT: ad.cached_attention %q, %k, %k cache %kp, %kp block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 distance_bias %db : tensor<1x4x?x6xbf16> : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xbf16>, tensor<32x16x2x64xbf16>, tensor<?x8xi64>, tensor<?xi64>) -> tensor<1x4x?x64xbf16>
+  // FP8 K/V cache: e4m3 pools with their per-tensor scales.
+  %3 = ad.cached_attention %q, %k, %k rope %cos, %cos cache %kp8, %kp8 kv_scales 1.000000e+00, 5.000000e-01 block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xf8E4M3FN>, tensor<32x16x2x64xf8E4M3FN>, tensor<?x8xi64>, tensor<?xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
+  // CHECK-NEXT: ad.cached_attention %q, %k, %k rope %cos, %cos cache %kp8, %kp8 kv_scales 1.000000e+00, 5.000000e-01 block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 : (tensor<1x4x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<1x2x?x64xbf16>, tensor<32x16x2x64xf8E4M3FN>, tensor<32x16x2x64xf8E4M3FN>, tensor<?x8xi64>, tensor<?xi64>, tensor<1x?x64xbf16>, tensor<1x?x64xbf16>) -> tensor<1x4x?x64xbf16>
   func.return
 }
 
