@@ -118,14 +118,14 @@ def test_bound_arguments_are_the_jit_binders_and_the_key_splits_what_triton_spec
         bound = BoundKernel(jit)
         _, key_cache, _, _, binder = jit.device_caches[0]
         for launch in record_launches(kernel.cached.module, tensors, scalars):
-            _, key, args = bound.bind(launch.args, launch.kwargs)
+            plan, key, args = bound.bind(launch.args, launch.kwargs)
             jit_args, _, _ = binder(*launch.args, **launch.kwargs)
             assert len(args) == len(jit_args) and all(a is b for a, b in zip(args, jit_args.values(), strict=True)), kernel.name
             jit_key = _jit_key(jit, launch)
             for what, variant, specialized in _variants(launch, bound):
-                _, variant_key, _ = bound.bind(variant.args, variant.kwargs)
+                variant_plan, variant_key, _ = bound.bind(variant.args, variant.kwargs)
                 assert (_jit_key(jit, variant) != jit_key) == specialized, (kernel.name, what)
-                assert (variant_key != key) == specialized, (kernel.name, what)
+                assert ((variant_plan, variant_key) != (plan, key)) == specialized, (kernel.name, what)
                 checked += 1
     assert checked > 200
 
@@ -231,3 +231,28 @@ def test_traced_calls_are_told_from_eager_ones() -> None:
         assert traced(fake.from_tensor(t))
     with Passing():
         assert traced(t)
+
+
+@pytest.mark.usefixtures("host")
+def test_constexprs_are_told_apart_by_value_and_type(tmp_path: Any) -> None:
+    """A constexpr's value and type pick the kernel: 1, True and 1.0 get one each (the JIT's own
+    key cache holds them as one: equal tuples), 0.0 and -0.0 one (as the JIT: equal values), and
+    never does one kernel serve calls the JIT compiles apart."""
+    import importlib.util
+
+    path = tmp_path / "scaled_kernel.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                    "def scaled(x, n, SCALE: tl.constexpr):\n    pass\n")
+    spec = importlib.util.spec_from_file_location("scaled_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    jit = stubbed_jit(module.scaled)
+    bound, x = BoundKernel(jit), torch.zeros(4)
+    launches = [Launch((1,), (x, 3), {"SCALE": scale}) for scale in (0.0, -0.0, 0.5, 0.25, 0.5, 1, True, 1.0)]
+    ours = [(id(plan), key) for plan, key, _ in (bound.bind(launch.args, launch.kwargs) for launch in launches)]
+    jit_keys = [_jit_key(jit, launch) for launch in launches]
+    same = [[a == b for b in ours] for a in ours]
+    same_for_jit = [[a == b for b in jit_keys] for a in jit_keys]
+    assert all(j for row, jit_row in zip(same, same_for_jit, strict=True)
+               for o, j in zip(row, jit_row, strict=True) if o)
+    assert sum(map(sum, same)) == 8 + 2 + 2  # 0.0 with -0.0, 0.5 with 0.5, each other alone
