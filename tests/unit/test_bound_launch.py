@@ -89,9 +89,10 @@ def _variants(launch: Launch, kernel: BoundKernel) -> Iterator[tuple[str, Launch
     for i, value in enumerate(launch.args):
         if isinstance(value, torch.Tensor):
             flat = torch.zeros(value.numel() + 1, dtype=value.dtype)
-            yield f"arg {i} misaligned", _with(launch, i, flat[1:].view(value.shape)), True
-            yield f"arg {i} dtype", _with(launch, i, value.to(torch.float16)), value.dtype != torch.float16
-            yield f"arg {i} alike", _with(launch, i, value.clone()), False
+            yield f"arg {i} misaligned", _with(launch, i, _like(value, flat[1:].view(value.shape))), True
+            yield (f"arg {i} dtype", _with(launch, i, _like(value, value.to(torch.float16))),
+                   value.dtype != torch.float16)
+            yield f"arg {i} alike", _with(launch, i, _like(value, value.clone())), False
         elif type(value) is int and kernel.fn.params[i].name not in constexpr:
             for new in (1, 16 * (value // 16 + 1), 2**33 + value, value + 16):
                 if new != value:
@@ -100,6 +101,11 @@ def _variants(launch: Launch, kernel: BoundKernel) -> Iterator[tuple[str, Launch
     for name, value in launch.kwargs.items():
         if type(value) is int and value and (name in constexpr or name not in params):
             yield f"{name} = {value * 2}", Launch(launch.grid, launch.args, {**launch.kwargs, name: value * 2}), True
+
+
+def _like(value: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """`new` as a tensor of `value`'s class (a weight stays a Parameter: the same plan)."""
+    return torch.nn.Parameter(new, requires_grad=False) if isinstance(value, torch.nn.Parameter) else new
 
 
 def _with(launch: Launch, i: int, value: Any) -> Launch:
