@@ -177,20 +177,17 @@ def _hook(hook: Any) -> Any:
 
 
 class BoundKernel:
-    """A Triton kernel as a generated launcher calls it (`kernel[grid](*args, **kwargs)`),
-    launched through its compiled kernel's `run` once its specialization has been compiled.
-    `compile` makes a call's first launch (through the JIT); `device` and `stream` give the current
-    device and its current stream (Triton's driver's own, looked up at the first launch)."""
+    """A Triton kernel (`JITFunction`) as a generated launcher calls it (`kernel[grid](*args,
+    **kwargs)`), launched through its compiled kernel's `run` once its specialization has been
+    compiled. The current device and stream are Triton's driver's (torch's, on CUDA), whose
+    functions are looked up at the first launch."""
 
-    def __init__(self, fn: Any,
-                 compile: Callable[[Any, Sequence[int], tuple[Any, ...], dict[str, Any]], Compiled | None] = compile_through_jit,
-                 device: Callable[[], int] | None = None, stream: Callable[[int], int] | None = None) -> None:
+    def __init__(self, fn: Any) -> None:
         self.fn = fn
         self._knobs, self.unbindable = _runtime_knobs(fn)
         self._params = tuple(fn.params) if self.unbindable is None else ()
-        self._compile = compile
-        self._device = device
-        self._stream = stream
+        self._device: Callable[[], int] | None = None
+        self._stream: Callable[[int], int] | None = None
         self._sites: dict[tuple[Any, ...], _Site] = {}
 
     def __getitem__(self, grid: Sequence[int]) -> Callable[..., None]:
@@ -242,10 +239,10 @@ class BoundKernel:
 
     def _first_launch(self, plan: _Plan, key: tuple[Any, ...], grid: Sequence[int], args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> None:
-        """Launch through `compile` (the JIT) and keep the compiled kernel for the key; a kernel with
-        pre-run hooks keeps going through the JIT, which runs them."""
+        """Launch through the JIT and keep the compiled kernel for the key; a kernel with pre-run
+        hooks keeps going through the JIT, which runs them."""
         try:
-            compiled = self._compile(self.fn, grid, args, kwargs)
+            compiled = compile_through_jit(self.fn, grid, args, kwargs)
         except NotBindable as e:  # the JIT launched it, but its compiled kernel is not the one bound to
             self.unbindable = str(e)
             _say_once(self.unbindable)
