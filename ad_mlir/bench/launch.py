@@ -15,13 +15,12 @@ per kernel, microseconds per call through:
   (`kernel[grid](...)`: the arguments bound and specialized, the cache key built and looked up,
   the launch hooks' metadata made), the compiled kernel's launcher (`CompiledKernel.run`) a stub;
 - `bound`: the same through the kernel bound once (`runtime/bound_launch.py`, what a call on CUDA
-  takes): the specialization key, the compiled kernel looked up, its stubbed `run` called.
+  takes): the specialization key, the compiled kernel looked up, its stubbed `run` called;
 
-`jit` and `bound` run Triton's own JIT on any machine: its driver is one that reports device 0,
-stream 0 and an sm_90 target (`host_only_triton`), and each kernel's compilation gives the stub
-(`stubbed_jit`). Each figure is the median of `REPEATS` timings of `CALLS` calls, per kernel;
-
-and per step, the whole step's host cost through each of the graphs (a tenth of the calls)."""
+and per step, the whole step's host cost through each of the graphs (a tenth of the calls).
+Each figure is the median of `REPEATS` timings of `CALLS` calls. `jit` and `bound` run Triton's
+own JIT on any machine: its driver is one that reports device 0, stream 0 and an sm_90 target
+(`host_only_triton`), and each kernel's compilation gives the stub (`stubbed_jit`)."""
 
 from __future__ import annotations
 
