@@ -9,16 +9,25 @@ per kernel, microseconds per call through:
 - `op`: the kernel's torch op (`torch.ops.ad_mlir.<kernel>`: torch's dispatch of a custom op,
   what graphs handed to users call),
 - `direct`: the kernel's Python entry (what `LLM`'s runner calls, `call_kernels_directly`),
-- `launcher`: the generated `launch` alone (inputs bound, grid computed, outputs allocated);
+- `launcher`: the generated `launch` alone (inputs bound, grid computed, outputs allocated),
+  its kernel a stub that does nothing;
+- `jit`: the generated `launch` with the kernel launched through Triton's JIT
+  (`kernel[grid](...)`: the arguments bound and specialized, the cache key built and looked up,
+  the launch hooks' metadata made), the compiled kernel's launcher (`CompiledKernel.run`) a stub;
+- `bound`: the same through the kernel bound once (`runtime/bound_launch.py`, what a call on CUDA
+  takes): the specialization key, the compiled kernel looked up, its stubbed `run` called;
 
-and per step, the whole step's host cost through each of the graphs. Each figure is the median
-of `REPEATS` timings of `CALLS` calls."""
+and per step, the whole step's host cost through each of the graphs (a tenth of the calls).
+Each figure is the median of `REPEATS` timings of `CALLS` calls. `jit` and `bound` run Triton's
+own JIT on any machine: its driver is one that reports device 0, stream 0 and an sm_90 target
+(`host_only_triton`), and each kernel's compilation gives the stub (`stubbed_jit`)."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -58,7 +67,7 @@ def _decode_step(progress: Callable[[str], None]) -> tuple[Any, tuple[torch.Tens
     return llm, flat
 
 
-def _recorded_calls(llm: Any, flat: tuple[torch.Tensor, ...]) -> dict[str, tuple[Any, tuple[list[Any], ...]]]:
+def recorded_calls(llm: Any, flat: tuple[torch.Tensor, ...]) -> dict[str, tuple[Any, tuple[list[Any], ...]]]:
     """Each kernel the step calls (by name, its first call) and the arguments it was given."""
     from ad_mlir.runtime import kernels
 
@@ -80,17 +89,20 @@ def _recorded_calls(llm: Any, flat: tuple[torch.Tensor, ...]) -> dict[str, tuple
 def run_launch(progress: Callable[[str], None] = lambda _: None, calls: int = CALLS,
                repeats: int = REPEATS) -> list[dict[str, Any]]:
     """The rows of the launch part (see the module's docstring): one per kernel, then the step's."""
+    from ad_mlir.runtime.bound_launch import BoundKernel
     from ad_mlir.runtime.kernels import _NO_KERNEL, stubbed_launches
 
     llm, flat = _decode_step(progress)
     direct = llm.runner
     rows = []
-    with stubbed_launches():
-        for name, (kernel, groups) in _recorded_calls(llm, flat).items():
+    with stubbed_launches(), host_only_triton():
+        for name, (kernel, groups) in recorded_calls(llm, flat).items():
             progress(f"launch: {name}")
             tensors, scalars = kernel._launch_inputs(kernel.join_inputs(*groups))
-            timed = {"op": lambda k=kernel, g=groups: k.op(*g), "direct": lambda k=kernel, g=groups: k.run(*g),
-                     "launcher": lambda k=kernel, t=tensors, s=scalars: k.cached.module.launch(_NO_KERNEL, t, s)}
+            launch, jit = kernel.cached.module.launch, stubbed_jit(kernel.cached.jit_function)
+            timed = {"op": lambda k=kernel, g=groups: k.op(*g), "direct": lambda k=kernel, g=groups: k.run(*g)}
+            for path, fn in (("launcher", _NO_KERNEL), ("jit", jit), ("bound", BoundKernel(jit))):
+                timed[path] = lambda f=launch, fn=fn, t=tensors, s=scalars: f(fn, t, s)
             rows.append({"kind": "kernel", "kernel": name,
                          **{f"{path}_us": _us_per_call(run, calls, repeats) for path, run in timed.items()}})
         progress("launch: whole steps")
@@ -102,6 +114,72 @@ def run_launch(progress: Callable[[str], None] = lambda _: None, calls: int = CA
         llm.runner = direct
         rows.append(step)
     return rows
+
+
+class _HostDriver:
+    """Triton's driver as its JIT asks it, on a host with no GPU: device 0, stream 0, sm_90."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+@contextlib.contextmanager
+def host_only_triton() -> Iterator[None]:
+    """Within it, Triton's JIT runs without a GPU (`_HostDriver`): kernels from `stubbed_jit`
+    bind, specialize and look up their compiled kernel as on CUDA."""
+    from triton.runtime import driver
+
+    outer = driver._active  # None until a driver was made: set back as it was, the next use makes one
+    driver.set_active(_HostDriver())
+    try:
+        yield
+    finally:
+        driver.set_active(outer)
+
+
+def jit_twin(fn: Any) -> Any:
+    """A new `JITFunction` of a kernel's function and decorator keywords, whether the kernel was
+    loaded for the interpreter or compiled (its parameters, its binder, caches of its own)."""
+    from triton.runtime.jit import JITFunction
+
+    if hasattr(fn, "kwargs"):  # the interpreter's function keeps the decorator's keywords
+        return JITFunction(fn.fn, **fn.kwargs)
+    return JITFunction(fn.fn, do_not_specialize=fn.do_not_specialize,
+                       do_not_specialize_on_alignment=fn.do_not_specialize_on_alignment, debug=fn.debug,
+                       noinline=fn.noinline, launch_metadata=fn.launch_metadata)
+
+
+def stub_compiled_kernel(name: str, run: Callable[..., None] | None = None) -> Any:
+    """A `CompiledKernel` whose launcher (`run`) is `run`, by default one that launches nothing."""
+    from triton.compiler import CompiledKernel
+
+    kernel = CompiledKernel.__new__(CompiledKernel)
+    # `module` set: its handles count as loaded; `_module_pid` None: nothing to unload when freed
+    kernel.__dict__.update(name=name, src=None, module=name, _module_pid=None, function=0, packed_metadata=(),
+                           _run=run or _launch_nothing)
+    return kernel
+
+
+def stubbed_jit(fn: Any, run: Callable[..., None] | None = None) -> Any:
+    """A `jit_twin` of the kernel `fn` whose every compilation gives `stub_compiled_kernel(run)`.
+    Make it and launch it within `host_only_triton`."""
+    twin = jit_twin(fn)
+    stub = stub_compiled_kernel(twin.__name__, run)
+    twin.device_caches[0]  # noqa: B018 (its binder made now, which sets the `compile` replaced here)
+    twin.compile = lambda *_, **__: stub
+    return twin
+
+
+def _launch_nothing(*_: Any) -> None:
+    return None
 
 
 def _calls_kernel(node: torch.fx.Node) -> bool:

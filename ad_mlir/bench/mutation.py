@@ -246,6 +246,7 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/codegen/templates/writer.py": Tests((_TRITON,), _NUMERIC),
     # runtime: the compiled graph's export, the kernels' registration, the kernel check
     "ad_mlir/runtime/__init__.py": Tests((), ("tests/unit/test_kernel_ops.py",)),
+    "ad_mlir/runtime/bound_launch.py": Tests((), ("tests/unit/test_bound_launch.py",)),
     "ad_mlir/runtime/fx_export.py": Tests((), ("tests/unit/test_import_export.py", "tests/unit/test_kernel_ops.py")),
     "ad_mlir/runtime/kernels.py": Tests((), (*_NUMERIC, "tests/unit/test_llm_ops.py",
                                              "tests/unit/test_kernel_cache.py::test_second_compile_generates_nothing",

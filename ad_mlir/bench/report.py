@@ -94,16 +94,23 @@ def kernel_table(rows: Sequence[dict[str, Any]]) -> str:
     return "### Kernels\n\n" + _table(header, body)
 
 
+LAUNCH_PATHS = ("op", "direct", "launcher", "jit", "bound")
+"""The launch part's paths, in its table's order (rows of earlier runs lack the later ones)."""
+
+
 def launch_table(rows: Sequence[dict[str, Any]]) -> str:
     kernels = [r for r in rows if r["kind"] == "kernel"]
     steps = [r for r in rows if r["kind"] == "step"]
-    body = [[r["kernel"], f"{r['op_us']:.1f}", f"{r['direct_us']:.1f}", f"{r['launcher_us']:.1f}"] for r in kernels]
+    body = [[r["kernel"], *(f"{r[f'{path}_us']:.1f}" if f"{path}_us" in r else "-" for path in LAUNCH_PATHS)]
+            for r in kernels]
     step_body = [[r["sequences"], r["cached"], r["kernels"], f"{r['op_us']:.0f}", f"{r['direct_us']:.0f}"]
                  for r in steps]
     return ("### Launch cost on the host (kernels stubbed)\n\n(per call of each kernel of a one-layer SmolLM2-shaped "
-            "decode step: through its torch op, its direct entry as `LLM` calls it, and the generated launcher "
-            "alone; see `ad_mlir/bench/launch.py`)\n\n"
-            + _table(["kernel", "op us", "direct us", "launcher us"], body) + "\n\n"
+            "decode step: through its torch op, its direct entry as `LLM` calls it, the generated launcher "
+            "alone, and the launcher with the kernel launched through Triton's JIT and through its compiled kernel "
+            "bound once, as a call on CUDA is, the compiled kernel's launcher stubbed; see "
+            "`ad_mlir/bench/launch.py`)\n\n"
+            + _table(["kernel", *(f"{path} us" for path in LAUNCH_PATHS)], body) + "\n\n"
             + _table(["sequences", "cached tokens", "kernel calls", "step through the ops us", "step direct us"],
                      step_body))
 

@@ -8,7 +8,9 @@ place (`ad.cached_attention`'s K/V caches) takes those apart, as `Tensor(a!)[] w
 `torch.library.triton_op` (graphs stay `torch.export`-able and `torch.compile` traces into
 the kernel); without CUDA it is an opaque `torch.library.custom_op`, because Inductor cannot
 trace a Triton kernel on a machine without a GPU driver. On CUDA tensors the Triton kernel
-runs; on CPU tensors the kernel runs in the Triton interpreter when it was loaded with
+runs, each specialization compiled once through Triton's JIT and then launched through its
+compiled kernel (`bound_launch.py`), or handed to `torch.library.wrap_triton` where torch traces
+the call; on CPU tensors the kernel runs in the Triton interpreter when it was loaded with
 `TRITON_INTERPRET=1`, else the region's reference semantics run (its ops' torch calls).
 """
 
@@ -25,12 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from xdsl.dialects.builtin import Float64Type, ModuleOp, TensorType
 from xdsl.ir import Attribute, Operation
 
 from ad_mlir.codegen.cache import CachedKernel, KernelCache
 from ad_mlir.codegen.lowering import kernel_ops, kernel_region, written_inputs
 from ad_mlir.dialects.decompositions import NoKernelForm
+from ad_mlir.runtime.bound_launch import BoundKernel
 from ad_mlir.semantics.torch_ops import DIRECT
 
 log = logging.getLogger(__name__)
@@ -126,9 +130,15 @@ class RegionKernel:
             # output strides against its fake (a reference attention returns transposed rows)
             return [t if t.is_contiguous() else t.contiguous() for t in outputs]
         tensors, scalars = self._launch_inputs(values)
-        if not interpreted and _USE_TRITON_OP:
-            fn = torch.library.wrap_triton(fn)
+        if not interpreted:
+            fn = torch.library.wrap_triton(fn) if traced(values[self.first_tensor]) else self.bound
         return self.cached.module.launch(fn, tensors, scalars)
+
+    @functools.cached_property
+    def bound(self) -> BoundKernel:
+        """The kernel as a CUDA call launches it: each specialization compiled once through the JIT,
+        then launched through its compiled kernel (`runtime/bound_launch.py`)."""
+        return BoundKernel(self.cached.jit_function)
 
     def fake(self, *groups: list[Any]) -> list[torch.Tensor]:
         tensors, _ = self._launch_inputs(self.join_inputs(*groups))
@@ -138,6 +148,16 @@ class RegionKernel:
             tensors[0].new_empty(shape, dtype=dtype, device=device)
             for shape, dtype in zip(module.output_shapes(tensors), module.OUTPUT_DTYPES, strict=True)
         ]
+
+
+def traced(t: torch.Tensor) -> bool:
+    """Whether a kernel call on `t` is being traced (fake or functional tensors, a dispatch mode:
+    `torch.compile` decomposing the op into its Triton kernel), so that the kernel must go through
+    `torch.library.wrap_triton` for the tracer to see it, not be launched."""
+    return type(t) not in _PLAIN_TENSORS or is_in_torch_dispatch_mode()
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def unaliased(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

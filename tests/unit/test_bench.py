@@ -337,7 +337,7 @@ def test_the_launch_part_times_every_kernel_of_a_step_through_the_launcher_not_t
     kernel_rows, (step,) = rows[:-1], rows[-1:]
     assert {r["kernel"].rsplit("_", 1)[0] for r in kernel_rows} >= {"rms_norm", "add_rms_norm", "cached_attention",
                                                                      "silu_and_mul"}
-    assert all(r[f"{path}_us"] > 0 for r in kernel_rows for path in ("op", "direct", "launcher"))
+    assert all(r[f"{path}_us"] > 0 for r in kernel_rows for path in ("op", "direct", "launcher", "jit", "bound"))
     assert step["kind"] == "step" and step["kernels"] >= len(kernel_rows) and step["op_us"] > 0
     table = launch_table(rows)
     assert all(f"| {r['kernel']} |" in table for r in kernel_rows) and "| 4 | 64 |" in table
