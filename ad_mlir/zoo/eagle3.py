@@ -32,7 +32,12 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHTS = "model.safetensors"
