@@ -212,3 +212,26 @@ def test_models_and_heads_it_cannot_draft_for_are_refused(model: torch.nn.Module
     head.config.target_hidden_size = 32
     with pytest.raises(ValueError, match="target_hidden_size = 32, .* hidden_size = 64"):
         Eagle3Proposer(head).attach(model)
+
+
+def test_the_serve_command_line_compiles_the_model_for_an_eagle3_head(run: dict, head_dir: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ad-mlir serve --speculative-eagle3 PATH --speculative-tokens 2`: the model is compiled with
+    the head's proposer (so with the capture; the compile itself is the run's, not repeated here),
+    and the engine drafts with that proposer; it excludes the other ways of drafting."""
+    from ad_mlir.serve import cli
+
+    args = cli._parse(["serve", "--model", "llama", "--speculative-eagle3", str(head_dir), "--speculative-tokens", "2"])
+    given: dict = {}
+
+    def compiled(model: torch.nn.Module, page_size: int | None, **kwargs: object) -> ad_mlir.LLM:
+        given.update(kwargs, page_size=page_size)
+        return run["llm"]
+
+    monkeypatch.setattr(llm_module, "paged_where_possible", compiled)
+    assert cli._compile(args, "default", "cpu") is run["llm"]
+    proposer = given["speculative"]
+    assert isinstance(proposer, Eagle3Proposer) and proposer.num_tokens == 2 and given["page_size"] == 16
+    assert cli._proposer(args, run["llm"]) is run["llm"].speculative
+    with pytest.raises(SystemExit):  # argparse: one way of drafting at a time
+        cli._parse(["serve", "--speculative-eagle3", str(head_dir), "--speculative-ngram", "2"])
