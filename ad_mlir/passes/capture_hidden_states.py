@@ -65,14 +65,19 @@ class CaptureHiddenStatesPass(ModulePass):
 
 def capture(fn: func.FuncOp, layers: tuple[int, ...]) -> None:
     """`fn` also returns the concatenated streams after `layers` layers (module docstring)."""
-    streams = residual_streams(fn)
+    stack, candidates = stream_candidates(fn)
+    values = []
     for i in layers:
-        if i not in streams:
+        if not 0 <= i < len(candidates):
             raise PassFailedException(f"capture-hidden-states: layer {i} is out of range: the model has "
-                                      f"{len(streams) - 1} decoder layers (0 to {len(streams) - 1})")
+                                      f"{len(candidates) - 1} decoder layers (0 to {len(candidates) - 1})")
+        if len(candidates[i]) != 1:
+            where = f"{stack}.{i}" if i < len(candidates) - 1 else "the layers' end"
+            raise PassFailedException(f"capture-hidden-states: {len(candidates[i])} values cross into {where} where the "
+                                      f"residual stream should be one ({', '.join(_named(v) for v in candidates[i])})")
+        values.append(candidates[i][0])
     returned = fn.body.block.last_op
     assert isinstance(returned, func.ReturnOp)
-    values = [streams[i] for i in layers]
     stream_type = values[0].type
     assert isinstance(stream_type, TensorType)
     shape = list(stream_type.get_shape())
@@ -86,8 +91,10 @@ def capture(fn: func.FuncOp, layers: tuple[int, ...]) -> None:
                                                [*fn.function_type.outputs.data, cat.results[0].type])
 
 
-def residual_streams(fn: func.FuncOp) -> dict[int, SSAValue]:
-    """The residual stream after i decoder layers, for i from 0 to the layer count."""
+def stream_candidates(fn: func.FuncOp) -> tuple[str, list[list[SSAValue]]]:
+    """The layer stack's name, and for i from 0 to the layer count the values that may be the
+    residual stream after i layers: those crossing that boundary, of the stream's type (one
+    each in a model whose layers hand on one stream)."""
     try:
         stack = layout(fn)
     except NotRepeating as e:
@@ -97,15 +104,7 @@ def residual_streams(fn: func.FuncOp) -> dict[int, SSAValue]:
     index = {op: g for g, ops in enumerate(groups) for op in ops}
     crossing = [_crossing(groups, index, g) for g in range(1, len(groups))]
     stream_types = {v.type for values in crossing for v in values if len(values) == 1}
-    streams = {}
-    for i, values in enumerate(crossing):
-        of_type = [v for v in values if v.type in stream_types]
-        if len(of_type) != 1:
-            where = f"{stack.stack}.{i}" if i < len(stack.layers) else "the layers' end"
-            raise PassFailedException(f"capture-hidden-states: {len(of_type)} values cross into {where} where the "
-                                      f"residual stream should be one ({', '.join(_named(v) for v in of_type)})")
-        streams[i] = of_type[0]
-    return streams
+    return stack.stack, [[v for v in values if v.type in stream_types] for values in crossing]
 
 
 def _crossing(groups: list[list[Operation]], index: dict[Operation, int], g: int) -> list[SSAValue]:
