@@ -60,7 +60,7 @@ class Eagle3Proposer:
         return int(self.head.config.vocab_size)
 
     def attach(self, model: torch.nn.Module) -> None:
-        """Share `model`'s token embedding and, where the head's config names no layers, take
+        """Share `model`'s token embedding (the head moves to its device and dtype) and, where the head's config names no layers, take
         vLLM's default for its layer count; a head of another width or vocabulary is refused."""
         config = model.config
         target_hidden = getattr(self.head.config, "target_hidden_size", None) or self.head.config.hidden_size
@@ -73,7 +73,7 @@ class Eagle3Proposer:
             raise ValueError(f"EAGLE-3 head: eagle_aux_hidden_state_layer_ids = {list(self.layers)}: fc reads three")
         embedding = model.get_input_embeddings()
         self.head.share_embedding(embedding)
-        self.head.to(embedding.weight.device)
+        self.head.to(embedding.weight.device, embedding.weight.dtype)  # as vLLM runs a draft: in the model's dtype
 
     def observe(self, request_id: str, start: int, hidden: torch.Tensor) -> None:
         track = self.tracks.get(request_id)

@@ -131,7 +131,10 @@ def test_generation_with_eagle3_gives_hfs_tokens_and_accepts_some_drafts(run: di
 
 
 def test_the_captured_hidden_states_are_hfs_at_those_layers(model: torch.nn.Module, run: dict, hf: dict) -> None:
-    """Every row of every step: prefill chunks, decodes, drafted tokens (accepted or not)."""
+    """Every row of every step: prefill chunks, decodes, drafted tokens (accepted or not); the
+    compiled function returns them as its second result."""
+    outputs = run["llm"].program.function.function_type.outputs.data
+    assert run["llm"].captured_layers == LAYERS and outputs[1].get_shape()[-1] == 3 * model.config.hidden_size
     compared = 0
     for prompts, (ids, _, query_starts, cache_starts, _, _), hidden in run["steps"]:
         assert hidden.shape == (ids.shape[1], len(LAYERS) * model.config.hidden_size)
