@@ -161,7 +161,10 @@ class LLM:
         self.hidden_states: torch.Tensor | None = None
         """With `captured_layers`: the last `forward_flat`'s hidden states [tokens, layers * hidden]."""
         if self.captured_layers:
-            cuda_graphs = False  # a replayed decode step returns the logits alone
+            if cuda_graphs:
+                raise ValueError("cuda_graphs=True with a proposer that reads the hidden states: a replayed decode step "
+                                 "returns the logits alone; leave cuda_graphs unset")
+            cuda_graphs = False
         self.page_size = page_size
         """Tokens a page holds in the paged form (`forward_flat`); None in the slot form."""
         start = time.perf_counter()
