@@ -15,6 +15,9 @@ last layer's before the final norm), three prompts with pages for two at a time,
   most often (EAGLE-3 keeps the target's most frequent tokens: here ones that occur), so some
   random drafts are right and the acceptance counters move; the head itself is random.
 
+Then the same model and proposer with 16 new tokens a request, which the pool cannot hold for
+two at once: a preempted request's head state is dropped and rebuilt from its recomputed states.
+
 fp32 throughout: the compiled graph computes HF's ops in another order (fused norms, the cached
 attention), so states agree to fp32 rounding scaled by their size (`_assert_logits_close`'s
 rule: wide weights make hidden states of order 10-300)."""
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_steps import checked_step
 from safetensors.torch import load_file
 from test_generate import _assert_logits_close, _family_model, _hf_tokens
 from test_paged_engine import PagedTokens
@@ -34,7 +38,7 @@ from test_paged_engine import PagedTokens
 import ad_mlir
 from ad_mlir.llm import llm as llm_module
 from ad_mlir.llm.eagle3 import Eagle3Proposer
-from ad_mlir.llm.engine import PagedEngine
+from ad_mlir.llm.engine import PagedEngine, SamplingParams, make_engine
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.eagle3 import load_eagle3, write_eagle3
 
@@ -103,9 +107,23 @@ def run(model: torch.nn.Module, head_dir: Path) -> dict:
             outputs = llm.generate([list(p) for p in PROMPTS], max_new_tokens=NEW)
     finally:
         llm_module.make_engine = make
+        del llm.forward_flat, proposer.propose_for  # the methods again, unrecorded
     steps = [(chunk_prompts, *step) for chunk_prompts, step in zip([p for p in prompts if p], steps, strict=True)]
     return {"llm": llm, "outputs": outputs, "steps": steps, "drafts": drafts, "engine": engines[0],
             "proposer": proposer}
+
+
+def test_preempted_requests_draft_again_from_their_recomputed_states(model: torch.nn.Module, run: dict) -> None:
+    """16 new tokens each: two sequences need more than the 10 pages, so the youngest is
+    preempted (its head state dropped) and recomputed (its states handed again); HF's tokens."""
+    llm, proposer = run["llm"], run["proposer"]
+    engine = make_engine(llm, speculative=proposer)
+    requests = [engine.add(list(p), SamplingParams(max_tokens=16)) for p in PROMPTS]
+    with reference_kernels():
+        while engine.has_work:
+            checked_step(engine)
+    assert [r.output.token_ids for r in requests] == [_hf_tokens(model, list(p), 16) for p in PROMPTS]
+    assert engine.preemptions > 0 and engine.drafted_tokens > 0 and not proposer.tracks
 
 
 def _hf_states(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
