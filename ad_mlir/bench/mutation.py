@@ -103,6 +103,7 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/passes/fuse_rope_attention.py": Tests(_lit("fuse-rope-attention"), ("tests/unit/test_llm_ops.py",
                                                                                "tests/unit/test_pass_logs.py", "-k", "rope")),
     "ad_mlir/passes/fuse_silu_mul.py": Tests(_lit("fuse-silu-mul")),
+    "ad_mlir/passes/capture_hidden_states.py": Tests(_lit("capture-hidden-states"), ("tests/models/test_eagle3.py",)),
     "ad_mlir/passes/insert_cached_attention.py": Tests(_lit(*_CACHED, "insert-cached-attention-logits"),
                                                        ("tests/unit/test_verify.py", "-k", "cached")),
     "ad_mlir/passes/cache/__init__.py": Tests(_lit("insert-cached-attention")),
@@ -268,7 +269,7 @@ TESTS: dict[str, Tests] = {
     # llm: the runtime (llm.py whole: caches, steps, generate), the pages, the engines, the CLI
     "ad_mlir/llm/__init__.py": Tests((), ("tests/unit/test_pages.py",)),
     "ad_mlir/llm/engine.py": Tests((), ("tests/models/test_paged_engine.py", "tests/models/test_engine.py",
-                                        "tests/models/test_speculative.py")),
+                                        "tests/models/test_speculative.py", "tests/models/test_eagle3.py")),
     "ad_mlir/llm/generate.py": Tests((), ("tests/models/test_llm_runtime.py::test_the_command_line_takes_a_budget",
                                           "tests/test_clis.py::test_generate_cli_batch_in_fewer_slots_gives_hf_tokens_"
                                           "and_benchmarks")),
@@ -296,7 +297,8 @@ TESTS: dict[str, Tests] = {
     "ad_mlir/llm/ranks.py": Tests((), ("tests/unit/test_ranks.py",)),
     "ad_mlir/llm/sampling.py": Tests((), ("tests/models/test_speculative.py", "tests/models/test_paged_engine.py",
                                           "-k", "distribution or sampled")),
-    "ad_mlir/llm/speculative.py": Tests((), ("tests/models/test_speculative.py",)),
+    "ad_mlir/llm/speculative.py": Tests((), ("tests/models/test_speculative.py", "tests/models/test_eagle3.py")),
+    "ad_mlir/llm/eagle3.py": Tests((), ("tests/models/test_eagle3.py",)),
     "ad_mlir/llm/structured.py": Tests((), ("tests/models/test_serve_fields.py", "-k",
                                             "json or schema or grammar or structured")),
     # serve: the HTTP layer, the engine's thread, the command line

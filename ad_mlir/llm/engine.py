@@ -50,7 +50,7 @@ import torch
 
 from ad_mlir.llm.pages import BlockManager, pages_for
 from ad_mlir.llm.sampling import sample
-from ad_mlir.llm.speculative import Proposer, verify
+from ad_mlir.llm.speculative import Proposer, ReadsHiddenStates, verify
 from ad_mlir.llm.structured import GrammarError, GrammarMatcher, Grammars
 
 log = logging.getLogger(__name__)
@@ -543,7 +543,7 @@ class PagedEngine(BaseEngine):
     llm: PagedModel
 
     def __init__(self, llm: PagedModel, max_step_tokens: int = 256, prefix_caching: bool = True,
-                 max_running: int | None = None, speculative: Proposer | None = None) -> None:
+                 max_running: int | None = None, speculative: Proposer | ReadsHiddenStates | None = None) -> None:
         super().__init__(llm, max_step_tokens)
         if max_running is not None and max_running < 1:
             raise ValueError(f"max_running must be at least 1, got {max_running}")
@@ -556,6 +556,9 @@ class PagedEngine(BaseEngine):
         if draft_vocab is not None and llm.vocab_size is not None and draft_vocab > llm.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({draft_vocab} tokens) is larger than the model's "
                              f"({llm.vocab_size}): a draft model must share the model's tokenizer")
+        if isinstance(speculative, ReadsHiddenStates) and getattr(llm, "captured_layers", None) != speculative.layers:
+            raise ValueError(f"the proposer drafts from the hidden states after layers {list(speculative.layers)}, which "
+                             "this model does not return: build it with LLM(..., speculative=the proposer)")
         self.speculative = speculative
         self.drafted_tokens = 0
         self.accepted_tokens = 0
@@ -648,7 +651,21 @@ class PagedEngine(BaseEngine):
             updates[chunk.request.id] = self._append_verified(chunk, fed) if chunk.draft else \
                 self._append_token(chunk.request, fed[0])
         self._release_finished()
+        if isinstance(self.speculative, ReadsHiddenStates):
+            self._hand_hidden_states(chunks)
         return list(updates.values())
+
+    def _hand_hidden_states(self, chunks: Sequence[_Chunk]) -> None:
+        """The step's hidden states (`llm.hidden_states`, a row per fed token) of the positions
+        each running request's cache now holds, to the proposer that drafts from them."""
+        hidden = self.llm.hidden_states
+        running = {r.id for r in self.running}
+        row = 0
+        for chunk in chunks:
+            request = chunk.request
+            if request.id in running:
+                self.speculative.observe(request.id, chunk.start, hidden[row:row + request.cached - chunk.start])
+            row += chunk.length + len(chunk.draft)
 
     def _append_verified(self, chunk: _Chunk, rows: Sequence[torch.Tensor]) -> RequestUpdate:
         """The tokens of a decode that fed `chunk.draft`: row i verifies draft token i, the first
@@ -710,7 +727,10 @@ class PagedEngine(BaseEngine):
         sequences = [r.token_ids for r in decodes]
         limits = [min(r.params.max_tokens - len(r.output.token_ids) - 1, self.llm.max_seq_len - len(tokens), share)
                   for r, tokens in zip(decodes, sequences, strict=True)]
-        drafts = self.speculative.propose(sequences, limits)
+        if isinstance(self.speculative, ReadsHiddenStates):
+            drafts = self.speculative.propose_for([r.id for r in decodes], sequences, limits)
+        else:
+            drafts = self.speculative.propose(sequences, limits)
         return {r.id: draft[:limit] for r, draft, limit in zip(decodes, drafts, limits, strict=True)}
 
     def _room_for_draft(self, request: Request, tokens: list[int], draft: list[int]) -> list[int]:
@@ -765,6 +785,8 @@ class PagedEngine(BaseEngine):
     def _free(self, request: Request) -> None:
         self.blocks.free(request.id)
         request.cached = 0
+        if isinstance(self.speculative, ReadsHiddenStates):
+            self.speculative.forget(request.id)
         if request.slot is not None:
             self.free_state_slots.insert(0, request.slot)
             request.slot = None
@@ -806,7 +828,7 @@ def is_paged(llm: object) -> bool:
 
 
 def make_engine(llm: CachedModel | PagedModel, max_step_tokens: int = 256,
-                max_running: int | None = None, speculative: Proposer | None = None) -> BaseEngine:
+                max_running: int | None = None, speculative: Proposer | ReadsHiddenStates | None = None) -> BaseEngine:
     """A `PagedEngine` for a model compiled with a paged cache (at most `max_running` requests in
     it at once, drafting with `speculative`), else an `Engine` over its slots (as many as it has
     slots; speculative decoding is refused there)."""

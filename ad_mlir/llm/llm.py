@@ -26,6 +26,7 @@ runs as one replayed graph per batch bucket (`CudaGraphDecode`), a batch padded 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -39,8 +40,8 @@ from ad_mlir.llm.cache_export import cache_arguments, cache_export, model_device
 from ad_mlir.llm.cuda_graphs import CudaGraphDecode, CudaGraphFlatDecode, buckets_up_to, pad_to_bucket
 from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
 from ad_mlir.llm.piecewise import MAX_PIECEWISE_TOKENS, CudaGraphPiecewise
-from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline
-from ad_mlir.llm.speculative import Proposer
+from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline, with_capture
+from ad_mlir.llm.speculative import Proposer, ReadsHiddenStates
 from ad_mlir.passes.cache.interface import KV_CACHE_DTYPES
 from ad_mlir.passes.insert_cached_attention import PerSequenceState
 from ad_mlir.runtime.kernels import call_kernels_directly
@@ -136,14 +137,16 @@ class LLM:
     dtype, and MLA's latent cache is refused (a ValueError naming `kv_cache_dtype`).
 
     `speculative` (the paged form only): a proposer (`ad_mlir.llm.speculative`: `NgramProposer`,
-    `DraftModelProposer`) whose drafted tokens `generate` verifies in its steps: the tokens are
+    `DraftModelProposer`, `ad_mlir.llm.eagle3.Eagle3Proposer`, which has the model compiled to
+    return the hidden states it reads) whose drafted tokens `generate` verifies in its steps: the tokens are
     those plain decoding gives (greedy: the same; sampled: the same distribution), in fewer steps
     where drafts are accepted."""
 
     def __init__(self, model: torch.nn.Module | str, max_batch: int = 4, max_seq_len: int | None = None,
                  tokenizer: Any = None, kv_cache_budget: int | float | None = None, cuda_graphs: bool | None = None,
                  *, page_size: int | None = None, num_pages: int | None = None, options: CompileOptions | None = None,
-                 speculative: Proposer | None = None, kv_cache_dtype: str = "auto", **overrides: Any) -> None:
+                 speculative: Proposer | ReadsHiddenStates | None = None, kv_cache_dtype: str = "auto",
+                 **overrides: Any) -> None:
         from ad_mlir.zoo.checkpoints import load_causal_lm
 
         if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -167,6 +170,16 @@ class LLM:
         """What attention's K/V caches hold: `auto` (the model's dtype) or `fp8` (float8_e4m3fn)."""
         self.speculative = speculative
         """What drafts tokens for `generate` to verify (`ad_mlir.llm.speculative`), or None."""
+        self.captured_layers = self._capture_for(speculative)
+        """The layers after which `forward_flat` also gives the hidden states (`hidden_states`):
+        those a proposer that reads them asks for (EAGLE-3); else none."""
+        self.hidden_states: torch.Tensor | None = None
+        """With `captured_layers`: the last `forward_flat`'s hidden states [tokens, layers * hidden]."""
+        if self.captured_layers:
+            if cuda_graphs:
+                raise ValueError("cuda_graphs=True with a proposer that reads the hidden states: a replayed decode step "
+                                 "returns the logits alone; leave cuda_graphs unset")
+            cuda_graphs = False
         self.page_size = page_size
         """Tokens a page holds in the paged form (`forward_flat`); None in the slot form."""
         start = time.perf_counter()
@@ -207,6 +220,16 @@ class LLM:
                              "per-sequence states (convolutions or recurrent scans), which cannot be rolled back "
                              "past a rejected draft")
 
+    def _capture_for(self, speculative: Proposer | ReadsHiddenStates | None) -> tuple[int, ...]:
+        """The layers `speculative` reads the hidden states of (it sees the model first); the
+        layers are then compiled whole, since a shortened stack (`CompileOptions.layers_once`)
+        holds only some of them."""
+        if not isinstance(speculative, ReadsHiddenStates):
+            return ()
+        speculative.attach(self.model)
+        self.options = dataclasses.replace(self.options, layers_once=False)
+        return tuple(speculative.layers)
+
     def _compile(self, ep: ModuleExport, max_batch: int, max_seq_len: int,
                  num_pages: int | None = None, scratch: bool = False) -> None:
         """Compile `ep` with caches of `max_batch` x `max_seq_len` tokens (with `num_pages`, the
@@ -216,6 +239,7 @@ class LLM:
         if num_pages is not None:
             pipeline = paged_pipeline(self.options.pipeline, self.page_size, num_pages, max_seq_len, max_batch + scratch,
                                       self.kv_cache_dtype)
+            pipeline = with_capture(pipeline, self.captured_layers)
         else:
             pipeline = cached_pipeline(self.options.pipeline, max_batch, max_seq_len, self.kv_cache_dtype)
         self.graph, program = compile_program(ep, options=self.options, pipeline=pipeline)
@@ -309,7 +333,9 @@ class LLM:
                  "cache_starts": cache_starts, "block_tables": block_tables, "logits_indices": logits_indices,
                  "state_slots": state_slots, "use_cache": False, **self.caches}
         with torch.no_grad():
-            logits = self.runner(*(given[name] for name in self.inputs))[0]
+            logits, *captured = self.runner(*(given[name] for name in self.inputs))
+        if self.captured_layers:
+            self.hidden_states = captured[0].reshape(input_ids.shape[-1], captured[0].shape[-1])
         return logits.reshape(logits_indices.shape[0], logits.shape[-1])
 
     @property

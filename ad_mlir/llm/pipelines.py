@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from xdsl.passes import ModulePass
 
+from ad_mlir.passes.capture_hidden_states import CaptureHiddenStatesPass
 from ad_mlir.passes.insert_cached_attention import InsertCachedAttentionPass
 from ad_mlir.passes.pipeline import Pipeline, PipelineConfig, expand_passes, load_pipeline
 
@@ -42,3 +43,11 @@ def with_cache_pass(pipeline: Pipeline, cache_pass: ModulePass) -> PipelineConfi
     passes = expand_passes(config.passes)
     at = next((i for i, p in enumerate(passes) if p.name in CACHE_BEFORE), len(passes))
     return PipelineConfig((*passes[:at], cache_pass, *passes[at:]), config.skip_on_error)
+
+
+def with_capture(config: PipelineConfig, layers: tuple[int, ...]) -> PipelineConfig:
+    """`config` with `capture-hidden-states` of `layers` first (before the fusions, which keep
+    the captured residual adds' sums), or as it is without layers."""
+    if not layers:
+        return config
+    return PipelineConfig((CaptureHiddenStatesPass(layers=layers), *config.passes), config.skip_on_error)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -39,6 +39,29 @@ class Proposer(Protocol):
         """For each sequence (a request's prompt and generated tokens), at most its limit of
         tokens to follow it: all of a step's decodes at once (a draft model batches them)."""
         ...
+
+
+@runtime_checkable
+class ReadsHiddenStates(Protocol):
+    """A proposer that drafts from the model's hidden states (EAGLE-3: `ad_mlir.llm.eagle3`).
+    `LLM` compiles the model to return the states after `layers` layers for every token
+    (`capture-hidden-states`) once `attach` has seen the model; after each step `PagedEngine`
+    hands each running request's states of the positions its cache now holds (`observe`: a
+    rejected draft's are not), asks for drafts by request (`propose_for`), and says when a
+    request's cache is gone (`forget`: finished, aborted or preempted)."""
+
+    layers: tuple[int, ...]
+
+    def attach(self, model: torch.nn.Module) -> None: ...
+
+    def observe(self, request_id: str, start: int, hidden: torch.Tensor) -> None:
+        """`hidden` [n, len(layers) * hidden]: the states of positions `start` .. `start + n - 1`."""
+        ...
+
+    def propose_for(self, request_ids: Sequence[str], sequences: Sequence[Sequence[int]],
+                    limits: Sequence[int]) -> list[list[int]]: ...
+
+    def forget(self, request_id: str) -> None: ...
 
 
 @dataclass(frozen=True)

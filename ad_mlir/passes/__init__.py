@@ -128,6 +128,12 @@ def _shard() -> type[ModulePass]:
     return ShardPass
 
 
+def _capture_hidden_states() -> type[ModulePass]:
+    from ad_mlir.passes.capture_hidden_states import CaptureHiddenStatesPass
+
+    return CaptureHiddenStatesPass
+
+
 def _default() -> type[ModulePass]:
     from ad_mlir.passes.default import DefaultPipelinePass
 
@@ -159,6 +165,7 @@ _AD_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-rmsnorm-quant": _fuse_rmsnorm_quant,
     "shard": _shard,
     "insert-cached-attention": _insert_cached_attention,
+    "capture-hidden-states": _capture_hidden_states,
     "default": _default,
 }
 """Passes defined by ad-mlir. Those whose name xDSL does not use are registered with xdsl-opt

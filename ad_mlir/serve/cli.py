@@ -5,6 +5,7 @@
     ad-mlir serve --model path/to/model.gguf --max-batch 8 --max-seq-len 1024
     ad-mlir serve --model qwen3 --tensor-parallel-size 2   # the model sharded over 2 ranks of this machine
     ad-mlir serve --speculative-ngram 4            # speculative decoding: drafts by prompt lookup
+    ad-mlir serve --model M --speculative-eagle3 path/to/head --speculative-tokens 3   # drafts by an EAGLE-3 head
 
 The server speaks OpenAI's API (`/v1/completions`, `/v1/chat/completions`, streaming or not,
 `/v1/models`), with `/health` and Prometheus `/metrics`; any OpenAI client works against
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
     from ad_mlir.llm.engine import CachedModel, PagedModel
     from ad_mlir.llm.llm import LLM
-    from ad_mlir.llm.speculative import Proposer
+    from ad_mlir.llm.speculative import Proposer, ReadsHiddenStates
     from ad_mlir.serve.runner import EngineRunner
 
 
@@ -79,8 +80,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     speculative.add_argument("--speculative-model", default=None, metavar="MODEL", help="speculative decoding with a "
                              "draft model of the same tokenizer (what --model takes), compiled in the paged form beside "
                              "the model, drafting --speculative-tokens tokens per decode greedily")
-    serve.add_argument("--speculative-tokens", type=int, default=4, metavar="K", help="tokens the draft model drafts "
-                       "per decode (with --speculative-model)")
+    speculative.add_argument("--speculative-eagle3", default=None, metavar="PATH", help="speculative decoding with an "
+                             "EAGLE-3 head (a directory in vLLM's LlamaForCausalLMEagle3 layout) fed by the model's hidden "
+                             "states, which the model is compiled to return; drafting --speculative-tokens tokens per "
+                             "decode greedily")
+    serve.add_argument("--speculative-tokens", type=int, default=4, metavar="K", help="tokens the draft model or the "
+                       "EAGLE-3 head drafts per decode (with --speculative-model or --speculative-eagle3)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request that gives "
                        "none (capped by what fits the cache after its prompt)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer API_KEY' on the /v1 routes")
@@ -164,7 +169,7 @@ def _compile(args: argparse.Namespace, pipeline: str, device: str | None) -> LLM
         model, tokenizer = load_causal_lm(args.model, device, args.dtype)
         return paged_where_possible(model, args.page_size or None, max_batch=args.max_batch,
                                     max_seq_len=args.max_seq_len, pipeline=pipeline, tokenizer=tokenizer,
-                                    kv_cache_dtype=args.kv_cache_dtype, **pages)
+                                    kv_cache_dtype=args.kv_cache_dtype, **pages, **_compiled_proposer(args))
     except ValueError as e:
         sys.exit(f"error: {e}")
 
@@ -194,7 +199,17 @@ def _server(args: argparse.Namespace, model: CachedModel | PagedModel, llm: LLM,
     return uvicorn.Server(config), runner
 
 
-def _proposer(args: argparse.Namespace, llm: LLM) -> Proposer | None:
+def _compiled_proposer(args: argparse.Namespace) -> dict[str, ReadsHiddenStates]:
+    """`LLM`'s `speculative` where the proposer is compiled with the model: an EAGLE-3 head,
+    whose hidden states the model returns."""
+    if getattr(args, "speculative_eagle3", None) is None:
+        return {}
+    from ad_mlir.llm.eagle3 import Eagle3Proposer
+
+    return {"speculative": Eagle3Proposer(args.speculative_eagle3, args.speculative_tokens)}
+
+
+def _proposer(args: argparse.Namespace, llm: LLM) -> Proposer | ReadsHiddenStates | None:
     """What drafts tokens for the engine to verify, as the command line asks: prompt lookup, or a
     draft model compiled in the paged form on the model's device, with pages for as many
     sequences of as many tokens as the model's cache."""
@@ -204,6 +219,8 @@ def _proposer(args: argparse.Namespace, llm: LLM) -> Proposer | None:
 
     if args.speculative_ngram:
         return NgramProposer(args.speculative_ngram)
+    if args.speculative_eagle3 is not None:
+        return llm.speculative
     if args.speculative_model is None:
         return None
     draft, _ = load_causal_lm(args.speculative_model, str(llm.device), args.dtype)
