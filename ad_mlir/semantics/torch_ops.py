@@ -732,40 +732,53 @@ def _decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cach
 
 @_writing_op("cached_mla_attention", mutates_args=("cache",))
 def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-                         kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-                         scale: float, selected: torch.Tensor | None = None,
-                         sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """`ad.cached_mla_attention`: the new latent ++ k_rope written into each row's cache slot
-    after the tokens it holds, then HF's MLA over the slot's first start + seq positions: the
-    cached latents expanded by `kv_b_weight` into each head's k_nope and value (HF's `expand_kv`),
-    the shared rotated key beside k_nope, SDPA causal with offset (and, with `selected`, only
-    over the positions each token's row lists: DeepSeek sparse attention; with `sinks`, HF's
-    eager attention with a sink column per head). One row at a time: the
-    reference reads each row's slot and start on the host."""
-    heads, seq, nope = q_nope.shape[1], q_nope.shape[2], q_nope.shape[3]
-    rank = latent.shape[3]
+                         kv_b_weight: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
+                         cache_starts: torch.Tensor, scale: float, selected: torch.Tensor | None = None,
+                         sinks: torch.Tensor | None = None, query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """`ad.cached_mla_attention`: sequence by sequence (batch row s, or with `query_starts` its
+    new tokens `query_starts[s]` .. `query_starts[s + 1]` of the one flattened row, after the
+    `cache_starts[s]` it holds) the new latent ++ k_rope written into its pages through its block
+    table, then HF's MLA over its positions (`_mla_over_prefix`; with `selected`, only over the
+    positions each token's row lists: DeepSeek sparse attention; with `sinks`, a sink column per
+    head). The reference reads the metadata on the host."""
+    nope = q_nope.shape[3]
     query = torch.cat([q_nope, q_rope], dim=-1)
     new = torch.cat([latent[:, 0], k_rope[:, 0]], dim=-1)
-    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // heads - nope))
-    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
-        end = start + seq
-        cache[slot, start:end] = new[b]
-        cached = cache[slot, :end]
-        kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
-        k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
-        key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
-        allowed = torch.arange(end, device=q_nope.device)[None, :] <= torch.arange(start, end, device=q_nope.device)[:, None]
-        if selected is not None:
-            allowed = allowed & _chosen(selected[b], end)
-        out[b] = _eager_attention(query[b], key, value, allowed, scale, sinks=sinks) if sinks is not None else \
-            torch.nn.functional.scaled_dot_product_attention(query[b], key, value, attn_mask=allowed, scale=scale)
+    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - nope))
+    bounds = None if query_starts is None else query_starts.tolist()
+    for s, (start, pages) in enumerate(zip(cache_starts.tolist(), block_tables.tolist(), strict=True)):
+        b, rows = (s, slice(None)) if bounds is None else (0, slice(bounds[s], bounds[s + 1]))
+        # the pool seen as one kv head ([pages, page_size, 1, rank + rope]), as cached_attention's
+        cached = _sequence_positions(cache.unsqueeze(2), pages, start, new[b, rows][None])[:, 0]
+        out[b, :, rows] = _mla_over_prefix(query[b, :, rows], cached, kv_b_weight, nope, start, scale,
+                                           selected[b] if selected is not None else None, sinks)
     return out
+
+
+def _mla_over_prefix(query: torch.Tensor, cached: torch.Tensor, kv_b_weight: torch.Tensor, nope: int, start: int,
+                     scale: float, selected: torch.Tensor | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """One sequence's MLA as HF computes it: queries [heads, seq, nope + rope] at positions
+    start.. over its latents ++ rope keys [start + seq, rank + rope] expanded by `kv_b_weight`
+    into each head's k_nope and value (HF's `expand_kv`), the rope key shared by the heads,
+    SDPA causal with offset (only the positions `selected` [seq, k] lists, when given); with
+    `sinks`, HF's eager attention with a sink column per head."""
+    heads, end, rank = query.shape[0], cached.shape[0], kv_b_weight.shape[1]
+    kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
+    k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
+    key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
+    allowed = torch.arange(end, device=query.device)[None, :] <= torch.arange(start, end, device=query.device)[:, None]
+    if selected is not None:
+        allowed = allowed & _chosen(selected, end)
+    if sinks is not None:
+        return _eager_attention(query, key, value, allowed, scale, sinks=sinks)
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
 
 
 @cached_mla_attention.register_fake
 def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-      kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-      scale: float, selected: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+      kv_b_weight: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, cache_starts: torch.Tensor,
+      scale: float, selected: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+      query_starts: torch.Tensor | None = None) -> torch.Tensor:
     return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
 
 
@@ -804,52 +817,6 @@ def cached_index_topk(query: torch.Tensor, key: torch.Tensor, weights: torch.Ten
 def _(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
       starts: torch.Tensor, scale: float, topk: int) -> torch.Tensor:
     return query.new_empty((*query.shape[:2], topk), dtype=torch.int64)
-
-
-@_writing_op("paged_mla_attention", mutates_args=("pages",))
-def paged_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-                        kv_b_weight: torch.Tensor, pages: torch.Tensor, query_starts: torch.Tensor,
-                        cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
-    """`ad.paged_mla_attention`: sequence by sequence (its new tokens `query_starts[s]` ..
-    `query_starts[s + 1]`, after the `cache_starts[s]` it holds) the new latent ++ k_rope written
-    into its pages through its block table, then `cached_mla_attention`'s expanded attention over
-    its positions read back from the pages. The reference reads the metadata on the host."""
-    heads, nope = q_nope.shape[1], q_nope.shape[3]
-    query = torch.cat([q_nope, q_rope], dim=-1)[0]
-    new = torch.cat([latent[0, 0], k_rope[0, 0]], dim=-1)
-    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // heads - nope))
-    page_size = pages.shape[1]
-    bounds = query_starts.tolist()
-    for s, start in enumerate(cache_starts.tolist()):
-        first, last = bounds[s], bounds[s + 1]
-        end = start + last - first
-        table = block_tables[s, :-(-end // page_size)]
-        positions = torch.arange(start, end, device=q_nope.device)
-        pages[table[positions // page_size], positions % page_size] = new[first:last]
-        cached = pages[table].flatten(0, 1)[:end]
-        out[0, :, first:last] = _mla_over_prefix(query[:, first:last], cached, kv_b_weight, nope, start, scale)
-    return out
-
-
-def _mla_over_prefix(query: torch.Tensor, cached: torch.Tensor, kv_b_weight: torch.Tensor, nope: int, start: int,
-                     scale: float) -> torch.Tensor:
-    """One sequence's MLA as HF computes it: queries [heads, seq, nope + rope] at positions
-    start.. over its latents ++ rope keys [start + seq, rank + rope] expanded by `kv_b_weight`
-    into each head's k_nope and value (HF's `expand_kv`), the rope key shared by the heads,
-    SDPA causal with offset."""
-    heads, end, rank = query.shape[0], cached.shape[0], kv_b_weight.shape[1]
-    kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
-    k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
-    key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
-    allowed = torch.arange(end, device=query.device)[None, :] <= torch.arange(start, end, device=query.device)[:, None]
-    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
-
-
-@paged_mla_attention.register_fake
-def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-      kv_b_weight: torch.Tensor, pages: torch.Tensor, query_starts: torch.Tensor, cache_starts: torch.Tensor,
-      block_tables: torch.Tensor, scale: float) -> torch.Tensor:
-    return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
 
 
 def by_sequence(rows: Callable[..., torch.Tensor], tokens: Sequence[torch.Tensor | None], axis: int,
@@ -1285,7 +1252,6 @@ REFERENCE_OPS = frozenset(
                  "cached_token_window",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
-                 "paged_mla_attention",
                  "cached_selective_scan",
                  "cached_rg_lru",
                  "cached_wkv",
