@@ -1896,7 +1896,12 @@ class CachedTokenWindowOp(AdOp):
     with `width` tokens: what the model puts before its first token), or zeros without it. The
     result is those `width` rows followed by the new ones (`width` + seq along `dim`), so its
     row i holds the token `width` before new token i; afterwards the slot holds the result's
-    last `width` rows. Not pure: it writes the state."""
+    last `width` rows. With `query_starts` (the paged form: one flattened batch, sequence s the
+    tokens `query_starts[s]` .. `query_starts[s + 1] - 1`, in state slot `slots[s]` after the
+    `starts[s]` it holds) the result is the input's type: its row i holds the token `width` before
+    new token i in that token's own sequence (from its slot, or `initial`'s first row's, before
+    the sequence's new tokens), which is what a shift by `width` tokens reads; afterwards each
+    slot holds its sequence's last `width` rows. Not pure: it writes the state."""
 
     name = "ad.cached_token_window"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -1905,10 +1910,12 @@ class CachedTokenWindowOp(AdOp):
     state = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
     dim = prop_def(IntegerAttr[I64])
     result = result_def(AdTensor)
     assembly_format = (
-        "$input (`initial` $initial^)? `state` $state `slots` $slots `starts` $starts `dim` $dim attr-dict `:` `(` "
+        "$input (`initial` $initial^)? `state` $state `slots` $slots `starts` $starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? `dim` $dim attr-dict `:` `(` "
         "type($input) `,` type($state) `,` type($slots) `,` type($starts) (`,` type($initial)^)? `)` `->` "
         "type($result)"
     )
@@ -1936,9 +1943,11 @@ class CachedTokenWindowOp(AdOp):
                                          or self.initial.type.element_type != self.input.type.element_type):
             raise VerifyException(f"ad.cached_token_window initial must be [batch, {', '.join(map(str, rows))}] of "
                                   "the input's element type")
-        for meta in (self.slots, self.starts):
-            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
-                raise VerifyException("ad.cached_token_window slots/starts must be tensor<batch x i64>")
+        _verify_slot_metadata(self, self.name, x[0])
+        if self.query_starts is not None:
+            if self.result.type != self.input.type:
+                raise VerifyException("ad.cached_token_window with query_starts: the result must be the input's type")
+            return
         tokens = DYNAMIC_INDEX if x[d] == DYNAMIC_INDEX else x[d] + width
         if self.result.type != TensorType(self.input.type.element_type, [*x[:d], tokens, *x[d + 1:]]):
             raise VerifyException("ad.cached_token_window result must be the input's type with width + seq tokens")

@@ -866,11 +866,14 @@ def _(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stat
 
 @_writing_op("cached_token_window", mutates_args=("state",))
 def cached_token_window(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
-                        starts: torch.Tensor, dim: int) -> torch.Tensor:
+                        starts: torch.Tensor, dim: int, query_starts: torch.Tensor | None = None) -> torch.Tensor:
     """`ad.cached_token_window`: each row's new tokens along `dim` after the `width` rows before
     them (its slot's state, or at start 0 `initial`'s row, zeros without it), the slot left
-    holding the last `width` rows. Gathers and writes the slots by index (no host sync: a decode
-    step stays capturable in a CUDA graph)."""
+    holding the last `width` rows; with `query_starts`, each flattened token's row `width` back
+    in its own sequence (`_flattened_token_window`). Gathers and writes the slots by index (no
+    host sync: a decode step stays capturable in a CUDA graph)."""
+    if query_starts is not None:
+        return _flattened_token_window(input, initial, state, slots, starts, dim, query_starts)
     width = state.shape[dim]
     before = state.index_select(0, slots)
     fresh = initial.to(before.dtype) if initial is not None else torch.zeros_like(before)
@@ -880,9 +883,44 @@ def cached_token_window(input: torch.Tensor, initial: torch.Tensor | None, state
     return window
 
 
+def _flattened_token_window(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor,
+                            slots: torch.Tensor, starts: torch.Tensor, dim: int,
+                            query_starts: torch.Tensor) -> torch.Tensor:
+    """The paged form of `cached_token_window`, by device indexing: token i, the j-th new one of
+    sequence s, reads new token i - width when j >= width, else row j of the rows before s's new
+    tokens (its slot, or at start 0 `initial`'s first row or zeros); each slot then gets its
+    sequence's last `width` rows of those rows and its new tokens."""
+    tokens, rows = input.movedim(dim, 1)[0], state.movedim(dim, 1)  # [T, ...], [slots, width, ...]
+    width, n_tokens = rows.shape[1], tokens.shape[0]
+    first, ends = query_starts[:-1], query_starts[1:]
+    position = torch.arange(n_tokens, device=input.device)
+    seq = torch.searchsorted(ends, position, right=True)
+    within = position - first[seq]
+
+    def before(s: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Row k (< width) of the rows before sequence s's new tokens."""
+        k = k.clamp(max=width - 1)
+        fresh = initial.movedim(dim, 1)[0, k].to(rows.dtype) if initial is not None else torch.zeros_like(rows[0, k])
+        started = (starts[s] > 0).view(*s.shape, *[1] * (rows.dim() - 2))
+        return torch.where(started, rows[slots[s], k], fresh)
+
+    back = (within >= width).view(-1, *[1] * (tokens.dim() - 1))
+    out = torch.where(back, tokens[(position - width).clamp(min=0)], before(seq, within))
+    k = torch.arange(width, device=input.device)[None, :]
+    taken = ends[:, None] - width + k  # the last rows' flattened tokens, where they are new ones
+    count = (ends - first)[:, None]
+    s = torch.arange(ends.shape[0], device=input.device)[:, None].expand(-1, width)
+    held = torch.where((count + k >= width).view(*taken.shape, *[1] * (tokens.dim() - 1)),
+                       tokens[taken.clamp(min=0, max=max(n_tokens - 1, 0))], before(s, count + k))
+    rows.index_copy_(0, slots, held)
+    return out[None].movedim(1, dim)
+
+
 @cached_token_window.register_fake
 def _(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
-      starts: torch.Tensor, dim: int) -> torch.Tensor:
+      starts: torch.Tensor, dim: int, query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    if query_starts is not None:
+        return torch.empty_like(input)
     shape = list(input.shape)
     shape[dim] += state.shape[dim]
     return input.new_empty(shape)

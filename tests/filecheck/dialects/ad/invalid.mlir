@@ -646,6 +646,15 @@ func.func @cached_token_window_initial(%v: tensor<?x?x32xbf16>, %v0: tensor<?x2x
 
 // -----
 
+// The paged form's window is each flattened token's row one back: the input's type, not width + tokens.
+func.func @cached_token_window_flattened(%v: tensor<1x?x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_token_window' with query_starts: the result must be the input's type
+  %0 = ad.cached_token_window %v state %vst slots %s starts %s query_starts %s : tensor<?xi64> dim 1 : (tensor<1x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x64xbf16>
+  func.return
+}
+
+// -----
+
 // With query_starts (the paged form's flattened sequences), a state op takes a batch of 1.
 func.func @conv_query_starts_batch(%x: tensor<2x8x?xf32>, %w: tensor<8x1x3xf32>, %st: tensor<4x8x2xf32>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_causal_conv1d' with query_starts (the flattened sequences of the paged form) takes a batch of 1, not 2

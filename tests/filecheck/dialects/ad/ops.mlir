@@ -418,12 +418,15 @@ func.func @cached_mla_attention_paged(%qn: tensor<1x128x?x128xbf16>, %qr: tensor
 
 // A cached token window: ZAYA's 2 q/k inputs before a step ([slots, channels, 2] along the last
 // axis), and its one delayed value before a step, a sequence starting from its start row.
-func.func @cached_token_window(%x: tensor<?x192x?xbf16>, %st: tensor<8x192x2xbf16>, %v: tensor<?x?x32xbf16>, %v0: tensor<?x1x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>) {
+func.func @cached_token_window(%x: tensor<?x192x?xbf16>, %st: tensor<8x192x2xbf16>, %v: tensor<?x?x32xbf16>, %v0: tensor<?x1x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>, %vf: tensor<1x?x32xbf16>, %vf0: tensor<1x1x32xbf16>) {
   // CHECK-LABEL: func.func @cached_token_window
   %0 = ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x192x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
   // CHECK-NEXT: ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x192x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
   %1 = ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
   // CHECK-NEXT: ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
+  // The paged form: one flattened batch, each token's row one back in its own sequence (the input's type).
+  %2 = ad.cached_token_window %vf initial %vf0 state %vst slots %s starts %s query_starts %s : tensor<?xi64> dim 1 : (tensor<1x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<1x1x32xbf16>) -> tensor<1x?x32xbf16>
+  // CHECK-NEXT: ad.cached_token_window %vf initial %vf0 state %vst slots %s starts %s query_starts %s : tensor<?xi64> dim 1 : (tensor<1x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<1x1x32xbf16>) -> tensor<1x?x32xbf16>
   func.return
 }
 
