@@ -74,8 +74,9 @@ class MlaBlocks:
 
 def mla_blocks(rank: int, rope: int) -> MlaBlocks:
     """Blocks by the latent's width: at DeepSeek's rank 512 + rope 64, 32 (token, head) rows
-    and 32 keys over 8 warps (a [32, 512] fp32 accumulator is 64 registers a thread; sm_90 PTX:
-    226 registers, no spills, 75 KiB shared memory, measured)."""
+    and 32 keys over 8 warps (a [32, 512] fp32 accumulator is 64 registers a thread; sm_90 PTX,
+    bf16: 233 registers in the slot form, 252 over pages of 64, no spills, 75 KiB shared memory,
+    measured)."""
     width = next_power_of_2(rank) + next_power_of_2(rope)
     if width >= 512:
         return MlaBlocks(32, 32, 8, 2)
