@@ -101,7 +101,8 @@ def _mla_bytes(op: ad.CachedMlaAttentionOp, batch: int, cached: int, written: in
     heads, _, rope, rank, _ = op.dims()
     reads = -(-heads // mla_blocks(rank, rope).block_m)
     row = _row_bytes(op.cache)
-    inputs = (op.q_nope, op.q_rope, op.latent, op.k_rope, op.slots, op.starts, *([op.selected] if op.selected else []))
+    inputs = (op.q_nope, op.q_rope, op.latent, op.k_rope, op.block_tables, op.cache_starts,
+              *([op.selected] if op.selected else []))
     new = sum(decode_bytes(v, batch) for v in inputs)
     latent_space = 2 * 2 * batch * heads * rank * 4  # q W_uk and the output before W_uv: written, read
     return new + decode_bytes(op.kv_b_weight, batch) + reads * batch * _latents_read(op, cached) * row + batch * row \

@@ -229,8 +229,6 @@ TESTS: dict[str, Tests] = {
                                                                    "not ptx")),
     "ad_mlir/codegen/templates/linear_int4_kernel.py": Tests((), ("tests/unit/test_linear_int4_kernel.py", "-k",
                                                                   "not ptx")),
-    "ad_mlir/codegen/templates/paged_mla_attention_kernel.py": Tests(
-        (), ("tests/unit/test_paged_mla_kernel.py", "-k", "not ptx")),
     "ad_mlir/codegen/templates/region_kernel.py": Tests((_TRITON,), (*_NUMERIC, *_REGIONS)),
     "ad_mlir/codegen/templates/rope_kernel.py": Tests(
         _lit("optimize-rope"), ("tests/unit/test_llm_ops.py", "-k", "rope")),

@@ -68,7 +68,6 @@ TEMPLATES: dict[type[Operation], str] = {
     ad.LinearInt4Op: "linear_int4_kernel",
     ad.CachedAttentionOp: "cached_attention_kernel",
     ad.CachedMlaAttentionOp: "mla_attention_kernel",
-    ad.PagedMlaAttentionOp: "paged_mla_attention_kernel",
     ad.CachedIndexTopkOp: "index_topk_kernel",
     ad.CachedCausalConv1dOp: "causal_conv_kernel",
     ad.CachedSsmScanOp: "ssm_scan_kernel",

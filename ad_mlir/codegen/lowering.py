@@ -1,7 +1,7 @@
 """What codegen emits for a kernel: the `ad.fused` region of an op, with kernel ops expanded.
 
 A kernel is an `ad.fused` region, or an LLM-level op (`ad.KernelOp`, or the cached ops such as
-`ad.cached_attention`, the MLA ops, `ad.cached_index_topk` and
+`ad.cached_attention`, `ad.cached_mla_attention`, `ad.cached_index_topk` and
 `ad.cached_causal_conv1d`, which are not pure: they write their caches) on its own. Either way
 codegen works on a detached region: a kernel op is wrapped in a region of its own, and every
 kernel op in a body is replaced by its decomposition (`dialects/decompositions.py`), so the

@@ -2005,7 +2005,12 @@ class CachedTokenWindowOp(AdOp):
     with `width` tokens: what the model puts before its first token), or zeros without it. The
     result is those `width` rows followed by the new ones (`width` + seq along `dim`), so its
     row i holds the token `width` before new token i; afterwards the slot holds the result's
-    last `width` rows. Not pure: it writes the state."""
+    last `width` rows. With `query_starts` (the paged form: one flattened batch, sequence s the
+    tokens `query_starts[s]` .. `query_starts[s + 1] - 1`, in state slot `slots[s]` after the
+    `starts[s]` it holds) the result is the input's type: its row i holds the token `width` before
+    new token i in that token's own sequence (from its slot, or `initial`'s first row's, before
+    the sequence's new tokens), which is what a shift by `width` tokens reads; afterwards each
+    slot holds its sequence's last `width` rows. Not pure: it writes the state."""
 
     name = "ad.cached_token_window"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -2014,10 +2019,12 @@ class CachedTokenWindowOp(AdOp):
     state = operand_def(AdTensor)
     slots = operand_def(AdTensor)
     starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
     dim = prop_def(IntegerAttr[I64])
     result = result_def(AdTensor)
     assembly_format = (
-        "$input (`initial` $initial^)? `state` $state `slots` $slots `starts` $starts `dim` $dim attr-dict `:` `(` "
+        "$input (`initial` $initial^)? `state` $state `slots` $slots `starts` $starts "
+        "(`query_starts` $query_starts^ `:` type($query_starts))? `dim` $dim attr-dict `:` `(` "
         "type($input) `,` type($state) `,` type($slots) `,` type($starts) (`,` type($initial)^)? `)` `->` "
         "type($result)"
     )
@@ -2045,9 +2052,11 @@ class CachedTokenWindowOp(AdOp):
                                          or self.initial.type.element_type != self.input.type.element_type):
             raise VerifyException(f"ad.cached_token_window initial must be [batch, {', '.join(map(str, rows))}] of "
                                   "the input's element type")
-        for meta in (self.slots, self.starts):
-            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
-                raise VerifyException("ad.cached_token_window slots/starts must be tensor<batch x i64>")
+        _verify_slot_metadata(self, self.name, x[0])
+        if self.query_starts is not None:
+            if self.result.type != self.input.type:
+                raise VerifyException("ad.cached_token_window with query_starts: the result must be the input's type")
+            return
         tokens = DYNAMIC_INDEX if x[d] == DYNAMIC_INDEX else x[d] + width
         if self.result.type != TensorType(self.input.type.element_type, [*x[:d], tokens, *x[d + 1:]]):
             raise VerifyException("ad.cached_token_window result must be the input's type with width + seq tokens")
@@ -2349,26 +2358,35 @@ class CachedGatedDeltaRuleOp(AdOp):
 
 @irdl_op_definition
 class CachedMlaAttentionOp(AdOp):
-    """Multi-head latent attention (MLA: DeepSeek-V2/V3) of each batch row's new tokens over a
-    cache of the compressed latent, the cache written in place.
+    """Multi-head latent attention (MLA: DeepSeek-V2/V3) of the new tokens of each sequence over
+    pages of the compressed latent, the pages written in place: `ad.cached_attention`'s pages and
+    metadata (the slot form is one configuration: a slot is one page of max_seq tokens, a
+    sequence's block table that one page), with one latent row per token instead of the heads'
+    K and V.
 
     `q_nope` [batch, heads, seq, nope] and `q_rope` [batch, heads, seq, rope] are the two parts of
     each query head (RoPE already applied to `q_rope`); `latent` [batch, 1, seq, rank] is the
     normalized compressed K/V (HF's `kv_a_layernorm` output) and `k_rope` [batch, 1, seq, rope]
     the key part shared by all heads (RoPE applied); `kv_b_weight` [heads * (nope + v_dim), rank]
     is HF's `kv_b_proj` weight, which expands a latent c into each head's key `W_uk[h] c` and
-    value `W_uv[h] c` (rows h * (nope + v_dim) .. + nope and the v_dim after them). Row b uses
-    slot `slots[b]` of `cache` [slots, max_seq, rank + rope], which already holds `starts[b]`
-    tokens: the new latent ++ k_rope is written at positions starts[b] .. starts[b] + seq - 1,
-    and new token i attends to positions 0 .. starts[b] + i with scores `scale * (q_nope . W_uk c
-    + q_rope . k_rope)` (what HF computes on the expanded keys [k_nope, k_rope]); the result
-    [batch, heads, seq, v_dim] has the query's dtype. Only rank + rope values per token and layer
-    are cached, not the heads' expanded K and V. Decode absorbs the up-projection as DeepSeek's
-    inference does (scores against the latent: `(W_uk[h]^T q_nope) . c`; output `W_uv[h]
-    sum_j p_j c_j`). With `selected` [batch, seq, k] (int64; DeepSeek sparse attention's choice,
-    `ad.cached_index_topk`), new token i attends only to the positions its row lists among those
-    (-1: none). With `sinks` [heads] (HY-V4), each head's sink logit is one more softmax column,
-    dropped after (as `ad.cached_attention`'s). Not pure: it writes the cache."""
+    value `W_uv[h] c` (rows h * (nope + v_dim) .. + nope and the v_dim after them). The new tokens
+    come as `ad.cached_attention`'s do: batch row s is sequence s, or with `query_starts` [seqs +
+    1] (int64, cumulative) one flattened batch [1, ..., T, ...] whose tokens `query_starts[s]` ..
+    `query_starts[s + 1] - 1` are sequence s's. Sequence s already holds `cache_starts[s]` tokens;
+    position p of it is row p % page_size of page `block_tables[s, p / page_size]` of `cache`
+    [pages, page_size, rank + rope] (pages in any order in the pool; the slot form's table is
+    [batch, 1], each row's slot, over a pool [slots, max_seq, rank + rope]). The new latent ++
+    k_rope is written at its positions, and each new token attends causally to its sequence's
+    positions 0 .. its own with scores `scale * (q_nope . W_uk c + q_rope . k_rope)` (what HF
+    computes on the expanded keys [k_nope, k_rope]); the result [batch, heads, seq, v_dim] has
+    the query's dtype. Only rank + rope values per token and layer are cached, not the heads'
+    expanded K and V. Decode absorbs the up-projection as DeepSeek's inference does (scores
+    against the latent: `(W_uk[h]^T q_nope) . c`; output `W_uv[h] sum_j p_j c_j`). Pages a step
+    writes belong to that sequence alone. With `selected` [batch, seq, k] (batched only; int64;
+    DeepSeek sparse attention's choice, `ad.cached_index_topk`), new token i attends only to the
+    positions its row lists among those (-1: none). With `sinks` [heads] (HY-V4), each head's
+    sink logit is one more softmax column, dropped after (as `ad.cached_attention`'s). Not pure:
+    it writes the pages."""
 
     name = "ad.cached_mla_attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -2378,19 +2396,23 @@ class CachedMlaAttentionOp(AdOp):
     k_rope = operand_def(AdTensor)
     kv_b_weight = operand_def(AdTensor)
     cache = operand_def(AdTensor)
-    slots = operand_def(AdTensor)
-    starts = operand_def(AdTensor)
+    block_tables = operand_def(AdTensor)
+    cache_starts = operand_def(AdTensor)
+    query_starts = opt_operand_def(AdTensor)
     selected = opt_operand_def(AdTensor)
     sinks = opt_operand_def(AdTensor)
     scale = prop_def(FloatAttr[Float64Type])
     result = result_def(AdTensor)
     assembly_format = (
-        "$q_nope `,` $q_rope `,` $latent `,` $k_rope `kv_b` $kv_b_weight `cache` $cache `slots` $slots `starts` "
-        "$starts (`selected` $selected^ `:` type($selected))? (`sinks` $sinks^ `:` type($sinks))? `scale` $scale attr-dict `:` `(` type($q_nope) `,` "
-        "type($q_rope) `,` type($latent) `,` "
-        "type($k_rope) `,` type($kv_b_weight) `,` type($cache) `,` type($slots) `,` type($starts) `)` `->` "
-        "type($result)"
+        "$q_nope `,` $q_rope `,` $latent `,` $k_rope `kv_b` $kv_b_weight `cache` $cache `block_tables` $block_tables "
+        "`cache_starts` $cache_starts (`query_starts` $query_starts^ `:` type($query_starts))? "
+        "(`selected` $selected^ `:` type($selected))? (`sinks` $sinks^ `:` type($sinks))? `scale` $scale attr-dict "
+        "`:` `(` type($q_nope) `,` type($q_rope) `,` type($latent) `,` type($k_rope) `,` type($kv_b_weight) `,` "
+        "type($cache) `,` type($block_tables) `,` type($cache_starts) `)` `->` type($result)"
     )
+
+    def page_size(self) -> int:
+        return _shape(self.cache.type)[1]
 
     def dims(self) -> tuple[int, int, int, int, int]:
         """(heads, nope, rope, rank, v_dim) of the verified op."""
@@ -2399,25 +2421,33 @@ class CachedMlaAttentionOp(AdOp):
         return heads, nope, rope, rank, _shape(self.kv_b_weight.type)[0] // heads - nope
 
     def verify_op(self) -> None:
-        qn, heads, nope, rope, rank = _verify_mla_inputs(self, "batch", "seq", "batch and seq")
+        flat = self.query_starts is not None
+        qn, heads, nope, rope, rank = _verify_mla_inputs(
+            self, *(("1", "tokens", "tokens") if flat else ("batch", "seq", "batch and seq")))
         cache = _shape(self.cache.type)
         if len(cache) != 3 or cache[2] != rank + rope or self.cache.type.element_type != self.latent.type.element_type:
-            raise VerifyException(f"ad.cached_mla_attention cache must be [slots, max_seq, {rank} + {rope}] of the "
+            raise VerifyException(f"ad.cached_mla_attention cache must be [pages, page_size, {rank} + {rope}] of the "
                                   "latent's element type")
-        for meta in (self.slots, self.starts):
-            if len(_shape(meta.type)) != 1 or meta.type.element_type != i64:
-                raise VerifyException("ad.cached_mla_attention slots/starts must be tensor<batch x i64>")
+        if cache[1] == DYNAMIC_INDEX or cache[1] < 1:
+            raise VerifyException(f"ad.cached_mla_attention page_size {'?' if cache[1] == DYNAMIC_INDEX else cache[1]} "
+                                  "must be static and positive")
+        for name, meta, rank_of in (("query_starts", self.query_starts, 1), ("cache_starts", self.cache_starts, 1),
+                                    ("block_tables", self.block_tables, 2)):
+            if meta is not None and (len(_shape(meta.type)) != rank_of or meta.type.element_type != i64):
+                raise VerifyException(f"ad.cached_mla_attention {name} must be a rank-{rank_of} i64 tensor")
         v_dim = _shape(self.kv_b_weight.type)[0] // heads - nope
         if self.result.type != TensorType(self.q_nope.type.element_type, [*qn[:3], v_dim]):
             raise VerifyException(f"ad.cached_mla_attention result must be [batch, {heads}, seq, {v_dim}] in the "
                                   "query's element type")
         if self.selected is not None:
+            if flat:
+                raise VerifyException("ad.cached_mla_attention selected takes batch rows, not query_starts")
             _verify_selected(self.name, self.selected, (qn[0], qn[2]))
         if self.sinks is not None and _shape(self.sinks.type) != (heads,):
             raise VerifyException(f"ad.cached_mla_attention sinks must be [{heads}]")
 
 
-def _verify_mla_inputs(op: CachedMlaAttentionOp | PagedMlaAttentionOp, batch: str, seq: str,
+def _verify_mla_inputs(op: CachedMlaAttentionOp, batch: str, seq: str,
                        agree: str) -> tuple[tuple[int, ...], int, int, int, int]:
     """The queries, latent, rope key and kv_b_weight of an MLA op, whose messages name the query's
     leading dims `batch` and `seq` (what must `agree`): (q_nope's shape, heads, nope, rope, rank)."""
@@ -2492,65 +2522,6 @@ class CachedIndexTopkOp(AdOp):
         if self.topk.value.data < 1 or self.result.type != TensorType(i64, [*q[:2], self.topk.value.data]):
             raise VerifyException(f"ad.cached_index_topk result must be tensor<batch x seq x {self.topk.value.data} x "
                                   "i64> (topk positive)")
-
-
-@irdl_op_definition
-class PagedMlaAttentionOp(AdOp):
-    """Multi-head latent attention of the new tokens of many sequences, flattened into one, over
-    a pool of latent pages read and written through each sequence's block table (the form of
-    `ad.cached_mla_attention` for one flattened batch per step, as `ad.cached_attention`'s paged form is
-    `ad.cached_attention`'s).
-
-    `q_nope` [1, heads, T, nope], `q_rope` [1, heads, T, rope], `latent` [1, 1, T, rank], `k_rope`
-    [1, 1, T, rope] and `kv_b_weight` are `ad.cached_mla_attention`'s, for the T new tokens of
-    every sequence of a step, each sequence's contiguous; the metadata is `ad.cached_attention`'s paged form's:
-    sequence s has the tokens `query_starts[s]` .. `query_starts[s + 1] - 1`, already holds
-    `cache_starts[s]` tokens, and position p of it is row p % page_size of page `block_tables[s,
-    p / page_size]` of `pages` [num_pages, page_size, rank + rope] (page_size a static power of
-    two; pages in any order in the pool). The new latent ++ k_rope is written into the pages in
-    place, then each new token attends causally over its own sequence's positions 0 .. its own
-    with `ad.cached_mla_attention`'s scores and values. Pages a step writes belong to that
-    sequence alone. The result [1, heads, T, v_dim] has the query's dtype. Not pure: it writes
-    the pages."""
-
-    name = "ad.paged_mla_attention"
-    q_nope = operand_def(AdTensor)
-    q_rope = operand_def(AdTensor)
-    latent = operand_def(AdTensor)
-    k_rope = operand_def(AdTensor)
-    kv_b_weight = operand_def(AdTensor)
-    pages = operand_def(AdTensor)
-    query_starts = operand_def(AdTensor)
-    cache_starts = operand_def(AdTensor)
-    block_tables = operand_def(AdTensor)
-    scale = prop_def(FloatAttr[Float64Type])
-    result = result_def(AdTensor)
-    assembly_format = (
-        "$q_nope `,` $q_rope `,` $latent `,` $k_rope `kv_b` $kv_b_weight `pages` $pages `query_starts` $query_starts "
-        "`cache_starts` $cache_starts `block_tables` $block_tables `scale` $scale attr-dict `:` `(` type($q_nope) `,` "
-        "type($q_rope) `,` type($latent) `,` type($k_rope) `,` type($kv_b_weight) `,` type($pages) `,` "
-        "type($query_starts) `,` type($cache_starts) `,` type($block_tables) `)` `->` type($result)"
-    )
-
-    def page_size(self) -> int:
-        return _shape(self.pages.type)[1]
-
-    def verify_op(self) -> None:
-        qn, heads, nope, rope, rank = _verify_mla_inputs(self, "1", "tokens", "tokens")
-        pages = _shape(self.pages.type)
-        if len(pages) != 3 or pages[2] != rank + rope or self.pages.type.element_type != self.latent.type.element_type:
-            raise VerifyException(f"ad.paged_mla_attention pages must be [pages, page_size, {rank} + {rope}] of the "
-                                  "latent's element type")
-        if pages[1] == DYNAMIC_INDEX or pages[1] < 1 or pages[1] & (pages[1] - 1):
-            raise VerifyException(f"ad.paged_mla_attention page_size {pages[1]} must be a static power of two")
-        for name, meta, rank_of in (("query_starts", self.query_starts, 1), ("cache_starts", self.cache_starts, 1),
-                                    ("block_tables", self.block_tables, 2)):
-            if len(_shape(meta.type)) != rank_of or meta.type.element_type != i64:
-                raise VerifyException(f"ad.paged_mla_attention {name} must be a rank-{rank_of} i64 tensor")
-        v_dim = _shape(self.kv_b_weight.type)[0] // heads - nope
-        if self.result.type != TensorType(self.q_nope.type.element_type, [*qn[:3], v_dim]):
-            raise VerifyException(f"ad.paged_mla_attention result must be [1, {heads}, tokens, {v_dim}] in the "
-                                  "query's element type")
 
 
 FP8_MAX = 448.0
@@ -3101,7 +3072,7 @@ Ad = Dialect(
         MoeMxfp4Op,
         MoeFp8BlockOp,
         GeluAndMulOp, ActivationOp,
-        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp, PagedMlaAttentionOp,
+        CachedSsmScanOp, CachedGatedDeltaRuleOp, CachedMlaAttentionOp, CachedIndexTopkOp,
         CachedSelectiveScanOp,
         CachedRgLruOp,
         CachedWkvOp,

@@ -42,8 +42,7 @@ from ad_mlir.llm.engine import GenerationOutput, SamplingParams, make_engine
 from ad_mlir.llm.piecewise import MAX_PIECEWISE_TOKENS, CudaGraphPiecewise
 from ad_mlir.llm.pipelines import cached_pipeline, paged_pipeline, with_capture
 from ad_mlir.llm.speculative import Proposer, ReadsHiddenStates
-from ad_mlir.passes.cache.interface import KV_CACHE_DTYPES
-from ad_mlir.passes.insert_cached_attention import PerSequenceState
+from ad_mlir.passes.cache.interface import KV_CACHE_DTYPES, PerSequenceState
 from ad_mlir.runtime.kernels import call_kernels_directly
 
 log = logging.getLogger(__name__)
@@ -58,9 +57,10 @@ def cache_layout(llm: LLM) -> str:
 
 def paged_where_possible(model: torch.nn.Module | str, page_size: int | None, **kwargs: Any) -> LLM:
     """`LLM(model, page_size=page_size, **kwargs)`, the paged form, where it holds the model
-    (attention, MLA, and beside them per-sequence states: short convolutions, scans); a model it
-    refuses (`PerSequenceState`: token windows, DeepSeek sparse attention's indexer, MLA with sink logits, states
-    without any attention to page) gets the slot form instead, with a warning saying why.
+    (attention, MLA, per-sequence states: short convolutions, scans, shifts by tokens, with or
+    without attention); a model it refuses (`PerSequenceState`: convolutions over a token window,
+    DeepSeek sparse attention's indexer, MLA with sink logits) gets the slot form instead, with
+    a warning saying why.
     `page_size` None: the slot form."""
     from ad_mlir.zoo.checkpoints import load_causal_lm
 
@@ -285,7 +285,11 @@ class LLM:
             self._compile(ep, max_batch, max_seq_len, PROBE_PAGES, scratch)
             per_page = (self.cache_bytes - self.state_bytes) // PROBE_PAGES
             budget_bytes = budget if isinstance(budget, int) else int(budget * self._free_cuda_memory_after_forward())
-            num_pages = (budget_bytes - self.state_bytes) // per_page - scratch
+            if per_page == 0 and budget_bytes < self.state_bytes:  # states alone: the pages take no memory
+                raise ValueError(f"kv_cache_budget of {budget_bytes} bytes does not hold the {self.state_bytes} bytes of "
+                                 f"per-sequence states for max_batch={max_batch}; raise the budget or lower max_batch")
+            num_pages = (max_batch * -(-max_seq_len // page_size) if per_page == 0
+                         else (budget_bytes - self.state_bytes) // per_page - scratch)
             if num_pages < 1:
                 raise ValueError(f"kv_cache_budget of {budget_bytes} bytes holds no page of {page_size} tokens "
                                  f"({per_page} bytes in the K and V pools of all layers, after {self.state_bytes} "

@@ -35,8 +35,9 @@ the function gets one more argument, `state_slots` [seqs] (int64, marked `ad.sta
 sequence over the flattened tokens, sequence s from slot `state_slots[s]`, from a zero state
 where its `cache_starts[s]` is 0 (`ad.cached_causal_conv1d`'s docstring); their kernels run every
 sequence in one launch, reading `query_starts` on the device (`codegen/templates/state_rows.py`).
-A model with such states and no attention has nothing to page and is refused (`PerSequenceState`),
-as is a mixer the paged form does not hold (a cached token window: compile such a model in the slot form).
+A model of such states alone (Mamba, RWKV: no attention) gets the same metadata and no page
+pool. A mixer the paged form does not hold is refused by name (`PerSequenceState`: compile such
+a model in the slot form).
 
 With `kv-cache-dtype=fp8` (vLLM's `kv_cache_dtype`: `fp8` or `fp8_e4m3`) attention's K/V
 caches are float8_e4m3fn, half the bytes of 16-bit ones, quantized with per-tensor scales of
@@ -75,7 +76,6 @@ from ad_mlir.passes.cache.interface import (
     CacheSite,
     Found,
     KvCacheDtypeRefused,
-    PerSequenceState,
     append_argument,
     layer_of,
 )
@@ -173,17 +173,11 @@ class InsertCachedAttentionPass(ModulePass):
 
     def _apply_paged(self, fn: func.FuncOp, found: Mixers) -> None:
         """The paged, flattened form: the mixers with rows per token over page pools, those with a
-        state per sequence over state slots, their metadata and the gathered LM head."""
-        _refuse_unpageable(found)
+        state per sequence over state slots (a model of states alone: no pool), their metadata
+        and the gathered LM head."""
         states = [(mixer, f) for mixer, f in found if f.matches and mixer.per_sequence]
         pages = [(mixer, f) for mixer, f in found if f.matches and not mixer.per_sequence]
-        if not pages:
-            if states:
-                mixer, f = states[0]
-                raise PerSequenceState(
-                    f"{layer_of(mixer.replaced(f.matches[0]))}: the model keeps states per sequence but has no "
-                    "attention, so the paged form (paged=true) has nothing to page: compile this model in the slot "
-                    "form (paged=false)")
+        if not pages and not states:
             _refuse_uncached_mixers(fn, found)
             log.info("insert-cached-attention: no attention in @%s", fn.sym_name.data)
             return
@@ -199,7 +193,8 @@ class InsertCachedAttentionPass(ModulePass):
         _refuse_uncached_mixers(fn, found)
         gather_logits(fn, logits_indices)
         log.info("insert-cached-attention: %s paged (%d pages x %d tokens), %s over %d state slots",
-                 _counted(pages), self.num_pages, self.page_size, _counted(states) or "no state", self.max_batch)
+                 _counted(pages) or "nothing", self.num_pages, self.page_size, _counted(states) or "no state",
+                 self.max_batch)
 
     def _site(self, fn: func.FuncOp, starts: SSAValue, slots: SSAValue | None, query_starts: SSAValue | None = None,
               block_tables: SSAValue | None = None) -> CacheSite:
@@ -220,16 +215,6 @@ def _slot_tables(fn: func.FuncOp, slots: SSAValue) -> SSAValue:
     table.result.name_hint = "block_tables"
     Rewriter.insert_op(table, InsertPoint.at_start(fn.body.block))
     return table.result
-
-
-def _refuse_unpageable(found: Mixers) -> None:
-    """A mixer the paged form does not hold is refused by name, as `PerSequenceState` (the slot
-    form caches it)."""
-    for mixer, f in found:
-        if f.matches and not mixer.pageable:
-            raise PerSequenceState(
-                f"{layer_of(mixer.replaced(f.matches[0]))}: a cached {mixer.name} keeps a state per sequence, which "
-                "the paged form (paged=true) does not hold: compile this model in the slot form (paged=false)")
 
 
 def _refuse_unquantized(found: Mixers, kv_cache_dtype: str) -> None:

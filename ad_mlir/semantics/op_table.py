@@ -442,7 +442,6 @@ SPECS: tuple[OpSpec, ...] = (
             ad.RmsNormOp, ad.AddRmsNormOp, ad.SiluAndMulOp, ad.RopeAttentionOp, ad.RopeOp, ad.CachedAttentionOp,
             ad.CachedCausalConv1dOp, ad.CachedTokenWindowOp,
             ad.CachedSsmScanOp, ad.CachedGatedDeltaRuleOp, ad.CachedMlaAttentionOp, ad.CachedIndexTopkOp,
-            ad.PagedMlaAttentionOp,
             ad.CachedSelectiveScanOp,
             ad.CachedRgLruOp,
             ad.CachedWkvOp,

@@ -800,40 +800,53 @@ def _decodes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cach
 
 @_writing_op("cached_mla_attention", mutates_args=("cache",))
 def cached_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-                         kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-                         scale: float, selected: torch.Tensor | None = None,
-                         sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """`ad.cached_mla_attention`: the new latent ++ k_rope written into each row's cache slot
-    after the tokens it holds, then HF's MLA over the slot's first start + seq positions: the
-    cached latents expanded by `kv_b_weight` into each head's k_nope and value (HF's `expand_kv`),
-    the shared rotated key beside k_nope, SDPA causal with offset (and, with `selected`, only
-    over the positions each token's row lists: DeepSeek sparse attention; with `sinks`, HF's
-    eager attention with a sink column per head). One row at a time: the
-    reference reads each row's slot and start on the host."""
-    heads, seq, nope = q_nope.shape[1], q_nope.shape[2], q_nope.shape[3]
-    rank = latent.shape[3]
+                         kv_b_weight: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
+                         cache_starts: torch.Tensor, scale: float, selected: torch.Tensor | None = None,
+                         sinks: torch.Tensor | None = None, query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """`ad.cached_mla_attention`: sequence by sequence (batch row s, or with `query_starts` its
+    new tokens `query_starts[s]` .. `query_starts[s + 1]` of the one flattened row, after the
+    `cache_starts[s]` it holds) the new latent ++ k_rope written into its pages through its block
+    table, then HF's MLA over its positions (`_mla_over_prefix`; with `selected`, only over the
+    positions each token's row lists: DeepSeek sparse attention; with `sinks`, a sink column per
+    head). The reference reads the metadata on the host."""
+    nope = q_nope.shape[3]
     query = torch.cat([q_nope, q_rope], dim=-1)
     new = torch.cat([latent[:, 0], k_rope[:, 0]], dim=-1)
-    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // heads - nope))
-    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
-        end = start + seq
-        cache[slot, start:end] = new[b]
-        cached = cache[slot, :end]
-        kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
-        k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
-        key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
-        allowed = torch.arange(end, device=q_nope.device)[None, :] <= torch.arange(start, end, device=q_nope.device)[:, None]
-        if selected is not None:
-            allowed = allowed & _chosen(selected[b], end)
-        out[b] = _eager_attention(query[b], key, value, allowed, scale, sinks=sinks) if sinks is not None else \
-            torch.nn.functional.scaled_dot_product_attention(query[b], key, value, attn_mask=allowed, scale=scale)
+    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - nope))
+    bounds = None if query_starts is None else query_starts.tolist()
+    for s, (start, pages) in enumerate(zip(cache_starts.tolist(), block_tables.tolist(), strict=True)):
+        b, rows = (s, slice(None)) if bounds is None else (0, slice(bounds[s], bounds[s + 1]))
+        # the pool seen as one kv head ([pages, page_size, 1, rank + rope]), as cached_attention's
+        cached = _sequence_positions(cache.unsqueeze(2), pages, start, new[b, rows][None])[:, 0]
+        out[b, :, rows] = _mla_over_prefix(query[b, :, rows], cached, kv_b_weight, nope, start, scale,
+                                           selected[b] if selected is not None else None, sinks)
     return out
+
+
+def _mla_over_prefix(query: torch.Tensor, cached: torch.Tensor, kv_b_weight: torch.Tensor, nope: int, start: int,
+                     scale: float, selected: torch.Tensor | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """One sequence's MLA as HF computes it: queries [heads, seq, nope + rope] at positions
+    start.. over its latents ++ rope keys [start + seq, rank + rope] expanded by `kv_b_weight`
+    into each head's k_nope and value (HF's `expand_kv`), the rope key shared by the heads,
+    SDPA causal with offset (only the positions `selected` [seq, k] lists, when given); with
+    `sinks`, HF's eager attention with a sink column per head."""
+    heads, end, rank = query.shape[0], cached.shape[0], kv_b_weight.shape[1]
+    kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
+    k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
+    key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
+    allowed = torch.arange(end, device=query.device)[None, :] <= torch.arange(start, end, device=query.device)[:, None]
+    if selected is not None:
+        allowed = allowed & _chosen(selected, end)
+    if sinks is not None:
+        return _eager_attention(query, key, value, allowed, scale, sinks=sinks)
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
 
 
 @cached_mla_attention.register_fake
 def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-      kv_b_weight: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-      scale: float, selected: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+      kv_b_weight: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, cache_starts: torch.Tensor,
+      scale: float, selected: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+      query_starts: torch.Tensor | None = None) -> torch.Tensor:
     return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
 
 
@@ -872,52 +885,6 @@ def cached_index_topk(query: torch.Tensor, key: torch.Tensor, weights: torch.Ten
 def _(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
       starts: torch.Tensor, scale: float, topk: int) -> torch.Tensor:
     return query.new_empty((*query.shape[:2], topk), dtype=torch.int64)
-
-
-@_writing_op("paged_mla_attention", mutates_args=("pages",))
-def paged_mla_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-                        kv_b_weight: torch.Tensor, pages: torch.Tensor, query_starts: torch.Tensor,
-                        cache_starts: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
-    """`ad.paged_mla_attention`: sequence by sequence (its new tokens `query_starts[s]` ..
-    `query_starts[s + 1]`, after the `cache_starts[s]` it holds) the new latent ++ k_rope written
-    into its pages through its block table, then `cached_mla_attention`'s expanded attention over
-    its positions read back from the pages. The reference reads the metadata on the host."""
-    heads, nope = q_nope.shape[1], q_nope.shape[3]
-    query = torch.cat([q_nope, q_rope], dim=-1)[0]
-    new = torch.cat([latent[0, 0], k_rope[0, 0]], dim=-1)
-    out = q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // heads - nope))
-    page_size = pages.shape[1]
-    bounds = query_starts.tolist()
-    for s, start in enumerate(cache_starts.tolist()):
-        first, last = bounds[s], bounds[s + 1]
-        end = start + last - first
-        table = block_tables[s, :-(-end // page_size)]
-        positions = torch.arange(start, end, device=q_nope.device)
-        pages[table[positions // page_size], positions % page_size] = new[first:last]
-        cached = pages[table].flatten(0, 1)[:end]
-        out[0, :, first:last] = _mla_over_prefix(query[:, first:last], cached, kv_b_weight, nope, start, scale)
-    return out
-
-
-def _mla_over_prefix(query: torch.Tensor, cached: torch.Tensor, kv_b_weight: torch.Tensor, nope: int, start: int,
-                     scale: float) -> torch.Tensor:
-    """One sequence's MLA as HF computes it: queries [heads, seq, nope + rope] at positions
-    start.. over its latents ++ rope keys [start + seq, rank + rope] expanded by `kv_b_weight`
-    into each head's k_nope and value (HF's `expand_kv`), the rope key shared by the heads,
-    SDPA causal with offset."""
-    heads, end, rank = query.shape[0], cached.shape[0], kv_b_weight.shape[1]
-    kv = torch.nn.functional.linear(cached[:, :rank], kv_b_weight).view(end, heads, -1).transpose(0, 1)
-    k_nope, value = kv.split([nope, kv.shape[2] - nope], dim=-1)
-    key = torch.cat([k_nope, cached[None, :, rank:].expand(heads, -1, -1)], dim=-1)
-    allowed = torch.arange(end, device=query.device)[None, :] <= torch.arange(start, end, device=query.device)[:, None]
-    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
-
-
-@paged_mla_attention.register_fake
-def _(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-      kv_b_weight: torch.Tensor, pages: torch.Tensor, query_starts: torch.Tensor, cache_starts: torch.Tensor,
-      block_tables: torch.Tensor, scale: float) -> torch.Tensor:
-    return q_nope.new_empty((*q_nope.shape[:3], kv_b_weight.shape[0] // q_nope.shape[1] - q_nope.shape[3]))
 
 
 def by_sequence(rows: Callable[..., torch.Tensor], tokens: Sequence[torch.Tensor | None], axis: int,
@@ -967,11 +934,14 @@ def _(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stat
 
 @_writing_op("cached_token_window", mutates_args=("state",))
 def cached_token_window(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
-                        starts: torch.Tensor, dim: int) -> torch.Tensor:
+                        starts: torch.Tensor, dim: int, query_starts: torch.Tensor | None = None) -> torch.Tensor:
     """`ad.cached_token_window`: each row's new tokens along `dim` after the `width` rows before
     them (its slot's state, or at start 0 `initial`'s row, zeros without it), the slot left
-    holding the last `width` rows. Gathers and writes the slots by index (no host sync: a decode
-    step stays capturable in a CUDA graph)."""
+    holding the last `width` rows; with `query_starts`, each flattened token's row `width` back
+    in its own sequence (`_flattened_token_window`). Gathers and writes the slots by index (no
+    host sync: a decode step stays capturable in a CUDA graph)."""
+    if query_starts is not None:
+        return _flattened_token_window(input, initial, state, slots, starts, dim, query_starts)
     width = state.shape[dim]
     before = state.index_select(0, slots)
     fresh = initial.to(before.dtype) if initial is not None else torch.zeros_like(before)
@@ -981,9 +951,44 @@ def cached_token_window(input: torch.Tensor, initial: torch.Tensor | None, state
     return window
 
 
+def _flattened_token_window(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor,
+                            slots: torch.Tensor, starts: torch.Tensor, dim: int,
+                            query_starts: torch.Tensor) -> torch.Tensor:
+    """The paged form of `cached_token_window`, by device indexing: token i, the j-th new one of
+    sequence s, reads new token i - width when j >= width, else row j of the rows before s's new
+    tokens (its slot, or at start 0 `initial`'s first row or zeros); each slot then gets its
+    sequence's last `width` rows of those rows and its new tokens."""
+    tokens, rows = input.movedim(dim, 1)[0], state.movedim(dim, 1)  # [T, ...], [slots, width, ...]
+    width, n_tokens = rows.shape[1], tokens.shape[0]
+    first, ends = query_starts[:-1], query_starts[1:]
+    position = torch.arange(n_tokens, device=input.device)
+    seq = torch.searchsorted(ends, position, right=True)
+    within = position - first[seq]
+
+    def before(s: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Row k (< width) of the rows before sequence s's new tokens."""
+        k = k.clamp(max=width - 1)
+        fresh = initial.movedim(dim, 1)[0, k].to(rows.dtype) if initial is not None else torch.zeros_like(rows[0, k])
+        started = (starts[s] > 0).view(*s.shape, *[1] * (rows.dim() - 2))
+        return torch.where(started, rows[slots[s], k], fresh)
+
+    back = (within >= width).view(-1, *[1] * (tokens.dim() - 1))
+    out = torch.where(back, tokens[(position - width).clamp(min=0)], before(seq, within))
+    k = torch.arange(width, device=input.device)[None, :]
+    taken = ends[:, None] - width + k  # the last rows' flattened tokens, where they are new ones
+    count = (ends - first)[:, None]
+    s = torch.arange(ends.shape[0], device=input.device)[:, None].expand(-1, width)
+    held = torch.where((count + k >= width).view(*taken.shape, *[1] * (tokens.dim() - 1)),
+                       tokens[taken.clamp(min=0, max=max(n_tokens - 1, 0))], before(s, count + k))
+    rows.index_copy_(0, slots, held)
+    return out[None].movedim(1, dim)
+
+
 @cached_token_window.register_fake
 def _(input: torch.Tensor, initial: torch.Tensor | None, state: torch.Tensor, slots: torch.Tensor,
-      starts: torch.Tensor, dim: int) -> torch.Tensor:
+      starts: torch.Tensor, dim: int, query_starts: torch.Tensor | None = None) -> torch.Tensor:
+    if query_starts is not None:
+        return torch.empty_like(input)
     shape = list(input.shape)
     shape[dim] += state.shape[dim]
     return input.new_empty(shape)
@@ -1353,7 +1358,6 @@ REFERENCE_OPS = frozenset(
                  "cached_token_window",
                  "layer_norm", "add_layer_norm", "moe", "gelu_and_mul", "activation",
                  "cached_ssm_scan", "cached_gated_delta_rule", "cached_mla_attention", "cached_index_topk",
-                 "paged_mla_attention",
                  "cached_selective_scan",
                  "cached_rg_lru",
                  "cached_wkv",

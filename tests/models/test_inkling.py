@@ -34,7 +34,7 @@ from test_generate import (
 import ad_mlir
 from ad_mlir.bench.families import greedy_only
 from ad_mlir.dialects import ad
-from ad_mlir.passes.insert_cached_attention import PerSequenceState
+from ad_mlir.passes.cache.interface import PerSequenceState
 from ad_mlir.runtime.kernels import reference_kernels
 from ad_mlir.zoo.small import model_from_config, small_config
 

@@ -1,5 +1,5 @@
 """Multi-head latent attention (DeepSeek-V3) in the paged form (`LLM(..., page_size=)`,
-`ad.paged_mla_attention`): one pool of latent pages per layer, [num_pages, page_size, kv_lora_rank
+`ad.cached_mla_attention` with query_starts): one pool of latent pages per layer, [num_pages, page_size, kv_lora_rank
 + qk_rope_head_dim], not the heads' expanded K and V. test_mla's tiny DeepSeek-V3 (the query's
 LoRA, MoE on the second layer, a wide init so that greedy tokens vary) run through test_paged's
 flattened steps (prefill chunks beside decodes, pages out of order in the pool, crossing page
@@ -49,7 +49,8 @@ def test_the_caches_are_latent_pools(paged_mla) -> None:  # noqa: ANN001
     assert all(c.dtype == torch.float32 for c in llm.caches.values())
     assert llm.token_bytes == dict.fromkeys(LAYERS, (RANK + ROPE) * 4)
     ops = [type(op) for op in llm.program.function.body.walk()]
-    assert ops.count(ad.PagedMlaAttentionOp) == 2 and ad.CachedAttentionOp not in ops
+    mlas = [op for op in llm.program.function.body.walk() if isinstance(op, ad.CachedMlaAttentionOp)]
+    assert len(mlas) == 2 and all(op.query_starts is not None for op in mlas) and ad.CachedAttentionOp not in ops
 
 
 def test_flattened_steps_match_hf(paged_mla) -> None:  # noqa: ANN001
@@ -65,10 +66,10 @@ def test_steps_that_forget_the_pages_are_seen(paged_mla, monkeypatch: pytest.Mon
 
 def test_in_the_interpreter(paged_mla, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The first four steps (prefill chunks beside decodes, then a decode-only step: both of the
-    kernel's grids) with every kernel in the Triton interpreter, the paged MLA kernel among
+    kernel's grids) with every kernel in the Triton interpreter, the MLA kernel (its paged configuration) among
     them; the tokens generated so far are HF's."""
     model, llm = paged_mla
-    assert any(name.startswith("paged_mla_attention") for name in graph_kernels(llm.graph)), llm.graph.code
+    assert any(name.startswith("cached_mla_attention") for name in graph_kernels(llm.graph)), llm.graph.code
     monkeypatch.setattr(test_paged, "SCHEDULE", test_paged.SCHEDULE[:4])
     generated = _run_schedule(model, llm, ATOL, lambda: kernels_ran(monkeypatch))
     assert [len(tokens) for tokens in generated] == [3, 4, 2]

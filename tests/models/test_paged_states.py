@@ -18,7 +18,6 @@ model here cost ~30 s of CI for what those cover)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -32,7 +31,6 @@ from test_recurrent_mixers import CONFIGS
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from transformers import AutoModelForCausalLM, Lfm2Config, MambaConfig, NemotronHConfig
-from xdsl.utils.exceptions import PassFailedException
 
 import ad_mlir
 from ad_mlir.dialects import ad
@@ -244,18 +242,19 @@ def test_a_byte_budget_pays_for_the_states_then_buys_pages(hybrids) -> None:  # 
     assert llm.state_bytes == states and llm.num_pages == 10 and llm.cache_bytes == states + 10 * per_page
 
 
-def test_a_model_of_states_alone_gets_the_slot_form(caplog: pytest.LogCaptureFixture) -> None:
-    """Mamba (scans, no attention) has nothing to page: the paged form refuses it by name
-    (`PerSequenceState`), and `paged_where_possible` (the command lines' builder) gives it the
-    slot form with a warning; LFM2 with its convolutions gets pages and state slots."""
+def test_a_model_of_states_alone_is_paged_without_a_pool() -> None:
+    """Mamba (scans, no attention): the paged form keeps its states in state slots and has no
+    page pool; the paged scheduler generates HF's greedy tokens (RWKV's paged form, with its
+    token windows: tests/models/test_rwkv.py). `paged_where_possible` (the command lines'
+    builder) gives it and LFM2 (with its convolutions, beside pages) the paged form."""
     mamba = _model(MambaConfig(vocab_size=1000, hidden_size=32, state_size=8, num_hidden_layers=1, conv_kernel=4,
-                               expand=2, pad_token_id=0))
-    with pytest.raises(PassFailedException, match=r"backbone\.layers\.0\.mixer: the model keeps states per sequence "
-                                                  r"but has no attention.*compile this model in the slot form"):
-        ad_mlir.LLM(mamba, page_size=4, num_pages=8, max_seq_len=16)
-    with caplog.at_level(logging.WARNING, logger="ad_mlir.llm.llm"):
-        slots = paged_where_possible(mamba, 4, max_batch=2, max_seq_len=16)
-    assert slots.page_size is None and "the slot form, not the paged one: backbone.layers.0.mixer" in caplog.text
+                               expand=2, pad_token_id=0, initializer_range=0.5))  # wide: HF's tokens vary
+    llm = paged_where_possible(mamba, 4, max_batch=2, max_seq_len=16)
+    assert llm.page_size == 4 and set(llm.caches) == set(llm.slot_states)
+    assert isinstance(make_engine(llm), PagedEngine)
+    with reference_kernels():
+        outputs = llm.generate(PROMPTS[:2], max_new_tokens=6)
+    assert [out.token_ids for out in outputs] == [_hf_tokens(mamba, prompt, 6) for prompt in PROMPTS[:2]]
     paged = paged_where_possible(_model(LFM2), 4, max_batch=2, max_seq_len=16)
     assert (paged.page_size, paged.num_pages, paged.num_state_slots) == (4, 2 * 16 // 4, 2)
     assert isinstance(make_engine(paged), PagedEngine)

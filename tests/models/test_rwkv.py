@@ -6,11 +6,13 @@ receptance). HF's `rwkv_linear_attention_cpu` loops over time steps in Python; w
 (`frontends/export_patches.py`), the token shift, the projections and the decay `-exp(time_decay)`
 left as ordinary ops, and so is the token shift of both mixings, as a shift by a concatenation
 (`cat([zeros, x])[:, :-1]`), which the cache pass holds as a token window. Cached, the recurrence
-is `ad.cached_wkv` over an fp32 state [slots, 3, width] (`passes/cache/wkv.py`)."""
+is `ad.cached_wkv` over an fp32 state [slots, 3, width] (`passes/cache/wkv.py`). Paged
+(`LLM(page_size=)`: states alone, no page pool), both ops take `query_starts` over state slots."""
 
 from __future__ import annotations
 
 import pytest
+import test_paged
 import torch
 from kernel_guard import kernel_calls, kernels_ran, reference_calls
 from test_generate import (
@@ -19,6 +21,7 @@ from test_generate import (
     _assert_step_logits_match,
     _hf_tokens,
 )
+from test_paged import NUM_PAGES, PAGE_SIZE, _assert_tokens_are_hf, _run_schedule
 from transformers import AutoModelForCausalLM, RwkvConfig
 from transformers.models.rwkv.modeling_rwkv import rwkv_linear_attention_cpu
 
@@ -140,3 +143,59 @@ def test_in_the_interpreter(model: torch.nn.Module, slots: ad_mlir.LLM, monkeypa
         outputs = slots.generate(PROMPTS, max_new_tokens=6)
     assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 6) for prompt in PROMPTS]
     assert sum(n for name, n in launches.items() if name.startswith("cached_wkv")) > 0, launches
+
+
+@pytest.fixture(scope="module")
+def paged(model: torch.nn.Module) -> ad_mlir.LLM:
+    return ad_mlir.LLM(model, max_batch=3, max_seq_len=24, page_size=PAGE_SIZE, num_pages=NUM_PAGES)
+
+
+def test_the_paged_form_keeps_the_states_in_state_slots(paged: ad_mlir.LLM) -> None:
+    """No attention, so no page pool: the WKV states and the token windows in pools of 3 state
+    slots, every cached op over the flattened step (`query_starts`)."""
+    assert paged.page_size == PAGE_SIZE and set(paged.caches) == set(paged.slot_states)
+    assert {name: tuple(c.shape)[0] for name, c in paged.caches.items()} == dict.fromkeys(paged.caches, 3)
+    cached = [op for op in paged.program.function.body.walk()
+              if isinstance(op, (ad.CachedWkvOp, ad.CachedTokenWindowOp))]
+    assert len(cached) == 6 and all(op.query_starts is not None for op in cached)
+
+
+def test_flattened_steps_match_hf(model: torch.nn.Module, paged: ad_mlir.LLM) -> None:
+    """test_paged's flattened steps (prefill chunks beside decodes, a prompt over two steps, state
+    slots not in the sequences' order): every logit asked for against HF's full-prefix forward
+    within the slot form's 1e-5 per unit of the largest logit; the greedy tokens HF's."""
+    _assert_tokens_are_hf(model, _run_schedule(model, paged, 1e-5))
+
+
+def test_flattened_steps_that_forget_the_states_are_seen(model: torch.nn.Module, paged: ad_mlir.LLM,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: with the state pools (WKV states and token windows) zeroed before each
+    step, a chunk or decode that continues a sequence differs from HF's."""
+    forward = paged.forward_flat
+
+    def forgetful(*args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+        for state in paged.caches.values():
+            state.zero_()
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(paged, "forward_flat", forgetful)
+    with pytest.raises(AssertionError, match="Tensor-likes are not close"):
+        _run_schedule(model, paged, 1e-5)
+
+
+def test_paged_in_the_interpreter(model: torch.nn.Module, paged: ad_mlir.LLM,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first four flattened steps with the WKV kernel's varlen form in the Triton interpreter
+    (the token windows on their torch meaning, as in the slot form): HF's tokens so far."""
+    monkeypatch.setattr(test_paged, "SCHEDULE", test_paged.SCHEDULE[:4])
+    generated = _run_schedule(model, paged, 1e-5, lambda: kernels_ran(monkeypatch))
+    assert [len(tokens) for tokens in generated] == [3, 4, 2]
+    for prompt, tokens in zip(PROMPTS, generated, strict=True):
+        assert tokens == _hf_tokens(model, prompt, 8)[:len(tokens)]
+
+
+def test_paged_generate_gives_hf_tokens(model: torch.nn.Module, paged: ad_mlir.LLM) -> None:
+    """`LLM.generate` on the paged scheduler: three prompts at once, 10 new tokens each."""
+    with reference_kernels():
+        outputs = paged.generate(PROMPTS, max_new_tokens=10)
+    assert [out.token_ids for out in outputs] == [_hf_tokens(model, prompt, 10) for prompt in PROMPTS]

@@ -23,7 +23,7 @@ def test_every_op_template_is_in_the_table() -> None:
 
 
 def test_kernel_ops_are_the_llm_level_ops_and_the_templated_ops_that_write_state() -> None:
-    writers = {ad.CachedAttentionOp, ad.CachedMlaAttentionOp, ad.PagedMlaAttentionOp,
+    writers = {ad.CachedAttentionOp, ad.CachedMlaAttentionOp,
                ad.CachedIndexTopkOp, ad.CachedCausalConv1dOp, ad.CachedSsmScanOp, ad.CachedSelectiveScanOp,
                ad.CachedGatedDeltaRuleOp, ad.CachedRgLruOp,
                ad.CachedWkvOp}

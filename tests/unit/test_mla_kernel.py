@@ -1,12 +1,17 @@
-"""The MLA kernel template (`ad.cached_mla_attention`: attention over a latent cache, the
-up-projection absorbed) and the op's torch reference, fed as prefills, a chunked prefill and
-decode steps with the cache written in place, against attention over the whole sequence with the
-heads' K and V expanded as HF's `DeepseekV3Attention.expand_kv` does (SDPA, causal): in the
-Triton interpreter on CPU (conftest sets TRITON_INTERPRET=1 where CUDA is absent) or on the GPU;
-and its PTX for sm_90 at DeepSeek-V3's real sizes, compiled without a GPU: no spills.
+"""The MLA kernel template (`ad.cached_mla_attention`: attention over pages of latents, the
+up-projection absorbed) and the op's torch reference, against attention over the whole sequence
+with the heads' K and V expanded as HF's `DeepseekV3Attention.expand_kv` does (SDPA, causal), in
+both of the op's configurations: the slot form (batch rows, each slot one page of max_seq tokens:
+prefills, a chunked prefill and decode steps) and the paged form (flattened steps that mix
+prefill chunks across page boundaries with decode tokens, and decode-only steps, through block
+tables): in the Triton interpreter on CPU (conftest sets TRITON_INTERPRET=1 where CUDA is absent)
+or on the GPU; and its PTX for sm_90 at DeepSeek-V3's real sizes in both, compiled without a GPU:
+no spills.
 
-Two sequences in slots 2 and 0 of 3 whose cache rows start as random values (a stale sequence's
-latents), so a row that read past what its sequence wrote would be seen."""
+The slot form: two sequences in slots 2 and 0 of 3 whose rows start as random values (a stale
+sequence's latents). The paged form: two sequences whose pages lie out of order in a pool of
+random values, one page no sequence holds. A read or write through the wrong slot or page, or
+past what a sequence wrote, would be seen."""
 
 from __future__ import annotations
 
@@ -28,6 +33,14 @@ PIECES = [[(0, 9)], [(1, 7)], [(0, 10)], [(1, 12)], [(0, 11), (1, 13)], [(0, 12)
 """(row, end) of each call: prefills of 9 and 7 tokens, one token of one row, a chunk of 5 of the
 other, two decode steps of both rows together, then chunks to the end."""
 SLOTS = [2, 0]
+PAGE = 4
+BLOCK_TABLES = torch.tensor([[5, 0, 7, 2, 9, 3], [8, 1, 6, 4, 10, 11]])
+"""Each sequence's pages (SEQ = 21 tokens: 6 pages of 4), in no order of the pool; page 12 is
+no sequence's."""
+STEPS = [[(0, 9)], [(1, 7), (0, 1)], [(0, 1), (1, 1)], [(1, 5), (0, 3)], [(0, 1), (1, 1)], [(1, 7), (0, 6)]]
+"""Flattened steps as (sequence, new tokens): a prefill of 9 (three pages), a prefill beside a
+decode, decode-only steps (one token each: the kernel's shorter grid), chunks of both, chunks to
+the end."""
 # fp32: the absorbed form sums the same products in another order (q_nope W_uk c against q_nope
 # (W_uk c)), measured < 2e-6 on outputs of order 1. bf16: the expected side rounds the expanded
 # K and V to bf16 (as HF does), the kernel rounds q W_uk and the probabilities instead: errors of
@@ -86,12 +99,12 @@ def test_mla_in_pieces_equals_expanded_attention(build, run_kernel: bool, dtype:
     for piece in PIECES:
         rows = [r for r, _ in piece]
         chunk = [torch.stack([x[r, :, done[r]:e] for r, e in piece]) for x in (q_nope, q_rope, latent, k_rope)]
-        slots = torch.tensor([SLOTS[r] for r in rows], device=DEVICE)
+        tables = torch.tensor([[SLOTS[r]] for r in rows], device=DEVICE)  # a slot: one page of the pool
         starts = torch.tensor([done[r] for r in rows], device=DEVICE)
         if module is not None:
-            out = module.launch(getattr(module, module.kernel_name), [*chunk, weight, cache, slots, starts], [])[0]
+            out = module.launch(getattr(module, module.kernel_name), [*chunk, weight, cache, tables, starts], [])[0]
         else:
-            out = torch_ops.cached_mla_attention(*chunk, weight, cache, slots, starts, scale)
+            out = torch_ops.cached_mla_attention(*chunk, weight, cache, tables, starts, scale)
         assert out.dtype == dtype
         for i, (r, e) in enumerate(piece):
             want = expected[r, :, done[r]:e]
@@ -103,8 +116,9 @@ def test_mla_in_pieces_equals_expanded_attention(build, run_kernel: bool, dtype:
 
 
 def test_mla_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build) -> None:  # noqa: ANN001
-    """DeepSeek-V3's attention (128 heads, nope 128 + rope 64, value 128, latent 512) in bf16: a
-    1024-token prefill of 1 row and a decode step of 8, compiled for sm_90 as the runtime
+    """DeepSeek-V3's attention (128 heads, nope 128 + rope 64, value 128, latent 512) in bf16, the
+    slot form (slots of 4096 tokens): a 1024-token prefill of 1 row and a decode step of 8,
+    compiled for sm_90 as the runtime
     specializes them (the token count is not specialized: a decode step compiled with seq 1 as
     a constant spilled 1.7 KB a thread)."""
     heads, nope, rope, rank, v_dim = 128, 128, 64, 512, 128
@@ -116,7 +130,73 @@ def test_mla_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build) -> None:  # 
         q_nope, q_rope = meta(batch, seq, heads, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
         latent, k_rope = meta(batch, seq, rank + rope).split([rank, rope], dim=-1)
         tensors = [q_nope, q_rope, latent.unsqueeze(1), k_rope.unsqueeze(1), meta(heads * (nope + v_dim), rank),
-                   meta(16, 4096, rank + rope), *[torch.empty(batch, dtype=torch.int64, device="meta")] * 2]
+                   meta(16, 4096, rank + rope), torch.empty(batch, 1, dtype=torch.int64, device="meta"),
+                   torch.empty(batch, dtype=torch.int64, device="meta")]
+        launches += record_launches(module, tensors, [])
+    fn = getattr(module, module.kernel_name)
+    specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
+    assert [s.grid for s in specs] == [(1, 1024 * heads // 32), (8, heads // 32)]
+    for report in compile_all(specs):
+        assert report.spills == 0, report
+
+
+@pytest.mark.parametrize("run_kernel", [True, False], ids=["kernel", "reference"])
+@pytest.mark.parametrize(("dtype", "heads", "nope", "rope", "rank", "v_dim"), [
+    (torch.float32, 3, 12, 6, 40, 20),   # widths that are no powers of two (masked tiles), 3 heads
+    (torch.bfloat16, 4, 16, 8, 32, 24),
+])
+def test_flattened_paged_steps_equal_expanded_attention(build, run_kernel: bool, dtype: torch.dtype,  # noqa: ANN001
+                                                        heads: int, nope: int, rope: int, rank: int,
+                                                        v_dim: int) -> None:
+    """The paged form (`query_starts`, pages of 4): each step's output within `TOLERANCE` of the
+    expanded attention (the same sums: the pages hold the latents exactly); afterwards the pages
+    hold each token's latent ++ rope key at its position, the stray page untouched."""
+    scale = (nope + rope) ** -0.5
+    (q_nope, q_rope, latent, k_rope), weight = _inputs(dtype, heads, nope, rope, rank, v_dim)
+    expected = _expanded_attention(q_nope, q_rope, latent, k_rope, weight, scale).float()
+    pages = torch.randn(13, PAGE, rank + rope, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
+    untouched = pages[12].clone()
+    tables = BLOCK_TABLES.to(DEVICE)
+    module = build((dtype, scale)) if run_kernel else None
+    done = [0, 0]
+    for step in STEPS:
+        seqs = [s for s, _ in step]
+        flat = [torch.cat([x[s:s + 1, :, done[s]:done[s] + n] for s, n in step], dim=2)
+                for x in (q_nope, q_rope, latent, k_rope)]
+        bounds = torch.tensor([0, *torch.tensor([n for _, n in step]).cumsum(0).tolist()], device=DEVICE)
+        meta = [tables[seqs], torch.tensor([done[s] for s in seqs], device=DEVICE)]
+        if module is not None:
+            out = module.launch(getattr(module, module.kernel_name), [*flat, weight, pages, *meta, bounds], [])[0]
+        else:
+            out = torch_ops.cached_mla_attention(*flat, weight, pages, *meta, scale, query_starts=bounds)
+        assert out.dtype == dtype and out.shape == (1, heads, int(bounds[-1]), v_dim)
+        for i, (s, n) in enumerate(step):
+            want = expected[s, :, done[s]:done[s] + n]
+            got = out[0, :, int(bounds[i]):int(bounds[i + 1])].float()
+            assert (got - want).abs().max() <= TOLERANCE[dtype] * (1 + want.abs().max()), (step, s)
+            done[s] += n
+    assert done == [SEQ, SEQ]
+    for s in range(2):
+        held = pages[tables[s]].flatten(0, 1)[:SEQ]
+        assert torch.equal(held, torch.cat([latent[s, 0], k_rope[s, 0]], dim=-1))
+    assert torch.equal(pages[12], untouched)
+
+
+def test_paged_mla_ptx_for_sm90_at_deepseek_v3_sizes_has_no_spills(build) -> None:  # noqa: ANN001
+    """The paged form at DeepSeek-V3's sizes in bf16, pages of 64 tokens: a 1024-token prefill of
+    1 sequence and a decode step of 8 (one token each: the grid's second axis the heads' blocks
+    only), compiled for sm_90 as the runtime specializes them: no spills."""
+    heads, nope, rope, rank, v_dim, page = 128, 128, 64, 512, 128, 64
+    module = build((torch.bfloat16, (nope + rope) ** -0.5))
+    launches = []
+    for seqs, tokens in ((1, 1024), (8, 8)):
+        def meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+            return torch.empty(*shape, dtype=dtype, device="meta")
+        q_nope, q_rope = meta(1, tokens, heads, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
+        latent, k_rope = meta(1, tokens, rank + rope).split([rank, rope], dim=-1)
+        tensors = [q_nope, q_rope, latent.unsqueeze(1), k_rope.unsqueeze(1), meta(heads * (nope + v_dim), rank),
+                   meta(512, page, rank + rope), meta(seqs, 64, dtype=torch.int64), meta(seqs, dtype=torch.int64),
+                   meta(seqs + 1, dtype=torch.int64)]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)
     specs = [specialize_launch(module.kernel_name, Path(module.__file__), fn, launch) for launch in launches]
@@ -173,12 +253,12 @@ def test_sparse_mla_in_pieces_equals_masked_expanded_attention(build_sparse, run
         rows = [r for r, _ in piece]
         chunk = [torch.stack([x[r, :, done[r]:e] for r, e in piece]) for x in (q_nope, q_rope, latent, k_rope)]
         picks = torch.stack([selected[r, done[r]:e] for r, e in piece])
-        slots = torch.tensor([SLOTS[r] for r in rows], device=DEVICE)
+        tables = torch.tensor([[SLOTS[r]] for r in rows], device=DEVICE)
         starts = torch.tensor([done[r] for r in rows], device=DEVICE)
         if module is not None:
-            out = module.launch(getattr(module, module.kernel_name), [*chunk, weight, cache, slots, starts, picks], [])[0]
+            out = module.launch(getattr(module, module.kernel_name), [*chunk, weight, cache, tables, starts, picks], [])[0]
         else:
-            out = torch_ops.cached_mla_attention(*chunk, weight, cache, slots, starts, scale, picks)
+            out = torch_ops.cached_mla_attention(*chunk, weight, cache, tables, starts, scale, picks)
         for i, (r, e) in enumerate(piece):
             want = expected[r, :, done[r]:e]
             assert (out[i].float() - want).abs().max() <= TOLERANCE[dtype] * (1 + want.abs().max()), (piece, r)
@@ -201,7 +281,7 @@ def test_sparse_mla_ptx_for_sm90_at_deepseek_v32_sizes_has_no_spills(build_spars
         q_nope, q_rope = meta(batch, seq, heads, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
         latent, k_rope = meta(batch, seq, rank + rope).split([rank, rope], dim=-1)
         tensors = [q_nope, q_rope, latent.unsqueeze(1), k_rope.unsqueeze(1), meta(heads * (nope + v_dim), rank),
-                   meta(16, 4096, rank + rope), *[meta(batch, dtype=torch.int64)] * 2,
+                   meta(16, 4096, rank + rope), meta(batch, 1, dtype=torch.int64), meta(batch, dtype=torch.int64),
                    meta(batch, seq, topk, dtype=torch.int64)]
         launches += record_launches(module, tensors, [])
     fn = getattr(module, module.kernel_name)

@@ -1,10 +1,11 @@
 """`ad.cached_token_window`'s torch meaning (`torch_ops.cached_token_window`, what every device
 runs: the op has no kernel) against the whole sequence it stands for: the W rows a model puts
 before its first token (zeros, or its start rows) followed by all its tokens. Pure copies, so
-exact."""
+exact. The paged form (`query_starts`) against each sequence fed on its own in the slot form."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ad_mlir.semantics import torch_ops
@@ -46,3 +47,27 @@ def test_without_start_rows_a_sequence_starts_from_zeros_along_its_token_axis() 
     whole = _padded(tokens.transpose(1, 2), None).transpose(1, 2)
     assert torch.equal(first, whole[..., :WIDTH + 3]) and torch.equal(second, whole[..., 3:])
     assert torch.equal(state[0], torch.ones(4, WIDTH))  # the other slot is left alone
+
+
+@pytest.mark.parametrize("width", [1, 2])
+@pytest.mark.parametrize("with_initial", [False, True], ids=["zeros", "start_rows"])
+def test_a_flattened_step_equals_each_sequence_fed_on_its_own(width: int, with_initial: bool) -> None:
+    """The paged form (`query_starts`): four sequences of 3, 1, 1 and 5 tokens (shorter than the
+    window among them) in state slots 2, 0, 3, 1 of a dirty state, two new (start 0) and two
+    continuing, tokens on the last axis: each token's row is the slot form's window row of its
+    own sequence fed alone, and the slots end as the slot form leaves them."""
+    generator = torch.Generator().manual_seed(width)
+    state = torch.randn(4, 3, width, generator=generator)
+    initial = torch.randn(1, 3, width, generator=generator) if with_initial else None
+    lengths, starts, slots = [3, 1, 1, 5], [0, 4, 0, 2], [2, 0, 3, 1]
+    tokens = torch.randn(1, 3, sum(lengths), generator=generator)
+    bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    flat_state, alone_state = state.clone(), state.clone()
+    out = torch_ops.cached_token_window(tokens, initial, flat_state, torch.tensor(slots), torch.tensor(starts), 2,
+                                        bounds)
+    assert out.shape == tokens.shape
+    for s, n in enumerate(lengths):
+        window = torch_ops.cached_token_window(tokens[..., bounds[s]:bounds[s + 1]], initial, alone_state,
+                                               torch.tensor([slots[s]]), torch.tensor([starts[s]]), 2)
+        assert torch.equal(out[..., bounds[s]:bounds[s + 1]], window[..., :n]), s
+    assert torch.equal(flat_state, alone_state)

@@ -27,9 +27,9 @@ tokens' positions are start + 0..seq-1)."""
 
 
 class PerSequenceState(PassFailedException):
-    """The paged form refused where the slot form caches the model: states kept per sequence with
-    no attention to page, DeepSeek sparse attention's indexer (cached in slots only), MLA with
-    sink logits, or sink logits per token (Inkling2's)."""
+    """The paged form refused where the slot form caches the model: DeepSeek sparse attention's
+    indexer (cached in slots only), MLA with sink logits, sink logits per token (Inkling2's),
+    DeepSeek-V4's compressed entries, or convolutions over a token window."""
 
 
 class KvCacheDtypeRefused(PassFailedException, ValueError):
@@ -122,8 +122,6 @@ class CachedMixer:
     per_sequence: bool = False
     """Its state is one per sequence (a convolution's or a scan's), not one row per token: paged,
     it is kept in `state_slots`, and pages only what has rows per token."""
-    pageable: bool = True
-    """The paged form can hold it."""
     fp8_kv_cache: bool = False
     """It holds its rows per token in e4m3 with `kv-cache-dtype=fp8` (a mixer with rows per token
     that does not is refused then; a state per sequence keeps its dtype)."""

@@ -3,19 +3,21 @@ whose keys and values HF expands from a normalized latent by `kv_b_proj`, the ro
 shared by the heads).
 
 It becomes `ad.cached_mla_attention` over one argument `latent_cache_<i>` [max-batch,
-max-seq-len, kv_lora_rank + qk_rope_head_dim] in the latent's dtype, marked `ad.cache = "<layer>
-latent"`: the latent ++ rotated key part of each token, not the heads' K and V (at DeepSeek-V3's
-sizes 576 values per token and layer instead of 128 heads x (192 + 128)). The expansion is erased;
+max-seq-len, kv_lora_rank + qk_rope_head_dim] in the latent's dtype (each slot one page of the
+op's pool, the block tables `cache_slots` unsqueezed), marked `ad.cache = "<layer> latent"`: the
+latent ++ rotated key part of each token, not the heads' K and V (at DeepSeek-V3's sizes 576
+values per token and layer instead of 128 heads x (192 + 128)). The expansion is erased;
 the cached op absorbs `kv_b_proj` into the query and the output. An MLA that does not match
 exactly is cached as plain attention over its expanded K and V (`attention.py`; the log says
 why). An MLA with sink logits (HY-V4's eager form) carries them over (`sinks`). Under DeepSeek
 sparse attention's mask it takes its indexer's selection (`sparse_attention.py`). Its mask is
 evaluated as an attention's (`masks.py`): only causal MLA is cached.
 
-With `paged` it becomes `ad.paged_mla_attention` over one pool `latent_pages_<i>` [num-pages,
-page-size, kv_lora_rank + qk_rope_head_dim] in the latent's dtype, marked as above: its pages
-hold the latent ++ rotated key part. A sparse MLA, or one with sinks, is cached in the slot form
-only (`PerSequenceState`: `paged_where_possible` falls back to the slot form).
+With `paged` the same op takes one flattened batch (`query_starts`) over one pool
+`latent_pages_<i>` [num-pages, page-size, kv_lora_rank + qk_rope_head_dim] in the latent's dtype,
+marked as above: its pages hold the latent ++ rotated key part. A sparse MLA, or one with
+sinks, is cached in the slot form only (`PerSequenceState`: `paged_where_possible` falls back
+to the slot form).
 """
 
 from __future__ import annotations
@@ -53,11 +55,7 @@ def _find(fn: func.FuncOp) -> Found:
 
 
 def _cache_all(site: CacheSite, mlas: list[Mla]) -> None:
-    """Each MLA cached; in the slot form, each indexer once for the layers that share it."""
-    if site.paged:
-        for i, mla in enumerate(mlas):
-            _page(site, mla, i)
-        return
+    """Each MLA cached; each indexer once for the layers that share it."""
     indexers: dict[ad.TorchOp, SSAValue] = {}
     for i, mla in enumerate(mlas):
         _cache(site, mla, i, indexers)
@@ -66,45 +64,40 @@ def _cache_all(site: CacheSite, mlas: list[Mla]) -> None:
 
 
 def _cache(site: CacheSite, mla: Mla, i: int, indexers: dict[ad.TorchOp, SSAValue]) -> None:
-    """MLA's expanded attention -> `ad.cached_mla_attention` over a latent cache argument
-    `latent_cache_<i>` [max-batch, max-seq-len, rank + rope] in the latent's dtype; under
-    DeepSeek sparse attention's mask, with the selection of its indexer (`indexers`: those
-    cached so far, by their `aten.topk`)."""
+    """MLA's expanded attention -> `ad.cached_mla_attention` over a latent argument
+    `latent_cache_<i>` [max-batch, max-seq-len, rank + rope] (paged: `latent_pages_<i>`
+    [num-pages, page-size, rank + rope]) in the latent's dtype; under DeepSeek sparse attention's
+    mask, with the selection of its indexer (`indexers`: those cached so far, by their
+    `aten.topk`)."""
     attention = mla.attention
     layer = layer_of(attention.output)
     sparse = sparse_mask(site, attention, layer)
+    if site.paged:
+        _check_paged(mla, layer, sparse is not None)
     selected: list[SSAValue] = []
     if sparse is not None:
         attention.mask = sparse.causal
         if sparse.indexer.topk not in indexers:
             indexers[sparse.indexer.topk] = cached_indexer(site, sparse.indexer, layer)
         selected = [indexers[sparse.indexer.topk]]
-    cache = site.add_cache(_latent_type(site, mla, layer), f"latent_cache_{i}", layer, ROLE)
+    kind = "pages" if site.paged else "cache"
+    cache = site.add_cache(_latent_type(site, mla, layer), f"latent_{kind}_{i}", layer, ROLE)
     cached = ad.CachedMlaAttentionOp.build(
-        operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, site.slots, site.starts,
-                  selected, optional(attention.sinks)],
+        operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, cache, site.block_tables,
+                  site.starts, optional(site.query_starts), selected, optional(attention.sinks)],
         properties={"scale": FloatAttr(attention.scale, Float64Type())},
         result_types=[attention.output.results[0].type])
     _replace(mla, cached, sparse.ops if sparse is not None else [])
 
 
-def _page(site: CacheSite, mla: Mla, i: int) -> None:
-    """MLA's expanded attention -> `ad.paged_mla_attention` over a pool `latent_pages_<i>`
-    [num-pages, page-size, rank + rope] in the latent's dtype."""
-    attention = mla.attention
-    layer = layer_of(attention.output)
-    if sparse_mask(site, attention, layer) is not None or attention.sinks is not None:
+def _check_paged(mla: Mla, layer: str, sparse: bool) -> None:
+    """What the paged form refuses: a sparse MLA (its indexer keeps slots) or one with sinks
+    (`PerSequenceState`: `paged_where_possible` falls back to the slot form), a batched query."""
+    if sparse or mla.attention.sinks is not None:
         raise PerSequenceState(
             f"{layer}: an MLA under DeepSeek sparse attention's key selection or with sink logits is cached in the "
             "slot form only (paged=false)")
-    refuse_batched(attention, layer, "MLA query")
-    pool = site.add_cache(_latent_type(site, mla, layer), f"latent_pages_{i}", layer, ROLE)
-    paged = ad.PagedMlaAttentionOp.build(
-        operands=[mla.q_nope, mla.q_rope, mla.latent, mla.k_rope, mla.kv_b_weight, pool, site.query_starts,
-                  site.starts, site.block_tables],
-        properties={"scale": FloatAttr(attention.scale, Float64Type())},
-        result_types=[attention.output.results[0].type])
-    _replace(mla, paged, [])
+    refuse_batched(mla.attention, layer, "MLA query")
 
 
 def _replace(mla: Mla, cached: Operation, selection_ops: list[Operation]) -> None:

@@ -17,8 +17,11 @@ tokens (at a sequence's start zeros, or the shift's start rows), as HF's cache d
 convolutions run unchanged on those W + seq rows, and each of their outputs is its own token's;
 the shift becomes the window's first seq rows. A pad whose convolutions look back less or more
 than W, or a shift whose start rows read a token, is left as it is and refused by the driver.
-The paged form does not hold a token window yet (its state is not paged): the driver refuses
-such a model as `PerSequenceState` (compile it in the slot form).
+Paged, the state stays one per sequence, in the `state_slots` the driver adds, and the op takes
+`query_starts` besides: a shift's window is each flattened token's row `width` back in its own
+sequence (RWKV's token shifts). Convolutions over a padded window would read across the
+flattened sequences: the paged form refuses them as `PerSequenceState` (compile such a model in
+the slot form).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from xdsl.ir import Operation
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from ad_mlir.dialects import ad
-from ad_mlir.passes.cache.interface import CachedMixer, CacheSite, Found, layer_of, logged
+from ad_mlir.passes.cache.interface import CachedMixer, CacheSite, Found, PerSequenceState, layer_of, logged
 from ad_mlir.passes.patterns.token_window import PaddedConvs, Shift, match_left_pad, match_shift
 
 ROLE = "token_window"
@@ -58,11 +61,16 @@ def _cache(site: CacheSite, found: PaddedConvs | Shift, i: int) -> None:
     tokens) in the input's dtype: the convolutions and unfolds read it as they read the pad
     (the cut to its last seq + width rows, all of them, goes); the shift is its first seq rows."""
     x, at = found.input, _replaced(found)
+    if site.paged and isinstance(found, PaddedConvs):
+        raise PerSequenceState(
+            f"{layer_of(at)}: convolutions over a cached token window read each token's earlier rows across the "
+            "flattened step, which the paged form (paged=true) does not hold: compile this model in the slot form "
+            "(paged=false)")
     shape = list(x.type.get_shape())
     shape[0], shape[found.dim] = site.max_batch, found.width
     state = site.add_cache(TensorType(x.type.element_type, shape), f"{ROLE}_{i}", layer_of(at), ROLE)
     initial = [found.initial] if isinstance(found, Shift) else []
-    window = ad.CachedTokenWindowOp.build(operands=[x, initial, state, site.slots, site.starts],
+    window = ad.CachedTokenWindowOp.build(operands=[x, initial, *site.state_operands(state)],
                                           properties={"dim": IntegerAttr(found.dim, i64)},
                                           result_types=[at.results[0].type])
     window.location = at.location
@@ -96,4 +104,4 @@ def _replaced(found: PaddedConvs | Shift) -> Operation:
     return found.pad if isinstance(found, PaddedConvs) else found.cat
 
 
-MIXER = CachedMixer("token window", _find, _cache_all, _replaced, per_sequence=True, pageable=False)
+MIXER = CachedMixer("token window", _find, _cache_all, _replaced, per_sequence=True)

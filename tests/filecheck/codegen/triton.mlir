@@ -172,8 +172,8 @@ func.func @zero_dim_sum(%a: tensor<f32>) -> tensor<f32> {
 // runs as its torch reference; the target goes on to the other kernels.
 // CHECK:       # ----- ad.cached_mla_attention at loc("model.layers.0.self_attn"): no kernel, runs as its torch reference (the MLA template has no sink logits)
 // CHECK-NEXT:  # ----- kernel 2 of 2: poi_exp_
-func.func @mla_with_sinks(%qn: tensor<?x4x?x16xbf16>, %qr: tensor<?x4x?x8xbf16>, %lat: tensor<?x1x?x32xbf16>, %kr: tensor<?x1x?x8xbf16>, %w: tensor<128x32xbf16>, %c: tensor<2x64x40xbf16>, %s: tensor<?xi64>, %sinks: tensor<4xf32>) -> tensor<?x4x?x16xbf16> {
-  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s sinks %sinks : tensor<4xf32> scale 1.250000e-01 : (tensor<?x4x?x16xbf16>, tensor<?x4x?x8xbf16>, tensor<?x1x?x32xbf16>, tensor<?x1x?x8xbf16>, tensor<128x32xbf16>, tensor<2x64x40xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x4x?x16xbf16> loc("model.layers.0.self_attn")
+func.func @mla_with_sinks(%qn: tensor<?x4x?x16xbf16>, %qr: tensor<?x4x?x8xbf16>, %lat: tensor<?x1x?x32xbf16>, %kr: tensor<?x1x?x8xbf16>, %w: tensor<128x32xbf16>, %c: tensor<2x64x40xbf16>, %bt: tensor<?x1xi64>, %s: tensor<?xi64>, %sinks: tensor<4xf32>) -> tensor<?x4x?x16xbf16> {
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c block_tables %bt cache_starts %s sinks %sinks : tensor<4xf32> scale 1.250000e-01 : (tensor<?x4x?x16xbf16>, tensor<?x4x?x8xbf16>, tensor<?x1x?x32xbf16>, tensor<?x1x?x8xbf16>, tensor<128x32xbf16>, tensor<2x64x40xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x4x?x16xbf16> loc("model.layers.0.self_attn")
   %1 = ad.exp %0 : tensor<?x4x?x16xbf16> -> tensor<?x4x?x16xbf16>
   func.return %1 : tensor<?x4x?x16xbf16>
 }

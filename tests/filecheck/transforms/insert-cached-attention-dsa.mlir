@@ -22,8 +22,8 @@
 // CHECK-NOT:   aten.masked_fill
 // CHECK-NOT:   ad.bitwise_and
 // CHECK-NOT:   ad.le
-// CHECK:       %[[O0:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache slots %cache_slots starts %cache_starts selected %[[SEL]] : tensor<1x?x2xi64> scale 0.28867513459481287 :
-// CHECK:       %[[O1:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w1 cache %latent_cache_1 slots %cache_slots starts %cache_starts selected %[[SEL]] : tensor<1x?x2xi64> scale 0.28867513459481287 :
+// CHECK:       %[[O0:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache block_tables %block_tables cache_starts %cache_starts selected %[[SEL]] : tensor<1x?x2xi64> scale 0.28867513459481287 :
+// CHECK:       %[[O1:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w1 cache %latent_cache_1 block_tables %block_tables cache_starts %cache_starts selected %[[SEL]] : tensor<1x?x2xi64> scale 0.28867513459481287 :
 // CHECK-NEXT:  %{{.*}} = ad.add %[[O0]], %[[O1]]
 func.func @dsa(%q_nope: tensor<1x2x?x8xf32> {ad.input = "q_nope"}, %q_rot: tensor<1x2x?x4xf32> {ad.input = "q_rot"}, %latent: tensor<1x1x?x16xf32> {ad.input = "latent"}, %k_rot: tensor<1x1x?x4xf32> {ad.input = "k_rot"}, %iq: tensor<1x?x3x4xf32> {ad.input = "iq"}, %ik: tensor<1x?x4xf32> {ad.input = "ik"}, %iw: tensor<1x?x3xf32> {ad.input = "iw"}, %w: tensor<28x16xf32> {ad.param = "model.layers.0.self_attn.kv_b_proj.weight"}, %w1: tensor<28x16xf32> {ad.param = "model.layers.1.self_attn.kv_b_proj.weight"}, %position_ids: tensor<1x?xi64> {ad.input = "position_ids"}) -> tensor<1x2x?x6xf32> {
   %s = ad.sym_size %latent dim 2 : tensor<1x1x?x16xf32>
@@ -86,7 +86,7 @@ func.func @dsa(%q_nope: tensor<1x2x?x8xf32> {ad.input = "q_nope"}, %q_rot: tenso
 // CHECK:       %[[SEL:.*]] = ad.cached_index_topk %iq, %ik, %iw cache %index_key_cache slots %cache_slots starts %cache_starts scale 5.000000e-01 topk 8 : {{.*}} -> tensor<1x?x8xi64>
 // CHECK-NOT:   aten.topk
 // CHECK-NOT:   aten.clamp
-// CHECK:       %[[O0:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache slots %cache_slots starts %cache_starts selected %[[SEL]] : tensor<1x?x8xi64>
+// CHECK:       %[[O0:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache block_tables %block_tables cache_starts %cache_starts selected %[[SEL]] : tensor<1x?x8xi64>
 // CHECK-NOT:   aten.pad
 // CHECK-NOT:   aten.clamp
 // CHECK:       func.return %[[O0]]

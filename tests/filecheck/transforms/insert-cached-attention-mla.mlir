@@ -2,16 +2,18 @@
 // normalized latent up-projected by kv_b_proj into each head's k_nope and value, the key built by
 // new_empty and two copy_, the rotated key part expanded to every head): the latent ++ rotated
 // key part is cached ([slots, max-seq, rank + rope]: 16 + 4), not the heads' K and V, and the
-// expansion is gone (the cached op absorbs kv_b_proj).
+// expansion is gone (the cached op absorbs kv_b_proj); each slot is one page of the op's pool
+// (the block tables `cache_slots` unsqueezed), the batch rows its sequences (no query_starts).
 // RUN: ad-opt %s --split-input-file -p 'insert-cached-attention{max-batch=2 max-seq-len=16}' | filecheck %s
 
 // CHECK-LABEL: func.func @mla
 // CHECK-SAME:  %latent_cache{{.*}}: tensor<2x16x20xf32> {ad.input = "latent_cache_0", ad.cache = "model.layers.0.self_attn latent"}
+// CHECK-NEXT:  %block_tables = ad.unsqueeze %cache_slots dim 1 : tensor<?xi64> -> tensor<?x1xi64>
 // CHECK-NOT:   k_cache
 // CHECK-NOT:   ad.linear
 // CHECK-NOT:   aten.new_empty
 // CHECK-NOT:   aten.copy_
-// CHECK:       %[[O:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.28867513459481287 : (tensor<1x2x?x8xf32>, tensor<1x2x?x4xf32>, tensor<1x1x?x16xf32>, tensor<1x1x?x4xf32>, tensor<28x16xf32>, tensor<2x16x20xf32>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x2x?x6xf32>
+// CHECK:       %[[O:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.28867513459481287 : (tensor<1x2x?x8xf32>, tensor<1x2x?x4xf32>, tensor<1x1x?x16xf32>, tensor<1x1x?x4xf32>, tensor<28x16xf32>, tensor<2x16x20xf32>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<1x2x?x6xf32>
 // CHECK-NEXT:  func.return %[[O]]
 func.func @mla(%q_nope: tensor<1x2x?x8xf32> {ad.input = "q_nope"}, %q_rot: tensor<1x2x?x4xf32> {ad.input = "q_rot"}, %latent: tensor<1x1x?x16xf32> {ad.input = "latent"}, %k_rot: tensor<1x1x?x4xf32> {ad.input = "k_rot"}, %w: tensor<28x16xf32> {ad.param = "model.layers.0.self_attn.kv_b_proj.weight"}) -> tensor<1x2x?x6xf32> {
   %s = ad.sym_size %latent dim 2 : tensor<1x1x?x16xf32>
@@ -38,7 +40,7 @@ func.func @mla(%q_nope: tensor<1x2x?x8xf32> {ad.input = "q_nope"}, %q_rot: tenso
 // CHECK-SAME:  %latent_cache{{.*}}: tensor<2x16x20xf32> {ad.input = "latent_cache_0", ad.cache = "model.layers.0.self_attn latent"}
 // CHECK-NOT:   ad.cat
 // CHECK-NOT:   ad.expand
-// CHECK:       %[[O:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache{{.*}} slots %cache_slots starts %cache_starts scale 0.28867513459481287 :
+// CHECK:       %[[O:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %latent_cache{{.*}} block_tables %block_tables cache_starts %cache_starts scale 0.28867513459481287 :
 // CHECK-NEXT:  func.return %[[O]]
 func.func @mla_cat_key(%q_nope: tensor<1x2x?x8xf32> {ad.input = "q_nope"}, %q_rot: tensor<1x2x?x4xf32> {ad.input = "q_rot"}, %latent: tensor<1x1x?x16xf32> {ad.input = "latent"}, %k_rot: tensor<1x1x?x4xf32> {ad.input = "k_rot"}, %w: tensor<28x16xf32> {ad.param = "model.layers.0.self_attn.kv_b_proj.weight"}) -> tensor<1x2x?x6xf32> {
   %s = ad.sym_size %latent dim 2 : tensor<1x1x?x16xf32>

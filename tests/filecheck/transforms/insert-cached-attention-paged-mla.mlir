@@ -1,8 +1,8 @@
 // insert-cached-attention{paged=true} on DeepSeek-V3's MLA (as insert-cached-attention-mla.mlir
 // writes HF's form): the latent ++ rotated key part is paged, one pool [num-pages, page-size,
 // rank + rope] (8 x 16 x (16 + 4)), not the heads' K and V; the expansion by kv_b_proj is gone
-// (the paged op absorbs it) and the op takes the paged metadata; the LM head's input is gathered
-// at logits_indices as for any paged model.
+// (the cached op absorbs it) and the op takes the paged metadata (block tables of the pool's
+// pages, query_starts); the LM head's input is gathered at logits_indices as for any paged model.
 // RUN: ad-opt %s -p 'insert-cached-attention{max-seq-len=64 paged=true page-size=16 num-pages=8}' | filecheck %s
 
 // CHECK-LABEL: func.func @mla
@@ -15,7 +15,7 @@
 // CHECK-NOT:   ad.linear %latent
 // CHECK-NOT:   ad.expand
 // CHECK-NOT:   ad.cat
-// CHECK:       %[[O:.*]] = ad.paged_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w pages %[[P]] query_starts %query_starts cache_starts %cache_starts block_tables %block_tables scale 0.28867513459481287 : (tensor<1x2x?x8xf32>, tensor<1x2x?x4xf32>, tensor<1x1x?x16xf32>, tensor<1x1x?x4xf32>, tensor<28x16xf32>, tensor<8x16x20xf32>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x2x?x6xf32>
+// CHECK:       %[[O:.*]] = ad.cached_mla_attention %q_nope, %q_rot, %latent, %k_rot kv_b %w cache %[[P]] block_tables %block_tables cache_starts %cache_starts query_starts %query_starts : tensor<?xi64> scale 0.28867513459481287 : (tensor<1x2x?x8xf32>, tensor<1x2x?x4xf32>, tensor<1x1x?x16xf32>, tensor<1x1x?x4xf32>, tensor<28x16xf32>, tensor<8x16x20xf32>, tensor<?x?xi64>, tensor<?xi64>) -> tensor<1x2x?x6xf32>
 // CHECK-NEXT:  %t = ad.transpose %[[O]] 1, 2
 // CHECK-NEXT:  %h = ad.reshape %t
 // CHECK-NEXT:  %[[ROWS:.*]] = ad.torch_op "aten.index_select.default"(%h, %logits_indices)

@@ -99,3 +99,28 @@ func.func @hybrid(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %x: tensor<1x8
   %logits = ad.linear %h, %lm_head : (tensor<1x?x16xf32>, tensor<32x16xf32>) -> tensor<1x?x32xf32>
   func.return %logits, %s, %d : tensor<1x?x32xf32>, tensor<1x8x?xf32>, tensor<1x?x4x8xbf16>
 }
+
+// -----
+
+// States alone (RWKV's shape: a shift by one token, with start rows computed from no token,
+// beside a short convolution; no attention): the same metadata and state slots, no page pool.
+// The shift is a token window over a state slot per sequence with query_starts: its result is the
+// input's type (each flattened token's row one back in its own sequence), cut to the step's tokens.
+// CHECK-LABEL: func.func @states_alone
+// CHECK-SAME:  %block_tables: tensor<?x?xi64> {ad.input = "block_tables", ad.block_tables = ""}
+// CHECK-SAME:  %state_slots: tensor<?xi64> {ad.input = "state_slots", ad.state_slots = ""}
+// CHECK-SAME:  %conv_state{{[_0-9]*}}: tensor<8x16x2xf32> {ad.input = "conv_state_0", ad.cache = "model.layers.0.conv conv_state"}
+// CHECK-SAME:  %token_window{{[_0-9]*}}: tensor<8x1x16xf32> {ad.input = "token_window_0", ad.cache = "model.layers.0.attention token_window"}
+// CHECK-NOT:   _pages
+// CHECK:       %window = ad.cached_token_window %h initial %start state %token_window{{[_0-9]*}} slots %state_slots starts %cache_starts query_starts %query_starts : tensor<?xi64> dim 1 : (tensor<1x?x16xf32>, tensor<8x1x16xf32>, tensor<?xi64>, tensor<?xi64>, tensor<1x1x16xf32>) -> tensor<1x?x16xf32>
+// CHECK:       ad.cached_causal_conv1d %x, %w bias %b state %conv_state{{[_0-9]*}} slots %state_slots starts %cache_starts query_starts %query_starts
+func.func @states_alone(%ids: tensor<1x?xi64> {ad.input = "input_ids"}, %h: tensor<1x?x16xf32> {ad.input = "h"}, %start: tensor<1x1x16xf32> {ad.param = "model.layers.0.start"}, %x: tensor<1x16x?xf32> {ad.input = "x"}, %w: tensor<16x1x3xf32> {ad.param = "model.layers.0.conv.conv.weight"}, %b: tensor<16xf32> {ad.param = "model.layers.0.conv.conv.bias"}, %lm_head: tensor<32x16xf32> {ad.param = "lm_head.weight"}) -> (tensor<1x?x32xf32>, tensor<1x16x?xf32>) {
+  %seq = ad.sym_size %ids dim 1 : tensor<1x?xi64>
+  %cat = ad.cat %start, %h dim 1 : (tensor<1x1x16xf32>, tensor<1x?x16xf32>) -> tensor<1x?x16xf32> loc("model.layers.0.attention")
+  %shift = ad.slice %cat dim 1 [0, -1, 1] : tensor<1x?x16xf32> -> tensor<1x?x16xf32> loc("model.layers.0.attention")
+  %mixed = ad.add %h, %shift : tensor<1x?x16xf32>, tensor<1x?x16xf32> -> tensor<1x?x16xf32>
+  %logits = ad.linear %mixed, %lm_head : (tensor<1x?x16xf32>, tensor<32x16xf32>) -> tensor<1x?x32xf32>
+  %c = ad.torch_op "aten.conv1d.default"(%x, %w, %b) [#ad.ref<0>, #ad.ref<1>, #ad.ref<2>, [1 : i64], [2 : i64], [1 : i64], 16 : i64] {} : (tensor<1x16x?xf32>, tensor<16x1x3xf32>, tensor<16xf32>) -> tensor<1x16x?xf32> loc("model.layers.0.conv")
+  %s = ad.slice %c dim 2 [0, %seq, 1] : tensor<1x16x?xf32> -> tensor<1x16x?xf32>
+  func.return %logits, %s : tensor<1x?x32xf32>, tensor<1x16x?xf32>
+}

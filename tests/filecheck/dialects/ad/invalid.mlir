@@ -407,46 +407,46 @@ func.func @cached_attention_distance_bias_heads(%q: tensor<?x4x?x64xbf16>, %k: t
 
 // -----
 
-// MLA's latent cache holds rank + rope values per token (512 + 64 = 576), not rank alone.
-func.func @cached_mla_cache_width(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x512xbf16>, %s: tensor<?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' cache must be [slots, max_seq, 512 + 64] of the latent's element type
-  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x512xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+// MLA's latent pages hold rank + rope values per token (512 + 64 = 576), not rank alone.
+func.func @cached_mla_cache_width(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x512xbf16>, %bt: tensor<?x1xi64>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' cache must be [pages, page_size, 512 + 64] of the latent's element type
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x512xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
   func.return
 }
 
 // -----
 
 // DeepSeek-V3's kv_b_proj [128 * (128 + 128), 512]: the value head dim (128) is what the weight leaves after nope.
-func.func @cached_mla_value_dim(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x576xbf16>, %s: tensor<?xi64>) {
+func.func @cached_mla_value_dim(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x576xbf16>, %bt: tensor<?x1xi64>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' result must be [batch, 128, seq, 128] in the query's element type
-  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x192xbf16>
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x576xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x128x?x192xbf16>
   func.return
 }
 
 // -----
 
-// Paged MLA's pool holds rank + rope values per row (512 + 64 = 576).
-func.func @paged_mla_pool_width(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x512xbf16>, %qs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_mla_attention' pages must be [pages, page_size, 512 + 64] of the latent's element type
-  %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %qs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x512xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
+// The kernel takes the page size as a constant: a dynamic one is refused.
+func.func @cached_mla_page_size(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x?x576xbf16>, %bt: tensor<?x?xi64>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' page_size ? must be static and positive
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %p block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x?x576xbf16>, tensor<?x?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
   func.return
 }
 
 // -----
 
-// The paged kernel finds a position's row by a shift: pages of 48 tokens are refused.
-func.func @paged_mla_page_size(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x48x576xbf16>, %qs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_mla_attention' page_size 48 must be a static power of two
-  %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %qs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x48x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
+// With query_starts, one flattened batch: a query of batch 2 is refused.
+func.func @cached_mla_flattened_batch(%qn: tensor<2x128x?x128xbf16>, %qr: tensor<2x128x?x64xbf16>, %lat: tensor<2x1x?x512xbf16>, %kr: tensor<2x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' q_nope/q_rope must be [1, heads, tokens, dim] and latent/k_rope [1, 1, tokens, dim], heads and dims static
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %p block_tables %bt cache_starts %qs query_starts %qs : tensor<?xi64> scale 1.250000e-01 : (tensor<2x128x?x128xbf16>, tensor<2x128x?x64xbf16>, tensor<2x1x?x512xbf16>, tensor<2x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?x?xi64>, tensor<?xi64>) -> tensor<2x128x?x128xbf16>
   func.return
 }
 
 // -----
 
-// One flattened batch: a query of batch 2 is refused.
-func.func @paged_mla_batch(%qn: tensor<2x128x?x128xbf16>, %qr: tensor<2x128x?x64xbf16>, %lat: tensor<2x1x?x512xbf16>, %kr: tensor<2x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
-  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.paged_mla_attention' q_nope/q_rope must be [1, heads, tokens, dim] and latent/k_rope [1, 1, tokens, dim], heads and dims static
-  %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %qs block_tables %bt scale 1.250000e-01 : (tensor<2x128x?x128xbf16>, tensor<2x128x?x64xbf16>, tensor<2x1x?x512xbf16>, tensor<2x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<2x128x?x128xbf16>
+// DeepSeek sparse attention's selection is per batch row: not with a flattened batch.
+func.func @cached_mla_selected_flattened(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %bt: tensor<?x?xi64>, %sel: tensor<1x?x4xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' selected takes batch rows, not query_starts
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %p block_tables %bt cache_starts %qs query_starts %qs : tensor<?xi64> selected %sel : tensor<1x?x4xi64> scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?x?xi64>, tensor<?xi64>) -> tensor<1x128x?x128xbf16>
   func.return
 }
 
@@ -655,9 +655,9 @@ func.func @cached_index_topk_cache_width(%iq: tensor<?x?x64x128xbf16>, %ik: tens
 // -----
 
 // The selection is int64 positions, [batch, seq, k].
-func.func @cached_mla_selected_dtype(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x576xbf16>, %s: tensor<?xi64>, %sel: tensor<?x?x4xi32>) {
+func.func @cached_mla_selected_dtype(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x512x576xbf16>, %bt: tensor<?x1xi64>, %s: tensor<?xi64>, %sel: tensor<?x?x4xi32>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_mla_attention' selected must be tensor<batch x seq x k x i64> of the query's batch and seq
-  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s selected %sel : tensor<?x?x4xi32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c block_tables %bt cache_starts %s selected %sel : tensor<?x?x4xi32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x512x576xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
   func.return
 }
 
@@ -684,6 +684,15 @@ func.func @cached_attention_selected_without_entries(%q: tensor<?x4x?x64xbf16>, 
 func.func @cached_token_window_initial(%v: tensor<?x?x32xbf16>, %v0: tensor<?x2x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>) {
   // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_token_window' initial must be [batch, 1, 32] of the input's element type
   %0 = ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x2x32xbf16>) -> tensor<?x?x32xbf16>
+  func.return
+}
+
+// -----
+
+// The paged form's window is each flattened token's row one back: the input's type, not width + tokens.
+func.func @cached_token_window_flattened(%v: tensor<1x?x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>) {
+  // CHECK: invalid.mlir:[[# @LINE + 1]]:3: error: 'ad.cached_token_window' with query_starts: the result must be the input's type
+  %0 = ad.cached_token_window %v state %vst slots %s starts %s query_starts %s : tensor<?xi64> dim 1 : (tensor<1x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<1x?x64xbf16>
   func.return
 }
 

@@ -313,22 +313,23 @@ func.func @cached_attention(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>
   func.return
 }
 
-// MLA at DeepSeek-V3's sizes: 128 heads of nope 128 + rope 64, value 128, a latent cache of 512 + 64.
-func.func @cached_mla_attention(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x4096x576xbf16>, %s: tensor<?xi64>) {
+// MLA at DeepSeek-V3's sizes: 128 heads of nope 128 + rope 64, value 128, a latent cache of 512 + 64
+// (the slot form: 8 slots of 4096 tokens, each one page, the block tables one page wide).
+func.func @cached_mla_attention(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x4096x576xbf16>, %bt: tensor<?x1xi64>, %s: tensor<?xi64>) {
   // CHECK-LABEL: func.func @cached_mla_attention
-  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
-  // CHECK-NEXT: ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  // CHECK-NEXT: ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c block_tables %bt cache_starts %s scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
   func.return
 }
 
 // DeepSeek-V3.2's sparse attention: the indexer (64 heads of 128, top 2048 of an index-key cache
 // of 128 per token) and the MLA restricted to its selection; HY-V4's sink logits.
-func.func @cached_sparse_mla_attention(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x4096x576xbf16>, %s: tensor<?xi64>, %iq: tensor<?x?x64x128xbf16>, %ik: tensor<?x?x128xbf16>, %iw: tensor<?x?x64xf32>, %ic: tensor<8x4096x128xbf16>, %sinks: tensor<128xf32>) {
+func.func @cached_sparse_mla_attention(%qn: tensor<?x128x?x128xbf16>, %qr: tensor<?x128x?x64xbf16>, %lat: tensor<?x1x?x512xbf16>, %kr: tensor<?x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %c: tensor<8x4096x576xbf16>, %bt: tensor<?x1xi64>, %s: tensor<?xi64>, %iq: tensor<?x?x64x128xbf16>, %ik: tensor<?x?x128xbf16>, %iw: tensor<?x?x64xf32>, %ic: tensor<8x4096x128xbf16>, %sinks: tensor<128xf32>) {
   // CHECK-LABEL: func.func @cached_sparse_mla_attention
   %sel = ad.cached_index_topk %iq, %ik, %iw cache %ic slots %s starts %s scale 0.088388347648318447 topk 2048 : (tensor<?x?x64x128xbf16>, tensor<?x?x128xbf16>, tensor<?x?x64xf32>, tensor<8x4096x128xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x2048xi64>
   // CHECK-NEXT: %sel = ad.cached_index_topk %iq, %ik, %iw cache %ic slots %s starts %s scale 0.088388347648318447 topk 2048 : (tensor<?x?x64x128xbf16>, tensor<?x?x128xbf16>, tensor<?x?x64xf32>, tensor<8x4096x128xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x?x2048xi64>
-  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s selected %sel : tensor<?x?x2048xi64> sinks %sinks : tensor<128xf32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
-  // CHECK-NEXT: ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c slots %s starts %s selected %sel : tensor<?x?x2048xi64> sinks %sinks : tensor<128xf32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c block_tables %bt cache_starts %s selected %sel : tensor<?x?x2048xi64> sinks %sinks : tensor<128xf32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
+  // CHECK-NEXT: ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %c block_tables %bt cache_starts %s selected %sel : tensor<?x?x2048xi64> sinks %sinks : tensor<128xf32> scale 1.250000e-01 : (tensor<?x128x?x128xbf16>, tensor<?x128x?x64xbf16>, tensor<?x1x?x512xbf16>, tensor<?x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<8x4096x576xbf16>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?x128x?x128xbf16>
   func.return
 }
 
@@ -418,22 +419,25 @@ func.func @moe_fp8_block(%x: tensor<?x256xbf16>, %ids: tensor<?x2xi64>, %w: tens
   func.return
 }
 
-// Paged MLA at DeepSeek-V3's sizes: one flattened batch over a pool of 512 pages of 64 latents (512 + 64).
-func.func @paged_mla_attention(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
-  // CHECK-LABEL: func.func @paged_mla_attention
-  %0 = ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
-  // CHECK-NEXT: ad.paged_mla_attention %qn, %qr, %lat, %kr kv_b %w pages %p query_starts %qs cache_starts %cs block_tables %bt scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x?xi64>) -> tensor<1x128x?x128xbf16>
+// MLA in the paged form at DeepSeek-V3's sizes: one flattened batch over a pool of 512 pages of 64 latents (512 + 64).
+func.func @cached_mla_attention_paged(%qn: tensor<1x128x?x128xbf16>, %qr: tensor<1x128x?x64xbf16>, %lat: tensor<1x1x?x512xbf16>, %kr: tensor<1x1x?x64xbf16>, %w: tensor<32768x512xbf16>, %p: tensor<512x64x576xbf16>, %qs: tensor<?xi64>, %cs: tensor<?xi64>, %bt: tensor<?x?xi64>) {
+  // CHECK-LABEL: func.func @cached_mla_attention_paged
+  %0 = ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %p block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?x?xi64>, tensor<?xi64>) -> tensor<1x128x?x128xbf16>
+  // CHECK-NEXT: ad.cached_mla_attention %qn, %qr, %lat, %kr kv_b %w cache %p block_tables %bt cache_starts %cs query_starts %qs : tensor<?xi64> scale 1.250000e-01 : (tensor<1x128x?x128xbf16>, tensor<1x128x?x64xbf16>, tensor<1x1x?x512xbf16>, tensor<1x1x?x64xbf16>, tensor<32768x512xbf16>, tensor<512x64x576xbf16>, tensor<?x?xi64>, tensor<?xi64>) -> tensor<1x128x?x128xbf16>
   func.return
 }
 
 // A cached token window: ZAYA's 2 q/k inputs before a step ([slots, channels, 2] along the last
 // axis), and its one delayed value before a step, a sequence starting from its start row.
-func.func @cached_token_window(%x: tensor<?x192x?xbf16>, %st: tensor<8x192x2xbf16>, %v: tensor<?x?x32xbf16>, %v0: tensor<?x1x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>) {
+func.func @cached_token_window(%x: tensor<?x192x?xbf16>, %st: tensor<8x192x2xbf16>, %v: tensor<?x?x32xbf16>, %v0: tensor<?x1x32xbf16>, %vst: tensor<8x1x32xbf16>, %s: tensor<?xi64>, %vf: tensor<1x?x32xbf16>, %vf0: tensor<1x1x32xbf16>) {
   // CHECK-LABEL: func.func @cached_token_window
   %0 = ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x192x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
   // CHECK-NEXT: ad.cached_token_window %x state %st slots %s starts %s dim 2 : (tensor<?x192x?xbf16>, tensor<8x192x2xbf16>, tensor<?xi64>, tensor<?xi64>) -> tensor<?x192x?xbf16>
   %1 = ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
   // CHECK-NEXT: ad.cached_token_window %v initial %v0 state %vst slots %s starts %s dim 1 : (tensor<?x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<?x1x32xbf16>) -> tensor<?x?x32xbf16>
+  // The paged form: one flattened batch, each token's row one back in its own sequence (the input's type).
+  %2 = ad.cached_token_window %vf initial %vf0 state %vst slots %s starts %s query_starts %s : tensor<?xi64> dim 1 : (tensor<1x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<1x1x32xbf16>) -> tensor<1x?x32xbf16>
+  // CHECK-NEXT: ad.cached_token_window %vf initial %vf0 state %vst slots %s starts %s query_starts %s : tensor<?xi64> dim 1 : (tensor<1x?x32xbf16>, tensor<8x1x32xbf16>, tensor<?xi64>, tensor<?xi64>, tensor<1x1x32xbf16>) -> tensor<1x?x32xbf16>
   func.return
 }
 
