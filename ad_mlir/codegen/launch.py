@@ -1,4 +1,9 @@
-"""Run-time helpers of the generated launchers: sizes and strides under broadcasting.
+"""Run-time helpers of the generated launchers: grid arithmetic, and sizes and strides under
+broadcasting.
+
+`cdiv` and `next_power_of_2` compute what Triton's do, in plain Python: Triton's are
+`ConstexprFunction`s, which cost a launcher about 4 us a call against 0.03 us (measured on
+this 2-core CPU under load), on every launch outside a CUDA graph.
 
 An input's IR type may say `?` where its size is 1 at run time (a slice of a size-1 dim:
 MPT's ALiBi bias `tensor<4x?x?xf32>` is `4 x 1 x seq`). It broadcasts there like a static 1:
@@ -10,6 +15,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+
+def cdiv(x: int, div: int) -> int:
+    """`ceil(x / div)` for ints (`triton.cdiv`)."""
+    return (x + div - 1) // div
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= `n` (`triton.next_power_of_2`, bit for bit: 0 for 0)."""
+    n -= 1
+    for shift in (1, 2, 4, 8, 16, 32):
+        n |= n >> shift
+    return n + 1
 
 
 def broadcast_size(*sizes: int) -> int:

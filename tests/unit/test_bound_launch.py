@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from triton.runtime.jit import compute_cache_key
 
 import ad_mlir
@@ -264,3 +266,15 @@ def test_constexprs_are_told_apart_by_value_and_type(tmp_path: Any) -> None:
     assert all(j for row, jit_row in zip(same, same_for_jit, strict=True)
                for o, j in zip(row, jit_row, strict=True) if o)
     assert sum(map(sum, same)) == 8 + 2 + 2  # 0.0 with -0.0, 0.5 with 0.5, each other alone
+
+
+@given(st.integers(0, 2**40), st.integers(1, 2**20))
+def test_the_launchers_grid_arithmetic_is_tritons(x: int, div: int) -> None:
+    """The generated launchers' `cdiv` and `next_power_of_2` (`codegen/launch.py`, plain Python:
+    Triton's are ConstexprFunctions, about 100x dearer a call) give Triton's values, 0 included."""
+    import triton
+
+    from ad_mlir.codegen.launch import cdiv, next_power_of_2
+
+    assert cdiv(x, div) == triton.cdiv(x, div)
+    assert next_power_of_2(x) == triton.next_power_of_2(x)

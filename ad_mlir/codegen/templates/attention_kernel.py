@@ -493,7 +493,7 @@ class AttentionEmitter:
             w.line(f"blocks = attention_blocks({self.pieces.width}, {dtype}, seq_len, "
                    f"qk_norm={spec.qk_norm is not None})")
             # (batch, head) on the unbounded grid dim; q heads that share a kv head run side by side.
-            w.line("grid = (batch * n_heads, triton.cdiv(seq_len, blocks.block_m))")
+            w.line("grid = (batch * n_heads, cdiv(seq_len, blocks.block_m))")
             args = [t.name for t in self.inputs] + ["out", "seq_len", "n_heads", "n_heads // k.shape[1]"]
             args += [f"_stride({t.name}, {d})" for t in self.inputs for d in range(len(t.strides))]
             w.line("kernel[grid](")

@@ -632,7 +632,7 @@ def launch(kernel, tensors, scalars):
               query_starts if varlen else cache_starts, cache_starts, block_tables, out)
     if (seq_len > 1) if not varlen else (seq_len != seqs):  # some sequence brings more than one token
         blocks = prefill_blocks($width, $dtype, seq_len, $norm, $extent > 0, not layout["ONE_PAGE"])
-        kernel[(seqs * n_heads, triton.cdiv(seq_len, blocks.block_m))](
+        kernel[(seqs * n_heads, cdiv(seq_len, blocks.block_m))](
             *common, out, out, seq_len, n_heads, kv_group, 1, 1, *strides, PHASE=$PREFILL, **SPEC, **layout,
             BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, SPLITS=1, num_warps=blocks.num_warps,
             num_stages=blocks.num_stages, enable_fp_fusion=True)
@@ -643,11 +643,11 @@ def launch(kernel, tensors, scalars):
     sizes = (seq_len, n_heads, kv_group, n_splits, split_size)
     kernel[(seqs * k.shape[1], n_splits)](
         *common, part_o, part_ml, *sizes, *strides, PHASE=$DECODE, **SPEC, **layout,
-        BLOCK_M=max(16, triton.next_power_of_2(kv_group)), BLOCK_N=$block_n, SPLITS=1, num_warps=$decode_warps,
+        BLOCK_M=max(16, next_power_of_2(kv_group)), BLOCK_N=$block_n, SPLITS=1, num_warps=$decode_warps,
         num_stages=2, enable_fp_fusion=True)
     kernel[(seqs * n_heads,)](
         *common, part_o, part_ml, *sizes, *strides, PHASE=$REDUCE, **SPEC, **layout, BLOCK_M=16, BLOCK_N=16,
-        SPLITS=triton.next_power_of_2(n_splits), num_warps=4, num_stages=1, enable_fp_fusion=True)
+        SPLITS=next_power_of_2(n_splits), num_warps=4, num_stages=1, enable_fp_fusion=True)
     return [out]
 '''
 

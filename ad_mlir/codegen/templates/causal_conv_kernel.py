@@ -106,7 +106,7 @@ def launch(kernel, tensors, scalars):
     # the most tokens a sequence can bring: in the paged form each brings one at least
     longest = seq_len - sequences + 1 if {varlen} else seq_len
     block_c, block_r, num_warps = conv_blocks(channels, longest, {kernel_size})
-    kernel[(sequences, triton.cdiv(channels, block_c), triton.cdiv(longest, block_r))](
+    kernel[(sequences, cdiv(channels, block_c), cdiv(longest, block_r))](
         x, w, bias, state, slots, starts, query_starts, out, seq_len, channels, *x.stride(), w.stride(0),
         w.stride(2), *state.stride(), HAS_BIAS={has_bias}, VARLEN={varlen}, BLOCK_C=block_c, BLOCK_R=block_r,
         num_warps=num_warps)

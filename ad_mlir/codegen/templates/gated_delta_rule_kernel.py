@@ -91,7 +91,7 @@ def launch(kernel, tensors, scalars):
     if out.numel() == 0:
         return [out]
     block_r, block_c = delta_rule_blocks(k_dim, v_dim)
-    kernel[(slots.shape[0], v_heads, triton.cdiv(v_dim, block_c))](
+    kernel[(slots.shape[0], v_heads, cdiv(v_dim, block_c))](
         q, k, v, g, beta, state, slots, starts, query_starts, out, seq_len, *q.stride(), *k.stride(), *v.stride(),
         *g.stride(), *beta.stride(), *state.stride(), V_HEADS=v_heads, K_DIM=k_dim, V_DIM=v_dim,
         GROUPS=v_heads // k_heads, VARLEN={varlen}, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)

@@ -100,10 +100,10 @@ def launch(kernel, tensors, scalars):
     cache[slots[:, None], positions] = key.to(cache.dtype)
     scores = torch.empty((batch, seq_len, max_seq), dtype=torch.float32, device=query.device)
     blocks = index_blocks(heads, dim)
-    kernel[(batch * seq_len, triton.cdiv(max_seq, blocks.block_n))](
+    kernel[(batch * seq_len, cdiv(max_seq, blocks.block_n))](
         query, key, weights, cache, slots, starts, scores, seq_len, max_seq, SCALE, *query.stride(), *key.stride(),
-        *weights.stride(), *cache.stride(), HEADS=heads, DIM=dim, BLOCK_M=max(16, triton.next_power_of_2(heads)),
-        BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
+        *weights.stride(), *cache.stride(), HEADS=heads, DIM=dim, BLOCK_M=max(16, next_power_of_2(heads)),
+        BLOCK_D=max(16, next_power_of_2(dim)), BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
     best = scores.topk(min(TOPK, max_seq), dim=-1)
     chosen[..., :best.indices.shape[-1]] = best.indices.masked_fill(best.values == float("-inf"), -1)
     return [chosen]

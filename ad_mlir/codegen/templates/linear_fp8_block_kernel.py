@@ -144,7 +144,7 @@ def launch(kernel, tensors, scalars):
     if n_rows == 0:
         return [out]
     tile = tile_blocks(SPEC, n_rows)
-    kernel[(triton.cdiv(n_rows, tile.block_m), triton.cdiv($n, tile.block_n))](
+    kernel[(cdiv(n_rows, tile.block_m), cdiv($n, tile.block_n))](
         rows, w, ws, bias, out, n_rows, rows.stride(0), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
         SWAP_AB=tile.swap_ab, num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=True)
     return [out]

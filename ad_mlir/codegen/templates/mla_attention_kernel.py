@@ -278,7 +278,7 @@ def _blocks(rank, rope, cache, block_tables):
     blocks = mla_blocks(rank, rope)
     # the page size is the pool's; the slot form's table, one page wide, is read once per program
     return dict(RANK=rank, ROPE=rope, PAGE=cache.shape[1], ONE_PAGE=block_tables.shape[1] == 1,
-                BLOCK_R=max(16, triton.next_power_of_2(rank)), BLOCK_P=max(16, triton.next_power_of_2(rope)),
+                BLOCK_R=max(16, next_power_of_2(rank)), BLOCK_P=max(16, next_power_of_2(rope)),
                 BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps,
                 num_stages=blocks.num_stages, enable_fp_fusion=True)
 
@@ -300,7 +300,7 @@ _DENSE_LAUNCH = '''def launch(kernel, tensors, scalars):
     varlen = query_starts is not None
     most = (1 if n_tokens == seqs else n_tokens) if varlen else n_tokens  # a decode-only step: one token each
     blocks = _blocks(rank, rope, cache, block_tables)
-    kernel[(seqs, triton.cdiv(most * heads, blocks["BLOCK_M"]))](
+    kernel[(seqs, cdiv(most * heads, blocks["BLOCK_M"]))](
         q_lat, q_rope, latent, k_rope, cache, block_tables, cache_starts, query_starts if varlen else cache_starts,
         o_lat, n_tokens, heads, SCALE * LOG2E, *_strides(q_rope, latent, k_rope, cache, block_tables), VARLEN=varlen,
         **blocks)
@@ -326,7 +326,7 @@ _SPARSE_LAUNCH = '''def launch(kernel, tensors, scalars):
     o_lat = torch.empty((batch, seq_len, heads, rank), dtype=torch.float32, device=q_nope.device)
     blocks = _blocks(rank, rope, cache, block_tables)
     topk = selected.shape[2]
-    kernel[(batch * seq_len, triton.cdiv(heads, blocks["BLOCK_M"]))](
+    kernel[(batch * seq_len, cdiv(heads, blocks["BLOCK_M"]))](
         q_lat, q_rope, latent, k_rope, cache, block_tables, cache_starts, selected.contiguous(), o_lat, seq_len, heads,
         topk, SCALE * LOG2E, *_strides(q_rope, latent, k_rope, cache, block_tables), **blocks)
     out = torch.matmul(o_lat.transpose(1, 2), w[:, nope:].float().transpose(1, 2))

@@ -241,7 +241,7 @@ def launch(kernel, tensors, scalars):
         return [out]
     tiles = fp8_tiles(SPEC, n_tokens)
     n_pairs = n_tokens * $slots
-    max_blocks = triton.cdiv(n_pairs, tiles.block_m) + min($experts, n_pairs)
+    max_blocks = cdiv(n_pairs, tiles.block_m) + min($experts, n_pairs)
     i32 = dict(dtype=torch.int32, device=x.device)
     sorted_slots = torch.empty((max_blocks * tiles.block_m,), **i32)
     block_expert = torch.empty((max_blocks,), **i32)
@@ -253,11 +253,11 @@ def launch(kernel, tensors, scalars):
     kernel[(1,)](*args, PHASE=$ALIGN, BLOCK_M=tiles.block_m, BLOCK_N=16, BLOCK_K=align_chunk(SPEC.plain()),
                  SWAP_AB=False, num_warps=8, enable_fp_fusion=True)
     for phase, block_n, columns in (($GATE_UP, tiles.gate_up_n, $inter), ($DOWN, tiles.down_n, $hidden)):
-        kernel[(max_blocks, triton.cdiv(columns, block_n))](
+        kernel[(max_blocks, cdiv(columns, block_n))](
             *args, PHASE=phase, BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=$bk, SWAP_AB=tiles.swap_ab,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, enable_fp_fusion=True)
-    combine = min(1024, triton.next_power_of_2($hidden))
-    kernel[(n_tokens, triton.cdiv($hidden, combine))](*args, PHASE=$COMBINE, BLOCK_M=16, BLOCK_N=combine,
+    combine = min(1024, next_power_of_2($hidden))
+    kernel[(n_tokens, cdiv($hidden, combine))](*args, PHASE=$COMBINE, BLOCK_M=16, BLOCK_N=combine,
                                                      BLOCK_K=16, SWAP_AB=False, num_warps=4, enable_fp_fusion=True)
     return [out]
 '''

@@ -305,7 +305,7 @@ def launch(kernel, tensors, scalars):
         return [out]
     first, second = gemm_blocks(SPEC, n_tokens)
     n_pairs = n_tokens * $slots
-    max_blocks = triton.cdiv(n_pairs, first.block_m) + min($all_experts, n_pairs)
+    max_blocks = cdiv(n_pairs, first.block_m) + min($all_experts, n_pairs)
     i32 = dict(dtype=torch.int32, device=x.device)
     route_ids = torch.empty((n_tokens, $slots), **i32)
     route_w = torch.empty((n_tokens, $slots), dtype=torch.float32, device=x.device)
@@ -318,16 +318,16 @@ def launch(kernel, tensors, scalars):
             act, y, n_tokens, max_blocks, *x.stride(), *logits.stride(), shared_gate.stride(0), *gate_up.stride(),
             *down.stride())
     route = route_block(SPEC)
-    kernel[(triton.cdiv(n_tokens, route),)](*args, PHASE=$ROUTE, BLOCK_M=route, BLOCK_N=16, BLOCK_K=16,
+    kernel[(cdiv(n_tokens, route),)](*args, PHASE=$ROUTE, BLOCK_M=route, BLOCK_N=16, BLOCK_K=16,
                                             num_warps=4, enable_fp_fusion=True)
     kernel[(1,)](*args, PHASE=$ALIGN, BLOCK_M=first.block_m, BLOCK_N=16, BLOCK_K=align_chunk(SPEC), num_warps=8,
                  enable_fp_fusion=True)
     for phase, blocks, columns in (($GATE_UP, first, $inter), ($DOWN, second, $hidden)):
-        kernel[(max_blocks, triton.cdiv(columns, blocks.block_n))](
+        kernel[(max_blocks, cdiv(columns, blocks.block_n))](
             *args, PHASE=phase, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, BLOCK_K=blocks.block_k,
             num_warps=blocks.num_warps, num_stages=blocks.num_stages, enable_fp_fusion=True)
-    combine = min(1024, triton.next_power_of_2($hidden))
-    kernel[(n_tokens, triton.cdiv($hidden, combine))](*args, PHASE=$COMBINE, BLOCK_M=16, BLOCK_N=combine,
+    combine = min(1024, next_power_of_2($hidden))
+    kernel[(n_tokens, cdiv($hidden, combine))](*args, PHASE=$COMBINE, BLOCK_M=16, BLOCK_N=combine,
                                                      BLOCK_K=16, num_warps=4, enable_fp_fusion=True)
     return [out]
 '''

@@ -819,9 +819,9 @@ class LauncherEmitter:
                 w.line(f"return {result}")
             blocks = "row_blocks" if p.has_reductions else "pointwise_blocks"
             w.line(f"block_r, block_c, num_warps = {blocks}(n_rows, {p.n_cols})")
-            grid = "triton.cdiv(n_rows, block_r)"
+            grid = "cdiv(n_rows, block_r)"
             if not p.has_reductions:
-                grid += f", triton.cdiv({p.n_cols}, block_c)"
+                grid += f", cdiv({p.n_cols}, block_c)"
             args = [i.name for i in p.inputs] + [f"outs[{j}]" for j in range(len(p.output_types))]
             args += [f"size{d}" for d in range(p.rank) if p.domain[d] == DYNAMIC_INDEX]
             args.append("n_rows")

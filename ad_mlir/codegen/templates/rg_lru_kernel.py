@@ -69,7 +69,7 @@ def launch(kernel, tensors, scalars):
     if out.numel() == 0:
         return [out]
     block = rg_lru_block(width)
-    kernel[(slots.shape[0], triton.cdiv(width, block))](
+    kernel[(slots.shape[0], cdiv(width, block))](
         x, a, state, slots, starts, query_starts, out, seq_len, *x.stride(), *a.stride(), *state.stride(),
         WIDTH=width, VARLEN={varlen}, BLOCK_C=block, num_warps=4)
     return [out]

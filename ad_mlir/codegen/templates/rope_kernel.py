@@ -86,7 +86,7 @@ def launch(kernel, tensors, scalars):
     if batch * seq_len == 0:
         return outs
     block_h, num_warps = rope_blocks(n_q + n_k, {head_p})
-    kernel[(batch * seq_len, triton.cdiv(n_q + n_k, block_h))](
+    kernel[(batch * seq_len, cdiv(n_q + n_k, block_h))](
         q, k, cos, sin, outs[0], outs[1], seq_len, n_q, n_k,
         *_strides(q), *_strides(k), *_strides(cos), *_strides(sin),
         BLOCK_R=block_h, BLOCK_C={head_p}, num_warps=num_warps, enable_fp_fusion=True,

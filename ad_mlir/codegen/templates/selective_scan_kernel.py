@@ -86,7 +86,7 @@ def launch(kernel, tensors, scalars):
     if out.numel() == 0:
         return [out]
     block_d, block_n = selective_scan_blocks(channels, state_size)
-    kernel[(slots.shape[0], triton.cdiv(channels, block_d))](
+    kernel[(slots.shape[0], cdiv(channels, block_d))](
         x, dt, a, b, c, d, z, dt_bias, state, slots, starts, query_starts, out, seq_len, *x.stride(), *dt.stride(),
         *a.stride(), *b.stride(), *c.stride(), *z.stride(), *state.stride(), CHANNELS=channels, STATE=state_size,
         VARLEN={varlen}, BLOCK_R=block_d, BLOCK_N=block_n, num_warps=4)

@@ -92,7 +92,7 @@ def launch(kernel, tensors, scalars):
     if out.numel() == 0:
         return [out]
     block_r, block_n = ssm_blocks(head_dim, state_size)
-    kernel[(slots.shape[0], heads, triton.cdiv(head_dim, block_r))](
+    kernel[(slots.shape[0], heads, cdiv(head_dim, block_r))](
         x, dt, a, b, c, d, dt_bias, state, slots, starts, query_starts, out, seq_len, *x.stride(), *dt.stride(),
         *b.stride(), *c.stride(), *state.stride(), HEADS=heads, HEAD_DIM=head_dim, STATE=state_size,
         HEADS_PER_GROUP=heads // groups, VARLEN={varlen}, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4)

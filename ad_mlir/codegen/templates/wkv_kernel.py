@@ -87,7 +87,7 @@ def launch(kernel, tensors, scalars):
     if out.numel() == 0:
         return [out]
     block = wkv_block(width)
-    kernel[(slots.shape[0], triton.cdiv(width, block))](
+    kernel[(slots.shape[0], cdiv(width, block))](
         w.contiguous(), u.contiguous(), k, v, state, slots, starts, query_starts, out, seq_len, *k.stride(),
         *v.stride(), *state.stride(), WIDTH=width, VARLEN={varlen}, BLOCK_C=block, num_warps=4)
     return [out]
