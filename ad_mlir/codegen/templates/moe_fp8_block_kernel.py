@@ -34,7 +34,7 @@ from string import Template
 import torch
 
 from ad_mlir.codegen.emitters import KernelEmitter, spec_check
-from ad_mlir.codegen.templates.moe_kernel import ALIGN_PHASE, MoeSpec, gemm_blocks
+from ad_mlir.codegen.templates.moe_kernel import ALIGN_PHASE, WEIGHTED_COMBINE_PHASE, MoeSpec, gemm_blocks
 from ad_mlir.codegen.templates.skeleton import TL_DTYPE, module_source
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
@@ -199,15 +199,7 @@ $align
             w = tl.load(topk_w + pair, mask=r_in, other=0.0).to(ELEM).to(tl.float32)
             weighted = (y_rows.to(ELEM).to(tl.float32) * w[:, None]).to(ELEM)
             tl.store(y + pair[:, None] * HIDDEN + n[None, :], weighted, mask=r_in[:, None])
-    else:
-        # COMBINE: a token's weighted slots summed in fp32 in slot order.
-        t = tl.program_id(0).to(tl.int64)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_in = n < HIDDEN
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for j in range(SLOTS):
-            acc += tl.load(y + (t * SLOTS + j) * HIDDEN + n, mask=n_in, other=0.0).to(tl.float32)
-        tl.store(out + t * HIDDEN + n, acc.to(ELEM), mask=n_in)
+$combine
 '''
 
 _LAUNCHER = '''\
@@ -241,13 +233,8 @@ def launch(kernel, tensors, scalars):
         return [out]
     tiles = fp8_tiles(SPEC, n_tokens)
     n_pairs = n_tokens * $slots
-    max_blocks = cdiv(n_pairs, tiles.block_m) + min($experts, n_pairs)
-    i32 = dict(dtype=torch.int32, device=x.device)
-    sorted_slots = torch.empty((max_blocks * tiles.block_m,), **i32)
-    block_expert = torch.empty((max_blocks,), **i32)
-    block_rows = torch.empty((max_blocks,), **i32)
-    act = torch.empty((max_blocks * tiles.block_m, $inter), dtype=$dtype, device=x.device)
-    y = torch.empty((n_pairs, $hidden), dtype=$dtype, device=x.device)
+    max_blocks, sorted_slots, block_expert, block_rows, act, y = routed_buffers(x, n_pairs, tiles.block_m,
+                                                                               $experts, $inter, $hidden)
     args = (x, ids, weights, *experts, out, sorted_slots, block_expert, block_rows, act, y, n_tokens, max_blocks,
             *x.stride())
     kernel[(1,)](*args, PHASE=$ALIGN, BLOCK_M=tiles.block_m, BLOCK_N=16, BLOCK_K=align_chunk(SPEC.plain()),
@@ -268,7 +255,7 @@ def emit_moe_fp8_block_module(spec: MoeFp8BlockSpec, name: str, header: str) -> 
     quantization helper) and its launcher. `header` goes first."""
     fields = {
         "name": name,
-        "align": ALIGN_PHASE.rstrip("\n"),
+        "align": ALIGN_PHASE.rstrip("\n"), "combine": WEIGHTED_COMBINE_PHASE.rstrip("\n"),
         "dtype": str(spec.dtype),
         "hidden": spec.hidden, "inter": spec.intermediate, "experts": spec.experts, "slots": spec.top_k,
         "bn": spec.block_n, "bk": spec.block_k,
@@ -280,7 +267,7 @@ def emit_moe_fp8_block_module(spec: MoeFp8BlockSpec, name: str, header: str) -> 
         "BK": spec.block_k, "FP8_MAX": fp8_blocks.FP8_MAX, "MIN_SCALE": fp8_blocks.MIN_GROUP_SCALE,
     }
     lines = [*(f"{k} = tl.constexpr({v})" for k, v in constants.items()), f"SPEC = {spec!r}"]
-    imports = {"ad_mlir.codegen.templates.moe_kernel": ["align_chunk"],
+    imports = {"ad_mlir.codegen.templates.moe_kernel": ["align_chunk", "routed_buffers"],
                "ad_mlir.codegen.templates.moe_fp8_block_kernel": ["MoeFp8BlockSpec", "fp8_tiles"]}
     return module_source(header, imports, lines, [Template(_KERNEL).substitute(fields),
                                                   Template(_LAUNCHER).substitute(fields)])

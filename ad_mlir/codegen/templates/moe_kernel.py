@@ -48,6 +48,7 @@ from string import Template
 import torch
 
 from ad_mlir.codegen.emitters import KernelEmitter
+from ad_mlir.codegen.launch import cdiv
 from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
@@ -162,6 +163,34 @@ ALIGN_PHASE = '''\
             tl.store(sorted_slots + row, pair, mask=p_in)
             next_row += tl.sum(hit, 0)
 '''
+
+
+WEIGHTED_COMBINE_PHASE = '''\
+    else:
+        # COMBINE: a token's weighted slots summed in fp32 in slot order.
+        t = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_in = n < HIDDEN
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for j in range(SLOTS):
+            acc += tl.load(y + (t * SLOTS + j) * HIDDEN + n, mask=n_in, other=0.0).to(tl.float32)
+        tl.store(out + t * HIDDEN + n, acc.to(ELEM), mask=n_in)
+'''
+"""The COMBINE phase of the quantized MoE kernels, whose DOWN phase already weighted each slot's
+row (`y`): a token's rows summed (the plain kernel weights them here instead)."""
+
+
+def routed_buffers(x: torch.Tensor, n_pairs: int, block_m: int, experts: int, inter: int,
+                   hidden: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A launcher's scratch for `n_pairs` (token, slot) pairs in row blocks of `block_m`: the most
+    blocks ALIGN can make (one partial block an expert at worst), then `sorted_slots`,
+    `block_expert`, `block_rows` (int32), the activations between the GEMMs ([rows, inter]) and
+    the slots' outputs `y` ([n_pairs, hidden]), both in `x`'s dtype."""
+    max_blocks = cdiv(n_pairs, block_m) + min(experts, n_pairs)
+    i32 = {"dtype": torch.int32, "device": x.device}
+    return (max_blocks, torch.empty((max_blocks * block_m,), **i32), torch.empty((max_blocks,), **i32),
+            torch.empty((max_blocks,), **i32), torch.empty((max_blocks * block_m, inter), dtype=x.dtype, device=x.device),
+            torch.empty((n_pairs, hidden), dtype=x.dtype, device=x.device))
 """The ALIGN phase's body (vLLM's `moe_align_block_size`), which the MXFP4 MoE kernel shares: it
 reads `route_ids` [T * SLOTS] and writes `block_expert`, `block_rows`, `sorted_slots`."""
 
@@ -305,15 +334,10 @@ def launch(kernel, tensors, scalars):
         return [out]
     first, second = gemm_blocks(SPEC, n_tokens)
     n_pairs = n_tokens * $slots
-    max_blocks = cdiv(n_pairs, first.block_m) + min($all_experts, n_pairs)
-    i32 = dict(dtype=torch.int32, device=x.device)
-    route_ids = torch.empty((n_tokens, $slots), **i32)
+    max_blocks, sorted_slots, block_expert, block_rows, act, y = routed_buffers(x, n_pairs, first.block_m,
+                                                                               $all_experts, $inter, $hidden)
+    route_ids = torch.empty((n_tokens, $slots), dtype=torch.int32, device=x.device)
     route_w = torch.empty((n_tokens, $slots), dtype=torch.float32, device=x.device)
-    sorted_slots = torch.empty((max_blocks * first.block_m,), **i32)
-    block_expert = torch.empty((max_blocks,), **i32)
-    block_rows = torch.empty((max_blocks,), **i32)
-    act = torch.empty((max_blocks * first.block_m, $inter), dtype=$dtype, device=x.device)
-    y = torch.empty((n_pairs, $hidden), dtype=$dtype, device=x.device)
     args = (x, logits, gate_up, down, shared_gate, out, route_ids, route_w, sorted_slots, block_expert, block_rows,
             act, y, n_tokens, max_blocks, *x.stride(), *logits.stride(), shared_gate.stride(0), *gate_up.stride(),
             *down.stride())
@@ -359,7 +383,8 @@ def emit_moe_module(spec: MoeSpec, name: str, header: str) -> str:
         "NORMALIZE": spec.normalize, "ROUND_WEIGHTS": spec.round_weights, "HAS_GATE": spec.shared_gate,
     }
     lines = [dot_dtype_line(spec.dtype), *(f"{k} = tl.constexpr({v})" for k, v in constants.items()), f"SPEC = {spec!r}"]
-    return module_source(header, {"ad_mlir.codegen.templates.moe_kernel": ["MoeSpec", "align_chunk", "gemm_blocks", "route_block"]},
+    return module_source(header, {"ad_mlir.codegen.templates.moe_kernel": ["MoeSpec", "align_chunk", "gemm_blocks", "route_block",
+                                                                    "routed_buffers"]},
                          lines, [Template(_KERNEL).substitute(fields), Template(_LAUNCHER).substitute(fields)])
 
 

@@ -35,7 +35,7 @@ from string import Template
 import torch
 
 from ad_mlir.codegen.emitters import KernelEmitter, spec_check
-from ad_mlir.codegen.templates.moe_kernel import ALIGN_PHASE, MoeSpec
+from ad_mlir.codegen.templates.moe_kernel import ALIGN_PHASE, WEIGHTED_COMBINE_PHASE, MoeSpec
 from ad_mlir.codegen.templates.skeleton import TL_DTYPE, dot_dtype_line, module_source
 from ad_mlir.dialects import ad
 from ad_mlir.dialects.kernel_forms import next_power_of_2
@@ -193,15 +193,7 @@ $align
             w = tl.load(route_w + pair, mask=r_in, other=0.0)
             tl.store(y + pair[:, None] * HIDDEN + n[None, :], (out_rows * w[:, None]).to(ELEM),
                      mask=r_in[:, None] & n_in[None, :])
-    else:
-        # COMBINE: a token's weighted slots summed in fp32 in slot order.
-        t = tl.program_id(0).to(tl.int64)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_in = n < HIDDEN
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for j in range(SLOTS):
-            acc += tl.load(y + (t * SLOTS + j) * HIDDEN + n, mask=n_in, other=0.0).to(tl.float32)
-        tl.store(out + t * HIDDEN + n, acc.to(ELEM), mask=n_in)
+$combine
 '''
 
 _LAUNCHER = '''\
@@ -236,15 +228,10 @@ def launch(kernel, tensors, scalars):
     plain = SPEC.blocks_of()
     first, second = gemm_blocks(plain, n_tokens)
     n_pairs = n_tokens * $slots
-    max_blocks = cdiv(n_pairs, first.block_m) + min($experts, n_pairs)
-    i32 = dict(dtype=torch.int32, device=x.device)
-    route_ids = torch.empty((n_tokens, $slots), **i32)
+    max_blocks, sorted_slots, block_expert, block_rows, act, y = routed_buffers(x, n_pairs, first.block_m,
+                                                                               $experts, $inter, $hidden)
+    route_ids = torch.empty((n_tokens, $slots), dtype=torch.int32, device=x.device)
     route_w = torch.empty((n_tokens, $slots), dtype=torch.float32, device=x.device)
-    sorted_slots = torch.empty((max_blocks * first.block_m,), **i32)
-    block_expert = torch.empty((max_blocks,), **i32)
-    block_rows = torch.empty((max_blocks,), **i32)
-    act = torch.empty((max_blocks * first.block_m, $inter), dtype=$dtype, device=x.device)
-    y = torch.empty((n_pairs, $hidden), dtype=$dtype, device=x.device)
     args = (x, logits, *weights, out, route_ids, route_w, sorted_slots, block_expert, block_rows, act, y, n_tokens,
             max_blocks, *x.stride(), *logits.stride())
     route = route_block(plain)
@@ -268,7 +255,7 @@ def emit_moe_mxfp4_module(spec: MoeMxfp4Spec, name: str, header: str) -> str:
     decoding helpers) and its launcher. `header` goes first."""
     fields = {
         "name": name,
-        "align": ALIGN_PHASE.rstrip("\n"),
+        "align": ALIGN_PHASE.rstrip("\n"), "combine": WEIGHTED_COMBINE_PHASE.rstrip("\n"),
         "precision": ', input_precision="ieee"' if spec.dtype == torch.float32 else "",
         "dtype": str(spec.dtype),
         "hidden": spec.hidden,
@@ -284,7 +271,7 @@ def emit_moe_mxfp4_module(spec: MoeMxfp4Spec, name: str, header: str) -> str:
         "ALPHA": spec.alpha, "LIMIT": spec.limit,
     }
     lines = [dot_dtype_line(spec.dtype), *(f"{k} = tl.constexpr({v})" for k, v in constants.items()), f"SPEC = {spec!r}"]
-    imports = {"ad_mlir.codegen.templates.moe_kernel": ["align_chunk", "gemm_blocks", "route_block"],
+    imports = {"ad_mlir.codegen.templates.moe_kernel": ["align_chunk", "gemm_blocks", "route_block", "routed_buffers"],
                "ad_mlir.codegen.templates.moe_mxfp4_kernel": ["MoeMxfp4Spec"]}
     return module_source(header, imports, lines, [Template(_KERNEL).substitute(fields),
                                                   Template(_LAUNCHER).substitute(fields)])
