@@ -163,6 +163,8 @@ ALIGN_PHASE = '''\
             tl.store(sorted_slots + row, pair, mask=p_in)
             next_row += tl.sum(hit, 0)
 '''
+"""The ALIGN phase's body (vLLM's `moe_align_block_size`), which the FP8 and MXFP4 MoE kernels
+share: it reads `route_ids` [T * SLOTS] and writes `block_expert`, `block_rows`, `sorted_slots`."""
 
 
 WEIGHTED_COMBINE_PHASE = '''\
@@ -191,8 +193,7 @@ def routed_buffers(x: torch.Tensor, n_pairs: int, block_m: int, experts: int, in
     return (max_blocks, torch.empty((max_blocks * block_m,), **i32), torch.empty((max_blocks,), **i32),
             torch.empty((max_blocks,), **i32), torch.empty((max_blocks * block_m, inter), dtype=x.dtype, device=x.device),
             torch.empty((n_pairs, hidden), dtype=x.dtype, device=x.device))
-"""The ALIGN phase's body (vLLM's `moe_align_block_size`), which the MXFP4 MoE kernel shares: it
-reads `route_ids` [T * SLOTS] and writes `block_expert`, `block_rows`, `sorted_slots`."""
+
 
 _KERNEL = '''\
 @triton.jit
