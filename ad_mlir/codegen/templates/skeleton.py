@@ -26,8 +26,9 @@ def dot_dtype_line(dtype: torch.dtype) -> str:
 def module_source(header: str, launch_helpers: Mapping[str, Sequence[str]], constants: Sequence[str],
                   body: Sequence[str]) -> str:
     """A kernel module's text: `header`, the imports (the grid arithmetic of `codegen/launch.py`,
-    and `launch_helpers`: module -> the names its launcher calls), `constants` (one assignment a line) and the `body` parts (helpers, the
-    `@triton.jit` kernel, `OUTPUT_DTYPES`/`output_shapes`/`launch`), a blank line apart."""
+    and `launch_helpers`: module -> the names its launcher calls), `constants` (one assignment a
+    line) and the `body` parts (helpers, the `@triton.jit` kernel, `OUTPUT_DTYPES`/
+    `output_shapes`/`launch`), a blank line apart."""
     lines = [header, "import torch", "import triton", "import triton.language as tl", "",
              "from ad_mlir.codegen.launch import cdiv, next_power_of_2"]
     lines += [f"from {module} import {', '.join(names)}" for module, names in launch_helpers.items()]
