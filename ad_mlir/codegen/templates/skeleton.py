@@ -29,9 +29,11 @@ def module_source(header: str, launch_helpers: Mapping[str, Sequence[str]], cons
     and `launch_helpers`: module -> the names its launcher calls), `constants` (one assignment a
     line) and the `body` parts (helpers, the `@triton.jit` kernel, `OUTPUT_DTYPES`/
     `output_shapes`/`launch`), a blank line apart."""
-    lines = [header, "import torch", "import triton", "import triton.language as tl", "",
-             "from ad_mlir.codegen.launch import cdiv, next_power_of_2"]
-    lines += [f"from {module} import {', '.join(names)}" for module, names in launch_helpers.items()]
+    imports = {"ad_mlir.codegen.launch": ["cdiv", "next_power_of_2"]}
+    for module, names in launch_helpers.items():
+        imports[module] = [*imports.get(module, []), *names]
+    lines = [header, "import torch", "import triton", "import triton.language as tl", ""]
+    lines += [f"from {module} import {', '.join(names)}" for module, names in imports.items()]
     lines += ["", *constants, "", ""] if constants else ["", ""]
     for i, part in enumerate(body):
         lines += [part] if i == 0 else ["", part]
