@@ -28,7 +28,7 @@ import copy
 
 import pytest
 import torch
-from eager_reference import eager_greedy, eager_logits
+from eager_reference import assert_logits_follow, eager_greedy, eager_logits
 from kernel_guard import kernels_ran
 from test_generate_fp8 import _trajectory
 from transformers import AttentionInterface, DeepseekV3Config
@@ -107,10 +107,8 @@ def _paged_trajectory(llm: ad_mlir.LLM, prompts: list[list[int]], forced: list[l
 
 
 def _assert_same_quantization(reference: torch.nn.Module, forced: list[list[int]], logits: list[torch.Tensor]) -> None:
-    for i, (prompt, tokens, got) in enumerate(zip(PROMPTS[:len(forced)], forced, logits, strict=True)):
-        same = fp8_logits_error(eager_logits(reference, prompt + tokens)[len(prompt) - 1:], got)
-        print(f"prompt {i}: {same:.3g} from the eager fp8-K/V model")
-        assert same <= SAME_QUANTIZATION_ERROR, f"prompt {i}: {same:.3g} from the eager fp8-K/V model"
+    assert_logits_follow(reference, PROMPTS[:len(forced)], forced, logits, SAME_QUANTIZATION_ERROR,
+                         "the eager fp8-K/V model")
 
 
 @pytest.mark.parametrize("form", ["slots", "pages"])
