@@ -137,6 +137,17 @@ def _flat(llm: ad_mlir.LLM, step: list[tuple[int, int, int]]) -> tuple[tuple[tor
     return flat, ({"state_slots": STATE_SLOTS[seqs]} if llm.num_state_slots else {})
 
 
+def _engine_tokens(llm: ad_mlir.LLM, prompts: list[list[int]], max_tokens: int, **engine_options: Any) -> list[list[int]]:
+    """Each prompt's greedy tokens (at most `max_tokens`) from a paged engine made with
+    `engine_options`, every step checked (`checked_step`), the kernels on their reference path."""
+    engine = make_engine(llm, **engine_options)
+    requests = [engine.add(prompt, SamplingParams(max_tokens=max_tokens)) for prompt in prompts]
+    with torch.no_grad(), reference_kernels():
+        while engine.has_work:
+            checked_step(engine)
+    return [r.output.token_ids for r in requests]
+
+
 def _scratch(llm: ad_mlir.LLM, name: str) -> int:
     """The padding's entry of a cache: the scratch state slot, or the scratch page."""
     return SCRATCH_SLOT if name in llm.slot_states else SCRATCH_PAGE
@@ -284,21 +295,13 @@ def test_chunks_beside_decodes_replayed_give_the_eager_tokens(llms, runners, fam
     llm = llms[family]
     runner, _ = runners[family]
 
-    def generate() -> list[list[int]]:
-        engine = make_engine(llm, max_step_tokens=8)
-        requests = [engine.add(prompt, SamplingParams(max_tokens=5)) for prompt in PROMPTS]
-        with torch.no_grad(), reference_kernels():
-            while engine.has_work:
-                checked_step(engine)
-        return [r.output.token_ids for r in requests]
-
-    eager = generate()
+    eager = _engine_tokens(llm, PROMPTS, 5, max_step_tokens=8)
     monkeypatch.setattr(llm, "step_graphs", runner)
     run = runner.run
     mixed: list[bool] = []
     monkeypatch.setattr(runner, "run", lambda flat, *states: mixed.append(
         flat[2].diff().max() > 1 and flat[2].diff().min() == 1) or run(flat, *states))
-    assert generate() == eager and len({t for out in eager for t in out}) > 3
+    assert _engine_tokens(llm, PROMPTS, 5, max_step_tokens=8) == eager and len({t for out in eager for t in out}) > 3
     assert any(mixed), "no step fed a chunk beside a decode"
 
 
@@ -311,21 +314,13 @@ def test_verified_drafts_replayed_give_the_eager_tokens(llms, runners,  # noqa: 
     runner, _ = runners["llama"]
     prompts = [[5, 9, 13, 5, 9, 13, 5, 9], [3, 4, 3, 4, 3]]
 
-    def generate() -> list[list[int]]:
-        engine = make_engine(llm, max_step_tokens=16, speculative=NgramProposer(num_tokens=3))
-        requests = [engine.add(prompt, SamplingParams(max_tokens=8)) for prompt in prompts]
-        with torch.no_grad(), reference_kernels():
-            while engine.has_work:
-                checked_step(engine)
-        return [r.output.token_ids for r in requests]
-
-    eager = generate()
+    eager = _engine_tokens(llm, prompts, 8, max_step_tokens=16, speculative=NgramProposer(num_tokens=3))
     monkeypatch.setattr(llm, "step_graphs", runner)
     run = runner.run
     drafts: list[bool] = []
     monkeypatch.setattr(runner, "run", lambda flat, *states: drafts.append(
         flat[5].shape[0] > flat[3].shape[0]) or run(flat, *states))
-    assert generate() == eager
+    assert _engine_tokens(llm, prompts, 8, max_step_tokens=16, speculative=NgramProposer(num_tokens=3)) == eager
     assert any(drafts), "no step verified a draft"
 
 
