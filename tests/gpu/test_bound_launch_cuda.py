@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_steps import two_sequence_flat_steps
 from triton.runtime.jit import JITFunction
 
 import ad_mlir
@@ -27,13 +28,8 @@ def calls() -> list[tuple[Any, tuple[list[Any], ...]]]:
     fp32 on the GPU: (kernel, the op's argument lists)."""
     llm = ad_mlir.LLM(build_model(TinyConfig(family="llama", layers=1)).cuda(), max_batch=2, max_seq_len=16,
                       page_size=4)
-    tables = torch.arange(8).view(2, 4)
-    decode = (torch.tensor([[3, 4]]), torch.tensor([[5, 9]]), torch.arange(3), torch.tensor([5, 9]), tables,
-              torch.arange(2))
-    prefill = (torch.tensor([[3, 4, 5, 6, 7]]), torch.tensor([[0, 1, 2, 0, 1]]), torch.tensor([0, 3, 5]),
-               torch.tensor([0, 0]), tables, torch.tensor([2, 4]))
     found = []
-    for flat in (decode, prefill):
+    for flat in two_sequence_flat_steps():
         found += list(recorded_calls(llm, tuple(t.cuda() for t in flat)).values())
     assert {k.name.rsplit("_", 1)[0] for k, _ in found} >= {"rms_norm", "add_rms_norm", "cached_attention",
                                                              "silu_and_mul"}

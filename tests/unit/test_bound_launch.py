@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_steps import two_sequence_flat_steps
 from hypothesis import given
 from hypothesis import strategies as st
 from triton.runtime.jit import compute_cache_key
@@ -32,13 +33,8 @@ def calls() -> list[tuple[RegionKernel, list[torch.Tensor], list[Any]]]:
     """Each kernel's call in a decode step of two sequences (5 and 9 cached tokens) and in a
     prefill step of two prompts (3 and 2 tokens): the kernel, its tensors and its scalars."""
     llm = ad_mlir.LLM(build_model(TinyConfig(family="llama", layers=1)), max_batch=2, max_seq_len=16, page_size=PAGE)
-    tables = torch.arange(8).view(2, 4)
-    decode = (torch.tensor([[3, 4]]), torch.tensor([[5, 9]]), torch.arange(3), torch.tensor([5, 9]), tables,
-              torch.arange(2))
-    prefill = (torch.tensor([[3, 4, 5, 6, 7]]), torch.tensor([[0, 1, 2, 0, 1]]), torch.tensor([0, 3, 5]),
-               torch.tensor([0, 0]), tables, torch.tensor([2, 4]))
     found = []
-    for flat in (decode, prefill):
+    for flat in two_sequence_flat_steps():
         with reference_kernels():  # the calls' inputs are what is wanted, not the kernels' interpretation
             steps_calls = recorded_calls(llm, flat).values()
         for kernel, groups in steps_calls:
